@@ -1,0 +1,180 @@
+// `bottle bench step`: one training step (forward + backward + AdamW) timed for each model
+// kind, next to the same step in PyTorch run in the same invocation, with achieved GFLOP/s
+// and MFU against a GEMM peak measured here and now.
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "apps/commands.h"
+#include "apps/torch_peer.h"
+#include "core/token_shard.h"
+#include "model/checkpoint.h"
+#include "train/adamw.h"
+
+namespace bottle {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+struct Timing {
+  double median = 0, min = 0, max = 0;
+};
+
+Timing summarize(std::vector<double> ms) {
+  std::sort(ms.begin(), ms.end());
+  return {ms[ms.size() / 2], ms.front(), ms.back()};
+}
+
+// The best fp32 GEMM rate this machine gives now: the largest of a few square-ish shapes.
+double measure_gemm_peak_gflops(Backend& be) {
+  Arena arena(MemoryTag::workspace);
+  double best = 0.0;
+  for (int64_t n : {1024, 2048}) {
+    Tensor a = arena.alloc({n, n}), b = arena.alloc({n, n}), c = arena.alloc({n, n});
+    std::fill(a.f32(), a.f32() + a.numel(), 0.01f);
+    std::fill(b.f32(), b.f32() + b.numel(), 0.02f);
+    GemmArgs g;
+    g.m = g.n = g.k = n;
+    g.a = a.data, g.b = b.data, g.c = c.data;
+    g.lda = g.ldb = g.ldc = n;
+    be.gemm(g);
+    for (int rep = 0; rep < 5; ++rep) {
+      const auto t0 = Clock::now();
+      be.gemm(g);
+      best = std::max(best, 2.0 * double(n) * n * n / (ms_since(t0) * 1e6));
+    }
+  }
+  return best;
+}
+
+}  // namespace
+
+Command add_bench_step_command(CLI::App& app) {
+  struct Options {
+    ModelConfig model;
+    std::string kinds = "none,cola";
+    int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
+    int threads = 2;
+    bool torch = true, json = false;
+  };
+  auto o = std::make_shared<Options>();
+  o->model.rank = 64;
+  app.add_option("--vocab", o->model.vocab_size, "vocabulary size");
+  app.add_option("--hidden", o->model.hidden_size, "hidden width d");
+  app.add_option("--ffn", o->model.intermediate_size, "MLP width d_ff");
+  app.add_option("--layers", o->model.num_layers, "decoder blocks");
+  app.add_option("--heads", o->model.num_heads, "query heads");
+  app.add_option("--kv-heads", o->model.num_kv_heads, "key/value heads (default: --heads)");
+  app.add_option("--rank", o->model.rank, "bottleneck rank r");
+  app.add_option("--kinds", o->kinds, "comma-separated model kinds: none, svd, cola, lax");
+  app.add_option("--batch", o->batch, "micro-batch b");
+  app.add_option("--seq", o->seq, "sequence length s");
+  app.add_option("--steps", o->steps, "timed steps");
+  app.add_option("--warmup", o->warmup, "untimed steps first");
+  app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike");
+  app.add_option("--torch", o->torch, "also time the PyTorch peer (true/false)");
+  app.add_flag("--json", o->json, "one JSON object per kind");
+  return [o] {
+    omp_set_num_threads(o->threads);
+    if (o->model.num_kv_heads == 8 && o->model.num_heads != 8) o->model.num_kv_heads = o->model.num_heads;
+    o->model.max_seq_len = std::max(o->model.max_seq_len, o->seq);
+    BOTTLE_CHECK(o->steps > 0, "--steps must be positive");
+    auto be = make_backend("cpu");
+    const double peak = measure_gemm_peak_gflops(*be);
+    if (!o->json)
+      std::printf("bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld fp32, %d threads; GEMM peak %.0f GFLOP/s\n",
+                  (long long)o->model.vocab_size, (long long)o->model.hidden_size,
+                  (long long)o->model.intermediate_size, (long long)o->model.num_layers,
+                  (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch, o->threads, peak);
+    const fs::path scratch = fs::temp_directory_path() / fmt::format("bottle-bench-{}", ::getpid());
+    fs::create_directories(scratch);
+    std::stringstream kinds(o->kinds);
+    std::string kind;
+    double baseline_ms = 0.0;
+    while (std::getline(kinds, kind, ',')) {
+      ModelConfig config = o->model;
+      config.bottleneck = parse_bottleneck_kind(kind);
+      LlamaModel model(config);
+      model.init_weights(1234);
+      model.allocate_activations(o->batch, o->seq);
+      AdamW optimizer(model.parameters(), AdamWConfig{});
+      Arena data(MemoryTag::workspace);
+      const int64_t n = o->batch * o->seq;
+      Tensor tokens = data.alloc({o->batch, o->seq}, DType::i32), targets = data.alloc({o->batch, o->seq}, DType::i32);
+      std::vector<int32_t> stream(size_t(n + 1));
+      for (size_t i = 0; i < stream.size(); ++i) stream[i] = int32_t((i * 2654435761u) % uint64_t(config.vocab_size));
+      std::copy(stream.begin(), stream.end() - 1, tokens.i32());
+      std::copy(stream.begin() + 1, stream.end(), targets.i32());
+      std::vector<double> ms;
+      float loss = 0.0f;
+      for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
+        const auto t0 = Clock::now();
+        model.zero_grad(*be);
+        loss = model.forward(*be, tokens, targets);
+        model.backward(*be, tokens, targets);
+        optimizer.step(*be, model.parameters(), 1e-3f);
+        if (step >= o->warmup) ms.push_back(ms_since(t0));
+      }
+      const Timing t = summarize(ms);
+      const double flops = model.flops_per_step(n, o->seq);
+      const double gflops = flops / (t.median * 1e6);
+      if (config.bottleneck == BottleneckKind::none) baseline_ms = t.median;
+      nlohmann::ordered_json row{{"kind", kind},
+                                 {"rank", config.bottleneck == BottleneckKind::none ? 0 : config.rank_of(ProjectionId::q)},
+                                 {"params", config.parameter_count()},
+                                 {"ms_per_step", t.median},
+                                 {"ms_min", t.min},
+                                 {"ms_max", t.max},
+                                 {"tokens_per_s", double(n) / (t.median / 1e3)},
+                                 {"gflops", gflops},
+                                 {"mfu", gflops / peak},
+                                 {"gemm_peak_gflops", peak},
+                                 {"loss", loss},
+                                 {"peak_bytes", MemoryStats::global().peak_total()}};
+      if (config.bottleneck != BottleneckKind::none && baseline_ms > 0)
+        row["speedup_vs_full_rank"] = baseline_ms / t.median;
+      if (o->torch) {
+        const fs::path dir = scratch / kind;
+        save_model(model, dir.string());
+        write_token_shard((dir / "tokens.bin").string(), stream);
+        const TorchStep torch = run_torch_bench(dir.string(), (dir / "tokens.bin").string(), o->batch,
+                                                o->seq, o->steps, o->warmup, o->threads);
+        row["torch_ms_per_step"] = torch.ms_median;
+        row["torch_ms_min"] = torch.ms_min;
+        row["torch_ms_max"] = torch.ms_max;
+        row["torch_version"] = torch.version;
+        row["speedup_vs_torch"] = torch.ms_median / t.median;
+      }
+      if (o->json) {
+        std::printf("%s\n", row.dump().c_str());
+      } else {
+        std::printf("%-5s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU %4.1f%%",
+                    kind.c_str(), (long long)config.parameter_count(), t.median, t.min, t.max,
+                    double(n) / (t.median / 1e3), gflops, 100.0 * gflops / peak);
+        if (row.contains("speedup_vs_full_rank"))
+          std::printf("  %.2fx vs full-rank", row["speedup_vs_full_rank"].get<double>());
+        if (o->torch)
+          std::printf("  | PyTorch %s %.1f ms/step [%.1f-%.1f]: bottle %.2fx", row["torch_version"].get<std::string>().c_str(),
+                      row["torch_ms_per_step"].get<double>(), row["torch_ms_min"].get<double>(),
+                      row["torch_ms_max"].get<double>(), row["speedup_vs_torch"].get<double>());
+        std::printf("\n");
+      }
+      std::fflush(stdout);
+    }
+    fs::remove_all(scratch);
+    return 0;
+  };
+}
+
+}  // namespace bottle

@@ -1,0 +1,13 @@
+#pragma once
+// Each sub-command registers its options on the CLI11 app and returns the action to run.
+#include <CLI/CLI.hpp>
+#include <functional>
+
+namespace bottle {
+
+using Command = std::function<int()>;
+
+Command add_eval_command(CLI::App& app);
+Command add_bench_step_command(CLI::App& bench);
+
+}  // namespace bottle

@@ -1,0 +1,37 @@
+// `bottle`: the command line. Every error a user can cause ends here as one message on
+// stderr and exit status 1.
+#include <omp.h>
+
+#include <cstdio>
+#include <map>
+
+#include "apps/commands.h"
+#include "core/error.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"bottle: a trainer for low-rank bottleneck LLaMA models"};
+  app.require_subcommand(1);
+  std::map<CLI::App*, bottle::Command> commands;
+  CLI::App* eval = app.add_subcommand("eval", "mean cross-entropy of a checkpoint on token shards");
+  commands[eval] = bottle::add_eval_command(*eval);
+  CLI::App* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  CLI::App* bench_step = bench->add_subcommand("step", "time forward + backward + AdamW, with the PyTorch peer");
+  commands[bench_step] = bottle::add_bench_step_command(*bench_step);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    for (auto& [sub, run] : commands)
+      if (sub->parsed()) return run();
+  } catch (const bottle::Error& e) {
+    std::fprintf(stderr, "bottle: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bottle: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}

@@ -1,0 +1,52 @@
+#include "apps/torch_peer.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace bottle {
+
+std::string torch_script_path() {
+  if (const char* env = std::getenv("BOTTLE_TORCH_SCRIPT")) return env;
+  return BOTTLE_SOURCE_DIR "/tools/torch_reference.py";
+}
+
+std::string run_command(const std::string& command) {
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen((command + " 2>&1").c_str(), "r"), ::pclose);
+  BOTTLE_CHECK(pipe, "cannot run: {}", command);
+  std::string out;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), pipe.get())) out.append(buf, n);
+  const int status = ::pclose(pipe.release());
+  BOTTLE_CHECK(status == 0, "command failed (status {}): {}\n{}", status, command,
+               out.size() > 4000 ? out.substr(out.size() - 4000) : out);
+  return out;
+}
+
+TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shard, int64_t batch,
+                          int64_t seq, int64_t steps, int64_t warmup, int threads) {
+  const std::string out = run_command(fmt::format(
+      "/usr/bin/python3 '{}' --checkpoint '{}' --data '{}' --batch {} --seq {} --bench --steps {} --warmup {} --threads {}",
+      torch_script_path(), checkpoint, shard, batch, seq, steps, warmup, threads));
+  // The JSON result is the last line that parses.
+  nlohmann::json j;
+  size_t end = out.size();
+  while (end > 0) {
+    const size_t begin = out.rfind('\n', end - 1);
+    const std::string line = out.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1));
+    if (!line.empty() && line[0] == '{') {
+      j = nlohmann::json::parse(line, nullptr, false);
+      if (!j.is_discarded()) break;
+    }
+    if (begin == std::string::npos) break;
+    end = begin;
+  }
+  BOTTLE_CHECK(j.is_object() && j.contains("ms_per_step_median"), "PyTorch peer printed no result:\n{}", out);
+  return {j["ms_per_step_median"].get<double>(), j["ms_per_step_min"].get<double>(),
+          j["ms_per_step_max"].get<double>(), j.value("torch", std::string("?"))};
+}
+
+}  // namespace bottle

@@ -1,0 +1,20 @@
+#pragma once
+// The PyTorch peer: tools/torch_reference.py run by /usr/bin/python3 (Debian python3-torch),
+// the same model from the same checkpoint, for benches that compare side by side.
+#include <string>
+
+namespace bottle {
+
+struct TorchStep {
+  double ms_median = 0, ms_min = 0, ms_max = 0;
+  std::string version;
+};
+
+// Path of tools/torch_reference.py: $BOTTLE_TORCH_SCRIPT, else the source tree's copy.
+std::string torch_script_path();
+// Runs a shell command, returns its stdout; throws with its stderr tail when it fails.
+std::string run_command(const std::string& command);
+TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shard, int64_t batch,
+                          int64_t seq, int64_t steps, int64_t warmup, int threads);
+
+}  // namespace bottle

@@ -1,0 +1,107 @@
+#pragma once
+// The kernel interface every layer calls. Layer code never knows which backend runs it:
+// `cpu` (oneDNN GEMMs + OpenMP loops), `reference` (naive loops, used by tests as the
+// oracle), later `cuda`. Tensors carry their dtype; a backend rejects dtypes it lacks.
+//
+// Conventions:
+// - Row-major; "rows" are all leading dims flattened, "cols" the last dim.
+// - Every *_backward kernel ADDS into each gradient it produces (input and parameter
+//   gradients alike); callers zero gradient buffers when a fresh value is wanted.
+// - Tensors passed as outputs of a forward kernel are overwritten.
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/tensor.h"
+
+namespace bottle {
+
+// C[i] = alpha * op(A[i]) * op(B[i]) + beta * C[i], i < batch, row-major.
+// op(A) is m x k, op(B) is k x n, C is m x n. lda/ldb/ldc are row strides of the stored
+// matrices (A stored k x m when trans_a); stride_* are batch strides, in elements.
+struct GemmArgs {
+  bool trans_a = false, trans_b = false;
+  int64_t m = 0, n = 0, k = 0;
+  float alpha = 1.0f, beta = 0.0f;
+  const void* a = nullptr;
+  int64_t lda = 0, stride_a = 0;
+  const void* b = nullptr;
+  int64_t ldb = 0, stride_b = 0;
+  void* c = nullptr;
+  int64_t ldc = 0, stride_c = 0;
+  int64_t batch = 1;
+  DType dtype = DType::f32;
+};
+
+struct AdamWArgs {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
+  float grad_scale = 1.0f;  // applied to the gradient first (clipping / accumulation)
+  int64_t step = 1;         // 1-based, for bias correction
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+
+  virtual void gemm(const GemmArgs& args) = 0;
+
+  // out[n,:] = table[tokens[n],:]; tokens i32 [N], table [V,C], out [N,C].
+  virtual void embedding_forward(Tensor out, Tensor tokens, Tensor table) = 0;
+  // dtable[tokens[n],:] += dout[n,:].
+  virtual void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) = 0;
+
+  // out = x * rstd * weight, rstd[n] = 1/sqrt(mean(x[n,:]^2) + eps); x,out [N,C], rstd [N].
+  virtual void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) = 0;
+  virtual void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                                Tensor rstd) = 0;
+
+  // out = (x - mean) * rstd * weight + bias over the last dim; mean, rstd [N].
+  virtual void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
+                                 Tensor bias, float eps) = 0;
+  virtual void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
+                                  Tensor weight, Tensor mean, Tensor rstd) = 0;
+
+  // In-place rotary embedding (HF rotate-half) of x [B,S,heads,hd]; position = index in S.
+  // Backward rotates the gradient back in place (the rotation is orthogonal). Overwrites,
+  // it does not add: RoPE is applied to a buffer the caller owns.
+  virtual void rope_forward(Tensor x, float theta) = 0;
+  virtual void rope_backward(Tensor dx, float theta) = 0;
+
+  // Causal attention with GQA. q [B,S,H,hd], k,v [B,S,Hkv,hd], out [B,S,H,hd],
+  // probs [B,H,S,S] (softmax rows, kept for backward; entries above the diagonal are 0).
+  // Query head h reads kv head h / (H / Hkv). Scale 1/sqrt(hd).
+  virtual void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v) = 0;
+  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs,
+                                  Tensor q, Tensor k, Tensor v) = 0;
+
+  // out = silu(x) = x * sigmoid(x).
+  virtual void silu_forward(Tensor out, Tensor x) = 0;
+  virtual void silu_backward(Tensor dx, Tensor dout, Tensor x) = 0;
+
+  // out = act(gate) * up, act = silu when gate_act, identity otherwise.
+  virtual void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) = 0;
+  virtual void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+                               bool gate_act) = 0;
+
+  // out = a + b (out may alias a or b).
+  virtual void add(Tensor out, Tensor a, Tensor b) = 0;
+  // dst += src.
+  virtual void accumulate(Tensor dst, Tensor src) = 0;
+  virtual void fill_zero(Tensor x) = 0;
+  virtual void scale(Tensor x, float factor) = 0;
+  virtual double sum_squares(Tensor x) = 0;
+
+  // losses[n] = logsumexp(logits[n,:]) - logits[n, targets[n]]; probs [N,V] = softmax(logits).
+  virtual void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) = 0;
+  // dlogits += scale * (probs - onehot(targets)).
+  virtual void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) = 0;
+
+  // Decoupled-weight-decay Adam on one contiguous buffer; m, v are the moments.
+  virtual void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& args) = 0;
+};
+
+// "cpu" or "reference" (and any optional backend compiled in).
+std::unique_ptr<Backend> make_backend(std::string_view name);
+
+}  // namespace bottle

@@ -1,0 +1,91 @@
+#include "core/dnnl_gemm.h"
+
+#include <dnnl.hpp>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+namespace bottle {
+namespace {
+
+using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, float, float, int64_t, int64_t,
+                       int64_t, int64_t, int64_t, int64_t, int64_t, int>;
+
+struct Cached {
+  dnnl::memory::desc a, b, c;
+  dnnl::matmul primitive;
+};
+
+struct Engine {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::map<Key, Cached> cache;
+  std::mutex mutex;
+};
+
+Engine& engine() {
+  static Engine e;
+  return e;
+}
+
+dnnl::memory::data_type to_dnnl(DType t) {
+  return t == DType::bf16 ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32;
+}
+
+Cached make(const GemmArgs& g) {
+  using dims = dnnl::memory::dims;
+  const auto dt = to_dnnl(g.dtype);
+  // op(A) is m x k: element (i, p) lives at i*lda + p, or p*lda + i when transposed.
+  dims a_strides = g.trans_a ? dims{g.stride_a, 1, g.lda} : dims{g.stride_a, g.lda, 1};
+  dims b_strides = g.trans_b ? dims{g.stride_b, 1, g.ldb} : dims{g.stride_b, g.ldb, 1};
+  dims c_strides{g.stride_c, g.ldc, 1};
+  // oneDNN wants a non-zero batch stride even for one matrix.
+  if (g.batch == 1) {
+    a_strides[0] = g.m * g.k;
+    b_strides[0] = g.k * g.n;
+    c_strides[0] = g.m * g.ldc;
+  }
+  // A zero batch stride on B broadcasts one B over the batch (GQA: one kv head, many q heads).
+  const int64_t b_batch = g.stride_b == 0 ? 1 : g.batch;
+  if (b_batch == 1) b_strides[0] = g.k * g.n;
+  Cached out;
+  out.a = dnnl::memory::desc({g.batch, g.m, g.k}, dt, a_strides);
+  out.b = dnnl::memory::desc({b_batch, g.k, g.n}, dt, b_strides);
+  out.c = dnnl::memory::desc({g.batch, g.m, g.n}, dnnl::memory::data_type::f32, c_strides);
+  dnnl::primitive_attr attr;
+  if (g.alpha != 1.0f) attr.set_output_scales(0, {g.alpha});
+  if (g.beta != 0.0f) {
+    dnnl::post_ops ops;
+    ops.append_sum(g.beta);
+    attr.set_post_ops(ops);
+  }
+  dnnl::matmul::desc desc(out.a, out.b, out.c);
+  dnnl::matmul::primitive_desc pd(desc, attr, engine().engine);
+  out.primitive = dnnl::matmul(pd);
+  return out;
+}
+
+}  // namespace
+
+void dnnl_gemm(const GemmArgs& g) {
+  if (g.m == 0 || g.n == 0 || g.batch == 0) return;
+  BOTTLE_CHECK(g.k > 0, "gemm with k = 0");
+  BOTTLE_CHECK(g.stride_a != 0 || g.batch == 1, "gemm: only B may be broadcast over the batch");
+  Engine& e = engine();
+  const Key key{g.trans_a,  g.trans_b,  g.m,        g.n,   g.k,   g.alpha, g.beta, g.lda,
+                g.stride_a, g.ldb,      g.stride_b, g.ldc, g.stride_c, g.batch, int(g.dtype)};
+  const Cached* cached;
+  {
+    std::lock_guard lock(e.mutex);
+    auto it = e.cache.find(key);
+    if (it == e.cache.end()) it = e.cache.emplace(key, make(g)).first;
+    cached = &it->second;
+  }
+  dnnl::memory a(cached->a, e.engine, const_cast<void*>(g.a));
+  dnnl::memory b(cached->b, e.engine, const_cast<void*>(g.b));
+  dnnl::memory c(cached->c, e.engine, g.c);
+  cached->primitive.execute(e.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  e.stream.wait();
+}
+
+}  // namespace bottle

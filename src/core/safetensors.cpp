@@ -1,0 +1,158 @@
+#include "core/safetensors.h"
+
+#include <bit>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace bottle {
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "safetensors I/O assumes little endian");
+
+size_t dtype_bytes(const std::string& dtype) {
+  if (dtype == "F64" || dtype == "I64" || dtype == "U64") return 8;
+  if (dtype == "F32" || dtype == "I32" || dtype == "U32") return 4;
+  if (dtype == "F16" || dtype == "BF16" || dtype == "I16" || dtype == "U16") return 2;
+  if (dtype == "I8" || dtype == "U8" || dtype == "BOOL" || dtype == "F8_E4M3" || dtype == "F8_E5M2")
+    return 1;
+  return 0;
+}
+
+float half_to_float(uint16_t h) {
+  const uint32_t sign = uint32_t(h & 0x8000) << 16;
+  uint32_t exp = (h >> 10) & 0x1f, mant = h & 0x3ff, bits;
+  if (exp == 0) {
+    if (mant == 0) {
+      bits = sign;
+    } else {  // subnormal: renormalise
+      exp = 127 - 15 + 1;
+      while (!(mant & 0x400)) {
+        mant <<= 1;
+        --exp;
+      }
+      bits = sign | (exp << 23) | ((mant & 0x3ff) << 13);
+    }
+  } else if (exp == 31) {
+    bits = sign | 0x7f800000 | (mant << 13);
+  } else {
+    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
+  }
+  return std::bit_cast<float>(bits);
+}
+
+}  // namespace
+
+int64_t SafeTensorEntry::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) {
+  std::ifstream in(path_, std::ios::binary);
+  BOTTLE_CHECK(in, "{}: cannot open", path_);
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = uint64_t(in.tellg());
+  in.seekg(0);
+  uint64_t header_len = 0;
+  BOTTLE_CHECK(file_size >= 8 && in.read(reinterpret_cast<char*>(&header_len), 8),
+               "{}: not a safetensors file (shorter than its 8-byte header length)", path_);
+  BOTTLE_CHECK(header_len >= 2 && header_len <= file_size - 8 && header_len < (uint64_t(1) << 30),
+               "{}: not a safetensors file (header length {} does not fit a file of {} bytes)",
+               path_, header_len, file_size);
+  std::string header(header_len, '\0');
+  BOTTLE_CHECK(in.read(header.data(), std::streamsize(header_len)), "{}: truncated header", path_);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(header);
+  } catch (const std::exception& e) {
+    fail("{}: not a safetensors file (header is not JSON: {})", path_, e.what());
+  }
+  BOTTLE_CHECK(j.is_object(), "{}: not a safetensors file (header is not a JSON object)", path_);
+  data_start_ = 8 + header_len;
+  const uint64_t data_size = file_size - data_start_;
+  for (auto& [name, value] : j.items()) {
+    if (name == "__metadata__") {
+      BOTTLE_CHECK(value.is_object(), "{}: __metadata__ is not an object", path_);
+      for (auto& [k, v] : value.items())
+        metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      continue;
+    }
+    try {
+      SafeTensorEntry e;
+      e.dtype = value.at("dtype").get<std::string>();
+      e.shape = value.at("shape").get<std::vector<int64_t>>();
+      const auto offsets = value.at("data_offsets").get<std::vector<uint64_t>>();
+      BOTTLE_CHECK(offsets.size() == 2, "data_offsets must have two entries");
+      e.begin = offsets[0];
+      e.end = offsets[1];
+      const size_t width = dtype_bytes(e.dtype);
+      BOTTLE_CHECK(width != 0, "unknown dtype '{}'", e.dtype);
+      for (int64_t d : e.shape) BOTTLE_CHECK(d >= 0, "negative dimension {}", d);
+      BOTTLE_CHECK(e.begin <= e.end && e.end - e.begin == uint64_t(e.numel()) * width,
+                   "data_offsets [{}, {}) do not hold {} elements of {}", e.begin, e.end, e.numel(),
+                   e.dtype);
+      BOTTLE_CHECK(e.end <= data_size,
+                   "data ends at byte {} but the file holds only {} bytes of data (truncated file?)",
+                   e.end, data_size);
+      entries_.emplace(name, std::move(e));
+    } catch (const Error& e) {
+      fail("{}: tensor '{}': {}", path_, name, e.what());
+    } catch (const std::exception& e) {
+      fail("{}: tensor '{}': malformed header entry ({})", path_, name, e.what());
+    }
+  }
+}
+
+const SafeTensorEntry& SafeTensorsReader::entry(const std::string& name) const {
+  auto it = entries_.find(name);
+  BOTTLE_CHECK(it != entries_.end(), "{}: missing tensor '{}'", path_, name);
+  return it->second;
+}
+
+void SafeTensorsReader::read_f32(const std::string& name, std::span<float> out) const {
+  const SafeTensorEntry& e = entry(name);
+  BOTTLE_CHECK(uint64_t(e.numel()) == out.size(), "{}: tensor '{}' has {} elements, expected {}",
+               path_, name, e.numel(), out.size());
+  std::ifstream in(path_, std::ios::binary);
+  BOTTLE_CHECK(in, "{}: cannot open", path_);
+  in.seekg(std::streamoff(data_start_ + e.begin));
+  if (e.dtype == "F32") {
+    BOTTLE_CHECK(in.read(reinterpret_cast<char*>(out.data()), std::streamsize(e.end - e.begin)),
+                 "{}: tensor '{}': read failed", path_, name);
+    return;
+  }
+  std::vector<uint16_t> raw(out.size());
+  BOTTLE_CHECK(e.dtype == "BF16" || e.dtype == "F16",
+               "{}: tensor '{}' has dtype {}; bottle reads F32, BF16 and F16", path_, name, e.dtype);
+  BOTTLE_CHECK(in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(e.end - e.begin)),
+               "{}: tensor '{}': read failed", path_, name);
+  for (size_t i = 0; i < raw.size(); ++i)
+    out[i] = e.dtype == "BF16" ? std::bit_cast<float>(uint32_t(raw[i]) << 16) : half_to_float(raw[i]);
+}
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header;
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    BOTTLE_CHECK(t.dtype == DType::f32, "{}: tensor '{}' must be f32 to be written", path, name);
+    std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.shape.rank);
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + t.nbytes()}}};
+    offset += t.nbytes();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  BOTTLE_CHECK(out, "{}: cannot open for writing", path);
+  const uint64_t len = text.size();
+  out.write(reinterpret_cast<const char*>(&len), 8);
+  out.write(text.data(), std::streamsize(text.size()));
+  for (const auto& nt : tensors) out.write(static_cast<const char*>(nt.tensor.data), std::streamsize(nt.tensor.nbytes()));
+  out.flush();
+  BOTTLE_CHECK(out, "{}: write failed (disk full?)", path);
+}
+
+}  // namespace bottle

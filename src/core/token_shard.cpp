@@ -1,0 +1,58 @@
+#include "core/token_shard.h"
+
+#include <fstream>
+
+#include "core/error.h"
+
+namespace bottle {
+
+std::vector<int32_t> read_token_shard(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  BOTTLE_CHECK(in, "{}: cannot open token shard", path);
+  in.seekg(0, std::ios::end);
+  const uint64_t size = uint64_t(in.tellg());
+  in.seekg(0);
+  int32_t header[256];
+  BOTTLE_CHECK(size >= sizeof(header) && in.read(reinterpret_cast<char*>(header), sizeof(header)),
+               "{}: token shard is shorter than its 1024-byte header ({} bytes)", path, size);
+  size_t width = 0;
+  if (header[0] == kShardMagicU16 && header[1] == kShardVersionU16) width = 2;
+  if (header[0] == kShardMagicU32 && header[1] == kShardVersionU32) width = 4;
+  BOTTLE_CHECK(width != 0, "{}: not a token shard (magic {} version {}; expected {}/{} or {}/{})", path,
+               header[0], header[1], kShardMagicU16, kShardVersionU16, kShardMagicU32, kShardVersionU32);
+  BOTTLE_CHECK(header[2] >= 0 && size == sizeof(header) + uint64_t(header[2]) * width,
+               "{}: token shard header says {} tokens of {} bytes but the file has {} bytes (truncated?)",
+               path, header[2], width, size);
+  std::vector<int32_t> tokens(static_cast<size_t>(header[2]));
+  if (width == 4) {
+    in.read(reinterpret_cast<char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  } else {
+    std::vector<uint16_t> raw(tokens.size());
+    in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size() * 2));
+    for (size_t i = 0; i < raw.size(); ++i) tokens[i] = raw[i];
+  }
+  BOTTLE_CHECK(in, "{}: read failed", path);
+  return tokens;
+}
+
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens) {
+  bool fits16 = true;
+  for (int32_t t : tokens) fits16 &= (t >= 0 && t < 65536);
+  int32_t header[256] = {};
+  header[0] = fits16 ? kShardMagicU16 : kShardMagicU32;
+  header[1] = fits16 ? kShardVersionU16 : kShardVersionU32;
+  header[2] = int32_t(tokens.size());
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  BOTTLE_CHECK(out, "{}: cannot open for writing", path);
+  out.write(reinterpret_cast<const char*>(header), sizeof(header));
+  if (fits16) {
+    std::vector<uint16_t> raw(tokens.begin(), tokens.end());
+    out.write(reinterpret_cast<const char*>(raw.data()), std::streamsize(raw.size() * 2));
+  } else {
+    out.write(reinterpret_cast<const char*>(tokens.data()), std::streamsize(tokens.size() * 4));
+  }
+  out.flush();
+  BOTTLE_CHECK(out, "{}: write failed", path);
+}
+
+}  // namespace bottle

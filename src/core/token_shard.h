@@ -1,0 +1,18 @@
+#pragma once
+// llm.c token shards: 256 little-endian int32 header ([0] magic, [1] version, [2] count),
+// then the tokens (uint16 for magic 20240520 / version 1, uint32 for 20240801 / version 7).
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace bottle {
+
+inline constexpr int32_t kShardMagicU16 = 20240520, kShardVersionU16 = 1;
+inline constexpr int32_t kShardMagicU32 = 20240801, kShardVersionU32 = 7;
+
+// Loads a whole shard, checking magic, version and size; errors name the file.
+std::vector<int32_t> read_token_shard(const std::string& path);
+// Writes uint16 tokens when every id fits, uint32 otherwise.
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens);
+
+}  // namespace bottle

@@ -1,0 +1,78 @@
+#include "model/parameters.h"
+
+#include <cmath>
+
+namespace bottle {
+namespace {
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+}  // namespace
+
+uint64_t hash_name(uint64_t seed, const std::string& name) {
+  uint64_t h = 1469598103934665603ULL ^ splitmix64(seed);  // FNV-1a over the name
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ULL;
+  return splitmix64(h);
+}
+
+float counter_normal(uint64_t key, uint64_t index) {
+  // Box–Muller on two uniforms in (0, 1] drawn from the counter.
+  const uint64_t a = splitmix64(key ^ splitmix64(2 * index));
+  const uint64_t b = splitmix64(key ^ splitmix64(2 * index + 1));
+  const double u1 = (double(a >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = double(b >> 11) * 0x1.0p-53;
+  return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
+}
+
+void ParameterStore::declare(ParamSpec spec) {
+  BOTTLE_CHECK(!values_.data, "parameter '{}' declared after allocation", spec.name);
+  BOTTLE_CHECK(!index_.count(spec.name), "parameter '{}' declared twice", spec.name);
+  // Keep each parameter 64-byte aligned inside the flat buffer.
+  spec.offset = (count_ + 15) / 16 * 16;
+  count_ = spec.offset + spec.shape.numel();
+  index_[spec.name] = specs_.size();
+  specs_.push_back(std::move(spec));
+}
+
+void ParameterStore::allocate() {
+  value_arena_ = std::make_unique<Arena>(MemoryTag::weights);
+  grad_arena_ = std::make_unique<Arena>(MemoryTag::gradients);
+  values_ = value_arena_->alloc({count_});
+  grads_ = grad_arena_->alloc({count_});
+}
+
+Param ParameterStore::at(size_t i) const {
+  const ParamSpec& s = specs_[i];
+  Param p;
+  p.value = Tensor{values_.f32() + s.offset, s.shape};
+  p.grad = Tensor{grads_.f32() + s.offset, s.shape};
+  return p;
+}
+
+Param ParameterStore::get(const std::string& name) const {
+  auto it = index_.find(name);
+  BOTTLE_CHECK(it != index_.end(), "no parameter named '{}'", name);
+  return at(it->second);
+}
+
+void ParameterStore::initialize(uint64_t seed) {
+  for (size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& s = specs_[i];
+    float* v = at(i).value.f32();
+    const int64_t n = s.shape.numel();
+    if (s.init != ParamInit::normal) {
+      std::fill(v, v + n, s.init == ParamInit::ones ? 1.0f : 0.0f);
+      continue;
+    }
+    const uint64_t key = hash_name(seed, s.name);
+#pragma omp parallel for schedule(static)
+    for (int64_t j = 0; j < n; ++j) v[j] = s.std * counter_normal(key, uint64_t(j));
+  }
+}
+
+}  // namespace bottle

@@ -1,0 +1,57 @@
+#pragma once
+// All parameters of a model in one contiguous buffer (and their gradients in another), so
+// that the optimizer, gradient clipping and data-parallel reductions see flat memory.
+// Parameters are named as in the HF checkpoint (DESIGN §7).
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "nn/param.h"
+
+namespace bottle {
+
+enum class ParamInit { normal, ones, zeros };
+
+struct ParamSpec {
+  std::string name;
+  Shape shape;
+  ParamInit init = ParamInit::normal;
+  float std = 0.02f;
+  bool weight_decay = true;  // off for norms and embeddings
+  int64_t offset = 0;        // in elements, into the flat buffers
+};
+
+class ParameterStore {
+ public:
+  // Planning: declare every parameter, then allocate() once.
+  void declare(ParamSpec spec);
+  void allocate();
+
+  Param get(const std::string& name) const;  // throws naming the parameter
+  bool contains(const std::string& name) const { return index_.count(name) != 0; }
+  const std::vector<ParamSpec>& specs() const { return specs_; }
+  Param at(size_t i) const;
+  Tensor values() const { return values_; }  // [count]
+  Tensor grads() const { return grads_; }    // [count]
+  int64_t count() const { return count_; }
+
+  // Each parameter from a seed derived from (seed, its name), element by element, so that
+  // any slice of it is the same whatever the layout that asks for it.
+  void initialize(uint64_t seed);
+
+ private:
+  std::vector<ParamSpec> specs_;
+  std::map<std::string, size_t> index_;
+  int64_t count_ = 0;
+  std::unique_ptr<Arena> value_arena_, grad_arena_;
+  Tensor values_, grads_;
+};
+
+// A standard normal for element `index` of the stream `key` (counter-based, stateless).
+float counter_normal(uint64_t key, uint64_t index);
+uint64_t hash_name(uint64_t seed, const std::string& name);
+
+}  // namespace bottle

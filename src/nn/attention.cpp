@@ -1,0 +1,36 @@
+#include "nn/attention.h"
+
+namespace bottle {
+namespace {
+Tensor reshaped(Tensor t, Shape shape) {
+  BOTTLE_CHECK(t.numel() == shape.numel(), "attention: cannot view {} as {}", t.shape.str(), shape.str());
+  t.shape = shape;
+  return t;
+}
+}  // namespace
+
+void Attention::allocate_activations(Arena& arena) {
+  out = arena.alloc(q_shape());
+  probs = arena.alloc({batch, heads, seq, seq});
+}
+
+void Attention::forward(Backend& be, Tensor q, Tensor k, Tensor v) {
+  q = reshaped(q, q_shape());
+  k = reshaped(k, kv_shape());
+  v = reshaped(v, kv_shape());
+  be.rope_forward(q, rope_theta);
+  be.rope_forward(k, rope_theta);
+  be.attention_forward(out, probs, q, k, v);
+}
+
+void Attention::backward(Backend& be, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q,
+                         Tensor k, Tensor v) {
+  dq = reshaped(dq, q_shape());
+  dk = reshaped(dk, kv_shape());
+  be.attention_backward(dq, dk, reshaped(dv, kv_shape()), reshaped(dout, q_shape()), probs,
+                        reshaped(q, q_shape()), reshaped(k, kv_shape()), reshaped(v, kv_shape()));
+  be.rope_backward(dq, rope_theta);
+  be.rope_backward(dk, rope_theta);
+}
+
+}  // namespace bottle

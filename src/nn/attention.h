@@ -1,0 +1,27 @@
+#pragma once
+// Causal self-attention core with RoPE and GQA: out = softmax(rope(q) rope(k)ᵀ/√hd) v per
+// head. The q/k/v/o projections live in the block; this is the part between them.
+#include "core/arena.h"
+#include "core/backend.h"
+
+namespace bottle {
+
+struct Attention {
+  int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
+  float rope_theta = 10000.0f;
+  Tensor out;    // [B, S, H, hd]
+  Tensor probs;  // [B, H, S, S]
+
+  void allocate_activations(Arena& arena);
+  Shape q_shape() const { return {batch, seq, heads, head_dim}; }
+  Shape kv_shape() const { return {batch, seq, kv_heads, head_dim}; }
+
+  // Rotates q and k in place (they are kept rotated for backward), then attends.
+  void forward(Backend& be, Tensor q, Tensor k, Tensor v);
+  // dq, dk, dv += ∂/∂(q, k, v before RoPE). dq, dk must be zero on entry: RoPE's backward
+  // rotates them in place.
+  void backward(Backend& be, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
+                Tensor v);
+};
+
+}  // namespace bottle

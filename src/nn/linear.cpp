@@ -1,0 +1,41 @@
+#include "nn/linear.h"
+
+namespace bottle {
+
+void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, bool accumulate) {
+  const int64_t n = x.rows(), in = x.cols(), out = w.rows();
+  BOTTLE_CHECK(w.cols() == in && y.cols() == out && y.rows() == n,
+               "linear_forward: x {} · W{}ᵀ does not give y {}", x.shape.str(), w.shape.str(),
+               y.shape.str());
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = n, g.n = out, g.k = in;
+  g.a = x.data, g.lda = in;
+  g.b = w.data, g.ldb = in;
+  g.c = y.data, g.ldc = out;
+  g.beta = accumulate ? 1.0f : 0.0f;
+  be.gemm(g);
+}
+
+void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w) {
+  const int64_t n = x.rows(), in = x.cols(), out = w.rows();
+  if (!dx.empty()) {
+    GemmArgs g;  // dx[N,in] += dy[N,out] · W[out,in]
+    g.m = n, g.n = in, g.k = out;
+    g.a = dy.data, g.lda = out;
+    g.b = w.data, g.ldb = in;
+    g.c = dx.data, g.ldc = in;
+    g.beta = 1.0f;
+    be.gemm(g);
+  }
+  GemmArgs g;  // dW[out,in] += dyᵀ[out,N] · x[N,in]
+  g.trans_a = true;
+  g.m = out, g.n = in, g.k = n;
+  g.a = dy.data, g.lda = out;
+  g.b = x.data, g.ldb = in;
+  g.c = dw.data, g.ldc = in;
+  g.beta = 1.0f;
+  be.gemm(g);
+}
+
+}  // namespace bottle

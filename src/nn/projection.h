@@ -1,0 +1,63 @@
+#pragma once
+// One projection of a block (q, k, v, o, gate, up, down): either a full-rank linear map or a
+// bottleneck pair A: d_in → r, B: r → d_out with something between the factors (DESIGN §2):
+//   svd:  y = B (A x)
+//   cola: y = B σ(A x)
+//   lax:  z = A x; z = LN_r(z + G u_prev) in every block but the first; u = σ(z); y = B u;
+//         u is passed to the same projection of the next block (the latent crossing).
+// The work is split into the three stages that tensor parallelism cuts between:
+// down (A), latent (crossing, LN_r, σ; runs on the whole r-wide latent) and up (B).
+#include "core/arena.h"
+#include "core/backend.h"
+#include "nn/param.h"
+
+namespace bottle {
+
+enum class BottleneckKind { none, svd, cola, lax };
+const char* bottleneck_kind_name(BottleneckKind kind);
+BottleneckKind parse_bottleneck_kind(const std::string& name);  // throws naming the value
+
+struct Projection {
+  BottleneckKind kind = BottleneckKind::none;
+  int64_t d_in = 0, d_out = 0, rank = 0;
+  bool crossing = false;  // lax in every block but the first
+  float ln_eps = 1e-6f;
+
+  Param weight;  // [d_out, d_in], full-rank only
+  Param A;       // [rank, d_in]
+  Param B;       // [d_out, rank]
+  Param G;       // [rank, rank], lax crossing
+  Param ln_w;    // [rank]
+  Param ln_b;    // [rank]
+
+  // Activations of one micro-batch of N rows.
+  Tensor z;        // [N, rank] A x (+ u_prev Gᵀ when crossing)
+  Tensor zn;       // [N, rank] LN_r(z) when crossing
+  Tensor ln_mean;  // [N]
+  Tensor ln_rstd;  // [N]
+  Tensor u;        // [N, rank] σ(z or zn); the latent B reads (svd: z itself)
+  // Gradients of the latent. du persists through the backward of the next block, which
+  // adds the crossing's share into it before this projection's backward runs.
+  Tensor du;  // [N, rank]
+  Tensor dz;   // [N, rank]
+  Tensor dzn;  // [N, rank] ∂/∂zn when crossing
+
+  bool bottleneck() const { return kind != BottleneckKind::none; }
+  void allocate_activations(Arena& arena, int64_t rows);
+
+  // y[N, d_out] = P(x[N, d_in]) (+= when accumulate). u_prev: the previous block's u of the
+  // same projection (lax with crossing), else empty.
+  void forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool accumulate = false);
+  // dx += ∂/∂x, parameter grads +=, du_prev += ∂/∂u_prev (crossing). Zeroes du when done.
+  void backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_prev, Tensor du_prev);
+
+  // The stages (forward() = down, latent, up).
+  void down_forward(Backend& be, Tensor x);
+  void latent_forward(Backend& be, Tensor u_prev);
+  void up_forward(Backend& be, Tensor y, bool accumulate);
+  void up_backward(Backend& be, Tensor dy);
+  void latent_backward(Backend& be, Tensor u_prev, Tensor du_prev);
+  void down_backward(Backend& be, Tensor dx, Tensor x);
+};
+
+}  // namespace bottle

@@ -1,0 +1,10 @@
+#include "nn/rmsnorm.h"
+
+namespace bottle {
+
+void RMSNorm::allocate_activations(Arena& arena, int64_t rows, int64_t cols) {
+  out = arena.alloc({rows, cols});
+  rstd = arena.alloc({rows});
+}
+
+}  // namespace bottle

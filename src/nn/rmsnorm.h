@@ -1,0 +1,23 @@
+#pragma once
+// RMSNorm(x) = x / sqrt(mean(x²) + eps) ⊙ γ over the last dim.
+#include "core/arena.h"
+#include "core/backend.h"
+#include "nn/param.h"
+
+namespace bottle {
+
+struct RMSNorm {
+  Param weight;  // γ [C]
+  float eps = 1e-5f;
+  Tensor out;   // [N, C]
+  Tensor rstd;  // [N]
+
+  void allocate_activations(Arena& arena, int64_t rows, int64_t cols);
+  void forward(Backend& be, Tensor x) { be.rmsnorm_forward(out, rstd, x, weight.value, eps); }
+  // dx += ∂/∂x; dγ +=.
+  void backward(Backend& be, Tensor dx, Tensor dout, Tensor x) {
+    be.rmsnorm_backward(dx, weight.grad, dout, x, weight.value, rstd);
+  }
+};
+
+}  // namespace bottle

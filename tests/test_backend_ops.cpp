@@ -1,0 +1,749 @@
+// Every kernel of backend.h run on the `cpu` backend and on the `reference` backend (naive
+// loops, the oracle) with the same random inputs, in the spirit of ggml's test-backend-ops.
+// Outputs must agree to normalised MSE <= 1e-10 and max abs error <= 1e-5 of the largest
+// reference magnitude. Backward kernels start from random non-zero gradients, so the
+// "backward ADDS into gradients" convention is checked too. The reference backward kernels
+// are themselves checked against finite differences of the reference forward kernels.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/backend.h"
+#include "core/reference_backend.h"
+
+namespace bottle {
+namespace {
+
+constexpr double kMaxNmse = 1e-10;
+constexpr double kMaxRelAbs = 1e-5;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+// got vs want (the reference): normalised MSE and max abs error relative to max |want|.
+::testing::AssertionResult all_close(const float* got, const float* want, int64_t n,
+                                     double max_nmse = kMaxNmse, double max_rel = kMaxRelAbs) {
+  double err2 = 0.0, ref2 = 0.0, max_err = 0.0, max_ref = 0.0;
+  int64_t worst = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    if (!std::isfinite(got[i]) || !std::isfinite(want[i])) {
+      return ::testing::AssertionFailure()
+             << "non-finite value at " << i << ": got " << got[i] << ", want " << want[i];
+    }
+    const double d = double(got[i]) - double(want[i]);
+    err2 += d * d;
+    ref2 += double(want[i]) * want[i];
+    if (std::abs(d) > max_err) max_err = std::abs(d), worst = i;
+    max_ref = std::max(max_ref, std::abs(double(want[i])));
+  }
+  const double nmse = ref2 > 0 ? err2 / ref2 : (err2 > 0 ? INFINITY : 0.0);
+  const double rel = max_ref > 0 ? max_err / max_ref : (max_err > 0 ? INFINITY : 0.0);
+  if (nmse <= max_nmse && rel <= max_rel) return ::testing::AssertionSuccess();
+  auto f = ::testing::AssertionFailure();
+  f << "nmse " << nmse << " (max " << max_nmse << "), max abs err " << max_err << " / max |ref| "
+    << max_ref << " = " << rel << " (max " << max_rel << ")";
+  if (worst >= 0) f << "; worst at " << worst << ": got " << got[worst] << ", want " << want[worst];
+  return f;
+}
+
+::testing::AssertionResult all_close(const Tensor& got, const Tensor& want) {
+  if (!(got.shape == want.shape)) {
+    return ::testing::AssertionFailure()
+           << "shape " << got.shape.str() << " vs " << want.shape.str();
+  }
+  return all_close(got.f32(), want.f32(), got.numel());
+}
+
+std::vector<float> snapshot(const Tensor& t) { return {t.f32(), t.f32() + t.numel()}; }
+
+class BackendOps : public ::testing::Test {
+ protected:
+  std::unique_ptr<Backend> cpu = make_backend("cpu");
+  std::unique_ptr<Backend> ref = make_reference_backend();
+  Arena arena{MemoryTag::workspace};
+  std::mt19937 rng{1234};
+
+  Tensor randn(Shape s, float stddev = 1.0f, float mean = 0.0f) {
+    Tensor t = arena.alloc(s);
+    std::normal_distribution<float> dist(mean, stddev);
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = dist(rng);
+    return t;
+  }
+  Tensor uniform(Shape s, float lo, float hi) {
+    Tensor t = arena.alloc(s);
+    std::uniform_real_distribution<float> dist(lo, hi);
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = dist(rng);
+    return t;
+  }
+  Tensor full(Shape s, float value) {
+    Tensor t = arena.alloc(s);
+    for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = value;
+    return t;
+  }
+  Tensor nans(Shape s) { return full(s, kNaN); }
+  Tensor ids(Shape s, int32_t vocab) {
+    Tensor t = arena.alloc(s, DType::i32);
+    std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+    for (int64_t i = 0; i < t.numel(); ++i) t.i32()[i] = dist(rng);
+    return t;
+  }
+  Tensor clone(const Tensor& src) {
+    Tensor t = arena.alloc(src.shape, src.dtype);
+    std::copy_n(static_cast<const char*>(src.data), src.nbytes(), static_cast<char*>(t.data));
+    return t;
+  }
+};
+
+// ---------------------------------------------------------------------------------------
+// gemm
+
+struct GemmCase {
+  bool ta, tb;
+  int64_t m, n, k, batch, pad;
+  float alpha, beta;
+  bool broadcast_b = false;  // stride_b = 0: one B for every batch entry
+};
+
+class GemmOps : public BackendOps {
+ protected:
+  void check(const GemmCase& g) {
+    SCOPED_TRACE(::testing::Message()
+                 << "ta=" << g.ta << " tb=" << g.tb << " m=" << g.m << " n=" << g.n << " k=" << g.k
+                 << " batch=" << g.batch << " pad=" << g.pad << " alpha=" << g.alpha
+                 << " beta=" << g.beta << " broadcast_b=" << g.broadcast_b);
+    const int64_t a_rows = g.ta ? g.k : g.m, a_cols = g.ta ? g.m : g.k;
+    const int64_t b_rows = g.tb ? g.n : g.k, b_cols = g.tb ? g.k : g.n;
+    GemmArgs args;
+    args.trans_a = g.ta, args.trans_b = g.tb;
+    args.m = g.m, args.n = g.n, args.k = g.k, args.batch = g.batch;
+    args.alpha = g.alpha, args.beta = g.beta;
+    args.lda = a_cols + g.pad, args.stride_a = a_rows * args.lda + (g.pad ? 5 : 0);
+    args.ldb = b_cols + g.pad, args.stride_b = g.broadcast_b ? 0 : b_rows * args.ldb + g.pad;
+    args.ldc = g.n + g.pad, args.stride_c = g.m * args.ldc + (g.pad ? 3 : 0);
+    Tensor a = randn({g.batch * args.stride_a});
+    Tensor b = randn({g.broadcast_b ? b_rows * args.ldb : g.batch * args.stride_b});
+    Tensor c0 = randn({g.batch * args.stride_c});
+    if (g.beta == 0.0f) {  // beta == 0 must ignore C's old contents, even NaN
+      for (int64_t i = 0; i < g.batch; ++i)
+        for (int64_t r = 0; r < g.m; ++r)
+          for (int64_t col = 0; col < g.n; ++col)
+            c0.f32()[i * args.stride_c + r * args.ldc + col] = kNaN;
+    }
+    Tensor c_cpu = clone(c0), c_ref = clone(c0);
+    args.a = a.data, args.b = b.data;
+    args.c = c_cpu.data;
+    cpu->gemm(args);
+    args.c = c_ref.data;
+    ref->gemm(args);
+    // The whole buffer, padding included: padding must be left alone by both.
+    EXPECT_TRUE(all_close(c_cpu, c_ref));
+  }
+};
+
+TEST_F(GemmOps, EveryTransposeCombination) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 1.0f})
+        for (int64_t pad : {0, 3}) check({ta, tb, 5, 7, 9, 3, pad, 0.75f, beta});
+}
+
+TEST_F(GemmOps, SingleBatchAndOtherBeta) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      check({ta, tb, 13, 11, 17, 1, 0, 1.0f, 0.0f});
+      check({ta, tb, 13, 11, 17, 1, 2, -1.5f, 0.5f});
+    }
+}
+
+TEST_F(GemmOps, LargerOddSizes) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true})
+      for (float beta : {0.0f, 1.0f}) check({ta, tb, 37, 65, 70, 2, 1, 0.5f, beta});
+}
+
+TEST_F(GemmOps, BroadcastB) {
+  for (bool tb : {false, true}) check({false, tb, 7, 24, 9, 3, 0, 1.0f, 0.0f, true});
+}
+
+// ---------------------------------------------------------------------------------------
+// embedding
+
+TEST_F(BackendOps, EmbeddingForward) {
+  const int64_t N = 37, V = 11, C = 24;
+  Tensor tokens = ids({N}, V), table = randn({V, C});
+  Tensor out_cpu = nans({N, C}), out_ref = nans({N, C});
+  cpu->embedding_forward(out_cpu, tokens, table);
+  ref->embedding_forward(out_ref, tokens, table);
+  EXPECT_TRUE(all_close(out_cpu, out_ref));
+}
+
+TEST_F(BackendOps, EmbeddingBackward) {
+  const int64_t B = 2, S = 7, V = 11, C = 24;  // 14 tokens over 11 ids: repeats
+  Tensor tokens = ids({B, S}, V), dout = randn({B, S, C});
+  Tensor d0 = randn({V, C}), d_cpu = clone(d0), d_ref = clone(d0);
+  cpu->embedding_backward(d_cpu, tokens, dout);
+  ref->embedding_backward(d_ref, tokens, dout);
+  EXPECT_TRUE(all_close(d_cpu, d_ref));
+}
+
+// ---------------------------------------------------------------------------------------
+// norms
+
+TEST_F(BackendOps, RmsnormForward) {
+  const int64_t N = 37, C = 24;
+  Tensor x = randn({N, C}, 2.0f, 0.3f), w = randn({C}, 0.5f, 1.0f);
+  Tensor out_cpu = nans({N, C}), out_ref = nans({N, C}), rs_cpu = nans({N}), rs_ref = nans({N});
+  cpu->rmsnorm_forward(out_cpu, rs_cpu, x, w, 1e-5f);
+  ref->rmsnorm_forward(out_ref, rs_ref, x, w, 1e-5f);
+  EXPECT_TRUE(all_close(out_cpu, out_ref));
+  EXPECT_TRUE(all_close(rs_cpu, rs_ref));
+}
+
+TEST_F(BackendOps, RmsnormBackward) {
+  const int64_t B = 2, S = 7, C = 24;
+  Tensor x = randn({B, S, C}, 2.0f, 0.3f), w = randn({C}, 0.5f, 1.0f), dout = randn({B, S, C});
+  Tensor out = nans({B, S, C}), rstd = nans({B * S});
+  ref->rmsnorm_forward(out, rstd, x, w, 1e-5f);
+  Tensor dx0 = randn({B, S, C}), dw0 = randn({C});
+  Tensor dx_cpu = clone(dx0), dx_ref = clone(dx0), dw_cpu = clone(dw0), dw_ref = clone(dw0);
+  cpu->rmsnorm_backward(dx_cpu, dw_cpu, dout, x, w, rstd);
+  ref->rmsnorm_backward(dx_ref, dw_ref, dout, x, w, rstd);
+  EXPECT_TRUE(all_close(dx_cpu, dx_ref));
+  EXPECT_TRUE(all_close(dw_cpu, dw_ref));
+}
+
+TEST_F(BackendOps, LayernormForward) {
+  const int64_t N = 37, C = 24;
+  Tensor x = randn({N, C}, 2.0f, 0.7f), w = randn({C}, 0.5f, 1.0f), b = randn({C}, 0.5f);
+  Tensor out_cpu = nans({N, C}), out_ref = nans({N, C});
+  Tensor mu_cpu = nans({N}), mu_ref = nans({N}), rs_cpu = nans({N}), rs_ref = nans({N});
+  cpu->layernorm_forward(out_cpu, mu_cpu, rs_cpu, x, w, b, 1e-5f);
+  ref->layernorm_forward(out_ref, mu_ref, rs_ref, x, w, b, 1e-5f);
+  EXPECT_TRUE(all_close(out_cpu, out_ref));
+  EXPECT_TRUE(all_close(mu_cpu, mu_ref));
+  EXPECT_TRUE(all_close(rs_cpu, rs_ref));
+}
+
+TEST_F(BackendOps, LayernormBackward) {
+  const int64_t N = 37, C = 24;
+  Tensor x = randn({N, C}, 2.0f, 0.7f), w = randn({C}, 0.5f, 1.0f), b = randn({C}, 0.5f);
+  Tensor dout = randn({N, C}), out = nans({N, C}), mean = nans({N}), rstd = nans({N});
+  ref->layernorm_forward(out, mean, rstd, x, w, b, 1e-5f);
+  Tensor dx0 = randn({N, C}), dw0 = randn({C}), db0 = randn({C});
+  Tensor dx_cpu = clone(dx0), dx_ref = clone(dx0), dw_cpu = clone(dw0), dw_ref = clone(dw0);
+  Tensor db_cpu = clone(db0), db_ref = clone(db0);
+  cpu->layernorm_backward(dx_cpu, dw_cpu, db_cpu, dout, x, w, mean, rstd);
+  ref->layernorm_backward(dx_ref, dw_ref, db_ref, dout, x, w, mean, rstd);
+  EXPECT_TRUE(all_close(dx_cpu, dx_ref));
+  EXPECT_TRUE(all_close(dw_cpu, dw_ref));
+  EXPECT_TRUE(all_close(db_cpu, db_ref));
+}
+
+// ---------------------------------------------------------------------------------------
+// RoPE
+
+TEST_F(BackendOps, RopeForwardAndBackward) {
+  for (float theta : {10000.0f, 500000.0f}) {
+    SCOPED_TRACE(::testing::Message() << "theta=" << theta);
+    Tensor x = randn({2, 7, 4, 8});
+    Tensor x_cpu = clone(x), x_ref = clone(x);
+    cpu->rope_forward(x_cpu, theta);
+    ref->rope_forward(x_ref, theta);
+    EXPECT_TRUE(all_close(x_cpu, x_ref));
+    Tensor d = randn({2, 7, 3, 16});  // rope_backward overwrites in place
+    Tensor d_cpu = clone(d), d_ref = clone(d);
+    cpu->rope_backward(d_cpu, theta);
+    ref->rope_backward(d_ref, theta);
+    EXPECT_TRUE(all_close(d_cpu, d_ref));
+  }
+}
+
+TEST_F(BackendOps, RopeMatchesFormula) {
+  const int64_t B = 1, S = 5, Hh = 2, hd = 6;
+  const float theta = 10000.0f;
+  Tensor x = randn({B, S, Hh, hd}), y = clone(x);
+  ref->rope_forward(y, theta);
+  for (int64_t s = 0; s < S; ++s)
+    for (int64_t h = 0; h < Hh; ++h)
+      for (int64_t i = 0; i < hd / 2; ++i) {
+        const double angle = double(s) * std::pow(double(theta), -2.0 * double(i) / hd);
+        const float* xv = x.f32() + (s * Hh + h) * hd;
+        const float* yv = y.f32() + (s * Hh + h) * hd;
+        EXPECT_NEAR(yv[i], xv[i] * std::cos(angle) - xv[i + hd / 2] * std::sin(angle), 1e-6);
+        EXPECT_NEAR(yv[i + hd / 2], xv[i + hd / 2] * std::cos(angle) + xv[i] * std::sin(angle),
+                    1e-6);
+      }
+  // Backward is the inverse rotation.
+  for (Backend* be : {ref.get(), cpu.get()}) {
+    SCOPED_TRACE(be->name());
+    Tensor z = clone(x);
+    be->rope_forward(z, theta);
+    be->rope_backward(z, theta);
+    EXPECT_TRUE(all_close(z.f32(), x.f32(), x.numel(), 1e-12, 1e-6));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// attention
+
+struct AttnCase {
+  int64_t B, S, H, Hkv, hd;
+};
+const AttnCase kAttnCases[] = {{2, 7, 4, 2, 8}, {2, 7, 4, 4, 8}, {1, 9, 4, 1, 6}, {3, 5, 6, 3, 4}};
+
+TEST_F(BackendOps, AttentionForward) {
+  for (const AttnCase& c : kAttnCases) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " S=" << c.S << " H=" << c.H
+                                      << " Hkv=" << c.Hkv << " hd=" << c.hd);
+    Tensor q = randn({c.B, c.S, c.H, c.hd}, 1.5f), k = randn({c.B, c.S, c.Hkv, c.hd}, 1.5f);
+    Tensor v = randn({c.B, c.S, c.Hkv, c.hd});
+    Tensor out_cpu = nans({c.B, c.S, c.H, c.hd}), out_ref = nans({c.B, c.S, c.H, c.hd});
+    Tensor p_cpu = nans({c.B, c.H, c.S, c.S}), p_ref = nans({c.B, c.H, c.S, c.S});
+    cpu->attention_forward(out_cpu, p_cpu, q, k, v);
+    ref->attention_forward(out_ref, p_ref, q, k, v);
+    EXPECT_TRUE(all_close(out_cpu, out_ref));
+    EXPECT_TRUE(all_close(p_cpu, p_ref));
+    // Causal: zeros above the diagonal, rows sum to 1.
+    for (const Tensor& p : {p_cpu, p_ref}) {
+      for (int64_t row = 0; row < c.B * c.H * c.S; ++row) {
+        const int64_t i = row % c.S;
+        double sum = 0.0;
+        for (int64_t j = 0; j < c.S; ++j) {
+          const float pij = p.f32()[row * c.S + j];
+          if (j > i) {
+            EXPECT_EQ(pij, 0.0f) << "row " << row << " col " << j;
+          }
+          sum += pij;
+        }
+        EXPECT_NEAR(sum, 1.0, 1e-5) << "row " << row;
+      }
+    }
+  }
+}
+
+TEST_F(BackendOps, AttentionBackward) {
+  for (const AttnCase& c : kAttnCases) {
+    SCOPED_TRACE(::testing::Message() << "B=" << c.B << " S=" << c.S << " H=" << c.H
+                                      << " Hkv=" << c.Hkv << " hd=" << c.hd);
+    Tensor q = randn({c.B, c.S, c.H, c.hd}, 1.5f), k = randn({c.B, c.S, c.Hkv, c.hd}, 1.5f);
+    Tensor v = randn({c.B, c.S, c.Hkv, c.hd}), dout = randn({c.B, c.S, c.H, c.hd});
+    Tensor out = nans({c.B, c.S, c.H, c.hd}), probs = nans({c.B, c.H, c.S, c.S});
+    ref->attention_forward(out, probs, q, k, v);
+    Tensor dq0 = randn(q.shape), dk0 = randn(k.shape), dv0 = randn(v.shape);
+    Tensor dq_cpu = clone(dq0), dk_cpu = clone(dk0), dv_cpu = clone(dv0);
+    Tensor dq_ref = clone(dq0), dk_ref = clone(dk0), dv_ref = clone(dv0);
+    cpu->attention_backward(dq_cpu, dk_cpu, dv_cpu, dout, probs, q, k, v);
+    ref->attention_backward(dq_ref, dk_ref, dv_ref, dout, probs, q, k, v);
+    EXPECT_TRUE(all_close(dq_cpu, dq_ref));
+    EXPECT_TRUE(all_close(dk_cpu, dk_ref));
+    EXPECT_TRUE(all_close(dv_cpu, dv_ref));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// activations
+
+TEST_F(BackendOps, Silu) {
+  const int64_t N = 37, C = 24;
+  Tensor x = randn({N, C}, 3.0f), dout = randn({N, C});
+  Tensor out_cpu = nans({N, C}), out_ref = nans({N, C});
+  cpu->silu_forward(out_cpu, x);
+  ref->silu_forward(out_ref, x);
+  EXPECT_TRUE(all_close(out_cpu, out_ref));
+  Tensor dx0 = randn({N, C}), dx_cpu = clone(dx0), dx_ref = clone(dx0);
+  cpu->silu_backward(dx_cpu, dout, x);
+  ref->silu_backward(dx_ref, dout, x);
+  EXPECT_TRUE(all_close(dx_cpu, dx_ref));
+}
+
+TEST_F(BackendOps, Swiglu) {
+  const int64_t N = 37, C = 24;
+  for (bool gate_act : {true, false}) {
+    SCOPED_TRACE(::testing::Message() << "gate_act=" << gate_act);
+    Tensor gate = randn({N, C}, 3.0f), up = randn({N, C}), dout = randn({N, C});
+    Tensor out_cpu = nans({N, C}), out_ref = nans({N, C});
+    cpu->swiglu_forward(out_cpu, gate, up, gate_act);
+    ref->swiglu_forward(out_ref, gate, up, gate_act);
+    EXPECT_TRUE(all_close(out_cpu, out_ref));
+    Tensor dg0 = randn({N, C}), du0 = randn({N, C});
+    Tensor dg_cpu = clone(dg0), du_cpu = clone(du0), dg_ref = clone(dg0), du_ref = clone(du0);
+    cpu->swiglu_backward(dg_cpu, du_cpu, dout, gate, up, gate_act);
+    ref->swiglu_backward(dg_ref, du_ref, dout, gate, up, gate_act);
+    EXPECT_TRUE(all_close(dg_cpu, dg_ref));
+    EXPECT_TRUE(all_close(du_cpu, du_ref));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// elementwise and reductions
+
+TEST_F(BackendOps, Add) {
+  const int64_t N = 37, C = 24;
+  Tensor a = randn({N, C}), b = randn({N, C});
+  Tensor out_cpu = nans({N, C}), out_ref = nans({N, C});
+  cpu->add(out_cpu, a, b);
+  ref->add(out_ref, a, b);
+  EXPECT_TRUE(all_close(out_cpu, out_ref));
+  // out aliasing a, and out aliasing b.
+  Tensor a_cpu = clone(a), a_ref = clone(a), b_cpu = clone(b), b_ref = clone(b);
+  cpu->add(a_cpu, a_cpu, b);
+  ref->add(a_ref, a_ref, b);
+  EXPECT_TRUE(all_close(a_cpu, a_ref));
+  EXPECT_TRUE(all_close(a_cpu, out_ref));
+  cpu->add(b_cpu, a, b_cpu);
+  ref->add(b_ref, a, b_ref);
+  EXPECT_TRUE(all_close(b_cpu, b_ref));
+  EXPECT_TRUE(all_close(b_cpu, out_ref));
+}
+
+TEST_F(BackendOps, Accumulate) {
+  Tensor src = randn({37, 24}), dst0 = randn({37, 24});
+  Tensor d_cpu = clone(dst0), d_ref = clone(dst0);
+  cpu->accumulate(d_cpu, src);
+  ref->accumulate(d_ref, src);
+  EXPECT_TRUE(all_close(d_cpu, d_ref));
+}
+
+TEST_F(BackendOps, FillZero) {
+  for (Backend* be : {cpu.get(), ref.get()}) {
+    SCOPED_TRACE(be->name());
+    Tensor x = nans({37, 24});
+    be->fill_zero(x);
+    for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(x.f32()[i], 0.0f) << "at " << i;
+  }
+}
+
+TEST_F(BackendOps, Scale) {
+  Tensor x = randn({37, 24});
+  for (float factor : {0.37f, -2.5f, 0.0f}) {
+    Tensor x_cpu = clone(x), x_ref = clone(x);
+    cpu->scale(x_cpu, factor);
+    ref->scale(x_ref, factor);
+    EXPECT_TRUE(all_close(x_cpu, x_ref)) << "factor " << factor;
+  }
+}
+
+TEST_F(BackendOps, SumSquares) {
+  for (int64_t n : {1, 37, 37 * 24, 100003}) {
+    Tensor x = randn({n}, 1.7f);
+    const double got = cpu->sum_squares(x), want = ref->sum_squares(x);
+    double exact = 0.0;
+    for (int64_t i = 0; i < n; ++i) exact += double(x.f32()[i]) * x.f32()[i];
+    EXPECT_NEAR(want, exact, 1e-12 * exact) << "n=" << n;
+    EXPECT_NEAR(got, want, 1e-6 * want) << "n=" << n;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// cross-entropy
+
+TEST_F(BackendOps, CrossEntropyForward) {
+  const int64_t N = 37, V = 29;
+  Tensor logits = randn({N, V}, 3.0f), targets = ids({N}, V);
+  Tensor l_cpu = nans({N}), l_ref = nans({N}), p_cpu = nans({N, V}), p_ref = nans({N, V});
+  cpu->cross_entropy_forward(l_cpu, p_cpu, logits, targets);
+  ref->cross_entropy_forward(l_ref, p_ref, logits, targets);
+  EXPECT_TRUE(all_close(l_cpu, l_ref));
+  EXPECT_TRUE(all_close(p_cpu, p_ref));
+}
+
+TEST_F(BackendOps, CrossEntropyLargeLogitsAreStable) {
+  const int64_t N = 5, V = 29;
+  Tensor logits = randn({N, V}, 3.0f, 80.0f), targets = ids({N}, V);
+  Tensor l_cpu = nans({N}), l_ref = nans({N}), p_cpu = nans({N, V}), p_ref = nans({N, V});
+  cpu->cross_entropy_forward(l_cpu, p_cpu, logits, targets);
+  ref->cross_entropy_forward(l_ref, p_ref, logits, targets);
+  EXPECT_TRUE(all_close(l_cpu, l_ref));
+  EXPECT_TRUE(all_close(p_cpu, p_ref));
+}
+
+TEST_F(BackendOps, CrossEntropyBackward) {
+  const int64_t B = 2, S = 7, V = 29;
+  Tensor logits = randn({B, S, V}, 3.0f), targets = ids({B, S}, V);
+  Tensor losses = nans({B * S}), probs = nans({B, S, V});
+  ref->cross_entropy_forward(losses, probs, logits, targets);
+  Tensor d0 = randn({B, S, V}), d_cpu = clone(d0), d_ref = clone(d0);
+  cpu->cross_entropy_backward(d_cpu, probs, targets, 1.0f / float(B * S));
+  ref->cross_entropy_backward(d_ref, probs, targets, 1.0f / float(B * S));
+  EXPECT_TRUE(all_close(d_cpu, d_ref));
+}
+
+// ---------------------------------------------------------------------------------------
+// AdamW
+
+TEST_F(BackendOps, AdamwUpdate) {
+  const int64_t n = 37 * 24 + 5;
+  for (int64_t step : {1, 3, 1000}) {
+    SCOPED_TRACE(::testing::Message() << "step=" << step);
+    Tensor param = randn({n}), grad = randn({n}, 2.0f), m = randn({n}, 0.1f);
+    Tensor v = uniform({n}, 0.0f, 0.2f);
+    AdamWArgs args;
+    args.lr = 1e-2f, args.beta1 = 0.9f, args.beta2 = 0.95f, args.eps = 1e-8f;
+    args.weight_decay = 0.1f, args.grad_scale = 0.5f, args.step = step;
+    Tensor p_cpu = clone(param), m_cpu = clone(m), v_cpu = clone(v);
+    Tensor p_ref = clone(param), m_ref = clone(m), v_ref = clone(v);
+    cpu->adamw_update(p_cpu, grad, m_cpu, v_cpu, args);
+    ref->adamw_update(p_ref, grad, m_ref, v_ref, args);
+    EXPECT_TRUE(all_close(p_cpu, p_ref));
+    EXPECT_TRUE(all_close(m_cpu, m_ref));
+    EXPECT_TRUE(all_close(v_cpu, v_ref));
+  }
+}
+
+TEST_F(BackendOps, AdamwFirstStepFromZeroMoments) {
+  // Step 1 from m = v = 0: mhat = g, vhat = g^2, so the update is ~lr * sign(g).
+  const int64_t n = 41;
+  Tensor param = randn({n}), grad = randn({n}), m = full({n}, 0.0f), v = full({n}, 0.0f);
+  AdamWArgs args;
+  args.lr = 1e-3f, args.weight_decay = 0.0f;
+  Tensor p = clone(param);
+  ref->adamw_update(p, grad, m, v, args);
+  for (int64_t i = 0; i < n; ++i) {
+    const double g = grad.f32()[i];
+    EXPECT_NEAR(p.f32()[i], param.f32()[i] - 1e-3 * g / (std::abs(g) + 1e-8), 1e-6);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Conventions: backward kernels add; dtype rejection.
+
+// Calls `call` twice from random non-zero gradients: the second increment must equal the first.
+class AddsConvention : public BackendOps {
+ protected:
+  void check(const char* what, std::vector<Tensor> grads, const std::function<void()>& call) {
+    SCOPED_TRACE(what);
+    std::vector<std::vector<float>> g0, g1;
+    for (Tensor& g : grads) g0.push_back(snapshot(g));
+    call();
+    for (Tensor& g : grads) g1.push_back(snapshot(g));
+    call();
+    for (size_t t = 0; t < grads.size(); ++t) {
+      const int64_t n = grads[t].numel();
+      std::vector<float> first(n), second(n);
+      double first_norm = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        first[i] = g1[t][i] - g0[t][i];
+        second[i] = grads[t].f32()[i] - g1[t][i];
+        first_norm += std::abs(first[i]);
+      }
+      EXPECT_GT(first_norm, 0.0) << "gradient " << t << " did not change";
+      EXPECT_TRUE(all_close(second.data(), first.data(), n, 1e-10, 1e-4)) << "gradient " << t;
+    }
+  }
+};
+
+TEST_F(AddsConvention, ReferenceBackwardKernelsAdd) {
+  Backend& be = *ref;
+  {
+    Tensor tokens = ids({9}, 5), dout = randn({9, 6}), dtable = randn({5, 6});
+    check("embedding_backward", {dtable}, [&] { be.embedding_backward(dtable, tokens, dout); });
+  }
+  {
+    Tensor x = randn({5, 8}), w = randn({8}, 0.5f, 1.0f), dout = randn({5, 8});
+    Tensor out = nans({5, 8}), rstd = nans({5}), mean = nans({5}), b = randn({8});
+    Tensor dx = randn({5, 8}), dw = randn({8}), db = randn({8});
+    be.rmsnorm_forward(out, rstd, x, w, 1e-5f);
+    check("rmsnorm_backward", {dx, dw}, [&] { be.rmsnorm_backward(dx, dw, dout, x, w, rstd); });
+    be.layernorm_forward(out, mean, rstd, x, w, b, 1e-5f);
+    check("layernorm_backward", {dx, dw, db},
+          [&] { be.layernorm_backward(dx, dw, db, dout, x, w, mean, rstd); });
+  }
+  {
+    Tensor q = randn({2, 5, 4, 4}), k = randn({2, 5, 2, 4}), v = randn({2, 5, 2, 4});
+    Tensor dout = randn(q.shape), out = nans(q.shape), probs = nans({2, 4, 5, 5});
+    be.attention_forward(out, probs, q, k, v);
+    Tensor dq = randn(q.shape), dk = randn(k.shape), dv = randn(v.shape);
+    check("attention_backward", {dq, dk, dv},
+          [&] { be.attention_backward(dq, dk, dv, dout, probs, q, k, v); });
+  }
+  {
+    Tensor x = randn({7, 5}), up = randn({7, 5}), dout = randn({7, 5});
+    Tensor dx = randn({7, 5}), dup = randn({7, 5});
+    check("silu_backward", {dx}, [&] { be.silu_backward(dx, dout, x); });
+    for (bool act : {true, false})
+      check("swiglu_backward", {dx, dup}, [&] { be.swiglu_backward(dx, dup, dout, x, up, act); });
+  }
+  {
+    Tensor logits = randn({6, 9}), targets = ids({6}, 9), losses = nans({6}), probs = nans({6, 9});
+    be.cross_entropy_forward(losses, probs, logits, targets);
+    Tensor dlogits = randn({6, 9});
+    check("cross_entropy_backward", {dlogits},
+          [&] { be.cross_entropy_backward(dlogits, probs, targets, 0.25f); });
+  }
+  {
+    Tensor dst = randn({7, 5}), src = randn({7, 5});
+    check("accumulate", {dst}, [&] { be.accumulate(dst, src); });
+  }
+}
+
+TEST_F(BackendOps, RejectsBf16) {
+  Tensor bf_x = arena.alloc({4, 8}, DType::bf16), bf_out = arena.alloc({4, 8}, DType::bf16);
+  Tensor x = randn({4, 8}), out = nans({4, 8}), w = randn({8}), rstd = nans({4});
+  for (Backend* be : {cpu.get(), ref.get()}) {
+    SCOPED_TRACE(be->name());
+    EXPECT_THROW(be->silu_forward(bf_out, bf_x), Error);
+    EXPECT_THROW(be->silu_forward(out, bf_x), Error);
+    EXPECT_THROW(be->silu_forward(bf_out, x), Error);
+    EXPECT_THROW(be->add(bf_out, bf_x, bf_x), Error);
+    EXPECT_THROW(be->rmsnorm_forward(out, rstd, bf_x, w, 1e-5f), Error);
+    EXPECT_THROW(be->sum_squares(bf_x), Error);
+  }
+  try {
+    ref->silu_forward(bf_out, bf_x);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("silu_forward"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(BackendOps, Names) {
+  EXPECT_EQ(ref->name(), "reference");
+  EXPECT_EQ(make_backend("reference")->name(), "reference");
+}
+
+// ---------------------------------------------------------------------------------------
+// The oracle checked against itself: reference backward kernels vs central differences of
+// the reference forward kernels, loss = sum(out * w) for a random w.
+
+class ReferenceGradcheck : public BackendOps {
+ protected:
+  double dot(const Tensor& a, const Tensor& b) {
+    double s = 0.0;
+    for (int64_t i = 0; i < a.numel(); ++i) s += double(a.f32()[i]) * b.f32()[i];
+    return s;
+  }
+  void check(const char* what, Tensor x, const Tensor& analytic,
+             const std::function<double()>& loss) {
+    SCOPED_TRACE(what);
+    const float h = 1e-2f;
+    double max_grad = 1.0;
+    for (int64_t i = 0; i < analytic.numel(); ++i)
+      max_grad = std::max(max_grad, std::abs(double(analytic.f32()[i])));
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      const float saved = x.f32()[i];
+      x.f32()[i] = saved + h;
+      const double plus = loss();
+      const float up = x.f32()[i];
+      x.f32()[i] = saved - h;
+      const double minus = loss();
+      const float down = x.f32()[i];
+      x.f32()[i] = saved;
+      const double numeric = (plus - minus) / (double(up) - double(down));
+      EXPECT_NEAR(analytic.f32()[i], numeric, 2e-3 * max_grad) << "element " << i;
+    }
+  }
+};
+
+TEST_F(ReferenceGradcheck, Norms) {
+  Backend& be = *ref;
+  const int64_t N = 5, C = 8;
+  Tensor x = randn({N, C}, 1.0f, 0.5f), w = randn({C}, 0.5f, 1.0f), b = randn({C}, 0.5f);
+  Tensor wout = randn({N, C}), out = nans({N, C}), mean = nans({N}), rstd = nans({N});
+  auto rms_loss = [&] {
+    be.rmsnorm_forward(out, rstd, x, w, 1e-5f);
+    return dot(out, wout);
+  };
+  rms_loss();
+  Tensor dx = full({N, C}, 0.0f), dw = full({C}, 0.0f), db = full({C}, 0.0f);
+  be.rmsnorm_backward(dx, dw, wout, x, w, rstd);
+  check("rmsnorm dx", x, dx, rms_loss);
+  check("rmsnorm dweight", w, dw, rms_loss);
+
+  auto ln_loss = [&] {
+    be.layernorm_forward(out, mean, rstd, x, w, b, 1e-5f);
+    return dot(out, wout);
+  };
+  ln_loss();
+  be.fill_zero(dx), be.fill_zero(dw);
+  be.layernorm_backward(dx, dw, db, wout, x, w, mean, rstd);
+  check("layernorm dx", x, dx, ln_loss);
+  check("layernorm dweight", w, dw, ln_loss);
+  check("layernorm dbias", b, db, ln_loss);
+}
+
+TEST_F(ReferenceGradcheck, Attention) {
+  Backend& be = *ref;
+  Tensor q = randn({2, 5, 4, 4}), k = randn({2, 5, 2, 4}), v = randn({2, 5, 2, 4});
+  Tensor wout = randn(q.shape), out = nans(q.shape), probs = nans({2, 4, 5, 5});
+  auto loss = [&] {
+    be.attention_forward(out, probs, q, k, v);
+    return dot(out, wout);
+  };
+  loss();
+  Tensor dq = full(q.shape, 0.0f), dk = full(k.shape, 0.0f), dv = full(v.shape, 0.0f);
+  be.attention_backward(dq, dk, dv, wout, probs, q, k, v);
+  check("attention dq", q, dq, loss);
+  check("attention dk", k, dk, loss);
+  check("attention dv", v, dv, loss);
+}
+
+TEST_F(ReferenceGradcheck, Activations) {
+  Backend& be = *ref;
+  Tensor x = randn({6, 7}, 2.0f), up = randn({6, 7}), wout = randn({6, 7}), out = nans({6, 7});
+  auto silu_loss = [&] {
+    be.silu_forward(out, x);
+    return dot(out, wout);
+  };
+  Tensor dx = full({6, 7}, 0.0f), dup = full({6, 7}, 0.0f);
+  be.silu_backward(dx, wout, x);
+  check("silu dx", x, dx, silu_loss);
+  for (bool act : {true, false}) {
+    auto loss = [&] {
+      be.swiglu_forward(out, x, up, act);
+      return dot(out, wout);
+    };
+    be.fill_zero(dx), be.fill_zero(dup);
+    be.swiglu_backward(dx, dup, wout, x, up, act);
+    check(act ? "swiglu dgate" : "glu dgate", x, dx, loss);
+    check(act ? "swiglu dup" : "glu dup", up, dup, loss);
+  }
+}
+
+TEST_F(ReferenceGradcheck, CrossEntropyEmbeddingRope) {
+  Backend& be = *ref;
+  {
+    Tensor logits = randn({6, 9}, 2.0f), targets = ids({6}, 9);
+    Tensor losses = nans({6}), probs = nans({6, 9});
+    auto loss = [&] {
+      be.cross_entropy_forward(losses, probs, logits, targets);
+      double s = 0.0;
+      for (int64_t i = 0; i < 6; ++i) s += 0.5 * losses.f32()[i];
+      return s;
+    };
+    loss();
+    Tensor dlogits = full({6, 9}, 0.0f);
+    be.cross_entropy_backward(dlogits, probs, targets, 0.5f);
+    check("cross_entropy dlogits", logits, dlogits, loss);
+  }
+  {
+    Tensor tokens = ids({9}, 5), table = randn({5, 6}), wout = randn({9, 6}), out = nans({9, 6});
+    auto loss = [&] {
+      be.embedding_forward(out, tokens, table);
+      return dot(out, wout);
+    };
+    Tensor dtable = full({5, 6}, 0.0f);
+    be.embedding_backward(dtable, tokens, wout);
+    check("embedding dtable", table, dtable, loss);
+  }
+  {
+    Tensor x = randn({1, 6, 2, 8}), wout = randn({1, 6, 2, 8}), y = nans({1, 6, 2, 8});
+    auto loss = [&] {
+      std::copy_n(x.f32(), x.numel(), y.f32());
+      be.rope_forward(y, 100.0f);
+      return dot(y, wout);
+    };
+    Tensor dx = clone(wout);
+    be.rope_backward(dx, 100.0f);
+    check("rope dx", x, dx, loss);
+  }
+}
+
+}  // namespace
+}  // namespace bottle

@@ -1,0 +1,94 @@
+#pragma once
+// Helpers shared by the tests: scratch directories, running the bottle binary and the
+// PyTorch reference, tiny models.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "core/token_shard.h"
+#include "model/checkpoint.h"
+
+namespace bottle::testing {
+
+namespace fs = std::filesystem;
+
+// A fresh directory, removed with everything in it when the object dies.
+class TempDir {
+ public:
+  TempDir() {
+    static int counter = 0;
+    path_ = fs::temp_directory_path() / fmt::format("bottle-test-{}-{}", ::getpid(), counter++);
+    fs::remove_all(path_);
+    fs::create_directories(path_);
+  }
+  ~TempDir() { fs::remove_all(path_); }
+  std::string str() const { return path_.string(); }
+  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+struct CommandResult {
+  int status = -1;  // exit code, or 128 + signal
+  std::string output;  // stdout and stderr together
+};
+
+inline CommandResult run(const std::string& command) {
+  CommandResult r;
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen((command + " 2>&1").c_str(), "r"), ::pclose);
+  if (!pipe) return r;
+  char buf[4096];
+  while (size_t n = std::fread(buf, 1, sizeof(buf), pipe.get())) r.output.append(buf, n);
+  const int status = ::pclose(pipe.release());
+  r.status = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return r;
+}
+
+inline std::string bottle_binary() { return BOTTLE_BINARY; }
+inline std::string torch_reference() {
+  return "/usr/bin/python3 " BOTTLE_SOURCE_DIR "/tools/torch_reference.py";
+}
+
+// Random tokens in [0, vocab) as an llm.c shard.
+inline void write_random_shard(const std::string& path, int64_t count, int64_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> tokens(static_cast<size_t>(count));
+  for (auto& t : tokens) t = int32_t(rng() % uint32_t(vocab));
+  write_token_shard(path, tokens);
+}
+
+inline ModelConfig tiny_config(BottleneckKind kind, int64_t kv_heads = 4, bool tied = false) {
+  ModelConfig c;
+  c.vocab_size = 64;
+  c.hidden_size = 32;
+  c.intermediate_size = 48;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = kv_heads;
+  c.max_seq_len = 64;
+  c.bottleneck = kind;
+  c.rank = 8;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+// Initialised weights, with norm gains moved off 1 so that their gradients matter.
+inline void init_for_test(LlamaModel& model, uint64_t seed) {
+  model.init_weights(seed);
+  const ParameterStore& params = model.parameters();
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    const ParamSpec& spec = params.specs()[i];
+    if (spec.init == ParamInit::normal) continue;
+    const uint64_t key = hash_name(seed + 1, spec.name);
+    float* v = params.at(i).value.f32();
+    for (int64_t j = 0; j < spec.shape.numel(); ++j) v[j] += 0.1f * counter_normal(key, uint64_t(j));
+  }
+}
+
+}  // namespace bottle::testing

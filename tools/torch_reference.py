@@ -1,0 +1,457 @@
+#!/usr/bin/python3
+"""PyTorch reference implementation of the bottle model (DESIGN.md sections 2 and 7).
+
+An oracle written independently of the C++ code: plain torch ops, its own safetensors and
+llm.c-shard readers, no third-party package beyond torch and numpy. Run it with
+/usr/bin/python3 (the interpreter that has torch). Modes:
+
+  --checkpoint DIR --data SHARD --batch B --seq S --dump OUT.safetensors [--dtype f64]
+      batch 0: forward + backward; writes loss [1], logits [B,S,V] and grad/<param> (F32)
+  --checkpoint DIR --data SHARD --batch B --seq S --eval --batches N
+      prints {"loss": mean cross-entropy over the N batches, "tokens": B*S*N}
+  --create DIR --hidden D --intermediate F --layers L --heads H [--kv-heads K] --vocab V
+           [--kind none|svd|cola|lax] [--rank R] [--ranks q=8,down=4] [--tied] [--seed S]
+           [--bf16] [--mlp-gate-act true|false]
+      writes a random checkpoint (config.json + model.safetensors)
+  --checkpoint DIR --data SHARD --batch B --seq S --bench --steps N --warmup W --threads T
+      times AdamW training steps; prints one JSON line
+Errors print one line on stderr, naming the file at fault, and exit 1.
+"""
+import argparse, json, math, os, statistics, struct, sys, time
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+class RefError(Exception):
+    pass
+
+
+PROJS = ("q", "k", "v", "o", "gate", "up", "down")
+ATTN = ("q", "k", "v", "o")
+KINDS = ("none", "svd", "cola", "lax")
+LAX_LN_EPS = 1e-6
+
+# ---------------------------------------------------------------- safetensors
+# dtype -> (numpy dtype of the stored bits, bytes per element)
+ST_DTYPES = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
+
+
+def read_safetensors(path):
+    """Returns {name: float32 numpy array}; BF16/F16 are widened exactly."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise RefError(f"{path}: {e.strerror}")
+    if len(data) < 8:
+        raise RefError(f"{path}: too short for a safetensors file")
+    (n,) = struct.unpack("<Q", data[:8])
+    if 8 + n > len(data):
+        raise RefError(f"{path}: header length {n} runs past the end of the file")
+    try:
+        header = json.loads(data[8:8 + n])
+    except ValueError as e:
+        raise RefError(f"{path}: bad JSON header: {e}")
+    base, out = 8 + n, {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dt, shape, (b, e) = info["dtype"], [int(s) for s in info["shape"]], info["data_offsets"]
+        except (KeyError, TypeError, ValueError):
+            raise RefError(f"{path}: tensor {name}: malformed header entry")
+        if dt not in ST_DTYPES:
+            raise RefError(f"{path}: tensor {name}: unsupported dtype {dt}")
+        npdt, width = ST_DTYPES[dt]
+        count = math.prod(shape)
+        if e - b != count * width or b < 0 or base + e > len(data):
+            raise RefError(f"{path}: tensor {name}: data_offsets {[b, e]} do not fit shape {shape}")
+        arr = np.frombuffer(data, dtype=npdt, count=count, offset=base + b)
+        # bf16 is the top half of an f32: shift the bits up.
+        arr = (arr.astype(np.uint32) << 16).view(np.float32) if dt == "BF16" else arr.astype(np.float32)
+        out[name] = arr.reshape(shape)
+    return out
+
+
+def write_safetensors(path, tensors, metadata=None, bf16=False):
+    """tensors: {name: torch tensor}; written as F32 (or BF16, round-to-nearest-even)."""
+    header, blobs, off = {}, [], 0
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for name, t in tensors.items():
+        t = t.detach().to(torch.float32).contiguous().cpu()
+        if bf16:
+            raw, dt = t.to(torch.bfloat16).view(torch.int16).numpy().astype("<i2").tobytes(), "BF16"
+        else:
+            raw, dt = t.numpy().astype("<f4").tobytes(), "F32"
+        header[name] = {"dtype": dt, "shape": list(t.shape), "data_offsets": [off, off + len(raw)]}
+        blobs.append(raw)
+        off += len(raw)
+    hj = json.dumps(header, separators=(",", ":")).encode()
+    hj += b" " * (-len(hj) % 8)  # data start 8-byte aligned
+    try:
+        with open(path, "wb") as f:
+            f.write(struct.pack("<Q", len(hj)))
+            f.write(hj)
+            for blob in blobs:
+                f.write(blob)
+    except OSError as e:
+        raise RefError(f"{path}: {e.strerror}")
+
+
+# ---------------------------------------------------------------- config and parameters
+def load_config(ckpt):
+    path = os.path.join(ckpt, "config.json")
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+    except OSError as e:
+        raise RefError(f"{path}: {e.strerror}")
+    except ValueError as e:
+        raise RefError(f"{path}: invalid JSON: {e}")
+
+    def get(obj, key, typ, default=None):
+        if key not in obj:
+            if default is None:
+                raise RefError(f"{path}: missing key {key}")
+            return default
+        v = obj[key]
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) if typ is float else isinstance(v, typ)
+        if not ok or (typ is int and isinstance(v, bool)):
+            raise RefError(f"{path}: key {key} must be {typ.__name__}, got {v!r}")
+        return typ(v)
+
+    c = SimpleNamespace(path=path)
+    c.d, c.ff = get(raw, "hidden_size", int), get(raw, "intermediate_size", int)
+    c.L, c.H, c.V = get(raw, "num_hidden_layers", int), get(raw, "num_attention_heads", int), get(raw, "vocab_size", int)
+    c.Hkv = get(raw, "num_key_value_heads", int, c.H)
+    c.max_pos = get(raw, "max_position_embeddings", int, 1 << 30)
+    c.eps, c.theta = get(raw, "rms_norm_eps", float, 1e-5), get(raw, "rope_theta", float, 10000.0)
+    c.tied = get(raw, "tie_word_embeddings", bool, False)
+    if min(c.d, c.ff, c.L, c.H, c.V, c.Hkv) <= 0 or c.d % c.H or c.H % c.Hkv or (c.d // c.H) % 2:
+        raise RefError(f"{path}: inconsistent sizes (need hidden % heads == 0, heads % kv_heads == 0, even head dim)")
+    c.hd = c.d // c.H
+    bn = raw.get("bottleneck") or {}
+    if not isinstance(bn, dict):
+        raise RefError(f"{path}: bottleneck must be an object")
+    c.kind = get(bn, "kind", str, "none")
+    if c.kind not in KINDS:
+        raise RefError(f"{path}: bottleneck.kind must be one of {KINDS}, got {c.kind!r}")
+    if get(bn, "activation", str, "silu") != "silu":
+        raise RefError(f"{path}: bottleneck.activation: only silu is supported")
+    c.gate_act = get(bn, "mlp_gate_act", bool, c.kind == "none")
+    rank, ranks = get(bn, "rank", int, max(c.d // 4, 1)), get(bn, "ranks", dict, {}) or {}
+    for p in ranks:
+        if p not in PROJS:
+            raise RefError(f"{path}: bottleneck.ranks: unknown projection {p!r}")
+    c.ranks = {p: get(ranks, p, int, rank) for p in PROJS}
+    if min(c.ranks.values()) <= 0:
+        raise RefError(f"{path}: bottleneck ranks must be positive")
+    return c
+
+
+def proj_prefix(i, p):
+    return f"model.layers.{i}." + ("self_attn." if p in ATTN else "mlp.") + f"{p}_proj."
+
+
+def param_shapes(c):
+    """Every parameter name the config implies, with its shape, in HF order."""
+    io = {"q": (c.d, c.H * c.hd), "k": (c.d, c.Hkv * c.hd), "v": (c.d, c.Hkv * c.hd),
+          "o": (c.H * c.hd, c.d), "gate": (c.d, c.ff), "up": (c.d, c.ff), "down": (c.ff, c.d)}
+    s = {"model.embed_tokens.weight": (c.V, c.d)}
+    for i in range(c.L):
+        s[f"model.layers.{i}.input_layernorm.weight"] = (c.d,)
+        for p in PROJS:
+            if p == "gate":
+                s[f"model.layers.{i}.post_attention_layernorm.weight"] = (c.d,)
+            pre, (din, dout), r = proj_prefix(i, p), io[p], c.ranks[p]
+            if c.kind == "none":
+                s[pre + "weight"] = (dout, din)
+                continue
+            s[pre + "A.weight"], s[pre + "B.weight"] = (r, din), (dout, r)
+            if c.kind == "lax" and i > 0:
+                s[pre + "G.weight"], s[pre + "ln.weight"], s[pre + "ln.bias"] = (r, r), (r,), (r,)
+    s["model.norm.weight"] = (c.d,)
+    if not c.tied:
+        s["lm_head.weight"] = (c.V, c.d)
+    return s
+
+
+def load_checkpoint(ckpt, dtype):
+    c = load_config(ckpt)
+    path = os.path.join(ckpt, "model.safetensors")
+    raw = read_safetensors(path)
+    want = param_shapes(c)
+    for name, shape in want.items():
+        if name not in raw:
+            raise RefError(f"{path}: missing tensor {name} (config {c.path} implies it)")
+        if tuple(raw[name].shape) != shape:
+            raise RefError(f"{path}: tensor {name} has shape {list(raw[name].shape)}, config implies {list(shape)}")
+    extra = [n for n in raw if n not in want and not n.endswith("rotary_emb.inv_freq")]
+    if extra:
+        raise RefError(f"{path}: unexpected tensor {extra[0]} for config {c.path}")
+    params = {n: torch.tensor(raw[n], dtype=dtype).requires_grad_() for n in want}
+    return c, params
+
+
+# ---------------------------------------------------------------- model
+class Model:
+    def __init__(self, c, params, seq, dtype):
+        if seq > c.max_pos:
+            raise RefError(f"{c.path}: seq {seq} exceeds max_position_embeddings {c.max_pos}")
+        self.c, self.p = c, params
+        # Resolve names once so the step loop does no string formatting.
+        self.blocks = []
+        for i in range(c.L):
+            pre = f"model.layers.{i}."
+            w = {"n1": params[pre + "input_layernorm.weight"], "n2": params[pre + "post_attention_layernorm.weight"]}
+            for p in PROJS:
+                pp = proj_prefix(i, p)
+                w[p] = {k: params.get(pp + s) for k, s in
+                        (("W", "weight"), ("A", "A.weight"), ("B", "B.weight"), ("G", "G.weight"),
+                         ("lnw", "ln.weight"), ("lnb", "ln.bias"))}
+            self.blocks.append(w)
+        self.embed, self.norm = params["model.embed_tokens.weight"], params["model.norm.weight"]
+        self.head = self.embed if c.tied else params["lm_head.weight"]
+        # RoPE tables computed in f64 then rounded, so f32 runs carry no angle error.
+        inv = c.theta ** (-torch.arange(0, c.hd, 2, dtype=torch.float64) / c.hd)
+        ang = torch.arange(seq, dtype=torch.float64)[:, None] * inv[None, :]
+        ang = torch.cat([ang, ang], dim=-1)
+        self.cos, self.sin = ang.cos().to(dtype), ang.sin().to(dtype)
+        # Additive causal mask, fused into the score matmul by baddbmm.
+        self.mask = torch.full((seq, seq), -math.inf, dtype=dtype).triu(1)
+
+    def rms(self, x, g):
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c.eps) * g
+
+    def proj(self, i, p, x, lat):
+        w, kind = self.blocks[i][p], self.c.kind
+        if kind == "none":
+            return F.linear(x, w["W"])
+        z = F.linear(x, w["A"])
+        if kind == "svd":
+            return F.linear(z, w["B"])
+        if kind == "lax" and i > 0:  # latent crossing from the same position in block i-1
+            z = F.layer_norm(z + F.linear(lat[p], w["G"]), (z.shape[-1],), w["lnw"], w["lnb"], LAX_LN_EPS)
+        u = F.silu(z)
+        lat[p] = u
+        return F.linear(u, w["B"])
+
+    def rope(self, x):  # x: (B, heads, S, hd)
+        h = x.shape[-1] // 2
+        return x * self.cos + torch.cat([-x[..., h:], x[..., :h]], dim=-1) * self.sin
+
+    def attn(self, i, n, lat):
+        c, (B, S, _) = self.c, n.shape
+        q = self.rope(self.proj(i, "q", n, lat).view(B, S, c.H, c.hd).transpose(1, 2))
+        k = self.rope(self.proj(i, "k", n, lat).view(B, S, c.Hkv, c.hd).transpose(1, 2))
+        v = self.proj(i, "v", n, lat).view(B, S, c.Hkv, c.hd).transpose(1, 2)
+        if c.Hkv != c.H:  # query head h reads kv head h // (H / Hkv)
+            k = k.repeat_interleave(c.H // c.Hkv, dim=1)
+            v = v.repeat_interleave(c.H // c.Hkv, dim=1)
+        q, k, v = (t.reshape(B * c.H, S, c.hd) for t in (q, k, v))
+        s = torch.baddbmm(self.mask[:S, :S], q, k.transpose(1, 2), alpha=1.0 / math.sqrt(c.hd))
+        o = torch.bmm(s.softmax(-1), v).view(B, c.H, S, c.hd).transpose(1, 2).reshape(B, S, c.H * c.hd)
+        return self.proj(i, "o", o, lat)
+
+    def mlp(self, i, n, lat):
+        g = self.proj(i, "gate", n, lat)
+        if self.c.gate_act:
+            g = F.silu(g)
+        return self.proj(i, "down", g * self.proj(i, "up", n, lat), lat)
+
+    def forward(self, tokens):
+        x, lat = F.embedding(tokens, self.embed), {}
+        for i, w in enumerate(self.blocks):
+            h = x + self.attn(i, self.rms(x, w["n1"]), lat)
+            x = h + self.mlp(i, self.rms(h, w["n2"]), lat)
+        return F.linear(self.rms(x, self.norm), self.head)
+
+    def loss(self, logits, targets):
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+# ---------------------------------------------------------------- data
+def read_shard(path):
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(1024)
+    except OSError as e:
+        raise RefError(f"{path}: {e.strerror}")
+    if len(head) < 1024:
+        raise RefError(f"{path}: shorter than the 1024-byte shard header")
+    magic, version, count = struct.unpack("<3i", head[:12])
+    formats = {(20240520, 1): ("<u2", 2), (20240801, 7): ("<u4", 4)}
+    if (magic, version) not in formats:
+        raise RefError(f"{path}: unknown shard magic/version {magic}/{version}")
+    dt, width = formats[magic, version]
+    if count < 0 or size != 1024 + count * width:
+        raise RefError(f"{path}: size {size} != 1024 + {count} tokens x {width} bytes")
+    return np.fromfile(path, dtype=dt, count=count, offset=1024)
+
+
+def get_batch(tokens, k, B, S, V, path):
+    start = k * B * S
+    if start + B * S + 1 > len(tokens):
+        raise RefError(f"{path}: batch {k} needs {start + B * S + 1} tokens, shard has {len(tokens)}")
+    buf = tokens[start:start + B * S + 1].astype(np.int64)
+    if buf.max() >= V:
+        raise RefError(f"{path}: token id {int(buf.max())} >= vocab_size {V}")
+    buf = torch.from_numpy(buf)
+    return buf[:-1].view(B, S), buf[1:].view(B, S)
+
+
+# ---------------------------------------------------------------- modes
+def mode_dump(a, dtype):
+    c, params = load_checkpoint(a.checkpoint, dtype)
+    model = Model(c, params, a.seq, dtype)
+    x, y = get_batch(read_shard(a.data), 0, a.batch, a.seq, c.V, a.data)
+    logits = model.forward(x)
+    loss = model.loss(logits, y)
+    loss.backward()
+    out = {"loss": loss.detach().reshape(1), "logits": logits.detach()}
+    out.update({"grad/" + n: p.grad for n, p in params.items()})
+    write_safetensors(a.dump, out, {"dtype": a.dtype, "batch": a.batch, "seq": a.seq})
+
+
+def mode_eval(a, dtype):
+    c, params = load_checkpoint(a.checkpoint, dtype)
+    model, tokens = Model(c, params, a.seq, dtype), read_shard(a.data)
+    total = 0.0
+    with torch.no_grad():
+        for k in range(a.batches):
+            x, y = get_batch(tokens, k, a.batch, a.seq, c.V, a.data)
+            total += float(model.loss(model.forward(x), y))
+    # Every batch has B*S tokens, so the mean of batch means is the mean over all tokens.
+    print(json.dumps({"loss": total / a.batches, "tokens": a.batch * a.seq * a.batches}))
+
+
+def blas_library():
+    """The BLAS shared object torch's fp32 GEMMs end up in (for reading bench numbers)."""
+    try:
+        with open("/proc/self/maps") as f:
+            libs = {l.split()[-1] for l in f if "blas" in l.lower() and "/" in l}
+        return ",".join(sorted(os.path.realpath(l) for l in libs)) or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def mode_bench(a, dtype):
+    c, params = load_checkpoint(a.checkpoint, dtype)
+    model, tokens = Model(c, params, a.seq, dtype), read_shard(a.data)
+    nb = (len(tokens) - 1) // (a.batch * a.seq)
+    batches = [get_batch(tokens, k, a.batch, a.seq, c.V, a.data) for k in range(min(max(nb, 1), 8))]
+    opt = torch.optim.AdamW(list(params.values()), lr=1e-3, foreach=True)
+    times = []
+    for step in range(a.warmup + a.steps):
+        x, y = batches[step % len(batches)]
+        t0 = time.perf_counter()
+        model.loss(model.forward(x), y).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        if step >= a.warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    med = statistics.median(times)
+    print(json.dumps({"ms_per_step_median": med, "ms_per_step_min": min(times), "ms_per_step_max": max(times),
+                      "tokens_per_s": a.batch * a.seq / (med / 1e3), "threads": a.threads,
+                      "torch": torch.__version__, "blas": blas_library()}))
+
+
+def mode_create(a):
+    if a.kind not in KINDS:
+        raise RefError(f"--kind must be one of {KINDS}")
+    ranks = {}
+    for item in filter(None, (a.ranks or "").split(",")):
+        p, _, r = item.partition("=")
+        if p not in PROJS or not r.isdigit():
+            raise RefError(f"--ranks: bad item {item!r} (want e.g. q=8,down=4)")
+        ranks[p] = int(r)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
+           "hidden_size": a.hidden, "intermediate_size": a.intermediate, "num_hidden_layers": a.layers,
+           "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads or a.heads,
+           "vocab_size": a.vocab, "max_position_embeddings": 1024, "rms_norm_eps": 1e-5,
+           "rope_theta": 10000.0, "tie_word_embeddings": a.tied,
+           "torch_dtype": "bfloat16" if a.bf16 else "float32"}
+    # Full-rank: omit `bottleneck` as a plain HF config would, unless the gate switch is set.
+    if a.kind != "none" or a.mlp_gate_act is not None:
+        bn = {"kind": a.kind, "rank": a.rank or a.hidden // 4, "activation": "silu"}
+        if ranks:
+            bn["ranks"] = ranks
+        if a.mlp_gate_act is not None:
+            bn["mlp_gate_act"] = a.mlp_gate_act == "true"
+        cfg["bottleneck"] = bn
+    os.makedirs(a.create, exist_ok=True)
+    cpath = os.path.join(a.create, "config.json")
+    try:
+        with open(cpath, "w") as f:
+            json.dump(cfg, f, indent=2)
+    except OSError as e:
+        raise RefError(f"{cpath}: {e.strerror}")
+    c = load_config(a.create)  # validates what we just wrote
+    g = torch.Generator().manual_seed(a.seed)
+    rnd = lambda shape, std: torch.randn(shape, generator=g) * std
+    shapes, out = param_shapes(c), {}
+    for name, shape in shapes.items():
+        if name.endswith("norm.weight") or name.endswith("ln.weight"):
+            t = 1.0 + rnd(shape, 0.1)  # perturbed so a misplaced gamma shows up in the logits
+        elif name.endswith("ln.bias"):
+            t = rnd(shape, 0.1)
+        elif name.endswith(("A.weight", "B.weight")):  # CoLA init, std r^-1/4 (d_in + d_out)^-1/4
+            (r, din), (dout, _) = shapes[name[:-8] + "A.weight"], shapes[name[:-8] + "B.weight"]
+            t = rnd(shape, (r * (din + dout)) ** -0.25)
+        else:
+            t = rnd(shape, 0.02)
+        out[name] = t
+    write_safetensors(os.path.join(a.create, "model.safetensors"), out, {"format": "pt"}, bf16=a.bf16)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.error = lambda msg: (print(f"torch_reference: {msg}", file=sys.stderr), sys.exit(1))
+    ap.add_argument("--checkpoint"), ap.add_argument("--data")
+    ap.add_argument("--batch", type=int, default=4), ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--dtype", choices=("f32", "f64"), default="f32")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dump", metavar="OUT")
+    ap.add_argument("--eval", action="store_true"), ap.add_argument("--batches", type=int, default=1)
+    ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--steps", type=int, default=10), ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--create", metavar="DIR")
+    for k in ("hidden", "intermediate", "layers", "heads", "kv-heads", "vocab", "rank"):
+        ap.add_argument("--" + k, type=int)
+    ap.add_argument("--kind", default="none"), ap.add_argument("--ranks")
+    ap.add_argument("--tied", action="store_true"), ap.add_argument("--bf16", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mlp-gate-act", choices=("true", "false"))
+    a = ap.parse_args()
+
+    torch.set_num_threads(max(a.threads, 1))
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # only settable once per process
+        pass
+    dtype = torch.float64 if a.dtype == "f64" else torch.float32
+    try:
+        if a.create:
+            missing = [k for k in ("hidden", "intermediate", "layers", "heads", "vocab") if getattr(a, k) is None]
+            if missing:
+                ap.error("--create needs --" + ", --".join(missing))
+            return mode_create(a)
+        if sum(map(bool, (a.dump, a.eval, a.bench))) != 1:
+            ap.error("choose exactly one of --create, --dump, --eval, --bench")
+        if not a.checkpoint or not a.data:
+            ap.error("--checkpoint and --data are required")
+        if min(a.batch, a.seq, a.batches, a.steps) <= 0 or a.warmup < 0:
+            ap.error("--batch, --seq, --batches and --steps must be positive")
+        (mode_dump if a.dump else mode_eval if a.eval else mode_bench)(a, dtype)
+    except RefError as e:
+        print(f"torch_reference: {e}", file=sys.stderr)
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
