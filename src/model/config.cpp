@@ -130,6 +130,7 @@ ModelConfig read_hf_config(const std::string& path) {
       fail("{}: bottleneck.kind: {}", path, e.what());
     }
     c.rank = get_or<int64_t>(b, "rank", 0, where);
+    BOTTLE_CHECK(!b.contains("rank") || c.rank > 0, "{}: bottleneck.rank must be positive, got {}", path, c.rank);
     if (b.contains("ranks")) {
       BOTTLE_CHECK(b["ranks"].is_object(), "{}: key 'bottleneck.ranks' must be an object", path);
       for (auto& [name, value] : b["ranks"].items()) {
@@ -139,6 +140,7 @@ ModelConfig read_hf_config(const std::string& path) {
         BOTTLE_CHECK(idx >= 0, "{}: unknown projection '{}' in bottleneck.ranks", path, name);
         BOTTLE_CHECK(value.is_number_integer(), "{}: bottleneck.ranks.{} must be an integer", path, name);
         c.ranks[idx] = value.get<int64_t>();
+        BOTTLE_CHECK(c.ranks[idx] > 0, "{}: bottleneck.ranks.{} must be positive, got {}", path, name, c.ranks[idx]);
       }
     }
     const std::string act = get_or<std::string>(b, "activation", "silu", where);
