@@ -295,7 +295,10 @@ TEST_F(BackendOps, RopeMatchesFormula) {
 struct AttnCase {
   int64_t B, S, H, Hkv, hd;
 };
-const AttnCase kAttnCases[] = {{2, 7, 4, 2, 8}, {2, 7, 4, 4, 8}, {1, 9, 4, 1, 6}, {3, 5, 6, 3, 4}};
+// The long cases exercise the cpu backend's causal query blocks (S = 128: 2 blocks,
+// S = 192: 3 blocks).
+const AttnCase kAttnCases[] = {{2, 7, 4, 2, 8},   {2, 7, 4, 4, 8},    {1, 9, 4, 1, 6},
+                               {3, 5, 6, 3, 4},   {1, 128, 4, 2, 8},  {2, 192, 2, 1, 4}};
 
 TEST_F(BackendOps, AttentionForward) {
   for (const AttnCase& c : kAttnCases) {

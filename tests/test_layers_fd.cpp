@@ -40,11 +40,11 @@ namespace {
 using Loss = std::function<double()>;
 
 struct FdOptions {
-  float h = 1e-2f;       // step
-  double tol = 1e-2;     // relative to max(max |ana| over the tensor, floor)
-  double floor = 1e-3;   // absolute floor of the scale
-  int samples = 64;      // entries checked per tensor (all when the tensor is smaller)
-  int largest = 0;       // of which this many are the entries of largest |ana|
+  float h = 1e-2f;      // step
+  double tol = 1e-2;    // relative to max(max |ana| over the tensor, floor)
+  double floor = 1e-3;  // absolute floor of the scale
+  int samples = 64;     // entries checked per tensor (all when the tensor is smaller)
+  int largest = 0;      // of which this many are the entries of largest |ana|
   bool five_point = false;
 };
 
@@ -131,8 +131,8 @@ std::vector<int64_t> pick_indices(const std::vector<float>& ana, const FdOptions
   if (worst <= bound) return ::testing::AssertionSuccess();
   return ::testing::AssertionFailure()
          << what << ": at flat index " << worst_index << " numerical " << worst_num
-         << " vs analytic " << worst_ana << ", |diff| " << worst << " > " << bound << " ("
-         << o.tol << " x max(max |ana| " << max_abs(ana) << ", floor " << o.floor << "))";
+         << " vs analytic " << worst_ana << ", |diff| " << worst << " > " << bound << " (" << o.tol
+         << " x max(max |ana| " << max_abs(ana) << ", floor " << o.floor << "))";
 }
 
 // `twice` must be `once` doubled (a backward run a second time adds its gradient again).
@@ -143,8 +143,8 @@ std::vector<int64_t> pick_indices(const std::vector<float>& ana, const FdOptions
     const double want = 2.0 * double(once[i]), got = twice.f32()[i];
     if (!(std::abs(got - want) <= tol))
       return ::testing::AssertionFailure()
-             << what << ": second backward gave " << got << " at " << i << ", want 2 x "
-             << once[i] << " (gradients must be added, scratch state reset)";
+             << what << ": second backward gave " << got << " at " << i << ", want 2 x " << once[i]
+             << " (gradients must be added, scratch state reset)";
   }
   return ::testing::AssertionSuccess();
 }
@@ -181,10 +181,8 @@ struct ProjectionCase {
 };
 
 constexpr ProjectionCase kProjectionCases[] = {
-    {"none", BottleneckKind::none, false},
-    {"svd", BottleneckKind::svd, false},
-    {"cola", BottleneckKind::cola, false},
-    {"lax", BottleneckKind::lax, false},
+    {"none", BottleneckKind::none, false},       {"svd", BottleneckKind::svd, false},
+    {"cola", BottleneckKind::cola, false},       {"lax", BottleneckKind::lax, false},
     {"lax_crossing", BottleneckKind::lax, true},
 };
 
@@ -307,7 +305,8 @@ TEST_P(LayersFd, RMSNorm) {
     norm.forward(be(), x);
     return dot(c, norm.out);
   };
-  const std::vector<Checked> checked = {{"x", x, dx}, {"weight", norm.weight.value, norm.weight.grad}};
+  const std::vector<Checked> checked = {{"x", x, dx},
+                                        {"weight", norm.weight.value, norm.weight.grad}};
   loss();
   for (const Checked& t : checked) zero(t.grad);
   norm.backward(be(), dx, c, x);
@@ -378,8 +377,7 @@ TEST_P(LayersFd, Embedding) {
   Embedding emb;
   emb.table = make_param(weights, {vocab, cols});
   fill_normal(emb.table.value, rng_, 0.0f, 1.0f);
-  Tensor tokens = act.alloc({n}, DType::i32), out = act.alloc({n, cols}),
-         c = act.alloc({n, cols});
+  Tensor tokens = act.alloc({n}, DType::i32), out = act.alloc({n, cols}), c = act.alloc({n, cols});
   const int32_t ids[n] = {3, 0, 3, 6, 1, 3, 0, 5, 6, 2};  // 4 unused, 3 three times
   std::copy(ids, ids + n, tokens.i32());
   fill_normal(c, rng_, 0.0f, 1.0f);
@@ -520,7 +518,8 @@ TEST_P(ModelFd, EveryParameter) {
   model.allocate_activations(batch, seq);
 
   Arena act(MemoryTag::activations);
-  Tensor tokens = act.alloc({batch, seq}, DType::i32), targets = act.alloc({batch, seq}, DType::i32);
+  Tensor tokens = act.alloc({batch, seq}, DType::i32),
+         targets = act.alloc({batch, seq}, DType::i32);
   std::uniform_int_distribution<int32_t> token(0, int32_t(cfg.vocab_size) - 1);
   for (int64_t i = 0; i < tokens.numel(); ++i) {
     tokens.i32()[i] = token(rng);
@@ -544,8 +543,8 @@ TEST_P(ModelFd, EveryParameter) {
   EXPECT_TRUE(check_doubled("all gradients", grads, params.grads()));
 
   FdOptions o;
-  o.h = std::getenv("FDH") ? std::atof(std::getenv("FDH")) : 1e-2f;
-  o.five_point = std::getenv("FD5") != nullptr;
+  o.h = 1e-2f;
+  o.five_point = true;  // the lax latents' LayerNorm over r = 4 is sharply curved
   o.tol = 3e-2;
   o.floor = 1e-4;
   o.samples = 6;
@@ -564,14 +563,13 @@ std::string model_test_name(const ::testing::TestParamInfo<ModelParam>& info) {
          (std::get<2>(info.param) ? "_tied" : "_untied");
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, ModelFd,
-                         ::testing::Combine(::testing::Values("reference", "cpu"),
-                                            ::testing::Values(BottleneckKind::none,
-                                                              BottleneckKind::svd,
-                                                              BottleneckKind::cola,
-                                                              BottleneckKind::lax),
-                                            ::testing::Bool()),
-                         model_test_name);
+INSTANTIATE_TEST_SUITE_P(
+    Configs, ModelFd,
+    ::testing::Combine(::testing::Values("reference", "cpu"),
+                       ::testing::Values(BottleneckKind::none, BottleneckKind::svd,
+                                         BottleneckKind::cola, BottleneckKind::lax),
+                       ::testing::Bool()),
+    model_test_name);
 
 }  // namespace
 }  // namespace bottle

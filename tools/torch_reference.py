@@ -17,7 +17,7 @@ llm.c-shard readers, no third-party package beyond torch and numpy. Run it with
       times AdamW training steps; prints one JSON line
 Errors print one line on stderr, naming the file at fault, and exit 1.
 """
-import argparse, json, math, os, statistics, struct, sys, time
+import argparse, ctypes, json, math, os, statistics, struct, sys, time
 from types import SimpleNamespace
 
 import numpy as np
@@ -330,14 +330,27 @@ def mode_eval(a, dtype):
     print(json.dumps({"loss": total / a.batches, "tokens": a.batch * a.seq * a.batches}))
 
 
-def blas_library():
-    """The BLAS shared object torch's fp32 GEMMs end up in (for reading bench numbers)."""
+def set_threads(n):
+    """n intra-op threads for torch and for the BLAS; returns the BLAS library in use.
+
+    fp32 GEMMs in this Debian torch go to whatever libblas.so.3 resolves to (netlib's
+    reference BLAS by default: single-threaded and ~20x slower than OpenBLAS), so bench
+    reports it. OpenBLAS keeps its own thread pool; size it too so --threads means it.
+    """
+    torch.set_num_threads(n)
+    if torch.get_num_interop_threads() != 1:  # settable once per process, else it aborts
+        torch.set_num_interop_threads(1)
     try:
         with open("/proc/self/maps") as f:
-            libs = {l.split()[-1] for l in f if "blas" in l.lower() and "/" in l}
-        return ",".join(sorted(os.path.realpath(l) for l in libs)) or "unknown"
+            libs = sorted({os.path.realpath(l.split()[-1]) for l in f if "blas" in l.lower() and "/" in l})
     except OSError:
         return "unknown"
+    for lib in libs:
+        try:
+            ctypes.CDLL(lib).openblas_set_num_threads(n)
+        except (OSError, AttributeError):
+            pass
+    return ",".join(libs) or "unknown"
 
 
 def mode_bench(a, dtype):
@@ -358,7 +371,7 @@ def mode_bench(a, dtype):
     med = statistics.median(times)
     print(json.dumps({"ms_per_step_median": med, "ms_per_step_min": min(times), "ms_per_step_max": max(times),
                       "tokens_per_s": a.batch * a.seq / (med / 1e3), "threads": a.threads,
-                      "torch": torch.__version__, "blas": blas_library()}))
+                      "torch": torch.__version__, "blas": a.blas}))
 
 
 def mode_create(a):
@@ -429,11 +442,7 @@ def main():
     ap.add_argument("--mlp-gate-act", choices=("true", "false"))
     a = ap.parse_args()
 
-    torch.set_num_threads(max(a.threads, 1))
-    try:
-        torch.set_num_interop_threads(1)
-    except RuntimeError:  # only settable once per process
-        pass
+    a.blas = set_threads(max(a.threads, 1))
     dtype = torch.float64 if a.dtype == "f64" else torch.float32
     try:
         if a.create:

@@ -13,6 +13,7 @@
 
 #include "apps/commands.h"
 #include "apps/torch_peer.h"
+#include "core/profiling_backend.h"
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
 #include "train/adamw.h"
@@ -58,6 +59,18 @@ double measure_gemm_peak_gflops(Backend& be) {
   return best;
 }
 
+void print_profile(const ProfilingBackend& profiler, int64_t steps) {
+  std::vector<std::pair<std::string, KernelTime>> rows(profiler.times().begin(), profiler.times().end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  double total = 0.0;
+  for (const auto& [name, t] : rows) total += t.ms;
+  std::printf("  %-40s %8s %9s %6s %9s\n", "kernel (per step)", "calls", "ms", "%", "GFLOP/s");
+  for (const auto& [name, t] : rows)
+    std::printf("  %-40s %8.0f %9.2f %5.1f%% %9s\n", name.c_str(), double(t.calls) / double(steps), t.ms / double(steps),
+                100.0 * t.ms / total, t.flops > 0 ? fmt::format("{:.0f}", t.flops / (t.ms * 1e6)).c_str() : "");
+  std::printf("  %-40s %8s %9.2f\n", "total in kernels", "", total / double(steps));
+}
+
 }  // namespace
 
 Command add_bench_step_command(CLI::App& app) {
@@ -66,7 +79,7 @@ Command add_bench_step_command(CLI::App& app) {
     std::string kinds = "none,cola";
     int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
     int threads = 2;
-    bool torch = true, json = false;
+    bool torch = true, json = false, profile = false;
   };
   auto o = std::make_shared<Options>();
   o->model.rank = 64;
@@ -85,13 +98,20 @@ Command add_bench_step_command(CLI::App& app) {
   app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike");
   app.add_option("--torch", o->torch, "also time the PyTorch peer (true/false)");
   app.add_flag("--json", o->json, "one JSON object per kind");
+  app.add_flag("--profile", o->profile, "also print the time per kernel (GEMMs per shape) of the timed steps");
   return [o] {
     omp_set_num_threads(o->threads);
     if (o->model.num_kv_heads == 8 && o->model.num_heads != 8) o->model.num_kv_heads = o->model.num_heads;
     o->model.max_seq_len = std::max(o->model.max_seq_len, o->seq);
     BOTTLE_CHECK(o->steps > 0, "--steps must be positive");
-    auto be = make_backend("cpu");
+    std::unique_ptr<Backend> be = make_backend("cpu");
     const double peak = measure_gemm_peak_gflops(*be);
+    ProfilingBackend* profiler = nullptr;
+    if (o->profile) {
+      auto wrapped = std::make_unique<ProfilingBackend>(std::move(be));
+      profiler = wrapped.get();
+      be = std::move(wrapped);
+    }
     if (!o->json)
       std::printf("bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld fp32, %d threads; GEMM peak %.0f GFLOP/s\n",
                   (long long)o->model.vocab_size, (long long)o->model.hidden_size,
@@ -119,6 +139,7 @@ Command add_bench_step_command(CLI::App& app) {
       std::vector<double> ms;
       float loss = 0.0f;
       for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
+        if (profiler && step == o->warmup) profiler->reset();
         const auto t0 = Clock::now();
         model.zero_grad(*be);
         loss = model.forward(*be, tokens, targets);
@@ -170,6 +191,7 @@ Command add_bench_step_command(CLI::App& app) {
                       row["torch_ms_max"].get<double>(), row["speedup_vs_torch"].get<double>());
         std::printf("\n");
       }
+      if (profiler) print_profile(*profiler, o->steps);
       std::fflush(stdout);
     }
     fs::remove_all(scratch);

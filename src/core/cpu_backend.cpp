@@ -221,14 +221,25 @@ class CpuBackend final : public Backend {
     to_head_major(qt, q.f32(), d, d.H);
     to_head_major(kt, k.f32(), d, d.Hkv);
     to_head_major(vt, v.f32(), d, d.Hkv);
-    const int64_t qs = d.S * d.hd, ss = d.S * d.S;
-    for (int64_t r = 0; r < d.rep; ++r)  // scores = Q Kᵀ / √hd
-      batched(false, true, d.S, d.S, d.hd, d.scale, qt + r * qs, d.hd, d.rep * qs, kt, d.hd, qs, 0.0f,
-              probs.f32() + r * ss, d.S, d.rep * ss, d);
+    const int64_t qs = d.S * d.hd, ss = d.S * d.S, bs = d.S / d.blocks;
+    // Causal: query block i only needs keys [0, (i+1)·bs); the skipped scores stay unwritten
+    // and the softmax zeroes them.
+    for (int64_t r = 0; r < d.rep; ++r)
+      for (int64_t i = 0; i < d.blocks; ++i) {
+        const int64_t keys = (i + 1) * bs;
+        float* p = probs.f32() + r * ss + i * bs * d.S;
+        // scores = Q Kᵀ / √hd
+        batched(false, true, bs, keys, d.hd, d.scale, qt + r * qs + i * bs * d.hd, d.hd, d.rep * qs, kt, d.hd,
+                qs, 0.0f, p, d.S, d.rep * ss, d);
+      }
     causal_softmax(probs, d);
-    for (int64_t r = 0; r < d.rep; ++r)  // out = P V
-      batched(false, false, d.S, d.hd, d.S, 1.0f, probs.f32() + r * ss, d.S, d.rep * ss, vt, d.hd, qs,
-              0.0f, ot + r * qs, d.hd, d.rep * qs, d);
+    for (int64_t r = 0; r < d.rep; ++r)
+      for (int64_t i = 0; i < d.blocks; ++i) {
+        const int64_t keys = (i + 1) * bs;
+        // out = P V
+        batched(false, false, bs, d.hd, keys, 1.0f, probs.f32() + r * ss + i * bs * d.S, d.S, d.rep * ss, vt,
+                d.hd, qs, 0.0f, ot + r * qs + i * bs * d.hd, d.hd, d.rep * qs, d);
+      }
     from_head_major(out.f32(), ot, d, d.H, /*accumulate=*/false);
   }
 
@@ -248,15 +259,21 @@ class CpuBackend final : public Backend {
     to_head_major(kt, k.f32(), d, d.Hkv);
     to_head_major(vt, v.f32(), d, d.Hkv);
     to_head_major(dot, dout.f32(), d, d.H);
-    const int64_t qs = d.S * d.hd, ss = d.S * d.S;
+    const int64_t qs = d.S * d.hd, ss = d.S * d.S, bs = d.S / d.blocks;
     const float* p = probs.f32();
-    for (int64_t r = 0; r < d.rep; ++r) {
-      // dP = dO Vᵀ;  dV = Σ_r Pᵀ dO (the rep query heads share one kv head)
-      batched(false, true, d.S, d.S, d.hd, 1.0f, dot + r * qs, d.hd, d.rep * qs, vt, d.hd, qs, 0.0f,
-              ds + r * ss, d.S, d.rep * ss, d);
-      batched(true, false, d.S, d.hd, d.S, 1.0f, p + r * ss, d.S, d.rep * ss, dot + r * qs, d.hd,
-              d.rep * qs, r ? 1.0f : 0.0f, dvt, d.hd, qs, d);
-    }
+    std::memset(dkt, 0, sizeof(float) * k.numel());
+    std::memset(dvt, 0, sizeof(float) * v.numel());
+    for (int64_t r = 0; r < d.rep; ++r)
+      for (int64_t i = 0; i < d.blocks; ++i) {
+        const int64_t keys = (i + 1) * bs;
+        const float* dot_i = dot + r * qs + i * bs * d.hd;
+        // dP = dO Vᵀ (only the causal part; the softmax backward zeroes the rest)
+        batched(false, true, bs, keys, d.hd, 1.0f, dot_i, d.hd, d.rep * qs, vt, d.hd, qs, 0.0f,
+                ds + r * ss + i * bs * d.S, d.S, d.rep * ss, d);
+        // dV += Pᵀ dO, summed over the query blocks and the rep heads sharing a kv head
+        batched(true, false, keys, d.hd, bs, 1.0f, p + r * ss + i * bs * d.S, d.S, d.rep * ss, dot_i, d.hd,
+                d.rep * qs, 1.0f, dvt, d.hd, qs, d);
+      }
     // dS = P ⊙ (dP − rowsum(dP ⊙ P)), the softmax backward; entries above the diagonal stay 0
     const int64_t rows = d.B * d.H * d.S;
 #pragma omp parallel for schedule(static)
@@ -271,13 +288,16 @@ class CpuBackend final : public Backend {
       for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot_pd);
       for (int64_t j = i + 1; j < d.S; ++j) dr[j] = 0.0f;
     }
-    for (int64_t r = 0; r < d.rep; ++r) {
-      // dQ = dS K / √hd;  dK = Σ_r dSᵀ Q / √hd
-      batched(false, false, d.S, d.hd, d.S, d.scale, ds + r * ss, d.S, d.rep * ss, kt, d.hd, qs, 0.0f,
-              dqt + r * qs, d.hd, d.rep * qs, d);
-      batched(true, false, d.S, d.hd, d.S, d.scale, ds + r * ss, d.S, d.rep * ss, qt + r * qs, d.hd,
-              d.rep * qs, r ? 1.0f : 0.0f, dkt, d.hd, qs, d);
-    }
+    for (int64_t r = 0; r < d.rep; ++r)
+      for (int64_t i = 0; i < d.blocks; ++i) {
+        const int64_t keys = (i + 1) * bs;
+        const float* ds_i = ds + r * ss + i * bs * d.S;
+        // dQ = dS K / √hd;  dK += dSᵀ Q / √hd
+        batched(false, false, bs, d.hd, keys, d.scale, ds_i, d.S, d.rep * ss, kt, d.hd, qs, 0.0f,
+                dqt + r * qs + i * bs * d.hd, d.hd, d.rep * qs, d);
+        batched(true, false, keys, d.hd, bs, d.scale, ds_i, d.S, d.rep * ss, qt + r * qs + i * bs * d.hd, d.hd,
+                d.rep * qs, 1.0f, dkt, d.hd, qs, d);
+      }
     from_head_major(dq.f32(), dqt, d, d.H, true);
     from_head_major(dk.f32(), dkt, d, d.Hkv, true);
     from_head_major(dv.f32(), dvt, d, d.Hkv, true);
@@ -433,11 +453,18 @@ class CpuBackend final : public Backend {
   struct Dims {
     int64_t B, S, H, Hkv, hd, rep;
     float scale;
+    int64_t blocks;  // causal query blocks
   };
 
   static Dims dims(const Tensor& q, const Tensor& k) {
     BOTTLE_CHECK(q.shape.rank == 4 && k.shape.rank == 4, "attention: q and k must be [B,S,heads,hd]");
-    Dims d{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], 0, 0.0f};
+    Dims d{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], 0, 0.0f, 1};
+    // Up to 8 query blocks of at least 64 rows: fewer skipped scores, fewer GEMM calls.
+    for (int64_t nb = std::min<int64_t>(8, d.S / 64); nb > 1; --nb)
+      if (d.S % nb == 0) {
+        d.blocks = nb;
+        break;
+      }
     BOTTLE_CHECK(d.Hkv > 0 && d.H % d.Hkv == 0, "attention: {} query heads not divisible by {} kv heads",
                  d.H, d.Hkv);
     d.rep = d.H / d.Hkv;

@@ -1,0 +1,61 @@
+#pragma once
+// A backend that times every kernel of the backend it wraps (wall clock; the kernels are
+// synchronous on CPU), so that a bench can say where a step's time goes.
+#include <map>
+#include <memory>
+#include <string>
+
+#include "core/backend.h"
+
+namespace bottle {
+
+struct KernelTime {
+  int64_t calls = 0;
+  double ms = 0.0;
+  double flops = 0.0;  // GEMMs only
+};
+
+class ProfilingBackend final : public Backend {
+ public:
+  explicit ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  // Per kernel; GEMMs per shape, as "gemm m x n x k [NT]".
+  const std::map<std::string, KernelTime>& times() const { return times_; }
+  void reset() { times_.clear(); }
+
+  void gemm(const GemmArgs& args) override;
+  void embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
+  void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
+  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd) override;
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
+                         float eps) override;
+  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x, Tensor weight,
+                          Tensor mean, Tensor rstd) override;
+  void rope_forward(Tensor x, float theta) override;
+  void rope_backward(Tensor dx, float theta) override;
+  void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v) override;
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs, Tensor q, Tensor k,
+                          Tensor v) override;
+  void silu_forward(Tensor out, Tensor x) override;
+  void silu_backward(Tensor dx, Tensor dout, Tensor x) override;
+  void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override;
+  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, bool gate_act) override;
+  void add(Tensor out, Tensor a, Tensor b) override;
+  void accumulate(Tensor dst, Tensor src) override;
+  void fill_zero(Tensor x) override;
+  void scale(Tensor x, float factor) override;
+  double sum_squares(Tensor x) override;
+  void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override;
+  void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override;
+  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& args) override;
+
+ private:
+  template <typename F>
+  auto timed(const std::string& kernel, F&& f, double flops = 0.0);
+
+  std::unique_ptr<Backend> inner_;
+  std::map<std::string, KernelTime> times_;
+};
+
+}  // namespace bottle
