@@ -8,6 +8,7 @@ packages=(
   libgtest-dev libbenchmark-dev
   openmpi-bin libopenmpi-dev       # tensor / pipeline / data parallelism
   python3-torch python3-numpy      # the PyTorch reference the tests compare against
+  libopenblas0-openmp              # a real BLAS under PyTorch (Debian's default is netlib's)
   gnuplot-nox                      # plots
 )
 missing=()

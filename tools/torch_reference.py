@@ -34,6 +34,14 @@ ATTN = ("q", "k", "v", "o")
 KINDS = ("none", "svd", "cola", "lax")
 LAX_LN_EPS = 1e-6
 
+def read_bytes(path):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise RefError(f"{path}: {e.strerror}")
+
+
 # ---------------------------------------------------------------- safetensors
 # dtype -> (numpy dtype of the stored bits, bytes per element)
 ST_DTYPES = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
@@ -41,11 +49,7 @@ ST_DTYPES = {"F32": ("<f4", 4), "F16": ("<f2", 2), "BF16": ("<u2", 2)}
 
 def read_safetensors(path):
     """Returns {name: float32 numpy array}; BF16/F16 are widened exactly."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise RefError(f"{path}: {e.strerror}")
+    data = read_bytes(path)
     if len(data) < 8:
         raise RefError(f"{path}: too short for a safetensors file")
     (n,) = struct.unpack("<Q", data[:8])
@@ -55,6 +59,8 @@ def read_safetensors(path):
         header = json.loads(data[8:8 + n])
     except ValueError as e:
         raise RefError(f"{path}: bad JSON header: {e}")
+    if not isinstance(header, dict):
+        raise RefError(f"{path}: JSON header is not an object")
     base, out = 8 + n, {}
     for name, info in header.items():
         if name == "__metadata__":
@@ -78,9 +84,8 @@ def read_safetensors(path):
 
 def write_safetensors(path, tensors, metadata=None, bf16=False):
     """tensors: {name: torch tensor}; written as F32 (or BF16, round-to-nearest-even)."""
-    header, blobs, off = {}, [], 0
-    if metadata:
-        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    header = {"__metadata__": {str(k): str(v) for k, v in metadata.items()}} if metadata else {}
+    blobs, off = [], 0
     for name, t in tensors.items():
         t = t.detach().to(torch.float32).contiguous().cpu()
         if bf16:
@@ -94,10 +99,7 @@ def write_safetensors(path, tensors, metadata=None, bf16=False):
     hj += b" " * (-len(hj) % 8)  # data start 8-byte aligned
     try:
         with open(path, "wb") as f:
-            f.write(struct.pack("<Q", len(hj)))
-            f.write(hj)
-            for blob in blobs:
-                f.write(blob)
+            f.write(struct.pack("<Q", len(hj)) + hj + b"".join(blobs))
     except OSError as e:
         raise RefError(f"{path}: {e.strerror}")
 
@@ -106,12 +108,15 @@ def write_safetensors(path, tensors, metadata=None, bf16=False):
 def load_config(ckpt):
     path = os.path.join(ckpt, "config.json")
     try:
-        with open(path) as f:
-            raw = json.load(f)
-    except OSError as e:
-        raise RefError(f"{path}: {e.strerror}")
+        raw = json.loads(read_bytes(path))
     except ValueError as e:
         raise RefError(f"{path}: invalid JSON: {e}")
+    return parse_config(raw, path)
+
+
+def parse_config(raw, path):
+    if not isinstance(raw, dict):
+        raise RefError(f"{path}: not a JSON object")
 
     def get(obj, key, typ, default=None):
         if key not in obj:
@@ -119,8 +124,8 @@ def load_config(ckpt):
                 raise RefError(f"{path}: missing key {key}")
             return default
         v = obj[key]
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) if typ is float else isinstance(v, typ)
-        if not ok or (typ is int and isinstance(v, bool)):
+        # JSON numbers: an int is a fine float, but a bool is neither int nor float.
+        if not isinstance(v, (int, float) if typ is float else typ) or (typ is not bool and isinstance(v, bool)):
             raise RefError(f"{path}: key {key} must be {typ.__name__}, got {v!r}")
         return typ(v)
 
@@ -202,7 +207,7 @@ class Model:
     def __init__(self, c, params, seq, dtype):
         if seq > c.max_pos:
             raise RefError(f"{c.path}: seq {seq} exceeds max_position_embeddings {c.max_pos}")
-        self.c, self.p = c, params
+        self.c = c
         # Resolve names once so the step loop does no string formatting.
         self.blocks = []
         for i in range(c.L):
@@ -291,7 +296,8 @@ def read_shard(path):
     dt, width = formats[magic, version]
     if count < 0 or size != 1024 + count * width:
         raise RefError(f"{path}: size {size} != 1024 + {count} tokens x {width} bytes")
-    return np.fromfile(path, dtype=dt, count=count, offset=1024)
+    # Mapped, not read: eval and bench touch only the batches they use.
+    return np.memmap(path, dtype=dt, mode="r", offset=1024, shape=(count,)) if count else np.zeros(0, dt)
 
 
 def get_batch(tokens, k, B, S, V, path):
@@ -333,8 +339,8 @@ def mode_eval(a, dtype):
 def set_threads(n):
     """n intra-op threads for torch and for the BLAS; returns the BLAS library in use.
 
-    fp32 GEMMs in this Debian torch go to whatever libblas.so.3 resolves to (netlib's
-    reference BLAS by default: single-threaded and ~20x slower than OpenBLAS), so bench
+    fp32 GEMMs in Debian's torch go to whatever libblas.so.3 resolves to (netlib's reference
+    BLAS unless an optimized one is installed: single-threaded, ~3 GFLOP/s), so bench
     reports it. OpenBLAS keeps its own thread pool; size it too so --threads means it.
     """
     torch.set_num_threads(n)
@@ -377,12 +383,10 @@ def mode_bench(a, dtype):
 def mode_create(a):
     if a.kind not in KINDS:
         raise RefError(f"--kind must be one of {KINDS}")
-    ranks = {}
-    for item in filter(None, (a.ranks or "").split(",")):
-        p, _, r = item.partition("=")
-        if p not in PROJS or not r.isdigit():
-            raise RefError(f"--ranks: bad item {item!r} (want e.g. q=8,down=4)")
-        ranks[p] = int(r)
+    ranks = dict(item.partition("=")[::2] for item in filter(None, (a.ranks or "").split(",")))
+    if any(p not in PROJS or not r.isdigit() for p, r in ranks.items()):
+        raise RefError(f"--ranks {a.ranks!r}: want e.g. q=8,down=4")
+    ranks = {p: int(r) for p, r in ranks.items()}
     cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_act": "silu",
            "hidden_size": a.hidden, "intermediate_size": a.intermediate, "num_hidden_layers": a.layers,
            "num_attention_heads": a.heads, "num_key_value_heads": a.kv_heads or a.heads,
@@ -392,24 +396,22 @@ def mode_create(a):
     # Full-rank: omit `bottleneck` as a plain HF config would, unless the gate switch is set.
     if a.kind != "none" or a.mlp_gate_act is not None:
         bn = {"kind": a.kind, "rank": a.rank or a.hidden // 4, "activation": "silu"}
-        if ranks:
-            bn["ranks"] = ranks
-        if a.mlp_gate_act is not None:
-            bn["mlp_gate_act"] = a.mlp_gate_act == "true"
+        bn.update({"ranks": ranks} if ranks else {})
+        bn.update({} if a.mlp_gate_act is None else {"mlp_gate_act": a.mlp_gate_act == "true"})
         cfg["bottleneck"] = bn
-    os.makedirs(a.create, exist_ok=True)
     cpath = os.path.join(a.create, "config.json")
+    c = parse_config(cfg, cpath)  # validate before writing anything
     try:
+        os.makedirs(a.create, exist_ok=True)
         with open(cpath, "w") as f:
             json.dump(cfg, f, indent=2)
     except OSError as e:
         raise RefError(f"{cpath}: {e.strerror}")
-    c = load_config(a.create)  # validates what we just wrote
     g = torch.Generator().manual_seed(a.seed)
     rnd = lambda shape, std: torch.randn(shape, generator=g) * std
     shapes, out = param_shapes(c), {}
     for name, shape in shapes.items():
-        if name.endswith("norm.weight") or name.endswith("ln.weight"):
+        if name.endswith(("norm.weight", "ln.weight")):
             t = 1.0 + rnd(shape, 0.1)  # perturbed so a misplaced gamma shows up in the logits
         elif name.endswith("ln.bias"):
             t = rnd(shape, 0.1)

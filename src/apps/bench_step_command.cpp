@@ -13,6 +13,7 @@
 
 #include "apps/commands.h"
 #include "apps/torch_peer.h"
+#include "core/gemm_peak.h"
 #include "core/profiling_backend.h"
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
@@ -37,28 +38,6 @@ Timing summarize(std::vector<double> ms) {
   return {ms[ms.size() / 2], ms.front(), ms.back()};
 }
 
-// The best fp32 GEMM rate this machine gives now: the largest of a few square-ish shapes.
-double measure_gemm_peak_gflops(Backend& be) {
-  Arena arena(MemoryTag::workspace);
-  double best = 0.0;
-  for (int64_t n : {1024, 2048}) {
-    Tensor a = arena.alloc({n, n}), b = arena.alloc({n, n}), c = arena.alloc({n, n});
-    std::fill(a.f32(), a.f32() + a.numel(), 0.01f);
-    std::fill(b.f32(), b.f32() + b.numel(), 0.02f);
-    GemmArgs g;
-    g.m = g.n = g.k = n;
-    g.a = a.data, g.b = b.data, g.c = c.data;
-    g.lda = g.ldb = g.ldc = n;
-    be.gemm(g);
-    for (int rep = 0; rep < 5; ++rep) {
-      const auto t0 = Clock::now();
-      be.gemm(g);
-      best = std::max(best, 2.0 * double(n) * n * n / (ms_since(t0) * 1e6));
-    }
-  }
-  return best;
-}
-
 void print_profile(const ProfilingBackend& profiler, int64_t steps) {
   std::vector<std::pair<std::string, KernelTime>> rows(profiler.times().begin(), profiler.times().end());
   std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
@@ -77,6 +56,7 @@ Command add_bench_step_command(CLI::App& app) {
   struct Options {
     ModelConfig model;
     std::string kinds = "none,cola";
+    std::string torch_coretype = "SKYLAKEX";
     int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
     int threads = 2;
     bool torch = true, json = false, profile = false;
@@ -98,6 +78,8 @@ Command add_bench_step_command(CLI::App& app) {
   app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike");
   app.add_option("--torch", o->torch, "also time the PyTorch peer (true/false)");
   app.add_flag("--json", o->json, "one JSON object per kind");
+  app.add_option("--torch-coretype", o->torch_coretype,
+                 "OPENBLAS_CORETYPE for the PyTorch peer only ('' to leave OpenBLAS to detect the CPU)");
   app.add_flag("--profile", o->profile, "also print the time per kernel (GEMMs per shape) of the timed steps");
   return [o] {
     omp_set_num_threads(o->threads);
@@ -170,7 +152,7 @@ Command add_bench_step_command(CLI::App& app) {
         save_model(model, dir.string());
         write_token_shard((dir / "tokens.bin").string(), stream);
         const TorchStep torch = run_torch_bench(dir.string(), (dir / "tokens.bin").string(), o->batch,
-                                                o->seq, o->steps, o->warmup, o->threads);
+                                                o->seq, o->steps, o->warmup, o->threads, o->torch_coretype);
         row["torch_ms_per_step"] = torch.ms_median;
         row["torch_ms_min"] = torch.ms_min;
         row["torch_ms_max"] = torch.ms_max;

@@ -12,8 +12,14 @@ int main(int argc, char** argv) {
   CLI::App app{"bottle: a trainer for low-rank bottleneck LLaMA models"};
   app.require_subcommand(1);
   std::map<CLI::App*, bottle::Command> commands;
+  CLI::App* train = app.add_subcommand("train", "train a model from a TOML configuration");
+  commands[train] = bottle::add_train_command(*train);
   CLI::App* eval = app.add_subcommand("eval", "mean cross-entropy of a checkpoint on token shards");
   commands[eval] = bottle::add_eval_command(*eval);
+  CLI::App* prepare = app.add_subcommand("prepare", "text files -> byte-level llm.c token shards");
+  commands[prepare] = bottle::add_prepare_command(*prepare);
+  CLI::App* plot = app.add_subcommand("plot", "draw loss and learning rate of a metrics.jsonl as a PNG");
+  commands[plot] = bottle::add_plot_command(*plot);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
   CLI::App* bench_step = bench->add_subcommand("step", "time forward + backward + AdamW, with the PyTorch peer");

@@ -27,10 +27,12 @@ std::string run_command(const std::string& command) {
 }
 
 TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shard, int64_t batch,
-                          int64_t seq, int64_t steps, int64_t warmup, int threads) {
+                          int64_t seq, int64_t steps, int64_t warmup, int threads,
+                          const std::string& openblas_coretype) {
+  const std::string env = openblas_coretype.empty() ? "" : fmt::format("OPENBLAS_CORETYPE={} ", openblas_coretype);
   const std::string out = run_command(fmt::format(
-      "/usr/bin/python3 '{}' --checkpoint '{}' --data '{}' --batch {} --seq {} --bench --steps {} --warmup {} --threads {}",
-      torch_script_path(), checkpoint, shard, batch, seq, steps, warmup, threads));
+      "{}/usr/bin/python3 '{}' --checkpoint '{}' --data '{}' --batch {} --seq {} --bench --steps {} --warmup {} --threads {}",
+      env, torch_script_path(), checkpoint, shard, batch, seq, steps, warmup, threads));
   // The JSON result is the last line that parses.
   nlohmann::json j;
   size_t end = out.size();

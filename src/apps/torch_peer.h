@@ -14,7 +14,11 @@ struct TorchStep {
 std::string torch_script_path();
 // Runs a shell command, returns its stdout; throws with its stderr tail when it fails.
 std::string run_command(const std::string& command);
+// `openblas_coretype`, when not empty, is exported as OPENBLAS_CORETYPE to the peer alone:
+// Debian's OpenBLAS 0.3.21 does not recognise these CPUs and would run its SSE3 kernels,
+// which is not PyTorch at its best.
 TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shard, int64_t batch,
-                          int64_t seq, int64_t steps, int64_t warmup, int threads);
+                          int64_t seq, int64_t steps, int64_t warmup, int threads,
+                          const std::string& openblas_coretype);
 
 }  // namespace bottle

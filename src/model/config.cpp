@@ -80,6 +80,29 @@ void ModelConfig::validate(const std::string& source, bool hf) const {
   }
 }
 
+std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) {
+  auto differ = [](const char* key, const auto& x, const auto& y) {
+    return x == y ? std::string() : fmt::format("{}: {} vs {}", key, x, y);
+  };
+  for (const std::string& d :
+       {differ("vocab_size", a.vocab_size, b.vocab_size), differ("hidden_size", a.hidden_size, b.hidden_size),
+        differ("intermediate_size", a.intermediate_size, b.intermediate_size),
+        differ("num_hidden_layers", a.num_layers, b.num_layers),
+        differ("num_attention_heads", a.num_heads, b.num_heads),
+        differ("num_key_value_heads", a.num_kv_heads, b.num_kv_heads),
+        differ("tie_word_embeddings", a.tie_embeddings, b.tie_embeddings),
+        differ("bottleneck.kind", bottleneck_kind_name(a.bottleneck), bottleneck_kind_name(b.bottleneck)),
+        differ("bottleneck.mlp_gate_act", a.gate_act(), b.gate_act()),
+        differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps), differ("rope_theta", a.rope_theta, b.rope_theta)})
+    if (!d.empty()) return d;
+  if (a.bottleneck != BottleneckKind::none)
+    for (int i = 0; i < kNumProjections; ++i)
+      if (a.rank_of(ProjectionId(i)) != b.rank_of(ProjectionId(i)))
+        return fmt::format("rank of the {} projection: {} vs {}", kProjectionNames[i], a.rank_of(ProjectionId(i)),
+                           b.rank_of(ProjectionId(i)));
+  return "";
+}
+
 namespace {
 
 template <typename T>

@@ -42,6 +42,10 @@ struct ModelConfig {
   void validate(const std::string& source, bool hf_keys) const;
 };
 
+// "" when a and b describe the same model, else the first difference, e.g.
+// "hidden_size: 256 vs 128".
+std::string model_config_difference(const ModelConfig& a, const ModelConfig& b);
+
 ModelConfig read_hf_config(const std::string& path);
 void write_hf_config(const ModelConfig& config, const std::string& path);
 

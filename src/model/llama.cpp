@@ -146,15 +146,19 @@ Tensor LlamaModel::prev_latent_grad(int layer, ProjectionId p) const {
   return blocks_[layer][p].crossing ? blocks_[layer - 1].proj[int(p)].du : Tensor{};
 }
 
-float LlamaModel::forward(Backend& be, Tensor tokens, Tensor targets) {
+Tensor LlamaModel::forward_logits(Backend& be, Tensor tokens) {
   BOTTLE_CHECK(activations_, "forward before allocate_activations");
-  BOTTLE_CHECK(tokens.numel() == batch_ * seq_ && targets.numel() == batch_ * seq_,
-               "forward: expected {} x {} tokens and targets", batch_, seq_);
+  BOTTLE_CHECK(tokens.numel() == batch_ * seq_, "forward: expected {} x {} tokens", batch_, seq_);
   be.embedding_forward(residual_[0], tokens, embedding_.value);
   for (int l = 0; l < config_.num_layers; ++l) block_forward(be, l, residual_[l], residual_[l + 1]);
   final_norm_.forward(be, residual_.back());
   linear_forward(be, logits_, final_norm_.out, lm_head_.value);
-  return loss_.forward(be, logits_, targets);
+  return logits_;
+}
+
+float LlamaModel::forward(Backend& be, Tensor tokens, Tensor targets) {
+  BOTTLE_CHECK(targets.numel() == batch_ * seq_, "forward: expected {} x {} targets", batch_, seq_);
+  return loss_.forward(be, forward_logits(be, tokens), targets);
 }
 
 void LlamaModel::block_forward(Backend& be, int l, Tensor x, Tensor out) {

@@ -54,6 +54,8 @@ class LlamaModel {
   int64_t batch() const { return batch_; }
   int64_t seq() const { return seq_; }
 
+  // tokens: i32 [B, S]. Returns the logits [B·S, V].
+  Tensor forward_logits(Backend& be, Tensor tokens);
   // tokens, targets: i32 [B, S]. Returns the mean cross-entropy.
   float forward(Backend& be, Tensor tokens, Tensor targets);
   // Adds ∂(mean loss)·loss_scale/∂θ into the parameter gradients (+=).

@@ -1,0 +1,40 @@
+#pragma once
+// Training checkpoints: folder/step_00000200/ holds the model directory of DESIGN §7
+// (config.json + model.safetensors, loadable alone), the AdamW moments
+// (optimizer.safetensors) and trainer_state.json (step, data position, config, ...).
+// Each is written into a temporary directory, fsync'ed and renamed into place, so an
+// interrupted write never replaces or damages the last good checkpoint; the last `keep`
+// are kept.
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "model/llama.h"
+#include "train/adamw.h"
+
+namespace bottle {
+
+inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
+inline constexpr const char* kTrainerStateFile = "trainer_state.json";
+
+class CheckpointStore {
+ public:
+  CheckpointStore(std::string folder, int keep);
+
+  // Returns the checkpoint's directory.
+  std::string save(const LlamaModel& model, const AdamW& optimizer, const nlohmann::json& state,
+                   int64_t step);
+  // Complete checkpoints, oldest first.
+  std::vector<std::string> list() const;
+  std::optional<std::string> latest() const;
+
+  // Loads weights, moments and returns the trainer state; errors name the file.
+  static nlohmann::json load(const std::string& dir, LlamaModel& model, AdamW& optimizer);
+
+ private:
+  std::string folder_;
+  int keep_;
+};
+
+}  // namespace bottle

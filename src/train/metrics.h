@@ -1,0 +1,36 @@
+#pragma once
+// Per-step metrics: one plain line per log_freq steps (or, on a terminal, one progress line
+// updated in place with an ETA), and one JSON object per step in metrics.jsonl.
+#include <cstdio>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace bottle {
+
+class MetricsLogger {
+ public:
+  // Resuming at `first_step` drops lines of later steps that an interrupted run had logged
+  // after its last checkpoint, so the file has each step once.
+  MetricsLogger(const std::string& jsonl_path, int64_t log_freq, int64_t total_steps, int64_t first_step,
+                bool resumed);
+  ~MetricsLogger();
+
+  // `row` must hold step (1-based), loss, lr, grad_norm, tokens_per_s, mfu, peak_bytes, ms.
+  void log_step(const nlohmann::json& row);
+  // Adds val_loss to the step's JSON line and prints it on its own line.
+  void log_eval(int64_t step, double val_loss);
+  void message(const std::string& text);
+  const std::string& path() const { return path_; }
+
+ private:
+  void end_progress_line();
+  std::string path_;
+  std::ofstream out_;
+  int64_t log_freq_, total_steps_, first_step_;
+  bool tty_;
+  bool progress_open_ = false;
+  double elapsed_ms_ = 0.0;
+};
+
+}  // namespace bottle

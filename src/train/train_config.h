@@ -1,0 +1,125 @@
+#pragma once
+// The TOML training configuration (DESIGN §7 "Configuration"): TorchTitan-like sections,
+// each a struct below. One schema table in train_config.cpp (key path, type, range,
+// default, doc) drives parsing, `--set section.key=value` overrides, validation, the
+// key listing of `describe_config_keys()` and the TOML written back by `to_toml()`.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "train/adamw.h"
+
+namespace bottle {
+
+enum class Recompute { none, block, lowrank };
+enum class Precision { fp32, bf16 };
+enum class OnNonfinite { stop, skip };
+enum class LrDecay { cosine, linear, constant };
+enum class TpMode { full, vanilla, btp };
+enum class PipelineSchedule { one_f_one_b, gpipe };  // TOML: "1f1b", "gpipe"
+
+// The TOML spelling of each value.
+const char* enum_name(Recompute value);
+const char* enum_name(Precision value);
+const char* enum_name(OnNonfinite value);
+const char* enum_name(LrDecay value);
+const char* enum_name(TpMode value);
+const char* enum_name(PipelineSchedule value);
+
+struct TrainingConfig {
+  int64_t steps = 1000;
+  int64_t micro_batch_size = 8;  // sequences per micro-batch and data-parallel rank
+  int64_t seq_len = 256;         // <= model.max_seq_len
+  int64_t grad_accum_steps = 1;  // micro-batches per optimizer step (pipeline micro-batches)
+  int64_t seed = 1234;
+  double max_norm = 1.0;  // global gradient-norm clip; 0: no clipping
+  Recompute recompute = Recompute::none;
+  Precision precision = Precision::fp32;
+  OnNonfinite on_nonfinite = OnNonfinite::stop;
+  int64_t eval_interval = 100;  // steps between validation evals; 0: never
+  int64_t eval_batches = 8;
+};
+
+struct OptimizerConfig {
+  double lr = 3e-4;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+
+  AdamWConfig adamw() const;
+};
+
+struct LrSchedulerConfig {
+  int64_t warmup_steps = 0;
+  LrDecay decay = LrDecay::cosine;
+  double min_lr_ratio = 0.1;  // final lr / optimizer.lr
+};
+
+struct DataConfig {
+  std::string train;  // a shard file, a directory or a glob; the trainer requires it
+  std::string val;    // empty: no validation
+};
+
+struct CheckpointConfig {
+  std::string folder = "checkpoints";
+  int64_t interval = 0;  // 0: only at the end
+  int64_t keep = 3;
+};
+
+struct MetricsConfig {
+  int64_t log_freq = 1;
+  std::string jsonl = "metrics.jsonl";  // relative paths: relative to checkpoint.folder
+  std::string plot = "loss.png";        // likewise
+};
+
+struct ParallelConfig {
+  int tp = 1, pp = 1, dp = 1;
+  TpMode tp_mode = TpMode::full;  // when not given: full for a full-rank model, else btp
+  PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  int zero = 0;  // ZeRO stage, 0 or 1
+  bool grouping = true;
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  TrainingConfig training;
+  OptimizerConfig optimizer;
+  LrSchedulerConfig lr_scheduler;
+  DataConfig data;
+  CheckpointConfig checkpoint;
+  MetricsConfig metrics;
+  ParallelConfig parallel;
+
+  AdamWConfig adamw() const { return optimizer.adamw(); }
+  // Tokens consumed by one optimizer step over all data-parallel ranks.
+  int64_t tokens_per_step() const {
+    return training.micro_batch_size * training.seq_len * training.grad_accum_steps * parallel.dp;
+  }
+};
+
+// Compares every key of the schema; config_difference names the first key that differs
+// ("training.steps: 10 vs 20"), or returns "" when the two are equal.
+std::string config_difference(const TrainConfig& a, const TrainConfig& b);
+inline bool operator==(const TrainConfig& a, const TrainConfig& b) {
+  return config_difference(a, b).empty();
+}
+
+// Reads a TOML file, applies `overrides` ("section.key=value", as given to --set), resolves
+// defaults that depend on other keys (model.num_kv_heads, parallel.tp_mode) and validates.
+// Throws bottle::Error naming the file (or "--set") and the offending key.
+TrainConfig load_train_config(const std::string& path,
+                              const std::vector<std::string>& overrides = {});
+// The same from TOML text; `source_name` stands for the file in messages.
+TrainConfig parse_train_config_string(const std::string& toml_text, const std::string& source_name,
+                                      const std::vector<std::string>& overrides = {});
+
+// The whole resolved configuration as TOML (every key that has a value; unset optional keys
+// appear as comments). Parsing it again gives an equal TrainConfig.
+std::string to_toml(const TrainConfig& config);
+
+// Every key with its type, range, default and a one-line description (--help-config).
+std::string describe_config_keys();
+
+}  // namespace bottle

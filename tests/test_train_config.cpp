@@ -1,0 +1,434 @@
+// The TOML training configuration: defaults, a full file, every error class naming its
+// key, --set overrides, the to_toml round trip and the files in configs/.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "core/error.h"
+#include "train/train_config.h"
+
+namespace bottle {
+namespace {
+
+namespace fs = std::filesystem;
+
+TrainConfig parse(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  return parse_train_config_string(text, "test.toml", overrides);
+}
+
+// The message of the bottle::Error thrown by parsing `text` with `overrides`.
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse(text, overrides);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no error for:\n" << text;
+  return {};
+}
+
+#define EXPECT_CONTAINS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+TEST(TrainConfig, Defaults) {
+  const TrainConfig c = parse("");
+  const ModelConfig m;
+  EXPECT_EQ(c.model.hidden_size, m.hidden_size);
+  EXPECT_EQ(c.model.num_kv_heads, c.model.num_heads);
+  EXPECT_EQ(c.model.bottleneck, BottleneckKind::none);
+  EXPECT_EQ(c.model.rank, 0);
+  EXPECT_FALSE(c.model.mlp_gate_act.has_value());
+  EXPECT_EQ(c.training.steps, 1000);
+  EXPECT_EQ(c.training.micro_batch_size, 8);
+  EXPECT_EQ(c.training.seq_len, 256);
+  EXPECT_EQ(c.training.grad_accum_steps, 1);
+  EXPECT_EQ(c.training.seed, 1234);
+  EXPECT_DOUBLE_EQ(c.training.max_norm, 1.0);
+  EXPECT_EQ(c.training.recompute, Recompute::none);
+  EXPECT_EQ(c.training.precision, Precision::fp32);
+  EXPECT_EQ(c.training.on_nonfinite, OnNonfinite::stop);
+  EXPECT_EQ(c.training.eval_interval, 100);
+  EXPECT_EQ(c.training.eval_batches, 8);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 3e-4);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 0.1);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.9);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.95);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-8);
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, 0);
+  EXPECT_EQ(c.lr_scheduler.decay, LrDecay::cosine);
+  EXPECT_DOUBLE_EQ(c.lr_scheduler.min_lr_ratio, 0.1);
+  EXPECT_EQ(c.data.train, "");
+  EXPECT_EQ(c.data.val, "");
+  EXPECT_EQ(c.checkpoint.folder, "checkpoints");
+  EXPECT_EQ(c.checkpoint.interval, 0);
+  EXPECT_EQ(c.checkpoint.keep, 3);
+  EXPECT_EQ(c.metrics.log_freq, 1);
+  EXPECT_EQ(c.metrics.jsonl, "metrics.jsonl");
+  EXPECT_EQ(c.metrics.plot, "loss.png");
+  EXPECT_EQ(c.parallel.tp, 1);
+  EXPECT_EQ(c.parallel.pp, 1);
+  EXPECT_EQ(c.parallel.dp, 1);
+  EXPECT_EQ(c.parallel.tp_mode, TpMode::full);
+  EXPECT_EQ(c.parallel.schedule, PipelineSchedule::one_f_one_b);
+  EXPECT_EQ(c.parallel.zero, 0);
+  EXPECT_TRUE(c.parallel.grouping);
+  EXPECT_EQ(c, TrainConfig{});
+  const AdamWConfig a = c.adamw();
+  EXPECT_FLOAT_EQ(a.lr, 3e-4f);
+  EXPECT_FLOAT_EQ(a.beta2, 0.95f);
+  EXPECT_FLOAT_EQ(a.weight_decay, 0.1f);
+}
+
+const char* kFullFile = R"(
+# every section
+[model]
+vocab_size = 512
+hidden_size = 128
+intermediate_size = 352
+num_layers = 2
+num_heads = 4
+num_kv_heads = 2
+bottleneck = "lax"
+rank = 32
+ranks = { q = 16, down = 24 }
+tie_embeddings = true
+rms_norm_eps = 1e-6
+rope_theta = 500000        # an integer for a float key
+max_seq_len = 512
+mlp_gate_act = true
+
+[training]
+steps = 50
+micro_batch_size = 4
+seq_len = 128
+grad_accum_steps = 2
+seed = 7
+max_norm = 0
+recompute = "lowrank"
+precision = "bf16"
+on_nonfinite = "skip"
+eval_interval = 0
+eval_batches = 3
+
+[optimizer]
+lr = 2e-3
+weight_decay = 0.0
+beta1 = 0.8
+beta2 = 0.99
+eps = 1e-6
+
+[lr_scheduler]
+warmup_steps = 5
+decay = "linear"
+min_lr_ratio = 0.0
+
+[data]
+train = "data/x/train_*.bin"
+val = "data/x/val.bin"
+
+[checkpoint]
+folder = "runs/x"
+interval = 10
+keep = 1
+
+[metrics]
+log_freq = 5
+jsonl = "m.jsonl"
+plot = ""
+
+[parallel]
+tp = 2
+pp = 2
+dp = 1
+tp_mode = "vanilla"
+schedule = "gpipe"
+zero = 1
+grouping = false
+)";
+
+TEST(TrainConfig, FullFile) {
+  const TrainConfig c = parse(kFullFile);
+  EXPECT_EQ(c.model.vocab_size, 512);
+  EXPECT_EQ(c.model.hidden_size, 128);
+  EXPECT_EQ(c.model.intermediate_size, 352);
+  EXPECT_EQ(c.model.num_layers, 2);
+  EXPECT_EQ(c.model.num_heads, 4);
+  EXPECT_EQ(c.model.num_kv_heads, 2);
+  EXPECT_EQ(c.model.bottleneck, BottleneckKind::lax);
+  EXPECT_EQ(c.model.rank, 32);
+  EXPECT_EQ(c.model.rank_of(ProjectionId::q), 16);
+  EXPECT_EQ(c.model.rank_of(ProjectionId::down), 24);
+  EXPECT_EQ(c.model.rank_of(ProjectionId::k), 32);
+  EXPECT_TRUE(c.model.tie_embeddings);
+  EXPECT_FLOAT_EQ(c.model.rms_norm_eps, 1e-6f);
+  EXPECT_FLOAT_EQ(c.model.rope_theta, 500000.0f);
+  EXPECT_EQ(c.model.max_seq_len, 512);
+  EXPECT_EQ(c.model.mlp_gate_act, std::optional<bool>(true));
+  EXPECT_EQ(c.training.steps, 50);
+  EXPECT_EQ(c.training.micro_batch_size, 4);
+  EXPECT_EQ(c.training.seq_len, 128);
+  EXPECT_EQ(c.training.grad_accum_steps, 2);
+  EXPECT_EQ(c.training.seed, 7);
+  EXPECT_EQ(c.training.max_norm, 0.0);
+  EXPECT_EQ(c.training.recompute, Recompute::lowrank);
+  EXPECT_EQ(c.training.precision, Precision::bf16);
+  EXPECT_EQ(c.training.on_nonfinite, OnNonfinite::skip);
+  EXPECT_EQ(c.training.eval_interval, 0);
+  EXPECT_EQ(c.training.eval_batches, 3);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-3);
+  EXPECT_EQ(c.optimizer.weight_decay, 0.0);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta1, 0.8);
+  EXPECT_DOUBLE_EQ(c.optimizer.beta2, 0.99);
+  EXPECT_DOUBLE_EQ(c.optimizer.eps, 1e-6);
+  EXPECT_EQ(c.lr_scheduler.warmup_steps, 5);
+  EXPECT_EQ(c.lr_scheduler.decay, LrDecay::linear);
+  EXPECT_EQ(c.lr_scheduler.min_lr_ratio, 0.0);
+  EXPECT_EQ(c.data.train, "data/x/train_*.bin");
+  EXPECT_EQ(c.data.val, "data/x/val.bin");
+  EXPECT_EQ(c.checkpoint.folder, "runs/x");
+  EXPECT_EQ(c.checkpoint.interval, 10);
+  EXPECT_EQ(c.checkpoint.keep, 1);
+  EXPECT_EQ(c.metrics.log_freq, 5);
+  EXPECT_EQ(c.metrics.jsonl, "m.jsonl");
+  EXPECT_EQ(c.metrics.plot, "");
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_EQ(c.parallel.pp, 2);
+  EXPECT_EQ(c.parallel.dp, 1);
+  EXPECT_EQ(c.parallel.tp_mode, TpMode::vanilla);
+  EXPECT_EQ(c.parallel.schedule, PipelineSchedule::gpipe);
+  EXPECT_EQ(c.parallel.zero, 1);
+  EXPECT_FALSE(c.parallel.grouping);
+  EXPECT_EQ(c.tokens_per_step(), 4 * 128 * 2);
+  // The ranks also as a [model.ranks] table.
+  const TrainConfig t = parse("[model]\nbottleneck = \"cola\"\n[model.ranks]\nv = 8\n");
+  EXPECT_EQ(t.model.rank_of(ProjectionId::v), 8);
+}
+
+TEST(TrainConfig, ResolvedDefaults) {
+  // tp_mode: full for a full-rank model, btp for a bottleneck model, unless given.
+  EXPECT_EQ(parse("[model]\nbottleneck = \"cola\"").parallel.tp_mode, TpMode::btp);
+  EXPECT_EQ(parse("[model]\nbottleneck = \"none\"").parallel.tp_mode, TpMode::full);
+  EXPECT_EQ(parse("", {"model.bottleneck=svd"}).parallel.tp_mode, TpMode::btp);
+  EXPECT_EQ(
+      parse("[model]\nbottleneck = \"cola\"\n[parallel]\ntp_mode = \"vanilla\"").parallel.tp_mode,
+      TpMode::vanilla);
+  // num_kv_heads follows num_heads unless given, also when num_heads comes from --set.
+  EXPECT_EQ(parse("[model]\nnum_heads = 4").model.num_kv_heads, 4);
+  EXPECT_EQ(parse("", {"model.num_heads=2"}).model.num_kv_heads, 2);
+  EXPECT_EQ(parse("[model]\nnum_kv_heads = 2").model.num_kv_heads, 2);
+}
+
+TEST(TrainConfig, ParseErrorNamesFileLineAndColumn) {
+  const std::string e = error_of("[training]\nsteps = = 3\n");
+  EXPECT_CONTAINS(e, "test.toml");
+  EXPECT_CONTAINS(e, "line 2");
+  EXPECT_CONTAINS(e, "column");
+}
+
+TEST(TrainConfig, UnknownKeys) {
+  EXPECT_EQ(error_of("[training]\nstep = 3\n"),
+            "test.toml: unknown key 'training.step' (did you mean 'training.steps'?)");
+  EXPECT_EQ(error_of("[trainig]\nsteps = 3\n"),
+            "test.toml: unknown key 'trainig.steps' (did you mean 'training.steps'?)");
+  // The right key in the wrong section.
+  EXPECT_EQ(error_of("[optimizer]\nwarmup_steps = 3\n"),
+            "test.toml: unknown key 'optimizer.warmup_steps' (did you mean "
+            "'lr_scheduler.warmup_steps'?)");
+  EXPECT_EQ(error_of("[banana]\nsplit = 3\n"), "test.toml: unknown key 'banana.split'");
+  EXPECT_EQ(error_of("[banana]\n"), "test.toml: unknown key 'banana'");
+  EXPECT_CONTAINS(error_of("top = 1\n"), "unknown key 'top'");
+  EXPECT_CONTAINS(error_of("[model]\nranks = { x = 3 }\n"), "unknown key 'model.ranks.x'");
+  // The first unknown key in the file is the one reported.
+  EXPECT_CONTAINS(error_of("[training]\nzzz = 1\naaa = 2\n"), "'training.zzz'");
+}
+
+TEST(TrainConfig, WrongTypes) {
+  EXPECT_EQ(error_of("[training]\nsteps = \"ten\"\n"),
+            "test.toml: key 'training.steps' must be an integer, got string");
+  EXPECT_EQ(error_of("[training]\nsteps = 1.5\n"),
+            "test.toml: key 'training.steps' must be an integer, got float");
+  EXPECT_EQ(error_of("[optimizer]\nlr = \"fast\"\n"),
+            "test.toml: key 'optimizer.lr' must be a number, got string");
+  EXPECT_EQ(error_of("[parallel]\ngrouping = 1\n"),
+            "test.toml: key 'parallel.grouping' must be a boolean, got integer");
+  EXPECT_EQ(error_of("[data]\ntrain = 3\n"),
+            "test.toml: key 'data.train' must be a string, got integer");
+  EXPECT_EQ(error_of("[training]\nprecision = [1]\n"),
+            "test.toml: key 'training.precision' must be a string, got array");
+  EXPECT_EQ(error_of("[model]\nranks = 4\n"),
+            "test.toml: key 'model.ranks' must be a table, got integer");
+  EXPECT_EQ(error_of("training = 4\n"), "test.toml: key 'training' must be a table, got integer");
+  EXPECT_CONTAINS(error_of("[training.steps]\nx = 1\n"), "'training.steps' must be an integer");
+}
+
+TEST(TrainConfig, OutOfRange) {
+  EXPECT_EQ(error_of("[optimizer]\nlr = -1\n"),
+            "test.toml: key 'optimizer.lr' must be > 0, got -1");
+  EXPECT_EQ(error_of("[training]\nsteps = 0\n"),
+            "test.toml: key 'training.steps' must be > 0, got 0");
+  EXPECT_EQ(error_of("[training]\nseed = -2\n"),
+            "test.toml: key 'training.seed' must be >= 0, got -2");
+  EXPECT_EQ(error_of("[optimizer]\nbeta2 = 1.0\n"),
+            "test.toml: key 'optimizer.beta2' must be in [0, 1), got 1");
+  EXPECT_EQ(error_of("[lr_scheduler]\nmin_lr_ratio = 1.5\n"),
+            "test.toml: key 'lr_scheduler.min_lr_ratio' must be in [0, 1], got 1.5");
+  EXPECT_EQ(error_of("[checkpoint]\nkeep = 0\n"),
+            "test.toml: key 'checkpoint.keep' must be >= 1, got 0");
+  EXPECT_EQ(error_of("[parallel]\nzero = 2\n"),
+            "test.toml: key 'parallel.zero' must be in [0, 1], got 2");
+  EXPECT_CONTAINS(error_of("[parallel]\ntp = 9999999999\n"), "'parallel.tp'");
+  EXPECT_CONTAINS(error_of("[optimizer]\nlr = nan\n"), "'optimizer.lr' must be > 0");
+  EXPECT_CONTAINS(error_of("[optimizer]\nlr = inf\n"), "'optimizer.lr'");
+  EXPECT_EQ(error_of("[model]\nrank = 0\n"), "test.toml: key 'model.rank' must be > 0, got 0");
+  EXPECT_EQ(error_of("[model]\nranks = { q = -3 }\n"),
+            "test.toml: key 'model.ranks.q' must be > 0, got -3");
+}
+
+TEST(TrainConfig, BadEnumListsChoices) {
+  EXPECT_EQ(error_of("[training]\nprecision = \"fp16\"\n"),
+            "test.toml: key 'training.precision' must be one of \"fp32\", \"bf16\"; got \"fp16\"");
+  const std::string e = error_of("[model]\nbottleneck = \"lora\"\n");
+  EXPECT_CONTAINS(e, "'model.bottleneck'");
+  EXPECT_CONTAINS(e, "\"none\", \"svd\", \"cola\", \"lax\"");
+  EXPECT_CONTAINS(error_of("[parallel]\nschedule = \"zb\"\n"), "\"1f1b\", \"gpipe\"");
+}
+
+TEST(TrainConfig, CrossFieldValidation) {
+  EXPECT_EQ(error_of("[training]\nseq_len = 2048\n"),
+            "test.toml: key 'training.seq_len' must be <= model.max_seq_len (1024), got 2048");
+  EXPECT_CONTAINS(error_of("[model]\nhidden_size = 100\nnum_heads = 8\n"), "model.num_heads");
+  EXPECT_CONTAINS(error_of("[model]\nnum_heads = 8\nnum_kv_heads = 3\n"), "model.num_kv_heads");
+  EXPECT_CONTAINS(error_of("[model]\nbottleneck = \"cola\"\nrank = 9999\n"), "model.rank");
+  EXPECT_CONTAINS(error_of("[parallel]\ntp_mode = \"btp\"\n"), "'parallel.tp_mode'");
+  EXPECT_CONTAINS(error_of("[model]\nbottleneck = \"cola\"\n[parallel]\ntp_mode = \"full\"\n"),
+                  "'parallel.tp_mode'");
+  EXPECT_CONTAINS(error_of("[parallel]\ntp = 3\n"), "'parallel.tp'");
+  EXPECT_CONTAINS(error_of("[parallel]\npp = 5\n"), "'parallel.pp'");
+  // Cross-field errors from --set name the file too (the key is what matters).
+  EXPECT_CONTAINS(error_of("", {"training.seq_len=4096"}), "training.seq_len");
+}
+
+TEST(TrainConfig, SetOverrides) {
+  const TrainConfig c = parse(kFullFile, {
+                                             "training.steps=77",
+                                             "optimizer.lr=1e-3",
+                                             "optimizer.weight_decay=1",  // an int for a float
+                                             "parallel.grouping=true",
+                                             "data.train=\"a b.bin\"",
+                                             "data.val=plain/path.bin",
+                                             "checkpoint.folder='single'",
+                                             "training.precision=fp32",
+                                             "model.ranks.q=8",
+                                             "model.mlp_gate_act=false",
+                                             " metrics.log_freq = 1_000 ",
+                                         });
+  EXPECT_EQ(c.training.steps, 77);
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
+  EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 1.0);
+  EXPECT_TRUE(c.parallel.grouping);
+  EXPECT_EQ(c.data.train, "a b.bin");
+  EXPECT_EQ(c.data.val, "plain/path.bin");
+  EXPECT_EQ(c.checkpoint.folder, "single");
+  EXPECT_EQ(c.training.precision, Precision::fp32);
+  EXPECT_EQ(c.model.rank_of(ProjectionId::q), 8);
+  EXPECT_EQ(c.model.mlp_gate_act, std::optional<bool>(false));
+  EXPECT_EQ(c.metrics.log_freq, 1000);
+  // Later overrides win.
+  EXPECT_EQ(parse("", {"training.steps=5", "training.steps=6"}).training.steps, 6);
+}
+
+TEST(TrainConfig, SetErrors) {
+  EXPECT_EQ(error_of("", {"training.stepz=3"}),
+            "--set: unknown key 'training.stepz' (did you mean 'training.steps'?)");
+  EXPECT_EQ(error_of("", {"x.y=1"}), "--set: unknown key 'x.y'");
+  EXPECT_CONTAINS(error_of("", {"training.steps"}), "malformed override 'training.steps'");
+  EXPECT_CONTAINS(error_of("", {"=3"}), "malformed override '=3'");
+  EXPECT_EQ(error_of("", {"training.steps=ten"}),
+            "--set: key 'training.steps' must be an integer, got 'ten'");
+  EXPECT_EQ(error_of("", {"optimizer.lr=fast"}),
+            "--set: key 'optimizer.lr' must be a number, got 'fast'");
+  EXPECT_EQ(error_of("", {"parallel.grouping=yes"}),
+            "--set: key 'parallel.grouping' must be a boolean, got 'yes'");
+  EXPECT_EQ(error_of("", {"optimizer.lr=-1"}), "--set: key 'optimizer.lr' must be > 0, got -1");
+  EXPECT_CONTAINS(error_of("", {"parallel.tp_mode=megatron"}), "'parallel.tp_mode' must be one of");
+  EXPECT_CONTAINS(error_of("", {"model.ranks=4"}), "'model.ranks' is a table");
+}
+
+TEST(TrainConfig, RoundTrip) {
+  for (const TrainConfig& c :
+       {parse(""), parse(kFullFile),
+        parse(kFullFile,
+              {"data.train=we\"ird\\path\nx", "model.rms_norm_eps=3.3e-7", "optimizer.lr=0.1",
+               "model.rope_theta=12345.678", "lr_scheduler.min_lr_ratio=1"}),
+        parse("[model]\nbottleneck = \"cola\"\nrank = 16")}) {
+    const std::string text = to_toml(c);
+    const TrainConfig again = parse_train_config_string(text, "roundtrip.toml", {});
+    EXPECT_EQ(config_difference(c, again), "") << text;
+    EXPECT_TRUE(c == again);
+    EXPECT_EQ(to_toml(again), text);
+  }
+  // The text holds every section; the unset optional keys are comments.
+  const std::string text = to_toml(parse(""));
+  for (const char* s : {"[model]", "[training]", "[optimizer]", "[lr_scheduler]", "[data]",
+                        "[checkpoint]", "[metrics]", "[parallel]", "num_kv_heads = 8",
+                        "tp_mode = \"full\"", "schedule = \"1f1b\"", "# mlp_gate_act"})
+    EXPECT_CONTAINS(text, s);
+  // A difference is named.
+  TrainConfig a, b;
+  b.training.steps = 5;
+  EXPECT_EQ(config_difference(a, b), "training.steps: 1000 vs 5");
+  EXPECT_FALSE(a == b);
+}
+
+TEST(TrainConfig, DescribeKeys) {
+  const std::string d = describe_config_keys();
+  for (const char* key :
+       {"model.vocab_size", "model.ranks.q", "model.mlp_gate_act", "training.steps",
+        "training.on_nonfinite", "optimizer.eps", "lr_scheduler.min_lr_ratio", "data.val",
+        "checkpoint.keep", "metrics.plot", "parallel.grouping"})
+    EXPECT_CONTAINS(d, std::string("  ") + key + " ");
+  EXPECT_CONTAINS(d, "training.steps = 1000");
+  EXPECT_CONTAINS(d, "model.num_kv_heads  (integer, > 0; default: model.num_heads)");
+  EXPECT_CONTAINS(d, "\"cosine\", \"linear\", \"constant\"");
+}
+
+TEST(TrainConfig, LoadFile) {
+  const fs::path dir = fs::temp_directory_path() / "bottle_test_train_config";
+  fs::create_directories(dir);
+  const fs::path file = dir / "c.toml";
+  std::ofstream(file) << "[training]\nsteps = 12\n";
+  EXPECT_EQ(load_train_config(file.string(), {"training.seed=3"}).training.steps, 12);
+  std::ofstream(file) << "[training]\nsteps = -12\n";
+  try {
+    load_train_config(file.string(), {});
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), file.string() + ": key 'training.steps' must be > 0, got -12");
+  }
+  EXPECT_THROW(load_train_config((dir / "missing.toml").string(), {}), Error);
+  fs::remove_all(dir);
+}
+
+TEST(TrainConfig, EveryFileInConfigsParses) {
+  const fs::path dir = fs::path(BOTTLE_SOURCE_DIR) / "configs";
+  int count = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    if (entry.path().extension() != ".toml") continue;
+    SCOPED_TRACE(entry.path().string());
+    TrainConfig c;
+    EXPECT_NO_THROW(c = load_train_config(entry.path().string(), {}));
+    EXPECT_FALSE(c.data.train.empty());
+    const TrainConfig again = parse_train_config_string(to_toml(c), "roundtrip.toml", {});
+    EXPECT_EQ(config_difference(c, again), "");
+    ++count;
+  }
+  EXPECT_GE(count, 6);
+  const TrainConfig tiny = load_train_config((dir / "tiny.toml").string(), {});
+  EXPECT_EQ(tiny.model.bottleneck, BottleneckKind::cola);
+  EXPECT_EQ(tiny.model.rank, 32);
+  EXPECT_EQ(tiny.parallel.tp_mode, TpMode::btp);
+}
+
+}  // namespace
+}  // namespace bottle
