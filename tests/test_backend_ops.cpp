@@ -295,10 +295,21 @@ TEST_F(BackendOps, RopeMatchesFormula) {
 struct AttnCase {
   int64_t B, S, H, Hkv, hd;
 };
-// The long cases exercise the cpu backend's causal query blocks (S = 128: 2 blocks,
-// S = 192: 3 blocks).
-const AttnCase kAttnCases[] = {{2, 7, 4, 2, 8},   {2, 7, 4, 4, 8},    {1, 9, 4, 1, 6},
-                               {3, 5, 6, 3, 4},   {1, 128, 4, 2, 8},  {2, 192, 2, 1, 4}};
+// The long cases exercise the cpu backend's causal query blocks of 64 (S = 128: 2 blocks,
+// S = 192: 3 blocks, S = 256: 4 blocks with a realistic head size).
+const AttnCase kAttnCases[] = {{2, 7, 4, 2, 8},   {2, 7, 4, 4, 8},   {1, 9, 4, 1, 6},
+                               {3, 5, 6, 3, 4},   {1, 128, 4, 2, 8}, {2, 192, 2, 1, 4},
+                               {1, 256, 8, 2, 32}};
+
+// score_ij = q_i . k_j / sqrt(hd) in double, computed independently of either backend.
+double attn_score(const AttnCase& c, const Tensor& q, const Tensor& k, int64_t b, int64_t h,
+                  int64_t i, int64_t j) {
+  const float* qi = q.f32() + ((b * c.S + i) * c.H + h) * c.hd;
+  const float* kj = k.f32() + ((b * c.S + j) * c.Hkv + h / (c.H / c.Hkv)) * c.hd;
+  double s = 0.0;
+  for (int64_t e = 0; e < c.hd; ++e) s += double(qi[e]) * kj[e];
+  return s / std::sqrt(double(c.hd));
+}
 
 TEST_F(BackendOps, AttentionForward) {
   for (const AttnCase& c : kAttnCases) {
@@ -307,24 +318,33 @@ TEST_F(BackendOps, AttentionForward) {
     Tensor q = randn({c.B, c.S, c.H, c.hd}, 1.5f), k = randn({c.B, c.S, c.Hkv, c.hd}, 1.5f);
     Tensor v = randn({c.B, c.S, c.Hkv, c.hd});
     Tensor out_cpu = nans({c.B, c.S, c.H, c.hd}), out_ref = nans({c.B, c.S, c.H, c.hd});
-    Tensor p_cpu = nans({c.B, c.H, c.S, c.S}), p_ref = nans({c.B, c.H, c.S, c.S});
-    cpu->attention_forward(out_cpu, p_cpu, q, k, v);
-    ref->attention_forward(out_ref, p_ref, q, k, v);
+    Tensor lse_cpu = nans({c.B, c.H, c.S}), lse_ref = nans({c.B, c.H, c.S});
+    cpu->attention_forward(out_cpu, lse_cpu, q, k, v);
+    ref->attention_forward(out_ref, lse_ref, q, k, v);
     EXPECT_TRUE(all_close(out_cpu, out_ref));
-    EXPECT_TRUE(all_close(p_cpu, p_ref));
-    // Causal: zeros above the diagonal, rows sum to 1.
-    for (const Tensor& p : {p_cpu, p_ref}) {
-      for (int64_t row = 0; row < c.B * c.H * c.S; ++row) {
-        const int64_t i = row % c.S;
-        double sum = 0.0;
-        for (int64_t j = 0; j < c.S; ++j) {
-          const float pij = p.f32()[row * c.S + j];
-          if (j > i) {
-            EXPECT_EQ(pij, 0.0f) << "row " << row << " col " << j;
+    EXPECT_TRUE(all_close(lse_cpu, lse_ref));
+    // lse is finite, max_j score_ij <= lse_i <= max + log(i + 1), and the probabilities it
+    // implies over the causal row sum to 1.
+    for (const Tensor& lse : {lse_cpu, lse_ref}) {
+      SCOPED_TRACE(lse.data == lse_cpu.data ? "cpu lse" : "reference lse");
+      int failures = 0;
+      for (int64_t b = 0; b < c.B; ++b) {
+        for (int64_t h = 0; h < c.H; ++h) {
+          for (int64_t i = 0; i < c.S && failures < 10; ++i) {
+            const double l = lse.f32()[(b * c.H + h) * c.S + i];
+            double max_score = -INFINITY, sum = 0.0;
+            for (int64_t j = 0; j <= i; ++j)
+              max_score = std::max(max_score, attn_score(c, q, k, b, h, i, j));
+            for (int64_t j = 0; j <= i; ++j) sum += std::exp(attn_score(c, q, k, b, h, i, j) - l);
+            const double tol = 1e-5 * std::max(1.0, std::abs(max_score));
+            const bool ok = std::isfinite(l) && l >= max_score - tol &&
+                            l <= max_score + std::log(double(i + 1)) + tol &&
+                            std::abs(sum - 1.0) <= 1e-5;
+            if (!ok) ++failures;
+            EXPECT_TRUE(ok) << "b=" << b << " h=" << h << " i=" << i << ": lse " << l
+                            << ", max score " << max_score << ", sum exp(score - lse) " << sum;
           }
-          sum += pij;
         }
-        EXPECT_NEAR(sum, 1.0, 1e-5) << "row " << row;
       }
     }
   }
@@ -336,13 +356,14 @@ TEST_F(BackendOps, AttentionBackward) {
                                       << " Hkv=" << c.Hkv << " hd=" << c.hd);
     Tensor q = randn({c.B, c.S, c.H, c.hd}, 1.5f), k = randn({c.B, c.S, c.Hkv, c.hd}, 1.5f);
     Tensor v = randn({c.B, c.S, c.Hkv, c.hd}), dout = randn({c.B, c.S, c.H, c.hd});
-    Tensor out = nans({c.B, c.S, c.H, c.hd}), probs = nans({c.B, c.H, c.S, c.S});
-    ref->attention_forward(out, probs, q, k, v);
+    Tensor out = nans({c.B, c.S, c.H, c.hd}), lse = nans({c.B, c.H, c.S});
+    ref->attention_forward(out, lse, q, k, v);
+    // Random non-zero starting gradients: backward must add into them.
     Tensor dq0 = randn(q.shape), dk0 = randn(k.shape), dv0 = randn(v.shape);
     Tensor dq_cpu = clone(dq0), dk_cpu = clone(dk0), dv_cpu = clone(dv0);
     Tensor dq_ref = clone(dq0), dk_ref = clone(dk0), dv_ref = clone(dv0);
-    cpu->attention_backward(dq_cpu, dk_cpu, dv_cpu, dout, probs, q, k, v);
-    ref->attention_backward(dq_ref, dk_ref, dv_ref, dout, probs, q, k, v);
+    cpu->attention_backward(dq_cpu, dk_cpu, dv_cpu, dout, out, lse, q, k, v);
+    ref->attention_backward(dq_ref, dk_ref, dv_ref, dout, out, lse, q, k, v);
     EXPECT_TRUE(all_close(dq_cpu, dq_ref));
     EXPECT_TRUE(all_close(dk_cpu, dk_ref));
     EXPECT_TRUE(all_close(dv_cpu, dv_ref));
@@ -559,11 +580,11 @@ TEST_F(AddsConvention, ReferenceBackwardKernelsAdd) {
   }
   {
     Tensor q = randn({2, 5, 4, 4}), k = randn({2, 5, 2, 4}), v = randn({2, 5, 2, 4});
-    Tensor dout = randn(q.shape), out = nans(q.shape), probs = nans({2, 4, 5, 5});
-    be.attention_forward(out, probs, q, k, v);
+    Tensor dout = randn(q.shape), out = nans(q.shape), lse = nans({2, 4, 5});
+    be.attention_forward(out, lse, q, k, v);
     Tensor dq = randn(q.shape), dk = randn(k.shape), dv = randn(v.shape);
     check("attention_backward", {dq, dk, dv},
-          [&] { be.attention_backward(dq, dk, dv, dout, probs, q, k, v); });
+          [&] { be.attention_backward(dq, dk, dv, dout, out, lse, q, k, v); });
   }
   {
     Tensor x = randn({7, 5}), up = randn({7, 5}), dout = randn({7, 5});
@@ -674,14 +695,16 @@ TEST_F(ReferenceGradcheck, Norms) {
 TEST_F(ReferenceGradcheck, Attention) {
   Backend& be = *ref;
   Tensor q = randn({2, 5, 4, 4}), k = randn({2, 5, 2, 4}), v = randn({2, 5, 2, 4});
-  Tensor wout = randn(q.shape), out = nans(q.shape), probs = nans({2, 4, 5, 5});
+  Tensor wout = randn(q.shape), out = nans(q.shape), lse = nans({2, 4, 5});
   auto loss = [&] {
-    be.attention_forward(out, probs, q, k, v);
+    be.attention_forward(out, lse, q, k, v);
     return dot(out, wout);
   };
   loss();
+  // Backward reads out and lse, so keep the unperturbed forward's copies.
+  Tensor out0 = clone(out), lse0 = clone(lse);
   Tensor dq = full(q.shape, 0.0f), dk = full(k.shape, 0.0f), dv = full(v.shape, 0.0f);
-  be.attention_backward(dq, dk, dv, wout, probs, q, k, v);
+  be.attention_backward(dq, dk, dv, wout, out0, lse0, q, k, v);
   check("attention dq", q, dq, loss);
   check("attention dk", k, dk, loss);
   check("attention dv", v, dv, loss);

@@ -68,11 +68,12 @@ class Backend {
   virtual void rope_forward(Tensor x, float theta) = 0;
   virtual void rope_backward(Tensor dx, float theta) = 0;
 
-  // Causal attention with GQA. q [B,S,H,hd], k,v [B,S,Hkv,hd], out [B,S,H,hd],
-  // probs [B,H,S,S] (softmax rows, kept for backward; entries above the diagonal are 0).
-  // Query head h reads kv head h / (H / Hkv). Scale 1/sqrt(hd).
-  virtual void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v) = 0;
-  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs,
+  // Causal attention with GQA. q [B,S,H,hd], k,v [B,S,Hkv,hd], out [B,S,H,hd];
+  // lse [B,H,S] = log Σ_j exp(score_ij), the softmax statistic kept for backward, which
+  // recomputes the probabilities from it (no [S,S] matrix is stored).
+  // score_ij = q_i·k_j / sqrt(hd) for j <= i. Query head h reads kv head h / (H / Hkv).
+  virtual void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) = 0;
+  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
                                   Tensor q, Tensor k, Tensor v) = 0;
 
   // out = silu(x) = x * sigmoid(x).

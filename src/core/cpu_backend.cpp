@@ -4,6 +4,7 @@
 
 #include <omp.h>
 
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -12,6 +13,8 @@
 
 #include "core/arena.h"
 #include "core/dnnl_gemm.h"
+
+#include <dnnl.h>
 
 namespace bottle {
 namespace {
@@ -27,7 +30,51 @@ void require_i32(const char* kernel, const Tensor& t) {
                dtype_name(t.dtype));
 }
 
-inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+// exp that the compiler vectorizes (glibc's expf is scalar unless -ffast-math): 2^t with
+// t = x·log2(e) split into an integer n (the exponent bits) and f in [-1/2, 1/2], 2^f by
+// its degree-7 Taylor polynomial. Relative error below 2e-7 over the clamped range.
+inline float fast_exp(float x) {
+  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  const float t = x * 1.44269504088896341f;
+  // Rounds to nearest by truncating a positive value: std::floor does not vectorize under
+  // GCC's default -ftrapping-math. t >= -125.6 after the clamp.
+  const float n = float(int32_t(t + 128.5f) - 128);
+  const float f = (t - n) * 0.693147180559945f;  // 2^(t-n) = e^f, |f| <= ln2/2
+  float p = 1.0f / 5040.0f;
+  p = p * f + 1.0f / 720.0f;
+  p = p * f + 1.0f / 120.0f;
+  p = p * f + 1.0f / 24.0f;
+  p = p * f + 1.0f / 6.0f;
+  p = p * f + 0.5f;
+  p = p * f + 1.0f;
+  p = p * f + 1.0f;
+  const int32_t bits = (int32_t(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// Row-major single-threaded-when-nested GEMM: C = alpha op(A) op(B) + beta C.
+inline void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
+                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+  dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
+
+// Runs body(i) for i in [0, n), split into one contiguous range per thread; the body is
+// inlined into a plain loop that the compiler vectorizes ("omp parallel for simd" over
+// captured pointers does not vectorize in GCC 12).
+template <typename Body>
+void parallel_elementwise(int64_t n, Body body) {
+#pragma omp parallel
+  {
+    const int64_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+    const int64_t begin = n * t / nt, end = n * (t + 1) / nt;
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) body(i);
+  }
+}
 
 // Scratch memory that only grows; accounted as workspace.
 class Workspace {
@@ -208,99 +255,101 @@ class CpuBackend final : public Backend {
   void rope_forward(Tensor x, float theta) override { rope(x, theta, 1.0f); }
   void rope_backward(Tensor dx, float theta) override { rope(dx, theta, -1.0f); }
 
-  // Attention runs on head-major copies ([B, heads, S, hd]) so that each GEMM is one batched
-  // call over (batch, kv head): query head g·rep + r of kv group g is batch entry (b, g)
-  // at offset r, with uniform strides.
-  void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v) override {
-    require_f32("attention_forward", {out, probs, q, k, v});
+  // Flash-attention style: each (batch, head) walks its queries in blocks of kQueryBlock
+  // rows; a block's scores (at most kQueryBlock x S) stay in a per-thread buffer, so no
+  // [S, S] matrix ever reaches memory. Causality bounds each block's keys. Backward
+  // recomputes the probabilities from the saved log-sum-exp. Work items run in parallel,
+  // each GEMM single-threaded inside them (oneDNN runs serially inside a parallel region).
+  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override {
+    require_f32("attention_forward", {out, lse, q, k, v});
     const Dims d = dims(q, k);
-    float* qt = ws_q_.get(q.numel());
-    float* kt = ws_k_.get(k.numel());
-    float* vt = ws_v_.get(v.numel());
-    float* ot = ws_o_.get(out.numel());
-    to_head_major(qt, q.f32(), d, d.H);
-    to_head_major(kt, k.f32(), d, d.Hkv);
-    to_head_major(vt, v.f32(), d, d.Hkv);
-    const int64_t qs = d.S * d.hd, ss = d.S * d.S, bs = d.S / d.blocks;
-    // Causal: query block i only needs keys [0, (i+1)·bs); the skipped scores stay unwritten
-    // and the softmax zeroes them.
-    for (int64_t r = 0; r < d.rep; ++r)
-      for (int64_t i = 0; i < d.blocks; ++i) {
-        const int64_t keys = (i + 1) * bs;
-        float* p = probs.f32() + r * ss + i * bs * d.S;
-        // scores = Q Kᵀ / √hd
-        batched(false, true, bs, keys, d.hd, d.scale, qt + r * qs + i * bs * d.hd, d.hd, d.rep * qs, kt, d.hd,
-                qs, 0.0f, p, d.S, d.rep * ss, d);
+    const int64_t nt = omp_get_max_threads();
+    float* scratch = attn_ws_.get(size_t(nt) * kQueryBlock * d.S);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t item = 0; item < d.B * d.H; ++item) {
+      const int64_t b = item / d.H, h = item % d.H, g = h / d.rep;
+      float* sc = scratch + size_t(omp_get_thread_num()) * kQueryBlock * d.S;
+      const float* Q = q.f32() + (b * d.S * d.H + h) * d.hd;
+      const float* K = k.f32() + (b * d.S * d.Hkv + g) * d.hd;
+      const float* V = v.f32() + (b * d.S * d.Hkv + g) * d.hd;
+      float* O = out.f32() + (b * d.S * d.H + h) * d.hd;
+      float* L = lse.f32() + (b * d.H + h) * d.S;
+      const int64_t ldq = d.H * d.hd, ldk = d.Hkv * d.hd;
+      for (int64_t r0 = 0; r0 < d.S; r0 += kQueryBlock) {
+        const int64_t rows = std::min(kQueryBlock, d.S - r0), keys = r0 + rows;
+        sgemm('N', 'T', rows, keys, d.hd, d.scale, Q + r0 * ldq, ldq, K, ldk, 0.0f, sc, keys);
+        for (int64_t t = 0; t < rows; ++t) {
+          float* row = sc + t * keys;
+          const int64_t valid = r0 + t + 1;
+          float mx = row[0];
+#pragma omp simd reduction(max : mx)
+          for (int64_t j = 1; j < valid; ++j) mx = std::max(mx, row[j]);
+          float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+          for (int64_t j = 0; j < valid; ++j) {
+            row[j] = fast_exp(row[j] - mx);
+            sum += row[j];
+          }
+          const float inv = 1.0f / sum;
+#pragma omp simd
+          for (int64_t j = 0; j < valid; ++j) row[j] *= inv;
+          for (int64_t j = valid; j < keys; ++j) row[j] = 0.0f;
+          L[r0 + t] = mx + std::log(sum);
+        }
+        sgemm('N', 'N', rows, d.hd, keys, 1.0f, sc, keys, V, ldk, 0.0f, O + r0 * ldq, ldq);
       }
-    causal_softmax(probs, d);
-    for (int64_t r = 0; r < d.rep; ++r)
-      for (int64_t i = 0; i < d.blocks; ++i) {
-        const int64_t keys = (i + 1) * bs;
-        // out = P V
-        batched(false, false, bs, d.hd, keys, 1.0f, probs.f32() + r * ss + i * bs * d.S, d.S, d.rep * ss, vt,
-                d.hd, qs, 0.0f, ot + r * qs + i * bs * d.hd, d.hd, d.rep * qs, d);
-      }
-    from_head_major(out.f32(), ot, d, d.H, /*accumulate=*/false);
+    }
   }
 
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs, Tensor q,
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse, Tensor q,
                           Tensor k, Tensor v) override {
-    require_f32("attention_backward", {dq, dk, dv, dout, probs, q, k, v});
+    require_f32("attention_backward", {dq, dk, dv, dout, out, lse, q, k, v});
     const Dims d = dims(q, k);
-    float* qt = ws_q_.get(q.numel());
-    float* kt = ws_k_.get(k.numel());
-    float* vt = ws_v_.get(v.numel());
-    float* dot = ws_o_.get(dout.numel());
-    float* dqt = ws_dq_.get(q.numel());
-    float* dkt = ws_dk_.get(k.numel());
-    float* dvt = ws_dv_.get(v.numel());
-    float* ds = ws_scores_.get(probs.numel());
-    to_head_major(qt, q.f32(), d, d.H);
-    to_head_major(kt, k.f32(), d, d.Hkv);
-    to_head_major(vt, v.f32(), d, d.Hkv);
-    to_head_major(dot, dout.f32(), d, d.H);
-    const int64_t qs = d.S * d.hd, ss = d.S * d.S, bs = d.S / d.blocks;
-    const float* p = probs.f32();
-    std::memset(dkt, 0, sizeof(float) * k.numel());
-    std::memset(dvt, 0, sizeof(float) * v.numel());
-    for (int64_t r = 0; r < d.rep; ++r)
-      for (int64_t i = 0; i < d.blocks; ++i) {
-        const int64_t keys = (i + 1) * bs;
-        const float* dot_i = dot + r * qs + i * bs * d.hd;
-        // dP = dO Vᵀ (only the causal part; the softmax backward zeroes the rest)
-        batched(false, true, bs, keys, d.hd, 1.0f, dot_i, d.hd, d.rep * qs, vt, d.hd, qs, 0.0f,
-                ds + r * ss + i * bs * d.S, d.S, d.rep * ss, d);
-        // dV += Pᵀ dO, summed over the query blocks and the rep heads sharing a kv head
-        batched(true, false, keys, d.hd, bs, 1.0f, p + r * ss + i * bs * d.S, d.S, d.rep * ss, dot_i, d.hd,
-                d.rep * qs, 1.0f, dvt, d.hd, qs, d);
-      }
-    // dS = P ⊙ (dP − rowsum(dP ⊙ P)), the softmax backward; entries above the diagonal stay 0
-    const int64_t rows = d.B * d.H * d.S;
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; ++row) {
-      const int64_t i = row % d.S;
-      const float* pr = p + row * d.S;
-      float* dr = ds + row * d.S;
-      float dot_pd = 0.0f;
-#pragma omp simd reduction(+ : dot_pd)
-      for (int64_t j = 0; j <= i; ++j) dot_pd += pr[j] * dr[j];
+    const int64_t nt = omp_get_max_threads();
+    float* scratch = attn_ws_.get(size_t(nt) * 2 * kQueryBlock * d.S);
+    // One item per (batch, kv head): its dK and dV rows are written by it alone.
+#pragma omp parallel for schedule(dynamic, 1)
+    for (int64_t item = 0; item < d.B * d.Hkv; ++item) {
+      const int64_t b = item / d.Hkv, g = item % d.Hkv;
+      float* p = scratch + size_t(omp_get_thread_num()) * 2 * kQueryBlock * d.S;
+      float* ds = p + kQueryBlock * d.S;
+      const int64_t ldq = d.H * d.hd, ldk = d.Hkv * d.hd;
+      const float* K = k.f32() + (b * d.S * d.Hkv + g) * d.hd;
+      const float* V = v.f32() + (b * d.S * d.Hkv + g) * d.hd;
+      float* dK = dk.f32() + (b * d.S * d.Hkv + g) * d.hd;
+      float* dV = dv.f32() + (b * d.S * d.Hkv + g) * d.hd;
+      for (int64_t h = g * d.rep; h < (g + 1) * d.rep; ++h) {
+        const int64_t head = (b * d.S * d.H + h) * d.hd;
+        const float *Q = q.f32() + head, *O = out.f32() + head, *dO = dout.f32() + head;
+        float* dQ = dq.f32() + head;
+        const float* L = lse.f32() + (b * d.H + h) * d.S;
+        for (int64_t r0 = 0; r0 < d.S; r0 += kQueryBlock) {
+          const int64_t rows = std::min(kQueryBlock, d.S - r0), keys = r0 + rows;
+          // P = exp(Q Kᵀ/√hd − lse), dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(dO ⊙ O))
+          sgemm('N', 'T', rows, keys, d.hd, d.scale, Q + r0 * ldq, ldq, K, ldk, 0.0f, p, keys);
+          sgemm('N', 'T', rows, keys, d.hd, 1.0f, dO + r0 * ldq, ldq, V, ldk, 0.0f, ds, keys);
+          for (int64_t t = 0; t < rows; ++t) {
+            float *pr = p + t * keys, *dr = ds + t * keys;
+            const float *o = O + (r0 + t) * ldq, *go = dO + (r0 + t) * ldq;
+            float delta = 0.0f;
+#pragma omp simd reduction(+ : delta)
+            for (int64_t e = 0; e < d.hd; ++e) delta += o[e] * go[e];
+            const int64_t valid = r0 + t + 1;
+            const float l = L[r0 + t];
 #pragma omp simd
-      for (int64_t j = 0; j <= i; ++j) dr[j] = pr[j] * (dr[j] - dot_pd);
-      for (int64_t j = i + 1; j < d.S; ++j) dr[j] = 0.0f;
-    }
-    for (int64_t r = 0; r < d.rep; ++r)
-      for (int64_t i = 0; i < d.blocks; ++i) {
-        const int64_t keys = (i + 1) * bs;
-        const float* ds_i = ds + r * ss + i * bs * d.S;
-        // dQ = dS K / √hd;  dK += dSᵀ Q / √hd
-        batched(false, false, bs, d.hd, keys, d.scale, ds_i, d.S, d.rep * ss, kt, d.hd, qs, 0.0f,
-                dqt + r * qs + i * bs * d.hd, d.hd, d.rep * qs, d);
-        batched(true, false, keys, d.hd, bs, d.scale, ds_i, d.S, d.rep * ss, qt + r * qs + i * bs * d.hd, d.hd,
-                d.rep * qs, 1.0f, dkt, d.hd, qs, d);
+            for (int64_t j = 0; j < valid; ++j) {
+              pr[j] = fast_exp(pr[j] - l);
+              dr[j] = pr[j] * (dr[j] - delta);
+            }
+            for (int64_t j = valid; j < keys; ++j) pr[j] = dr[j] = 0.0f;
+          }
+          // dV += Pᵀ dO;  dQ += dS K / √hd;  dK += dSᵀ Q / √hd
+          sgemm('T', 'N', keys, d.hd, rows, 1.0f, p, keys, dO + r0 * ldq, ldq, 1.0f, dV, ldk);
+          sgemm('N', 'N', rows, d.hd, keys, d.scale, ds, keys, K, ldk, 1.0f, dQ + r0 * ldq, ldq);
+          sgemm('T', 'N', keys, d.hd, rows, d.scale, ds, keys, Q + r0 * ldq, ldq, 1.0f, dK, ldk);
+        }
       }
-    from_head_major(dq.f32(), dqt, d, d.H, true);
-    from_head_major(dk.f32(), dkt, d, d.Hkv, true);
-    from_head_major(dv.f32(), dvt, d, d.Hkv, true);
+    }
   }
 
   void silu_forward(Tensor out, Tensor x) override {
@@ -308,8 +357,7 @@ class CpuBackend final : public Backend {
     const int64_t n = x.numel();
     const float* xs = x.f32();
     float* os = out.f32();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) os[i] = xs[i] * sigmoid(xs[i]);
+    parallel_elementwise(n, [=](int64_t i) { os[i] = xs[i] * sigmoid(xs[i]); });
   }
 
   void silu_backward(Tensor dx, Tensor dout, Tensor x) override {
@@ -317,11 +365,10 @@ class CpuBackend final : public Backend {
     const int64_t n = x.numel();
     const float *xs = x.f32(), *gs = dout.f32();
     float* ds = dx.f32();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
+    parallel_elementwise(n, [=](int64_t i) {
       const float s = sigmoid(xs[i]);
       ds[i] += gs[i] * s * (1.0f + xs[i] * (1.0f - s));
-    }
+    });
   }
 
   void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override {
@@ -330,11 +377,9 @@ class CpuBackend final : public Backend {
     const float *g = gate.f32(), *u = up.f32();
     float* o = out.f32();
     if (gate_act) {
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) o[i] = g[i] * sigmoid(g[i]) * u[i];
+      parallel_elementwise(n, [=](int64_t i) { o[i] = g[i] * sigmoid(g[i]) * u[i]; });
     } else {
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) o[i] = g[i] * u[i];
+      parallel_elementwise(n, [=](int64_t i) { o[i] = g[i] * u[i]; });
     }
   }
 
@@ -345,18 +390,16 @@ class CpuBackend final : public Backend {
     const float *g = gate.f32(), *u = up.f32(), *d = dout.f32();
     float *dg = dgate.f32(), *du = dup.f32();
     if (gate_act) {
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
+      parallel_elementwise(n, [=](int64_t i) {
         const float s = sigmoid(g[i]);
         du[i] += d[i] * g[i] * s;
         dg[i] += d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
-      }
+      });
     } else {
-#pragma omp parallel for simd schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
+      parallel_elementwise(n, [=](int64_t i) {
         du[i] += d[i] * g[i];
         dg[i] += d[i] * u[i];
-      }
+      });
     }
   }
 
@@ -365,8 +408,7 @@ class CpuBackend final : public Backend {
     const int64_t n = out.numel();
     const float *x = a.f32(), *y = b.f32();
     float* o = out.f32();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) o[i] = x[i] + y[i];
+    parallel_elementwise(n, [=](int64_t i) { o[i] = x[i] + y[i]; });
   }
 
   void accumulate(Tensor dst, Tensor src) override {
@@ -374,8 +416,7 @@ class CpuBackend final : public Backend {
     const int64_t n = dst.numel();
     const float* s = src.f32();
     float* o = dst.f32();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) o[i] += s[i];
+    parallel_elementwise(n, [=](int64_t i) { o[i] += s[i]; });
   }
 
   void fill_zero(Tensor x) override { std::memset(x.data, 0, x.nbytes()); }
@@ -384,8 +425,7 @@ class CpuBackend final : public Backend {
     require_f32("scale", {x});
     const int64_t n = x.numel();
     float* o = x.f32();
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) o[i] *= factor;
+    parallel_elementwise(n, [=](int64_t i) { o[i] *= factor; });
   }
 
   double sum_squares(Tensor x) override {
@@ -407,13 +447,16 @@ class CpuBackend final : public Backend {
       const float* li = logits.f32() + i * v;
       float* pi = probs.f32() + i * v;
       float mx = li[0];
+#pragma omp simd reduction(max : mx)
       for (int64_t j = 1; j < v; ++j) mx = std::max(mx, li[j]);
       float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < v; ++j) {
-        pi[j] = std::exp(li[j] - mx);
+        pi[j] = fast_exp(li[j] - mx);
         sum += pi[j];
       }
       const float inv = 1.0f / sum;
+#pragma omp simd
       for (int64_t j = 0; j < v; ++j) pi[j] *= inv;
       const int32_t t = targets.i32()[i];
       losses.f32()[i] = std::log(sum) + mx - li[t];
@@ -439,109 +482,32 @@ class CpuBackend final : public Backend {
     float *p = param.f32(), *g = grad.f32(), *ms = m.f32(), *vs = v.f32();
     const float c1 = 1.0f / (1.0f - std::pow(a.beta1, float(a.step)));
     const float c2 = 1.0f / (1.0f - std::pow(a.beta2, float(a.step)));
-#pragma omp parallel for simd schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
+    parallel_elementwise(n, [=](int64_t i) {
       const float gi = g[i] * a.grad_scale;
       ms[i] = a.beta1 * ms[i] + (1.0f - a.beta1) * gi;
       vs[i] = a.beta2 * vs[i] + (1.0f - a.beta2) * gi * gi;
       const float update = (ms[i] * c1) / (std::sqrt(vs[i] * c2) + a.eps);
       p[i] -= a.lr * (update + a.weight_decay * p[i]);
-    }
+    });
   }
 
  private:
+  static constexpr int64_t kQueryBlock = 64;
+
   struct Dims {
     int64_t B, S, H, Hkv, hd, rep;
     float scale;
-    int64_t blocks;  // causal query blocks
   };
 
   static Dims dims(const Tensor& q, const Tensor& k) {
     BOTTLE_CHECK(q.shape.rank == 4 && k.shape.rank == 4, "attention: q and k must be [B,S,heads,hd]");
-    Dims d{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], 0, 0.0f, 1};
-    // Up to 8 query blocks of at least 64 rows: fewer skipped scores, fewer GEMM calls.
-    for (int64_t nb = std::min<int64_t>(8, d.S / 64); nb > 1; --nb)
-      if (d.S % nb == 0) {
-        d.blocks = nb;
-        break;
-      }
+    Dims d{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], 0, 0.0f};
     BOTTLE_CHECK(d.Hkv > 0 && d.H % d.Hkv == 0, "attention: {} query heads not divisible by {} kv heads",
                  d.H, d.Hkv);
     d.rep = d.H / d.Hkv;
     d.scale = 1.0f / std::sqrt(float(d.hd));
     return d;
   }
-  // [B, S, heads, hd] → [B, heads, S, hd]
-  static void to_head_major(float* dst, const float* src, const Dims& d, int64_t heads) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t s = 0; s < d.S; ++s)
-        for (int64_t h = 0; h < heads; ++h)
-          std::memcpy(dst + ((b * heads + h) * d.S + s) * d.hd, src + ((b * d.S + s) * heads + h) * d.hd,
-                      d.hd * sizeof(float));
-  }
-  // [B, heads, S, hd] → [B, S, heads, hd], written or added.
-  static void from_head_major(float* dst, const float* src, const Dims& d, int64_t heads, bool accumulate) {
-#pragma omp parallel for collapse(2) schedule(static)
-    for (int64_t b = 0; b < d.B; ++b)
-      for (int64_t s = 0; s < d.S; ++s)
-        for (int64_t h = 0; h < heads; ++h) {
-          float* o = dst + ((b * d.S + s) * heads + h) * d.hd;
-          const float* i = src + ((b * heads + h) * d.S + s) * d.hd;
-          if (accumulate) {
-#pragma omp simd
-            for (int64_t e = 0; e < d.hd; ++e) o[e] += i[e];
-          } else {
-            std::memcpy(o, i, d.hd * sizeof(float));
-          }
-        }
-  }
-
-  // One GEMM per (batch, kv head): B·Hkv matrices with the given batch strides.
-  static void batched(bool ta, bool tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
-                      int64_t lda, int64_t sa, const float* b, int64_t ldb, int64_t sb, float beta,
-                      float* c, int64_t ldc, int64_t sc, const Dims& d) {
-    GemmArgs g;
-    g.trans_a = ta;
-    g.trans_b = tb;
-    g.m = m;
-    g.n = n;
-    g.k = k;
-    g.alpha = alpha;
-    g.beta = beta;
-    g.a = a;
-    g.lda = lda;
-    g.stride_a = sa;
-    g.b = b;
-    g.ldb = ldb;
-    g.stride_b = sb;
-    g.c = c;
-    g.ldc = ldc;
-    g.stride_c = sc;
-    g.batch = d.B * d.Hkv;
-    dnnl_gemm(g);
-  }
-
-  static void causal_softmax(Tensor probs, const Dims& d) {
-    const int64_t rows = d.B * d.H * d.S;
-    float* p = probs.f32();
-#pragma omp parallel for schedule(static)
-    for (int64_t row = 0; row < rows; ++row) {
-      const int64_t i = row % d.S;
-      float* pr = p + row * d.S;
-      float mx = pr[0];
-      for (int64_t j = 1; j <= i; ++j) mx = std::max(mx, pr[j]);
-      float sum = 0.0f;
-      for (int64_t j = 0; j <= i; ++j) {
-        pr[j] = std::exp(pr[j] - mx);
-        sum += pr[j];
-      }
-      const float inv = 1.0f / sum;
-      for (int64_t j = 0; j <= i; ++j) pr[j] *= inv;
-      for (int64_t j = i + 1; j < d.S; ++j) pr[j] = 0.0f;
-    }
-  }
-
   const RopeTable& rope_table(int64_t S, int64_t hd, float theta) {
     std::lock_guard lock(rope_mutex_);
     auto key = std::make_tuple(S, hd, theta);
@@ -584,7 +550,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  Workspace ws_q_, ws_k_, ws_v_, ws_o_, ws_dq_, ws_dk_, ws_dv_, ws_scores_, dweight_ws_;
+  Workspace attn_ws_, dweight_ws_;
   std::mutex rope_mutex_;
   std::map<std::tuple<int64_t, int64_t, float>, RopeTable> rope_tables_;
 };

@@ -53,12 +53,12 @@ void ProfilingBackend::rope_forward(Tensor x, float theta) {
 void ProfilingBackend::rope_backward(Tensor dx, float theta) {
   timed("rope_backward", [&] { inner_->rope_backward(dx, theta); });
 }
-void ProfilingBackend::attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v) {
-  timed("attention_forward", [&] { inner_->attention_forward(out, probs, q, k, v); });
+void ProfilingBackend::attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
+  timed("attention_forward", [&] { inner_->attention_forward(out, lse, q, k, v); });
 }
-void ProfilingBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs, Tensor q,
-                                          Tensor k, Tensor v) {
-  timed("attention_backward", [&] { inner_->attention_backward(dq, dk, dv, dout, probs, q, k, v); });
+void ProfilingBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+                                          Tensor q, Tensor k, Tensor v) {
+  timed("attention_backward", [&] { inner_->attention_backward(dq, dk, dv, dout, out, lse, q, k, v); });
 }
 void ProfilingBackend::silu_forward(Tensor out, Tensor x) {
   timed("silu_forward", [&] { inner_->silu_forward(out, x); });

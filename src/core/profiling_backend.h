@@ -34,9 +34,9 @@ class ProfilingBackend final : public Backend {
                           Tensor mean, Tensor rstd) override;
   void rope_forward(Tensor x, float theta) override;
   void rope_backward(Tensor dx, float theta) override;
-  void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v) override;
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs, Tensor q, Tensor k,
-                          Tensor v) override;
+  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse, Tensor q,
+                          Tensor k, Tensor v) override;
   void silu_forward(Tensor out, Tensor x) override;
   void silu_backward(Tensor dx, Tensor dout, Tensor x) override;
   void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override;

@@ -204,25 +204,20 @@ class ReferenceBackend final : public Backend {
   void rope_forward(Tensor x, float theta) override { rope(x, theta, +1.0, "rope_forward"); }
   void rope_backward(Tensor dx, float theta) override { rope(dx, theta, -1.0, "rope_backward"); }
 
-  void attention_forward(Tensor out, Tensor probs, Tensor q, Tensor k, Tensor v) override {
+  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override {
     const char* kn = "attention_forward";
-    need_f32(kn, {out, probs, q, k, v});
+    need_f32(kn, {out, lse, q, k, v});
     const Dims d = attention_dims(kn, q, k, v);
     need_numel(kn, out, q.numel(), "out");
-    need_numel(kn, probs, d.B * d.H * d.S * d.S, "probs");
-    const double scale = 1.0 / std::sqrt(double(d.hd));
+    need_numel(kn, lse, d.B * d.H * d.S, "lse");
     std::vector<double> p(d.S);
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t h = 0; h < d.H; ++h) {
         const int64_t kvh = h / (d.H / d.Hkv);
         for (int64_t i = 0; i < d.S; ++i) {
-          const float* qi = q.f32() + d.q_index(b, i, h);
           double max_score = -INFINITY;
           for (int64_t j = 0; j <= i; ++j) {
-            const float* kj = k.f32() + d.kv_index(b, j, kvh);
-            double s = 0.0;
-            for (int64_t e = 0; e < d.hd; ++e) s += double(qi[e]) * kj[e];
-            p[j] = s * scale;
+            p[j] = attention_score(d, q, k, b, h, i, j);
             if (p[j] > max_score) max_score = p[j];
           }
           double sum = 0.0;
@@ -230,11 +225,8 @@ class ReferenceBackend final : public Backend {
             p[j] = std::exp(p[j] - max_score);
             sum += p[j];
           }
-          float* prow = probs.f32() + ((b * d.H + h) * d.S + i) * d.S;
-          for (int64_t j = 0; j < d.S; ++j) {
-            if (j <= i) p[j] /= sum;
-            prow[j] = j <= i ? float(p[j]) : 0.0f;
-          }
+          for (int64_t j = 0; j <= i; ++j) p[j] /= sum;
+          lse.f32()[(b * d.H + h) * d.S + i] = float(max_score + std::log(sum));
           float* oi = out.f32() + d.q_index(b, i, h);
           for (int64_t e = 0; e < d.hd; ++e) {
             double acc = 0.0;
@@ -246,43 +238,48 @@ class ReferenceBackend final : public Backend {
     }
   }
 
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor probs, Tensor q,
-                          Tensor k, Tensor v) override {
+  // Recomputes P from lse; D_i = sum_j P_ij dP_ij is taken from P and v (not from `out`), so
+  // the oracle does not depend on the forward output's rounding.
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+                          Tensor q, Tensor k, Tensor v) override {
     const char* kn = "attention_backward";
-    need_f32(kn, {dq, dk, dv, dout, probs, q, k, v});
+    need_f32(kn, {dq, dk, dv, dout, out, lse, q, k, v});
     const Dims d = attention_dims(kn, q, k, v);
     need_numel(kn, dq, q.numel(), "dq");
     need_numel(kn, dk, k.numel(), "dk");
     need_numel(kn, dv, v.numel(), "dv");
     need_numel(kn, dout, q.numel(), "dout");
-    need_numel(kn, probs, d.B * d.H * d.S * d.S, "probs");
+    need_numel(kn, out, q.numel(), "out");
+    need_numel(kn, lse, d.B * d.H * d.S, "lse");
     const double scale = 1.0 / std::sqrt(double(d.hd));
     // Sum in double, add into the caller's gradients at the end.
     std::vector<double> gq(q.numel(), 0.0), gk(k.numel(), 0.0), gv(v.numel(), 0.0);
-    std::vector<double> dp(d.S), ds(d.S);
+    std::vector<double> p(d.S), dp(d.S), ds(d.S);
     for (int64_t b = 0; b < d.B; ++b) {
       for (int64_t h = 0; h < d.H; ++h) {
         const int64_t kvh = h / (d.H / d.Hkv);
         for (int64_t i = 0; i < d.S; ++i) {
-          const float* prow = probs.f32() + ((b * d.H + h) * d.S + i) * d.S;
+          const double lse_i = lse.f32()[(b * d.H + h) * d.S + i];
           const float* doi = dout.f32() + d.q_index(b, i, h);
           const float* qi = q.f32() + d.q_index(b, i, h);
-          // dP[j] = dout_i . v_j; dS[j] = P[j] * (dP[j] - sum_l P[l] dP[l]).
+          // P[j] = exp(score_ij - lse_i); dP[j] = dout_i . v_j;
+          // dS[j] = P[j] * (dP[j] - sum_l P[l] dP[l]).
           double row_dot = 0.0;
           for (int64_t j = 0; j <= i; ++j) {
+            p[j] = std::exp(attention_score(d, q, k, b, h, i, j) - lse_i);
             const float* vj = v.f32() + d.kv_index(b, j, kvh);
             double s = 0.0;
             for (int64_t e = 0; e < d.hd; ++e) s += double(doi[e]) * vj[e];
             dp[j] = s;
-            row_dot += double(prow[j]) * s;
+            row_dot += p[j] * s;
           }
-          for (int64_t j = 0; j <= i; ++j) ds[j] = double(prow[j]) * (dp[j] - row_dot);
+          for (int64_t j = 0; j <= i; ++j) ds[j] = p[j] * (dp[j] - row_dot);
           for (int64_t j = 0; j <= i; ++j) {
             const int64_t kv = d.kv_index(b, j, kvh);
             for (int64_t e = 0; e < d.hd; ++e) {
               gq[d.q_index(b, i, h) + e] += scale * ds[j] * k.f32()[kv + e];
               gk[kv + e] += scale * ds[j] * qi[e];
-              gv[kv + e] += double(prow[j]) * doi[e];
+              gv[kv + e] += p[j] * doi[e];
             }
           }
         }
@@ -447,6 +444,16 @@ class ReferenceBackend final : public Backend {
     int64_t q_index(int64_t b, int64_t s, int64_t h) const { return ((b * S + s) * H + h) * hd; }
     int64_t kv_index(int64_t b, int64_t s, int64_t h) const { return ((b * S + s) * Hkv + h) * hd; }
   };
+
+  // score_ij = q_i . k_j / sqrt(hd) for query head h (kv head h / (H / Hkv)), in double.
+  static double attention_score(const Dims& d, const Tensor& q, const Tensor& k, int64_t b,
+                                int64_t h, int64_t i, int64_t j) {
+    const float* qi = q.f32() + d.q_index(b, i, h);
+    const float* kj = k.f32() + d.kv_index(b, j, h / (d.H / d.Hkv));
+    double s = 0.0;
+    for (int64_t e = 0; e < d.hd; ++e) s += double(qi[e]) * kj[e];
+    return s / std::sqrt(double(d.hd));
+  }
 
   static Dims attention_dims(const char* kernel, const Tensor& q, const Tensor& k,
                              const Tensor& v) {

@@ -11,7 +11,7 @@ Tensor reshaped(Tensor t, Shape shape) {
 
 void Attention::allocate_activations(Arena& arena) {
   out = arena.alloc(q_shape());
-  probs = arena.alloc({batch, heads, seq, seq});
+  lse = arena.alloc({batch, heads, seq});
 }
 
 void Attention::forward(Backend& be, Tensor q, Tensor k, Tensor v) {
@@ -20,14 +20,14 @@ void Attention::forward(Backend& be, Tensor q, Tensor k, Tensor v) {
   v = reshaped(v, kv_shape());
   be.rope_forward(q, rope_theta);
   be.rope_forward(k, rope_theta);
-  be.attention_forward(out, probs, q, k, v);
+  be.attention_forward(out, lse, q, k, v);
 }
 
 void Attention::backward(Backend& be, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q,
                          Tensor k, Tensor v) {
   dq = reshaped(dq, q_shape());
   dk = reshaped(dk, kv_shape());
-  be.attention_backward(dq, dk, reshaped(dv, kv_shape()), reshaped(dout, q_shape()), probs,
+  be.attention_backward(dq, dk, reshaped(dv, kv_shape()), reshaped(dout, q_shape()), out, lse,
                         reshaped(q, q_shape()), reshaped(k, kv_shape()), reshaped(v, kv_shape()));
   be.rope_backward(dq, rope_theta);
   be.rope_backward(dk, rope_theta);
