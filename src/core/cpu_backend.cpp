@@ -419,7 +419,16 @@ class CpuBackend final : public Backend {
     parallel_elementwise(n, [=](int64_t i) { o[i] += s[i]; });
   }
 
-  void fill_zero(Tensor x) override { std::memset(x.data, 0, x.nbytes()); }
+  void fill_zero(Tensor x) override {
+    const size_t bytes = x.nbytes();
+    char* base = static_cast<char*>(x.data);
+#pragma omp parallel
+    {
+      const size_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const size_t begin = bytes * t / nt / 64 * 64, end = t + 1 == nt ? bytes : bytes * (t + 1) / nt / 64 * 64;
+      std::memset(base + begin, 0, end - begin);
+    }
+  }
 
   void scale(Tensor x, float factor) override {
     require_f32("scale", {x});

@@ -184,8 +184,8 @@ void LlamaModel::backward(Backend& be, Tensor tokens, Tensor targets, float loss
   const int64_t n = batch_ * seq_;
   be.fill_zero(grad_.logits);
   loss_.backward(be, grad_.logits, targets, loss_scale / float(n));
-  be.fill_zero(grad_.normed);
-  linear_backward(be, grad_.normed, lm_head_.grad, grad_.logits, final_norm_.out, lm_head_.value);
+  linear_backward(be, grad_.normed, lm_head_.grad, grad_.logits, final_norm_.out, lm_head_.value,
+                  /*accumulate_dx=*/false);
   be.fill_zero(grad_.residual);
   final_norm_.backward(be, grad_.residual, grad_.normed, residual_.back());
   for (int l = config_.num_layers - 1; l >= 0; --l) block_backward(be, l, residual_[l]);
@@ -198,29 +198,26 @@ void LlamaModel::block_backward(Backend& be, int l, Tensor x) {
   Block& b = blocks_[l];
   GradientScratch& g = grad_;
   using P = ProjectionId;
-  auto project_back = [&](P p, Tensor dx, Tensor dy, Tensor in) {
-    b[p].backward(be, dx, dy, in, prev_latent(l, p), prev_latent_grad(l, p));
+  // The first projection to write a fresh gradient buffer overwrites it (no zeroing pass).
+  auto project_back = [&](P p, Tensor dx, Tensor dy, Tensor in, bool accumulate_dx = true) {
+    b[p].backward(be, dx, dy, in, prev_latent(l, p), prev_latent_grad(l, p), accumulate_dx);
   };
   // MLP branch: out = h + down(act(gate(n2)) ⊙ up(n2)).
-  be.fill_zero(g.gated);
-  project_back(P::down, g.gated, g.residual, b.gated);
+  project_back(P::down, g.gated, g.residual, b.gated, false);
   be.fill_zero(g.gate);
   be.fill_zero(g.up);
   be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, config_.gate_act());
-  be.fill_zero(g.normed);
-  project_back(P::gate, g.normed, g.gate, b.norm2.out);
+  project_back(P::gate, g.normed, g.gate, b.norm2.out, false);
   project_back(P::up, g.normed, g.up, b.norm2.out);
   b.norm2.backward(be, g.residual, g.normed, b.h);
   // Attention branch: h = x + o(attention(q(n1), k(n1), v(n1))).
   const Tensor attn_out = view(b.attention.out, b.q.shape);
-  be.fill_zero(g.attn);
-  project_back(P::o, g.attn, g.residual, attn_out);
+  project_back(P::o, g.attn, g.residual, attn_out, false);
   be.fill_zero(g.q);
   be.fill_zero(g.k);
   be.fill_zero(g.v);
   b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
-  be.fill_zero(g.normed);
-  project_back(P::q, g.normed, g.q, b.norm1.out);
+  project_back(P::q, g.normed, g.q, b.norm1.out, false);
   project_back(P::k, g.normed, g.k, b.norm1.out);
   project_back(P::v, g.normed, g.v, b.norm1.out);
   b.norm1.backward(be, g.residual, g.normed, x);

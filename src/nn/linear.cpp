@@ -17,7 +17,7 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, bool accumulate) 
   be.gemm(g);
 }
 
-void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w) {
+void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx) {
   const int64_t n = x.rows(), in = x.cols(), out = w.rows();
   if (!dx.empty()) {
     GemmArgs g;  // dx[N,in] += dy[N,out] · W[out,in]
@@ -25,7 +25,7 @@ void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Ten
     g.a = dy.data, g.lda = out;
     g.b = w.data, g.ldb = in;
     g.c = dx.data, g.ldc = in;
-    g.beta = 1.0f;
+    g.beta = accumulate_dx ? 1.0f : 0.0f;
     be.gemm(g);
   }
   GemmArgs g;  // dW[out,in] += dyᵀ[out,N] · x[N,in]

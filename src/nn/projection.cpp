@@ -44,11 +44,11 @@ void Projection::forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool ac
 }
 
 void Projection::backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_prev,
-                          Tensor du_prev) {
-  if (!bottleneck()) return linear_backward(be, dx, weight.grad, dy, x, weight.value);
+                          Tensor du_prev, bool accumulate_dx) {
+  if (!bottleneck()) return linear_backward(be, dx, weight.grad, dy, x, weight.value, accumulate_dx);
   up_backward(be, dy);
   latent_backward(be, u_prev, du_prev);
-  down_backward(be, dx, x);
+  down_backward(be, dx, x, accumulate_dx);
 }
 
 void Projection::down_forward(Backend& be, Tensor x) { linear_forward(be, z, x, A.value); }
@@ -86,8 +86,8 @@ void Projection::latent_backward(Backend& be, Tensor u_prev, Tensor du_prev) {
   linear_backward(be, du_prev, G.grad, dz, u_prev, G.value);  // du_prev += dz G; dG += dzᵀ u_prev
 }
 
-void Projection::down_backward(Backend& be, Tensor dx, Tensor x) {
-  linear_backward(be, dx, A.grad, dz, x, A.value);
+void Projection::down_backward(Backend& be, Tensor dx, Tensor x, bool accumulate_dx) {
+  linear_backward(be, dx, A.grad, dz, x, A.value, accumulate_dx);
   be.fill_zero(du);
 }
 

@@ -48,8 +48,10 @@ struct Projection {
   // y[N, d_out] = P(x[N, d_in]) (+= when accumulate). u_prev: the previous block's u of the
   // same projection (lax with crossing), else empty.
   void forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool accumulate = false);
-  // dx += ∂/∂x, parameter grads +=, du_prev += ∂/∂u_prev (crossing). Zeroes du when done.
-  void backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_prev, Tensor du_prev);
+  // dx += ∂/∂x (dx = when !accumulate_dx), parameter grads +=, du_prev += ∂/∂u_prev
+  // (crossing). Zeroes du when done.
+  void backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_prev, Tensor du_prev,
+                bool accumulate_dx = true);
 
   // The stages (forward() = down, latent, up).
   void down_forward(Backend& be, Tensor x);
@@ -57,7 +59,7 @@ struct Projection {
   void up_forward(Backend& be, Tensor y, bool accumulate);
   void up_backward(Backend& be, Tensor dy);
   void latent_backward(Backend& be, Tensor u_prev, Tensor du_prev);
-  void down_backward(Backend& be, Tensor dx, Tensor x);
+  void down_backward(Backend& be, Tensor dx, Tensor x, bool accumulate_dx = true);
 };
 
 }  // namespace bottle
