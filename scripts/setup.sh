@@ -10,6 +10,7 @@ packages=(
   python3-torch python3-numpy      # the PyTorch reference the tests compare against
   libopenblas0-openmp              # a real BLAS under PyTorch (Debian's default is netlib's)
   gnuplot-nox                      # plots
+  fortunes                         # text for the demo corpus
 )
 missing=()
 for p in "${packages[@]}"; do

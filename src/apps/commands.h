@@ -10,6 +10,7 @@ using Command = std::function<int()>;
 Command add_train_command(CLI::App& app);
 Command add_eval_command(CLI::App& app);
 Command add_plot_command(CLI::App& app);
+Command add_sample_command(CLI::App& app);
 Command add_prepare_command(CLI::App& app);
 Command add_bench_step_command(CLI::App& bench);
 

@@ -18,6 +18,8 @@ int main(int argc, char** argv) {
   commands[eval] = bottle::add_eval_command(*eval);
   CLI::App* prepare = app.add_subcommand("prepare", "text files -> byte-level llm.c token shards");
   commands[prepare] = bottle::add_prepare_command(*prepare);
+  CLI::App* sample = app.add_subcommand("sample", "generate text from a model directory");
+  commands[sample] = bottle::add_sample_command(*sample);
   CLI::App* plot = app.add_subcommand("plot", "draw loss and learning rate of a metrics.jsonl as a PNG");
   commands[plot] = bottle::add_plot_command(*plot);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");

@@ -106,13 +106,17 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     }
     last_saved = step;
     std::printf("resumed from %s at step %lld\n", latest->c_str(), (long long)step);
-  } else if (!options.init_from.empty()) {
+  } else if (store.latest()) {
+    fail("{} already holds checkpoints (newest {}): continue it with --resume, or choose another checkpoint.folder",
+         config.checkpoint.folder, *store.latest());
+  }
+  if (!options.resume && !options.init_from.empty()) {
     const ModelConfig saved = read_model_config(options.init_from);
     const std::string diff = model_config_difference(saved, config.model);
     BOTTLE_CHECK(diff.empty(), "--init-from: {} holds another model than {} describes ({}: checkpoint vs config)",
                  options.init_from, options.config_path, diff);
     load_model_weights(model, options.init_from);
-  } else {
+  } else if (!options.resume) {
     model.init_weights(uint64_t(tc.seed));
   }
   model.allocate_activations(B, S);
