@@ -24,25 +24,31 @@ class ExternalCheckpoint : public ::testing::TestWithParam<External> {};
 TEST_P(ExternalCheckpoint, EvalGivesPyTorchsLoss) {
   TempDir dir;
   const External e = GetParam();
-  const CommandResult create = run(fmt::format(
-      "{} --create {} --hidden 64 --intermediate 160 --layers 2 --heads 4 --kv-heads 2 --vocab 256 --kind {} --rank 16 --seed 3 {}",
-      torch_reference(), dir / "ckpt", e.kind, e.extra));
+  const CommandResult create =
+      run(fmt::format("{} --create {} --hidden 64 --intermediate 160 --layers 2 --heads 4 "
+                      "--kv-heads 2 --vocab 256 --kind {} --rank 16 --seed 3 {}",
+                      torch_reference(), dir / "ckpt", e.kind, e.extra));
   ASSERT_EQ(create.status, 0) << create.output;
   write_random_shard(dir / "val.bin", 4 * 2 * 32 + 1, 256, 5);
-  const std::string args = fmt::format("--checkpoint {} --data {} --batch 2 --seq 32 --batches 4", dir / "ckpt", dir / "val.bin");
+  const std::string args = fmt::format("--checkpoint {} --data {} --batch 2 --seq 32 --batches 4",
+                                       dir / "ckpt", dir / "val.bin");
   const CommandResult ours = run(fmt::format("{} eval {} --json", bottle_binary(), args));
   ASSERT_EQ(ours.status, 0) << ours.output;
-  const CommandResult theirs = run(fmt::format("{} {} --eval --dtype f64", torch_reference(), args));
+  const CommandResult theirs =
+      run(fmt::format("{} {} --eval --dtype f64", torch_reference(), args));
   ASSERT_EQ(theirs.status, 0) << theirs.output;
   const double a = json_loss(ours), b = json_loss(theirs);
   EXPECT_LE(std::fabs(a - b) / b, 1e-5) << "bottle " << a << " vs PyTorch " << b;
   EXPECT_NE(ours.output.find("\"tokens\":256"), std::string::npos) << ours.output;
 }
 
-INSTANTIATE_TEST_SUITE_P(Kinds, ExternalCheckpoint,
-                         ::testing::Values(External{"none", ""}, External{"none", "--tied"}, External{"svd", ""},
-                                           External{"cola", ""}, External{"lax", ""}, External{"cola", "--bf16"}),
-                         [](const auto& info) { return info.param.kind + (info.param.extra.empty() ? "" : "_" + info.param.extra.substr(2)); });
+INSTANTIATE_TEST_SUITE_P(
+    Kinds, ExternalCheckpoint,
+    ::testing::Values(External{"none", ""}, External{"none", "--tied"}, External{"svd", ""},
+                      External{"cola", ""}, External{"lax", ""}, External{"cola", "--bf16"}),
+    [](const auto& info) {
+      return info.param.kind + (info.param.extra.empty() ? "" : "_" + info.param.extra.substr(2));
+    });
 
 // A good checkpoint to break in each test below.
 class BadInput : public ::testing::Test {
@@ -54,20 +60,23 @@ class BadInput : public ::testing::Test {
     write_random_shard(dir / "val.bin", 2 * 16 + 1, 64, 1);
   }
   CommandResult eval() {
-    return run(fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16", bottle_binary(), dir / "ckpt",
-                           dir / "val.bin"));
+    return run(fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16", bottle_binary(),
+                           dir / "ckpt", dir / "val.bin"));
   }
   nlohmann::json config() {
     std::ifstream in(dir / "ckpt/config.json");
     return nlohmann::json::parse(in);
   }
-  void write_config(const nlohmann::json& j) { std::ofstream(dir / "ckpt/config.json") << j.dump(); }
+  void write_config(const nlohmann::json& j) {
+    std::ofstream(dir / "ckpt/config.json") << j.dump();
+  }
   // One error line naming every `needle`, exit status 1.
   void expect_error(const std::vector<std::string>& needles) {
     const CommandResult r = eval();
     EXPECT_EQ(r.status, 1) << r.output;
     EXPECT_NE(r.output.find("bottle: error:"), std::string::npos) << r.output;
-    for (const std::string& n : needles) EXPECT_NE(r.output.find(n), std::string::npos) << "missing '" << n << "' in: " << r.output;
+    for (const std::string& n : needles)
+      EXPECT_NE(r.output.find(n), std::string::npos) << "missing '" << n << "' in: " << r.output;
   }
   TempDir dir;
 };
@@ -142,7 +151,8 @@ TEST_F(BadInput, MissingTensor) {
   write_config(j);
   LlamaModel other(tiny_config(BottleneckKind::cola, 4, /*tied=*/true));
   save_model(other, dir / "tied");
-  fs::copy_file(dir / "tied/model.safetensors", dir / "ckpt/model.safetensors", fs::copy_options::overwrite_existing);
+  fs::copy_file(dir / "tied/model.safetensors", dir / "ckpt/model.safetensors",
+                fs::copy_options::overwrite_existing);
   j["tie_word_embeddings"] = false;
   write_config(j);
   expect_error({"model.safetensors", "missing tensor 'lm_head.weight'"});
@@ -152,7 +162,8 @@ TEST_F(BadInput, MisShapedTensor) {
   auto j = config();
   j["intermediate_size"] = 40;  // every gate/up/down tensor now has the wrong shape
   write_config(j);
-  expect_error({"model.safetensors", "model.layers.0.mlp.gate_proj.B.weight", "[48, 8]", "[40, 8]"});
+  expect_error(
+      {"model.safetensors", "model.layers.0.mlp.gate_proj.B.weight", "[48, 8]", "[40, 8]"});
 }
 
 TEST_F(BadInput, UnexpectedTensor) {
@@ -175,7 +186,8 @@ TEST_F(BadInput, TruncatedInsideHeader) {
 }
 
 TEST_F(BadInput, ForeignFileAsSafetensors) {
-  std::ofstream(dir / "ckpt/model.safetensors", std::ios::binary) << "\x89PNG\r\n\x1a\n this is a picture, not weights";
+  std::ofstream(dir / "ckpt/model.safetensors", std::ios::binary)
+      << "\x89PNG\r\n\x1a\n this is a picture, not weights";
   expect_error({"model.safetensors", "not a safetensors file"});
 }
 

@@ -48,9 +48,9 @@ TEST_P(TorchParity, LossLogitsAndEveryGradientMatch) {
   save_model(model, dir / "model");
   write_random_shard(dir / "tokens.bin", batch * seq + 1, model.config().vocab_size, 11);
 
-  const CommandResult torch = run(fmt::format("{} --checkpoint {} --data {} --batch {} --seq {} --dtype f64 --dump {}",
-                                              torch_reference(), dir / "model", dir / "tokens.bin", batch,
-                                              seq, dir / "torch.safetensors"));
+  const CommandResult torch = run(fmt::format(
+      "{} --checkpoint {} --data {} --batch {} --seq {} --dtype f64 --dump {}", torch_reference(),
+      dir / "model", dir / "tokens.bin", batch, seq, dir / "torch.safetensors"));
   ASSERT_EQ(torch.status, 0) << "the PyTorch reference failed (is python3-torch installed?):\n"
                              << torch.output;
   const SafeTensorsReader ref(dir / "torch.safetensors");
@@ -58,7 +58,8 @@ TEST_P(TorchParity, LossLogitsAndEveryGradientMatch) {
   auto be = make_backend("cpu");
   const std::vector<int32_t> stream = read_token_shard(dir / "tokens.bin");
   Arena arena(MemoryTag::workspace);
-  Tensor tokens = arena.alloc({batch, seq}, DType::i32), targets = arena.alloc({batch, seq}, DType::i32);
+  Tensor tokens = arena.alloc({batch, seq}, DType::i32),
+         targets = arena.alloc({batch, seq}, DType::i32);
   std::copy(stream.begin(), stream.begin() + batch * seq, tokens.i32());
   std::copy(stream.begin() + 1, stream.begin() + 1 + batch * seq, targets.i32());
   model.allocate_activations(batch, seq);
@@ -67,7 +68,8 @@ TEST_P(TorchParity, LossLogitsAndEveryGradientMatch) {
   model.backward(*be, tokens, targets);
 
   const float torch_loss = read_all(ref, "loss")[0];
-  EXPECT_LE(std::fabs(loss - torch_loss) / std::fabs(torch_loss), 1e-5) << loss << " vs " << torch_loss;
+  EXPECT_LE(std::fabs(loss - torch_loss) / std::fabs(torch_loss), 1e-5)
+      << loss << " vs " << torch_loss;
   EXPECT_LE(relative_max_error(model.logits().f32(), read_all(ref, "logits")), 1e-5);
   const ParameterStore& params = model.parameters();
   int compared = 0;
@@ -75,7 +77,8 @@ TEST_P(TorchParity, LossLogitsAndEveryGradientMatch) {
     const std::string& name = params.specs()[i].name;
     const std::vector<float> expected = read_all(ref, "grad/" + name);
     ASSERT_EQ(int64_t(expected.size()), params.specs()[i].shape.numel()) << name;
-    EXPECT_LE(relative_max_error(params.at(i).grad.f32(), expected), 1e-4) << "gradient of " << name;
+    EXPECT_LE(relative_max_error(params.at(i).grad.f32(), expected), 1e-4)
+        << "gradient of " << name;
     ++compared;
   }
   EXPECT_EQ(compared, int(params.specs().size()));
@@ -83,7 +86,8 @@ TEST_P(TorchParity, LossLogitsAndEveryGradientMatch) {
 
 std::vector<ParityCase> all_cases() {
   std::vector<ParityCase> cases;
-  for (BottleneckKind kind : {BottleneckKind::none, BottleneckKind::svd, BottleneckKind::cola, BottleneckKind::lax})
+  for (BottleneckKind kind :
+       {BottleneckKind::none, BottleneckKind::svd, BottleneckKind::cola, BottleneckKind::lax})
     for (int64_t kv : {4, 2})
       for (bool tied : {false, true}) cases.push_back({kind, kv, tied});
   return cases;

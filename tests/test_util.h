@@ -35,7 +35,7 @@ class TempDir {
 };
 
 struct CommandResult {
-  int status = -1;  // exit code, or 128 + signal
+  int status = -1;     // exit code, or 128 + signal
   std::string output;  // stdout and stderr together
 };
 
@@ -56,7 +56,8 @@ inline std::string torch_reference() {
 }
 
 // Random tokens in [0, vocab) as an llm.c shard.
-inline void write_random_shard(const std::string& path, int64_t count, int64_t vocab, uint32_t seed) {
+inline void write_random_shard(const std::string& path, int64_t count, int64_t vocab,
+                               uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> tokens(static_cast<size_t>(count));
   for (auto& t : tokens) t = int32_t(rng() % uint32_t(vocab));
@@ -87,7 +88,8 @@ inline void init_for_test(LlamaModel& model, uint64_t seed) {
     if (spec.init == ParamInit::normal) continue;
     const uint64_t key = hash_name(seed + 1, spec.name);
     float* v = params.at(i).value.f32();
-    for (int64_t j = 0; j < spec.shape.numel(); ++j) v[j] += 0.1f * counter_normal(key, uint64_t(j));
+    for (int64_t j = 0; j < spec.shape.numel(); ++j)
+      v[j] += 0.1f * counter_normal(key, uint64_t(j));
   }
 }
 

@@ -39,14 +39,17 @@ Timing summarize(std::vector<double> ms) {
 }
 
 void print_profile(const ProfilingBackend& profiler, int64_t steps) {
-  std::vector<std::pair<std::string, KernelTime>> rows(profiler.times().begin(), profiler.times().end());
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
+  std::vector<std::pair<std::string, KernelTime>> rows(profiler.times().begin(),
+                                                       profiler.times().end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
   double total = 0.0;
   for (const auto& [name, t] : rows) total += t.ms;
   std::printf("  %-40s %8s %9s %6s %9s\n", "kernel (per step)", "calls", "ms", "%", "GFLOP/s");
   for (const auto& [name, t] : rows)
-    std::printf("  %-40s %8.0f %9.2f %5.1f%% %9s\n", name.c_str(), double(t.calls) / double(steps), t.ms / double(steps),
-                100.0 * t.ms / total, t.flops > 0 ? fmt::format("{:.0f}", t.flops / (t.ms * 1e6)).c_str() : "");
+    std::printf("  %-40s %8.0f %9.2f %5.1f%% %9s\n", name.c_str(), double(t.calls) / double(steps),
+                t.ms / double(steps), 100.0 * t.ms / total,
+                t.flops > 0 ? fmt::format("{:.0f}", t.flops / (t.ms * 1e6)).c_str() : "");
   std::printf("  %-40s %8s %9.2f\n", "total in kernels", "", total / double(steps));
 }
 
@@ -78,12 +81,15 @@ Command add_bench_step_command(CLI::App& app) {
   app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike");
   app.add_option("--torch", o->torch, "also time the PyTorch peer (true/false)");
   app.add_flag("--json", o->json, "one JSON object per kind");
-  app.add_option("--torch-coretype", o->torch_coretype,
-                 "OPENBLAS_CORETYPE for the PyTorch peer only ('' to leave OpenBLAS to detect the CPU)");
-  app.add_flag("--profile", o->profile, "also print the time per kernel (GEMMs per shape) of the timed steps");
+  app.add_option(
+      "--torch-coretype", o->torch_coretype,
+      "OPENBLAS_CORETYPE for the PyTorch peer only ('' to leave OpenBLAS to detect the CPU)");
+  app.add_flag("--profile", o->profile,
+               "also print the time per kernel (GEMMs per shape) of the timed steps");
   return [o] {
     omp_set_num_threads(o->threads);
-    if (o->model.num_kv_heads == 8 && o->model.num_heads != 8) o->model.num_kv_heads = o->model.num_heads;
+    if (o->model.num_kv_heads == 8 && o->model.num_heads != 8)
+      o->model.num_kv_heads = o->model.num_heads;
     o->model.max_seq_len = std::max(o->model.max_seq_len, o->seq);
     BOTTLE_CHECK(o->steps > 0, "--steps must be positive");
     std::unique_ptr<Backend> be = make_backend("cpu");
@@ -95,10 +101,12 @@ Command add_bench_step_command(CLI::App& app) {
       be = std::move(wrapped);
     }
     if (!o->json)
-      std::printf("bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld fp32, %d threads; GEMM peak %.0f GFLOP/s\n",
-                  (long long)o->model.vocab_size, (long long)o->model.hidden_size,
-                  (long long)o->model.intermediate_size, (long long)o->model.num_layers,
-                  (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch, o->threads, peak);
+      std::printf(
+          "bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld fp32, %d threads; GEMM "
+          "peak %.0f GFLOP/s\n",
+          (long long)o->model.vocab_size, (long long)o->model.hidden_size,
+          (long long)o->model.intermediate_size, (long long)o->model.num_layers,
+          (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch, o->threads, peak);
     const fs::path scratch = fs::temp_directory_path() / fmt::format("bottle-bench-{}", ::getpid());
     fs::create_directories(scratch);
     std::stringstream kinds(o->kinds);
@@ -113,9 +121,11 @@ Command add_bench_step_command(CLI::App& app) {
       AdamW optimizer(model.parameters(), AdamWConfig{});
       Arena data(MemoryTag::workspace);
       const int64_t n = o->batch * o->seq;
-      Tensor tokens = data.alloc({o->batch, o->seq}, DType::i32), targets = data.alloc({o->batch, o->seq}, DType::i32);
+      Tensor tokens = data.alloc({o->batch, o->seq}, DType::i32),
+             targets = data.alloc({o->batch, o->seq}, DType::i32);
       std::vector<int32_t> stream(size_t(n + 1));
-      for (size_t i = 0; i < stream.size(); ++i) stream[i] = int32_t((i * 2654435761u) % uint64_t(config.vocab_size));
+      for (size_t i = 0; i < stream.size(); ++i)
+        stream[i] = int32_t((i * 2654435761u) % uint64_t(config.vocab_size));
       std::copy(stream.begin(), stream.end() - 1, tokens.i32());
       std::copy(stream.begin() + 1, stream.end(), targets.i32());
       std::vector<double> ms;
@@ -133,26 +143,28 @@ Command add_bench_step_command(CLI::App& app) {
       const double flops = model.flops_per_step(n, o->seq);
       const double gflops = flops / (t.median * 1e6);
       if (config.bottleneck == BottleneckKind::none) baseline_ms = t.median;
-      nlohmann::ordered_json row{{"kind", kind},
-                                 {"rank", config.bottleneck == BottleneckKind::none ? 0 : config.rank_of(ProjectionId::q)},
-                                 {"params", config.parameter_count()},
-                                 {"ms_per_step", t.median},
-                                 {"ms_min", t.min},
-                                 {"ms_max", t.max},
-                                 {"tokens_per_s", double(n) / (t.median / 1e3)},
-                                 {"gflops", gflops},
-                                 {"mfu", gflops / peak},
-                                 {"gemm_peak_gflops", peak},
-                                 {"loss", loss},
-                                 {"peak_bytes", MemoryStats::global().peak_total()}};
+      nlohmann::ordered_json row{
+          {"kind", kind},
+          {"rank", config.bottleneck == BottleneckKind::none ? 0 : config.rank_of(ProjectionId::q)},
+          {"params", config.parameter_count()},
+          {"ms_per_step", t.median},
+          {"ms_min", t.min},
+          {"ms_max", t.max},
+          {"tokens_per_s", double(n) / (t.median / 1e3)},
+          {"gflops", gflops},
+          {"mfu", gflops / peak},
+          {"gemm_peak_gflops", peak},
+          {"loss", loss},
+          {"peak_bytes", MemoryStats::global().peak_total()}};
       if (config.bottleneck != BottleneckKind::none && baseline_ms > 0)
         row["speedup_vs_full_rank"] = baseline_ms / t.median;
       if (o->torch) {
         const fs::path dir = scratch / kind;
         save_model(model, dir.string());
         write_token_shard((dir / "tokens.bin").string(), stream);
-        const TorchStep torch = run_torch_bench(dir.string(), (dir / "tokens.bin").string(), o->batch,
-                                                o->seq, o->steps, o->warmup, o->threads, o->torch_coretype);
+        const TorchStep torch =
+            run_torch_bench(dir.string(), (dir / "tokens.bin").string(), o->batch, o->seq, o->steps,
+                            o->warmup, o->threads, o->torch_coretype);
         row["torch_ms_per_step"] = torch.ms_median;
         row["torch_ms_min"] = torch.ms_min;
         row["torch_ms_max"] = torch.ms_max;
@@ -162,13 +174,15 @@ Command add_bench_step_command(CLI::App& app) {
       if (o->json) {
         std::printf("%s\n", row.dump().c_str());
       } else {
-        std::printf("%-5s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU %4.1f%%",
-                    kind.c_str(), (long long)config.parameter_count(), t.median, t.min, t.max,
-                    double(n) / (t.median / 1e3), gflops, 100.0 * gflops / peak);
+        std::printf(
+            "%-5s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU %4.1f%%",
+            kind.c_str(), (long long)config.parameter_count(), t.median, t.min, t.max,
+            double(n) / (t.median / 1e3), gflops, 100.0 * gflops / peak);
         if (row.contains("speedup_vs_full_rank"))
           std::printf("  %.2fx vs full-rank", row["speedup_vs_full_rank"].get<double>());
         if (o->torch)
-          std::printf("  | PyTorch %s %.1f ms/step [%.1f-%.1f]: bottle %.2fx", row["torch_version"].get<std::string>().c_str(),
+          std::printf("  | PyTorch %s %.1f ms/step [%.1f-%.1f]: bottle %.2fx",
+                      row["torch_version"].get<std::string>().c_str(),
                       row["torch_ms_per_step"].get<double>(), row["torch_ms_min"].get<double>(),
                       row["torch_ms_max"].get<double>(), row["speedup_vs_torch"].get<double>());
         std::printf("\n");

@@ -21,7 +21,8 @@ Command add_eval_command(CLI::App& app) {
     bool json = false;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--checkpoint", o->checkpoint, "model directory (config.json + model.safetensors)")->required();
+  app.add_option("--checkpoint", o->checkpoint, "model directory (config.json + model.safetensors)")
+      ->required();
   app.add_option("--data", o->data, "token shard: a file, a directory or a glob")->required();
   app.add_option("--batches", o->batches, "number of batches (default: every full batch)");
   app.add_option("--seq", o->seq, "sequence length (default: min(1024, max_position_embeddings))");
@@ -44,11 +45,12 @@ Command add_eval_command(CLI::App& app) {
     const int64_t available = tokens.empty() ? 0 : (int64_t(tokens.size()) - 1) / per_batch;
     const int64_t batches = o->batches > 0 ? o->batches : available;
     BOTTLE_CHECK(batches > 0 && batches <= available,
-                 "{}: {} tokens hold {} full batch(es) of {} x {} (+1) tokens; {} requested", o->data,
-                 tokens.size(), available, o->batch, seq, batches);
+                 "{}: {} tokens hold {} full batch(es) of {} x {} (+1) tokens; {} requested",
+                 o->data, tokens.size(), available, o->batch, seq, batches);
     model->allocate_activations(o->batch, seq);
     Arena arena(MemoryTag::workspace);
-    Tensor inputs = arena.alloc({o->batch, seq}, DType::i32), targets = arena.alloc({o->batch, seq}, DType::i32);
+    Tensor inputs = arena.alloc({o->batch, seq}, DType::i32),
+           targets = arena.alloc({o->batch, seq}, DType::i32);
     double total = 0.0;
     for (int64_t k = 0; k < batches; ++k) {
       const int32_t* window = tokens.data() + k * per_batch;
@@ -59,12 +61,15 @@ Command add_eval_command(CLI::App& app) {
     const double loss = total / double(batches);
     const int64_t count = batches * per_batch;
     if (o->json) {
-      nlohmann::ordered_json j{{"loss", loss}, {"tokens", count}, {"batches", batches},
-                               {"batch", o->batch},  {"seq", seq},     {"perplexity", std::exp(loss)}};
+      nlohmann::ordered_json j{{"loss", loss},       {"tokens", count},
+                               {"batches", batches}, {"batch", o->batch},
+                               {"seq", seq},         {"perplexity", std::exp(loss)}};
       std::printf("%s\n", j.dump().c_str());
     } else {
-      std::printf("loss %.6f nats (perplexity %.3f) over %lld tokens (%lld batches of %lld x %lld)\n", loss,
-                  std::exp(loss), (long long)count, (long long)batches, (long long)o->batch, (long long)seq);
+      std::printf(
+          "loss %.6f nats (perplexity %.3f) over %lld tokens (%lld batches of %lld x %lld)\n", loss,
+          std::exp(loss), (long long)count, (long long)batches, (long long)o->batch,
+          (long long)seq);
     }
     return 0;
   };

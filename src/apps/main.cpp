@@ -20,11 +20,13 @@ int main(int argc, char** argv) {
   commands[prepare] = bottle::add_prepare_command(*prepare);
   CLI::App* sample = app.add_subcommand("sample", "generate text from a model directory");
   commands[sample] = bottle::add_sample_command(*sample);
-  CLI::App* plot = app.add_subcommand("plot", "draw loss and learning rate of a metrics.jsonl as a PNG");
+  CLI::App* plot =
+      app.add_subcommand("plot", "draw loss and learning rate of a metrics.jsonl as a PNG");
   commands[plot] = bottle::add_plot_command(*plot);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);
-  CLI::App* bench_step = bench->add_subcommand("step", "time forward + backward + AdamW, with the PyTorch peer");
+  CLI::App* bench_step =
+      bench->add_subcommand("step", "time forward + backward + AdamW, with the PyTorch peer");
   commands[bench_step] = bottle::add_bench_step_command(*bench_step);
   try {
     app.parse(argc, argv);

@@ -14,7 +14,8 @@ namespace bottle {
 namespace {
 
 // Draws from softmax(logits / T) restricted to the k largest (k = 0: all); T = 0: argmax.
-int32_t draw(const float* logits, int64_t vocab, float temperature, int64_t top_k, std::mt19937_64& rng) {
+int32_t draw(const float* logits, int64_t vocab, float temperature, int64_t top_k,
+             std::mt19937_64& rng) {
   std::vector<int32_t> ids(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) ids[i] = int32_t(i);
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b]; };
@@ -22,7 +23,8 @@ int32_t draw(const float* logits, int64_t vocab, float temperature, int64_t top_
   const int64_t keep = top_k > 0 ? std::min(top_k, vocab) : vocab;
   std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), by_logit);
   std::vector<double> weights(static_cast<size_t>(keep));
-  for (int64_t i = 0; i < keep; ++i) weights[i] = std::exp(double(logits[ids[i]] - logits[ids[0]]) / temperature);
+  for (int64_t i = 0; i < keep; ++i)
+    weights[i] = std::exp(double(logits[ids[i]] - logits[ids[0]]) / temperature);
   double total = 0.0;
   for (double w : weights) total += w;
   // A uniform from 53 random bits: the same stream on every standard library.
@@ -44,11 +46,14 @@ Command add_sample_command(CLI::App& app) {
     uint64_t seed = 0;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--checkpoint", o->checkpoint, "model directory (config.json + model.safetensors)")->required();
+  app.add_option("--checkpoint", o->checkpoint, "model directory (config.json + model.safetensors)")
+      ->required();
   app.add_option("--prompt", o->prompt, "text to continue (byte-level tokens)")->required();
   app.add_option("--tokens", o->tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
-  app.add_option("--temperature", o->temperature, "softmax temperature; 0 = greedy")->check(CLI::NonNegativeNumber);
-  app.add_option("--top-k", o->top_k, "sample among the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--temperature", o->temperature, "softmax temperature; 0 = greedy")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--top-k", o->top_k, "sample among the k most likely tokens (0 = all)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o->seed, "random seed");
   return [o] {
     auto be = make_backend("cpu");
@@ -57,9 +62,11 @@ Command add_sample_command(CLI::App& app) {
     std::vector<int32_t> tokens = byte_encode(o->prompt);
     BOTTLE_CHECK(!tokens.empty(), "sample: --prompt is empty");
     for (int32_t t : tokens)
-      BOTTLE_CHECK(t < vocab, "sample: prompt byte {} is outside the model's vocabulary of {}", t, vocab);
+      BOTTLE_CHECK(t < vocab, "sample: prompt byte {} is outside the model's vocabulary of {}", t,
+                   vocab);
     // One fixed window; the causal mask makes the positions after the last token irrelevant.
-    const int64_t window = std::min<int64_t>(model->config().max_seq_len, int64_t(tokens.size()) + o->tokens);
+    const int64_t window =
+        std::min<int64_t>(model->config().max_seq_len, int64_t(tokens.size()) + o->tokens);
     model->allocate_activations(1, window);
     Arena arena(MemoryTag::workspace);
     Tensor input = arena.alloc({1, window}, DType::i32);
@@ -71,7 +78,8 @@ Command add_sample_command(CLI::App& app) {
       std::fill(input.i32(), input.i32() + window, 0);
       std::copy(tokens.begin() + start, tokens.end(), input.i32());
       const Tensor logits = model->forward_logits(*be, input);
-      const int32_t next = draw(logits.f32() + (used - 1) * vocab, vocab, o->temperature, o->top_k, rng);
+      const int32_t next =
+          draw(logits.f32() + (used - 1) * vocab, vocab, o->temperature, o->top_k, rng);
       tokens.push_back(next);
       std::fputc(next < 256 ? byte_decode(next) : '?', stdout);
       std::fflush(stdout);

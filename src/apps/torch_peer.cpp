@@ -29,16 +29,19 @@ std::string run_command(const std::string& command) {
 TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shard, int64_t batch,
                           int64_t seq, int64_t steps, int64_t warmup, int threads,
                           const std::string& openblas_coretype) {
-  const std::string env = openblas_coretype.empty() ? "" : fmt::format("OPENBLAS_CORETYPE={} ", openblas_coretype);
-  const std::string out = run_command(fmt::format(
-      "{}/usr/bin/python3 '{}' --checkpoint '{}' --data '{}' --batch {} --seq {} --bench --steps {} --warmup {} --threads {}",
-      env, torch_script_path(), checkpoint, shard, batch, seq, steps, warmup, threads));
+  const std::string env =
+      openblas_coretype.empty() ? "" : fmt::format("OPENBLAS_CORETYPE={} ", openblas_coretype);
+  const std::string out = run_command(
+      fmt::format("{}/usr/bin/python3 '{}' --checkpoint '{}' --data '{}' --batch {} --seq {} "
+                  "--bench --steps {} --warmup {} --threads {}",
+                  env, torch_script_path(), checkpoint, shard, batch, seq, steps, warmup, threads));
   // The JSON result is the last line that parses.
   nlohmann::json j;
   size_t end = out.size();
   while (end > 0) {
     const size_t begin = out.rfind('\n', end - 1);
-    const std::string line = out.substr(begin == std::string::npos ? 0 : begin + 1, end - (begin == std::string::npos ? 0 : begin + 1));
+    const std::string line = out.substr(begin == std::string::npos ? 0 : begin + 1,
+                                        end - (begin == std::string::npos ? 0 : begin + 1));
     if (!line.empty() && line[0] == '{') {
       j = nlohmann::json::parse(line, nullptr, false);
       if (!j.is_discarded()) break;
@@ -46,7 +49,8 @@ TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shar
     if (begin == std::string::npos) break;
     end = begin;
   }
-  BOTTLE_CHECK(j.is_object() && j.contains("ms_per_step_median"), "PyTorch peer printed no result:\n{}", out);
+  BOTTLE_CHECK(j.is_object() && j.contains("ms_per_step_median"),
+               "PyTorch peer printed no result:\n{}", out);
   return {j["ms_per_step_median"].get<double>(), j["ms_per_step_min"].get<double>(),
           j["ms_per_step_max"].get<double>(), j.value("torch", std::string("?"))};
 }

@@ -1,9 +1,8 @@
 // `bottle train CONFIG.toml [--set section.key=value ...] [--resume] [--init-from DIR]`
 #include <cstdio>
-
-#include "apps/commands.h"
 #include <filesystem>
 
+#include "apps/commands.h"
 #include "train/plot.h"
 #include "train/trainer.h"
 
@@ -19,7 +18,8 @@ Command add_train_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   app.add_option("config", o->config, "TOML configuration (see configs/)");
   app.add_option("--set", o->overrides, "override a key: section.key=value (repeatable)");
-  app.add_flag("--resume", o->train.resume, "continue from the newest checkpoint in checkpoint.folder");
+  app.add_flag("--resume", o->train.resume,
+               "continue from the newest checkpoint in checkpoint.folder");
   app.add_option("--init-from", o->train.init_from, "start from the weights of a model directory");
   app.add_flag("--help-config", o->help_config, "list every configuration key with its default");
   return [o] {
@@ -27,14 +27,18 @@ Command add_train_command(CLI::App& app) {
       std::printf("%s", describe_config_keys().c_str());
       return 0;
     }
-    BOTTLE_CHECK(!o->config.empty(), "train: a configuration file is required (e.g. configs/tiny.toml)");
-    BOTTLE_CHECK(!(o->train.resume && !o->train.init_from.empty()), "train: --resume and --init-from exclude each other");
+    BOTTLE_CHECK(!o->config.empty(),
+                 "train: a configuration file is required (e.g. configs/tiny.toml)");
+    BOTTLE_CHECK(!(o->train.resume && !o->train.init_from.empty()),
+                 "train: --resume and --init-from exclude each other");
     const TrainConfig config = load_train_config(o->config, o->overrides);
     o->train.config_path = o->config;
     const TrainResult r = train(config, o->train);
-    std::printf("done: %lld steps, loss %.4f%s, %.0f tokens/s (median), checkpoint %s\n", (long long)r.steps_done,
-                r.last_loss, r.last_val_loss >= 0 ? fmt::format(", val loss {:.4f}", r.last_val_loss).c_str() : "",
-                r.tokens_per_s, r.last_checkpoint.c_str());
+    std::printf(
+        "done: %lld steps, loss %.4f%s, %.0f tokens/s (median), checkpoint %s\n",
+        (long long)r.steps_done, r.last_loss,
+        r.last_val_loss >= 0 ? fmt::format(", val loss {:.4f}", r.last_val_loss).c_str() : "",
+        r.tokens_per_s, r.last_checkpoint.c_str());
     return 0;
   };
 }
@@ -47,7 +51,9 @@ Command add_plot_command(CLI::App& app) {
   app.add_option("metrics", o->metrics, "metrics.jsonl written by bottle train")->required();
   app.add_option("--out", o->out, "PNG to write (default: beside the metrics, loss.png)");
   return [o] {
-    const std::string out = o->out.empty() ? (std::filesystem::path(o->metrics).parent_path() / "loss.png").string() : o->out;
+    const std::string out =
+        o->out.empty() ? (std::filesystem::path(o->metrics).parent_path() / "loss.png").string()
+                       : o->out;
     plot_metrics(o->metrics, out);
     std::printf("%s\n", out.c_str());
     return 0;

@@ -26,7 +26,9 @@ void MemoryStats::add(MemoryTag tag, size_t bytes) {
 
 void MemoryStats::sub(MemoryTag tag, size_t bytes) { live_[size_t(tag)] -= bytes; }
 
-size_t MemoryStats::live_total() const { return std::accumulate(live_.begin(), live_.end(), size_t(0)); }
+size_t MemoryStats::live_total() const {
+  return std::accumulate(live_.begin(), live_.end(), size_t(0));
+}
 
 void Arena::FreeDeleter::operator()(void* p) const { std::free(p); }
 
@@ -41,7 +43,8 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
   const size_t bytes = t.nbytes();
   const size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
   void* p = std::aligned_alloc(64, rounded);
-  BOTTLE_CHECK(p != nullptr, "out of memory allocating {} bytes of {}", rounded, memory_tag_name(tag_));
+  BOTTLE_CHECK(p != nullptr, "out of memory allocating {} bytes of {}", rounded,
+               memory_tag_name(tag_));
   std::memset(p, 0, rounded);
   blocks_.emplace_back(p);
   bytes_ += rounded;

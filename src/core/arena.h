@@ -10,7 +10,15 @@
 
 namespace bottle {
 
-enum class MemoryTag : uint8_t { weights, gradients, optimizer, activations, comm, workspace, count };
+enum class MemoryTag : uint8_t {
+  weights,
+  gradients,
+  optimizer,
+  activations,
+  comm,
+  workspace,
+  count
+};
 const char* memory_tag_name(MemoryTag tag);
 
 // Process-wide live and peak bytes per tag.

@@ -73,8 +73,8 @@ class Backend {
   // recomputes the probabilities from it (no [S,S] matrix is stored).
   // score_ij = q_i·k_j / sqrt(hd) for j <= i. Query head h reads kv head h / (H / Hkv).
   virtual void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) = 0;
-  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                                  Tensor q, Tensor k, Tensor v) = 0;
+  virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
+                                  Tensor lse, Tensor q, Tensor k, Tensor v) = 0;
 
   // out = silu(x) = x * sigmoid(x).
   virtual void silu_forward(Tensor out, Tensor x) = 0;
@@ -94,12 +94,15 @@ class Backend {
   virtual double sum_squares(Tensor x) = 0;
 
   // losses[n] = logsumexp(logits[n,:]) - logits[n, targets[n]]; probs [N,V] = softmax(logits).
-  virtual void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) = 0;
+  virtual void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
+                                     Tensor targets) = 0;
   // dlogits += scale * (probs - onehot(targets)).
-  virtual void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) = 0;
+  virtual void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
+                                      float scale) = 0;
 
   // Decoupled-weight-decay Adam on one contiguous buffer; m, v are the moments.
-  virtual void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& args) = 0;
+  virtual void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v,
+                            const AdamWArgs& args) = 0;
 };
 
 // "cpu" or "reference" (and any optional backend compiled in).

@@ -2,6 +2,7 @@
 // oneDNN's Debian build uses OpenMP too, so there is one thread pool.
 #include "core/cpu_backend.h"
 
+#include <dnnl.h>
 #include <omp.h>
 
 #include <bit>
@@ -13,8 +14,6 @@
 
 #include "core/arena.h"
 #include "core/dnnl_gemm.h"
-
-#include <dnnl.h>
 
 namespace bottle {
 namespace {
@@ -55,8 +54,8 @@ inline float fast_exp(float x) {
 }
 
 // Row-major single-threaded-when-nested GEMM: C = alpha op(A) op(B) + beta C.
-inline void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a, int64_t lda,
-                  const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
+inline void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
+                  int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   dnnl_sgemm(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
@@ -114,8 +113,8 @@ class CpuBackend final : public Backend {
     const int64_t n = tokens.numel(), c = table.cols(), v = table.rows();
     const int32_t* tok = tokens.i32();
     for (int64_t i = 0; i < n; ++i)
-      BOTTLE_CHECK(tok[i] >= 0 && tok[i] < v, "token id {} at position {} is outside the vocabulary [0, {})",
-                   tok[i], i, v);
+      BOTTLE_CHECK(tok[i] >= 0 && tok[i] < v,
+                   "token id {} at position {} is outside the vocabulary [0, {})", tok[i], i, v);
 #pragma omp parallel for schedule(static)
     for (int64_t i = 0; i < n; ++i)
       std::memcpy(out.f32() + i * c, table.f32() + int64_t(tok[i]) * c, c * sizeof(float));
@@ -301,8 +300,8 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse, Tensor q,
-                          Tensor k, Tensor v) override {
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+                          Tensor q, Tensor k, Tensor v) override {
     require_f32("attention_backward", {dq, dk, dv, dout, out, lse, q, k, v});
     const Dims d = dims(q, k);
     const int64_t nt = omp_get_max_threads();
@@ -425,7 +424,8 @@ class CpuBackend final : public Backend {
 #pragma omp parallel
     {
       const size_t nt = omp_get_num_threads(), t = omp_get_thread_num();
-      const size_t begin = bytes * t / nt / 64 * 64, end = t + 1 == nt ? bytes : bytes * (t + 1) / nt / 64 * 64;
+      const size_t begin = bytes * t / nt / 64 * 64,
+                   end = t + 1 == nt ? bytes : bytes * (t + 1) / nt / 64 * 64;
       std::memset(base + begin, 0, end - begin);
     }
   }
@@ -509,10 +509,11 @@ class CpuBackend final : public Backend {
   };
 
   static Dims dims(const Tensor& q, const Tensor& k) {
-    BOTTLE_CHECK(q.shape.rank == 4 && k.shape.rank == 4, "attention: q and k must be [B,S,heads,hd]");
+    BOTTLE_CHECK(q.shape.rank == 4 && k.shape.rank == 4,
+                 "attention: q and k must be [B,S,heads,hd]");
     Dims d{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], 0, 0.0f};
-    BOTTLE_CHECK(d.Hkv > 0 && d.H % d.Hkv == 0, "attention: {} query heads not divisible by {} kv heads",
-                 d.H, d.Hkv);
+    BOTTLE_CHECK(d.Hkv > 0 && d.H % d.Hkv == 0,
+                 "attention: {} query heads not divisible by {} kv heads", d.H, d.Hkv);
     d.rep = d.H / d.Hkv;
     d.scale = 1.0f / std::sqrt(float(d.hd));
     return d;
@@ -539,8 +540,10 @@ class CpuBackend final : public Backend {
 
   void rope(Tensor x, float theta, float direction) {
     require_f32("rope", {x});
-    BOTTLE_CHECK(x.shape.rank == 4 && x.shape[3] % 2 == 0, "rope: x must be [B,S,heads,hd] with even hd");
-    const int64_t B = x.shape[0], S = x.shape[1], heads = x.shape[2], hd = x.shape[3], half = hd / 2;
+    BOTTLE_CHECK(x.shape.rank == 4 && x.shape[3] % 2 == 0,
+                 "rope: x must be [B,S,heads,hd] with even hd");
+    const int64_t B = x.shape[0], S = x.shape[1], heads = x.shape[2], hd = x.shape[3],
+                  half = hd / 2;
     const RopeTable& t = rope_table(S, hd, theta);
 #pragma omp parallel for schedule(static)
     for (int64_t bs = 0; bs < B * S; ++bs) {

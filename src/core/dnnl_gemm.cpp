@@ -72,8 +72,8 @@ void dnnl_gemm(const GemmArgs& g) {
   BOTTLE_CHECK(g.k > 0, "gemm with k = 0");
   BOTTLE_CHECK(g.stride_a != 0 || g.batch == 1, "gemm: only B may be broadcast over the batch");
   Engine& e = engine();
-  const Key key{g.trans_a,  g.trans_b,  g.m,        g.n,   g.k,   g.alpha, g.beta, g.lda,
-                g.stride_a, g.ldb,      g.stride_b, g.ldc, g.stride_c, g.batch, int(g.dtype)};
+  const Key key{g.trans_a,  g.trans_b, g.m,        g.n,   g.k,        g.alpha, g.beta,      g.lda,
+                g.stride_a, g.ldb,     g.stride_b, g.ldc, g.stride_c, g.batch, int(g.dtype)};
   const Cached* cached;
   {
     std::lock_guard lock(e.mutex);
@@ -84,7 +84,8 @@ void dnnl_gemm(const GemmArgs& g) {
   dnnl::memory a(cached->a, e.engine, const_cast<void*>(g.a));
   dnnl::memory b(cached->b, e.engine, const_cast<void*>(g.b));
   dnnl::memory c(cached->c, e.engine, g.c);
-  cached->primitive.execute(e.stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+  cached->primitive.execute(e.stream,
+                            {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
   e.stream.wait();
 }
 

@@ -21,9 +21,9 @@ template <typename... Args>
 }  // namespace bottle
 
 // Checks a user-facing condition; the message says what is wrong and where.
-#define BOTTLE_CHECK(cond, ...)  \
-  do {                           \
-    if (!(cond)) {               \
+#define BOTTLE_CHECK(cond, ...)    \
+  do {                             \
+    if (!(cond)) {                 \
       ::bottle::fail(__VA_ARGS__); \
-    }                            \
+    }                              \
   } while (0)

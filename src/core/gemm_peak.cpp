@@ -22,7 +22,8 @@ double measure_gemm_peak_gflops(Backend& be) {
     for (int rep = 0; rep < 5; ++rep) {
       const auto t0 = std::chrono::steady_clock::now();
       be.gemm(g);
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      const double ms =
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       best = std::max(best, 2.0 * double(n) * double(n) * double(n) / (ms * 1e6));
     }
   }

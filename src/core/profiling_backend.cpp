@@ -12,7 +12,8 @@ auto ProfilingBackend::timed(const std::string& kernel, F&& f, double flops) {
     std::chrono::steady_clock::time_point t0;
     double flops;
     ~Record() {
-      t.ms += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      t.ms +=
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       t.flops += flops;
       ++t.calls;
     }
@@ -21,9 +22,12 @@ auto ProfilingBackend::timed(const std::string& kernel, F&& f, double flops) {
 }
 
 void ProfilingBackend::gemm(const GemmArgs& a) {
-  const std::string key = fmt::format("gemm {}x{}x{} {}{}{}", a.m, a.n, a.k, a.trans_a ? 'T' : 'N',
-                                      a.trans_b ? 'T' : 'N', a.batch > 1 ? fmt::format(" x{}", a.batch) : "");
-  timed(key, [&] { inner_->gemm(a); }, 2.0 * double(a.m) * double(a.n) * double(a.k) * double(a.batch));
+  const std::string key =
+      fmt::format("gemm {}x{}x{} {}{}{}", a.m, a.n, a.k, a.trans_a ? 'T' : 'N',
+                  a.trans_b ? 'T' : 'N', a.batch > 1 ? fmt::format(" x{}", a.batch) : "");
+  timed(
+      key, [&] { inner_->gemm(a); },
+      2.0 * double(a.m) * double(a.n) * double(a.k) * double(a.batch));
 }
 void ProfilingBackend::embedding_forward(Tensor out, Tensor tokens, Tensor table) {
   timed("embedding_forward", [&] { inner_->embedding_forward(out, tokens, table); });
@@ -31,19 +35,21 @@ void ProfilingBackend::embedding_forward(Tensor out, Tensor tokens, Tensor table
 void ProfilingBackend::embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) {
   timed("embedding_backward", [&] { inner_->embedding_backward(dtable, tokens, dout); });
 }
-void ProfilingBackend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
+void ProfilingBackend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight,
+                                       float eps) {
   timed("rmsnorm_forward", [&] { inner_->rmsnorm_forward(out, rstd, x, weight, eps); });
 }
-void ProfilingBackend::rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                                        Tensor rstd) {
+void ProfilingBackend::rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
+                                        Tensor weight, Tensor rstd) {
   timed("rmsnorm_backward", [&] { inner_->rmsnorm_backward(dx, dweight, dout, x, weight, rstd); });
 }
-void ProfilingBackend::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
-                                         Tensor bias, float eps) {
-  timed("layernorm_forward", [&] { inner_->layernorm_forward(out, mean, rstd, x, weight, bias, eps); });
+void ProfilingBackend::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x,
+                                         Tensor weight, Tensor bias, float eps) {
+  timed("layernorm_forward",
+        [&] { inner_->layernorm_forward(out, mean, rstd, x, weight, bias, eps); });
 }
-void ProfilingBackend::layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
-                                          Tensor weight, Tensor mean, Tensor rstd) {
+void ProfilingBackend::layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout,
+                                          Tensor x, Tensor weight, Tensor mean, Tensor rstd) {
   timed("layernorm_backward",
         [&] { inner_->layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd); });
 }
@@ -56,9 +62,10 @@ void ProfilingBackend::rope_backward(Tensor dx, float theta) {
 void ProfilingBackend::attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
   timed("attention_forward", [&] { inner_->attention_forward(out, lse, q, k, v); });
 }
-void ProfilingBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                                          Tensor q, Tensor k, Tensor v) {
-  timed("attention_backward", [&] { inner_->attention_backward(dq, dk, dv, dout, out, lse, q, k, v); });
+void ProfilingBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
+                                          Tensor lse, Tensor q, Tensor k, Tensor v) {
+  timed("attention_backward",
+        [&] { inner_->attention_backward(dq, dk, dv, dout, out, lse, q, k, v); });
 }
 void ProfilingBackend::silu_forward(Tensor out, Tensor x) {
   timed("silu_forward", [&] { inner_->silu_forward(out, x); });
@@ -69,8 +76,8 @@ void ProfilingBackend::silu_backward(Tensor dx, Tensor dout, Tensor x) {
 void ProfilingBackend::swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) {
   timed("swiglu_forward", [&] { inner_->swiglu_forward(out, gate, up, gate_act); });
 }
-void ProfilingBackend::swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                                       bool gate_act) {
+void ProfilingBackend::swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate,
+                                       Tensor up, bool gate_act) {
   timed("swiglu_backward", [&] { inner_->swiglu_backward(dgate, dup, dout, gate, up, gate_act); });
 }
 void ProfilingBackend::add(Tensor out, Tensor a, Tensor b) {
@@ -88,13 +95,18 @@ void ProfilingBackend::scale(Tensor x, float factor) {
 double ProfilingBackend::sum_squares(Tensor x) {
   return timed("sum_squares", [&] { return inner_->sum_squares(x); });
 }
-void ProfilingBackend::cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) {
-  timed("cross_entropy_forward", [&] { inner_->cross_entropy_forward(losses, probs, logits, targets); });
+void ProfilingBackend::cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
+                                             Tensor targets) {
+  timed("cross_entropy_forward",
+        [&] { inner_->cross_entropy_forward(losses, probs, logits, targets); });
 }
-void ProfilingBackend::cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) {
-  timed("cross_entropy_backward", [&] { inner_->cross_entropy_backward(dlogits, probs, targets, scale); });
+void ProfilingBackend::cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
+                                              float scale) {
+  timed("cross_entropy_backward",
+        [&] { inner_->cross_entropy_backward(dlogits, probs, targets, scale); });
 }
-void ProfilingBackend::adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& args) {
+void ProfilingBackend::adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v,
+                                    const AdamWArgs& args) {
   timed("adamw_update", [&] { inner_->adamw_update(param, grad, m, v, args); });
 }
 

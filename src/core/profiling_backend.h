@@ -27,20 +27,22 @@ class ProfilingBackend final : public Backend {
   void embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
   void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override;
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
-  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd) override;
+  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                        Tensor rstd) override;
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
                          float eps) override;
-  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x, Tensor weight,
-                          Tensor mean, Tensor rstd) override;
+  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
+                          Tensor weight, Tensor mean, Tensor rstd) override;
   void rope_forward(Tensor x, float theta) override;
   void rope_backward(Tensor dx, float theta) override;
   void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse, Tensor q,
-                          Tensor k, Tensor v) override;
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+                          Tensor q, Tensor k, Tensor v) override;
   void silu_forward(Tensor out, Tensor x) override;
   void silu_backward(Tensor dx, Tensor dout, Tensor x) override;
   void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override;
-  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, bool gate_act) override;
+  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+                       bool gate_act) override;
   void add(Tensor out, Tensor a, Tensor b) override;
   void accumulate(Tensor dst, Tensor src) override;
   void fill_zero(Tensor x) override;

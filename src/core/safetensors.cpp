@@ -93,9 +93,10 @@ SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) 
       BOTTLE_CHECK(e.begin <= e.end && e.end - e.begin == uint64_t(e.numel()) * width,
                    "data_offsets [{}, {}) do not hold {} elements of {}", e.begin, e.end, e.numel(),
                    e.dtype);
-      BOTTLE_CHECK(e.end <= data_size,
-                   "data ends at byte {} but the file holds only {} bytes of data (truncated file?)",
-                   e.end, data_size);
+      BOTTLE_CHECK(
+          e.end <= data_size,
+          "data ends at byte {} but the file holds only {} bytes of data (truncated file?)", e.end,
+          data_size);
       entries_.emplace(name, std::move(e));
     } catch (const Error& e) {
       fail("{}: tensor '{}': {}", path_, name, e.what());
@@ -125,11 +126,13 @@ void SafeTensorsReader::read_f32(const std::string& name, std::span<float> out) 
   }
   std::vector<uint16_t> raw(out.size());
   BOTTLE_CHECK(e.dtype == "BF16" || e.dtype == "F16",
-               "{}: tensor '{}' has dtype {}; bottle reads F32, BF16 and F16", path_, name, e.dtype);
+               "{}: tensor '{}' has dtype {}; bottle reads F32, BF16 and F16", path_, name,
+               e.dtype);
   BOTTLE_CHECK(in.read(reinterpret_cast<char*>(raw.data()), std::streamsize(e.end - e.begin)),
                "{}: tensor '{}': read failed", path_, name);
   for (size_t i = 0; i < raw.size(); ++i)
-    out[i] = e.dtype == "BF16" ? std::bit_cast<float>(uint32_t(raw[i]) << 16) : half_to_float(raw[i]);
+    out[i] =
+        e.dtype == "BF16" ? std::bit_cast<float>(uint32_t(raw[i]) << 16) : half_to_float(raw[i]);
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
@@ -140,7 +143,8 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   for (const auto& [name, t] : tensors) {
     BOTTLE_CHECK(t.dtype == DType::f32, "{}: tensor '{}' must be f32 to be written", path, name);
     std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.shape.rank);
-    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + t.nbytes()}}};
+    header[name] = {
+        {"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + t.nbytes()}}};
     offset += t.nbytes();
   }
   std::string text = header.dump();
@@ -150,7 +154,8 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   const uint64_t len = text.size();
   out.write(reinterpret_cast<const char*>(&len), 8);
   out.write(text.data(), std::streamsize(text.size()));
-  for (const auto& nt : tensors) out.write(static_cast<const char*>(nt.tensor.data), std::streamsize(nt.tensor.nbytes()));
+  for (const auto& nt : tensors)
+    out.write(static_cast<const char*>(nt.tensor.data), std::streamsize(nt.tensor.nbytes()));
   out.flush();
   BOTTLE_CHECK(out, "{}: write failed (disk full?)", path);
 }

@@ -18,11 +18,13 @@ std::vector<int32_t> read_token_shard(const std::string& path) {
   size_t width = 0;
   if (header[0] == kShardMagicU16 && header[1] == kShardVersionU16) width = 2;
   if (header[0] == kShardMagicU32 && header[1] == kShardVersionU32) width = 4;
-  BOTTLE_CHECK(width != 0, "{}: not a token shard (magic {} version {}; expected {}/{} or {}/{})", path,
-               header[0], header[1], kShardMagicU16, kShardVersionU16, kShardMagicU32, kShardVersionU32);
-  BOTTLE_CHECK(header[2] >= 0 && size == sizeof(header) + uint64_t(header[2]) * width,
-               "{}: token shard header says {} tokens of {} bytes but the file has {} bytes (truncated?)",
-               path, header[2], width, size);
+  BOTTLE_CHECK(width != 0, "{}: not a token shard (magic {} version {}; expected {}/{} or {}/{})",
+               path, header[0], header[1], kShardMagicU16, kShardVersionU16, kShardMagicU32,
+               kShardVersionU32);
+  BOTTLE_CHECK(
+      header[2] >= 0 && size == sizeof(header) + uint64_t(header[2]) * width,
+      "{}: token shard header says {} tokens of {} bytes but the file has {} bytes (truncated?)",
+      path, header[2], width, size);
   std::vector<int32_t> tokens(static_cast<size_t>(header[2]));
   if (width == 4) {
     in.read(reinterpret_cast<char*>(tokens.data()), std::streamsize(tokens.size() * 4));

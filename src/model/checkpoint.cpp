@@ -30,14 +30,16 @@ void load_model_weights(LlamaModel& model, const std::string& dir) {
   const SafeTensorsReader reader((fs::path(dir) / kWeightsFile).string());
   const ParameterStore& params = model.parameters();
   for (const auto& [name, entry] : reader.entries())
-    BOTTLE_CHECK(params.contains(name), "{}: unexpected tensor '{}' (not a parameter of the model {} describes)",
+    BOTTLE_CHECK(params.contains(name),
+                 "{}: unexpected tensor '{}' (not a parameter of the model {} describes)",
                  reader.path(), name, kConfigFile);
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const ParamSpec& spec = params.specs()[i];
     const SafeTensorEntry& entry = reader.entry(spec.name);
-    const std::vector<int64_t> expected(spec.shape.dims.begin(), spec.shape.dims.begin() + spec.shape.rank);
-    BOTTLE_CHECK(entry.shape == expected, "{}: tensor '{}' has shape [{}], expected {}", reader.path(),
-                 spec.name, fmt::join(entry.shape, ", "), spec.shape.str());
+    const std::vector<int64_t> expected(spec.shape.dims.begin(),
+                                        spec.shape.dims.begin() + spec.shape.rank);
+    BOTTLE_CHECK(entry.shape == expected, "{}: tensor '{}' has shape [{}], expected {}",
+                 reader.path(), spec.name, fmt::join(entry.shape, ", "), spec.shape.str());
     const Tensor value = params.at(i).value;
     reader.read_f32(spec.name, std::span<float>(value.f32(), size_t(value.numel())));
   }

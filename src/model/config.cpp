@@ -12,20 +12,27 @@ int64_t ModelConfig::rank_of(ProjectionId p) const {
 
 int64_t ModelConfig::d_in(ProjectionId p) const {
   switch (p) {
-    case ProjectionId::o: return num_heads * head_dim();
-    case ProjectionId::down: return intermediate_size;
-    default: return hidden_size;
+    case ProjectionId::o:
+      return num_heads * head_dim();
+    case ProjectionId::down:
+      return intermediate_size;
+    default:
+      return hidden_size;
   }
 }
 
 int64_t ModelConfig::d_out(ProjectionId p) const {
   switch (p) {
-    case ProjectionId::q: return num_heads * head_dim();
+    case ProjectionId::q:
+      return num_heads * head_dim();
     case ProjectionId::k:
-    case ProjectionId::v: return num_kv_heads * head_dim();
+    case ProjectionId::v:
+      return num_kv_heads * head_dim();
     case ProjectionId::gate:
-    case ProjectionId::up: return intermediate_size;
-    default: return hidden_size;
+    case ProjectionId::up:
+      return intermediate_size;
+    default:
+      return hidden_size;
   }
 }
 
@@ -43,7 +50,8 @@ int64_t ModelConfig::parameter_count() const {
   if (!tie_embeddings) total += vocab_size * hidden_size;
   if (bottleneck == BottleneckKind::lax)
     for (int i = 0; i < kNumProjections; ++i)
-      total += (num_layers - 1) * (rank_of(ProjectionId(i)) * rank_of(ProjectionId(i)) + 2 * rank_of(ProjectionId(i)));
+      total += (num_layers - 1) *
+               (rank_of(ProjectionId(i)) * rank_of(ProjectionId(i)) + 2 * rank_of(ProjectionId(i)));
   return total;
 }
 
@@ -67,16 +75,22 @@ void ModelConfig::validate(const std::string& source, bool hf) const {
   BOTTLE_CHECK(num_heads % num_kv_heads == 0, "{}: {} ({}) must divide {} ({})", source,
                key("num_key_value_heads", "model.num_kv_heads"), num_kv_heads,
                key("num_attention_heads", "model.num_heads"), num_heads);
-  BOTTLE_CHECK(rms_norm_eps > 0.0f, "{}: {} must be positive", source, key("rms_norm_eps", "model.rms_norm_eps"));
-  BOTTLE_CHECK(rope_theta > 0.0f, "{}: {} must be positive", source, key("rope_theta", "model.rope_theta"));
+  BOTTLE_CHECK(rms_norm_eps > 0.0f, "{}: {} must be positive", source,
+               key("rms_norm_eps", "model.rms_norm_eps"));
+  BOTTLE_CHECK(rope_theta > 0.0f, "{}: {} must be positive", source,
+               key("rope_theta", "model.rope_theta"));
   if (bottleneck == BottleneckKind::none) return;
   for (int i = 0; i < kNumProjections; ++i) {
     const auto p = ProjectionId(i);
     const int64_t r = rank_of(p), limit = std::min(d_in(p), d_out(p));
-    BOTTLE_CHECK(r > 0 && r <= limit, "{}: {} of the {} projection is {}; it must be in [1, {}] (min of its {} inputs and {} outputs)",
-                 source, ranks[i] ? fmt::format("{}.{}", key("bottleneck.ranks", "model.ranks"), kProjectionNames[i])
-                                  : std::string(key("bottleneck.rank", "model.rank")),
-                 kProjectionNames[i], r, limit, d_in(p), d_out(p));
+    BOTTLE_CHECK(
+        r > 0 && r <= limit,
+        "{}: {} of the {} projection is {}; it must be in [1, {}] (min of its {} inputs and {} "
+        "outputs)",
+        source,
+        ranks[i] ? fmt::format("{}.{}", key("bottleneck.ranks", "model.ranks"), kProjectionNames[i])
+                 : std::string(key("bottleneck.rank", "model.rank")),
+        kProjectionNames[i], r, limit, d_in(p), d_out(p));
   }
 }
 
@@ -85,21 +99,24 @@ std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) 
     return x == y ? std::string() : fmt::format("{}: {} vs {}", key, x, y);
   };
   for (const std::string& d :
-       {differ("vocab_size", a.vocab_size, b.vocab_size), differ("hidden_size", a.hidden_size, b.hidden_size),
+       {differ("vocab_size", a.vocab_size, b.vocab_size),
+        differ("hidden_size", a.hidden_size, b.hidden_size),
         differ("intermediate_size", a.intermediate_size, b.intermediate_size),
         differ("num_hidden_layers", a.num_layers, b.num_layers),
         differ("num_attention_heads", a.num_heads, b.num_heads),
         differ("num_key_value_heads", a.num_kv_heads, b.num_kv_heads),
         differ("tie_word_embeddings", a.tie_embeddings, b.tie_embeddings),
-        differ("bottleneck.kind", bottleneck_kind_name(a.bottleneck), bottleneck_kind_name(b.bottleneck)),
+        differ("bottleneck.kind", bottleneck_kind_name(a.bottleneck),
+               bottleneck_kind_name(b.bottleneck)),
         differ("bottleneck.mlp_gate_act", a.gate_act(), b.gate_act()),
-        differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps), differ("rope_theta", a.rope_theta, b.rope_theta)})
+        differ("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps),
+        differ("rope_theta", a.rope_theta, b.rope_theta)})
     if (!d.empty()) return d;
   if (a.bottleneck != BottleneckKind::none)
     for (int i = 0; i < kNumProjections; ++i)
       if (a.rank_of(ProjectionId(i)) != b.rank_of(ProjectionId(i)))
-        return fmt::format("rank of the {} projection: {} vs {}", kProjectionNames[i], a.rank_of(ProjectionId(i)),
-                           b.rank_of(ProjectionId(i)));
+        return fmt::format("rank of the {} projection: {} vs {}", kProjectionNames[i],
+                           a.rank_of(ProjectionId(i)), b.rank_of(ProjectionId(i)));
   return "";
 }
 
@@ -153,7 +170,8 @@ ModelConfig read_hf_config(const std::string& path) {
       fail("{}: bottleneck.kind: {}", path, e.what());
     }
     c.rank = get_or<int64_t>(b, "rank", 0, where);
-    BOTTLE_CHECK(!b.contains("rank") || c.rank > 0, "{}: bottleneck.rank must be positive, got {}", path, c.rank);
+    BOTTLE_CHECK(!b.contains("rank") || c.rank > 0, "{}: bottleneck.rank must be positive, got {}",
+                 path, c.rank);
     if (b.contains("ranks")) {
       BOTTLE_CHECK(b["ranks"].is_object(), "{}: key 'bottleneck.ranks' must be an object", path);
       for (auto& [name, value] : b["ranks"].items()) {
@@ -161,13 +179,16 @@ ModelConfig read_hf_config(const std::string& path) {
         for (int i = 0; i < kNumProjections; ++i)
           if (name == kProjectionNames[i]) idx = i;
         BOTTLE_CHECK(idx >= 0, "{}: unknown projection '{}' in bottleneck.ranks", path, name);
-        BOTTLE_CHECK(value.is_number_integer(), "{}: bottleneck.ranks.{} must be an integer", path, name);
+        BOTTLE_CHECK(value.is_number_integer(), "{}: bottleneck.ranks.{} must be an integer", path,
+                     name);
         c.ranks[idx] = value.get<int64_t>();
-        BOTTLE_CHECK(c.ranks[idx] > 0, "{}: bottleneck.ranks.{} must be positive, got {}", path, name, c.ranks[idx]);
+        BOTTLE_CHECK(c.ranks[idx] > 0, "{}: bottleneck.ranks.{} must be positive, got {}", path,
+                     name, c.ranks[idx]);
       }
     }
     const std::string act = get_or<std::string>(b, "activation", "silu", where);
-    BOTTLE_CHECK(act == "silu", "{}: bottleneck.activation '{}' is not supported (silu)", path, act);
+    BOTTLE_CHECK(act == "silu", "{}: bottleneck.activation '{}' is not supported (silu)", path,
+                 act);
     if (b.contains("mlp_gate_act")) c.mlp_gate_act = get<bool>(b, "mlp_gate_act", where);
   }
   c.validate(path, true);

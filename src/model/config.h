@@ -26,9 +26,9 @@ struct ModelConfig {
   float rope_theta = 10000.0f;
   bool tie_embeddings = false;
   BottleneckKind bottleneck = BottleneckKind::none;
-  int64_t rank = 0;                           // 0: hidden_size / 4
+  int64_t rank = 0;                              // 0: hidden_size / 4
   std::array<int64_t, kNumProjections> ranks{};  // 0: `rank`
-  std::optional<bool> mlp_gate_act;           // unset: SiLU for full-rank models only
+  std::optional<bool> mlp_gate_act;              // unset: SiLU for full-rank models only
 
   int64_t head_dim() const { return hidden_size / num_heads; }
   int64_t rank_of(ProjectionId p) const;

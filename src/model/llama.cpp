@@ -8,8 +8,8 @@ namespace bottle {
 namespace {
 
 std::string projection_prefix(int layer, ProjectionId p) {
-  const bool attn = p == ProjectionId::q || p == ProjectionId::k || p == ProjectionId::v ||
-                    p == ProjectionId::o;
+  const bool attn =
+      p == ProjectionId::q || p == ProjectionId::k || p == ProjectionId::v || p == ProjectionId::o;
   return fmt::format("model.layers.{}.{}.{}_proj", layer, attn ? "self_attn" : "mlp",
                      kProjectionNames[int(p)]);
 }
@@ -33,10 +33,12 @@ LlamaModel::LlamaModel(const ModelConfig& config) : config_(config) {
 void LlamaModel::declare_parameters() {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size;
-  params_.declare({"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false});
+  params_.declare(
+      {"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false});
   for (int l = 0; l < c.num_layers; ++l) {
     params_.declare({layer_prefix(l) + ".input_layernorm.weight", {d}, ParamInit::ones, 0, false});
-    params_.declare({layer_prefix(l) + ".post_attention_layernorm.weight", {d}, ParamInit::ones, 0, false});
+    params_.declare(
+        {layer_prefix(l) + ".post_attention_layernorm.weight", {d}, ParamInit::ones, 0, false});
     for (int i = 0; i < kNumProjections; ++i) {
       const auto p = ProjectionId(i);
       const std::string prefix = projection_prefix(l, p);

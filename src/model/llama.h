@@ -21,10 +21,10 @@ struct Block {
   RMSNorm norm1, norm2;
   std::array<Projection, kNumProjections> proj;
   Attention attention;
-  Tensor q, k, v;     // [N, H·hd], [N, Hkv·hd] x2 (q, k rotated in place)
-  Tensor h;           // [N, d] residual after attention
-  Tensor gate, up;    // [N, d_ff]
-  Tensor gated;       // [N, d_ff] act(gate) ⊙ up
+  Tensor q, k, v;   // [N, H·hd], [N, Hkv·hd] x2 (q, k rotated in place)
+  Tensor h;         // [N, d] residual after attention
+  Tensor gate, up;  // [N, d_ff]
+  Tensor gated;     // [N, d_ff] act(gate) ⊙ up
 
   Projection& operator[](ProjectionId p) { return proj[int(p)]; }
   const Projection& operator[](ProjectionId p) const { return proj[int(p)]; }
@@ -32,12 +32,12 @@ struct Block {
 
 // Activation gradients, shared by all blocks (backward visits one block at a time).
 struct GradientScratch {
-  Tensor residual;  // [N, d] ∂loss/∂(residual stream at the current depth)
-  Tensor normed;    // [N, d] ∂/∂(RMSNorm output)
-  Tensor attn;      // [N, H·hd]
-  Tensor q, k, v;   // [N, H·hd], [N, Hkv·hd] x2
+  Tensor residual;         // [N, d] ∂loss/∂(residual stream at the current depth)
+  Tensor normed;           // [N, d] ∂/∂(RMSNorm output)
+  Tensor attn;             // [N, H·hd]
+  Tensor q, k, v;          // [N, H·hd], [N, Hkv·hd] x2
   Tensor gate, up, gated;  // [N, d_ff]
-  Tensor logits;    // [N, V]
+  Tensor logits;           // [N, V]
 };
 
 class LlamaModel {

@@ -11,7 +11,8 @@ float CrossEntropy::forward(Backend& be, Tensor logits, Tensor targets) {
   const int64_t v = logits.cols();
   for (int64_t i = 0; i < targets.numel(); ++i)
     BOTTLE_CHECK(targets.i32()[i] >= 0 && targets.i32()[i] < v,
-                 "target token id {} at position {} is outside the vocabulary [0, {})", targets.i32()[i], i, v);
+                 "target token id {} at position {} is outside the vocabulary [0, {})",
+                 targets.i32()[i], i, v);
   be.cross_entropy_forward(losses, probs, logits, targets);
   double sum = 0.0;
   for (int64_t i = 0; i < losses.numel(); ++i) sum += losses.f32()[i];

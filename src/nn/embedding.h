@@ -7,8 +7,12 @@ namespace bottle {
 
 struct Embedding {
   Param table;  // [V, d]
-  void forward(Backend& be, Tensor out, Tensor tokens) { be.embedding_forward(out, tokens, table.value); }
-  void backward(Backend& be, Tensor dout, Tensor tokens) { be.embedding_backward(table.grad, tokens, dout); }
+  void forward(Backend& be, Tensor out, Tensor tokens) {
+    be.embedding_forward(out, tokens, table.value);
+  }
+  void backward(Backend& be, Tensor dout, Tensor tokens) {
+    be.embedding_backward(table.grad, tokens, dout);
+  }
 };
 
 }  // namespace bottle

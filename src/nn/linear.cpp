@@ -17,7 +17,8 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, bool accumulate) 
   be.gemm(g);
 }
 
-void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w, bool accumulate_dx) {
+void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w,
+                     bool accumulate_dx) {
   const int64_t n = x.rows(), in = x.cols(), out = w.rows();
   if (!dx.empty()) {
     GemmArgs g;  // dx[N,in] += dy[N,out] · W[out,in]

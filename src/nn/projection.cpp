@@ -45,7 +45,8 @@ void Projection::forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool ac
 
 void Projection::backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_prev,
                           Tensor du_prev, bool accumulate_dx) {
-  if (!bottleneck()) return linear_backward(be, dx, weight.grad, dy, x, weight.value, accumulate_dx);
+  if (!bottleneck())
+    return linear_backward(be, dx, weight.grad, dy, x, weight.value, accumulate_dx);
   up_backward(be, dy);
   latent_backward(be, u_prev, du_prev);
   down_backward(be, dx, x, accumulate_dx);
@@ -57,7 +58,8 @@ void Projection::latent_forward(Backend& be, Tensor u_prev) {
   if (kind == BottleneckKind::svd) return;
   Tensor pre = z;
   if (crossing) {
-    BOTTLE_CHECK(!u_prev.empty(), "lax projection with a crossing needs the previous block's latent");
+    BOTTLE_CHECK(!u_prev.empty(),
+                 "lax projection with a crossing needs the previous block's latent");
     linear_forward(be, z, u_prev, G.value, /*accumulate=*/true);  // z += u_prev Gᵀ
     be.layernorm_forward(zn, ln_mean, ln_rstd, z, ln_w.value, ln_b.value, ln_eps);
     pre = zn;

@@ -38,7 +38,7 @@ struct Projection {
   Tensor u;        // [N, rank] σ(z or zn); the latent B reads (svd: z itself)
   // Gradients of the latent. du persists through the backward of the next block, which
   // adds the crossing's share into it before this projection's backward runs.
-  Tensor du;  // [N, rank]
+  Tensor du;   // [N, rank]
   Tensor dz;   // [N, rank]
   Tensor dzn;  // [N, rank] ∂/∂zn when crossing
 

@@ -35,22 +35,27 @@ void failpoint(int files_written) {
   static const char* spec = std::getenv("BOTTLE_FAILPOINT");
   if (!spec) return;
   const std::string s(spec), prefix = "checkpoint_write:";
-  if (s.rfind(prefix, 0) == 0 && std::atoi(s.c_str() + prefix.size()) == files_written) std::raise(SIGKILL);
+  if (s.rfind(prefix, 0) == 0 && std::atoi(s.c_str() + prefix.size()) == files_written)
+    std::raise(SIGKILL);
 }
 
 bool is_step_dir(const fs::directory_entry& e) {
   const std::string name = e.path().filename().string();
-  return e.is_directory() && name.rfind(kStepPrefix, 0) == 0 && fs::exists(e.path() / kTrainerStateFile);
+  return e.is_directory() && name.rfind(kStepPrefix, 0) == 0 &&
+         fs::exists(e.path() / kTrainerStateFile);
 }
 
-std::string moment_name(const char* which, const std::string& param) { return std::string(which) + "/" + param; }
+std::string moment_name(const char* which, const std::string& param) {
+  return std::string(which) + "/" + param;
+}
 
 }  // namespace
 
-CheckpointStore::CheckpointStore(std::string folder, int keep) : folder_(std::move(folder)), keep_(keep) {}
+CheckpointStore::CheckpointStore(std::string folder, int keep)
+    : folder_(std::move(folder)), keep_(keep) {}
 
-std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer, const nlohmann::json& state,
-                                  int64_t step) {
+std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
+                                  const nlohmann::json& state, int64_t step) {
   fs::create_directories(folder_);
   // Clear what an interrupted earlier write left behind.
   for (const auto& e : fs::directory_iterator(folder_))
@@ -67,10 +72,13 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
   std::vector<NamedTensor> moments;
   const ParameterStore& params = model.parameters();
   for (const ParamSpec& spec : params.specs()) {
-    moments.push_back({moment_name("exp_avg", spec.name), Tensor{optimizer.first_moment().f32() + spec.offset, spec.shape}});
-    moments.push_back({moment_name("exp_avg_sq", spec.name), Tensor{optimizer.second_moment().f32() + spec.offset, spec.shape}});
+    moments.push_back({moment_name("exp_avg", spec.name),
+                       Tensor{optimizer.first_moment().f32() + spec.offset, spec.shape}});
+    moments.push_back({moment_name("exp_avg_sq", spec.name),
+                       Tensor{optimizer.second_moment().f32() + spec.offset, spec.shape}});
   }
-  write_safetensors((temp / kOptimizerFile).string(), moments, {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
+  write_safetensors((temp / kOptimizerFile).string(), moments,
+                    {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
   fsync_path(temp / kOptimizerFile);
   failpoint(3);
   {
@@ -84,7 +92,8 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
   failpoint(4);
 
   // Re-saving a step (a resumed run that ends where it started) replaces it atomically too.
-  const fs::path old = fs::path(folder_) / fmt::format("{}old-{}-{}", kTempPrefix, name, ::getpid());
+  const fs::path old =
+      fs::path(folder_) / fmt::format("{}old-{}-{}", kTempPrefix, name, ::getpid());
   if (fs::exists(final_dir)) fs::rename(final_dir, old);
   fs::rename(temp, final_dir);
   fsync_path(folder_);
@@ -116,8 +125,10 @@ nlohmann::json CheckpointStore::load(const std::string& dir, LlamaModel& model, 
   const ParameterStore& params = model.parameters();
   for (const ParamSpec& spec : params.specs()) {
     const auto n = size_t(spec.shape.numel());
-    reader.read_f32(moment_name("exp_avg", spec.name), std::span<float>(optimizer.first_moment().f32() + spec.offset, n));
-    reader.read_f32(moment_name("exp_avg_sq", spec.name), std::span<float>(optimizer.second_moment().f32() + spec.offset, n));
+    reader.read_f32(moment_name("exp_avg", spec.name),
+                    std::span<float>(optimizer.first_moment().f32() + spec.offset, n));
+    reader.read_f32(moment_name("exp_avg_sq", spec.name),
+                    std::span<float>(optimizer.second_moment().f32() + spec.offset, n));
   }
   const fs::path state_path = fs::path(dir) / kTrainerStateFile;
   std::ifstream in(state_path);
@@ -128,7 +139,8 @@ nlohmann::json CheckpointStore::load(const std::string& dir, LlamaModel& model, 
   } catch (const std::exception& e) {
     fail("{}: not valid JSON: {}", state_path.string(), e.what());
   }
-  BOTTLE_CHECK(state.contains("optimizer_steps"), "{}: missing key 'optimizer_steps'", state_path.string());
+  BOTTLE_CHECK(state.contains("optimizer_steps"), "{}: missing key 'optimizer_steps'",
+               state_path.string());
   optimizer.set_steps_taken(state["optimizer_steps"].get<int64_t>());
   return state;
 }

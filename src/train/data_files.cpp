@@ -24,7 +24,8 @@ std::vector<std::string> resolve_data_files(const std::string& pattern) {
       for (size_t i = 0; i < g.gl_pathc; ++i) files.emplace_back(g.gl_pathv[i]);
     ::globfree(&g);
   }
-  BOTTLE_CHECK(!files.empty(), "{}: no token shard found (a .bin file, a directory of them or a glob)", pattern);
+  BOTTLE_CHECK(!files.empty(),
+               "{}: no token shard found (a .bin file, a directory of them or a glob)", pattern);
   std::sort(files.begin(), files.end());
   return files;
 }

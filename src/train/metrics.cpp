@@ -11,7 +11,10 @@ namespace bottle {
 
 MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, int64_t total_steps,
                              int64_t first_step, bool resumed)
-    : path_(jsonl_path), log_freq_(log_freq), total_steps_(total_steps), first_step_(first_step),
+    : path_(jsonl_path),
+      log_freq_(log_freq),
+      total_steps_(total_steps),
+      first_step_(first_step),
       tty_(::isatty(STDOUT_FILENO)) {
   if (!std::filesystem::path(path_).parent_path().empty())
     std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
@@ -20,7 +23,8 @@ MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, in
     std::ifstream in(path_);
     for (std::string line; std::getline(in, line);) {
       const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= first_step) kept.push_back(line);
+      if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= first_step)
+        kept.push_back(line);
     }
   }
   out_.open(path_, std::ios::trunc);
@@ -44,10 +48,11 @@ void MetricsLogger::log_step(const nlohmann::json& row) {
   elapsed_ms_ += row["ms"].get<double>();
   const double eta_s = elapsed_ms_ / double(step - first_step_) * double(total_steps_ - step) / 1e3;
   const std::string line = fmt::format(
-      "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | peak {:.0f} MiB",
-      step, total_steps_, row["loss"].get<double>(), row["lr"].get<double>(), row["grad_norm"].get<double>(),
-      row["tokens_per_s"].get<double>(), 100.0 * row["mfu"].get<double>(),
-      double(row["peak_bytes"].get<int64_t>()) / (1 << 20));
+      "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
+      "peak {:.0f} MiB",
+      step, total_steps_, row["loss"].get<double>(), row["lr"].get<double>(),
+      row["grad_norm"].get<double>(), row["tokens_per_s"].get<double>(),
+      100.0 * row["mfu"].get<double>(), double(row["peak_bytes"].get<int64_t>()) / (1 << 20));
   if (tty_) {
     std::printf("\r%s | ETA %.0fs\033[K", line.c_str(), eta_s);
     progress_open_ = true;

@@ -12,8 +12,8 @@ class MetricsLogger {
  public:
   // Resuming at `first_step` drops lines of later steps that an interrupted run had logged
   // after its last checkpoint, so the file has each step once.
-  MetricsLogger(const std::string& jsonl_path, int64_t log_freq, int64_t total_steps, int64_t first_step,
-                bool resumed);
+  MetricsLogger(const std::string& jsonl_path, int64_t log_freq, int64_t total_steps,
+                int64_t first_step, bool resumed);
   ~MetricsLogger();
 
   // `row` must hold step (1-based), loss, lr, grad_norm, tokens_per_s, mfu, peak_bytes, ms.

@@ -21,10 +21,11 @@ void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
     ++line_no;
     if (line.empty()) continue;
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    BOTTLE_CHECK(!j.is_discarded() && j.is_object() && j.contains("step"), "{}:{}: not a metrics line", jsonl_path,
-                 line_no);
+    BOTTLE_CHECK(!j.is_discarded() && j.is_object() && j.contains("step"),
+                 "{}:{}: not a metrics line", jsonl_path, line_no);
     if (j.contains("loss") && j.contains("lr")) {
-      train << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << " " << j["lr"].get<double>() << "\n";
+      train << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << " "
+            << j["lr"].get<double>() << "\n";
       ++rows;
     }
     if (j.contains("val_loss")) {
@@ -44,14 +45,17 @@ void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
        << "set xlabel 'step'\nset ylabel 'loss (nats)'\nset y2label 'learning rate'\n"
        << "set ytics nomirror\nset y2tics\nset grid\nset key top right\n"
        << "plot '" << train_dat.string() << "' using 1:2 with lines lw 1.5 title 'train loss'";
-    if (val_rows > 0) gp << ", '" << val_dat.string() << "' using 1:2 with linespoints lw 2 pt 7 title 'val loss'";
-    gp << ", '" << train_dat.string() << "' using 1:3 axes x1y2 with lines dt 2 lc rgb 'gray40' title 'lr'\n";
+    if (val_rows > 0)
+      gp << ", '" << val_dat.string() << "' using 1:2 with linespoints lw 2 pt 7 title 'val loss'";
+    gp << ", '" << train_dat.string()
+       << "' using 1:3 axes x1y2 with lines dt 2 lc rgb 'gray40' title 'lr'\n";
   }
   const int rc = std::system(fmt::format("gnuplot '{}' 2>&1", script.string()).c_str());
   fs::remove(script);
   fs::remove(train_dat);
   fs::remove(val_dat);
-  BOTTLE_CHECK(rc == 0 && fs::exists(png_path), "{}: gnuplot failed to draw the plot (is gnuplot installed?)", png_path);
+  BOTTLE_CHECK(rc == 0 && fs::exists(png_path),
+               "{}: gnuplot failed to draw the plot (is gnuplot installed?)", png_path);
 }
 
 }  // namespace bottle

@@ -48,7 +48,8 @@ class StopSignals {
   int requested() const { return g_stop_signal.load(); }
 
  private:
-  struct sigaction old_int_ {}, old_term_ {};
+  struct sigaction old_int_ {
+  }, old_term_{};
 };
 
 std::string in_folder(const std::string& folder, const std::string& path) {
@@ -56,7 +57,8 @@ std::string in_folder(const std::string& folder, const std::string& path) {
 }
 
 // Mean loss over the first `batches` validation batches, always the same ones.
-double evaluate(Backend& be, LlamaModel& model, TokenLoader& val, int64_t batches, Tensor inputs, Tensor targets) {
+double evaluate(Backend& be, LlamaModel& model, TokenLoader& val, int64_t batches, Tensor inputs,
+                Tensor targets) {
   val.set_position(LoaderPosition{});
   double total = 0.0;
   for (int64_t i = 0; i < batches; ++i) {
@@ -70,14 +72,17 @@ double evaluate(Backend& be, LlamaModel& model, TokenLoader& val, int64_t batche
 
 TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   const TrainingConfig& tc = config.training;
-  BOTTLE_CHECK(!config.data.train.empty(), "{}: data.train is not set (a token shard, directory or glob)",
-               options.config_path);
+  BOTTLE_CHECK(!config.data.train.empty(),
+               "{}: data.train is not set (a token shard, directory or glob)", options.config_path);
   BOTTLE_CHECK(config.parallel.tp * config.parallel.pp * config.parallel.dp == 1,
-               "{}: parallel.tp/pp/dp > 1 needs the MPI launcher (mpirun), which this build does not run yet",
+               "{}: parallel.tp/pp/dp > 1 needs the MPI launcher (mpirun), which this build does "
+               "not run yet",
                options.config_path);
-  BOTTLE_CHECK(tc.precision == Precision::fp32, "{}: training.precision = \"bf16\" is not available on the cpu backend yet",
+  BOTTLE_CHECK(tc.precision == Precision::fp32,
+               "{}: training.precision = \"bf16\" is not available on the cpu backend yet",
                options.config_path);
-  BOTTLE_CHECK(tc.recompute == Recompute::none, "{}: training.recompute other than \"none\" is not available yet",
+  BOTTLE_CHECK(tc.recompute == Recompute::none,
+               "{}: training.recompute other than \"none\" is not available yet",
                options.config_path);
   auto be = make_backend("cpu");
   const int64_t B = tc.micro_batch_size, S = tc.seq_len;
@@ -86,16 +91,20 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   AdamW optimizer(model.parameters(), config.adamw());
   TokenLoader loader(config.data.train, B, S, uint64_t(tc.seed));
   std::unique_ptr<TokenLoader> val;
-  if (!config.data.val.empty()) val = std::make_unique<TokenLoader>(config.data.val, B, S, 0, 0, 1, false);
+  if (!config.data.val.empty())
+    val = std::make_unique<TokenLoader>(config.data.val, B, S, 0, 0, 1, false);
   CheckpointStore store(config.checkpoint.folder, int(config.checkpoint.keep));
 
   int64_t step = 0, last_saved = -1;
   if (options.resume) {
     const auto latest = store.latest();
-    BOTTLE_CHECK(latest, "--resume: no checkpoint in {} (checkpoint.folder)", config.checkpoint.folder);
+    BOTTLE_CHECK(latest, "--resume: no checkpoint in {} (checkpoint.folder)",
+                 config.checkpoint.folder);
     const ModelConfig saved = read_model_config(*latest);
     const std::string diff = model_config_difference(saved, config.model);
-    BOTTLE_CHECK(diff.empty(), "--resume: the checkpoint {} holds another model than {} describes ({}: checkpoint vs config)",
+    BOTTLE_CHECK(diff.empty(),
+                 "--resume: the checkpoint {} holds another model than {} describes ({}: "
+                 "checkpoint vs config)",
                  *latest, options.config_path, diff);
     const nlohmann::json state = CheckpointStore::load(*latest, model, optimizer);
     try {
@@ -107,13 +116,16 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     last_saved = step;
     std::printf("resumed from %s at step %lld\n", latest->c_str(), (long long)step);
   } else if (store.latest()) {
-    fail("{} already holds checkpoints (newest {}): continue it with --resume, or choose another checkpoint.folder",
-         config.checkpoint.folder, *store.latest());
+    fail(
+        "{} already holds checkpoints (newest {}): continue it with --resume, or choose another "
+        "checkpoint.folder",
+        config.checkpoint.folder, *store.latest());
   }
   if (!options.resume && !options.init_from.empty()) {
     const ModelConfig saved = read_model_config(options.init_from);
     const std::string diff = model_config_difference(saved, config.model);
-    BOTTLE_CHECK(diff.empty(), "--init-from: {} holds another model than {} describes ({}: checkpoint vs config)",
+    BOTTLE_CHECK(diff.empty(),
+                 "--init-from: {} holds another model than {} describes ({}: checkpoint vs config)",
                  options.init_from, options.config_path, diff);
     load_model_weights(model, options.init_from);
   } else if (!options.resume) {
@@ -122,22 +134,24 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   model.allocate_activations(B, S);
 
   LrSchedule schedule{float(config.optimizer.lr), config.lr_scheduler.warmup_steps, tc.steps,
-                      enum_name(config.lr_scheduler.decay), float(config.lr_scheduler.min_lr_ratio)};
-  MetricsLogger metrics(in_folder(config.checkpoint.folder, config.metrics.jsonl), config.metrics.log_freq, tc.steps,
-                        step, options.resume);
+                      enum_name(config.lr_scheduler.decay),
+                      float(config.lr_scheduler.min_lr_ratio)};
+  MetricsLogger metrics(in_folder(config.checkpoint.folder, config.metrics.jsonl),
+                        config.metrics.log_freq, tc.steps, step, options.resume);
   fs::create_directories(config.checkpoint.folder);
-  {
-    std::ofstream(fs::path(config.checkpoint.folder) / "train_config.toml") << to_toml(config);
-  }
+  { std::ofstream(fs::path(config.checkpoint.folder) / "train_config.toml") << to_toml(config); }
   const double peak_gflops = measure_gemm_peak_gflops(*be);
   const double flops_per_step = model.flops_per_step(B * S, S) * double(tc.grad_accum_steps);
-  metrics.message(fmt::format(
-      "training {} ({} parameters, {} bottleneck) for {} steps of {} tokens on {} threads; GEMM peak {:.0f} GFLOP/s",
-      options.config_path, config.model.parameter_count(), bottleneck_kind_name(config.model.bottleneck), tc.steps,
-      config.tokens_per_step(), omp_get_max_threads(), peak_gflops));
+  metrics.message(
+      fmt::format("training {} ({} parameters, {} bottleneck) for {} steps of {} tokens on {} "
+                  "threads; GEMM peak {:.0f} GFLOP/s",
+                  options.config_path, config.model.parameter_count(),
+                  bottleneck_kind_name(config.model.bottleneck), tc.steps, config.tokens_per_step(),
+                  omp_get_max_threads(), peak_gflops));
 
   Arena batch_arena(MemoryTag::workspace);
-  Tensor inputs = batch_arena.alloc({B, S}, DType::i32), targets = batch_arena.alloc({B, S}, DType::i32);
+  Tensor inputs = batch_arena.alloc({B, S}, DType::i32),
+         targets = batch_arena.alloc({B, S}, DType::i32);
   auto state_json = [&](int64_t at_step) {
     return nlohmann::json{{"step", at_step},
                           {"optimizer_steps", optimizer.steps_taken()},
@@ -163,16 +177,21 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     const float lr = schedule.at(step);
     const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
     if (!finite && tc.on_nonfinite == OnNonfinite::stop)
-      fail("step {}: the loss is {} (grad norm {}); stopping (set training.on_nonfinite = \"skip\" to skip such steps)",
-           step + 1, loss, grad_norm);
+      fail(
+          "step {}: the loss is {} (grad norm {}); stopping (set training.on_nonfinite = \"skip\" "
+          "to skip such steps)",
+          step + 1, loss, grad_norm);
     if (finite) {
-      const float clip = tc.max_norm > 0 && grad_norm > tc.max_norm ? float(tc.max_norm / (grad_norm + 1e-6)) : 1.0f;
+      const float clip = tc.max_norm > 0 && grad_norm > tc.max_norm
+                             ? float(tc.max_norm / (grad_norm + 1e-6))
+                             : 1.0f;
       optimizer.step(*be, model.parameters(), lr, clip);
     } else {
       metrics.message(fmt::format("step {}: loss {} is not finite; step skipped", step + 1, loss));
     }
     ++step;
-    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const double tokens_per_s = double(config.tokens_per_step()) / (ms / 1e3);
     rates.push_back(tokens_per_s);
     metrics.log_step({{"step", step},
@@ -190,18 +209,21 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       metrics.log_eval(step, result.last_val_loss);
     }
     const bool stop = signals.requested() != 0;
-    if ((config.checkpoint.interval > 0 && step % config.checkpoint.interval == 0) || step == tc.steps || stop) {
+    if ((config.checkpoint.interval > 0 && step % config.checkpoint.interval == 0) ||
+        step == tc.steps || stop) {
       result.last_checkpoint = store.save(model, optimizer, state_json(step), step);
       last_saved = step;
       metrics.message(fmt::format("step {}: checkpoint {}", step, result.last_checkpoint));
     }
     if (stop) {
-      metrics.message(fmt::format("stopped by signal {} after step {}; resume with --resume", signals.requested(), step));
+      metrics.message(fmt::format("stopped by signal {} after step {}; resume with --resume",
+                                  signals.requested(), step));
       result.interrupted = true;
       break;
     }
   }
-  if (last_saved != step && step > 0) result.last_checkpoint = store.save(model, optimizer, state_json(step), step);
+  if (last_saved != step && step > 0)
+    result.last_checkpoint = store.save(model, optimizer, state_json(step), step);
   result.steps_done = step;
   if (!rates.empty()) {
     std::nth_element(rates.begin(), rates.begin() + rates.size() / 2, rates.end());

@@ -16,7 +16,7 @@ struct TrainOptions {
 };
 
 struct TrainResult {
-  int64_t steps_done = 0;   // the step the run ended at
+  int64_t steps_done = 0;  // the step the run ended at
   double last_loss = 0.0;
   double last_val_loss = -1.0;  // -1: never evaluated
   double tokens_per_s = 0.0;    // median over the run's steps

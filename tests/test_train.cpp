@@ -1,0 +1,589 @@
+// `bottle train` end to end on a tiny CoLA model: bit-exact resume (also with gradient
+// accumulation, across a data epoch and after SIGINT/SIGTERM), atomic checkpoints under a
+// SIGKILL in the middle of a save, keep-last-K, bad input (exit status 1, one error line
+// naming the file or key, never a half-written checkpoint), NaN handling and the loss plot.
+#include <signal.h>
+#include <sys/wait.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "test_util.h"
+
+namespace bottle::testing {
+namespace {
+
+// Tiny GEMMs on a busy machine: spinning OpenMP workers make every run ~10x slower. The
+// bottle processes inherit this.
+const bool passive_omp = [] { return ::setenv("OMP_WAIT_POLICY", "passive", 0) == 0; }();
+
+// A first-order Markov chain over the first 16 of the 64 tokens (next = 5·prev + 3 mod 16 with
+// probability 0.85), so that the loss visibly falls within a few steps.
+void write_learnable_shard(const std::string& path, int64_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> tokens(static_cast<size_t>(count));
+  int32_t t = 0;
+  for (auto& x : tokens) {
+    x = t;
+    t = rng() % 100 < 85 ? (5 * t + 3) % 16 : int32_t(rng() % 16);
+  }
+  write_token_shard(path, tokens);
+}
+
+// One training run's view of metrics.jsonl.
+struct StepRow {
+  int64_t step;
+  double loss, lr, grad_norm;
+  bool skipped;
+};
+struct Metrics {
+  std::vector<StepRow> steps;
+  std::map<int64_t, double> val_loss;
+};
+
+Metrics read_metrics(const std::string& path) {
+  Metrics m;
+  std::ifstream in(path);
+  EXPECT_TRUE(in) << path;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    // nlohmann::json writes NaN and infinities as null.
+    auto number = [&](const char* key) {
+      return j.at(key).is_null() ? NAN : j.at(key).get<double>();
+    };
+    if (j.contains("loss")) {
+      m.steps.push_back({j.at("step").get<int64_t>(), number("loss"), number("lr"),
+                         number("grad_norm"), j.at("skipped").get<bool>()});
+    }
+    if (j.contains("val_loss")) m.val_loss[j.at("step").get<int64_t>()] = number("val_loss");
+  }
+  return m;
+}
+
+int64_t count_step_lines(const std::string& path) {
+  std::ifstream in(path);
+  int64_t n = 0;
+  for (std::string line; std::getline(in, line);) n += line.find("\"loss\"") != std::string::npos;
+  return n;
+}
+
+// Each step once, in order, 1..steps.
+void expect_steps_once(const Metrics& m, int64_t steps) {
+  ASSERT_EQ(int64_t(m.steps.size()), steps);
+  for (int64_t i = 0; i < steps; ++i) EXPECT_EQ(m.steps[size_t(i)].step, i + 1);
+}
+
+// Identical to the last bit: the same doubles that nlohmann::json printed in full precision.
+void expect_bit_identical(const Metrics& a, const Metrics& b) {
+  ASSERT_EQ(a.steps.size(), b.steps.size());
+  for (size_t i = 0; i < a.steps.size(); ++i) {
+    SCOPED_TRACE(fmt::format("step {}", a.steps[i].step));
+    EXPECT_EQ(a.steps[i].step, b.steps[i].step);
+    EXPECT_EQ(a.steps[i].loss, b.steps[i].loss);
+    EXPECT_EQ(a.steps[i].lr, b.steps[i].lr);
+    EXPECT_EQ(a.steps[i].grad_norm, b.steps[i].grad_norm);
+  }
+  for (const auto& [step, v] : a.val_loss) {
+    if (b.val_loss.count(step)) {
+      EXPECT_EQ(v, b.val_loss.at(step)) << "val loss at step " << step;
+    }
+  }
+}
+
+std::vector<std::string> entries_with_prefix(const std::string& folder, const std::string& prefix) {
+  std::vector<std::string> names;
+  if (!fs::is_directory(folder)) return names;
+  for (const auto& e : fs::directory_iterator(folder)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0) names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool is_png(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string magic(8, '\0');
+  in.read(magic.data(), 8);
+  return in && magic == "\x89PNG\r\n\x1a\n";
+}
+
+// A complete checkpoint: the model directory, the optimizer moments and the trainer state.
+void expect_complete_checkpoint(const std::string& dir) {
+  for (const char* f :
+       {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"})
+    EXPECT_TRUE(fs::exists(fs::path(dir) / f)) << dir << " lacks " << f;
+}
+
+// `bottle train` started in the background, its output in a file; killed if still running
+// when the object dies.
+class Background {
+ public:
+  Background(const std::string& command, const std::string& log) : log_(log) {
+    const std::string shell = fmt::format("exec {} >'{}' 2>&1", command, log);
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::execl("/bin/sh", "sh", "-c", shell.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+  }
+  ~Background() {
+    if (pid_ > 0 && status_ < 0) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool started() const { return pid_ > 0; }
+  void signal(int sig) const { ::kill(pid_, sig); }
+  // The exit status (128 + signal when killed), or -1 when still running after `seconds`.
+  int wait(double seconds) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (status_ < 0) {
+      int s = 0;
+      if (::waitpid(pid_, &s, WNOHANG) == pid_) {
+        status_ = WIFEXITED(s) ? WEXITSTATUS(s) : 128 + WTERMSIG(s);
+        break;
+      }
+      if (std::chrono::steady_clock::now() > deadline) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    return status_;
+  }
+  std::string output() const {
+    std::ifstream in(log_);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
+ private:
+  std::string log_;
+  pid_t pid_ = -1;
+  int status_ = -1;
+};
+
+// A scratch directory with data shards and a TOML configuration for the tiny model.
+class Train : public ::testing::Test {
+ public:
+  void SetUp() override {
+    write_learnable_shard(dir / "train.bin", 4000, 1);
+    write_learnable_shard(dir / "val.bin", 1000, 2);
+    write_config(dir / "tiny.toml", dir / "train.bin", dir / "val.bin", dir / "run");
+  }
+
+  static void write_config(const std::string& path, const std::string& train,
+                           const std::string& val, const std::string& folder) {
+    std::ofstream(path) << fmt::format(R"([model]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 48
+num_layers = 2
+num_heads = 4
+bottleneck = "cola"
+rank = 8
+max_seq_len = 64
+
+[training]
+steps = 20
+micro_batch_size = 2
+seq_len = 16
+seed = 7
+max_norm = 1.0
+eval_interval = 7
+eval_batches = 2
+
+[optimizer]
+lr = 2e-2
+
+[lr_scheduler]
+warmup_steps = 3
+decay = "cosine"
+
+[data]
+train = "{}"
+val = "{}"
+
+[checkpoint]
+folder = "{}"
+interval = 5
+keep = 3
+)",
+                                       train, val, folder);
+  }
+
+  // `bottle train` on the configuration with `args` (--set ..., --resume) appended.
+  CommandResult train(const std::string& args, const std::string& env = "") const {
+    return run(fmt::format("{} {} train {} {}", env, bottle_binary(), dir / "tiny.toml", args));
+  }
+  std::string train_command(const std::string& args) const {
+    return fmt::format("{} train {} {}", bottle_binary(), dir / "tiny.toml", args);
+  }
+  static std::string folder_arg(const std::string& folder) {
+    return fmt::format("--set checkpoint.folder={}", folder);
+  }
+
+  TempDir dir;
+};
+
+// ---------------------------------------------------------------------------------------
+// 1. Resume is bit-exact.
+
+// Run A trains `steps` steps at once; run B stops at `stop` and resumes. The schedule must not
+// depend on training.steps (decay "constant" with warmup), so B may stop by a shorter run.
+void resume_matches(const Train& t, const std::string& folder_a, const std::string& folder_b,
+                    const std::string& common, int64_t stop, int64_t steps) {
+  const CommandResult a = t.train(
+      fmt::format("{} {} --set training.steps={}", Train::folder_arg(folder_a), common, steps));
+  ASSERT_EQ(a.status, 0) << a.output;
+  const CommandResult b1 = t.train(
+      fmt::format("{} {} --set training.steps={}", Train::folder_arg(folder_b), common, stop));
+  ASSERT_EQ(b1.status, 0) << b1.output;
+  EXPECT_TRUE(fs::exists(fmt::format("{}/step_{:08d}", folder_b, stop))) << b1.output;
+  const CommandResult b2 = t.train(fmt::format("{} {} --set training.steps={} --resume",
+                                               Train::folder_arg(folder_b), common, steps));
+  ASSERT_EQ(b2.status, 0) << b2.output;
+  EXPECT_NE(b2.output.find(fmt::format("step_{:08d} at step {}", stop, stop)), std::string::npos)
+      << b2.output;
+  const Metrics ma = read_metrics(folder_a + "/metrics.jsonl"),
+                mb = read_metrics(folder_b + "/metrics.jsonl");
+  expect_steps_once(ma, steps);
+  expect_steps_once(mb, steps);
+  expect_bit_identical(ma, mb);
+  // B evaluated at its end (step `stop`) as well, which A did not: evaluation must not
+  // disturb training. Both share the evals at multiples of eval_interval.
+  EXPECT_FALSE(ma.val_loss.empty());
+  EXPECT_TRUE(mb.val_loss.count(stop));
+}
+
+TEST_F(Train, LossFallsAndResumeIsBitExact) {
+  ASSERT_NO_FATAL_FAILURE(
+      resume_matches(*this, dir / "a", dir / "b", "--set lr_scheduler.decay=constant", 10, 20));
+  const Metrics m = read_metrics(dir / "a/metrics.jsonl");
+  double first = 0, last = 0;
+  for (int i = 0; i < 5; ++i)
+    first += m.steps[size_t(i)].loss / 5, last += m.steps[m.steps.size() - 1 - size_t(i)].loss / 5;
+  EXPECT_LT(last, first - 0.5) << "the loss did not fall: " << first << " -> " << last;
+}
+
+TEST_F(Train, ResumeIsBitExactWithGradientAccumulation) {
+  resume_matches(*this, dir / "a", dir / "b",
+                 "--set lr_scheduler.decay=constant --set training.grad_accum_steps=2", 10, 20);
+}
+
+TEST_F(Train, ResumeIsBitExactAcrossAnEpoch) {
+  // 8 windows of 2·16 tokens: step 10 stops in the second epoch, step 17 starts the third.
+  write_learnable_shard(dir / "small.bin", 8 * 32 + 1, 3);
+  resume_matches(
+      *this, dir / "a", dir / "b",
+      fmt::format("--set lr_scheduler.decay=constant --set data.train={}", dir / "small.bin"), 10,
+      20);
+  std::ifstream in(dir / "b/step_00000010/trainer_state.json");
+  const auto state = nlohmann::json::parse(in);
+  EXPECT_EQ(state.at("train_position").dump(), R"({"epoch":1,"shard_index":0,"window_index":2})");
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. SIGINT/SIGTERM finish the step, checkpoint and exit 0; --resume then gives the same
+// losses as an uninterrupted run, under the cosine schedule that depends on training.steps.
+
+TEST_F(Train, SignalsStopCleanlyAndResumeIsBitExact) {
+  const int64_t steps = 60;
+  const std::string common = fmt::format(
+      "--set training.steps={} --set checkpoint.interval=0 --set training.eval_interval=25", steps);
+  const CommandResult a = train(folder_arg(dir / "a") + " " + common);
+  ASSERT_EQ(a.status, 0) << a.output;
+  const Metrics ma = read_metrics(dir / "a/metrics.jsonl");
+  ASSERT_EQ(int64_t(ma.steps.size()), steps);
+
+  for (const int sig : {SIGINT, SIGTERM}) {
+    SCOPED_TRACE(sig == SIGINT ? "SIGINT" : "SIGTERM");
+    const std::string folder = dir / fmt::format("sig{}", sig);
+    Background b(train_command(folder_arg(folder) + " " + common), folder + ".log");
+    ASSERT_TRUE(b.started());
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (count_step_lines(folder + "/metrics.jsonl") < 3 && b.wait(0) < 0 &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    b.signal(sig);
+    const auto t0 = std::chrono::steady_clock::now();
+    const int status = b.wait(10);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    ASSERT_EQ(status, 0) << b.output();
+    EXPECT_LT(seconds, 5.0);
+    const Metrics m = read_metrics(folder + "/metrics.jsonl");
+    ASSERT_FALSE(m.steps.empty());
+    const int64_t stopped = m.steps.back().step;
+    ASSERT_LT(stopped, steps) << "the run finished before the signal";
+    EXPECT_NE(b.output().find(fmt::format("stopped by signal {} after step {}", sig, stopped)),
+              std::string::npos)
+        << b.output();
+    EXPECT_EQ(entries_with_prefix(folder, "step_"),
+              std::vector<std::string>{fmt::format("step_{:08d}", stopped)});
+    expect_complete_checkpoint(fmt::format("{}/step_{:08d}", folder, stopped));
+    EXPECT_TRUE(entries_with_prefix(folder, ".tmp-").empty());
+
+    const CommandResult resumed = train(folder_arg(folder) + " " + common + " --resume");
+    ASSERT_EQ(resumed.status, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find(fmt::format("step_{:08d} at step {}", stopped, stopped)),
+              std::string::npos)
+        << resumed.output;
+    const Metrics mb = read_metrics(folder + "/metrics.jsonl");
+    expect_steps_once(mb, steps);
+    expect_bit_identical(ma, mb);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. A checkpoint killed half-way leaves the previous one intact.
+
+class KilledCheckpoint : public Train, public ::testing::WithParamInterface<int> {};
+
+TEST_P(KilledCheckpoint, PreviousCheckpointSurvives) {
+  const int n = GetParam();
+  const std::string folder = dir / "run";
+  // The first checkpoint, at step 5.
+  const CommandResult first = train("--set training.steps=5");
+  ASSERT_EQ(first.status, 0) << first.output;
+  // The second, at step 10, dies after its n-th file.
+  const CommandResult killed = train("--resume --set training.steps=20",
+                                     fmt::format("BOTTLE_FAILPOINT=checkpoint_write:{}", n));
+  EXPECT_EQ(killed.status, 128 + SIGKILL) << killed.output;
+  EXPECT_EQ(entries_with_prefix(folder, "step_"), std::vector<std::string>{"step_00000005"});
+  expect_complete_checkpoint(folder + "/step_00000005");
+  const std::vector<std::string> temps = entries_with_prefix(folder, ".tmp-");
+  ASSERT_EQ(temps.size(), 1u);
+  EXPECT_EQ(temps[0].rfind(".tmp-step_00000010-", 0), 0u) << temps[0];
+  // What the killed save had written: model directory, + moments (n >= 3), + state (n = 4).
+  EXPECT_TRUE(fs::exists(fs::path(folder) / temps[0] / "model.safetensors"));
+  EXPECT_EQ(fs::exists(fs::path(folder) / temps[0] / "optimizer.safetensors"), n >= 3);
+  EXPECT_EQ(fs::exists(fs::path(folder) / temps[0] / "trainer_state.json"), n >= 4);
+
+  const CommandResult eval =
+      run(fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16 --batches 2",
+                      bottle_binary(), folder + "/step_00000005", dir / "val.bin"));
+  EXPECT_EQ(eval.status, 0) << eval.output;
+
+  const CommandResult resumed = train("--resume --set training.steps=10");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("step_00000005 at step 5"), std::string::npos) << resumed.output;
+  EXPECT_TRUE(entries_with_prefix(folder, ".tmp-").empty())
+      << "the save at step 10 did not clear " << temps[0];
+  EXPECT_EQ(entries_with_prefix(folder, "step_"),
+            (std::vector<std::string>{"step_00000005", "step_00000010"}));
+  expect_complete_checkpoint(folder + "/step_00000010");
+  // The killed run's metrics of steps 6..10 are replaced, not repeated.
+  expect_steps_once(read_metrics(folder + "/metrics.jsonl"), 10);
+}
+
+INSTANTIATE_TEST_SUITE_P(AfterFile, KilledCheckpoint, ::testing::Values(2, 3, 4));
+
+// ---------------------------------------------------------------------------------------
+// 3. keep-last-K, 6. the trainer's loss plot.
+
+TEST_F(Train, KeepsTheLastCheckpointsAndPlots) {
+  const CommandResult r =
+      train("--set training.steps=10 --set checkpoint.interval=2 --set checkpoint.keep=2");
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(entries_with_prefix(dir / "run", "step_"),
+            (std::vector<std::string>{"step_00000008", "step_00000010"}));
+  EXPECT_TRUE(entries_with_prefix(dir / "run", ".tmp-").empty());
+  expect_complete_checkpoint(dir / "run/step_00000010");
+  expect_steps_once(read_metrics(dir / "run/metrics.jsonl"), 10);
+  EXPECT_TRUE(is_png(dir / "run/loss.png"));
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. Bad input: exit status 1, one error line naming the file or key, no checkpoint.
+
+void expect_error(const CommandResult& r, const std::vector<std::string>& needles) {
+  EXPECT_EQ(r.status, 1) << r.output;
+  const size_t at = r.output.find("bottle: error:");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("bottle: error:", at + 1), std::string::npos)
+      << "more than one error line: " << r.output;
+  const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+  for (const std::string& n : needles)
+    EXPECT_NE(line.find(n), std::string::npos) << "missing '" << n << "' in: " << line;
+}
+
+void expect_no_checkpoint(const std::string& folder) {
+  EXPECT_TRUE(entries_with_prefix(folder, "step_").empty());
+  EXPECT_TRUE(entries_with_prefix(folder, ".tmp-").empty());
+}
+
+struct BadShard {
+  std::string split, kind, message;
+};
+
+class BadShardInput : public Train, public ::testing::WithParamInterface<BadShard> {};
+
+TEST_P(BadShardInput, NamesTheFile) {
+  const BadShard p = GetParam();
+  const std::string shard = dir / "bad.bin";
+  if (p.kind == "empty") {
+    write_token_shard(shard, {});
+  } else if (p.kind == "truncated") {
+    fs::copy_file(dir / "train.bin", shard);
+    fs::resize_file(shard, fs::file_size(shard) - 101);
+  } else if (p.kind == "foreign") {
+    std::ofstream(shard, std::ios::binary) << std::string(3000, 'x');
+  }
+  const CommandResult r = train(fmt::format("--set data.{}={}", p.split, shard));
+  expect_error(r, {"bad.bin", p.message});
+  expect_no_checkpoint(dir / "run");
+}
+
+INSTANTIATE_TEST_SUITE_P(Shards, BadShardInput,
+                         ::testing::Values(BadShard{"train", "missing", "no token shard"},
+                                           BadShard{"train", "empty", "empty"},
+                                           BadShard{"train", "truncated", "truncated"},
+                                           BadShard{"train", "foreign", "not a token shard"},
+                                           BadShard{"val", "missing", "no token shard"},
+                                           BadShard{"val", "empty", "empty"},
+                                           BadShard{"val", "truncated", "truncated"},
+                                           BadShard{"val", "foreign", "not a token shard"}),
+                         [](const auto& info) { return info.param.split + "_" + info.param.kind; });
+
+struct BadConfig {
+  std::string name, from, to;  // replace `from` in the TOML by `to`
+  std::vector<std::string> needles;
+};
+
+class BadConfigInput : public Train, public ::testing::WithParamInterface<BadConfig> {};
+
+TEST_P(BadConfigInput, NamesTheKey) {
+  const BadConfig p = GetParam();
+  std::ifstream in(dir / "tiny.toml");
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t at = text.find(p.from);
+  ASSERT_NE(at, std::string::npos);
+  text.replace(at, p.from.size(), p.to);
+  std::ofstream(dir / "tiny.toml") << text;
+  std::vector<std::string> needles = p.needles;
+  needles.push_back("tiny.toml");
+  expect_error(train(""), needles);
+  expect_no_checkpoint(dir / "run");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Keys, BadConfigInput,
+    ::testing::Values(
+        BadConfig{"unknown_key", "seed = 7", "seed = 7\nsede = 8", {"training.sede"}},
+        BadConfig{"wrong_type", "steps = 20", "steps = \"twenty\"", {"training.steps", "integer"}},
+        BadConfig{"out_of_range", "lr = 2e-2", "lr = -0.5", {"optimizer.lr", "> 0"}},
+        BadConfig{
+            "bad_choice", "decay = \"cosine\"", "decay = \"exponential\"", {"lr_scheduler.decay"}}),
+    [](const auto& info) { return info.param.name; });
+
+TEST_F(Train, SetUnknownKey) {
+  expect_error(train("--set training.stepz=3"), {"--set", "training.stepz"});
+  expect_no_checkpoint(dir / "run");
+}
+
+TEST_F(Train, SetWrongType) {
+  expect_error(train("--set training.steps=abc"), {"--set", "training.steps", "abc"});
+  expect_no_checkpoint(dir / "run");
+}
+
+TEST_F(Train, SetOutOfRange) {
+  expect_error(train("--set checkpoint.keep=0"), {"--set", "checkpoint.keep"});
+  expect_no_checkpoint(dir / "run");
+}
+
+TEST_F(Train, ResumeWithoutCheckpoint) {
+  expect_error(train("--resume"), {"--resume", "no checkpoint", dir / "run"});
+}
+
+TEST_F(Train, ResumeIntoAnotherModelShape) {
+  const CommandResult first = train("--set training.steps=2");
+  ASSERT_EQ(first.status, 0) << first.output;
+  const CommandResult r = train("--resume --set model.hidden_size=64");
+  expect_error(r, {"--resume", "hidden_size", "32", "64"});
+  EXPECT_EQ(entries_with_prefix(dir / "run", "step_"), std::vector<std::string>{"step_00000002"});
+  EXPECT_TRUE(entries_with_prefix(dir / "run", ".tmp-").empty());
+}
+
+// A huge learning rate without clipping breaks the model at step 2: with lr 1e6 the
+// activations overflow in the norms, so the gradient norm is NaN while the loss stays
+// finite (ln 64: the logits are all 0); with lr 1e30 the loss itself is NaN (null in JSON).
+class NonFinite : public Train, public ::testing::WithParamInterface<const char*> {
+ public:
+  std::string diverge() const {
+    return fmt::format("--set optimizer.lr={} --set training.max_norm=0 --set training.steps=6",
+                       GetParam());
+  }
+};
+
+TEST_P(NonFinite, Stops) {
+  const CommandResult r = train(diverge());
+  expect_error(r, {"step 2", "on_nonfinite"});
+  expect_no_checkpoint(dir / "run");
+}
+
+TEST_P(NonFinite, Skips) {
+  const CommandResult r = train(diverge() + " --set training.on_nonfinite=skip");
+  EXPECT_EQ(r.status, 0) << r.output;
+  const Metrics m = read_metrics(dir / "run/metrics.jsonl");
+  expect_steps_once(m, 6);
+  EXPECT_FALSE(m.steps[0].skipped);
+  for (size_t i = 1; i < m.steps.size(); ++i) {
+    EXPECT_TRUE(m.steps[i].skipped) << "step " << m.steps[i].step;
+    EXPECT_FALSE(std::isfinite(m.steps[i].loss) && std::isfinite(m.steps[i].grad_norm))
+        << "step " << m.steps[i].step;
+  }
+  EXPECT_NE(r.output.find("step 2:"), std::string::npos) << r.output;
+  EXPECT_EQ(entries_with_prefix(dir / "run", "step_"),
+            (std::vector<std::string>{"step_00000005", "step_00000006"}));
+  expect_complete_checkpoint(dir / "run/step_00000006");
+  // The plot of a run with skipped steps.
+  EXPECT_TRUE(is_png(dir / "run/loss.png"));
+  EXPECT_TRUE(entries_with_prefix(dir / "run", "loss.png.").empty())
+      << "plot temporaries left behind";
+}
+
+INSTANTIATE_TEST_SUITE_P(Lr, NonFinite, ::testing::Values("1e6", "1e30"), [](const auto& info) {
+  return std::string(info.param).replace(1, 1, "_");
+});
+
+// ---------------------------------------------------------------------------------------
+// 6. bottle plot.
+
+TEST_F(Train, PlotWritesAPng) {
+  {
+    std::ofstream out(dir / "metrics.jsonl");
+    for (int s = 1; s <= 30; ++s) {
+      out << nlohmann::json{{"step", s}, {"loss", 4.0 - 0.05 * s}, {"lr", 1e-3}}.dump() << "\n";
+      if (s % 10 == 0)
+        out << nlohmann::json{{"step", s}, {"val_loss", 4.1 - 0.05 * s}}.dump() << "\n";
+    }
+  }
+  const CommandResult r = run(
+      fmt::format("{} plot {} --out {}", bottle_binary(), dir / "metrics.jsonl", dir / "x.png"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(is_png(dir / "x.png"));
+  // Without --out: loss.png beside the metrics.
+  const CommandResult beside =
+      run(fmt::format("{} plot {}", bottle_binary(), dir / "metrics.jsonl"));
+  ASSERT_EQ(beside.status, 0) << beside.output;
+  EXPECT_TRUE(is_png(dir / "loss.png"));
+}
+
+TEST_F(Train, PlotOfNotJsonl) {
+  std::ofstream(dir / "notes.txt") << "step 1 loss 4.0\nstep 2 loss 3.9\n";
+  expect_error(
+      run(fmt::format("{} plot {} --out {}", bottle_binary(), dir / "notes.txt", dir / "x.png")),
+      {"notes.txt"});
+  EXPECT_FALSE(fs::exists(dir / "x.png"));
+  EXPECT_TRUE(entries_with_prefix(dir.str(), "x.png.").empty()) << "plot temporaries left behind";
+}
+
+TEST_F(Train, PlotOfMissingFile) {
+  expect_error(run(fmt::format("{} plot {} --out {}", bottle_binary(), dir / "nothing.jsonl",
+                               dir / "x.png")),
+               {"nothing.jsonl"});
+}
+
+}  // namespace
+}  // namespace bottle::testing
