@@ -115,7 +115,13 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq) {
     b.norm1.allocate_activations(a, n, d);
     b.norm2.allocate_activations(a, n, d);
     for (Projection& p : b.proj) p.allocate_activations(a, n);
-    b.attention = Attention{batch, seq, c.num_heads, c.num_kv_heads, c.head_dim(), c.rope_theta};
+    b.attention = Attention{};
+    b.attention.batch = batch;
+    b.attention.seq = seq;
+    b.attention.heads = c.num_heads;
+    b.attention.kv_heads = c.num_kv_heads;
+    b.attention.head_dim = c.head_dim();
+    b.attention.rope_theta = c.rope_theta;
     b.attention.allocate_activations(a);
     b.q = a.alloc({n, dq});
     b.k = a.alloc({n, dkv});

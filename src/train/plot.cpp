@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <vector>
 
 #include "core/error.h"
 
@@ -10,25 +11,44 @@ namespace bottle {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// Removes the plot's scratch files however plot_metrics ends.
+struct ScratchFiles {
+  std::vector<fs::path> paths;
+  ~ScratchFiles() {
+    std::error_code ignored;
+    for (const fs::path& p : paths) fs::remove(p, ignored);
+  }
+};
+
+bool is_number(const nlohmann::json& j, const char* key) { return j.contains(key) && j[key].is_number(); }
+
+}  // namespace
+
 void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
   std::ifstream in(jsonl_path);
   BOTTLE_CHECK(in, "{}: cannot open", jsonl_path);
-  const fs::path train_dat = fs::path(png_path).string() + ".train.dat";
-  const fs::path val_dat = fs::path(png_path).string() + ".val.dat";
+  const fs::path out_dir = fs::path(png_path).parent_path();
+  BOTTLE_CHECK(out_dir.empty() || fs::is_directory(out_dir), "{}: folder {} does not exist", png_path,
+               out_dir.string());
+  ScratchFiles scratch;
+  const fs::path train_dat = png_path + ".train.dat", val_dat = png_path + ".val.dat", script = png_path + ".gp";
+  scratch.paths = {train_dat, val_dat, script};
   std::ofstream train(train_dat), val(val_dat);
   int64_t rows = 0, val_rows = 0, line_no = 0;
   for (std::string line; std::getline(in, line);) {
     ++line_no;
     if (line.empty()) continue;
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    BOTTLE_CHECK(!j.is_discarded() && j.is_object() && j.contains("step"),
-                 "{}:{}: not a metrics line", jsonl_path, line_no);
-    if (j.contains("loss") && j.contains("lr")) {
-      train << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << " "
-            << j["lr"].get<double>() << "\n";
+    BOTTLE_CHECK(!j.is_discarded() && j.is_object() && is_number(j, "step"), "{}:{}: not a metrics line",
+                 jsonl_path, line_no);
+    // A skipped step's non-finite loss is null in JSON: it has no point on the curve.
+    if (is_number(j, "loss") && is_number(j, "lr")) {
+      train << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << " " << j["lr"].get<double>() << "\n";
       ++rows;
     }
-    if (j.contains("val_loss")) {
+    if (is_number(j, "val_loss")) {
       val << j["step"].get<int64_t>() << " " << j["val_loss"].get<double>() << "\n";
       ++val_rows;
     }
@@ -36,7 +56,6 @@ void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
   train.close();
   val.close();
   BOTTLE_CHECK(rows > 0, "{}: no training steps to plot", jsonl_path);
-  const fs::path script = fs::path(png_path).string() + ".gp";
   {
     std::ofstream gp(script);
     gp << "set terminal pngcairo size 1000,600 font 'sans,11'\n"
@@ -45,17 +64,12 @@ void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
        << "set xlabel 'step'\nset ylabel 'loss (nats)'\nset y2label 'learning rate'\n"
        << "set ytics nomirror\nset y2tics\nset grid\nset key top right\n"
        << "plot '" << train_dat.string() << "' using 1:2 with lines lw 1.5 title 'train loss'";
-    if (val_rows > 0)
-      gp << ", '" << val_dat.string() << "' using 1:2 with linespoints lw 2 pt 7 title 'val loss'";
-    gp << ", '" << train_dat.string()
-       << "' using 1:3 axes x1y2 with lines dt 2 lc rgb 'gray40' title 'lr'\n";
+    if (val_rows > 0) gp << ", '" << val_dat.string() << "' using 1:2 with linespoints lw 2 pt 7 title 'val loss'";
+    gp << ", '" << train_dat.string() << "' using 1:3 axes x1y2 with lines dt 2 lc rgb 'gray40' title 'lr'\n";
   }
   const int rc = std::system(fmt::format("gnuplot '{}' 2>&1", script.string()).c_str());
-  fs::remove(script);
-  fs::remove(train_dat);
-  fs::remove(val_dat);
-  BOTTLE_CHECK(rc == 0 && fs::exists(png_path),
-               "{}: gnuplot failed to draw the plot (is gnuplot installed?)", png_path);
+  BOTTLE_CHECK(rc == 0 && fs::exists(png_path), "{}: gnuplot failed to draw the plot (is gnuplot installed?)",
+               png_path);
 }
 
 }  // namespace bottle

@@ -11,6 +11,7 @@
 #include <fstream>
 
 #include "core/gemm_peak.h"
+#include "core/token_shard.h"
 #include "model/checkpoint.h"
 #include "train/adamw.h"
 #include "train/checkpoint_store.h"
@@ -66,6 +67,14 @@ double evaluate(Backend& be, LlamaModel& model, TokenLoader& val, int64_t batche
     total += model.forward(be, inputs, targets);
   }
   return total / double(batches);
+}
+
+// Token ids must fit the model; the error names the data rather than a kernel.
+void check_vocabulary(Tensor tokens, int64_t vocab, const std::string& data) {
+  for (int64_t i = 0; i < tokens.numel(); ++i)
+    BOTTLE_CHECK(tokens.i32()[i] >= 0 && tokens.i32()[i] < vocab,
+                 "{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)", data,
+                 tokens.i32()[i], vocab);
 }
 
 }  // namespace
@@ -169,6 +178,8 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     double loss = 0.0;
     for (int64_t micro = 0; micro < tc.grad_accum_steps; ++micro) {
       loader.next(inputs.i32(), targets.i32());
+      check_vocabulary(inputs, config.model.vocab_size, config.data.train);
+      check_vocabulary(targets, config.model.vocab_size, config.data.train);
       loss += model.forward(*be, inputs, targets);
       model.backward(*be, inputs, targets, 1.0f / float(tc.grad_accum_steps));
     }
@@ -187,7 +198,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                              : 1.0f;
       optimizer.step(*be, model.parameters(), lr, clip);
     } else {
-      metrics.message(fmt::format("step {}: loss {} is not finite; step skipped", step + 1, loss));
+      metrics.message(fmt::format("step {}: loss {}, grad norm {}: not finite; step skipped", step + 1, loss, grad_norm));
     }
     ++step;
     const double ms =
