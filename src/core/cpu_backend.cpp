@@ -501,7 +501,7 @@ class CpuBackend final : public Backend {
   }
 
  private:
-  static constexpr int64_t kQueryBlock = 64;
+  static constexpr int64_t kQueryBlock = 128;
 
   struct Dims {
     int64_t B, S, H, Hkv, hd, rep;
