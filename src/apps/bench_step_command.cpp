@@ -1,4 +1,4 @@
-// `bottle bench step`: one training step (forward + backward + AdamW) timed for each model
+// `bottle bench step`: one training step (forward + backward + clipping + AdamW) timed for each model
 // kind, next to the same step in PyTorch run in the same invocation, with achieved GFLOP/s
 // and MFU against a GEMM peak measured here and now.
 #include <omp.h>
@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -136,7 +137,9 @@ Command add_bench_step_command(CLI::App& app) {
         model.zero_grad(*be);
         loss = model.forward(*be, tokens, targets);
         model.backward(*be, tokens, targets);
-        optimizer.step(*be, model.parameters(), 1e-3f);
+        // Clipping by the global norm, as bottle train does: the same work per step.
+        const double norm = std::sqrt(be->sum_squares(model.parameters().grads()));
+        optimizer.step(*be, model.parameters(), 1e-3f, norm > 1.0 ? float(1.0 / (norm + 1e-6)) : 1.0f);
         if (step >= o->warmup) ms.push_back(ms_since(t0));
       }
       const Timing t = summarize(ms);
