@@ -218,7 +218,7 @@ TEST_F(BadInput, TokenOutsideVocabulary) {
 
 TEST_F(BadInput, TooFewTokens) {
   write_token_shard(dir / "val.bin", std::vector<int32_t>(10, 1));
-  expect_error({"val.bin", "full batch"});
+  expect_error({"val.bin", "too few for one window"});
 }
 
 }  // namespace

@@ -1,15 +1,14 @@
-// `bottle eval`: reads shards from their start in llm.c's order, no shuffling: batch k takes
-// the B·S + 1 tokens from token k·B·S; row j's inputs are [k·B·S + j·S, … + S) and its
-// targets the same window shifted by one (DESIGN §7).
+// `bottle eval`: reads shards from their start in llm.c's order, no shuffling: in each shard
+// (files sorted) batch k takes the B·S + 1 tokens from token k·B·S; row j's inputs are
+// [k·B·S + j·S, … + S) and its targets the same window shifted by one (DESIGN §7).
 #include <omp.h>
 
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
 #include "apps/commands.h"
-#include "core/token_shard.h"
 #include "model/checkpoint.h"
-#include "train/data_files.h"
+#include "train/data_loader.h"
 
 namespace bottle {
 
@@ -36,28 +35,22 @@ Command add_eval_command(CLI::App& app) {
     auto model = load_model(o->checkpoint);
     const ModelConfig& c = model->config();
     const int64_t seq = o->seq > 0 ? o->seq : std::min<int64_t>(1024, c.max_seq_len);
-    std::vector<int32_t> tokens;
-    for (const std::string& file : resolve_data_files(o->data)) {
-      const std::vector<int32_t> t = read_token_shard(file);
-      tokens.insert(tokens.end(), t.begin(), t.end());
-    }
-    const int64_t per_batch = o->batch * seq;
-    const int64_t available = tokens.empty() ? 0 : (int64_t(tokens.size()) - 1) / per_batch;
+    TokenLoader loader(o->data, o->batch, seq, 0, 0, 1, /*shuffle=*/false);
+    const int64_t available = int64_t(loader.windows_per_epoch());
     const int64_t batches = o->batches > 0 ? o->batches : available;
-    BOTTLE_CHECK(batches > 0 && batches <= available,
-                 "{}: {} tokens hold {} full batch(es) of {} x {} (+1) tokens; {} requested",
-                 o->data, tokens.size(), available, o->batch, seq, batches);
+    BOTTLE_CHECK(batches <= available,
+                 "{}: the shards hold {} full batch(es) of {} x {} (+1) tokens; {} requested",
+                 o->data, available, o->batch, seq, batches);
     model->allocate_activations(o->batch, seq);
     Arena arena(MemoryTag::workspace);
     Tensor inputs = arena.alloc({o->batch, seq}, DType::i32),
            targets = arena.alloc({o->batch, seq}, DType::i32);
     double total = 0.0;
     for (int64_t k = 0; k < batches; ++k) {
-      const int32_t* window = tokens.data() + k * per_batch;
-      std::copy(window, window + per_batch, inputs.i32());
-      std::copy(window + 1, window + 1 + per_batch, targets.i32());
+      loader.next(inputs.i32(), targets.i32());
       total += model->forward(*be, inputs, targets);
     }
+    const int64_t per_batch = o->batch * seq;
     const double loss = total / double(batches);
     const int64_t count = batches * per_batch;
     if (o->json) {

@@ -6,13 +6,15 @@
 
 namespace bottle {
 
-std::vector<int32_t> read_token_shard(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
+namespace {
+
+// Opens a shard and checks its header against the file size; returns the token width.
+size_t open_shard(std::ifstream& in, const std::string& path, int32_t (&header)[256]) {
+  in.open(path, std::ios::binary);
   BOTTLE_CHECK(in, "{}: cannot open token shard", path);
   in.seekg(0, std::ios::end);
   const uint64_t size = uint64_t(in.tellg());
   in.seekg(0);
-  int32_t header[256];
   BOTTLE_CHECK(size >= sizeof(header) && in.read(reinterpret_cast<char*>(header), sizeof(header)),
                "{}: token shard is shorter than its 1024-byte header ({} bytes)", path, size);
   size_t width = 0;
@@ -25,6 +27,22 @@ std::vector<int32_t> read_token_shard(const std::string& path) {
       header[2] >= 0 && size == sizeof(header) + uint64_t(header[2]) * width,
       "{}: token shard header says {} tokens of {} bytes but the file has {} bytes (truncated?)",
       path, header[2], width, size);
+  return width;
+}
+
+}  // namespace
+
+uint64_t token_shard_size(const std::string& path) {
+  std::ifstream in;
+  int32_t header[256];
+  open_shard(in, path, header);
+  return uint64_t(header[2]);
+}
+
+std::vector<int32_t> read_token_shard(const std::string& path) {
+  std::ifstream in;
+  int32_t header[256];
+  const size_t width = open_shard(in, path, header);
   std::vector<int32_t> tokens(static_cast<size_t>(header[2]));
   if (width == 4) {
     in.read(reinterpret_cast<char*>(tokens.data()), std::streamsize(tokens.size() * 4));

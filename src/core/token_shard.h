@@ -10,7 +10,10 @@ namespace bottle {
 inline constexpr int32_t kShardMagicU16 = 20240520, kShardVersionU16 = 1;
 inline constexpr int32_t kShardMagicU32 = 20240801, kShardVersionU32 = 7;
 
-// Loads a whole shard, checking magic, version and size; errors name the file.
+// The token count of a shard from its header, checking magic, version and file size;
+// errors name the file.
+uint64_t token_shard_size(const std::string& path);
+// Loads a whole shard with the same checks.
 std::vector<int32_t> read_token_shard(const std::string& path);
 // Writes uint16 tokens when every id fits, uint32 otherwise.
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens);

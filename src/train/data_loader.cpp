@@ -55,29 +55,11 @@ std::vector<uint64_t> permutation(uint64_t n, bool shuffle, uint64_t key) {
 
 constexpr uint64_t kShardOrderTag = 0x5348415244ull;  // "SHARD"
 
-// The token count from a shard's header, with the checks of read_token_shard (missing,
-// foreign magic, truncated) plus "empty"; reads only the header.
+// The token count from a shard's header (read_token_shard's checks) plus "empty".
 uint64_t shard_token_count(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  BOTTLE_CHECK(in, "{}: cannot open token shard", path);
-  in.seekg(0, std::ios::end);
-  const uint64_t size = uint64_t(in.tellg());
-  in.seekg(0);
-  int32_t header[256];
-  BOTTLE_CHECK(size >= sizeof(header) && in.read(reinterpret_cast<char*>(header), sizeof(header)),
-               "{}: token shard is shorter than its 1024-byte header ({} bytes)", path, size);
-  uint64_t width = 0;
-  if (header[0] == kShardMagicU16 && header[1] == kShardVersionU16) width = 2;
-  if (header[0] == kShardMagicU32 && header[1] == kShardVersionU32) width = 4;
-  BOTTLE_CHECK(width != 0, "{}: not a token shard (magic {} version {}; expected {}/{} or {}/{})",
-               path, header[0], header[1], kShardMagicU16, kShardVersionU16, kShardMagicU32,
-               kShardVersionU32);
-  BOTTLE_CHECK(
-      header[2] >= 0 && size == sizeof(header) + uint64_t(header[2]) * width,
-      "{}: token shard header says {} tokens of {} bytes but the file has {} bytes (truncated?)",
-      path, header[2], width, size);
-  BOTTLE_CHECK(header[2] > 0, "{}: token shard is empty (0 tokens)", path);
-  return uint64_t(header[2]);
+  const uint64_t count = token_shard_size(path);
+  BOTTLE_CHECK(count > 0, "{}: token shard is empty (0 tokens)", path);
+  return count;
 }
 
 }  // namespace
