@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/token_shard.h"
+#include "test_util.h"
 #include "train/data_loader.h"
 
 namespace bottle {
@@ -20,22 +21,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    static int counter = 0;
-    path_ =
-        fs::temp_directory_path() / fmt::format("bottle-loader-test-{}-{}", ::getpid(), counter++);
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() { fs::remove_all(path_); }
-  std::string str() const { return path_.string(); }
-  std::string operator/(const std::string& name) const { return (path_ / name).string(); }
-
- private:
-  fs::path path_;
-};
+using bottle::testing::TempDir;
 
 // Shard f holds tokens base + i with base = 1000·(f+1): every window is identified by its
 // first token, and a target is its input + 1.

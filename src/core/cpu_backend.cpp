@@ -61,6 +61,23 @@ inline void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
+// out[0, n) = softmax(x[0, n)) (out may alias x); returns log Σ exp(x).
+inline float softmax_in_place(float* out, const float* x, int64_t n) {
+  float mx = x[0];
+#pragma omp simd reduction(max : mx)
+  for (int64_t j = 1; j < n; ++j) mx = std::max(mx, x[j]);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < n; ++j) {
+    out[j] = fast_exp(x[j] - mx);
+    sum += out[j];
+  }
+  const float inv = 1.0f / sum;
+#pragma omp simd
+  for (int64_t j = 0; j < n; ++j) out[j] *= inv;
+  return mx + std::log(sum);
+}
+
 // Runs body(i) for i in [0, n), split into one contiguous range per thread; the body is
 // inlined into a plain loop that the compiler vectorizes ("omp parallel for simd" over
 // captured pointers does not vectorize in GCC 12).
@@ -280,20 +297,8 @@ class CpuBackend final : public Backend {
         for (int64_t t = 0; t < rows; ++t) {
           float* row = sc + t * keys;
           const int64_t valid = r0 + t + 1;
-          float mx = row[0];
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 1; j < valid; ++j) mx = std::max(mx, row[j]);
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < valid; ++j) {
-            row[j] = fast_exp(row[j] - mx);
-            sum += row[j];
-          }
-          const float inv = 1.0f / sum;
-#pragma omp simd
-          for (int64_t j = 0; j < valid; ++j) row[j] *= inv;
+          L[r0 + t] = softmax_in_place(row, row, valid);
           for (int64_t j = valid; j < keys; ++j) row[j] = 0.0f;
-          L[r0 + t] = mx + std::log(sum);
         }
         sgemm('N', 'N', rows, d.hd, keys, 1.0f, sc, keys, V, ldk, 0.0f, O + r0 * ldq, ldq);
       }
@@ -455,20 +460,7 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) {
       const float* li = logits.f32() + i * v;
       float* pi = probs.f32() + i * v;
-      float mx = li[0];
-#pragma omp simd reduction(max : mx)
-      for (int64_t j = 1; j < v; ++j) mx = std::max(mx, li[j]);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < v; ++j) {
-        pi[j] = fast_exp(li[j] - mx);
-        sum += pi[j];
-      }
-      const float inv = 1.0f / sum;
-#pragma omp simd
-      for (int64_t j = 0; j < v; ++j) pi[j] *= inv;
-      const int32_t t = targets.i32()[i];
-      losses.f32()[i] = std::log(sum) + mx - li[t];
+      losses.f32()[i] = softmax_in_place(pi, li, v) - li[targets.i32()[i]];
     }
   }
 
