@@ -1,5 +1,5 @@
-// `bottle bench step`: one training step (forward + backward + clipping + AdamW) timed for each model
-// kind, next to the same step in PyTorch run in the same invocation, with achieved GFLOP/s
+// `bottle bench step`: one training step (forward + backward + clipping + AdamW) timed for each
+// model kind, next to the same step in PyTorch run in the same invocation, with achieved GFLOP/s
 // and MFU against a GEMM peak measured here and now.
 #include <omp.h>
 #include <unistd.h>
@@ -19,6 +19,7 @@
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
 #include "train/adamw.h"
+#include "train/train_config.h"
 
 namespace bottle {
 namespace {
@@ -58,6 +59,8 @@ void print_profile(const ProfilingBackend& profiler, int64_t steps) {
 
 Command add_bench_step_command(CLI::App& app) {
   struct Options {
+    std::string config;
+    std::vector<std::string> overrides;
     ModelConfig model;
     std::string kinds = "none,cola";
     std::string torch_coretype = "SKYLAKEX";
@@ -67,16 +70,26 @@ Command add_bench_step_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   o->model.rank = 64;
-  app.add_option("--vocab", o->model.vocab_size, "vocabulary size");
-  app.add_option("--hidden", o->model.hidden_size, "hidden width d");
-  app.add_option("--ffn", o->model.intermediate_size, "MLP width d_ff");
-  app.add_option("--layers", o->model.num_layers, "decoder blocks");
-  app.add_option("--heads", o->model.num_heads, "query heads");
-  app.add_option("--kv-heads", o->model.num_kv_heads, "key/value heads (default: --heads)");
-  app.add_option("--rank", o->model.rank, "bottleneck rank r");
-  app.add_option("--kinds", o->kinds, "comma-separated model kinds: none, svd, cola, lax");
-  app.add_option("--batch", o->batch, "micro-batch b");
-  app.add_option("--seq", o->seq, "sequence length s");
+  CLI::Option* config = app.add_option("config", o->config,
+                                       "TOML config: the model of [model], b and s of [training]");
+  app.add_option("--set", o->overrides, "override a config key: section.key=value (repeatable)")
+      ->needs(config);
+  CLI::Option* kv_heads =
+      app.add_option("--kv-heads", o->model.num_kv_heads, "key/value heads (default: --heads)");
+  const std::vector<CLI::Option*> shape = {
+      app.add_option("--vocab", o->model.vocab_size, "vocabulary size"),
+      app.add_option("--hidden", o->model.hidden_size, "hidden width d"),
+      app.add_option("--ffn", o->model.intermediate_size, "MLP width d_ff"),
+      app.add_option("--layers", o->model.num_layers, "decoder blocks"),
+      app.add_option("--heads", o->model.num_heads, "query heads"),
+      kv_heads,
+      app.add_option("--rank", o->model.rank, "bottleneck rank r"),
+      app.add_option("--batch", o->batch, "micro-batch b"),
+      app.add_option("--seq", o->seq, "sequence length s")};
+  for (CLI::Option* opt : shape) opt->excludes(config);
+  CLI::Option* kinds = app.add_option(
+      "--kinds", o->kinds,
+      "comma-separated model kinds: none, svd, cola, lax (default: none,cola, or the config's)");
   app.add_option("--steps", o->steps, "timed steps");
   app.add_option("--warmup", o->warmup, "untimed steps first");
   app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike");
@@ -87,10 +100,17 @@ Command add_bench_step_command(CLI::App& app) {
       "OPENBLAS_CORETYPE for the PyTorch peer only ('' to leave OpenBLAS to detect the CPU)");
   app.add_flag("--profile", o->profile,
                "also print the time per kernel (GEMMs per shape) of the timed steps");
-  return [o] {
+  return [o, config, kv_heads, kinds] {
     omp_set_num_threads(o->threads);
-    if (o->model.num_kv_heads == 8 && o->model.num_heads != 8)
+    if (config->count()) {
+      const TrainConfig c = load_train_config(o->config, o->overrides);
+      o->model = c.model;
+      o->batch = c.training.micro_batch_size;
+      o->seq = c.training.seq_len;
+      if (!kinds->count()) o->kinds = bottleneck_kind_name(c.model.bottleneck);
+    } else if (!kv_heads->count()) {
       o->model.num_kv_heads = o->model.num_heads;
+    }
     o->model.max_seq_len = std::max(o->model.max_seq_len, o->seq);
     BOTTLE_CHECK(o->steps > 0, "--steps must be positive");
     std::unique_ptr<Backend> be = make_backend("cpu");
@@ -139,7 +159,8 @@ Command add_bench_step_command(CLI::App& app) {
         model.backward(*be, tokens, targets);
         // Clipping by the global norm, as bottle train does: the same work per step.
         const double norm = std::sqrt(be->sum_squares(model.parameters().grads()));
-        optimizer.step(*be, model.parameters(), 1e-3f, norm > 1.0 ? float(1.0 / (norm + 1e-6)) : 1.0f);
+        optimizer.step(*be, model.parameters(), 1e-3f,
+                       norm > 1.0 ? float(1.0 / (norm + 1e-6)) : 1.0f);
         if (step >= o->warmup) ms.push_back(ms_since(t0));
       }
       const Timing t = summarize(ms);
