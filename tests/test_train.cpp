@@ -227,6 +227,35 @@ keep = 3
 };
 
 // ---------------------------------------------------------------------------------------
+// --init-from starts from a model directory's weights (fresh optimizer, step 0).
+
+TEST_F(Train, InitFromStartsFromTheCheckpointsWeights) {
+  const std::string a = dir / "a", b = dir / "b", fresh = dir / "fresh";
+  ASSERT_EQ(train(folder_arg(a)).status, 0);
+  const CommandResult from =
+      train(fmt::format("{} --init-from {}/step_00000020", folder_arg(b), a));
+  ASSERT_EQ(from.status, 0) << from.output;
+  ASSERT_EQ(train(folder_arg(fresh)).status, 0);
+  const Metrics ma = read_metrics(a + "/metrics.jsonl"), mb = read_metrics(b + "/metrics.jsonl"),
+                mf = read_metrics(fresh + "/metrics.jsonl");
+  // The first step of the run started from A's weights begins where A ended, far below a
+  // fresh start's first loss.
+  EXPECT_LT(mb.steps.front().loss, mf.steps.front().loss - 0.5);
+  EXPECT_LT(std::fabs(mb.steps.front().loss - ma.steps.back().loss), 0.5);
+  EXPECT_EQ(mb.steps.front().step, 1);
+}
+
+TEST_F(Train, InitFromAnotherShapeNamesTheKey) {
+  ASSERT_EQ(train(folder_arg(dir / "a")).status, 0);
+  const CommandResult r =
+      train(fmt::format("{} --init-from {}/step_00000020 --set model.num_layers=3",
+                        folder_arg(dir / "b"), dir / "a"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("num_hidden_layers"), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(dir / "b/step_00000001"));
+}
+
+// ---------------------------------------------------------------------------------------
 // 1. Resume is bit-exact.
 
 // Run A trains `steps` steps at once; run B stops at `stop` and resumes. The schedule must not
