@@ -13,12 +13,13 @@ struct ParityCase {
   BottleneckKind kind;
   int64_t kv_heads;
   bool tied;
+  bool uneven_ranks = false;  // a different rank in every projection
 };
 
 std::string case_name(const ::testing::TestParamInfo<ParityCase>& info) {
   const ParityCase& c = info.param;
-  return fmt::format("{}_{}_{}", bottleneck_kind_name(c.kind), c.kv_heads == 4 ? "MHA" : "GQA",
-                     c.tied ? "tied" : "untied");
+  return fmt::format("{}_{}_{}{}", bottleneck_kind_name(c.kind), c.kv_heads == 4 ? "MHA" : "GQA",
+                     c.tied ? "tied" : "untied", c.uneven_ranks ? "_uneven_ranks" : "");
 }
 
 std::vector<float> read_all(const SafeTensorsReader& r, const std::string& name) {
@@ -43,7 +44,9 @@ TEST_P(TorchParity, LossLogitsAndEveryGradientMatch) {
   const ParityCase pc = GetParam();
   TempDir dir;
   const int64_t batch = 2, seq = 16;
-  LlamaModel model(tiny_config(pc.kind, pc.kv_heads, pc.tied));
+  ModelConfig config = tiny_config(pc.kind, pc.kv_heads, pc.tied);
+  if (pc.uneven_ranks) config.ranks = {4, 8, 6, 12, 10, 16, 5};  // q k v o gate up down
+  LlamaModel model(config);
   init_for_test(model, 7);
   save_model(model, dir / "model");
   write_random_shard(dir / "tokens.bin", batch * seq + 1, model.config().vocab_size, 11);
@@ -90,6 +93,8 @@ std::vector<ParityCase> all_cases() {
        {BottleneckKind::none, BottleneckKind::svd, BottleneckKind::cola, BottleneckKind::lax})
     for (int64_t kv : {4, 2})
       for (bool tied : {false, true}) cases.push_back({kind, kv, tied});
+  for (BottleneckKind kind : {BottleneckKind::cola, BottleneckKind::lax})
+    cases.push_back({kind, 2, false, /*uneven_ranks=*/true});
   return cases;
 }
 
