@@ -4,10 +4,7 @@
 
 namespace bottle {
 
-const char* bottleneck_kind_name(BottleneckKind kind) {
-  static constexpr const char* names[] = {"none", "svd", "cola", "lax"};
-  return names[int(kind)];
-}
+const char* bottleneck_kind_name(BottleneckKind kind) { return kBottleneckKindNames[int(kind)]; }
 
 BottleneckKind parse_bottleneck_kind(const std::string& name) {
   if (name == "none") return BottleneckKind::none;

@@ -7,6 +7,9 @@
 //         u is passed to the same projection of the next block (the latent crossing).
 // The work is split into the three stages that tensor parallelism cuts between:
 // down (A), latent (crossing, LN_r, σ; runs on the whole r-wide latent) and up (B).
+#include <array>
+#include <string>
+
 #include "core/arena.h"
 #include "core/backend.h"
 #include "nn/param.h"
@@ -14,6 +17,7 @@
 namespace bottle {
 
 enum class BottleneckKind { none, svd, cola, lax };
+inline constexpr std::array<const char*, 4> kBottleneckKindNames = {"none", "svd", "cola", "lax"};
 const char* bottleneck_kind_name(BottleneckKind kind);
 BottleneckKind parse_bottleneck_kind(const std::string& name);  // throws naming the value
 

@@ -28,7 +28,6 @@ constexpr std::array<const char*, 2> kOnNonfiniteNames = {"stop", "skip"};
 constexpr std::array<const char*, 3> kLrDecayNames = {"cosine", "linear", "constant"};
 constexpr std::array<const char*, 3> kTpModeNames = {"full", "vanilla", "btp"};
 constexpr std::array<const char*, 2> kScheduleNames = {"1f1b", "gpipe"};
-constexpr std::array<const char*, 4> kBottleneckNames = {"none", "svd", "cola", "lax"};
 
 }  // namespace
 
@@ -216,7 +215,7 @@ std::vector<ConfigKey> build_schema() {
   s.push_back(integer_key("model.num_kv_heads", FIELD(model.num_kv_heads), greater(0),
                           "key/value heads (grouped-query attention); must divide num_heads",
                           "model.num_heads"));
-  s.push_back(choice_key("model.bottleneck", FIELD(model.bottleneck), kBottleneckNames,
+  s.push_back(choice_key("model.bottleneck", FIELD(model.bottleneck), kBottleneckKindNames,
                          "every projection: none (full rank), svd (B·A), cola (B·σ(A·x)), "
                          "lax (CoLA with cross-layer latent crossing)"));
   s.push_back(unset_when_zero_key("model.rank", FIELD(model.rank),
