@@ -1,0 +1,64 @@
+#include "comm/communicator.h"
+
+namespace bottle {
+
+const char* collective_name(Collective c) {
+  switch (c) {
+    case Collective::all_reduce:
+      return "all_reduce";
+    case Collective::all_gather:
+      return "all_gather";
+    case Collective::reduce_scatter:
+      return "reduce_scatter";
+    case Collective::broadcast:
+      return "broadcast";
+    case Collective::send:
+      return "send";
+    case Collective::recv:
+      return "recv";
+    case Collective::barrier:
+      return "barrier";
+  }
+  return "unknown";
+}
+
+namespace {
+
+void add(CommCounter& to, const CommCounter& from) {
+  to.calls += from.calls;
+  to.elements += from.elements;
+  to.seconds += from.seconds;
+}
+
+}  // namespace
+
+void CommStats::record(Collective kind, std::string_view site, int64_t elements, double seconds) {
+  const CommCounter one{1, elements, seconds};
+  // Heterogeneous lookup: the common case (a site seen before) allocates nothing.
+  auto it = by_site_.find(site);
+  if (it == by_site_.end()) it = by_site_.emplace(std::string(site), CommCounter{}).first;
+  add(it->second, one);
+  add(by_kind_[int(kind)], one);
+}
+
+void CommStats::reset() {
+  by_site_.clear();
+  for (CommCounter& c : by_kind_) c = CommCounter{};
+}
+
+CommCounter CommStats::total() const {
+  CommCounter sum;
+  for (const CommCounter& c : by_kind_) add(sum, c);
+  return sum;
+}
+
+CommCounter CommStats::with_prefix(std::string_view prefix) const {
+  CommCounter sum;
+  // Sites are sorted, so those with the prefix are one contiguous run.
+  for (auto it = by_site_.lower_bound(prefix);
+       it != by_site_.end() && std::string_view(it->first).starts_with(prefix); ++it)
+    add(sum, it->second);
+  return sum;
+}
+
+}  // namespace bottle

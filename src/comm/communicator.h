@@ -1,0 +1,86 @@
+#pragma once
+// One interface for every collective bottle issues (DESIGN §5): all_reduce, all_gather,
+// reduce_scatter, broadcast, send/recv, barrier and split. Implemented on Open MPI (host
+// memory); NCCL (device memory) later. Every call names its call site ("btp.fwd.qkv",
+// "dp.grads", ...) and is counted: calls, elements and wall time, per site and per kind of
+// collective, so that a bench can print exactly what each TP mode moves per block.
+//
+// Elements counted per call: all_reduce and broadcast the buffer's size; all_gather the
+// gathered result (size × input); reduce_scatter the input (size × output); send/recv the
+// message. A communicator of size 1 moves nothing and counts nothing.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "core/tensor.h"
+
+namespace bottle {
+
+enum class ReduceOp { sum, max };
+
+enum class Collective { all_reduce, all_gather, reduce_scatter, broadcast, send, recv, barrier };
+const char* collective_name(Collective c);
+
+struct CommCounter {
+  int64_t calls = 0;
+  int64_t elements = 0;
+  double seconds = 0;
+};
+
+class CommStats {
+ public:
+  void record(Collective kind, std::string_view site, int64_t elements, double seconds);
+  void reset();
+  const std::map<std::string, CommCounter, std::less<>>& by_site() const { return by_site_; }
+  const CommCounter& by_kind(Collective kind) const { return by_kind_[int(kind)]; }
+  CommCounter total() const;
+  // Sum over the sites whose name starts with `prefix`.
+  CommCounter with_prefix(std::string_view prefix) const;
+
+ private:
+  std::map<std::string, CommCounter, std::less<>> by_site_;
+  CommCounter by_kind_[7];
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // What the group is for ("world", "tp", "dp", "pp"); error messages name it.
+  virtual const std::string& name() const = 0;
+
+  // In place over x (f32 or i32); every rank gets the same result.
+  virtual void all_reduce(Tensor x, ReduceOp op, std::string_view site) = 0;
+  // out (size() × in.numel() elements, same dtype) = the ranks' inputs in rank order.
+  virtual void all_gather(Tensor out, Tensor in, std::string_view site) = 0;
+  // out (in.numel() / size() elements) = this rank's block of the sum over ranks of in.
+  virtual void reduce_scatter(Tensor out, Tensor in, std::string_view site) = 0;
+  virtual void broadcast(Tensor x, int root, std::string_view site) = 0;
+  // Blocking point-to-point. Matching send/recv pairs must use the same tag.
+  virtual void send(Tensor x, int dest, int tag, std::string_view site) = 0;
+  virtual void recv(Tensor x, int source, int tag, std::string_view site) = 0;
+  virtual void barrier() = 0;
+  // Ranks with the same color form a new group, ordered by key (then by rank here).
+  virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) = 0;
+
+  CommStats& stats() { return stats_; }
+  const CommStats& stats() const { return stats_; }
+
+ protected:
+  CommStats stats_;
+};
+
+// The world: every process of the job (a single process when not launched by mpirun).
+// Initialises the message-passing runtime on the first call; it is finalised at exit.
+Communicator& world_communicator();
+
+// For apps: report an error that ends this process. Prints "bottle: error: MESSAGE" (with
+// "rank R: " when the world has more than one rank) on stderr, then ends the whole job
+// with a non-zero status without hanging, even when other ranks are waiting in a
+// collective. Returns only when the world is a single process (the caller then exits).
+void report_fatal_error(const char* kind, const char* message);
+
+}  // namespace bottle

@@ -1,0 +1,203 @@
+#include "comm/mpi_communicator.h"
+
+#include <fmt/format.h>
+
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+namespace bottle {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Element types for moving data; bf16 only travels (MPI has no bf16 arithmetic).
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::f32:
+      return MPI_FLOAT;
+    case DType::i32:
+      return MPI_INT32_T;
+    case DType::bf16:
+      return MPI_UINT16_T;
+  }
+  return MPI_DATATYPE_NULL;
+}
+
+bool reducible(DType t) { return t == DType::f32 || t == DType::i32; }
+
+}  // namespace
+
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool owned)
+    : comm_(comm), name_(std::move(name)), owned_(owned) {
+  // The default handler aborts with MPI's own message, which names neither the group nor
+  // the call site; check() prints both.
+  check(MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN), "MPI_Comm_set_errhandler", "create");
+  check(MPI_Comm_rank(comm_, &rank_), "MPI_Comm_rank", "create");
+  check(MPI_Comm_size(comm_, &size_), "MPI_Comm_size", "create");
+}
+
+MpiCommunicator::~MpiCommunicator() {
+  if (!owned_ || comm_ == MPI_COMM_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) check(MPI_Comm_free(&comm_), "MPI_Comm_free", "destroy");
+}
+
+void MpiCommunicator::check(int rc, const char* function, std::string_view site) const {
+  if (rc == MPI_SUCCESS) return;
+  char text[MPI_MAX_ERROR_STRING] = {};
+  int length = 0;
+  if (MPI_Error_string(rc, text, &length) != MPI_SUCCESS)
+    length = std::snprintf(text, sizeof text, "error code %d", rc);
+  int world_rank = -1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  // One write, so that the lines of several failing ranks do not interleave.
+  std::string line =
+      fmt::format("bottle: error: rank {}: {} on the '{}' group (site '{}') failed: {}\n",
+                  world_rank, function, name_, site, std::string_view(text, length));
+  std::fputs(line.c_str(), stderr);
+  std::fflush(stderr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
+namespace {
+
+int checked_count(const Tensor& t, const char* what, std::string_view site,
+                  const std::string& group) {
+  BOTTLE_CHECK(t.numel() <= INT_MAX, "{} at '{}' on the '{}' group: {} elements exceed {}", what,
+               site, group, t.numel(), INT_MAX);
+  BOTTLE_CHECK(t.numel() == 0 || t.data != nullptr,
+               "{} at '{}' on the '{}' group: tensor of shape {} has no data", what, site, group,
+               t.shape.str());
+  return int(t.numel());
+}
+
+}  // namespace
+
+void MpiCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {
+  BOTTLE_CHECK(reducible(x.dtype), "all_reduce at '{}' on the '{}' group: dtype {} (f32 or i32)",
+               site, name_, dtype_name(x.dtype));
+  const int count = checked_count(x, "all_reduce", site, name_);
+  if (size_ == 1) return;
+  const auto start = Clock::now();
+  check(MPI_Allreduce(MPI_IN_PLACE, x.data, count, mpi_type(x.dtype),
+                      op == ReduceOp::sum ? MPI_SUM : MPI_MAX, comm_),
+        "MPI_Allreduce", site);
+  stats_.record(Collective::all_reduce, site, x.numel(), seconds_since(start));
+}
+
+void MpiCommunicator::all_gather(Tensor out, Tensor in, std::string_view site) {
+  BOTTLE_CHECK(out.dtype == in.dtype, "all_gather at '{}' on the '{}' group: out is {}, in is {}",
+               site, name_, dtype_name(out.dtype), dtype_name(in.dtype));
+  BOTTLE_CHECK(out.numel() == int64_t(size_) * in.numel(),
+               "all_gather at '{}' on the '{}' group: out has {} elements, expected size × in = "
+               "{} × {} = {}",
+               site, name_, out.numel(), size_, in.numel(), int64_t(size_) * in.numel());
+  const int count = checked_count(in, "all_gather", site, name_);
+  checked_count(out, "all_gather", site, name_);
+  if (size_ == 1) {
+    if (out.data != in.data && in.nbytes()) std::memmove(out.data, in.data, in.nbytes());
+    return;
+  }
+  const auto start = Clock::now();
+  const MPI_Datatype type = mpi_type(in.dtype);
+  check(MPI_Allgather(in.data, count, type, out.data, count, type, comm_), "MPI_Allgather", site);
+  stats_.record(Collective::all_gather, site, out.numel(), seconds_since(start));
+}
+
+void MpiCommunicator::reduce_scatter(Tensor out, Tensor in, std::string_view site) {
+  BOTTLE_CHECK(reducible(in.dtype) && out.dtype == in.dtype,
+               "reduce_scatter at '{}' on the '{}' group: out is {}, in is {} (both f32 or i32)",
+               site, name_, dtype_name(out.dtype), dtype_name(in.dtype));
+  BOTTLE_CHECK(in.numel() % size_ == 0,
+               "reduce_scatter at '{}' on the '{}' group: in has {} elements, not a multiple of "
+               "the group size {}",
+               site, name_, in.numel(), size_);
+  BOTTLE_CHECK(out.numel() == in.numel() / size_,
+               "reduce_scatter at '{}' on the '{}' group: out has {} elements, expected in / size "
+               "= {} / {} = {}",
+               site, name_, out.numel(), in.numel(), size_, in.numel() / size_);
+  checked_count(in, "reduce_scatter", site, name_);
+  const int count = checked_count(out, "reduce_scatter", site, name_);
+  if (size_ == 1) {
+    if (out.data != in.data && in.nbytes()) std::memmove(out.data, in.data, in.nbytes());
+    return;
+  }
+  const auto start = Clock::now();
+  check(MPI_Reduce_scatter_block(in.data, out.data, count, mpi_type(in.dtype), MPI_SUM, comm_),
+        "MPI_Reduce_scatter_block", site);
+  stats_.record(Collective::reduce_scatter, site, in.numel(), seconds_since(start));
+}
+
+void MpiCommunicator::broadcast(Tensor x, int root, std::string_view site) {
+  BOTTLE_CHECK(root >= 0 && root < size_,
+               "broadcast at '{}' on the '{}' group: root {} is not a rank of a group of {}", site,
+               name_, root, size_);
+  const int count = checked_count(x, "broadcast", site, name_);
+  if (size_ == 1) return;
+  const auto start = Clock::now();
+  check(MPI_Bcast(x.data, count, mpi_type(x.dtype), root, comm_), "MPI_Bcast", site);
+  stats_.record(Collective::broadcast, site, x.numel(), seconds_since(start));
+}
+
+void MpiCommunicator::send(Tensor x, int dest, int tag, std::string_view site) {
+  BOTTLE_CHECK(dest >= 0 && dest < size_ && tag >= 0,
+               "send at '{}' on the '{}' group: destination {} with tag {} (ranks 0..{}, tags "
+               "from 0)",
+               site, name_, dest, tag, size_ - 1);
+  const int count = checked_count(x, "send", site, name_);
+  if (size_ == 1) return;
+  // A blocking send to oneself never completes.
+  BOTTLE_CHECK(dest != rank_, "send at '{}' on the '{}' group: rank {} sends to itself", site,
+               name_, rank_);
+  const auto start = Clock::now();
+  check(MPI_Send(x.data, count, mpi_type(x.dtype), dest, tag, comm_), "MPI_Send", site);
+  stats_.record(Collective::send, site, x.numel(), seconds_since(start));
+}
+
+void MpiCommunicator::recv(Tensor x, int source, int tag, std::string_view site) {
+  BOTTLE_CHECK(source >= 0 && source < size_ && tag >= 0,
+               "recv at '{}' on the '{}' group: source {} with tag {} (ranks 0..{}, tags from 0)",
+               site, name_, source, tag, size_ - 1);
+  const int count = checked_count(x, "recv", site, name_);
+  if (size_ == 1) return;
+  BOTTLE_CHECK(source != rank_, "recv at '{}' on the '{}' group: rank {} receives from itself",
+               site, name_, rank_);
+  const auto start = Clock::now();
+  MPI_Status status;
+  check(MPI_Recv(x.data, count, mpi_type(x.dtype), source, tag, comm_, &status), "MPI_Recv", site);
+  // A shorter message than expected would leave stale data in x without any error.
+  int received = 0;
+  check(MPI_Get_count(&status, mpi_type(x.dtype), &received), "MPI_Get_count", site);
+  BOTTLE_CHECK(received == count,
+               "recv at '{}' on the '{}' group: got {} elements from rank {}, expected {}", site,
+               name_, received, source, count);
+  stats_.record(Collective::recv, site, x.numel(), seconds_since(start));
+}
+
+void MpiCommunicator::barrier() {
+  if (size_ == 1) return;
+  const auto start = Clock::now();
+  check(MPI_Barrier(comm_), "MPI_Barrier", "barrier");
+  stats_.record(Collective::barrier, "barrier", 0, seconds_since(start));
+}
+
+std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {
+  // MPI_UNDEFINED (negative) would leave this rank without a group.
+  BOTTLE_CHECK(color >= 0, "split of the '{}' group into '{}': color {} is negative", name_, name,
+               color);
+  MPI_Comm comm = MPI_COMM_NULL;
+  check(MPI_Comm_split(comm_, color, key, &comm), "MPI_Comm_split", name);
+  return std::make_unique<MpiCommunicator>(comm, std::move(name), true);
+}
+
+}  // namespace bottle

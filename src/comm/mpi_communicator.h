@@ -1,0 +1,48 @@
+#pragma once
+// The Open MPI backend of Communicator: host memory, blocking calls. Internal to the comm
+// layer (it exposes mpi.h); everything else reaches it through Communicator.
+#include <mpi.h>
+
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace bottle {
+
+class MpiCommunicator final : public Communicator {
+ public:
+  // Wraps `comm`; when `owned`, the destructor frees it (unless MPI is already finalized,
+  // when freeing is no longer allowed and the runtime has released it anyway).
+  MpiCommunicator(MPI_Comm comm, std::string name, bool owned);
+  ~MpiCommunicator() override;
+  MpiCommunicator(const MpiCommunicator&) = delete;
+  MpiCommunicator& operator=(const MpiCommunicator&) = delete;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+
+  void all_reduce(Tensor x, ReduceOp op, std::string_view site) override;
+  void all_gather(Tensor out, Tensor in, std::string_view site) override;
+  void reduce_scatter(Tensor out, Tensor in, std::string_view site) override;
+  void broadcast(Tensor x, int root, std::string_view site) override;
+  void send(Tensor x, int dest, int tag, std::string_view site) override;
+  void recv(Tensor x, int source, int tag, std::string_view site) override;
+  void barrier() override;
+  std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
+
+  MPI_Comm handle() const { return comm_; }
+
+ private:
+  // An MPI failure means the job's state is unknown (a peer died, memory is corrupt), so
+  // it ends the whole job instead of throwing into code that would wait for that peer.
+  void check(int rc, const char* function, std::string_view site) const;
+
+  MPI_Comm comm_;
+  std::string name_;
+  bool owned_;
+  int rank_ = 0;
+  int size_ = 1;
+};
+
+}  // namespace bottle
