@@ -89,7 +89,7 @@ inline void init_for_test(LlamaModel& model, uint64_t seed) {
     const uint64_t key = hash_name(seed + 1, spec.name);
     float* v = params.at(i).value.f32();
     for (int64_t j = 0; j < spec.shape.numel(); ++j)
-      v[j] += 0.1f * counter_normal(key, uint64_t(j));
+      v[j] += 0.1f * counter_normal(key, uint64_t(spec.global_index(j)));
   }
 }
 

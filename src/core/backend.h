@@ -100,6 +100,35 @@ class Backend {
   virtual void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
                                       float scale) = 0;
 
+  // --- Tensor-parallel kernels: a rank holds a slice of the vocabulary or of the hidden dim.
+  // The table holds rows [first, first + table.rows()) of the whole vocabulary: tokens outside
+  // it give zero rows (forward) and are skipped (backward). Tokens must be >= 0.
+  virtual void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
+                                       int64_t first) = 0;
+  virtual void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
+                                        int64_t first) = 0;
+  // max[n] = max_j logits[n,j]; sumexp[n] = Σ_j exp(logits[n,j] - max[n]).
+  virtual void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) = 0;
+  // The logits hold vocabulary columns [first, first + cols) and max, sumexp are the
+  // whole-vocabulary statistics: dlogits[n,j] += scale * (exp(logits[n,j] - max[n]) /
+  // sumexp[n] - [first + j == targets[n]]).
+  virtual void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max,
+                                            Tensor sumexp, Tensor targets, int64_t first,
+                                            float scale) = 0;
+  // Online RMSNorm on a slice of C of each row's columns: sumsq[n] = Σ_j x[n,j]^2 and
+  // out = x * weight / sqrt(sumsq / C + eps), normalised by the slice's own statistic.
+  virtual void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+                                     float eps) = 0;
+  // RMSNorm backward on a slice of the d columns, given the whole-row rstd [N] and
+  // dot[n] = Σ over all d columns of weight * dout * x:
+  // dx += rstd * weight * dout - x * rstd^3 * dot / d;  dweight += Σ_n dout * x * rstd.
+  virtual void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
+                                      Tensor weight, Tensor rstd, Tensor dot, int64_t d) = 0;
+  // out[n,:] = x[n,:] * factor[n] (out may alias x).
+  virtual void scale_rows(Tensor out, Tensor x, Tensor factor) = 0;
+  // out[n] = Σ_j a[n,j] * b[n,j].
+  virtual void row_dot(Tensor out, Tensor a, Tensor b) = 0;
+
   // Decoupled-weight-decay Adam on one contiguous buffer; m, v are the moments.
   virtual void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v,
                             const AdamWArgs& args) = 0;

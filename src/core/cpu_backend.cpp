@@ -477,6 +477,148 @@ class CpuBackend final : public Backend {
     }
   }
 
+  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override {
+    require_f32("embedding_shard_forward", {out, table});
+    require_i32("embedding_shard_forward", tokens);
+    const int64_t n = tokens.numel(), c = table.cols(), rows = table.rows();
+    const int32_t* tok = tokens.i32();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t row = int64_t(tok[i]) - first;
+      if (row >= 0 && row < rows)
+        std::memcpy(out.f32() + i * c, table.f32() + row * c, c * sizeof(float));
+      else
+        std::memset(out.f32() + i * c, 0, c * sizeof(float));
+    }
+  }
+
+  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
+                                int64_t first) override {
+    require_f32("embedding_shard_backward", {dtable, dout});
+    require_i32("embedding_shard_backward", tokens);
+    const int64_t n = tokens.numel(), c = dtable.cols(), rows = dtable.rows();
+    const int32_t* tok = tokens.i32();
+#pragma omp parallel
+    {
+      const int nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const int64_t c0 = c * t / nt, c1 = c * (t + 1) / nt;
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t row = int64_t(tok[i]) - first;
+        if (row < 0 || row >= rows) continue;
+        float* dst = dtable.f32() + row * c;
+        const float* src = dout.f32() + i * c;
+        for (int64_t j = c0; j < c1; ++j) dst[j] += src[j];
+      }
+    }
+  }
+
+  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override {
+    require_f32("logits_row_stats", {max, sumexp, logits});
+    const int64_t n = logits.rows(), v = logits.cols();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* li = logits.f32() + i * v;
+      float mx = li[0];
+#pragma omp simd reduction(max : mx)
+      for (int64_t j = 1; j < v; ++j) mx = std::max(mx, li[j]);
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < v; ++j) sum += fast_exp(li[j] - mx);
+      max.f32()[i] = mx;
+      sumexp.f32()[i] = sum;
+    }
+  }
+
+  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
+                                    Tensor targets, int64_t first, float scale) override {
+    require_f32("cross_entropy_shard_backward", {dlogits, logits, max, sumexp});
+    require_i32("cross_entropy_shard_backward", targets);
+    const int64_t n = logits.rows(), v = logits.cols();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* li = logits.f32() + i * v;
+      float* di = dlogits.f32() + i * v;
+      const float mx = max.f32()[i], k = scale / sumexp.f32()[i];
+#pragma omp simd
+      for (int64_t j = 0; j < v; ++j) di[j] += k * fast_exp(li[j] - mx);
+      const int64_t target = int64_t(targets.i32()[i]) - first;
+      if (target >= 0 && target < v) di[target] -= scale;
+    }
+  }
+
+  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+                             float eps) override {
+    require_f32("rmsnorm_shard_forward", {out, sumsq, x, weight});
+    const int64_t n = x.rows(), c = x.cols();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xi = x.f32() + i * c;
+      float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t j = 0; j < c; ++j) ss += xi[j] * xi[j];
+      sumsq.f32()[i] = ss;
+      const float r = 1.0f / std::sqrt(ss / float(c) + eps);
+      float* oi = out.f32() + i * c;
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) oi[j] = xi[j] * r * weight.f32()[j];
+    }
+  }
+
+  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                              Tensor rstd, Tensor dot, int64_t d) override {
+    require_f32("rmsnorm_shard_backward", {dx, dweight, dout, x, weight, rstd, dot});
+    const int64_t n = x.rows(), c = x.cols();
+    const int nt = omp_get_max_threads();
+    float* partial = dweight_ws_.get(size_t(nt) * c);
+    std::memset(partial, 0, sizeof(float) * nt * c);
+#pragma omp parallel
+    {
+      float* dw = partial + size_t(omp_get_thread_num()) * c;
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const float* xi = x.f32() + i * c;
+        const float* gi = dout.f32() + i * c;
+        float* dxi = dx.f32() + i * c;
+        const float r = rstd.f32()[i];
+        const float k = dot.f32()[i] * r * r * r / float(d);
+#pragma omp simd
+        for (int64_t j = 0; j < c; ++j) {
+          dxi[j] += gi[j] * weight.f32()[j] * r - xi[j] * k;
+          dw[j] += gi[j] * xi[j] * r;
+        }
+      }
+    }
+    for (int t = 0; t < nt; ++t)
+      for (int64_t j = 0; j < c; ++j) dweight.f32()[j] += partial[size_t(t) * c + j];
+  }
+
+  void scale_rows(Tensor out, Tensor x, Tensor factor) override {
+    require_f32("scale_rows", {out, x, factor});
+    const int64_t n = x.rows(), c = x.cols();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float f = factor.f32()[i];
+      const float* xi = x.f32() + i * c;
+      float* oi = out.f32() + i * c;
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) oi[j] = xi[j] * f;
+    }
+  }
+
+  void row_dot(Tensor out, Tensor a, Tensor b) override {
+    require_f32("row_dot", {out, a, b});
+    const int64_t n = a.rows(), c = a.cols();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* ai = a.f32() + i * c;
+      const float* bi = b.f32() + i * c;
+      float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+      for (int64_t j = 0; j < c; ++j) s += ai[j] * bi[j];
+      out.f32()[i] = s;
+    }
+  }
+
   void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override {
     require_f32("adamw_update", {param, grad, m, v});
     const int64_t n = param.numel();

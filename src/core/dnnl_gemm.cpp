@@ -45,11 +45,14 @@ Cached make(const GemmArgs& g) {
     b_strides[0] = g.k * g.n;
     c_strides[0] = g.m * g.ldc;
   }
-  // A zero batch stride on B broadcasts one B over the batch (GQA: one kv head, many q heads).
+  // A zero batch stride broadcasts one matrix over the batch: B for GQA (one kv head, many
+  // q heads), A for grouped projections (one input, several weights).
   const int64_t b_batch = g.stride_b == 0 ? 1 : g.batch;
   if (b_batch == 1) b_strides[0] = g.k * g.n;
+  const int64_t a_batch = g.stride_a == 0 ? 1 : g.batch;
+  if (a_batch == 1) a_strides[0] = g.m * g.k;
   Cached out;
-  out.a = dnnl::memory::desc({g.batch, g.m, g.k}, dt, a_strides);
+  out.a = dnnl::memory::desc({a_batch, g.m, g.k}, dt, a_strides);
   out.b = dnnl::memory::desc({b_batch, g.k, g.n}, dt, b_strides);
   out.c = dnnl::memory::desc({g.batch, g.m, g.n}, dnnl::memory::data_type::f32, c_strides);
   dnnl::primitive_attr attr;
@@ -70,7 +73,6 @@ Cached make(const GemmArgs& g) {
 void dnnl_gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   BOTTLE_CHECK(g.k > 0, "gemm with k = 0");
-  BOTTLE_CHECK(g.stride_a != 0 || g.batch == 1, "gemm: only B may be broadcast over the batch");
   Engine& e = engine();
   const Key key{g.trans_a,  g.trans_b, g.m,        g.n,   g.k,        g.alpha, g.beta,      g.lda,
                 g.stride_a, g.ldb,     g.stride_b, g.ldc, g.stride_c, g.batch, int(g.dtype)};

@@ -110,4 +110,41 @@ void ProfilingBackend::adamw_update(Tensor param, Tensor grad, Tensor m, Tensor 
   timed("adamw_update", [&] { inner_->adamw_update(param, grad, m, v, args); });
 }
 
+void ProfilingBackend::embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
+                                               int64_t first) {
+  timed("embedding_shard_forward",
+        [&] { inner_->embedding_shard_forward(out, tokens, table, first); });
+}
+void ProfilingBackend::embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
+                                                int64_t first) {
+  timed("embedding_shard_backward",
+        [&] { inner_->embedding_shard_backward(dtable, tokens, dout, first); });
+}
+void ProfilingBackend::logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) {
+  timed("logits_row_stats", [&] { inner_->logits_row_stats(max, sumexp, logits); });
+}
+void ProfilingBackend::cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max,
+                                                    Tensor sumexp, Tensor targets, int64_t first,
+                                                    float scale) {
+  timed("cross_entropy_shard_backward", [&] {
+    inner_->cross_entropy_shard_backward(dlogits, logits, max, sumexp, targets, first, scale);
+  });
+}
+void ProfilingBackend::rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+                                             float eps) {
+  timed("rmsnorm_shard_forward", [&] { inner_->rmsnorm_shard_forward(out, sumsq, x, weight, eps); });
+}
+void ProfilingBackend::rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
+                                              Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
+  timed("rmsnorm_shard_backward", [&] {
+    inner_->rmsnorm_shard_backward(dx, dweight, dout, x, weight, rstd, dot, d);
+  });
+}
+void ProfilingBackend::scale_rows(Tensor out, Tensor x, Tensor factor) {
+  timed("scale_rows", [&] { inner_->scale_rows(out, x, factor); });
+}
+void ProfilingBackend::row_dot(Tensor out, Tensor a, Tensor b) {
+  timed("row_dot", [&] { inner_->row_dot(out, a, b); });
+}
+
 }  // namespace bottle

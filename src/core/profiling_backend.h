@@ -50,6 +50,17 @@ class ProfilingBackend final : public Backend {
   double sum_squares(Tensor x) override;
   void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override;
   void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override;
+  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override;
+  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override;
+  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override;
+  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
+                                    Tensor targets, int64_t first, float scale) override;
+  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+                             float eps) override;
+  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                              Tensor rstd, Tensor dot, int64_t d) override;
+  void scale_rows(Tensor out, Tensor x, Tensor factor) override;
+  void row_dot(Tensor out, Tensor a, Tensor b) override;
   void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& args) override;
 
  private:

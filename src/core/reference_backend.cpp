@@ -415,6 +415,130 @@ class ReferenceBackend final : public Backend {
     }
   }
 
+  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override {
+    const char* k = "embedding_shard_forward";
+    need_f32(k, {out, table});
+    need_dtype(k, tokens, DType::i32);
+    const int64_t n = tokens.numel(), rows = table.rows(), c = table.cols();
+    need_numel(k, out, n * c, "out");
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = int64_t(tokens.i32()[t]) - first;
+      const bool here = row >= 0 && row < rows;
+      for (int64_t j = 0; j < c; ++j) out.f32()[t * c + j] = here ? table.f32()[row * c + j] : 0.0f;
+    }
+  }
+
+  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
+                                int64_t first) override {
+    const char* k = "embedding_shard_backward";
+    need_f32(k, {dtable, dout});
+    need_dtype(k, tokens, DType::i32);
+    const int64_t n = tokens.numel(), rows = dtable.rows(), c = dtable.cols();
+    need_numel(k, dout, n * c, "dout");
+    for (int64_t t = 0; t < n; ++t) {
+      const int64_t row = int64_t(tokens.i32()[t]) - first;
+      if (row < 0 || row >= rows) continue;
+      for (int64_t j = 0; j < c; ++j) dtable.f32()[row * c + j] += dout.f32()[t * c + j];
+    }
+  }
+
+  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override {
+    const char* k = "logits_row_stats";
+    need_f32(k, {max, sumexp, logits});
+    const int64_t n = logits.rows(), v = logits.cols();
+    need_numel(k, max, n, "max");
+    need_numel(k, sumexp, n, "sumexp");
+    for (int64_t r = 0; r < n; ++r) {
+      const float* lr = logits.f32() + r * v;
+      double mx = -INFINITY;
+      for (int64_t j = 0; j < v; ++j) mx = lr[j] > mx ? lr[j] : mx;
+      double sum = 0.0;
+      for (int64_t j = 0; j < v; ++j) sum += std::exp(lr[j] - mx);
+      max.f32()[r] = float(mx);
+      sumexp.f32()[r] = float(sum);
+    }
+  }
+
+  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
+                                    Tensor targets, int64_t first, float scale) override {
+    const char* k = "cross_entropy_shard_backward";
+    need_f32(k, {dlogits, logits, max, sumexp});
+    need_dtype(k, targets, DType::i32);
+    const int64_t n = logits.rows(), v = logits.cols();
+    need_numel(k, dlogits, n * v, "dlogits");
+    need_numel(k, targets, n, "targets");
+    for (int64_t r = 0; r < n; ++r) {
+      const int64_t target = int64_t(targets.i32()[r]) - first;
+      for (int64_t j = 0; j < v; ++j) {
+        const double p = std::exp(double(logits.f32()[r * v + j]) - max.f32()[r]) / sumexp.f32()[r];
+        dlogits.f32()[r * v + j] += float(double(scale) * (p - (j == target ? 1.0 : 0.0)));
+      }
+    }
+  }
+
+  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+                             float eps) override {
+    const char* k = "rmsnorm_shard_forward";
+    need_f32(k, {out, sumsq, x, weight});
+    const int64_t n = x.rows(), c = x.cols();
+    need_numel(k, out, n * c, "out");
+    need_numel(k, sumsq, n, "sumsq");
+    need_numel(k, weight, c, "weight");
+    for (int64_t r = 0; r < n; ++r) {
+      const float* xr = x.f32() + r * c;
+      double ss = 0.0;
+      for (int64_t j = 0; j < c; ++j) ss += double(xr[j]) * xr[j];
+      sumsq.f32()[r] = float(ss);
+      const double rs = 1.0 / std::sqrt(ss / double(c) + eps);
+      for (int64_t j = 0; j < c; ++j) out.f32()[r * c + j] = float(xr[j] * rs * weight.f32()[j]);
+    }
+  }
+
+  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                              Tensor rstd, Tensor dot, int64_t d) override {
+    const char* k = "rmsnorm_shard_backward";
+    need_f32(k, {dx, dweight, dout, x, weight, rstd, dot});
+    const int64_t n = x.rows(), c = x.cols();
+    need_numel(k, dx, n * c, "dx");
+    need_numel(k, dout, n * c, "dout");
+    need_numel(k, dweight, c, "dweight");
+    need_numel(k, weight, c, "weight");
+    need_numel(k, rstd, n, "rstd");
+    need_numel(k, dot, n, "dot");
+    for (int64_t r = 0; r < n; ++r) {
+      const double rs = rstd.f32()[r], kk = double(dot.f32()[r]) * rs * rs * rs / double(d);
+      for (int64_t j = 0; j < c; ++j) {
+        const double g = dout.f32()[r * c + j], xv = x.f32()[r * c + j];
+        dx.f32()[r * c + j] += float(g * weight.f32()[j] * rs - xv * kk);
+        dweight.f32()[j] += float(g * xv * rs);
+      }
+    }
+  }
+
+  void scale_rows(Tensor out, Tensor x, Tensor factor) override {
+    const char* k = "scale_rows";
+    need_f32(k, {out, x, factor});
+    const int64_t n = x.rows(), c = x.cols();
+    need_numel(k, out, n * c, "out");
+    need_numel(k, factor, n, "factor");
+    for (int64_t r = 0; r < n; ++r)
+      for (int64_t j = 0; j < c; ++j)
+        out.f32()[r * c + j] = float(double(x.f32()[r * c + j]) * factor.f32()[r]);
+  }
+
+  void row_dot(Tensor out, Tensor a, Tensor b) override {
+    const char* k = "row_dot";
+    need_f32(k, {out, a, b});
+    const int64_t n = a.rows(), c = a.cols();
+    need_numel(k, b, n * c, "b");
+    need_numel(k, out, n, "out");
+    for (int64_t r = 0; r < n; ++r) {
+      double s = 0.0;
+      for (int64_t j = 0; j < c; ++j) s += double(a.f32()[r * c + j]) * b.f32()[r * c + j];
+      out.f32()[r] = float(s);
+    }
+  }
+
   void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override {
     const char* k = "adamw_update";
     need_f32(k, {param, grad, m, v});

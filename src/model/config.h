@@ -9,11 +9,6 @@
 
 namespace bottle {
 
-enum class ProjectionId { q, k, v, o, gate, up, down };
-inline constexpr int kNumProjections = 7;
-inline constexpr std::array<const char*, kNumProjections> kProjectionNames = {
-    "q", "k", "v", "o", "gate", "up", "down"};
-
 struct ModelConfig {
   int64_t vocab_size = 256;
   int64_t hidden_size = 256;

@@ -3,28 +3,77 @@
 #include <cmath>
 
 #include "nn/linear.h"
+#include "parallel/mappings.h"
 
 namespace bottle {
 namespace {
 
+using P = ProjectionId;
+
 std::string projection_prefix(int layer, ProjectionId p) {
-  const bool attn =
-      p == ProjectionId::q || p == ProjectionId::k || p == ProjectionId::v || p == ProjectionId::o;
+  const bool attn = p == P::q || p == P::k || p == P::v || p == P::o;
   return fmt::format("model.layers.{}.{}.{}_proj", layer, attn ? "self_attn" : "mlp",
                      kProjectionNames[int(p)]);
 }
 
 std::string layer_prefix(int layer) { return fmt::format("model.layers.{}", layer); }
 
-Tensor view(Tensor t, Shape shape) {
-  t.shape = shape;
-  return t;
+// Projections in the order grouping wants their parameters side by side.
+constexpr std::array<std::array<ProjectionId, 3>, 4> kGroups = {
+    {{P::q, P::k, P::v}, {P::o, P::o, P::o}, {P::gate, P::up, P::up}, {P::down, P::down, P::down}}};
+constexpr std::array<size_t, 4> kGroupSizes = {3, 1, 2, 1};
+
+// Does the projection's input (output) side split across TP ranks? (The side that is not
+// split is whole on every rank.)
+bool input_split(TpMode mode, ProjectionId p) {
+  if (mode == TpMode::btp) return true;
+  if (mode == TpMode::full) return p == P::o || p == P::down;
+  return false;
+}
+bool output_split(TpMode mode, ProjectionId p) {
+  if (mode == TpMode::btp) return true;
+  if (mode == TpMode::full) return !(p == P::o || p == P::down);
+  return false;
 }
 
 }  // namespace
 
-LlamaModel::LlamaModel(const ModelConfig& config) : config_(config) {
+TpMode default_tp_mode(const ModelConfig& config) {
+  return config.bottleneck == BottleneckKind::none ? TpMode::full : TpMode::btp;
+}
+
+LlamaModel::LlamaModel(const ModelConfig& config)
+    : LlamaModel(config, TensorParallel{default_tp_mode(config)}) {}
+
+LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp) : config_(config), tp_(tp) {
   config_.validate("model config", false);
+  const ModelConfig& c = config_;
+  if (c.bottleneck == BottleneckKind::none)
+    BOTTLE_CHECK(tp_.mode == TpMode::full,
+                 "parallel.tp_mode \"{}\" needs a bottleneck model (the model is full-rank); "
+                 "use \"full\"",
+                 tp_mode_name(tp_.mode));
+  else
+    BOTTLE_CHECK(tp_.mode != TpMode::full,
+                 "parallel.tp_mode \"full\" is for a full-rank model (this one is {}); use "
+                 "\"btp\" or \"vanilla\"",
+                 bottleneck_kind_name(c.bottleneck));
+  const int t = tp_.size();
+  auto divides = [&](int64_t value, const char* name) {
+    BOTTLE_CHECK(value % t == 0, "parallel.tp ({}) must divide {} ({})", t, name, value);
+  };
+  divides(c.vocab_size, "model.vocab_size");
+  divides(c.hidden_size, "model.hidden_size");
+  divides(c.intermediate_size, "model.intermediate_size");
+  divides(c.num_heads, "model.num_heads");
+  divides(c.num_kv_heads, "model.num_kv_heads");
+  if (tp_.mode == TpMode::vanilla)
+    for (int i = 0; i < kNumProjections; ++i)
+      BOTTLE_CHECK(c.rank_of(ProjectionId(i)) % t == 0,
+                   "parallel.tp ({}) must divide the rank of the {} projection ({}) under "
+                   "tp_mode \"vanilla\"",
+                   t, kProjectionNames[i], c.rank_of(ProjectionId(i)));
+  embedding_hidden_split_ = tp_.mode == TpMode::btp && !c.tie_embeddings;
   declare_parameters();
   params_.allocate();
   bind_parameters();
@@ -32,63 +81,113 @@ LlamaModel::LlamaModel(const ModelConfig& config) : config_(config) {
 
 void LlamaModel::declare_parameters() {
   const ModelConfig& c = config_;
-  const int64_t d = c.hidden_size;
-  params_.declare(
-      {"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false});
+  const int64_t d = c.hidden_size, t = tp_.size();
+  // Declares `spec` split along `dim` (-1: whole on every rank).
+  auto declare = [&](ParamSpec spec, int dim) {
+    spec.full_shape = spec.shape;
+    if (dim >= 0 && t > 1) {
+      spec.shape.dims[dim] /= t;
+      spec.shard_dim = dim;
+      spec.shard_offset = spec.shape[dim] * tp_.rank();
+    }
+    params_.declare(std::move(spec));
+  };
+  const TpMode mode = tp_.mode;
+  declare({"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false},
+          embedding_hidden_split_ ? 1 : 0);
+  const int norm_dim = mode == TpMode::btp ? 0 : -1;
   for (int l = 0; l < c.num_layers; ++l) {
-    params_.declare({layer_prefix(l) + ".input_layernorm.weight", {d}, ParamInit::ones, 0, false});
-    params_.declare(
-        {layer_prefix(l) + ".post_attention_layernorm.weight", {d}, ParamInit::ones, 0, false});
-    for (int i = 0; i < kNumProjections; ++i) {
-      const auto p = ProjectionId(i);
-      const std::string prefix = projection_prefix(l, p);
-      const int64_t din = c.d_in(p), dout = c.d_out(p), r = c.rank_of(p);
+    declare({layer_prefix(l) + ".input_layernorm.weight", {d}, ParamInit::ones, 0, false},
+            norm_dim);
+    declare({layer_prefix(l) + ".post_attention_layernorm.weight", {d}, ParamInit::ones, 0, false},
+            norm_dim);
+    for (size_t gi = 0; gi < kGroups.size(); ++gi) {
+      const auto group = std::span(kGroups[gi]).first(kGroupSizes[gi]);
       if (c.bottleneck == BottleneckKind::none) {
-        params_.declare({prefix + ".weight", {dout, din}});
+        for (P p : group)
+          declare({projection_prefix(l, p) + ".weight", {c.d_out(p), c.d_in(p)}},
+                  output_split(mode, p) ? 0 : (input_split(mode, p) ? 1 : -1));
         continue;
       }
-      const float std = std::pow(float(r), -0.25f) * std::pow(float(din + dout), -0.25f);
-      params_.declare({prefix + ".A.weight", {r, din}, ParamInit::normal, std});
-      params_.declare({prefix + ".B.weight", {dout, r}, ParamInit::normal, std});
-      if (c.bottleneck == BottleneckKind::lax && l > 0) {
-        params_.declare({prefix + ".G.weight", {r, r}, ParamInit::normal, 0.02f});
-        params_.declare({prefix + ".ln.weight", {r}, ParamInit::ones, 0, false});
-        params_.declare({prefix + ".ln.bias", {r}, ParamInit::zeros, 0, false});
-      }
+      // A [r, d_in]: btp splits d_in, vanilla r. B [d_out, r]: btp splits d_out, vanilla r.
+      auto factor_std = [&](P p) {
+        return std::pow(float(c.rank_of(p)), -0.25f) * std::pow(float(c.d_in(p) + c.d_out(p)), -0.25f);
+      };
+      for (P p : group)
+        declare({projection_prefix(l, p) + ".A.weight", {c.rank_of(p), c.d_in(p)},
+                 ParamInit::normal, factor_std(p)},
+                mode == TpMode::btp ? 1 : 0);
+      for (P p : group)
+        declare({projection_prefix(l, p) + ".B.weight", {c.d_out(p), c.rank_of(p)},
+                 ParamInit::normal, factor_std(p)},
+                mode == TpMode::btp ? 0 : 1);
+      if (c.bottleneck == BottleneckKind::lax && l > 0)
+        for (P p : group) {
+          const std::string prefix = projection_prefix(l, p);
+          const int64_t r = c.rank_of(p);
+          declare({prefix + ".G.weight", {r, r}, ParamInit::normal, 0.02f}, -1);
+          declare({prefix + ".ln.weight", {r}, ParamInit::ones, 0, false}, -1);
+          declare({prefix + ".ln.bias", {r}, ParamInit::zeros, 0, false}, -1);
+        }
     }
   }
-  params_.declare({"model.norm.weight", {d}, ParamInit::ones, 0, false});
-  if (!c.tie_embeddings) params_.declare({"lm_head.weight", {c.vocab_size, d}});
+  declare({"model.norm.weight", {d}, ParamInit::ones, 0, false}, -1);
+  if (!c.tie_embeddings) declare({"lm_head.weight", {c.vocab_size, d}}, 0);
 }
 
 void LlamaModel::bind_parameters() {
   const ModelConfig& c = config_;
+  const TpMode mode = tp_.mode;
+  const int64_t t = tp_.size();
   embedding_ = params_.get("model.embed_tokens.weight");
   final_norm_weight_ = params_.get("model.norm.weight");
   lm_head_ = c.tie_embeddings ? embedding_ : params_.get("lm_head.weight");
   final_norm_.weight = final_norm_weight_;
   final_norm_.eps = c.rms_norm_eps;
+  const bool heads_split = mode != TpMode::vanilla;
+  BlockDims dims;
+  dims.d = c.hidden_size;
+  dims.d_res = mode == TpMode::btp ? c.hidden_size / t : c.hidden_size;
+  dims.heads = heads_split ? c.num_heads / t : c.num_heads;
+  dims.kv_heads = heads_split ? c.num_kv_heads / t : c.num_kv_heads;
+  dims.head_dim = c.head_dim();
+  dims.dq = dims.heads * dims.head_dim;
+  dims.dkv = dims.kv_heads * dims.head_dim;
+  dims.dff = heads_split ? c.intermediate_size / t : c.intermediate_size;
+  dims.rope_theta = c.rope_theta;
+  dims.gate_act = c.gate_act();
   blocks_.resize(c.num_layers);
   for (int l = 0; l < c.num_layers; ++l) {
-    Block& b = blocks_[l];
-    b.norm1.weight = params_.get(layer_prefix(l) + ".input_layernorm.weight");
-    b.norm2.weight = params_.get(layer_prefix(l) + ".post_attention_layernorm.weight");
-    b.norm1.eps = b.norm2.eps = c.rms_norm_eps;
+    TpBlock& b = blocks_[l];
+    b.dims = dims;
+    const Param norm1 = params_.get(layer_prefix(l) + ".input_layernorm.weight");
+    const Param norm2 = params_.get(layer_prefix(l) + ".post_attention_layernorm.weight");
+    b.norm1.weight = b.online1.weight = norm1;
+    b.norm2.weight = b.online2.weight = norm2;
+    b.norm1.eps = b.norm2.eps = b.online1.eps = b.online2.eps = c.rms_norm_eps;
     for (int i = 0; i < kNumProjections; ++i) {
       const auto p = ProjectionId(i);
       const std::string prefix = projection_prefix(l, p);
       Projection& proj = b[p];
       proj.kind = c.bottleneck;
-      proj.d_in = c.d_in(p);
-      proj.d_out = c.d_out(p);
+      proj.d_in = input_split(mode, p) ? c.d_in(p) / t : c.d_in(p);
+      proj.d_out = output_split(mode, p) ? c.d_out(p) / t : c.d_out(p);
       if (c.bottleneck == BottleneckKind::none) {
         proj.weight = params_.get(prefix + ".weight");
         continue;
       }
-      proj.rank = c.rank_of(p);
+      const int64_t r = c.rank_of(p);
       proj.A = params_.get(prefix + ".A.weight");
       proj.B = params_.get(prefix + ".B.weight");
       proj.crossing = c.bottleneck == BottleneckKind::lax && l > 0;
+      proj.rank = r;
+      if (mode == TpMode::vanilla) {
+        // σ is elementwise, so svd and cola run on the r/t slice; LaX's crossing and LN_r
+        // need the whole latent, gathered.
+        proj.shard_rank = r / t;
+        proj.shard_offset = r / t * tp_.rank();
+        if (c.bottleneck != BottleneckKind::lax) proj.rank = r / t, proj.shard_offset = 0;
+      }
       if (proj.crossing) {
         proj.G = params_.get(prefix + ".G.weight");
         proj.ln_w = params_.get(prefix + ".ln.weight");
@@ -107,128 +206,111 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq) {
   seq_ = seq;
   activations_ = std::make_unique<Arena>(MemoryTag::activations);
   Arena& a = *activations_;
-  const int64_t n = batch * seq, d = c.hidden_size, dq = c.num_heads * c.head_dim(),
-                dkv = c.num_kv_heads * c.head_dim(), dff = c.intermediate_size;
-  residual_.clear();
-  for (int l = 0; l <= c.num_layers; ++l) residual_.push_back(a.alloc({n, d}));
-  for (Block& b : blocks_) {
-    b.norm1.allocate_activations(a, n, d);
-    b.norm2.allocate_activations(a, n, d);
-    for (Projection& p : b.proj) p.allocate_activations(a, n);
-    b.attention = Attention{};
-    b.attention.batch = batch;
-    b.attention.seq = seq;
-    b.attention.heads = c.num_heads;
-    b.attention.kv_heads = c.num_kv_heads;
-    b.attention.head_dim = c.head_dim();
-    b.attention.rope_theta = c.rope_theta;
-    b.attention.allocate_activations(a);
-    b.q = a.alloc({n, dq});
-    b.k = a.alloc({n, dkv});
-    b.v = a.alloc({n, dkv});
-    b.h = a.alloc({n, d});
-    b.gate = a.alloc({n, dff});
-    b.up = a.alloc({n, dff});
-    b.gated = a.alloc({n, dff});
+  const int64_t n = batch * seq, d = c.hidden_size, v_local = c.vocab_size / tp_.size();
+  for (TpBlock& b : blocks_) {
+    b.dims.batch = batch;
+    b.dims.seq = seq;
   }
+  const int64_t d_res = blocks_.empty() ? d : blocks_[0].dims.d_res;
+  residual_.clear();
+  for (int l = 0; l <= c.num_layers; ++l) residual_.push_back(a.alloc({n, d_res}));
+  for (TpBlock& b : blocks_) allocate_block(a, tp_, b);
   final_norm_.allocate_activations(a, n, d);
-  logits_ = a.alloc({n, c.vocab_size});
-  loss_.allocate_activations(a, n, c.vocab_size);
-  grad_.residual = a.alloc({n, d});
-  grad_.normed = a.alloc({n, d});
-  grad_.attn = a.alloc({n, dq});
-  grad_.q = a.alloc({n, dq});
-  grad_.k = a.alloc({n, dkv});
-  grad_.v = a.alloc({n, dkv});
-  grad_.gate = a.alloc({n, dff});
-  grad_.up = a.alloc({n, dff});
-  grad_.gated = a.alloc({n, dff});
-  grad_.logits = a.alloc({n, c.vocab_size});
+  if (tp_.mode == TpMode::btp) {
+    whole_ = a.alloc({n, d});
+    gather_scratch_ = a.alloc({n * d});
+  }
+  logits_ = a.alloc({n, v_local});
+  loss_.allocate_activations(a, n);
+  if (!blocks_.empty()) allocate_block_gradients(a, tp_, blocks_[0], grad_);
+  dlogits_ = a.alloc({n, v_local});
+  dfinal_ = a.alloc({n, d});
+  whole_grad_ = a.alloc({n, d});
 }
 
-Tensor LlamaModel::prev_latent(int layer, ProjectionId p) const {
-  return blocks_[layer][p].crossing ? blocks_[layer - 1].proj[int(p)].u : Tensor{};
-}
-
-Tensor LlamaModel::prev_latent_grad(int layer, ProjectionId p) const {
-  return blocks_[layer][p].crossing ? blocks_[layer - 1].proj[int(p)].du : Tensor{};
+void LlamaModel::check_tokens(Tensor tokens, const char* what) const {
+  BOTTLE_CHECK(tokens.numel() == batch_ * seq_, "forward: expected {} x {} {}", batch_, seq_, what);
+  const int32_t* id = tokens.i32();
+  for (int64_t i = 0; i < tokens.numel(); ++i)
+    BOTTLE_CHECK(id[i] >= 0 && id[i] < config_.vocab_size,
+                 "{}: token id {} at position {} is outside the vocabulary [0, {})", what, id[i],
+                 i, config_.vocab_size);
 }
 
 Tensor LlamaModel::forward_logits(Backend& be, Tensor tokens) {
   BOTTLE_CHECK(activations_, "forward before allocate_activations");
-  BOTTLE_CHECK(tokens.numel() == batch_ * seq_, "forward: expected {} x {} tokens", batch_, seq_);
-  be.embedding_forward(residual_[0], tokens, embedding_.value);
-  for (int l = 0; l < config_.num_layers; ++l) block_forward(be, l, residual_[l], residual_[l + 1]);
-  final_norm_.forward(be, residual_.back());
+  check_tokens(tokens, "tokens");
+  const int64_t first = vocab_first();
+  if (embedding_hidden_split_) {
+    be.embedding_forward(residual_[0], tokens, embedding_.value);  // [N, d/t], no communication
+  } else if (tp_.mode == TpMode::btp) {
+    vocab_parallel_embedding_forward(be, tp_, whole_, tokens, embedding_.value, first,
+                                     "vocab.fwd.embedding");
+    scatter_last_dim(tp_, residual_[0], whole_);
+  } else {
+    vocab_parallel_embedding_forward(be, tp_, residual_[0], tokens, embedding_.value, first,
+                                     "vocab.fwd.embedding");
+  }
+  for (int l = 0; l < config_.num_layers; ++l)
+    block_forward(be, tp_, blocks_[l], l ? &blocks_[l - 1] : nullptr, residual_[l],
+                  residual_[l + 1]);
+  Tensor last = residual_.back();
+  if (tp_.mode == TpMode::btp) {
+    // The residual stream is gathered once, at the end of the model.
+    gather_last_dim(tp_, whole_, last, gather_scratch_, "model.fwd.final_gather");
+    last = whole_;
+  }
+  final_norm_.forward(be, last);
+  // copy_to(final norm output): forward identity; the LM head is split by vocabulary.
   linear_forward(be, logits_, final_norm_.out, lm_head_.value);
   return logits_;
 }
 
 float LlamaModel::forward(Backend& be, Tensor tokens, Tensor targets) {
-  BOTTLE_CHECK(targets.numel() == batch_ * seq_, "forward: expected {} x {} targets", batch_, seq_);
-  return loss_.forward(be, forward_logits(be, tokens), targets);
-}
-
-void LlamaModel::block_forward(Backend& be, int l, Tensor x, Tensor out) {
-  Block& b = blocks_[l];
-  using P = ProjectionId;
-  b.norm1.forward(be, x);
-  b[P::q].forward(be, b.q, b.norm1.out, prev_latent(l, P::q));
-  b[P::k].forward(be, b.k, b.norm1.out, prev_latent(l, P::k));
-  b[P::v].forward(be, b.v, b.norm1.out, prev_latent(l, P::v));
-  b.attention.forward(be, b.q, b.k, b.v);
-  const Tensor attn_out = view(b.attention.out, b.q.shape);
-  b[P::o].forward(be, b.h, attn_out, prev_latent(l, P::o));
-  be.add(b.h, b.h, x);
-  b.norm2.forward(be, b.h);
-  b[P::gate].forward(be, b.gate, b.norm2.out, prev_latent(l, P::gate));
-  b[P::up].forward(be, b.up, b.norm2.out, prev_latent(l, P::up));
-  be.swiglu_forward(b.gated, b.gate, b.up, config_.gate_act());
-  b[P::down].forward(be, out, b.gated, prev_latent(l, P::down));
-  be.add(out, out, b.h);
+  check_tokens(targets, "targets");
+  forward_logits(be, tokens);
+  return loss_.forward(be, tp_, logits_, targets, vocab_first());
 }
 
 void LlamaModel::backward(Backend& be, Tensor tokens, Tensor targets, float loss_scale) {
   const int64_t n = batch_ * seq_;
-  be.fill_zero(grad_.logits);
-  loss_.backward(be, grad_.logits, targets, loss_scale / float(n));
-  linear_backward(be, grad_.normed, lm_head_.grad, grad_.logits, final_norm_.out, lm_head_.value,
+  const int64_t first = vocab_first();
+  be.fill_zero(dlogits_);
+  loss_.backward(be, dlogits_, logits_, targets, first, loss_scale / float(n));
+  linear_backward(be, dfinal_, lm_head_.grad, dlogits_, final_norm_.out, lm_head_.value,
                   /*accumulate_dx=*/false);
-  be.fill_zero(grad_.residual);
-  final_norm_.backward(be, grad_.residual, grad_.normed, residual_.back());
-  for (int l = config_.num_layers - 1; l >= 0; --l) block_backward(be, l, residual_[l]);
-  be.embedding_backward(embedding_.grad, tokens, grad_.residual);
+  copy_to_backward(tp_, dfinal_, "vocab.bwd.lm_head_in");
+  Tensor last = tp_.mode == TpMode::btp ? whole_ : residual_.back();
+  be.fill_zero(whole_grad_);
+  final_norm_.backward(be, whole_grad_, dfinal_, last);
+  if (tp_.mode == TpMode::btp)
+    scatter_last_dim(tp_, grad_.residual, whole_grad_);
+  else
+    std::memcpy(grad_.residual.data, whole_grad_.data, whole_grad_.nbytes());
+  for (int l = config_.num_layers - 1; l >= 0; --l)
+    block_backward(be, tp_, blocks_[l], l ? &blocks_[l - 1] : nullptr, residual_[l], grad_);
+  if (embedding_hidden_split_) {
+    be.embedding_backward(embedding_.grad, tokens, grad_.residual);
+  } else if (tp_.mode == TpMode::btp) {
+    gather_last_dim(tp_, whole_grad_, grad_.residual, gather_scratch_, "model.bwd.embedding_gather");
+    vocab_parallel_embedding_backward(be, embedding_.grad, tokens, whole_grad_, first);
+  } else {
+    vocab_parallel_embedding_backward(be, embedding_.grad, tokens, grad_.residual, first);
+  }
 }
 
-// On entry grad_.residual holds ∂loss/∂(block output); on exit ∂loss/∂x. The residual
-// connections pass it through unchanged, so each branch only adds its share.
-void LlamaModel::block_backward(Backend& be, int l, Tensor x) {
-  Block& b = blocks_[l];
-  GradientScratch& g = grad_;
-  using P = ProjectionId;
-  // The first projection to write a fresh gradient buffer overwrites it (no zeroing pass).
-  auto project_back = [&](P p, Tensor dx, Tensor dy, Tensor in, bool accumulate_dx = true) {
-    b[p].backward(be, dx, dy, in, prev_latent(l, p), prev_latent_grad(l, p), accumulate_dx);
-  };
-  // MLP branch: out = h + down(act(gate(n2)) ⊙ up(n2)).
-  project_back(P::down, g.gated, g.residual, b.gated, false);
-  be.fill_zero(g.gate);
-  be.fill_zero(g.up);
-  be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, config_.gate_act());
-  project_back(P::gate, g.normed, g.gate, b.norm2.out, false);
-  project_back(P::up, g.normed, g.up, b.norm2.out);
-  b.norm2.backward(be, g.residual, g.normed, b.h);
-  // Attention branch: h = x + o(attention(q(n1), k(n1), v(n1))).
-  const Tensor attn_out = view(b.attention.out, b.q.shape);
-  project_back(P::o, g.attn, g.residual, attn_out, false);
-  be.fill_zero(g.q);
-  be.fill_zero(g.k);
-  be.fill_zero(g.v);
-  b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
-  project_back(P::q, g.normed, g.q, b.norm1.out, false);
-  project_back(P::k, g.normed, g.k, b.norm1.out);
-  project_back(P::v, g.normed, g.v, b.norm1.out);
-  b.norm1.backward(be, g.residual, g.normed, x);
+double LlamaModel::grad_sum_squares(Backend& be) const {
+  double sharded = 0.0, whole = 0.0;
+  for (size_t i = 0; i < params_.specs().size(); ++i) {
+    const double s = be.sum_squares(params_.at(i).grad);
+    (params_.specs()[i].sharded() ? sharded : whole) += s;
+  }
+  if (tp_.size() > 1) {
+    float value = float(sharded);
+    tp_.comm->all_reduce(Tensor{&value, {1}}, ReduceOp::sum, "tp.grad_norm");
+    sharded = value;
+  }
+  return sharded + whole;
 }
 
 double LlamaModel::flops_per_step(int64_t tokens, int64_t seq) const {

@@ -1,8 +1,8 @@
 #pragma once
-// The LLaMA model on one process: embedding, L blocks, final RMSNorm, LM head and loss,
-// with explicit forward and backward over activation buffers allocated once per
-// micro-batch shape.
-#include <array>
+// The LLaMA model of one tensor-parallel rank: embedding, L blocks, final RMSNorm, LM head
+// and loss, with explicit forward and backward over activation buffers allocated once per
+// micro-batch shape. With one rank it is the serial model; with t ranks each holds the
+// slices its TP mode gives it (parallel/tp_block.h) and the collectives run inside.
 #include <memory>
 #include <vector>
 
@@ -10,41 +10,25 @@
 #include "core/backend.h"
 #include "model/config.h"
 #include "model/parameters.h"
-#include "nn/attention.h"
-#include "nn/cross_entropy.h"
-#include "nn/projection.h"
 #include "nn/rmsnorm.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/tp_block.h"
+#include "parallel/vocab_parallel.h"
 
 namespace bottle {
 
-struct Block {
-  RMSNorm norm1, norm2;
-  std::array<Projection, kNumProjections> proj;
-  Attention attention;
-  Tensor q, k, v;   // [N, H·hd], [N, Hkv·hd] x2 (q, k rotated in place)
-  Tensor h;         // [N, d] residual after attention
-  Tensor gate, up;  // [N, d_ff]
-  Tensor gated;     // [N, d_ff] act(gate) ⊙ up
-
-  Projection& operator[](ProjectionId p) { return proj[int(p)]; }
-  const Projection& operator[](ProjectionId p) const { return proj[int(p)]; }
-};
-
-// Activation gradients, shared by all blocks (backward visits one block at a time).
-struct GradientScratch {
-  Tensor residual;         // [N, d] ∂loss/∂(residual stream at the current depth)
-  Tensor normed;           // [N, d] ∂/∂(RMSNorm output)
-  Tensor attn;             // [N, H·hd]
-  Tensor q, k, v;          // [N, H·hd], [N, Hkv·hd] x2
-  Tensor gate, up, gated;  // [N, d_ff]
-  Tensor logits;           // [N, V]
-};
+// full for a full-rank model, else btp.
+TpMode default_tp_mode(const ModelConfig& config);
 
 class LlamaModel {
  public:
+  // tp.comm null: one rank. Fails naming the problem when tp.mode does not fit the model or
+  // tp's size does not divide a dimension it splits.
+  explicit LlamaModel(const ModelConfig& config, TensorParallel tp);
   explicit LlamaModel(const ModelConfig& config);
 
   const ModelConfig& config() const { return config_; }
+  const TensorParallel& tensor_parallel() const { return tp_; }
   ParameterStore& parameters() { return params_; }
   const ParameterStore& parameters() const { return params_; }
   void init_weights(uint64_t seed) { params_.initialize(seed); }
@@ -54,40 +38,50 @@ class LlamaModel {
   int64_t batch() const { return batch_; }
   int64_t seq() const { return seq_; }
 
-  // tokens: i32 [B, S]. Returns the logits [B·S, V].
+  // tokens: i32 [B, S]. Returns this rank's logits [B·S, V/t] (vocabulary columns
+  // [vocab_first(), vocab_first() + V/t)).
   Tensor forward_logits(Backend& be, Tensor tokens);
-  // tokens, targets: i32 [B, S]. Returns the mean cross-entropy.
+  // tokens, targets: i32 [B, S]. Returns the mean cross-entropy (the same on every rank).
   float forward(Backend& be, Tensor tokens, Tensor targets);
-  // Adds ∂(mean loss)·loss_scale/∂θ into the parameter gradients (+=).
+  // Adds ∂(mean loss)·loss_scale/∂θ into this rank's parameter gradients (+=).
   void backward(Backend& be, Tensor tokens, Tensor targets, float loss_scale = 1.0f);
   void zero_grad(Backend& be) { be.fill_zero(params_.grads()); }
 
-  Tensor logits() const { return logits_; }  // [B·S, V] of the last forward
+  Tensor logits() const { return logits_; }  // [B·S, V/t] of the last forward
+  int64_t vocab_first() const { return tp_.offset(config_.vocab_size); }
 
-  // Model FLOPs of one forward + backward over `tokens` tokens of sequence length `seq`:
-  // every GEMM, attention's two included (3× the forward).
+  // Σ of squared gradients over the whole model: sharded parameters summed over the TP
+  // group, replicated ones counted once.
+  double grad_sum_squares(Backend& be) const;
+
+  // Model FLOPs of one forward + backward over `tokens` tokens of sequence length `seq`
+  // (the whole model, all ranks together): every GEMM, attention's two included.
   double flops_per_step(int64_t tokens, int64_t seq) const;
 
  private:
   void declare_parameters();
   void bind_parameters();
-  Tensor prev_latent(int layer, ProjectionId p) const;
-  Tensor prev_latent_grad(int layer, ProjectionId p) const;
-  void block_forward(Backend& be, int layer, Tensor x, Tensor out);
-  void block_backward(Backend& be, int layer, Tensor x);
+  void check_tokens(Tensor tokens, const char* what) const;
 
   ModelConfig config_;
+  TensorParallel tp_;
   ParameterStore params_;
   Param embedding_, final_norm_weight_, lm_head_;
-  std::vector<Block> blocks_;
+  bool embedding_hidden_split_ = false;  // btp, untied: [V, d/t], no communication
+  std::vector<TpBlock> blocks_;
   RMSNorm final_norm_;
-  CrossEntropy loss_;
+  VocabParallelCrossEntropy loss_;
 
   int64_t batch_ = 0, seq_ = 0;
   std::unique_ptr<Arena> activations_;
-  std::vector<Tensor> residual_;  // L+1 x [N, d]: the input of each block, then the output
-  Tensor logits_;                 // [N, V]
-  GradientScratch grad_;
+  std::vector<Tensor> residual_;  // L+1 x [N, d_res]: the input of each block, then the output
+  Tensor whole_;                  // [N, d] btp: the gathered residual (embedding, final norm)
+  Tensor whole_grad_;             // [N, d] ∂/∂(final norm input, whole)
+  Tensor gather_scratch_;         // [N·d] btp
+  Tensor logits_;                 // [N, V/t]
+  BlockGradients grad_;
+  Tensor dlogits_;                // [N, V/t]
+  Tensor dfinal_;                 // [N, d] ∂/∂(final norm output)
 };
 
 }  // namespace bottle

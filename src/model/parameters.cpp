@@ -29,9 +29,23 @@ float counter_normal(uint64_t key, uint64_t index) {
   return float(std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2));
 }
 
+int64_t ParamSpec::global_index(int64_t local) const { return global_index(local, shard_offset); }
+
+int64_t ParamSpec::global_index(int64_t local, int64_t offset) const {
+  if (shard_dim < 0) return local;
+  // Row-major: split the index into (outer, along, inner) around shard_dim.
+  int64_t inner = 1;
+  for (int i = shard_dim + 1; i < shape.rank; ++i) inner *= shape[i];
+  const int64_t along = shape[shard_dim];
+  const int64_t outer_index = local / (along * inner), rest = local % (along * inner);
+  const int64_t a = rest / inner, in = rest % inner;
+  return (outer_index * full_shape[shard_dim] + offset + a) * inner + in;
+}
+
 void ParameterStore::declare(ParamSpec spec) {
   BOTTLE_CHECK(!values_.data, "parameter '{}' declared after allocation", spec.name);
   BOTTLE_CHECK(!index_.count(spec.name), "parameter '{}' declared twice", spec.name);
+  if (spec.full_shape.rank == 0) spec.full_shape = spec.shape;
   // Keep each parameter 64-byte aligned inside the flat buffer.
   spec.offset = (count_ + 15) / 16 * 16;
   count_ = spec.offset + spec.shape.numel();
@@ -71,7 +85,7 @@ void ParameterStore::initialize(uint64_t seed) {
     }
     const uint64_t key = hash_name(seed, s.name);
 #pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < n; ++j) v[j] = s.std * counter_normal(key, uint64_t(j));
+    for (int64_t j = 0; j < n; ++j) v[j] = s.std * counter_normal(key, uint64_t(s.global_index(j)));
   }
 }
 

@@ -17,11 +17,22 @@ enum class ParamInit { normal, ones, zeros };
 
 struct ParamSpec {
   std::string name;
-  Shape shape;
+  Shape shape;  // this rank's slice
   ParamInit init = ParamInit::normal;
   float std = 0.02f;
   bool weight_decay = true;  // off for norms and embeddings
   int64_t offset = 0;        // in elements, into the flat buffers
+  // Tensor parallelism: the slice is [shard_offset, shard_offset + shape[shard_dim]) of
+  // full_shape along shard_dim; shard_dim < 0: the whole parameter, the same on every rank.
+  Shape full_shape;
+  int shard_dim = -1;
+  int64_t shard_offset = 0;
+
+  bool sharded() const { return shard_dim >= 0; }
+  // Index into the whole parameter of element `local` of this rank's slice.
+  int64_t global_index(int64_t local) const;
+  // The same for the slice a rank with offset `offset` along shard_dim holds.
+  int64_t global_index(int64_t local, int64_t offset) const;
 };
 
 class ParameterStore {

@@ -39,4 +39,35 @@ void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Ten
   be.gemm(g);
 }
 
+void gemm_grouped(Backend& be, GemmArgs shape, const std::vector<GemmOperands>& items) {
+  auto spacing = [](const void* x, const void* y) {
+    return (static_cast<const char*>(y) - static_cast<const char*>(x)) / int64_t(sizeof(float));
+  };
+  size_t i = 0;
+  while (i < items.size()) {
+    size_t j = i + 1;
+    int64_t sa = 0, sb = 0, sc = 0;
+    if (j < items.size()) {
+      sa = spacing(items[i].a, items[j].a);
+      sb = spacing(items[i].b, items[j].b);
+      sc = spacing(items[i].c, items[j].c);
+      // The outputs must not overlap (a zero or small spacing would race).
+      const bool ok = sc >= shape.m * shape.ldc && sa >= 0 && sb >= 0;
+      if (ok)
+        while (j < items.size() && spacing(items[j - 1].a, items[j].a) == sa &&
+               spacing(items[j - 1].b, items[j].b) == sb &&
+               spacing(items[j - 1].c, items[j].c) == sc)
+          ++j;
+      else
+        j = i + 1;
+    }
+    GemmArgs g = shape;
+    g.a = items[i].a, g.b = items[i].b, g.c = items[i].c;
+    g.batch = int64_t(j - i);
+    if (g.batch > 1) g.stride_a = sa, g.stride_b = sb, g.stride_c = sc;
+    be.gemm(g);
+    i = j;
+  }
+}
+
 }  // namespace bottle

@@ -1,5 +1,7 @@
 #pragma once
 // Full-rank linear map y = x · Wᵀ with W stored [out, in] (the HF / PyTorch layout).
+#include <vector>
+
 #include "core/backend.h"
 
 namespace bottle {
@@ -10,5 +12,16 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, bool accumulate =
 // when dx is empty); dW[out,in] += dyᵀ · x.
 void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w,
                      bool accumulate_dx = true);
+
+// One GEMM shape applied to several operand triples (grouped projections: A_q, A_k, A_v
+// reading one input; B_k, B_v; ...). `shape` gives trans, m, n, k, alpha, beta and the
+// leading dimensions; each item its a, b, c. Runs of items whose pointers are equally
+// spaced (a zero spacing broadcasts one operand) go to the backend as one batched GEMM.
+struct GemmOperands {
+  const void* a;
+  const void* b;
+  void* c;
+};
+void gemm_grouped(Backend& be, GemmArgs shape, const std::vector<GemmOperands>& items);
 
 }  // namespace bottle

@@ -3,6 +3,44 @@
 #include "nn/linear.h"
 
 namespace bottle {
+namespace {
+
+// y[N, out] (+)= x[:, offset : offset + W.cols] · Wᵀ, x with row stride ldx.
+void strided_forward(Backend& be, Tensor y, Tensor x, int64_t offset, Tensor w, bool accumulate) {
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = x.rows(), g.n = w.rows(), g.k = w.cols();
+  g.a = x.f32() + offset, g.lda = x.cols();
+  g.b = w.data, g.ldb = w.cols();
+  g.c = y.data, g.ldc = y.cols();
+  g.beta = accumulate ? 1.0f : 0.0f;
+  be.gemm(g);
+}
+
+// dx[N, in] (+)= dy[:, offset : offset + W.rows] · W and dW += that slice of dyᵀ · x.
+void strided_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, int64_t offset, Tensor x,
+                      Tensor w, bool accumulate_dx) {
+  const int64_t n = x.rows(), in = x.cols(), out = w.rows();
+  if (!dx.empty()) {
+    GemmArgs g;
+    g.m = n, g.n = in, g.k = out;
+    g.a = dy.f32() + offset, g.lda = dy.cols();
+    g.b = w.data, g.ldb = in;
+    g.c = dx.data, g.ldc = in;
+    g.beta = accumulate_dx ? 1.0f : 0.0f;
+    be.gemm(g);
+  }
+  GemmArgs g;
+  g.trans_a = true;
+  g.m = out, g.n = in, g.k = n;
+  g.a = dy.f32() + offset, g.lda = dy.cols();
+  g.b = x.data, g.ldb = in;
+  g.c = dw.data, g.ldc = in;
+  g.beta = 1.0f;
+  be.gemm(g);
+}
+
+}  // namespace
 
 const char* bottleneck_kind_name(BottleneckKind kind) { return kBottleneckKindNames[int(kind)]; }
 
@@ -14,27 +52,70 @@ BottleneckKind parse_bottleneck_kind(const std::string& name) {
   fail("unknown bottleneck kind '{}' (expected none, svd, cola or lax)", name);
 }
 
+namespace {
+
+// The buffers every bottleneck projection has besides z, u, du, dz.
+void allocate_private(Projection& p, Arena& arena, int64_t rows) {
+  if (p.sharded()) {
+    p.z_shard = arena.alloc({rows, p.shard_rank});
+    p.du_shard = arena.alloc({rows, p.shard_rank});
+  }
+  if (p.crossing) {
+    p.zc = arena.alloc({rows, p.rank});
+    p.zn = arena.alloc({rows, p.rank});
+    p.dzn = arena.alloc({rows, p.rank});
+    p.ln_mean = arena.alloc({rows});
+    p.ln_rstd = arena.alloc({rows});
+  }
+}
+
+}  // namespace
+
 void Projection::allocate_activations(Arena& arena, int64_t rows) {
   if (!bottleneck()) return;
+  if (shard_rank == 0) shard_rank = rank;
   z = arena.alloc({rows, rank});
   du = arena.alloc({rows, rank});
   if (kind == BottleneckKind::svd) {
     u = z;
     dz = du;
-    return;
+  } else {
+    u = arena.alloc({rows, rank});
+    dz = arena.alloc({rows, rank});
   }
-  u = arena.alloc({rows, rank});
-  dz = arena.alloc({rows, rank});
-  if (crossing) {
-    zn = arena.alloc({rows, rank});
-    dzn = arena.alloc({rows, rank});
-    ln_mean = arena.alloc({rows});
-    ln_rstd = arena.alloc({rows});
+  allocate_private(*this, arena, rows);
+}
+
+ProjectionSlabs allocate_grouped_activations(Arena& arena, int64_t rows,
+                                             std::span<Projection* const> group, int64_t z_tail) {
+  int64_t total = 0;
+  for (Projection* p : group) {
+    BOTTLE_CHECK(p->bottleneck(), "grouped activations need bottleneck projections");
+    if (p->shard_rank == 0) p->shard_rank = p->rank;
+    total += rows * p->rank;
   }
+  ProjectionSlabs slabs;
+  slabs.z = arena.alloc({total + z_tail});
+  slabs.du = arena.alloc({total});
+  const bool svd = group.front()->kind == BottleneckKind::svd;
+  Tensor u_slab = svd ? slabs.z : arena.alloc({total});
+  Tensor dz_slab = svd ? slabs.du : arena.alloc({total});
+  int64_t offset = 0;
+  for (Projection* p : group) {
+    auto view = [&](Tensor slab) { return Tensor{slab.f32() + offset, {rows, p->rank}}; };
+    p->z = view(slabs.z);
+    p->du = view(slabs.du);
+    p->u = view(u_slab);
+    p->dz = view(dz_slab);
+    offset += rows * p->rank;
+    allocate_private(*p, arena, rows);
+  }
+  return slabs;
 }
 
 void Projection::forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool accumulate) {
   if (!bottleneck()) return linear_forward(be, y, x, weight.value, accumulate);
+  BOTTLE_CHECK(!sharded(), "a sharded projection needs its latent gathered between stages");
   down_forward(be, x);
   latent_forward(be, u_prev);
   up_forward(be, y, accumulate);
@@ -49,7 +130,9 @@ void Projection::backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_
   down_backward(be, dx, x, accumulate_dx);
 }
 
-void Projection::down_forward(Backend& be, Tensor x) { linear_forward(be, z, x, A.value); }
+void Projection::down_forward(Backend& be, Tensor x) {
+  linear_forward(be, sharded() ? z_shard : z, x, A.value);
+}
 
 void Projection::latent_forward(Backend& be, Tensor u_prev) {
   if (kind == BottleneckKind::svd) return;
@@ -57,19 +140,37 @@ void Projection::latent_forward(Backend& be, Tensor u_prev) {
   if (crossing) {
     BOTTLE_CHECK(!u_prev.empty(),
                  "lax projection with a crossing needs the previous block's latent");
-    linear_forward(be, z, u_prev, G.value, /*accumulate=*/true);  // z += u_prev Gᵀ
-    be.layernorm_forward(zn, ln_mean, ln_rstd, z, ln_w.value, ln_b.value, ln_eps);
+    linear_forward(be, zc, u_prev, G.value);  // zc = u_prev Gᵀ
+    be.accumulate(zc, z);                     // zc += z
+    be.layernorm_forward(zn, ln_mean, ln_rstd, zc, ln_w.value, ln_b.value, ln_eps);
     pre = zn;
   }
   be.silu_forward(u, pre);
 }
 
 void Projection::up_forward(Backend& be, Tensor y, bool accumulate) {
-  linear_forward(be, y, u, B.value, accumulate);
+  strided_forward(be, y, u, sharded() ? shard_offset : 0, B.value, accumulate);
 }
 
 void Projection::up_backward(Backend& be, Tensor dy) {
-  linear_backward(be, du, B.grad, dy, u, B.value);  // du += dy B; dB += dyᵀ u
+  if (!sharded()) {
+    linear_backward(be, du, B.grad, dy, u, B.value);  // du += dy B; dB += dyᵀ u
+    return;
+  }
+  GemmArgs g;  // du_shard = dy B
+  g.m = dy.rows(), g.n = shard_rank, g.k = d_out;
+  g.a = dy.data, g.lda = d_out;
+  g.b = B.value.data, g.ldb = shard_rank;
+  g.c = du_shard.data, g.ldc = shard_rank;
+  be.gemm(g);
+  GemmArgs w;  // dB += dyᵀ u[:, shard]
+  w.trans_a = true;
+  w.m = d_out, w.n = shard_rank, w.k = dy.rows();
+  w.a = dy.data, w.lda = d_out;
+  w.b = u.f32() + shard_offset, w.ldb = rank;
+  w.c = B.grad.data, w.ldc = shard_rank;
+  w.beta = 1.0f;
+  be.gemm(w);
 }
 
 void Projection::latent_backward(Backend& be, Tensor u_prev, Tensor du_prev) {
@@ -81,12 +182,12 @@ void Projection::latent_backward(Backend& be, Tensor u_prev, Tensor du_prev) {
   }
   be.fill_zero(dzn);
   be.silu_backward(dzn, du, zn);
-  be.layernorm_backward(dz, ln_w.grad, ln_b.grad, dzn, z, ln_w.value, ln_mean, ln_rstd);
+  be.layernorm_backward(dz, ln_w.grad, ln_b.grad, dzn, zc, ln_w.value, ln_mean, ln_rstd);
   linear_backward(be, du_prev, G.grad, dz, u_prev, G.value);  // du_prev += dz G; dG += dzᵀ u_prev
 }
 
 void Projection::down_backward(Backend& be, Tensor dx, Tensor x, bool accumulate_dx) {
-  linear_backward(be, dx, A.grad, dz, x, A.value, accumulate_dx);
+  strided_backward(be, dx, A.grad, dz, sharded() ? shard_offset : 0, x, A.value, accumulate_dx);
   be.fill_zero(du);
 }
 

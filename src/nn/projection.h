@@ -3,11 +3,16 @@
 // bottleneck pair A: d_in → r, B: r → d_out with something between the factors (DESIGN §2):
 //   svd:  y = B (A x)
 //   cola: y = B σ(A x)
-//   lax:  z = A x; z = LN_r(z + G u_prev) in every block but the first; u = σ(z); y = B u;
+//   lax:  z = A x; zc = z + G u_prev in every block but the first; u = σ(LN_r(zc)); y = B u;
 //         u is passed to the same projection of the next block (the latent crossing).
 // The work is split into the three stages that tensor parallelism cuts between:
 // down (A), latent (crossing, LN_r, σ; runs on the whole r-wide latent) and up (B).
+//
+// A rank may hold only latent columns [shard_offset, shard_offset + shard_rank) of A and B
+// (vanilla TP of a LaX model, whose crossing needs the whole latent): A then writes z_shard,
+// the caller gathers it into z, and B reads its columns of u.
 #include <array>
+#include <span>
 #include <string>
 
 #include "core/arena.h"
@@ -19,38 +24,50 @@ namespace bottle {
 enum class BottleneckKind { none, svd, cola, lax };
 inline constexpr std::array<const char*, 4> kBottleneckKindNames = {"none", "svd", "cola", "lax"};
 const char* bottleneck_kind_name(BottleneckKind kind);
+
+// The seven projections of a block, in the order grouping wants them side by side.
+enum class ProjectionId { q, k, v, o, gate, up, down };
+inline constexpr int kNumProjections = 7;
+inline constexpr std::array<const char*, kNumProjections> kProjectionNames = {
+    "q", "k", "v", "o", "gate", "up", "down"};
 BottleneckKind parse_bottleneck_kind(const std::string& name);  // throws naming the value
 
 struct Projection {
   BottleneckKind kind = BottleneckKind::none;
-  int64_t d_in = 0, d_out = 0, rank = 0;
-  bool crossing = false;  // lax in every block but the first
+  int64_t d_in = 0, d_out = 0;  // this rank's widths
+  int64_t rank = 0;             // width of the latent the latent stage runs on
+  int64_t shard_rank = 0, shard_offset = 0;  // latent columns held by A and B (0: all)
+  bool crossing = false;                     // lax in every block but the first
   float ln_eps = 1e-6f;
 
   Param weight;  // [d_out, d_in], full-rank only
-  Param A;       // [rank, d_in]
-  Param B;       // [d_out, rank]
+  Param A;       // [shard_rank, d_in]
+  Param B;       // [d_out, shard_rank]
   Param G;       // [rank, rank], lax crossing
   Param ln_w;    // [rank]
   Param ln_b;    // [rank]
 
   // Activations of one micro-batch of N rows.
-  Tensor z;        // [N, rank] A x (+ u_prev Gᵀ when crossing)
-  Tensor zn;       // [N, rank] LN_r(z) when crossing
+  Tensor z;        // [N, rank] A x
+  Tensor zc;       // [N, rank] z + u_prev Gᵀ when crossing
+  Tensor zn;       // [N, rank] LN_r(zc) when crossing
   Tensor ln_mean;  // [N]
   Tensor ln_rstd;  // [N]
   Tensor u;        // [N, rank] σ(z or zn); the latent B reads (svd: z itself)
+  Tensor z_shard;  // [N, shard_rank] A's output when sharded, gathered into z
+  Tensor du_shard; // [N, shard_rank] B's input gradient when sharded, gathered into du
   // Gradients of the latent. du persists through the backward of the next block, which
   // adds the crossing's share into it before this projection's backward runs.
   Tensor du;   // [N, rank]
-  Tensor dz;   // [N, rank]
+  Tensor dz;   // [N, rank] (svd: du itself)
   Tensor dzn;  // [N, rank] ∂/∂zn when crossing
 
   bool bottleneck() const { return kind != BottleneckKind::none; }
+  bool sharded() const { return shard_rank != 0 && shard_rank != rank; }
   void allocate_activations(Arena& arena, int64_t rows);
 
   // y[N, d_out] = P(x[N, d_in]) (+= when accumulate). u_prev: the previous block's u of the
-  // same projection (lax with crossing), else empty.
+  // same projection (lax with crossing), else empty. Not for sharded projections.
   void forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool accumulate = false);
   // dx += ∂/∂x (dx = when !accumulate_dx), parameter grads +=, du_prev += ∂/∂u_prev
   // (crossing). Zeroes du when done.
@@ -58,12 +75,24 @@ struct Projection {
                 bool accumulate_dx = true);
 
   // The stages (forward() = down, latent, up).
-  void down_forward(Backend& be, Tensor x);
+  void down_forward(Backend& be, Tensor x);  // z (z_shard when sharded) = x Aᵀ
   void latent_forward(Backend& be, Tensor u_prev);
   void up_forward(Backend& be, Tensor y, bool accumulate);
-  void up_backward(Backend& be, Tensor dy);
+  void up_backward(Backend& be, Tensor dy);  // du (du_shard when sharded) += dy B
   void latent_backward(Backend& be, Tensor u_prev, Tensor du_prev);
   void down_backward(Backend& be, Tensor dx, Tensor x, bool accumulate_dx = true);
 };
+
+// Activations of projections that read one input (q, k, v; gate, up) so that grouped work
+// sees contiguous memory: z, u, du and dz each come from one slab holding the members one
+// after another. The z slab has `z_tail` more elements after them (btp sends its RMSNorm
+// statistics in the same all-reduce).
+struct ProjectionSlabs {
+  Tensor z;   // [Σ N·rank + z_tail]
+  Tensor du;  // [Σ N·rank]
+};
+ProjectionSlabs allocate_grouped_activations(Arena& arena, int64_t rows,
+                                             std::span<Projection* const> group,
+                                             int64_t z_tail = 0);
 
 }  // namespace bottle

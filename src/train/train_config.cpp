@@ -26,7 +26,6 @@ constexpr std::array<const char*, 3> kRecomputeNames = {"none", "block", "lowran
 constexpr std::array<const char*, 2> kPrecisionNames = {"fp32", "bf16"};
 constexpr std::array<const char*, 2> kOnNonfiniteNames = {"stop", "skip"};
 constexpr std::array<const char*, 3> kLrDecayNames = {"cosine", "linear", "constant"};
-constexpr std::array<const char*, 3> kTpModeNames = {"full", "vanilla", "btp"};
 constexpr std::array<const char*, 2> kScheduleNames = {"1f1b", "gpipe"};
 
 }  // namespace
@@ -688,6 +687,7 @@ struct Loader {
         BOTTLE_CHECK(value % p.tp == 0, "{}: key 'parallel.tp' ({}) must divide {} ({})", source,
                      p.tp, name, value);
       };
+      divides(m.vocab_size, "model.vocab_size");
       divides(m.hidden_size, "model.hidden_size");
       divides(m.intermediate_size, "model.intermediate_size");
       divides(m.num_heads, "model.num_heads");

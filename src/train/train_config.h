@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "parallel/tensor_parallel.h"
 #include "train/adamw.h"
 
 namespace bottle {
@@ -16,7 +17,6 @@ enum class Recompute { none, block, lowrank };
 enum class Precision { fp32, bf16 };
 enum class OnNonfinite { stop, skip };
 enum class LrDecay { cosine, linear, constant };
-enum class TpMode { full, vanilla, btp };
 enum class PipelineSchedule { one_f_one_b, gpipe };  // TOML: "1f1b", "gpipe"
 
 // The TOML spelling of each value.

@@ -1,0 +1,53 @@
+#pragma once
+// Online RMSNorm (BOOST §4.2, DESIGN §3) for btp, where the residual stream is sharded and
+// the norm sits inside a chunk, fused with the row-parallel A's that read its output.
+//
+// Forward, rank i with x_i = its d/t columns:
+//   S_i = Σ x_i²,  rms_i = sqrt(S_i / (d/t) + eps),  n_i = x_i ⊙ γ_i / rms_i  (well scaled
+//   for the GEMM in low precision),  H_i = (n_i A_iᵀ) · rms_i = (x_i ⊙ γ_i) A_iᵀ.
+//   One all-reduce of [H_i | S_i] (k·r + 1 per token) gives ΣH and ΣS; then
+//   rms = sqrt(ΣS / d + eps) and z = ΣH / rms = RMSNorm(x) Aᵀ exactly.
+// Backward: dn_i = dz A_i is local; the RMSNorm backward also needs, per token,
+//   c = Σ over the whole hidden of γ ⊙ dn ⊙ x.
+// Because dn = dz A and z = (x ⊙ γ) Aᵀ / rms:
+//   c = Σ_j γ_j x_j Σ_k dz_k A_kj = Σ_k dz_k ((x ⊙ γ) Aᵀ)_k = rms · <dz, z>,
+// and z and dz are whole (replicated) on every rank after the chunk's own backward
+// all-reduce: so `from_latent` needs no communication at all (folded into that collective),
+// while `all_reduce` sums the local c_i = <dn_i, n_i> · rms over ranks (b·s elements).
+#include <span>
+#include <string_view>
+#include <utility>
+
+#include "core/arena.h"
+#include "core/backend.h"
+#include "nn/param.h"
+#include "parallel/tensor_parallel.h"
+
+namespace bottle {
+
+struct OnlineRMSNorm {
+  Param weight;  // γ_i [d/t]
+  float eps = 1e-5f;
+  int64_t d = 0;   // the whole hidden width
+  Tensor out;      // [N, d/t] x ⊙ γ / rms_i for the GEMM; after finish() x ⊙ γ / rms
+  Tensor rms_local;  // [N]
+  Tensor rstd;       // [N] 1 / rms of the whole row
+  Tensor factor;     // [N] scratch
+  Tensor dot;        // [N] the backward statistic c
+
+  void allocate_activations(Arena& arena, int64_t rows, int64_t cols);
+  // out = x ⊙ γ / rms_i; sumsq (the all-reduce slab's tail, [N]) = S_i.
+  void forward_local(Backend& be, Tensor x, Tensor sumsq);
+  // Before the all-reduce: partial GEMM outputs *= rms_i.
+  void scale_partials(Backend& be, std::span<const Tensor> partials, Tensor sumsq);
+  // After it: rstd from ΣS; outputs /= rms; out rescaled to the exact normalised slice.
+  void finish(Backend& be, std::span<const Tensor> outputs, Tensor sumsq_total);
+  // from_latent: the statistic c from (z, dz) of the A's reading this norm (whole and
+  // replicated). Call before their backward zeroes the latent gradients.
+  void latent_statistic(Backend& be, std::span<const std::pair<Tensor, Tensor>> latents);
+  // dx += ∂/∂x and dγ += from dn = ∂/∂out [N, d/t]; all_reduce: c from dn, summed over ranks.
+  void backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dn, Tensor x,
+                std::string_view site);
+};
+
+}  // namespace bottle

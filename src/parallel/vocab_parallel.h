@@ -1,0 +1,38 @@
+#pragma once
+// Vocabulary-parallel embedding, LM head and cross-entropy (Megatron's
+// tensor_parallel/{layers,cross_entropy}.py): rank i holds vocabulary rows
+// [i·V/t, (i+1)·V/t), and no rank ever holds full-vocabulary logits.
+#include "core/arena.h"
+#include "core/backend.h"
+#include "parallel/tensor_parallel.h"
+
+namespace bottle {
+
+// out [N, d] = the embedding rows of tokens: each rank looks up the rows it holds (zeros
+// elsewhere), then reduce_from sums them (N·d elements).
+void vocab_parallel_embedding_forward(Backend& be, const TensorParallel& tp, Tensor out,
+                                      Tensor tokens, Tensor table, int64_t first,
+                                      std::string_view site);
+// dtable += the rows of dout [N, d] (replicated) that this rank holds; no communication.
+void vocab_parallel_embedding_backward(Backend& be, Tensor dtable, Tensor tokens, Tensor dout,
+                                       int64_t first);
+
+// Mean cross-entropy over logits split by vocabulary: [N, V/t] on each rank holding columns
+// [first, first + V/t). Two all-reduces of per-token statistics: the max (N) and the
+// sum-exp with the target's logit (2·N).
+struct VocabParallelCrossEntropy {
+  Tensor max;     // [N] whole-vocabulary max logit
+  Tensor sums;    // [2, N] Σ exp(logit - max) and the target's logit
+  Tensor losses;  // [N]
+
+  void allocate_activations(Arena& arena, int64_t rows);
+  float forward(Backend& be, const TensorParallel& tp, Tensor logits, Tensor targets,
+                int64_t first);
+  // dlogits += scale · ∂(Σ losses)/∂logits (no communication).
+  void backward(Backend& be, Tensor dlogits, Tensor logits, Tensor targets, int64_t first,
+                float scale);
+
+  Tensor sumexp() const { return Tensor{sums.data, {max.numel()}}; }
+};
+
+}  // namespace bottle
