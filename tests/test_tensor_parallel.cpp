@@ -182,6 +182,88 @@ std::vector<Case> training_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Modes, TpTraining, ::testing::ValuesIn(training_cases()), case_name);
 
+// --- The communicator's counters against DESIGN §3's per-block volumes.
+struct CountCase {
+  BottleneckKind kind;
+  TpMode mode;
+  bool grouping;
+  NormStatistic statistic = NormStatistic::from_latent;
+};
+
+class TpVolumes : public ::testing::TestWithParam<CountCase> {};
+
+TEST_P(TpVolumes, PerBlockAndPassMatchTheFormulas) {
+  const CountCase c = GetParam();
+  ModelConfig config = parity_config({c.kind, c.mode, 8, false, c.grouping});
+  config.ranks = {};  // one rank r for all seven projections
+  const int64_t L = config.num_layers, d = config.hidden_size, dff = config.intermediate_size,
+                r = config.rank;
+  auto be = make_backend("cpu");
+  const int64_t batch = 2, seq = 16, n = batch * seq;
+  const auto tokens = random_tokens(n, config.vocab_size, 1);
+  Tensor tok{const_cast<int32_t*>(tokens.data()), {batch, seq}, DType::i32};
+  TensorParallel tp{c.mode, &world(), c.grouping, c.statistic};
+  LlamaModel model(config, tp);
+  model.init_weights(1);
+  model.allocate_activations(batch, seq);
+  const std::string prefix = tp_mode_name(c.mode);
+  CommStats& stats = world().stats();
+  stats.reset();
+  model.forward(*be, tok, tok);
+  const CommCounter fwd = stats.with_prefix(prefix + ".fwd.");
+  const CommCounter lax_fwd = stats.with_prefix(prefix + ".fwd.lax_gather");
+  stats.reset();
+  model.backward(*be, tok, tok);
+  const CommCounter bwd = stats.with_prefix(prefix + ".bwd.");
+  const CommCounter lax_bwd = stats.with_prefix(prefix + ".bwd.lax_gather");
+  // Per block, per token (MHA).
+  int64_t fwd_elems = 0, bwd_elems = 0, fwd_calls = 0, bwd_calls = 0, lax_extra = 0;
+  switch (c.mode) {
+    case TpMode::full:
+      fwd_elems = bwd_elems = 2 * d;
+      fwd_calls = bwd_calls = 2;
+      break;
+    case TpMode::vanilla:
+      fwd_elems = 5 * d + 2 * dff;
+      bwd_elems = c.grouping ? 3 * d + dff : 6 * d + dff;
+      fwd_calls = bwd_calls = c.grouping ? 4 : 7;
+      // LaX: each projection all-gathers its latent slice, each way.
+      if (c.kind == BottleneckKind::lax) lax_extra = 7 * r;
+      break;
+    case TpMode::btp:
+      fwd_elems = 7 * r + 2;  // + the two RMSNorm statistics, in the same collectives
+      bwd_elems = 7 * r + (c.statistic == NormStatistic::all_reduce ? 2 : 0);
+      fwd_calls = bwd_calls = c.grouping ? 4 : 7;
+      if (c.statistic == NormStatistic::all_reduce) bwd_calls += 2;
+      break;
+  }
+  EXPECT_EQ(fwd.elements, L * n * (fwd_elems + lax_extra));
+  EXPECT_EQ(bwd.elements, L * n * (bwd_elems + lax_extra));
+  EXPECT_EQ(lax_fwd.elements, L * n * lax_extra);
+  EXPECT_EQ(lax_bwd.elements, L * n * lax_extra);
+  const int64_t lax_calls = lax_extra ? 7 : 0;
+  EXPECT_EQ(fwd.calls, L * (fwd_calls + lax_calls));
+  EXPECT_EQ(bwd.calls, L * (bwd_calls + lax_calls));
+}
+
+std::vector<CountCase> count_cases() {
+  std::vector<CountCase> cases{{BottleneckKind::none, TpMode::full, true}};
+  for (auto kind : {BottleneckKind::svd, BottleneckKind::cola, BottleneckKind::lax})
+    for (auto mode : {TpMode::vanilla, TpMode::btp})
+      for (bool grouping : {true, false}) cases.push_back({kind, mode, grouping});
+  cases.push_back({BottleneckKind::cola, TpMode::btp, true, NormStatistic::all_reduce});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, TpVolumes, ::testing::ValuesIn(count_cases()),
+                         [](const auto& info) {
+                           const CountCase& c = info.param;
+                           return fmt::format(
+                               "{}_{}{}{}", bottleneck_kind_name(c.kind), tp_mode_name(c.mode),
+                               c.grouping ? "" : "_nogroup",
+                               c.statistic == NormStatistic::all_reduce ? "_stat_allreduce" : "");
+                         });
+
 // --- Online RMSNorm + row-parallel A against RMSNorm + A on one rank (DESIGN §3).
 // On the reference backend every GEMM rounds once, so the difference measures the online
 // algorithm alone; on cpu the GEMMs' own fp32 summation order adds about 1e-6 at this size

@@ -1,11 +1,12 @@
 // `bottle`: the command line. Every error a user can cause ends here as one message on
-// stderr and exit status 1.
+// stderr and exit status 1, on every rank of an mpirun job, without a hang.
 #include <omp.h>
 
 #include <cstdio>
 #include <map>
 
 #include "apps/commands.h"
+#include "comm/communicator.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
@@ -37,10 +38,10 @@ int main(int argc, char** argv) {
     for (auto& [sub, run] : commands)
       if (sub->parsed()) return run();
   } catch (const bottle::Error& e) {
-    std::fprintf(stderr, "bottle: error: %s\n", e.what());
+    bottle::report_fatal_error("error", e.what());
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "bottle: internal error: %s\n", e.what());
+    bottle::report_fatal_error("internal error", e.what());
     return 2;
   }
   return 0;

@@ -56,12 +56,27 @@ CheckpointStore::CheckpointStore(std::string folder, int keep)
 
 std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
                                   const nlohmann::json& state, int64_t step) {
+  const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
+  const fs::path final_dir = fs::path(folder_) / name;
+  // Under tensor parallelism the slices are gathered and one rank writes the one model.
+  Communicator* tp = model.tensor_parallel().comm;
+  const ParameterStore& params = model.parameters();
+  std::vector<std::vector<float>> moments_whole;
+  for (const ParamSpec& spec : params.specs()) {
+    moments_whole.push_back(
+        gather_parameter(spec, optimizer.first_moment().f32() + spec.offset, tp));
+    moments_whole.push_back(
+        gather_parameter(spec, optimizer.second_moment().f32() + spec.offset, tp));
+  }
+  if (tp && tp->rank() != 0) {
+    save_model(model, "");  // takes part in the gathers; writes nothing
+    tp->barrier();          // returns once the checkpoint is complete
+    return final_dir.string();
+  }
   fs::create_directories(folder_);
   // Clear what an interrupted earlier write left behind.
   for (const auto& e : fs::directory_iterator(folder_))
     if (e.path().filename().string().rfind(kTempPrefix, 0) == 0) fs::remove_all(e.path());
-  const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
-  const fs::path final_dir = fs::path(folder_) / name;
   const fs::path temp = fs::path(folder_) / fmt::format("{}{}-{}", kTempPrefix, name, ::getpid());
   fs::create_directories(temp);
 
@@ -70,12 +85,12 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
   fsync_path(temp / kWeightsFile);
   failpoint(2);
   std::vector<NamedTensor> moments;
-  const ParameterStore& params = model.parameters();
-  for (const ParamSpec& spec : params.specs()) {
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    const ParamSpec& spec = params.specs()[i];
     moments.push_back({moment_name("exp_avg", spec.name),
-                       Tensor{optimizer.first_moment().f32() + spec.offset, spec.shape}});
+                       Tensor{moments_whole[2 * i].data(), spec.full_shape}});
     moments.push_back({moment_name("exp_avg_sq", spec.name),
-                       Tensor{optimizer.second_moment().f32() + spec.offset, spec.shape}});
+                       Tensor{moments_whole[2 * i + 1].data(), spec.full_shape}});
   }
   write_safetensors((temp / kOptimizerFile).string(), moments,
                     {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
@@ -101,6 +116,7 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
 
   std::vector<std::string> all = list();
   for (size_t i = 0; i + size_t(keep_) < all.size(); ++i) fs::remove_all(all[i]);
+  if (tp) tp->barrier();
   return final_dir.string();
 }
 
@@ -124,11 +140,10 @@ nlohmann::json CheckpointStore::load(const std::string& dir, LlamaModel& model, 
   const SafeTensorsReader reader((fs::path(dir) / kOptimizerFile).string());
   const ParameterStore& params = model.parameters();
   for (const ParamSpec& spec : params.specs()) {
-    const auto n = size_t(spec.shape.numel());
-    reader.read_f32(moment_name("exp_avg", spec.name),
-                    std::span<float>(optimizer.first_moment().f32() + spec.offset, n));
-    reader.read_f32(moment_name("exp_avg_sq", spec.name),
-                    std::span<float>(optimizer.second_moment().f32() + spec.offset, n));
+    read_parameter_slice(reader, moment_name("exp_avg", spec.name), spec,
+                         optimizer.first_moment().f32() + spec.offset);
+    read_parameter_slice(reader, moment_name("exp_avg_sq", spec.name), spec,
+                         optimizer.second_moment().f32() + spec.offset);
   }
   const fs::path state_path = fs::path(dir) / kTrainerStateFile;
   std::ifstream in(state_path);

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 
+#include "comm/process_groups.h"
 #include "core/gemm_peak.h"
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
@@ -83,9 +84,9 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   const TrainingConfig& tc = config.training;
   BOTTLE_CHECK(!config.data.train.empty(),
                "{}: data.train is not set (a token shard, directory or glob)", options.config_path);
-  BOTTLE_CHECK(config.parallel.tp * config.parallel.pp * config.parallel.dp == 1,
-               "{}: parallel.tp/pp/dp > 1 needs the MPI launcher (mpirun), which this build does "
-               "not run yet",
+  BOTTLE_CHECK(config.parallel.pp == 1 && config.parallel.dp == 1,
+               "{}: parallel.pp and parallel.dp > 1 are not available yet (tensor parallelism "
+               "is: parallel.tp)",
                options.config_path);
   BOTTLE_CHECK(tc.precision == Precision::fp32,
                "{}: training.precision = \"bf16\" is not available on the cpu backend yet",
@@ -93,10 +94,16 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   BOTTLE_CHECK(tc.recompute == Recompute::none,
                "{}: training.recompute other than \"none\" is not available yet",
                options.config_path);
+  // Every rank checks the layout before any work, so a bad one fails everywhere at once.
+  Communicator& world = world_communicator();
+  ProcessGroups groups = ProcessGroups::create(
+      world, {int(config.parallel.tp), int(config.parallel.pp), int(config.parallel.dp)});
+  const bool leader = world.rank() == 0;  // writes metrics, plots and checkpoints
   auto be = make_backend("cpu");
   const int64_t B = tc.micro_batch_size, S = tc.seq_len;
 
-  LlamaModel model(config.model);
+  LlamaModel model(config.model, TensorParallel{config.parallel.tp_mode, groups.tp.get(),
+                                                config.parallel.grouping});
   AdamW optimizer(model.parameters(), config.adamw());
   TokenLoader loader(config.data.train, B, S, uint64_t(tc.seed));
   std::unique_ptr<TokenLoader> val;
@@ -123,7 +130,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       fail("{}/{}: {}", *latest, kTrainerStateFile, e.what());
     }
     last_saved = step;
-    std::printf("resumed from %s at step %lld\n", latest->c_str(), (long long)step);
+    if (leader) std::printf("resumed from %s at step %lld\n", latest->c_str(), (long long)step);
   } else if (store.latest()) {
     fail(
         "{} already holds checkpoints (newest {}): continue it with --resume, or choose another "
@@ -145,18 +152,26 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   LrSchedule schedule{float(config.optimizer.lr), config.lr_scheduler.warmup_steps, tc.steps,
                       enum_name(config.lr_scheduler.decay),
                       float(config.lr_scheduler.min_lr_ratio)};
-  MetricsLogger metrics(in_folder(config.checkpoint.folder, config.metrics.jsonl),
-                        config.metrics.log_freq, tc.steps, step, options.resume);
-  fs::create_directories(config.checkpoint.folder);
-  { std::ofstream(fs::path(config.checkpoint.folder) / "train_config.toml") << to_toml(config); }
+  std::unique_ptr<MetricsLogger> metrics;
+  if (leader) {
+    metrics = std::make_unique<MetricsLogger>(in_folder(config.checkpoint.folder, config.metrics.jsonl),
+                                              config.metrics.log_freq, tc.steps, step,
+                                              options.resume);
+    fs::create_directories(config.checkpoint.folder);
+    std::ofstream(fs::path(config.checkpoint.folder) / "train_config.toml") << to_toml(config);
+  }
+  auto message = [&](const std::string& text) {
+    if (metrics) metrics->message(text);
+  };
   const double peak_gflops = measure_gemm_peak_gflops(*be);
   const double flops_per_step = model.flops_per_step(B * S, S) * double(tc.grad_accum_steps);
-  metrics.message(
-      fmt::format("training {} ({} parameters, {} bottleneck) for {} steps of {} tokens on {} "
-                  "threads; GEMM peak {:.0f} GFLOP/s",
-                  options.config_path, config.model.parameter_count(),
-                  bottleneck_kind_name(config.model.bottleneck), tc.steps, config.tokens_per_step(),
-                  omp_get_max_threads(), peak_gflops));
+  message(fmt::format(
+      "training {} ({} parameters, {} bottleneck) for {} steps of {} tokens on {} rank(s) (tp {} "
+      "\"{}\") x {} threads; GEMM peak {:.0f} GFLOP/s per rank",
+      options.config_path, config.model.parameter_count(),
+      bottleneck_kind_name(config.model.bottleneck), tc.steps, config.tokens_per_step(),
+      world.size(), config.parallel.tp, tp_mode_name(config.parallel.tp_mode),
+      omp_get_max_threads(), peak_gflops));
 
   Arena batch_arena(MemoryTag::workspace);
   Tensor inputs = batch_arena.alloc({B, S}, DType::i32),
@@ -171,7 +186,6 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   TrainResult result;
   std::vector<double> rates;
   StopSignals signals;
-  const Tensor grads = model.parameters().grads();
   while (step < tc.steps) {
     const auto t0 = std::chrono::steady_clock::now();
     model.zero_grad(*be);
@@ -184,7 +198,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       model.backward(*be, inputs, targets, 1.0f / float(tc.grad_accum_steps));
     }
     loss /= double(tc.grad_accum_steps);
-    const double grad_norm = std::sqrt(be->sum_squares(grads));
+    const double grad_norm = std::sqrt(model.grad_sum_squares(*be));
     const float lr = schedule.at(step);
     const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
     if (!finite && tc.on_nonfinite == OnNonfinite::stop)
@@ -198,37 +212,45 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                              : 1.0f;
       optimizer.step(*be, model.parameters(), lr, clip);
     } else {
-      metrics.message(fmt::format("step {}: loss {}, grad norm {}: not finite; step skipped", step + 1, loss, grad_norm));
+      message(fmt::format("step {}: loss {}, grad norm {}: not finite; step skipped", step + 1,
+                          loss, grad_norm));
     }
     ++step;
     const double ms =
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     const double tokens_per_s = double(config.tokens_per_step()) / (ms / 1e3);
     rates.push_back(tokens_per_s);
-    metrics.log_step({{"step", step},
+    // The whole model's FLOPs over the whole job's GEMM peak.
+    const double mfu = flops_per_step / (ms * 1e6) / (peak_gflops * world.size());
+    if (metrics)
+      metrics->log_step({{"step", step},
                       {"loss", loss},
                       {"lr", lr},
                       {"grad_norm", grad_norm},
                       {"tokens_per_s", tokens_per_s},
-                      {"mfu", flops_per_step / (ms * 1e6) / peak_gflops},
+                      {"mfu", mfu},
                       {"peak_bytes", MemoryStats::global().peak_total()},
                       {"ms", ms},
                       {"skipped", !finite}});
     result.last_loss = loss;
     if (val && tc.eval_interval > 0 && (step % tc.eval_interval == 0 || step == tc.steps)) {
       result.last_val_loss = evaluate(*be, model, *val, tc.eval_batches, inputs, targets);
-      metrics.log_eval(step, result.last_val_loss);
+      if (metrics) metrics->log_eval(step, result.last_val_loss);
     }
-    const bool stop = signals.requested() != 0;
+    // A signal may reach the ranks at different steps: they agree before acting on it.
+    int32_t stop_signal = signals.requested();
+    if (world.size() > 1)
+      world.all_reduce(Tensor{&stop_signal, {1}, DType::i32}, ReduceOp::max, "train.stop");
+    const bool stop = stop_signal != 0;
     if ((config.checkpoint.interval > 0 && step % config.checkpoint.interval == 0) ||
         step == tc.steps || stop) {
       result.last_checkpoint = store.save(model, optimizer, state_json(step), step);
       last_saved = step;
-      metrics.message(fmt::format("step {}: checkpoint {}", step, result.last_checkpoint));
+      message(fmt::format("step {}: checkpoint {}", step, result.last_checkpoint));
     }
     if (stop) {
-      metrics.message(fmt::format("stopped by signal {} after step {}; resume with --resume",
-                                  signals.requested(), step));
+      message(fmt::format("stopped by signal {} after step {}; resume with --resume", stop_signal,
+                          step));
       result.interrupted = true;
       break;
     }
@@ -240,10 +262,10 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     std::nth_element(rates.begin(), rates.begin() + rates.size() / 2, rates.end());
     result.tokens_per_s = rates[rates.size() / 2];
   }
-  if (!config.metrics.plot.empty() && step > 0) {
+  if (metrics && !config.metrics.plot.empty() && step > 0) {
     const std::string png = in_folder(config.checkpoint.folder, config.metrics.plot);
-    plot_metrics(metrics.path(), png);
-    metrics.message("plot: " + png);
+    plot_metrics(metrics->path(), png);
+    message("plot: " + png);
   }
   return result;
 }
