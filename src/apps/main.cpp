@@ -29,6 +29,9 @@ int main(int argc, char** argv) {
   CLI::App* bench_step =
       bench->add_subcommand("step", "time forward + backward + AdamW, with the PyTorch peer");
   commands[bench_step] = bottle::add_bench_step_command(*bench_step);
+  CLI::App* bench_tp = bench->add_subcommand(
+      "tp", "full-rank, vanilla and bottleneck-aware TP side by side (under mpirun)");
+  commands[bench_tp] = bottle::add_bench_tp_command(*bench_tp);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,194 @@
+// `bottle bench tp`: the three tensor-parallel modes on the same model, side by side in one
+// run (under mpirun -np t): full-rank Megatron TP on the full-rank model of the same widths,
+// vanilla low-rank TP and BTP on the bottleneck model. Per mode: the communicator's exact
+// per-block volumes and collective counts, and the training step's time split into
+// communication and compute, tokens/s and peak memory per rank.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "apps/commands.h"
+#include "comm/process_groups.h"
+#include "model/llama.h"
+#include "train/adamw.h"
+#include "train/train_config.h"
+
+namespace bottle {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct ModeResult {
+  TpMode mode;
+  BottleneckKind kind;
+  int64_t blocks = 0, tokens = 0;
+  CommCounter fwd, bwd;  // the mode's block sites, one step
+  double iter_ms = 0, comm_ms = 0;
+  size_t peak_bytes = 0, activation_bytes = 0;
+  double fwd_per_token_block() const { return double(fwd.elements) / double(blocks * tokens); }
+  double bwd_per_token_block() const { return double(bwd.elements) / double(blocks * tokens); }
+};
+
+ModeResult measure(const TrainConfig& config, TpMode mode, Communicator* tp, int steps,
+                   int warmup) {
+  ModelConfig model_config = config.model;
+  if (mode == TpMode::full) {
+    // The full-rank model of the same widths.
+    model_config.bottleneck = BottleneckKind::none;
+    model_config.rank = 0;
+    model_config.ranks = {};
+    model_config.mlp_gate_act.reset();
+  }
+  const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
+  MemoryStats::global().reset_peaks();
+  auto be = make_backend("cpu");
+  LlamaModel model(model_config, TensorParallel{mode, tp, config.parallel.grouping});
+  model.init_weights(uint64_t(config.training.seed));
+  model.allocate_activations(B, S);
+  AdamW optimizer(model.parameters(), config.adamw());
+  std::mt19937 rng(uint32_t(config.training.seed));
+  std::vector<int32_t> tokens(size_t(B * S)), targets(size_t(B * S));
+  for (auto& t : tokens) t = int32_t(rng() % uint32_t(model_config.vocab_size));
+  for (auto& t : targets) t = int32_t(rng() % uint32_t(model_config.vocab_size));
+  Tensor tok{tokens.data(), {B, S}, DType::i32}, tgt{targets.data(), {B, S}, DType::i32};
+
+  ModeResult result{mode, model_config.bottleneck, model_config.num_layers, B * S};
+  const std::string prefix = tp_mode_name(mode);
+  std::vector<double> iter, comm;
+  CommStats one_rank;  // stays empty: one rank communicates nothing
+  CommStats& stats = tp ? tp->stats() : one_rank;
+  for (int step = 0; step < warmup + steps; ++step) {
+    if (tp) tp->barrier();
+    stats.reset();
+    const auto t0 = Clock::now();
+    model.zero_grad(*be);
+    model.forward(*be, tok, tgt);
+    const CommCounter fwd = stats.with_prefix(prefix + ".fwd.");
+    model.backward(*be, tok, tgt);
+    const double norm = std::sqrt(model.grad_sum_squares(*be));
+    optimizer.step(*be, model.parameters(), float(config.optimizer.lr),
+                   norm > 1.0 ? float(1.0 / norm) : 1.0f);
+    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    if (tp && tp->size() > 1) {  // the slowest rank sets the pace
+      float slowest = float(ms);
+      tp->all_reduce(Tensor{&slowest, {1}}, ReduceOp::max, "bench.time");
+      ms = slowest;
+    }
+    if (step < warmup) continue;
+    result.fwd = fwd;
+    result.bwd = stats.with_prefix(prefix + ".bwd.");
+    iter.push_back(ms);
+    comm.push_back(stats.total().seconds * 1e3 - stats.with_prefix("bench.").seconds * 1e3);
+  }
+  std::sort(iter.begin(), iter.end());
+  std::sort(comm.begin(), comm.end());
+  result.iter_ms = iter[iter.size() / 2];
+  result.comm_ms = comm[comm.size() / 2];
+  result.peak_bytes = MemoryStats::global().peak_total();
+  result.activation_bytes = MemoryStats::global().peak(MemoryTag::activations);
+  return result;
+}
+
+}  // namespace
+
+Command add_bench_tp_command(CLI::App& app) {
+  struct Options {
+    std::string config;
+    std::vector<std::string> overrides;
+    int steps = 5, warmup = 2, threads = 0;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("config", o->config, "training configuration (TOML)")->required();
+  app.add_option("--set", o->overrides, "override a key: section.key=value (repeatable)");
+  app.add_option("--steps", o->steps, "timed steps per mode")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", o->threads, "OpenMP threads per rank (default: cores / ranks)");
+  app.add_flag("--json", o->json, "one JSON object per mode and line");
+  return [o] {
+    Communicator& world = world_communicator();
+    std::vector<std::string> overrides = o->overrides;
+    // The TP degree is the job's size unless the configuration or --set says otherwise.
+    const bool tp_given = std::any_of(overrides.begin(), overrides.end(), [](const auto& s) {
+      return s.rfind("parallel.tp=", 0) == 0;
+    });
+    if (!tp_given) overrides.push_back(fmt::format("parallel.tp={}", world.size()));
+    const TrainConfig config = load_train_config(o->config, overrides);
+    ProcessGroups groups = ProcessGroups::create(
+        world, {int(config.parallel.tp), int(config.parallel.pp), int(config.parallel.dp)});
+    BOTTLE_CHECK(config.parallel.pp == 1 && config.parallel.dp == 1,
+                 "bench tp: set parallel.pp = parallel.dp = 1 (it measures one TP group)");
+    omp_set_num_threads(o->threads > 0 ? o->threads
+                                       : std::max(1, omp_get_num_procs() / world.size()));
+    std::vector<TpMode> modes{TpMode::full};
+    if (config.model.bottleneck != BottleneckKind::none) modes = {TpMode::full, TpMode::vanilla, TpMode::btp};
+    const bool leader = world.rank() == 0;
+    const ModelConfig& m = config.model;
+    if (leader && !o->json)
+      std::printf(
+          "bench tp: %s, %d rank(s), %s model d=%lld d_ff=%lld H=%lld r=%lld L=%lld, "
+          "b=%lld s=%lld, grouping %s, %d thread(s) per rank; full = the full-rank model of "
+          "the same widths\n",
+          o->config.c_str(), world.size(), bottleneck_kind_name(m.bottleneck),
+          (long long)m.hidden_size, (long long)m.intermediate_size, (long long)m.num_heads,
+          (long long)m.rank, (long long)m.num_layers, (long long)config.training.micro_batch_size,
+          (long long)config.training.seq_len, config.parallel.grouping ? "on" : "off",
+          omp_get_max_threads());
+    std::vector<ModeResult> results;
+    for (TpMode mode : modes) {
+      results.push_back(measure(config, mode, groups.tp.get(), o->steps, o->warmup));
+      const ModeResult& r = results.back();
+      if (!leader) continue;
+      const double blocks = double(r.blocks);
+      if (o->json) {
+        nlohmann::ordered_json j{
+            {"mode", tp_mode_name(r.mode)},
+            {"model", bottleneck_kind_name(r.kind)},
+            {"tp", world.size()},
+            {"recompute", "none"},
+            {"fwd_elems_per_block", double(r.fwd.elements) / blocks},
+            {"bwd_elems_per_block", double(r.bwd.elements) / blocks},
+            {"fwd_elems_per_token_block", r.fwd_per_token_block()},
+            {"bwd_elems_per_token_block", r.bwd_per_token_block()},
+            {"collectives_per_block", double(r.fwd.calls) / blocks},
+            {"bwd_collectives_per_block", double(r.bwd.calls) / blocks},
+            {"recompute_collectives", 0},
+            {"comm_ms", r.comm_ms},
+            {"compute_ms", r.iter_ms - r.comm_ms},
+            {"iter_ms", r.iter_ms},
+            {"tokens_per_s", double(r.tokens) / (r.iter_ms / 1e3)},
+            {"peak_bytes", r.peak_bytes},
+            {"activation_bytes", r.activation_bytes}};
+        std::printf("%s\n", j.dump().c_str());
+      } else {
+        std::printf(
+            "  %-8s %-5s fwd %9.0f bwd %9.0f elements per token and block (%4.1f + %4.1f "
+            "collectives) | iter %8.1f ms (comm %6.1f, compute %8.1f) %8.0f tokens/s | peak "
+            "%7.1f MB, activations %7.1f MB\n",
+            tp_mode_name(r.mode), bottleneck_kind_name(r.kind), r.fwd_per_token_block(),
+            r.bwd_per_token_block(), double(r.fwd.calls) / blocks, double(r.bwd.calls) / blocks,
+            r.iter_ms, r.comm_ms, r.iter_ms - r.comm_ms, double(r.tokens) / (r.iter_ms / 1e3),
+            double(r.peak_bytes) / 1e6, double(r.activation_bytes) / 1e6);
+      }
+      std::fflush(stdout);
+    }
+    if (leader && !o->json && results.size() == 3) {
+      const ModeResult &full = results[0], &vanilla = results[1], &btp = results[2];
+      std::printf(
+          "  forward volume vs full-rank TP: vanilla %.3fx, btp %.3fx | btp iteration speedup: "
+          "%.2fx vs vanilla, %.2fx vs full-rank TP\n",
+          vanilla.fwd_per_token_block() / full.fwd_per_token_block(),
+          btp.fwd_per_token_block() / full.fwd_per_token_block(), vanilla.iter_ms / btp.iter_ms,
+          full.iter_ms / btp.iter_ms);
+    }
+    return 0;
+  };
+}
+
+}  // namespace bottle
