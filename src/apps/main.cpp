@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
+    // Every rank joins the job before any check, so that an error found by all of them
+    // (a bad configuration) is printed by all of them before the job ends.
+    bottle::world_communicator();
     for (auto& [sub, run] : commands)
       if (sub->parsed()) return run();
   } catch (const bottle::Error& e) {

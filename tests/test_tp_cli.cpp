@@ -1,0 +1,199 @@
+// The bottle binary under mpirun with tensor parallelism: a bad layout ends in one clear
+// error on every rank (never a hang), checkpoints written by a TP run load into any layout,
+// and `bench tp` prints the per-block volumes of DESIGN §3.
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace bottle::testing {
+namespace {
+
+// mpirun with a hard timeout, so that a hang fails the test (status 124) instead of blocking.
+std::string mpirun(int ranks) {
+  return fmt::format("timeout -k 5 120 {} {} {} --oversubscribe", BOTTLE_MPIEXEC,
+                     BOTTLE_MPIEXEC_NUMPROC_FLAG, ranks);
+}
+
+int count(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+class TpCli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    write_random_shard(dir / "train.bin", 20000, 64, 1);
+    write_random_shard(dir / "val.bin", 4000, 64, 2);
+    std::ofstream(dir / "tiny.toml") << fmt::format(R"([model]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 48
+num_layers = 2
+num_heads = 4
+bottleneck = "cola"
+rank = 8
+max_seq_len = 64
+
+[training]
+steps = 4
+micro_batch_size = 2
+seq_len = 16
+eval_interval = 0
+
+[data]
+train = "{}"
+val = "{}"
+
+[checkpoint]
+folder = "{}"
+interval = 0
+
+[metrics]
+log_freq = 1
+)",
+                                                    dir / "train.bin", dir / "val.bin",
+                                                    dir / "run");
+  }
+  CommandResult train(int ranks, const std::string& sets) {
+    return run(fmt::format("{} {} train {} {}", mpirun(ranks), bottle_binary(), dir / "tiny.toml",
+                           sets));
+  }
+  TempDir dir;
+};
+
+struct BadLayout {
+  const char* name;
+  int ranks;
+  const char* sets;
+  const char* message;
+};
+
+class TpBadLayout : public TpCli, public ::testing::WithParamInterface<BadLayout> {};
+
+TEST_P(TpBadLayout, OneClearErrorOnEveryRank) {
+  const BadLayout b = GetParam();
+  const CommandResult r = train(b.ranks, b.sets);
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_NE(r.status, 124) << "the job hung:\n" << r.output;
+  EXPECT_EQ(count(r.output, "bottle: error: "), b.ranks) << r.output;
+  EXPECT_EQ(count(r.output, b.message), b.ranks) << r.output;
+  EXPECT_EQ(count(r.output, "step 1"), 0) << "work started:\n" << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, TpBadLayout,
+    ::testing::Values(
+        BadLayout{"heads", 2,
+                  "--set parallel.tp=2 --set model.num_heads=1 --set model.num_kv_heads=1",
+                  "must divide model.num_heads (1)"},
+        BadLayout{"kv_heads", 2, "--set parallel.tp=2 --set model.num_kv_heads=1",
+                  "must divide model.num_kv_heads (1)"},
+        BadLayout{"hidden", 4,
+                  "--set parallel.tp=4 --set model.hidden_size=34 --set model.num_heads=1 "
+                  "--set model.num_kv_heads=1",
+                  "must divide model.hidden_size (34)"},
+        BadLayout{"ffn", 2, "--set parallel.tp=2 --set model.intermediate_size=49",
+                  "must divide model.intermediate_size (49)"},
+        BadLayout{"vocab", 2, "--set parallel.tp=2 --set model.vocab_size=63",
+                  "must divide model.vocab_size (63)"},
+        BadLayout{"rank_vanilla", 2,
+                  "--set parallel.tp=2 --set parallel.tp_mode=vanilla --set model.rank=9",
+                  "must divide the rank of the q projection (9)"},
+        BadLayout{"world_too_big", 2, "", "world size 2 does not equal"},
+        BadLayout{"world_too_small", 2, "--set parallel.tp=4", "world size 2 does not equal"},
+        BadLayout{"btp_on_full_rank", 2,
+                  "--set parallel.tp=2 --set model.bottleneck=none --set parallel.tp_mode=btp",
+                  "which needs a bottleneck model"},
+        BadLayout{"vanilla_on_full_rank", 2,
+                  "--set parallel.tp=2 --set model.bottleneck=none --set parallel.tp_mode=vanilla",
+                  "which needs a bottleneck model"},
+        BadLayout{"full_on_cola", 2, "--set parallel.tp=2 --set parallel.tp_mode=full",
+                  "which is for a full-rank model"}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+double json_loss(const CommandResult& r) {
+  const size_t brace = r.output.rfind('{');
+  EXPECT_NE(brace, std::string::npos) << r.output;
+  if (brace == std::string::npos) return 0;
+  return nlohmann::json::parse(r.output.substr(brace)).at("loss").get<double>();
+}
+
+// A checkpoint written by a TP=2 btp run is the one HF model: it evaluates to the same
+// loss in every layout, and --init-from loads it into any layout.
+TEST_F(TpCli, CheckpointsLoadIntoAnyLayout) {
+  const CommandResult trained = train(2, "--set parallel.tp=2 --set parallel.tp_mode=btp");
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  EXPECT_EQ(count(trained.output, "done: 4 steps"), 1) << trained.output;  // rank 0 reports
+  const std::string ckpt = dir / "run/step_00000004";
+  ASSERT_TRUE(fs::exists(ckpt + "/model.safetensors")) << trained.output;
+  // The same 4 steps on one rank give the same weights (and so the same eval loss).
+  const CommandResult serial =
+      train(1, fmt::format("--set checkpoint.folder={}", dir / "serial"));
+  ASSERT_EQ(serial.status, 0) << serial.output;
+  const std::string eval = fmt::format("eval --data {} --batch 2 --seq 16 --batches 8 --json",
+                                       dir / "val.bin");
+  const double one = json_loss(run(fmt::format("{} {} --checkpoint {}", bottle_binary(), eval,
+                                               dir / "serial/step_00000004")));
+  for (const auto& [ranks, mode] : std::vector<std::pair<int, std::string>>{
+           {1, "btp"}, {2, "btp"}, {2, "vanilla"}, {4, "btp"}, {4, "vanilla"}}) {
+    const CommandResult r =
+        run(fmt::format("{} {} {} --checkpoint {} --set parallel.tp={} --set parallel.tp_mode={}",
+                        mpirun(ranks), bottle_binary(), eval, ckpt, ranks, mode));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(count(r.output, "\"loss\""), 1) << "one report, from rank 0:\n" << r.output;
+    EXPECT_NEAR(json_loss(r), one, 1e-5 * one) << ranks << " ranks, " << mode;
+  }
+  // --init-from into TP=4 vanilla and into one rank: the same first loss.
+  auto first_loss = [&](const std::string& folder) {
+    std::ifstream in(dir / (folder + "/metrics.jsonl"));
+    std::string line;
+    std::getline(in, line);
+    return nlohmann::json::parse(line).at("loss").get<double>();
+  };
+  const CommandResult a =
+      run(fmt::format("{} {} train {} --init-from {} --set checkpoint.folder={} --set "
+                      "parallel.tp=4 --set parallel.tp_mode=vanilla",
+                      mpirun(4), bottle_binary(), dir / "tiny.toml", ckpt, dir / "from4"));
+  ASSERT_EQ(a.status, 0) << a.output;
+  const CommandResult b = run(fmt::format("{} train {} --init-from {} --set checkpoint.folder={}",
+                                          bottle_binary(), dir / "tiny.toml", ckpt,
+                                          dir / "from1"));
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_NEAR(first_loss("from4"), first_loss("from1"), 1e-5);
+  // --resume under TP=2 continues from the TP=2 checkpoint.
+  const CommandResult resumed =
+      train(2, "--set parallel.tp=2 --set parallel.tp_mode=btp --set training.steps=6 --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_TRUE(fs::exists(dir / "run/step_00000006/model.safetensors")) << resumed.output;
+}
+
+// bench tp on 2 ranks: one JSON line per mode with DESIGN §7's keys and the exact volumes.
+TEST_F(TpCli, BenchTpPrintsEachModesVolumes) {
+  const CommandResult r = run(fmt::format("{} {} bench tp {} --steps 1 --warmup 0 --json",
+                                          mpirun(2), bottle_binary(), dir / "tiny.toml"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::map<std::string, nlohmann::json> rows;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '{') {
+      auto j = nlohmann::json::parse(line);
+      rows[j.at("mode").get<std::string>()] = j;
+    }
+  ASSERT_EQ(rows.size(), 3u) << r.output;
+  for (const auto& [mode, j] : rows)
+    for (const char* key :
+         {"mode", "recompute", "fwd_elems_per_block", "bwd_elems_per_block",
+          "collectives_per_block", "recompute_collectives", "comm_ms", "compute_ms", "iter_ms",
+          "tokens_per_s", "peak_bytes", "activation_bytes"})
+      EXPECT_TRUE(j.contains(key)) << mode << " lacks " << key;
+  const double d = 32, dff = 48, r_ = 8;
+  EXPECT_EQ(rows["full"].at("fwd_elems_per_token_block").get<double>(), 2 * d);
+  EXPECT_EQ(rows["vanilla"].at("fwd_elems_per_token_block").get<double>(), 5 * d + 2 * dff);
+  EXPECT_EQ(rows["btp"].at("fwd_elems_per_token_block").get<double>(), 7 * r_ + 2);
+  EXPECT_EQ(rows["btp"].at("collectives_per_block").get<double>(), 4);
+}
+
+}  // namespace
+}  // namespace bottle::testing
