@@ -108,6 +108,7 @@ struct GemmCase {
   int64_t m, n, k, batch, pad;
   float alpha, beta;
   bool broadcast_b = false;  // stride_b = 0: one B for every batch entry
+  bool broadcast_a = false;  // stride_a = 0: one A (grouped projections' shared input)
 };
 
 class GemmOps : public BackendOps {
@@ -123,10 +124,11 @@ class GemmOps : public BackendOps {
     args.trans_a = g.ta, args.trans_b = g.tb;
     args.m = g.m, args.n = g.n, args.k = g.k, args.batch = g.batch;
     args.alpha = g.alpha, args.beta = g.beta;
-    args.lda = a_cols + g.pad, args.stride_a = a_rows * args.lda + (g.pad ? 5 : 0);
+    args.lda = a_cols + g.pad,
+    args.stride_a = g.broadcast_a ? 0 : a_rows * args.lda + (g.pad ? 5 : 0);
     args.ldb = b_cols + g.pad, args.stride_b = g.broadcast_b ? 0 : b_rows * args.ldb + g.pad;
     args.ldc = g.n + g.pad, args.stride_c = g.m * args.ldc + (g.pad ? 3 : 0);
-    Tensor a = randn({g.batch * args.stride_a});
+    Tensor a = randn({g.broadcast_a ? a_rows * args.lda : g.batch * args.stride_a});
     Tensor b = randn({g.broadcast_b ? b_rows * args.ldb : g.batch * args.stride_b});
     Tensor c0 = randn({g.batch * args.stride_c});
     if (g.beta == 0.0f) {  // beta == 0 must ignore C's old contents, even NaN
@@ -171,6 +173,11 @@ TEST_F(GemmOps, BroadcastB) {
   for (bool tb : {false, true}) check({false, tb, 7, 24, 9, 3, 0, 1.0f, 0.0f, true});
 }
 
+TEST_F(GemmOps, BroadcastA) {
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) check({ta, tb, 7, 24, 9, 3, 0, 1.0f, 1.0f, false, true});
+}
+
 // ---------------------------------------------------------------------------------------
 // embedding
 
@@ -192,8 +199,90 @@ TEST_F(BackendOps, EmbeddingBackward) {
   EXPECT_TRUE(all_close(d_cpu, d_ref));
 }
 
+TEST_F(BackendOps, EmbeddingShardForwardAndBackward) {
+  // This rank holds vocabulary rows [first, first + rows): other tokens give zero rows and
+  // no gradient.
+  const int64_t N = 37, V = 24, rows = 8, first = 8, C = 12;
+  Tensor tokens = ids({N}, V), table = randn({rows, C});
+  Tensor out_cpu = nans({N, C}), out_ref = nans({N, C});
+  cpu->embedding_shard_forward(out_cpu, tokens, table, first);
+  ref->embedding_shard_forward(out_ref, tokens, table, first);
+  EXPECT_TRUE(all_close(out_cpu, out_ref));
+  for (int64_t i = 0; i < N; ++i) {
+    const int64_t row = tokens.i32()[i] - first;
+    const float want = row >= 0 && row < rows ? table.f32()[row * C] : 0.0f;
+    EXPECT_EQ(out_cpu.f32()[i * C], want) << i;
+  }
+  Tensor dout = randn({N, C}), d0 = randn({rows, C}), d_cpu = clone(d0), d_ref = clone(d0);
+  cpu->embedding_shard_backward(d_cpu, tokens, dout, first);
+  ref->embedding_shard_backward(d_ref, tokens, dout, first);
+  EXPECT_TRUE(all_close(d_cpu, d_ref));
+}
+
+TEST_F(BackendOps, VocabShardCrossEntropy) {
+  // Statistics of a shard, and the backward of a shard given whole-vocabulary statistics.
+  const int64_t N = 37, V = 29, first = 40;
+  Tensor logits = randn({N, V}, 3.0f, 1.0f);
+  Tensor m_cpu = nans({N}), m_ref = nans({N}), s_cpu = nans({N}), s_ref = nans({N});
+  cpu->logits_row_stats(m_cpu, s_cpu, logits);
+  ref->logits_row_stats(m_ref, s_ref, logits);
+  EXPECT_TRUE(all_close(m_cpu, m_ref));
+  EXPECT_TRUE(all_close(s_cpu, s_ref));
+  Tensor max = randn({N}, 0.1f, 5.0f), sumexp = uniform({N}, 2.0f, 3.0f);
+  Tensor targets = ids({N}, 100);  // some inside [first, first + V), most outside
+  Tensor d0 = randn({N, V}), d_cpu = clone(d0), d_ref = clone(d0);
+  cpu->cross_entropy_shard_backward(d_cpu, logits, max, sumexp, targets, first, 0.5f);
+  ref->cross_entropy_shard_backward(d_ref, logits, max, sumexp, targets, first, 0.5f);
+  EXPECT_TRUE(all_close(d_cpu, d_ref));
+}
+
 // ---------------------------------------------------------------------------------------
 // norms
+
+TEST_F(BackendOps, RmsnormShardForwardAndBackward) {
+  const int64_t N = 37, C = 24, d = 96;
+  Tensor x = randn({N, C}, 2.0f, 0.3f), w = randn({C}, 0.5f, 1.0f);
+  Tensor o_cpu = nans({N, C}), o_ref = nans({N, C}), s_cpu = nans({N}), s_ref = nans({N});
+  cpu->rmsnorm_shard_forward(o_cpu, s_cpu, x, w, 1e-5f);
+  ref->rmsnorm_shard_forward(o_ref, s_ref, x, w, 1e-5f);
+  EXPECT_TRUE(all_close(o_cpu, o_ref));
+  EXPECT_TRUE(all_close(s_cpu, s_ref));
+  // With the slice being the whole row (d = C, dot from the row) it is rmsnorm_backward.
+  Tensor dout = randn({N, C}), rstd = nans({N}), out = nans({N, C});
+  ref->rmsnorm_forward(out, rstd, x, w, 1e-5f);
+  Tensor dot = nans({N}), wdout = nans({N, C});
+  for (int64_t i = 0; i < N * C; ++i) wdout.f32()[i] = dout.f32()[i] * w.f32()[i % C];
+  ref->row_dot(dot, wdout, x);
+  Tensor dx0 = randn({N, C}), dw0 = randn({C});
+  Tensor dx_whole = clone(dx0), dw_whole = clone(dw0), dx_ref = clone(dx0), dw_ref = clone(dw0);
+  ref->rmsnorm_backward(dx_whole, dw_whole, dout, x, w, rstd);
+  ref->rmsnorm_shard_backward(dx_ref, dw_ref, dout, x, w, rstd, dot, C);
+  EXPECT_TRUE(all_close(dx_ref, dx_whole));
+  EXPECT_TRUE(all_close(dw_ref, dw_whole));
+  // A slice of a wider row: cpu against reference.
+  Tensor dx_cpu = clone(dx0), dw_cpu = clone(dw0);
+  dx_ref = clone(dx0), dw_ref = clone(dw0);
+  cpu->rmsnorm_shard_backward(dx_cpu, dw_cpu, dout, x, w, rstd, dot, d);
+  ref->rmsnorm_shard_backward(dx_ref, dw_ref, dout, x, w, rstd, dot, d);
+  EXPECT_TRUE(all_close(dx_cpu, dx_ref));
+  EXPECT_TRUE(all_close(dw_cpu, dw_ref));
+}
+
+TEST_F(BackendOps, ScaleRowsAndRowDot) {
+  const int64_t N = 37, C = 24;
+  Tensor x = randn({N, C}), y = randn({N, C}), f = randn({N});
+  Tensor o_cpu = nans({N, C}), o_ref = nans({N, C});
+  cpu->scale_rows(o_cpu, x, f);
+  ref->scale_rows(o_ref, x, f);
+  EXPECT_TRUE(all_close(o_cpu, o_ref));
+  Tensor in_place = clone(x);
+  cpu->scale_rows(in_place, in_place, f);
+  EXPECT_TRUE(all_close(in_place, o_ref));
+  Tensor r_cpu = nans({N}), r_ref = nans({N});
+  cpu->row_dot(r_cpu, x, y);
+  ref->row_dot(r_ref, x, y);
+  EXPECT_TRUE(all_close(r_cpu, r_ref));
+}
 
 TEST_F(BackendOps, RmsnormForward) {
   const int64_t N = 37, C = 24;

@@ -24,19 +24,33 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+struct Variant {
+  TpMode mode;
+  bool grouping;
+  NormStatistic statistic = NormStatistic::from_latent;
+  std::string label() const {
+    std::string l = tp_mode_name(mode);
+    if (!grouping) l += " ungrouped";
+    if (statistic == NormStatistic::all_reduce) l += " norm-stat-allreduce";
+    return l;
+  }
+};
+
 struct ModeResult {
+  Variant variant;
   TpMode mode;
   BottleneckKind kind;
   int64_t blocks = 0, tokens = 0;
-  CommCounter fwd, bwd;  // the mode's block sites, one step
+  CommCounter fwd{}, bwd{};  // the mode's block sites, one step
   double iter_ms = 0, comm_ms = 0;
   size_t peak_bytes = 0, activation_bytes = 0;
   double fwd_per_token_block() const { return double(fwd.elements) / double(blocks * tokens); }
   double bwd_per_token_block() const { return double(bwd.elements) / double(blocks * tokens); }
 };
 
-ModeResult measure(const TrainConfig& config, TpMode mode, Communicator* tp, int steps,
+ModeResult measure(const TrainConfig& config, const Variant& variant, Communicator* tp, int steps,
                    int warmup) {
+  const TpMode mode = variant.mode;
   ModelConfig model_config = config.model;
   if (mode == TpMode::full) {
     // The full-rank model of the same widths.
@@ -48,7 +62,7 @@ ModeResult measure(const TrainConfig& config, TpMode mode, Communicator* tp, int
   const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
   MemoryStats::global().reset_peaks();
   auto be = make_backend("cpu");
-  LlamaModel model(model_config, TensorParallel{mode, tp, config.parallel.grouping});
+  LlamaModel model(model_config, TensorParallel{mode, tp, variant.grouping, variant.statistic});
   model.init_weights(uint64_t(config.training.seed));
   model.allocate_activations(B, S);
   AdamW optimizer(model.parameters(), config.adamw());
@@ -58,7 +72,7 @@ ModeResult measure(const TrainConfig& config, TpMode mode, Communicator* tp, int
   for (auto& t : targets) t = int32_t(rng() % uint32_t(model_config.vocab_size));
   Tensor tok{tokens.data(), {B, S}, DType::i32}, tgt{targets.data(), {B, S}, DType::i32};
 
-  ModeResult result{mode, model_config.bottleneck, model_config.num_layers, B * S};
+  ModeResult result{variant, mode, model_config.bottleneck, model_config.num_layers, B * S};
   const std::string prefix = tp_mode_name(mode);
   std::vector<double> iter, comm;
   CommStats one_rank;  // stays empty: one rank communicates nothing
@@ -102,7 +116,7 @@ Command add_bench_tp_command(CLI::App& app) {
     std::string config;
     std::vector<std::string> overrides;
     int steps = 5, warmup = 2, threads = 0;
-    bool json = false;
+    bool json = false, variants = false;
   };
   auto o = std::make_shared<Options>();
   app.add_option("config", o->config, "training configuration (TOML)")->required();
@@ -111,6 +125,9 @@ Command add_bench_tp_command(CLI::App& app) {
   app.add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
   app.add_option("--threads", o->threads, "OpenMP threads per rank (default: cores / ranks)");
   app.add_flag("--json", o->json, "one JSON object per mode and line");
+  app.add_flag("--variants", o->variants,
+               "also time vanilla and btp with grouping switched, and btp with RMSNorm's "
+               "backward statistic all-reduced instead of taken from the latent");
   return [o] {
     Communicator& world = world_communicator();
     std::vector<std::string> overrides = o->overrides;
@@ -126,8 +143,17 @@ Command add_bench_tp_command(CLI::App& app) {
                  "bench tp: set parallel.pp = parallel.dp = 1 (it measures one TP group)");
     omp_set_num_threads(o->threads > 0 ? o->threads
                                        : std::max(1, omp_get_num_procs() / world.size()));
-    std::vector<TpMode> modes{TpMode::full};
-    if (config.model.bottleneck != BottleneckKind::none) modes = {TpMode::full, TpMode::vanilla, TpMode::btp};
+    const bool grouping = config.parallel.grouping;
+    std::vector<Variant> variants{{TpMode::full, grouping}};
+    if (config.model.bottleneck != BottleneckKind::none) {
+      variants.push_back({TpMode::vanilla, grouping});
+      variants.push_back({TpMode::btp, grouping});
+      if (o->variants) {
+        variants.push_back({TpMode::vanilla, !grouping});
+        variants.push_back({TpMode::btp, !grouping});
+        variants.push_back({TpMode::btp, grouping, NormStatistic::all_reduce});
+      }
+    }
     const bool leader = world.rank() == 0;
     const ModelConfig& m = config.model;
     if (leader && !o->json)
@@ -141,14 +167,16 @@ Command add_bench_tp_command(CLI::App& app) {
           (long long)config.training.seq_len, config.parallel.grouping ? "on" : "off",
           omp_get_max_threads());
     std::vector<ModeResult> results;
-    for (TpMode mode : modes) {
-      results.push_back(measure(config, mode, groups.tp.get(), o->steps, o->warmup));
+    for (const Variant& variant : variants) {
+      results.push_back(measure(config, variant, groups.tp.get(), o->steps, o->warmup));
       const ModeResult& r = results.back();
       if (!leader) continue;
       const double blocks = double(r.blocks);
       if (o->json) {
         nlohmann::ordered_json j{
             {"mode", tp_mode_name(r.mode)},
+            {"variant", r.variant.label()},
+            {"grouping", r.variant.grouping},
             {"model", bottleneck_kind_name(r.kind)},
             {"tp", world.size()},
             {"recompute", "none"},
@@ -168,17 +196,17 @@ Command add_bench_tp_command(CLI::App& app) {
         std::printf("%s\n", j.dump().c_str());
       } else {
         std::printf(
-            "  %-8s %-5s fwd %9.0f bwd %9.0f elements per token and block (%4.1f + %4.1f "
+            "  %-28s %-5s fwd %9.0f bwd %9.0f elements per token and block (%4.1f + %4.1f "
             "collectives) | iter %8.1f ms (comm %6.1f, compute %8.1f) %8.0f tokens/s | peak "
             "%7.1f MB, activations %7.1f MB\n",
-            tp_mode_name(r.mode), bottleneck_kind_name(r.kind), r.fwd_per_token_block(),
+            r.variant.label().c_str(), bottleneck_kind_name(r.kind), r.fwd_per_token_block(),
             r.bwd_per_token_block(), double(r.fwd.calls) / blocks, double(r.bwd.calls) / blocks,
             r.iter_ms, r.comm_ms, r.iter_ms - r.comm_ms, double(r.tokens) / (r.iter_ms / 1e3),
             double(r.peak_bytes) / 1e6, double(r.activation_bytes) / 1e6);
       }
       std::fflush(stdout);
     }
-    if (leader && !o->json && results.size() == 3) {
+    if (leader && !o->json && results.size() >= 3) {
       const ModeResult &full = results[0], &vanilla = results[1], &btp = results[2];
       std::printf(
           "  forward volume vs full-rank TP: vanilla %.3fx, btp %.3fx | btp iteration speedup: "
@@ -186,6 +214,13 @@ Command add_bench_tp_command(CLI::App& app) {
           vanilla.fwd_per_token_block() / full.fwd_per_token_block(),
           btp.fwd_per_token_block() / full.fwd_per_token_block(), vanilla.iter_ms / btp.iter_ms,
           full.iter_ms / btp.iter_ms);
+      if (results.size() == 6)
+        std::printf(
+            "  grouping speedup: vanilla %.2fx, btp %.2fx | btp with RMSNorm's backward "
+            "statistic all-reduced: %.3fx the time of taking it from the latent\n",
+            std::pow(results[3].iter_ms / vanilla.iter_ms, grouping ? 1 : -1),
+            std::pow(results[4].iter_ms / btp.iter_ms, grouping ? 1 : -1),
+            results[5].iter_ms / btp.iter_ms);
     }
     return 0;
   };

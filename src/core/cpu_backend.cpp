@@ -157,50 +157,25 @@ class CpuBackend final : public Backend {
 
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override {
     require_f32("rmsnorm_forward", {out, rstd, x, weight});
-    const int64_t n = x.rows(), c = x.cols();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* xi = x.f32() + i * c;
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t j = 0; j < c; ++j) ss += xi[j] * xi[j];
-      const float r = 1.0f / std::sqrt(ss / float(c) + eps);
-      rstd.f32()[i] = r;
-      float* oi = out.f32() + i * c;
-#pragma omp simd
-      for (int64_t j = 0; j < c; ++j) oi[j] = xi[j] * r * weight.f32()[j];
-    }
+    rmsnorm_rows(out, rstd.f32(), nullptr, x, weight, eps);
+  }
+
+  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+                             float eps) override {
+    require_f32("rmsnorm_shard_forward", {out, sumsq, x, weight});
+    rmsnorm_rows(out, nullptr, sumsq.f32(), x, weight, eps);
   }
 
   void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                         Tensor rstd) override {
     require_f32("rmsnorm_backward", {dx, dweight, dout, x, weight, rstd});
-    const int64_t n = x.rows(), c = x.cols();
-    const int nt = omp_get_max_threads();
-    float* partial = dweight_ws_.get(size_t(nt) * c);
-    std::memset(partial, 0, sizeof(float) * nt * c);
-#pragma omp parallel
-    {
-      float* dw = partial + size_t(omp_get_thread_num()) * c;
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        const float* xi = x.f32() + i * c;
-        const float* gi = dout.f32() + i * c;
-        float* dxi = dx.f32() + i * c;
-        const float r = rstd.f32()[i];
-        float dot = 0.0f;  // sum_j g_j w_j x_j
-#pragma omp simd reduction(+ : dot)
-        for (int64_t j = 0; j < c; ++j) dot += gi[j] * weight.f32()[j] * xi[j];
-        const float k = dot * r * r * r / float(c);
-#pragma omp simd
-        for (int64_t j = 0; j < c; ++j) {
-          dxi[j] += gi[j] * weight.f32()[j] * r - xi[j] * k;
-          dw[j] += gi[j] * xi[j] * r;
-        }
-      }
-    }
-    for (int t = 0; t < nt; ++t)
-      for (int64_t j = 0; j < c; ++j) dweight.f32()[j] += partial[size_t(t) * c + j];
+    rmsnorm_backward_rows(dx, dweight, dout, x, weight, rstd, nullptr, x.cols());
+  }
+
+  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                              Tensor rstd, Tensor dot, int64_t d) override {
+    require_f32("rmsnorm_shard_backward", {dx, dweight, dout, x, weight, rstd, dot});
+    rmsnorm_backward_rows(dx, dweight, dout, x, weight, rstd, dot.f32(), d);
   }
 
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
@@ -546,52 +521,6 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
-                             float eps) override {
-    require_f32("rmsnorm_shard_forward", {out, sumsq, x, weight});
-    const int64_t n = x.rows(), c = x.cols();
-#pragma omp parallel for schedule(static)
-    for (int64_t i = 0; i < n; ++i) {
-      const float* xi = x.f32() + i * c;
-      float ss = 0.0f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t j = 0; j < c; ++j) ss += xi[j] * xi[j];
-      sumsq.f32()[i] = ss;
-      const float r = 1.0f / std::sqrt(ss / float(c) + eps);
-      float* oi = out.f32() + i * c;
-#pragma omp simd
-      for (int64_t j = 0; j < c; ++j) oi[j] = xi[j] * r * weight.f32()[j];
-    }
-  }
-
-  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                              Tensor rstd, Tensor dot, int64_t d) override {
-    require_f32("rmsnorm_shard_backward", {dx, dweight, dout, x, weight, rstd, dot});
-    const int64_t n = x.rows(), c = x.cols();
-    const int nt = omp_get_max_threads();
-    float* partial = dweight_ws_.get(size_t(nt) * c);
-    std::memset(partial, 0, sizeof(float) * nt * c);
-#pragma omp parallel
-    {
-      float* dw = partial + size_t(omp_get_thread_num()) * c;
-#pragma omp for schedule(static)
-      for (int64_t i = 0; i < n; ++i) {
-        const float* xi = x.f32() + i * c;
-        const float* gi = dout.f32() + i * c;
-        float* dxi = dx.f32() + i * c;
-        const float r = rstd.f32()[i];
-        const float k = dot.f32()[i] * r * r * r / float(d);
-#pragma omp simd
-        for (int64_t j = 0; j < c; ++j) {
-          dxi[j] += gi[j] * weight.f32()[j] * r - xi[j] * k;
-          dw[j] += gi[j] * xi[j] * r;
-        }
-      }
-    }
-    for (int t = 0; t < nt; ++t)
-      for (int64_t j = 0; j < c; ++j) dweight.f32()[j] += partial[size_t(t) * c + j];
-  }
-
   void scale_rows(Tensor out, Tensor x, Tensor factor) override {
     require_f32("scale_rows", {out, x, factor});
     const int64_t n = x.rows(), c = x.cols();
@@ -635,6 +564,61 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // out = x * weight / sqrt(Σx²/C + eps) per row; keeps rstd and/or Σx² where given.
+  static void rmsnorm_rows(Tensor out, float* rstd, float* sumsq, Tensor x, Tensor weight,
+                           float eps) {
+    const int64_t n = x.rows(), c = x.cols();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float* xi = x.f32() + i * c;
+      float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t j = 0; j < c; ++j) ss += xi[j] * xi[j];
+      const float r = 1.0f / std::sqrt(ss / float(c) + eps);
+      if (rstd) rstd[i] = r;
+      if (sumsq) sumsq[i] = ss;
+      float* oi = out.f32() + i * c;
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) oi[j] = xi[j] * r * weight.f32()[j];
+    }
+  }
+
+  // RMSNorm backward over C of a row's d columns; dot[i] = Σ over the d columns of g w x,
+  // given, or (null, C = d) computed from the row.
+  void rmsnorm_backward_rows(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                             Tensor rstd, const float* dot, int64_t d) {
+    const int64_t n = x.rows(), c = x.cols();
+    const int nt = omp_get_max_threads();
+    float* partial = dweight_ws_.get(size_t(nt) * c);
+    std::memset(partial, 0, sizeof(float) * nt * c);
+#pragma omp parallel
+    {
+      float* dw = partial + size_t(omp_get_thread_num()) * c;
+#pragma omp for schedule(static)
+      for (int64_t i = 0; i < n; ++i) {
+        const float* xi = x.f32() + i * c;
+        const float* gi = dout.f32() + i * c;
+        float* dxi = dx.f32() + i * c;
+        const float r = rstd.f32()[i];
+        float row_dot = 0.0f;
+        if (dot) {
+          row_dot = dot[i];
+        } else {
+#pragma omp simd reduction(+ : row_dot)
+          for (int64_t j = 0; j < c; ++j) row_dot += gi[j] * weight.f32()[j] * xi[j];
+        }
+        const float k = row_dot * r * r * r / float(d);
+#pragma omp simd
+        for (int64_t j = 0; j < c; ++j) {
+          dxi[j] += gi[j] * weight.f32()[j] * r - xi[j] * k;
+          dw[j] += gi[j] * xi[j] * r;
+        }
+      }
+    }
+    for (int t = 0; t < nt; ++t)
+      for (int64_t j = 0; j < c; ++j) dweight.f32()[j] += partial[size_t(t) * c + j];
+  }
+
   static constexpr int64_t kQueryBlock = 128;
 
   struct Dims {

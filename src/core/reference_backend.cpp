@@ -26,6 +26,55 @@ void need_numel(std::string_view kernel, const Tensor& t, int64_t n, const char*
                what, t.numel(), t.shape.str(), n);
 }
 
+// out = x * weight / sqrt(Σx²/C + eps) per row; keeps rstd and/or Σx² where given.
+void rmsnorm_rows(const char* k, Tensor out, Tensor rstd, Tensor sumsq, Tensor x, Tensor weight,
+                  float eps) {
+  need_f32(k, {out, x, weight});
+  const int64_t n = x.rows(), c = x.cols();
+  need_numel(k, out, n * c, "out");
+  need_numel(k, weight, c, "weight");
+  if (!rstd.empty()) need_numel(k, rstd, n, "rstd");
+  if (!sumsq.empty()) need_numel(k, sumsq, n, "sumsq");
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x.f32() + r * c;
+    double ss = 0.0;
+    for (int64_t j = 0; j < c; ++j) ss += double(xr[j]) * xr[j];
+    const double rs = 1.0 / std::sqrt(ss / double(c) + eps);
+    if (!rstd.empty()) rstd.f32()[r] = float(rs);
+    if (!sumsq.empty()) sumsq.f32()[r] = float(ss);
+    for (int64_t j = 0; j < c; ++j) out.f32()[r * c + j] = float(xr[j] * rs * weight.f32()[j]);
+  }
+}
+
+// y_j = x_j * rs * w_j over a row of d columns, of which x holds C; d rs / d x_j =
+// -rs^3 x_j / d. dot[r] = Σ over the d columns of g w x: given, or (C = d) from the row.
+void rmsnorm_backward_rows(const char* k, Tensor dx, Tensor dweight, Tensor dout, Tensor x,
+                           Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
+  need_f32(k, {dx, dweight, dout, x, weight, rstd});
+  const int64_t n = x.rows(), c = x.cols();
+  need_numel(k, dx, n * c, "dx");
+  need_numel(k, dout, n * c, "dout");
+  need_numel(k, dweight, c, "dweight");
+  need_numel(k, weight, c, "weight");
+  need_numel(k, rstd, n, "rstd");
+  if (!dot.empty()) need_numel(k, dot, n, "dot");
+  for (int64_t r = 0; r < n; ++r) {
+    const float* xr = x.f32() + r * c;
+    const float* gr = dout.f32() + r * c;
+    const double rs = rstd.f32()[r];
+    double row_dot = 0.0;
+    if (dot.empty())
+      for (int64_t j = 0; j < c; ++j) row_dot += double(gr[j]) * weight.f32()[j] * xr[j];
+    else
+      row_dot = dot.f32()[r];
+    const double kk = rs * rs * rs * row_dot / double(d);
+    for (int64_t j = 0; j < c; ++j) {
+      dx.f32()[r * c + j] += float(double(gr[j]) * weight.f32()[j] * rs - xr[j] * kk);
+      dweight.f32()[j] += float(double(gr[j]) * xr[j] * rs);
+    }
+  }
+}
+
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
 class ReferenceBackend final : public Backend {
@@ -96,45 +145,23 @@ class ReferenceBackend final : public Backend {
   }
 
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override {
-    const char* k = "rmsnorm_forward";
-    need_f32(k, {out, rstd, x, weight});
-    const int64_t n = x.rows(), c = x.cols();
-    need_numel(k, out, n * c, "out");
-    need_numel(k, rstd, n, "rstd");
-    need_numel(k, weight, c, "weight");
-    for (int64_t r = 0; r < n; ++r) {
-      const float* xr = x.f32() + r * c;
-      double ss = 0.0;
-      for (int64_t j = 0; j < c; ++j) ss += double(xr[j]) * xr[j];
-      const double rs = 1.0 / std::sqrt(ss / double(c) + eps);
-      rstd.f32()[r] = float(rs);
-      for (int64_t j = 0; j < c; ++j) out.f32()[r * c + j] = float(xr[j] * rs * weight.f32()[j]);
-    }
+    rmsnorm_rows("rmsnorm_forward", out, rstd, Tensor{}, x, weight, eps);
+  }
+
+  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+                             float eps) override {
+    rmsnorm_rows("rmsnorm_shard_forward", out, Tensor{}, sumsq, x, weight, eps);
   }
 
   void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                         Tensor rstd) override {
-    const char* k = "rmsnorm_backward";
-    need_f32(k, {dx, dweight, dout, x, weight, rstd});
-    const int64_t n = x.rows(), c = x.cols();
-    need_numel(k, dx, n * c, "dx");
-    need_numel(k, dout, n * c, "dout");
-    need_numel(k, dweight, c, "dweight");
-    need_numel(k, weight, c, "weight");
-    need_numel(k, rstd, n, "rstd");
-    for (int64_t r = 0; r < n; ++r) {
-      const float* xr = x.f32() + r * c;
-      const float* gr = dout.f32() + r * c;
-      const double rs = rstd.f32()[r];
-      // y_j = x_j * rs * w_j, d rs / d x_j = -rs^3 x_j / C.
-      double dot = 0.0;  // sum_i g_i w_i x_i
-      for (int64_t j = 0; j < c; ++j) dot += double(gr[j]) * weight.f32()[j] * xr[j];
-      for (int64_t j = 0; j < c; ++j) {
-        const double d = double(gr[j]) * weight.f32()[j] * rs - xr[j] * rs * rs * rs * dot / c;
-        dx.f32()[r * c + j] += float(d);
-        dweight.f32()[j] += float(double(gr[j]) * xr[j] * rs);
-      }
-    }
+    rmsnorm_backward_rows("rmsnorm_backward", dx, dweight, dout, x, weight, rstd, Tensor{},
+                          x.cols());
+  }
+
+  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                              Tensor rstd, Tensor dot, int64_t d) override {
+    rmsnorm_backward_rows("rmsnorm_shard_backward", dx, dweight, dout, x, weight, rstd, dot, d);
   }
 
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
@@ -472,45 +499,6 @@ class ReferenceBackend final : public Backend {
       for (int64_t j = 0; j < v; ++j) {
         const double p = std::exp(double(logits.f32()[r * v + j]) - max.f32()[r]) / sumexp.f32()[r];
         dlogits.f32()[r * v + j] += float(double(scale) * (p - (j == target ? 1.0 : 0.0)));
-      }
-    }
-  }
-
-  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
-                             float eps) override {
-    const char* k = "rmsnorm_shard_forward";
-    need_f32(k, {out, sumsq, x, weight});
-    const int64_t n = x.rows(), c = x.cols();
-    need_numel(k, out, n * c, "out");
-    need_numel(k, sumsq, n, "sumsq");
-    need_numel(k, weight, c, "weight");
-    for (int64_t r = 0; r < n; ++r) {
-      const float* xr = x.f32() + r * c;
-      double ss = 0.0;
-      for (int64_t j = 0; j < c; ++j) ss += double(xr[j]) * xr[j];
-      sumsq.f32()[r] = float(ss);
-      const double rs = 1.0 / std::sqrt(ss / double(c) + eps);
-      for (int64_t j = 0; j < c; ++j) out.f32()[r * c + j] = float(xr[j] * rs * weight.f32()[j]);
-    }
-  }
-
-  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                              Tensor rstd, Tensor dot, int64_t d) override {
-    const char* k = "rmsnorm_shard_backward";
-    need_f32(k, {dx, dweight, dout, x, weight, rstd, dot});
-    const int64_t n = x.rows(), c = x.cols();
-    need_numel(k, dx, n * c, "dx");
-    need_numel(k, dout, n * c, "dout");
-    need_numel(k, dweight, c, "dweight");
-    need_numel(k, weight, c, "weight");
-    need_numel(k, rstd, n, "rstd");
-    need_numel(k, dot, n, "dot");
-    for (int64_t r = 0; r < n; ++r) {
-      const double rs = rstd.f32()[r], kk = double(dot.f32()[r]) * rs * rs * rs / double(d);
-      for (int64_t j = 0; j < c; ++j) {
-        const double g = dout.f32()[r * c + j], xv = x.f32()[r * c + j];
-        dx.f32()[r * c + j] += float(g * weight.f32()[j] * rs - xv * kk);
-        dweight.f32()[j] += float(g * xv * rs);
       }
     }
   }

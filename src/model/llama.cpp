@@ -42,38 +42,44 @@ TpMode default_tp_mode(const ModelConfig& config) {
   return config.bottleneck == BottleneckKind::none ? TpMode::full : TpMode::btp;
 }
 
-LlamaModel::LlamaModel(const ModelConfig& config)
-    : LlamaModel(config, TensorParallel{default_tp_mode(config)}) {}
-
-LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp) : config_(config), tp_(tp) {
-  config_.validate("model config", false);
-  const ModelConfig& c = config_;
+void validate_tensor_parallel(const ModelConfig& c, int t, TpMode mode,
+                              const std::string& key_prefix) {
+  // A quote closes the key in "FILE: key 'parallel.tp'"; plain "parallel.tp" has none.
+  const std::string close = key_prefix.find('\'') != std::string::npos ? "'" : "";
+  const std::string tp_key = key_prefix + "tp" + close, mode_key = key_prefix + "tp_mode" + close;
   if (c.bottleneck == BottleneckKind::none)
-    BOTTLE_CHECK(tp_.mode == TpMode::full,
-                 "parallel.tp_mode \"{}\" needs a bottleneck model (the model is full-rank); "
+    BOTTLE_CHECK(mode == TpMode::full,
+                 "{} is \"{}\", which needs a bottleneck model (model.bottleneck is \"none\"); "
                  "use \"full\"",
-                 tp_mode_name(tp_.mode));
+                 mode_key, tp_mode_name(mode));
   else
-    BOTTLE_CHECK(tp_.mode != TpMode::full,
-                 "parallel.tp_mode \"full\" is for a full-rank model (this one is {}); use "
-                 "\"btp\" or \"vanilla\"",
-                 bottleneck_kind_name(c.bottleneck));
-  const int t = tp_.size();
+    BOTTLE_CHECK(mode != TpMode::full,
+                 "{} is \"full\", which is for a full-rank model (model.bottleneck is \"{}\"); "
+                 "use \"btp\" or \"vanilla\"",
+                 mode_key, bottleneck_kind_name(c.bottleneck));
   auto divides = [&](int64_t value, const char* name) {
-    BOTTLE_CHECK(value % t == 0, "parallel.tp ({}) must divide {} ({})", t, name, value);
+    BOTTLE_CHECK(value % t == 0, "{} ({}) must divide {} ({})", tp_key, t, name, value);
   };
   divides(c.vocab_size, "model.vocab_size");
   divides(c.hidden_size, "model.hidden_size");
   divides(c.intermediate_size, "model.intermediate_size");
   divides(c.num_heads, "model.num_heads");
   divides(c.num_kv_heads, "model.num_kv_heads");
-  if (tp_.mode == TpMode::vanilla)
+  if (mode == TpMode::vanilla)
     for (int i = 0; i < kNumProjections; ++i)
       BOTTLE_CHECK(c.rank_of(ProjectionId(i)) % t == 0,
-                   "parallel.tp ({}) must divide the rank of the {} projection ({}) under "
-                   "tp_mode \"vanilla\"",
-                   t, kProjectionNames[i], c.rank_of(ProjectionId(i)));
-  embedding_hidden_split_ = tp_.mode == TpMode::btp && !c.tie_embeddings;
+                   "{} ({}) must divide the rank of the {} projection ({}) under tp_mode "
+                   "\"vanilla\"",
+                   tp_key, t, kProjectionNames[i], c.rank_of(ProjectionId(i)));
+}
+
+LlamaModel::LlamaModel(const ModelConfig& config)
+    : LlamaModel(config, TensorParallel{default_tp_mode(config)}) {}
+
+LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp) : config_(config), tp_(tp) {
+  config_.validate("model config", false);
+  validate_tensor_parallel(config_, tp_.size(), tp_.mode, "parallel.");
+  embedding_hidden_split_ = tp_.mode == TpMode::btp && !config_.tie_embeddings;
   declare_parameters();
   params_.allocate();
   bind_parameters();

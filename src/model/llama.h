@@ -19,6 +19,11 @@ namespace bottle {
 
 // full for a full-rank model, else btp.
 TpMode default_tp_mode(const ModelConfig& config);
+// Fails, naming the key, when `mode` does not fit the model or `tp` does not divide a
+// dimension the mode splits. `key_prefix` + "tp" or "tp_mode" names the key ("parallel.",
+// or "FILE: key 'parallel." from a configuration file).
+void validate_tensor_parallel(const ModelConfig& config, int tp, TpMode mode,
+                              const std::string& key_prefix);
 
 class LlamaModel {
  public:

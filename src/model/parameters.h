@@ -24,7 +24,7 @@ struct ParamSpec {
   int64_t offset = 0;        // in elements, into the flat buffers
   // Tensor parallelism: the slice is [shard_offset, shard_offset + shape[shard_dim]) of
   // full_shape along shard_dim; shard_dim < 0: the whole parameter, the same on every rank.
-  Shape full_shape;
+  Shape full_shape{};
   int shard_dim = -1;
   int64_t shard_offset = 0;
 

@@ -1,5 +1,7 @@
 #include "train/train_config.h"
 
+#include "model/llama.h"
+
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -671,34 +673,7 @@ struct Loader {
     BOTTLE_CHECK(config.training.seq_len <= m.max_seq_len,
                  "{}: key 'training.seq_len' must be <= model.max_seq_len ({}), got {}", source,
                  m.max_seq_len, config.training.seq_len);
-    if (m.bottleneck == BottleneckKind::none) {
-      BOTTLE_CHECK(p.tp_mode == TpMode::full,
-                   "{}: key 'parallel.tp_mode' is \"{}\", which needs a bottleneck model "
-                   "(model.bottleneck is \"none\"); use \"full\"",
-                   source, enum_name(p.tp_mode));
-    } else {
-      BOTTLE_CHECK(p.tp_mode != TpMode::full,
-                   "{}: key 'parallel.tp_mode' is \"full\", which is for a full-rank model "
-                   "(model.bottleneck is \"{}\"); use \"btp\" or \"vanilla\"",
-                   source, bottleneck_kind_name(m.bottleneck));
-    }
-    if (p.tp > 1) {
-      auto divides = [&](int64_t value, const char* name) {
-        BOTTLE_CHECK(value % p.tp == 0, "{}: key 'parallel.tp' ({}) must divide {} ({})", source,
-                     p.tp, name, value);
-      };
-      divides(m.vocab_size, "model.vocab_size");
-      divides(m.hidden_size, "model.hidden_size");
-      divides(m.intermediate_size, "model.intermediate_size");
-      divides(m.num_heads, "model.num_heads");
-      divides(m.num_kv_heads, "model.num_kv_heads");
-      if (p.tp_mode == TpMode::vanilla)
-        for (int i = 0; i < kNumProjections; ++i)
-          BOTTLE_CHECK(m.rank_of(ProjectionId(i)) % p.tp == 0,
-                       "{}: key 'parallel.tp' ({}) must divide the rank of the {} projection "
-                       "({}) under tp_mode \"vanilla\"",
-                       source, p.tp, kProjectionNames[i], m.rank_of(ProjectionId(i)));
-    }
+    validate_tensor_parallel(m, int(p.tp), p.tp_mode, fmt::format("{}: key 'parallel.", source));
     BOTTLE_CHECK(p.pp <= m.num_layers,
                  "{}: key 'parallel.pp' must be <= model.num_layers ({}), got {}", source,
                  m.num_layers, p.pp);
