@@ -48,66 +48,88 @@ struct ModeResult {
   double bwd_per_token_block() const { return double(bwd.elements) / double(blocks * tokens); }
 };
 
-ModeResult measure(const TrainConfig& config, const Variant& variant, Communicator* tp, int steps,
-                   int warmup) {
-  const TpMode mode = variant.mode;
-  ModelConfig model_config = config.model;
-  if (mode == TpMode::full) {
-    // The full-rank model of the same widths.
-    model_config.bottleneck = BottleneckKind::none;
-    model_config.rank = 0;
-    model_config.ranks = {};
-    model_config.mlp_gate_act.reset();
+// One variant's model, optimizer and timings. The variants' steps are interleaved (one
+// step of each in turn), so that the machine's drift hits them alike.
+class ModeRun {
+ public:
+  ModeRun(const TrainConfig& config, const Variant& variant, Communicator* tp)
+      : config_(config), variant_(variant), tp_(tp) {
+    ModelConfig model_config = config.model;
+    if (variant.mode == TpMode::full) {
+      // The full-rank model of the same widths.
+      model_config.bottleneck = BottleneckKind::none;
+      model_config.rank = 0;
+      model_config.ranks = {};
+      model_config.mlp_gate_act.reset();
+    }
+    const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
+    model_ = std::make_unique<LlamaModel>(
+        model_config, TensorParallel{variant.mode, tp, variant.grouping, variant.statistic});
+    model_->init_weights(uint64_t(config.training.seed));
+    model_->allocate_activations(B, S);
+    optimizer_ = std::make_unique<AdamW>(model_->parameters(), config.adamw());
+    std::mt19937 rng(uint32_t(config.training.seed));
+    tokens_.resize(size_t(2 * B * S));
+    for (auto& t : tokens_) t = int32_t(rng() % uint32_t(model_config.vocab_size));
+    result_ = ModeResult{variant, variant.mode, model_config.bottleneck, model_config.num_layers,
+                         B * S};
+    // Every buffer is allocated once, up front: this is the mode's footprint per rank.
+    const size_t param_bytes = size_t(model_->parameters().count()) * sizeof(float);
+    result_.activation_bytes = model_->activation_bytes();
+    result_.peak_bytes = 4 * param_bytes + result_.activation_bytes;  // w, grad, 2 moments
   }
-  const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
-  MemoryStats::global().reset_peaks();
-  auto be = make_backend("cpu");
-  LlamaModel model(model_config, TensorParallel{mode, tp, variant.grouping, variant.statistic});
-  model.init_weights(uint64_t(config.training.seed));
-  model.allocate_activations(B, S);
-  AdamW optimizer(model.parameters(), config.adamw());
-  std::mt19937 rng(uint32_t(config.training.seed));
-  std::vector<int32_t> tokens(size_t(B * S)), targets(size_t(B * S));
-  for (auto& t : tokens) t = int32_t(rng() % uint32_t(model_config.vocab_size));
-  for (auto& t : targets) t = int32_t(rng() % uint32_t(model_config.vocab_size));
-  Tensor tok{tokens.data(), {B, S}, DType::i32}, tgt{targets.data(), {B, S}, DType::i32};
 
-  ModeResult result{variant, mode, model_config.bottleneck, model_config.num_layers, B * S};
-  const std::string prefix = tp_mode_name(mode);
-  std::vector<double> iter, comm;
-  CommStats one_rank;  // stays empty: one rank communicates nothing
-  CommStats& stats = tp ? tp->stats() : one_rank;
-  for (int step = 0; step < warmup + steps; ++step) {
-    if (tp) tp->barrier();
+  void step(bool record) {
+    const int64_t B = config_.training.micro_batch_size, S = config_.training.seq_len;
+    Tensor tok{tokens_.data(), {B, S}, DType::i32}, tgt{tokens_.data() + B * S, {B, S}, DType::i32};
+    CommStats& stats = tp_ ? tp_->stats() : one_rank_;
+    const std::string prefix = tp_mode_name(variant_.mode);
+    if (tp_) tp_->barrier();
     stats.reset();
     const auto t0 = Clock::now();
-    model.zero_grad(*be);
-    model.forward(*be, tok, tgt);
+    model_->zero_grad(*be_);
+    model_->forward(*be_, tok, tgt);
     const CommCounter fwd = stats.with_prefix(prefix + ".fwd.");
-    model.backward(*be, tok, tgt);
-    const double norm = std::sqrt(model.grad_sum_squares(*be));
-    optimizer.step(*be, model.parameters(), float(config.optimizer.lr),
-                   norm > 1.0 ? float(1.0 / norm) : 1.0f);
+    model_->backward(*be_, tok, tgt);
+    const double norm = std::sqrt(model_->grad_sum_squares(*be_));
+    optimizer_->step(*be_, model_->parameters(), float(config_.optimizer.lr),
+                     norm > 1.0 ? float(1.0 / norm) : 1.0f);
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    if (tp && tp->size() > 1) {  // the slowest rank sets the pace
+    if (tp_ && tp_->size() > 1) {  // the slowest rank sets the pace
       float slowest = float(ms);
-      tp->all_reduce(Tensor{&slowest, {1}}, ReduceOp::max, "bench.time");
+      tp_->all_reduce(Tensor{&slowest, {1}}, ReduceOp::max, "bench.time");
       ms = slowest;
     }
-    if (step < warmup) continue;
-    result.fwd = fwd;
-    result.bwd = stats.with_prefix(prefix + ".bwd.");
-    iter.push_back(ms);
-    comm.push_back(stats.total().seconds * 1e3 - stats.with_prefix("bench.").seconds * 1e3);
+    if (!record) return;
+    result_.fwd = fwd;
+    result_.bwd = stats.with_prefix(prefix + ".bwd.");
+    iter_.push_back(ms);
+    comm_.push_back((stats.total().seconds - stats.with_prefix("bench.").seconds) * 1e3);
   }
-  std::sort(iter.begin(), iter.end());
-  std::sort(comm.begin(), comm.end());
-  result.iter_ms = iter[iter.size() / 2];
-  result.comm_ms = comm[comm.size() / 2];
-  result.peak_bytes = MemoryStats::global().peak_total();
-  result.activation_bytes = MemoryStats::global().peak(MemoryTag::activations);
-  return result;
-}
+
+  // Medians over the recorded steps.
+  const ModeResult& result() {
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    result_.iter_ms = median(iter_);
+    result_.comm_ms = median(comm_);
+    return result_;
+  }
+
+ private:
+  const TrainConfig& config_;
+  Variant variant_;
+  Communicator* tp_;
+  std::unique_ptr<Backend> be_ = make_backend("cpu");
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::vector<int32_t> tokens_;  // inputs, then targets
+  CommStats one_rank_;           // stays empty: one rank communicates nothing
+  ModeResult result_;
+  std::vector<double> iter_, comm_;
+};
 
 }  // namespace
 
@@ -166,9 +188,16 @@ Command add_bench_tp_command(CLI::App& app) {
           (long long)m.rank, (long long)m.num_layers, (long long)config.training.micro_batch_size,
           (long long)config.training.seq_len, config.parallel.grouping ? "on" : "off",
           omp_get_max_threads());
-    std::vector<ModeResult> results;
+    std::vector<std::unique_ptr<ModeRun>> runs;
     for (const Variant& variant : variants) {
-      results.push_back(measure(config, variant, groups.tp.get(), o->steps, o->warmup));
+      runs.push_back(std::make_unique<ModeRun>(config, variant, groups.tp.get()));
+      for (int i = 0; i < o->warmup; ++i) runs.back()->step(false);
+    }
+    for (int i = 0; i < o->steps; ++i)
+      for (auto& run : runs) run->step(true);
+    std::vector<ModeResult> results;
+    for (auto& run : runs) {
+      results.push_back(run->result());
       const ModeResult& r = results.back();
       if (!leader) continue;
       const double blocks = double(r.blocks);

@@ -53,9 +53,4 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
   return t;
 }
 
-void MemoryStats::reset_peaks() {
-  peak_ = live_;
-  peak_total_ = live_total();
-}
-
 }  // namespace bottle

@@ -31,8 +31,6 @@ class MemoryStats {
   size_t peak(MemoryTag tag) const { return peak_[size_t(tag)]; }
   size_t live_total() const;
   size_t peak_total() const { return peak_total_; }
-  // Peaks restart from what is live now (a bench measuring one configuration after another).
-  void reset_peaks();
 
  private:
   std::array<size_t, size_t(MemoryTag::count)> live_{}, peak_{};

@@ -53,6 +53,7 @@ class LlamaModel {
   void zero_grad(Backend& be) { be.fill_zero(params_.grads()); }
 
   Tensor logits() const { return logits_; }  // [B·S, V/t] of the last forward
+  size_t activation_bytes() const { return activations_ ? activations_->bytes() : 0; }
   int64_t vocab_first() const { return tp_.offset(config_.vocab_size); }
 
   // Σ of squared gradients over the whole model: sharded parameters summed over the TP

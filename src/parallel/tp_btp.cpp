@@ -66,7 +66,7 @@ void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
   }
   group_down_forward(be, g.span(), x, tp.grouping);
   std::array<Tensor, 3> z{};
-  for (size_t i = 0; i < g.size; ++i) z[i] = g[i].z;
+  for (size_t i = 0; i < g.size && i < z.size(); ++i) z[i] = g[i].z;
   if (norm) norm->scale_partials(be, {z.data(), g.size}, sumsq);
   reduce_latents(tp, g, slab, norm ? n : 0, "fwd", group_site);
   if (norm) norm->finish(be, {z.data(), g.size}, sumsq);
@@ -111,7 +111,7 @@ void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, T
   if (tp.norm_backward == NormStatistic::from_latent) {
     // Before group_down_backward zeroes du (svd: dz is du).
     std::array<std::pair<Tensor, Tensor>, 3> latents{};
-    for (size_t i = 0; i < g.size; ++i) latents[i] = {g[i].z, g[i].dz};
+    for (size_t i = 0; i < g.size && i < latents.size(); ++i) latents[i] = {g[i].z, g[i].dz};
     norm->latent_statistic(be, {latents.data(), g.size});
   }
   group_down_backward(be, g.span(), dn, norm->out, false, tp.grouping);
