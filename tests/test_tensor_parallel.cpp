@@ -64,7 +64,8 @@ struct Diff {
 Diff compare_slice(const ParamSpec& local_spec, const float* local, const float* whole,
                    int64_t whole_numel) {
   Diff d;
-  for (int64_t j = 0; j < whole_numel; ++j) d.scale = std::max(d.scale, double(std::fabs(whole[j])));
+  for (int64_t j = 0; j < whole_numel; ++j)
+    d.scale = std::max(d.scale, double(std::fabs(whole[j])));
   for (int64_t j = 0; j < local_spec.shape.numel(); ++j)
     d.err = std::max(d.err, double(std::fabs(local[j] - whole[local_spec.global_index(j)])));
   return d;
@@ -103,7 +104,8 @@ TEST_P(TpParity, LossAndEveryGradientMatchOneRank) {
     const ParamSpec& spec = pp.specs()[i];
     const Param whole = sp.get(spec.name);
     ASSERT_EQ(spec.full_shape, whole.value.shape) << spec.name;
-    const Diff w = compare_slice(spec, pp.at(i).value.f32(), whole.value.f32(), whole.value.numel());
+    const Diff w =
+        compare_slice(spec, pp.at(i).value.f32(), whole.value.f32(), whole.value.numel());
     EXPECT_EQ(w.err, 0.0) << spec.name << ": the TP slice is not the one-rank weights' slice";
     const Diff g = compare_slice(spec, pp.at(i).grad.f32(), whole.grad.f32(), whole.grad.numel());
     EXPECT_LE(g.err, 1e-4 * g.scale) << spec.name << " (max |grad| " << g.scale << ")";
@@ -137,7 +139,8 @@ TEST_P(TpTraining, TwentyStepsMatchOneRank) {
       tokens[0] = int32_t(rng() % uint32_t(config.vocab_size));
       for (size_t i = 1; i < tokens.size(); ++i)
         tokens[i] = int32_t((tokens[i - 1] + 1 + rng() % 2) % config.vocab_size);
-      std::vector<int32_t> in(tokens.begin(), tokens.end() - 1), out(tokens.begin() + 1, tokens.end());
+      std::vector<int32_t> in(tokens.begin(), tokens.end() - 1),
+          out(tokens.begin() + 1, tokens.end());
       Tensor tok{in.data(), {batch, seq}, DType::i32}, tgt{out.data(), {batch, seq}, DType::i32};
       model.zero_grad(*be);
       losses.push_back(model.forward(*be, tok, tgt));
@@ -165,7 +168,7 @@ std::vector<Case> parity_cases() {
   for (auto kind : {BottleneckKind::svd, BottleneckKind::cola, BottleneckKind::lax})
     for (auto mode : {TpMode::vanilla, TpMode::btp}) {
       cases.push_back({kind, mode, 8, false, true});
-      cases.push_back({kind, mode, 4, true, true});   // GQA, tied embeddings
+      cases.push_back({kind, mode, 4, true, true});    // GQA, tied embeddings
       cases.push_back({kind, mode, 8, false, false});  // grouping off
     }
   return cases;
@@ -340,24 +343,26 @@ TEST_P(OnlineNorm, MatchesRmsNormAndLinearOnOneRank) {
       bwd = std::max(bwd, double(std::fabs(dxl[i * dl + j] - dx_ref[i * d + rank * dl + j])));
   EXPECT_LE(bwd, oc.bound) << "input gradient";
   double dg = 0;
-  for (int64_t j = 0; j < dl; ++j) dg = std::max(dg, double(std::fabs(gl_grad[j] - dgamma[rank * dl + j])));
+  for (int64_t j = 0; j < dl; ++j)
+    dg = std::max(dg, double(std::fabs(gl_grad[j] - dgamma[rank * dl + j])));
   EXPECT_LE(dg, 1e-4) << "γ gradient";
   if (rank == 0)
     std::printf("online RMSNorm (%d ranks, %s backend): forward %.2e, input gradient %.2e\n", t,
                 oc.backend, fwd, bwd);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Statistic, OnlineNorm,
-    ::testing::Values(OnlineCase{NormStatistic::from_latent, "reference", 1e-6},
-                      OnlineCase{NormStatistic::all_reduce, "reference", 1e-6},
-                      OnlineCase{NormStatistic::from_latent, "cpu", 1e-5},
-                      OnlineCase{NormStatistic::all_reduce, "cpu", 1e-5}),
-    [](const auto& info) {
-      return fmt::format("{}_{}", info.param.backend,
-                         info.param.statistic == NormStatistic::from_latent ? "from_latent"
-                                                                            : "all_reduce");
-    });
+INSTANTIATE_TEST_SUITE_P(Statistic, OnlineNorm,
+                         ::testing::Values(OnlineCase{NormStatistic::from_latent, "reference",
+                                                      1e-6},
+                                           OnlineCase{NormStatistic::all_reduce, "reference", 1e-6},
+                                           OnlineCase{NormStatistic::from_latent, "cpu", 1e-5},
+                                           OnlineCase{NormStatistic::all_reduce, "cpu", 1e-5}),
+                         [](const auto& info) {
+                           return fmt::format("{}_{}", info.param.backend,
+                                              info.param.statistic == NormStatistic::from_latent
+                                                  ? "from_latent"
+                                                  : "all_reduce");
+                         });
 
 }  // namespace
 }  // namespace bottle

@@ -26,7 +26,8 @@ class TpCli : public ::testing::Test {
   void SetUp() override {
     write_random_shard(dir / "train.bin", 20000, 64, 1);
     write_random_shard(dir / "val.bin", 4000, 64, 2);
-    std::ofstream(dir / "tiny.toml") << fmt::format(R"([model]
+    std::ofstream(dir / "tiny.toml")
+        << fmt::format(R"([model]
 vocab_size = 64
 hidden_size = 32
 intermediate_size = 48
@@ -53,12 +54,11 @@ interval = 0
 [metrics]
 log_freq = 1
 )",
-                                                    dir / "train.bin", dir / "val.bin",
-                                                    dir / "run");
+                       dir / "train.bin", dir / "val.bin", dir / "run");
   }
   CommandResult train(int ranks, const std::string& sets) {
-    return run(fmt::format("{} {} train {} {}", mpirun(ranks), bottle_binary(), dir / "tiny.toml",
-                           sets));
+    return run(
+        fmt::format("{} {} train {} {}", mpirun(ranks), bottle_binary(), dir / "tiny.toml", sets));
   }
   TempDir dir;
 };
@@ -129,13 +129,12 @@ TEST_F(TpCli, CheckpointsLoadIntoAnyLayout) {
   const std::string ckpt = dir / "run/step_00000004";
   ASSERT_TRUE(fs::exists(ckpt + "/model.safetensors")) << trained.output;
   // The same 4 steps on one rank give the same weights (and so the same eval loss).
-  const CommandResult serial =
-      train(1, fmt::format("--set checkpoint.folder={}", dir / "serial"));
+  const CommandResult serial = train(1, fmt::format("--set checkpoint.folder={}", dir / "serial"));
   ASSERT_EQ(serial.status, 0) << serial.output;
-  const std::string eval = fmt::format("eval --data {} --batch 2 --seq 16 --batches 8 --json",
-                                       dir / "val.bin");
-  const double one = json_loss(run(fmt::format("{} {} --checkpoint {}", bottle_binary(), eval,
-                                               dir / "serial/step_00000004")));
+  const std::string eval =
+      fmt::format("eval --data {} --batch 2 --seq 16 --batches 8 --json", dir / "val.bin");
+  const double one = json_loss(run(
+      fmt::format("{} {} --checkpoint {}", bottle_binary(), eval, dir / "serial/step_00000004")));
   for (const auto& [ranks, mode] : std::vector<std::pair<int, std::string>>{
            {1, "btp"}, {2, "btp"}, {2, "vanilla"}, {4, "btp"}, {4, "vanilla"}}) {
     const CommandResult r =
@@ -158,8 +157,7 @@ TEST_F(TpCli, CheckpointsLoadIntoAnyLayout) {
                       mpirun(4), bottle_binary(), dir / "tiny.toml", ckpt, dir / "from4"));
   ASSERT_EQ(a.status, 0) << a.output;
   const CommandResult b = run(fmt::format("{} train {} --init-from {} --set checkpoint.folder={}",
-                                          bottle_binary(), dir / "tiny.toml", ckpt,
-                                          dir / "from1"));
+                                          bottle_binary(), dir / "tiny.toml", ckpt, dir / "from1"));
   ASSERT_EQ(b.status, 0) << b.output;
   EXPECT_NEAR(first_loss("from4"), first_loss("from1"), 1e-5);
   // --resume under TP=2 continues from the TP=2 checkpoint.

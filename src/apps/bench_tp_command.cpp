@@ -71,8 +71,8 @@ class ModeRun {
     std::mt19937 rng(uint32_t(config.training.seed));
     tokens_.resize(size_t(2 * B * S));
     for (auto& t : tokens_) t = int32_t(rng() % uint32_t(model_config.vocab_size));
-    result_ = ModeResult{variant, variant.mode, model_config.bottleneck, model_config.num_layers,
-                         B * S};
+    result_ =
+        ModeResult{variant, variant.mode, model_config.bottleneck, model_config.num_layers, B * S};
     // Every buffer is allocated once, up front: this is the mode's footprint per rank.
     const size_t param_bytes = size_t(model_->parameters().count()) * sizeof(float);
     result_.activation_bytes = model_->activation_bytes();
@@ -202,26 +202,25 @@ Command add_bench_tp_command(CLI::App& app) {
       if (!leader) continue;
       const double blocks = double(r.blocks);
       if (o->json) {
-        nlohmann::ordered_json j{
-            {"mode", tp_mode_name(r.mode)},
-            {"variant", r.variant.label()},
-            {"grouping", r.variant.grouping},
-            {"model", bottleneck_kind_name(r.kind)},
-            {"tp", world.size()},
-            {"recompute", "none"},
-            {"fwd_elems_per_block", double(r.fwd.elements) / blocks},
-            {"bwd_elems_per_block", double(r.bwd.elements) / blocks},
-            {"fwd_elems_per_token_block", r.fwd_per_token_block()},
-            {"bwd_elems_per_token_block", r.bwd_per_token_block()},
-            {"collectives_per_block", double(r.fwd.calls) / blocks},
-            {"bwd_collectives_per_block", double(r.bwd.calls) / blocks},
-            {"recompute_collectives", 0},
-            {"comm_ms", r.comm_ms},
-            {"compute_ms", r.iter_ms - r.comm_ms},
-            {"iter_ms", r.iter_ms},
-            {"tokens_per_s", double(r.tokens) / (r.iter_ms / 1e3)},
-            {"peak_bytes", r.peak_bytes},
-            {"activation_bytes", r.activation_bytes}};
+        nlohmann::ordered_json j{{"mode", tp_mode_name(r.mode)},
+                                 {"variant", r.variant.label()},
+                                 {"grouping", r.variant.grouping},
+                                 {"model", bottleneck_kind_name(r.kind)},
+                                 {"tp", world.size()},
+                                 {"recompute", "none"},
+                                 {"fwd_elems_per_block", double(r.fwd.elements) / blocks},
+                                 {"bwd_elems_per_block", double(r.bwd.elements) / blocks},
+                                 {"fwd_elems_per_token_block", r.fwd_per_token_block()},
+                                 {"bwd_elems_per_token_block", r.bwd_per_token_block()},
+                                 {"collectives_per_block", double(r.fwd.calls) / blocks},
+                                 {"bwd_collectives_per_block", double(r.bwd.calls) / blocks},
+                                 {"recompute_collectives", 0},
+                                 {"comm_ms", r.comm_ms},
+                                 {"compute_ms", r.iter_ms - r.comm_ms},
+                                 {"iter_ms", r.iter_ms},
+                                 {"tokens_per_s", double(r.tokens) / (r.iter_ms / 1e3)},
+                                 {"peak_bytes", r.peak_bytes},
+                                 {"activation_bytes", r.activation_bytes}};
         std::printf("%s\n", j.dump().c_str());
       } else {
         std::printf(

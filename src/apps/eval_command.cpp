@@ -3,10 +3,9 @@
 // [k·B·S + j·S, … + S) and its targets the same window shifted by one (DESIGN §7).
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
-
-#include <algorithm>
 
 #include "apps/commands.h"
 #include "comm/process_groups.h"

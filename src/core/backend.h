@@ -103,8 +103,7 @@ class Backend {
   // --- Tensor-parallel kernels: a rank holds a slice of the vocabulary or of the hidden dim.
   // The table holds rows [first, first + table.rows()) of the whole vocabulary: tokens outside
   // it give zero rows (forward) and are skipped (backward). Tokens must be >= 0.
-  virtual void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
-                                       int64_t first) = 0;
+  virtual void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) = 0;
   virtual void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
                                         int64_t first) = 0;
   // max[n] = max_j logits[n,j]; sumexp[n] = Σ_j exp(logits[n,j] - max[n]).

@@ -467,8 +467,7 @@ class CpuBackend final : public Backend {
     }
   }
 
-  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
-                                int64_t first) override {
+  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override {
     require_f32("embedding_shard_backward", {dtable, dout});
     require_i32("embedding_shard_backward", tokens);
     const int64_t n = tokens.numel(), c = dtable.cols(), rows = dtable.rows();

@@ -132,13 +132,13 @@ void ProfilingBackend::cross_entropy_shard_backward(Tensor dlogits, Tensor logit
 }
 void ProfilingBackend::rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
                                              float eps) {
-  timed("rmsnorm_shard_forward", [&] { inner_->rmsnorm_shard_forward(out, sumsq, x, weight, eps); });
+  timed("rmsnorm_shard_forward",
+        [&] { inner_->rmsnorm_shard_forward(out, sumsq, x, weight, eps); });
 }
 void ProfilingBackend::rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
                                               Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
-  timed("rmsnorm_shard_backward", [&] {
-    inner_->rmsnorm_shard_backward(dx, dweight, dout, x, weight, rstd, dot, d);
-  });
+  timed("rmsnorm_shard_backward",
+        [&] { inner_->rmsnorm_shard_backward(dx, dweight, dout, x, weight, rstd, dot, d); });
 }
 void ProfilingBackend::scale_rows(Tensor out, Tensor x, Tensor factor) {
   timed("scale_rows", [&] { inner_->scale_rows(out, x, factor); });

@@ -55,8 +55,7 @@ class ProfilingBackend final : public Backend {
   void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override;
   void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
                                     Tensor targets, int64_t first, float scale) override;
-  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
-                             float eps) override;
+  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight, float eps) override;
   void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                               Tensor rstd, Tensor dot, int64_t d) override;
   void scale_rows(Tensor out, Tensor x, Tensor factor) override;

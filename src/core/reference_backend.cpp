@@ -455,8 +455,7 @@ class ReferenceBackend final : public Backend {
     }
   }
 
-  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
-                                int64_t first) override {
+  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override {
     const char* k = "embedding_shard_backward";
     need_f32(k, {dtable, dout});
     need_dtype(k, tokens, DType::i32);

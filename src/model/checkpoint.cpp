@@ -5,7 +5,6 @@
 #include <filesystem>
 #include <span>
 
-
 namespace bottle {
 
 namespace fs = std::filesystem;

@@ -117,15 +117,20 @@ void LlamaModel::declare_parameters() {
       }
       // A [r, d_in]: btp splits d_in, vanilla r. B [d_out, r]: btp splits d_out, vanilla r.
       auto factor_std = [&](P p) {
-        return std::pow(float(c.rank_of(p)), -0.25f) * std::pow(float(c.d_in(p) + c.d_out(p)), -0.25f);
+        return std::pow(float(c.rank_of(p)), -0.25f) *
+               std::pow(float(c.d_in(p) + c.d_out(p)), -0.25f);
       };
       for (P p : group)
-        declare({projection_prefix(l, p) + ".A.weight", {c.rank_of(p), c.d_in(p)},
-                 ParamInit::normal, factor_std(p)},
+        declare({projection_prefix(l, p) + ".A.weight",
+                 {c.rank_of(p), c.d_in(p)},
+                 ParamInit::normal,
+                 factor_std(p)},
                 mode == TpMode::btp ? 1 : 0);
       for (P p : group)
-        declare({projection_prefix(l, p) + ".B.weight", {c.d_out(p), c.rank_of(p)},
-                 ParamInit::normal, factor_std(p)},
+        declare({projection_prefix(l, p) + ".B.weight",
+                 {c.d_out(p), c.rank_of(p)},
+                 ParamInit::normal,
+                 factor_std(p)},
                 mode == TpMode::btp ? 0 : 1);
       if (c.bottleneck == BottleneckKind::lax && l > 0)
         for (P p : group) {
@@ -239,8 +244,8 @@ void LlamaModel::check_tokens(Tensor tokens, const char* what) const {
   const int32_t* id = tokens.i32();
   for (int64_t i = 0; i < tokens.numel(); ++i)
     BOTTLE_CHECK(id[i] >= 0 && id[i] < config_.vocab_size,
-                 "{}: token id {} at position {} is outside the vocabulary [0, {})", what, id[i],
-                 i, config_.vocab_size);
+                 "{}: token id {} at position {} is outside the vocabulary [0, {})", what, id[i], i,
+                 config_.vocab_size);
 }
 
 Tensor LlamaModel::forward_logits(Backend& be, Tensor tokens) {
@@ -298,7 +303,8 @@ void LlamaModel::backward(Backend& be, Tensor tokens, Tensor targets, float loss
   if (embedding_hidden_split_) {
     be.embedding_backward(embedding_.grad, tokens, grad_.residual);
   } else if (tp_.mode == TpMode::btp) {
-    gather_last_dim(tp_, whole_grad_, grad_.residual, gather_scratch_, "model.bwd.embedding_gather");
+    gather_last_dim(tp_, whole_grad_, grad_.residual, gather_scratch_,
+                    "model.bwd.embedding_gather");
     vocab_parallel_embedding_backward(be, embedding_.grad, tokens, whole_grad_, first);
   } else {
     vocab_parallel_embedding_backward(be, embedding_.grad, tokens, grad_.residual, first);

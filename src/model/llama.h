@@ -86,8 +86,8 @@ class LlamaModel {
   Tensor gather_scratch_;         // [N·d] btp
   Tensor logits_;                 // [N, V/t]
   BlockGradients grad_;
-  Tensor dlogits_;                // [N, V/t]
-  Tensor dfinal_;                 // [N, d] ∂/∂(final norm output)
+  Tensor dlogits_;  // [N, V/t]
+  Tensor dfinal_;   // [N, d] ∂/∂(final norm output)
 };
 
 }  // namespace bottle

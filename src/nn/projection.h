@@ -34,8 +34,8 @@ BottleneckKind parse_bottleneck_kind(const std::string& name);  // throws naming
 
 struct Projection {
   BottleneckKind kind = BottleneckKind::none;
-  int64_t d_in = 0, d_out = 0;  // this rank's widths
-  int64_t rank = 0;             // width of the latent the latent stage runs on
+  int64_t d_in = 0, d_out = 0;               // this rank's widths
+  int64_t rank = 0;                          // width of the latent the latent stage runs on
   int64_t shard_rank = 0, shard_offset = 0;  // latent columns held by A and B (0: all)
   bool crossing = false;                     // lax in every block but the first
   float ln_eps = 1e-6f;
@@ -48,14 +48,14 @@ struct Projection {
   Param ln_b;    // [rank]
 
   // Activations of one micro-batch of N rows.
-  Tensor z;        // [N, rank] A x
-  Tensor zc;       // [N, rank] z + u_prev Gᵀ when crossing
-  Tensor zn;       // [N, rank] LN_r(zc) when crossing
-  Tensor ln_mean;  // [N]
-  Tensor ln_rstd;  // [N]
-  Tensor u;        // [N, rank] σ(z or zn); the latent B reads (svd: z itself)
-  Tensor z_shard;  // [N, shard_rank] A's output when sharded, gathered into z
-  Tensor du_shard; // [N, shard_rank] B's input gradient when sharded, gathered into du
+  Tensor z;         // [N, rank] A x
+  Tensor zc;        // [N, rank] z + u_prev Gᵀ when crossing
+  Tensor zn;        // [N, rank] LN_r(zc) when crossing
+  Tensor ln_mean;   // [N]
+  Tensor ln_rstd;   // [N]
+  Tensor u;         // [N, rank] σ(z or zn); the latent B reads (svd: z itself)
+  Tensor z_shard;   // [N, shard_rank] A's output when sharded, gathered into z
+  Tensor du_shard;  // [N, shard_rank] B's input gradient when sharded, gathered into du
   // Gradients of the latent. du persists through the backward of the next block, which
   // adds the crossing's share into it before this projection's backward runs.
   Tensor du;   // [N, rank]

@@ -15,8 +15,8 @@ void reduce_from_forward(const TensorParallel& tp, Tensor y, std::string_view si
 void gather_last_dim(const TensorParallel& tp, Tensor out, Tensor in, Tensor scratch,
                      std::string_view site) {
   const int64_t n = in.rows(), c = in.cols(), t = tp.size();
-  BOTTLE_CHECK(out.rows() == n && out.cols() == c * t, "gather {}: [{}, {}] x {} ranks != {}",
-               site, n, c, t, out.shape.str());
+  BOTTLE_CHECK(out.rows() == n && out.cols() == c * t, "gather {}: [{}, {}] x {} ranks != {}", site,
+               n, c, t, out.shape.str());
   if (t == 1) {
     std::memcpy(out.data, in.data, in.nbytes());
     return;
@@ -28,8 +28,7 @@ void gather_last_dim(const TensorParallel& tp, Tensor out, Tensor in, Tensor scr
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i)
     for (int64_t r = 0; r < t; ++r)
-      std::memcpy(out.f32() + i * c * t + r * c, blocks.f32() + (r * n + i) * c,
-                  c * sizeof(float));
+      std::memcpy(out.f32() + i * c * t + r * c, blocks.f32() + (r * n + i) * c, c * sizeof(float));
 }
 
 void scatter_last_dim(const TensorParallel& tp, Tensor out, Tensor in) {

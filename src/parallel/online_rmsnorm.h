@@ -28,8 +28,8 @@ namespace bottle {
 struct OnlineRMSNorm {
   Param weight;  // γ_i [d/t]
   float eps = 1e-5f;
-  int64_t d = 0;   // the whole hidden width
-  Tensor out;      // [N, d/t] x ⊙ γ / rms_i for the GEMM; after finish() x ⊙ γ / rms
+  int64_t d = 0;     // the whole hidden width
+  Tensor out;        // [N, d/t] x ⊙ γ / rms_i for the GEMM; after finish() x ⊙ γ / rms
   Tensor rms_local;  // [N]
   Tensor rstd;       // [N] 1 / rms of the whole row
   Tensor factor;     // [N] scratch

@@ -97,8 +97,8 @@ void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor
       });
 }
 
-void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x,
-                         bool accumulate_dx, bool grouping) {
+void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x, bool accumulate_dx,
+                         bool grouping) {
   // The input gradients add up, so they cannot be one batched GEMM.
   for (size_t i = 0; i < group.size(); ++i) {
     const Projection& p = *group[i];

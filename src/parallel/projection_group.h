@@ -16,14 +16,13 @@ using ProjectionSpan = std::span<Projection* const>;
 // z_p (z_shard_p when sharded) = x A_pᵀ.
 void group_down_forward(Backend& be, ProjectionSpan group, Tensor x, bool grouping);
 // y_p = u_p[:, held columns] B_pᵀ.
-void group_up_forward(Backend& be, ProjectionSpan group, std::span<const Tensor> ys,
-                      bool grouping);
+void group_up_forward(Backend& be, ProjectionSpan group, std::span<const Tensor> ys, bool grouping);
 // du_out_p (+)= dy_p B_p ([N, shard_rank]; = unless accumulate); dB_p += dy_pᵀ u_p[:, held].
 void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor> dys,
                        std::span<const Tensor> du_out, bool accumulate, bool grouping);
 // dx (+)= Σ_p dz_p[:, held columns] A_p (= when !accumulate_dx); dA_p += dz_p[:, held]ᵀ x.
 // Zeroes each du_p (its next use accumulates).
-void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x,
-                         bool accumulate_dx, bool grouping);
+void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x, bool accumulate_dx,
+                         bool grouping);
 
 }  // namespace bottle

@@ -98,21 +98,27 @@ Tensor prev_latent_grad(TpBlock* prev, const TpBlock& b, ProjectionId p) {
 
 Tensor attention_output(const TpBlock& b) { return Tensor{b.attention.out.data, b.q.shape}; }
 
-void block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
-                   Tensor x, Tensor out) {
+void block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev, Tensor x,
+                   Tensor out) {
   switch (tp.mode) {
-    case TpMode::full: return full_block_forward(be, tp, b, x, out);
-    case TpMode::vanilla: return vanilla_block_forward(be, tp, b, prev, x, out);
-    case TpMode::btp: return btp_block_forward(be, tp, b, prev, x, out);
+    case TpMode::full:
+      return full_block_forward(be, tp, b, x, out);
+    case TpMode::vanilla:
+      return vanilla_block_forward(be, tp, b, prev, x, out);
+    case TpMode::btp:
+      return btp_block_forward(be, tp, b, prev, x, out);
   }
 }
 
 void block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev, Tensor x,
                     BlockGradients& g) {
   switch (tp.mode) {
-    case TpMode::full: return full_block_backward(be, tp, b, x, g);
-    case TpMode::vanilla: return vanilla_block_backward(be, tp, b, prev, x, g);
-    case TpMode::btp: return btp_block_backward(be, tp, b, prev, x, g);
+    case TpMode::full:
+      return full_block_backward(be, tp, b, x, g);
+    case TpMode::vanilla:
+      return vanilla_block_backward(be, tp, b, prev, x, g);
+    case TpMode::btp:
+      return btp_block_backward(be, tp, b, prev, x, g);
   }
 }
 

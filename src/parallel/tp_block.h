@@ -18,10 +18,10 @@ namespace bottle {
 // This rank's widths (N = b·s rows).
 struct BlockDims {
   int64_t batch = 0, seq = 0;
-  int64_t d = 0;         // the whole hidden width
-  int64_t d_res = 0;     // residual stream held: d, or d/t under btp
+  int64_t d = 0;            // the whole hidden width
+  int64_t d_res = 0;        // residual stream held: d, or d/t under btp
   int64_t dq = 0, dkv = 0;  // q and k/v widths held (this rank's heads)
-  int64_t dff = 0;       // MLP width held
+  int64_t dff = 0;          // MLP width held
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
   float rope_theta = 10000.0f;
   bool gate_act = true;
@@ -30,8 +30,8 @@ struct BlockDims {
 
 struct TpBlock {
   BlockDims dims;
-  RMSNorm norm1, norm2;             // full, vanilla: whole rows, replicated
-  OnlineRMSNorm online1, online2;   // btp: this rank's columns
+  RMSNorm norm1, norm2;            // full, vanilla: whole rows, replicated
+  OnlineRMSNorm online1, online2;  // btp: this rank's columns
   std::array<Projection, kNumProjections> proj;
   Attention attention;
 
@@ -42,7 +42,7 @@ struct TpBlock {
   Tensor gate, up;  // [N, dff] views into gate_up
   Tensor gated;     // [N, dff] act(gate) ⊙ up
   ProjectionSlabs qkv_latent, gate_up_latent;  // grouped A outputs (btp: + RMSNorm S_i)
-  Tensor gather;    // [2·N·r] vanilla LaX: all-gather scratch of the latent
+  Tensor gather;  // [2·N·r] vanilla LaX: all-gather scratch of the latent
 
   Projection& operator[](ProjectionId p) { return proj[int(p)]; }
   const Projection& operator[](ProjectionId p) const { return proj[int(p)]; }
@@ -51,17 +51,17 @@ struct TpBlock {
 
 // Activation gradients shared by all blocks (backward visits one block at a time).
 struct BlockGradients {
-  Tensor residual;       // [N, d_res] ∂loss/∂(residual stream at the current depth)
-  Tensor normed;         // [N, d_res] ∂/∂(RMSNorm output)
-  Tensor normed_part;    // [N, d_res] one projection's share before its own all-reduce
-  Tensor attn;           // [N, dq]
-  Tensor qkv;            // [N·(dq + 2·dkv)]
-  Tensor q, k, v;        // views into qkv
-  Tensor gate_up;        // [2·N·dff]
-  Tensor gate, up;       // views
-  Tensor gated;          // [N, dff]
-  Tensor gather;         // [2·N·r] vanilla LaX: all-gather scratch
-  Tensor latent_part;    // [N·Σr] btp: B's partial latent gradients before their all-reduce
+  Tensor residual;     // [N, d_res] ∂loss/∂(residual stream at the current depth)
+  Tensor normed;       // [N, d_res] ∂/∂(RMSNorm output)
+  Tensor normed_part;  // [N, d_res] one projection's share before its own all-reduce
+  Tensor attn;         // [N, dq]
+  Tensor qkv;          // [N·(dq + 2·dkv)]
+  Tensor q, k, v;      // views into qkv
+  Tensor gate_up;      // [2·N·dff]
+  Tensor gate, up;     // views
+  Tensor gated;        // [N, dff]
+  Tensor gather;       // [2·N·r] vanilla LaX: all-gather scratch
+  Tensor latent_part;  // [N·Σr] btp: B's partial latent gradients before their all-reduce
 };
 
 // Buffers of one block and the shared gradients, for this rank's dims.
@@ -70,8 +70,8 @@ void allocate_block_gradients(Arena& arena, const TensorParallel& tp, const TpBl
                               BlockGradients& g);
 
 // prev: the block before (LaX crossing), else null. out = the block's output [N, d_res].
-void block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
-                   Tensor x, Tensor out);
+void block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev, Tensor x,
+                   Tensor out);
 // On entry g.residual = ∂loss/∂out; on exit ∂loss/∂x. Parameter gradients +=.
 void block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev, Tensor x,
                     BlockGradients& g);
@@ -79,8 +79,8 @@ void block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* 
 // The per-mode implementations.
 void full_block_forward(Backend&, const TensorParallel&, TpBlock&, Tensor x, Tensor out);
 void full_block_backward(Backend&, const TensorParallel&, TpBlock&, Tensor x, BlockGradients&);
-void vanilla_block_forward(Backend&, const TensorParallel&, TpBlock&, const TpBlock* prev,
-                           Tensor x, Tensor out);
+void vanilla_block_forward(Backend&, const TensorParallel&, TpBlock&, const TpBlock* prev, Tensor x,
+                           Tensor out);
 void vanilla_block_backward(Backend&, const TensorParallel&, TpBlock&, TpBlock* prev, Tensor x,
                             BlockGradients&);
 void btp_block_forward(Backend&, const TensorParallel&, TpBlock&, const TpBlock* prev, Tensor x,

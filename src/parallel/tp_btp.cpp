@@ -101,9 +101,8 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpB
 
 // A's backward is local (row-parallel: each rank's input columns). With a norm in front,
 // dn goes through the online RMSNorm's backward into dx (+=); else dx = ∂/∂x.
-void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, Tensor dx,
-                        Tensor x, OnlineRMSNorm* norm, Tensor dn, Tensor residual_in,
-                        const char* stat_site) {
+void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, Tensor dx, Tensor x,
+                        OnlineRMSNorm* norm, Tensor dn, Tensor residual_in, const char* stat_site) {
   if (!norm) {
     group_down_backward(be, g.span(), dx, x, false, tp.grouping);
     return;
@@ -142,8 +141,8 @@ void btp_block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
   be.add(out, out, b.h);
 }
 
-void btp_block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev,
-                        Tensor x, BlockGradients& g) {
+void btp_block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev, Tensor x,
+                        BlockGradients& g) {
   const Group qkv(b, {P::q, P::k, P::v}), o(b, {P::o}), gate_up(b, {P::gate, P::up}),
       down(b, {P::down});
   const std::array<Tensor, 1> d_res{g.residual};

@@ -46,8 +46,8 @@ float VocabParallelCrossEntropy::forward(Backend& be, const TensorParallel& tp, 
   return float(total / double(n));
 }
 
-void VocabParallelCrossEntropy::backward(Backend& be, Tensor dlogits, Tensor logits,
-                                         Tensor targets, int64_t first, float scale) {
+void VocabParallelCrossEntropy::backward(Backend& be, Tensor dlogits, Tensor logits, Tensor targets,
+                                         int64_t first, float scale) {
   be.cross_entropy_shard_backward(dlogits, logits, max, sumexp(), targets, first, scale);
 }
 

@@ -87,8 +87,8 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
   std::vector<NamedTensor> moments;
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const ParamSpec& spec = params.specs()[i];
-    moments.push_back({moment_name("exp_avg", spec.name),
-                       Tensor{moments_whole[2 * i].data(), spec.full_shape}});
+    moments.push_back(
+        {moment_name("exp_avg", spec.name), Tensor{moments_whole[2 * i].data(), spec.full_shape}});
     moments.push_back({moment_name("exp_avg_sq", spec.name),
                        Tensor{moments_whole[2 * i + 1].data(), spec.full_shape}});
   }

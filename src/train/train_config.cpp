@@ -1,7 +1,5 @@
 #include "train/train_config.h"
 
-#include "model/llama.h"
-
 #include <toml++/toml.h>
 
 #include <algorithm>
@@ -19,6 +17,7 @@
 #include <variant>
 
 #include "core/error.h"
+#include "model/llama.h"
 
 namespace bottle {
 

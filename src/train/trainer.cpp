@@ -74,8 +74,8 @@ double evaluate(Backend& be, LlamaModel& model, TokenLoader& val, int64_t batche
 void check_vocabulary(Tensor tokens, int64_t vocab, const std::string& data) {
   for (int64_t i = 0; i < tokens.numel(); ++i)
     BOTTLE_CHECK(tokens.i32()[i] >= 0 && tokens.i32()[i] < vocab,
-                 "{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)", data,
-                 tokens.i32()[i], vocab);
+                 "{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)",
+                 data, tokens.i32()[i], vocab);
 }
 
 }  // namespace
@@ -154,9 +154,9 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                       float(config.lr_scheduler.min_lr_ratio)};
   std::unique_ptr<MetricsLogger> metrics;
   if (leader) {
-    metrics = std::make_unique<MetricsLogger>(in_folder(config.checkpoint.folder, config.metrics.jsonl),
-                                              config.metrics.log_freq, tc.steps, step,
-                                              options.resume);
+    metrics =
+        std::make_unique<MetricsLogger>(in_folder(config.checkpoint.folder, config.metrics.jsonl),
+                                        config.metrics.log_freq, tc.steps, step, options.resume);
     fs::create_directories(config.checkpoint.folder);
     std::ofstream(fs::path(config.checkpoint.folder) / "train_config.toml") << to_toml(config);
   }
@@ -224,14 +224,14 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     const double mfu = flops_per_step / (ms * 1e6) / (peak_gflops * world.size());
     if (metrics)
       metrics->log_step({{"step", step},
-                      {"loss", loss},
-                      {"lr", lr},
-                      {"grad_norm", grad_norm},
-                      {"tokens_per_s", tokens_per_s},
-                      {"mfu", mfu},
-                      {"peak_bytes", MemoryStats::global().peak_total()},
-                      {"ms", ms},
-                      {"skipped", !finite}});
+                         {"loss", loss},
+                         {"lr", lr},
+                         {"grad_norm", grad_norm},
+                         {"tokens_per_s", tokens_per_s},
+                         {"mfu", mfu},
+                         {"peak_bytes", MemoryStats::global().peak_total()},
+                         {"ms", ms},
+                         {"skipped", !finite}});
     result.last_loss = loss;
     if (val && tc.eval_interval > 0 && (step % tc.eval_interval == 0 || step == tc.steps)) {
       result.last_val_loss = evaluate(*be, model, *val, tc.eval_batches, inputs, targets);
