@@ -62,6 +62,10 @@ class Communicator {
   // Blocking point-to-point. Matching send/recv pairs must use the same tag.
   virtual void send(Tensor x, int dest, int tag, std::string_view site) = 0;
   virtual void recv(Tensor x, int source, int tag, std::string_view site) = 0;
+  // A send that returns at once (pipeline schedules: sends never wait, so only receives
+  // order the stages). x must stay untouched until wait_sends() returns.
+  virtual void send_async(Tensor x, int dest, int tag, std::string_view site) = 0;
+  virtual void wait_sends() = 0;
   virtual void barrier() = 0;
   // Ranks with the same color form a new group, ordered by key (then by rank here).
   virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) = 0;

@@ -184,6 +184,28 @@ void MpiCommunicator::recv(Tensor x, int source, int tag, std::string_view site)
   stats_.record(Collective::recv, site, x.numel(), seconds_since(start));
 }
 
+void MpiCommunicator::send_async(Tensor x, int dest, int tag, std::string_view site) {
+  BOTTLE_CHECK(dest >= 0 && dest < size_ && dest != rank_ && tag >= 0,
+               "send at '{}' on the '{}' group: rank {} to destination {} with tag {} (ranks "
+               "0..{}, tags from 0)",
+               site, name_, rank_, dest, tag, size_ - 1);
+  const int count = checked_count(x, "send", site, name_);
+  const auto start = Clock::now();
+  MPI_Request request;
+  check(MPI_Isend(x.data, count, mpi_type(x.dtype), dest, tag, comm_, &request), "MPI_Isend", site);
+  pending_sends_.push_back(request);
+  stats_.record(Collective::send, site, x.numel(), seconds_since(start));
+}
+
+void MpiCommunicator::wait_sends() {
+  if (pending_sends_.empty()) return;
+  const auto start = Clock::now();
+  check(MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(), MPI_STATUSES_IGNORE),
+        "MPI_Waitall", "wait_sends");
+  pending_sends_.clear();
+  stats_.record(Collective::send, "wait_sends", 0, seconds_since(start));
+}
+
 void MpiCommunicator::barrier() {
   if (size_ == 1) return;
   const auto start = Clock::now();

@@ -4,6 +4,7 @@
 #include <mpi.h>
 
 #include <string>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -28,6 +29,8 @@ class MpiCommunicator final : public Communicator {
   void broadcast(Tensor x, int root, std::string_view site) override;
   void send(Tensor x, int dest, int tag, std::string_view site) override;
   void recv(Tensor x, int source, int tag, std::string_view site) override;
+  void send_async(Tensor x, int dest, int tag, std::string_view site) override;
+  void wait_sends() override;
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
 
@@ -43,6 +46,7 @@ class MpiCommunicator final : public Communicator {
   bool owned_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<MPI_Request> pending_sends_;
 };
 
 }  // namespace bottle

@@ -76,12 +76,13 @@ void validate_tensor_parallel(const ModelConfig& c, int t, TpMode mode,
 LlamaModel::LlamaModel(const ModelConfig& config)
     : LlamaModel(config, TensorParallel{default_tp_mode(config)}) {}
 
-LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp) : config_(config), tp_(tp) {
+LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to)
+    : config_(config), tp_(tp) {
   config_.validate("model config", false);
   validate_tensor_parallel(config_, tp_.size(), tp_.mode, "parallel.");
   embedding_hidden_split_ = tp_.mode == TpMode::btp && !config_.tie_embeddings;
   declare_parameters();
-  params_.allocate();
+  params_.allocate(pad_parameters_to);
   bind_parameters();
 }
 
@@ -311,11 +312,15 @@ void LlamaModel::backward(Backend& be, Tensor tokens, Tensor targets, float loss
   }
 }
 
-double LlamaModel::grad_sum_squares(Backend& be) const {
+double LlamaModel::grad_sum_squares(Backend& be, int64_t begin, int64_t end) const {
+  if (end < 0) end = params_.grads().numel();
   double sharded = 0.0, whole = 0.0;
-  for (size_t i = 0; i < params_.specs().size(); ++i) {
-    const double s = be.sum_squares(params_.at(i).grad);
-    (params_.specs()[i].sharded() ? sharded : whole) += s;
+  for (const ParamSpec& spec : params_.specs()) {
+    const int64_t lo = std::max(spec.offset, begin),
+                  hi = std::min(spec.offset + spec.shape.numel(), end);
+    if (lo >= hi) continue;
+    const double s = be.sum_squares(Tensor{params_.grads().f32() + lo, {hi - lo}});
+    (spec.sharded() ? sharded : whole) += s;
   }
   if (tp_.size() > 1) {
     float value = float(sharded);

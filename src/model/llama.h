@@ -29,7 +29,8 @@ class LlamaModel {
  public:
   // tp.comm null: one rank. Fails naming the problem when tp.mode does not fit the model or
   // tp's size does not divide a dimension it splits.
-  explicit LlamaModel(const ModelConfig& config, TensorParallel tp);
+  // pad_parameters_to: the flat parameter buffers' size is a multiple of it (ZeRO-1 shards).
+  explicit LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to = 1);
   explicit LlamaModel(const ModelConfig& config);
 
   const ModelConfig& config() const { return config_; }
@@ -57,8 +58,9 @@ class LlamaModel {
   int64_t vocab_first() const { return tp_.offset(config_.vocab_size); }
 
   // Σ of squared gradients over the whole model: sharded parameters summed over the TP
-  // group, replicated ones counted once.
-  double grad_sum_squares(Backend& be) const;
+  // group, replicated ones counted once. Only the flat range [begin, end) of the gradient
+  // buffer counts (a ZeRO-1 shard; end < 0: all of it).
+  double grad_sum_squares(Backend& be, int64_t begin = 0, int64_t end = -1) const;
 
   // Model FLOPs of one forward + backward over `tokens` tokens of sequence length `seq`
   // (the whole model, all ranks together): every GEMM, attention's two included.

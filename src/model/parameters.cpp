@@ -53,11 +53,12 @@ void ParameterStore::declare(ParamSpec spec) {
   specs_.push_back(std::move(spec));
 }
 
-void ParameterStore::allocate() {
+void ParameterStore::allocate(int64_t multiple) {
   value_arena_ = std::make_unique<Arena>(MemoryTag::weights);
   grad_arena_ = std::make_unique<Arena>(MemoryTag::gradients);
-  values_ = value_arena_->alloc({count_});
-  grads_ = grad_arena_->alloc({count_});
+  const int64_t padded = (count_ + multiple - 1) / multiple * multiple;
+  values_ = value_arena_->alloc({padded});
+  grads_ = grad_arena_->alloc({padded});
 }
 
 Param ParameterStore::at(size_t i) const {

@@ -37,17 +37,18 @@ struct ParamSpec {
 
 class ParameterStore {
  public:
-  // Planning: declare every parameter, then allocate() once.
+  // Planning: declare every parameter, then allocate() once. The flat buffers are padded
+  // to a multiple of `multiple` elements (ZeRO-1 cuts them into equal shards).
   void declare(ParamSpec spec);
-  void allocate();
+  void allocate(int64_t multiple = 1);
 
   Param get(const std::string& name) const;  // throws naming the parameter
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   Param at(size_t i) const;
-  Tensor values() const { return values_; }  // [count]
-  Tensor grads() const { return grads_; }    // [count]
-  int64_t count() const { return count_; }
+  Tensor values() const { return values_; }  // [padded count]
+  Tensor grads() const { return grads_; }    // [padded count]
+  int64_t count() const { return count_; }   // elements up to the last parameter's end
 
   // Each parameter from a seed derived from (seed, its name), element by element, so that
   // any slice of it is the same whatever the layout that asks for it.

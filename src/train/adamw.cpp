@@ -1,10 +1,14 @@
 #include "train/adamw.h"
 
+#include <algorithm>
+#include <cstring>
+
 namespace bottle {
 
-AdamW::AdamW(const ParameterStore& params, const AdamWConfig& config) : config_(config) {
-  m_ = arena_.alloc({params.count()});
-  v_ = arena_.alloc({params.count()});
+AdamW::AdamW(const ParameterStore& params, const AdamWConfig& config, int64_t begin, int64_t end)
+    : config_(config), begin_(begin), end_(end < 0 ? params.values().numel() : end) {
+  m_ = arena_.alloc({end_ - begin_});
+  v_ = arena_.alloc({end_ - begin_});
 }
 
 void AdamW::step(Backend& be, const ParameterStore& params, float lr, float grad_scale) {
@@ -18,11 +22,33 @@ void AdamW::step(Backend& be, const ParameterStore& params, float lr, float grad
   args.step = step_;
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const ParamSpec& spec = params.specs()[i];
-    const Param p = params.at(i);
+    // The part of this parameter inside the range.
+    const int64_t lo = std::max(spec.offset, begin_);
+    const int64_t hi = std::min(spec.offset + spec.shape.numel(), end_);
+    if (lo >= hi) continue;
     args.weight_decay = spec.weight_decay ? config_.weight_decay : 0.0f;
-    const Tensor m{m_.f32() + spec.offset, spec.shape}, v{v_.f32() + spec.offset, spec.shape};
-    be.adamw_update(p.value, p.grad, m, v, args);
+    const Shape part{hi - lo};
+    be.adamw_update(Tensor{params.values().f32() + lo, part},
+                    Tensor{params.grads().f32() + lo, part}, Tensor{m_.f32() + (lo - begin_), part},
+                    Tensor{v_.f32() + (lo - begin_), part}, args);
   }
+}
+
+void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) const {
+  if (m_.numel() == m_whole.numel()) {
+    std::memcpy(m_whole.data, m_.data, m_.nbytes());
+    std::memcpy(v_whole.data, v_.data, v_.nbytes());
+    return;
+  }
+  BOTTLE_CHECK(dp && dp->size() * m_.numel() == m_whole.numel(),
+               "AdamW: a ZeRO shard of {} elements does not tile {}", m_.numel(), m_whole.numel());
+  dp->all_gather(m_whole, m_, "checkpoint.moments");
+  dp->all_gather(v_whole, v_, "checkpoint.moments");
+}
+
+void AdamW::load_moments(Tensor m_whole, Tensor v_whole) {
+  std::memcpy(m_.data, m_whole.f32() + begin_, m_.nbytes());
+  std::memcpy(v_.data, v_whole.f32() + begin_, v_.nbytes());
 }
 
 }  // namespace bottle

@@ -4,6 +4,7 @@
 // parameter buffer.
 #include <memory>
 
+#include "comm/communicator.h"
 #include "core/arena.h"
 #include "core/backend.h"
 #include "model/parameters.h"
@@ -18,21 +19,28 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  AdamW(const ParameterStore& params, const AdamWConfig& config);
+  // Updates (and keeps moments for) the flat range [begin, end) of the parameter buffer:
+  // all of it (end < 0), or a ZeRO-1 shard.
+  AdamW(const ParameterStore& params, const AdamWConfig& config, int64_t begin = 0,
+        int64_t end = -1);
 
-  // One update of every parameter with learning rate `lr`; each gradient is multiplied by
-  // `grad_scale` first (gradient clipping).
+  // One update of every parameter in the range with learning rate `lr`; each gradient is
+  // multiplied by `grad_scale` first (gradient clipping).
   void step(Backend& be, const ParameterStore& params, float lr, float grad_scale = 1.0f);
 
   int64_t steps_taken() const { return step_; }
-  Tensor first_moment() const { return m_; }
-  Tensor second_moment() const { return v_; }
   void set_steps_taken(int64_t step) { step_ = step; }
+  // The moments laid out like the whole flat parameter buffer: m_whole, v_whole [padded
+  // count]. With a ZeRO shard the DP group's shards are gathered (every DP rank calls).
+  void gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) const;
+  // Takes this range out of whole-buffer moments.
+  void load_moments(Tensor m_whole, Tensor v_whole);
 
  private:
   AdamWConfig config_;
+  int64_t begin_ = 0, end_ = 0;
   Arena arena_{MemoryTag::optimizer};
-  Tensor m_, v_;  // [count] each
+  Tensor m_, v_;  // [end - begin] each
   int64_t step_ = 0;
 };
 

@@ -55,23 +55,32 @@ CheckpointStore::CheckpointStore(std::string folder, int keep)
     : folder_(std::move(folder)), keep_(keep) {}
 
 std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
-                                  const nlohmann::json& state, int64_t step) {
+                                  const nlohmann::json& state, int64_t step, Communicator* dp,
+                                  Communicator* world) {
   const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
   const fs::path final_dir = fs::path(folder_) / name;
-  // Under tensor parallelism the slices are gathered and one rank writes the one model.
+  // Under tensor parallelism the slices are gathered and one rank writes the one model;
+  // ZeRO-1's moment shards are gathered over the DP group first.
   Communicator* tp = model.tensor_parallel().comm;
   const ParameterStore& params = model.parameters();
+  Arena moments_arena(MemoryTag::comm);
+  const Tensor m = moments_arena.alloc(params.values().shape),
+               v = moments_arena.alloc(params.values().shape);
+  optimizer.gather_moments(m, v, dp);
+  const bool writer = (!tp || tp->rank() == 0) && (!dp || dp->rank() == 0);
+  auto done = [&] {
+    if (world) world->barrier();  // every rank returns once the checkpoint is complete
+    return final_dir.string();
+  };
+  if (dp && dp->rank() != 0) return done();  // the DP replicas hold the same model
   std::vector<std::vector<float>> moments_whole;
   for (const ParamSpec& spec : params.specs()) {
-    moments_whole.push_back(
-        gather_parameter(spec, optimizer.first_moment().f32() + spec.offset, tp));
-    moments_whole.push_back(
-        gather_parameter(spec, optimizer.second_moment().f32() + spec.offset, tp));
+    moments_whole.push_back(gather_parameter(spec, m.f32() + spec.offset, tp));
+    moments_whole.push_back(gather_parameter(spec, v.f32() + spec.offset, tp));
   }
-  if (tp && tp->rank() != 0) {
+  if (!writer) {
     save_model(model, "");  // takes part in the gathers; writes nothing
-    tp->barrier();          // returns once the checkpoint is complete
-    return final_dir.string();
+    return done();
   }
   fs::create_directories(folder_);
   // Clear what an interrupted earlier write left behind.
@@ -116,8 +125,7 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
 
   std::vector<std::string> all = list();
   for (size_t i = 0; i + size_t(keep_) < all.size(); ++i) fs::remove_all(all[i]);
-  if (tp) tp->barrier();
-  return final_dir.string();
+  return done();
 }
 
 std::vector<std::string> CheckpointStore::list() const {
@@ -139,12 +147,14 @@ nlohmann::json CheckpointStore::load(const std::string& dir, LlamaModel& model, 
   load_model_weights(model, dir);
   const SafeTensorsReader reader((fs::path(dir) / kOptimizerFile).string());
   const ParameterStore& params = model.parameters();
+  Arena moments_arena(MemoryTag::comm);
+  const Tensor m = moments_arena.alloc(params.values().shape),
+               v = moments_arena.alloc(params.values().shape);
   for (const ParamSpec& spec : params.specs()) {
-    read_parameter_slice(reader, moment_name("exp_avg", spec.name), spec,
-                         optimizer.first_moment().f32() + spec.offset);
-    read_parameter_slice(reader, moment_name("exp_avg_sq", spec.name), spec,
-                         optimizer.second_moment().f32() + spec.offset);
+    read_parameter_slice(reader, moment_name("exp_avg", spec.name), spec, m.f32() + spec.offset);
+    read_parameter_slice(reader, moment_name("exp_avg_sq", spec.name), spec, v.f32() + spec.offset);
   }
+  optimizer.load_moments(m, v);
   const fs::path state_path = fs::path(dir) / kTrainerStateFile;
   std::ifstream in(state_path);
   BOTTLE_CHECK(in, "{}: cannot open", state_path.string());

@@ -22,9 +22,11 @@ class CheckpointStore {
  public:
   CheckpointStore(std::string folder, int keep);
 
-  // Returns the checkpoint's directory.
+  // Returns the checkpoint's directory. Every rank of the job calls it: the TP slices (and
+  // a ZeRO-1 optimizer's DP shards) are gathered, one rank writes, and all return once the
+  // checkpoint is complete (a barrier over `world`).
   std::string save(const LlamaModel& model, const AdamW& optimizer, const nlohmann::json& state,
-                   int64_t step);
+                   int64_t step, Communicator* dp = nullptr, Communicator* world = nullptr);
   // Complete checkpoints, oldest first.
   std::vector<std::string> list() const;
   std::optional<std::string> latest() const;

@@ -9,6 +9,7 @@
 
 #include "model/config.h"
 #include "parallel/tensor_parallel.h"
+#include "pipeline/schedule.h"  // PipelineSchedule; TOML: "1f1b", "gpipe"
 #include "train/adamw.h"
 
 namespace bottle {
@@ -17,7 +18,6 @@ enum class Recompute { none, block, lowrank };
 enum class Precision { fp32, bf16 };
 enum class OnNonfinite { stop, skip };
 enum class LrDecay { cosine, linear, constant };
-enum class PipelineSchedule { one_f_one_b, gpipe };  // TOML: "1f1b", "gpipe"
 
 // The TOML spelling of each value.
 const char* enum_name(Recompute value);

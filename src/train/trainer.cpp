@@ -17,6 +17,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint_store.h"
 #include "train/data_loader.h"
+#include "train/data_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/plot.h"
@@ -84,9 +85,9 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   const TrainingConfig& tc = config.training;
   BOTTLE_CHECK(!config.data.train.empty(),
                "{}: data.train is not set (a token shard, directory or glob)", options.config_path);
-  BOTTLE_CHECK(config.parallel.pp == 1 && config.parallel.dp == 1,
-               "{}: parallel.pp and parallel.dp > 1 are not available yet (tensor parallelism "
-               "is: parallel.tp)",
+  BOTTLE_CHECK(config.parallel.pp == 1,
+               "{}: parallel.pp > 1 is not available yet (tensor and data parallelism are: "
+               "parallel.tp, parallel.dp)",
                options.config_path);
   BOTTLE_CHECK(tc.precision == Precision::fp32,
                "{}: training.precision = \"bf16\" is not available on the cpu backend yet",
@@ -102,10 +103,15 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   auto be = make_backend("cpu");
   const int64_t B = tc.micro_batch_size, S = tc.seq_len;
 
-  LlamaModel model(config.model, TensorParallel{config.parallel.tp_mode, groups.tp.get(),
-                                                config.parallel.grouping});
-  AdamW optimizer(model.parameters(), config.adamw());
-  TokenLoader loader(config.data.train, B, S, uint64_t(tc.seed));
+  const int dp_size = int(config.parallel.dp);
+  LlamaModel model(
+      config.model,
+      TensorParallel{config.parallel.tp_mode, groups.tp.get(), config.parallel.grouping},
+      config.parallel.zero ? dp_size : 1);
+  DataParallel data_parallel(groups.dp.get(), model.parameters(), int(config.parallel.zero));
+  AdamW optimizer(model.parameters(), config.adamw(), data_parallel.begin(), data_parallel.end());
+  // Each DP rank reads every dp-th window: together they read what one process would.
+  TokenLoader loader(config.data.train, B, S, uint64_t(tc.seed), groups.dp_rank, dp_size);
   std::unique_ptr<TokenLoader> val;
   if (!config.data.val.empty())
     val = std::make_unique<TokenLoader>(config.data.val, B, S, 0, 0, 1, false);
@@ -198,7 +204,14 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       model.backward(*be, inputs, targets, 1.0f / float(tc.grad_accum_steps));
     }
     loss /= double(tc.grad_accum_steps);
-    const double grad_norm = std::sqrt(model.grad_sum_squares(*be));
+    data_parallel.reduce_gradients(*be);
+    loss = data_parallel.sum(loss, "dp.loss") / dp_size;
+    const double grad_norm =
+        std::sqrt(data_parallel.zero()
+                      ? data_parallel.sum(
+                            model.grad_sum_squares(*be, data_parallel.begin(), data_parallel.end()),
+                            "dp.grad_norm")
+                      : model.grad_sum_squares(*be));
     const float lr = schedule.at(step);
     const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
     if (!finite && tc.on_nonfinite == OnNonfinite::stop)
@@ -211,6 +224,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                              ? float(tc.max_norm / (grad_norm + 1e-6))
                              : 1.0f;
       optimizer.step(*be, model.parameters(), lr, clip);
+      data_parallel.gather_parameters();
     } else {
       message(fmt::format("step {}: loss {}, grad norm {}: not finite; step skipped", step + 1,
                           loss, grad_norm));
@@ -244,7 +258,8 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     const bool stop = stop_signal != 0;
     if ((config.checkpoint.interval > 0 && step % config.checkpoint.interval == 0) ||
         step == tc.steps || stop) {
-      result.last_checkpoint = store.save(model, optimizer, state_json(step), step);
+      result.last_checkpoint =
+          store.save(model, optimizer, state_json(step), step, groups.dp.get(), &world);
       last_saved = step;
       message(fmt::format("step {}: checkpoint {}", step, result.last_checkpoint));
     }
@@ -256,7 +271,8 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     }
   }
   if (last_saved != step && step > 0)
-    result.last_checkpoint = store.save(model, optimizer, state_json(step), step);
+    result.last_checkpoint =
+        store.save(model, optimizer, state_json(step), step, groups.dp.get(), &world);
   result.steps_done = step;
   if (!rates.empty()) {
     std::nth_element(rates.begin(), rates.begin() + rates.size() / 2, rates.end());

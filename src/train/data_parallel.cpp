@@ -1,0 +1,58 @@
+#include "train/data_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace bottle {
+
+DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, int zero,
+                           int64_t bucket_bytes)
+    : dp_(dp),
+      params_(params),
+      zero_(zero),
+      bucket_elems_(std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)))) {
+  const int64_t total = params.values().numel();
+  end_ = total;
+  if (!this->zero()) return;
+  BOTTLE_CHECK(total % size() == 0,
+               "ZeRO-1: the flat parameter buffer ({}) is not padded to a "
+               "multiple of the {} data-parallel ranks",
+               total, size());
+  const int64_t shard = total / size();
+  begin_ = shard * dp_->rank();
+  end_ = begin_ + shard;
+  scratch_ = scratch_arena_.alloc({shard});
+}
+
+void DataParallel::reduce_gradients(Backend& be) {
+  if (size() == 1) return;
+  const Tensor grads = params_.grads();
+  const float inv = 1.0f / float(size());
+  if (zero()) {
+    dp_->reduce_scatter(scratch_, grads, "dp.grads.reduce_scatter");
+    std::memcpy(grads.f32() + begin_, scratch_.data, scratch_.nbytes());
+    be.scale(Tensor{grads.f32() + begin_, {end_ - begin_}}, inv);
+    return;
+  }
+  for (int64_t at = 0; at < grads.numel(); at += bucket_elems_) {
+    const Tensor bucket{grads.f32() + at, {std::min(bucket_elems_, grads.numel() - at)}};
+    dp_->all_reduce(bucket, ReduceOp::sum, "dp.grads.bucket");
+    be.scale(bucket, inv);
+  }
+}
+
+void DataParallel::gather_parameters() {
+  if (!zero()) return;
+  const Tensor values = params_.values();
+  std::memcpy(scratch_.data, values.f32() + begin_, scratch_.nbytes());
+  dp_->all_gather(values, scratch_, "dp.params.all_gather");
+}
+
+double DataParallel::sum(double local, std::string_view site) const {
+  if (size() == 1) return local;
+  float value = float(local);
+  dp_->all_reduce(Tensor{&value, {1}}, ReduceOp::sum, site);
+  return value;
+}
+
+}  // namespace bottle

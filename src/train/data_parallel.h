@@ -1,0 +1,47 @@
+#pragma once
+// Data parallelism over the DP group (DESIGN §4): after the micro-batches' backward, the
+// gradients are averaged over the DP ranks in buckets of `bucket_bytes` (one all-reduce
+// each: no full-model scratch buffer, and the count of collectives says how the traffic
+// was cut). With ZeRO-1 each rank owns 1/dp of the flat parameter buffer: the gradients
+// are reduce-scattered to their owners, AdamW updates (and keeps moments for) only the
+// owned range, and the updated parameters are all-gathered.
+#include <cstdint>
+
+#include "comm/communicator.h"
+#include "core/backend.h"
+#include "model/parameters.h"
+
+namespace bottle {
+
+class DataParallel {
+ public:
+  // dp null or of size 1: a no-op. The store must have been allocated with its count
+  // padded to a multiple of dp (ParameterStore::allocate(pad)).
+  DataParallel(Communicator* dp, const ParameterStore& params, int zero,
+               int64_t bucket_bytes = int64_t(32) << 20);
+
+  int size() const { return dp_ ? dp_->size() : 1; }
+  bool zero() const { return zero_ && size() > 1; }
+  // The flat range [begin, end) whose gradients are valid after reduce_gradients() and
+  // whose parameters this rank updates: everything without ZeRO.
+  int64_t begin() const { return begin_; }
+  int64_t end() const { return end_; }
+
+  // grads = mean over the DP ranks (on [begin, end) with ZeRO).
+  void reduce_gradients(Backend& be);
+  // ZeRO-1: every rank gets the others' updated ranges. No-op otherwise.
+  void gather_parameters();
+  // Sum of a per-rank partial over the DP group (a ZeRO norm, a loss to log).
+  double sum(double local, std::string_view site) const;
+
+ private:
+  Communicator* dp_;
+  const ParameterStore& params_;
+  int zero_;
+  int64_t bucket_elems_;
+  int64_t begin_ = 0, end_ = 0;
+  Arena scratch_arena_{MemoryTag::comm};
+  Tensor scratch_;  // [shard] ZeRO: the reduce-scatter output / all-gather input
+};
+
+}  // namespace bottle
