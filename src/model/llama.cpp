@@ -76,10 +76,25 @@ void validate_tensor_parallel(const ModelConfig& c, int t, TpMode mode,
 LlamaModel::LlamaModel(const ModelConfig& config)
     : LlamaModel(config, TensorParallel{default_tp_mode(config)}) {}
 
-LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to)
-    : config_(config), tp_(tp) {
+LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to,
+                       PipelineStage stage)
+    : config_(config), tp_(tp), stage_(stage) {
   config_.validate("model config", false);
   validate_tensor_parallel(config_, tp_.size(), tp_.mode, "parallel.");
+  const int layers = int(config_.num_layers);
+  BOTTLE_CHECK(stage_.stages >= 1 && stage_.stages <= layers,
+               "parallel.pp ({}) must be between 1 and model.num_layers ({})", stage_.stages,
+               layers);
+  if (stage_.stages > 1) {
+    BOTTLE_CHECK(!config_.tie_embeddings,
+                 "parallel.pp > 1 with model.tie_embeddings = true is not supported yet (the "
+                 "first and last stages would share the table)");
+    BOTTLE_CHECK(config_.bottleneck != BottleneckKind::lax,
+                 "parallel.pp > 1 with model.bottleneck = \"lax\" is not supported yet (its "
+                 "latent crossing spans the stage boundary)");
+  }
+  first_layer_ = stage_.first_layer(layers);
+  end_layer_ = stage_.end_layer(layers);
   embedding_hidden_split_ = tp_.mode == TpMode::btp && !config_.tie_embeddings;
   declare_parameters();
   params_.allocate(pad_parameters_to);
@@ -100,10 +115,11 @@ void LlamaModel::declare_parameters() {
     params_.declare(std::move(spec));
   };
   const TpMode mode = tp_.mode;
-  declare({"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false},
-          embedding_hidden_split_ ? 1 : 0);
+  if (stage_.first())
+    declare({"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false},
+            embedding_hidden_split_ ? 1 : 0);
   const int norm_dim = mode == TpMode::btp ? 0 : -1;
-  for (int l = 0; l < c.num_layers; ++l) {
+  for (int l = first_layer_; l < end_layer_; ++l) {
     declare({layer_prefix(l) + ".input_layernorm.weight", {d}, ParamInit::ones, 0, false},
             norm_dim);
     declare({layer_prefix(l) + ".post_attention_layernorm.weight", {d}, ParamInit::ones, 0, false},
@@ -143,6 +159,7 @@ void LlamaModel::declare_parameters() {
         }
     }
   }
+  if (!stage_.last()) return;
   declare({"model.norm.weight", {d}, ParamInit::ones, 0, false}, -1);
   if (!c.tie_embeddings) declare({"lm_head.weight", {c.vocab_size, d}}, 0);
 }
@@ -151,11 +168,13 @@ void LlamaModel::bind_parameters() {
   const ModelConfig& c = config_;
   const TpMode mode = tp_.mode;
   const int64_t t = tp_.size();
-  embedding_ = params_.get("model.embed_tokens.weight");
-  final_norm_weight_ = params_.get("model.norm.weight");
-  lm_head_ = c.tie_embeddings ? embedding_ : params_.get("lm_head.weight");
-  final_norm_.weight = final_norm_weight_;
-  final_norm_.eps = c.rms_norm_eps;
+  if (stage_.first()) embedding_ = params_.get("model.embed_tokens.weight");
+  if (stage_.last()) {
+    final_norm_weight_ = params_.get("model.norm.weight");
+    lm_head_ = c.tie_embeddings ? embedding_ : params_.get("lm_head.weight");
+    final_norm_.weight = final_norm_weight_;
+    final_norm_.eps = c.rms_norm_eps;
+  }
   const bool heads_split = mode != TpMode::vanilla;
   BlockDims dims;
   dims.d = c.hidden_size;
@@ -168,9 +187,9 @@ void LlamaModel::bind_parameters() {
   dims.dff = heads_split ? c.intermediate_size / t : c.intermediate_size;
   dims.rope_theta = c.rope_theta;
   dims.gate_act = c.gate_act();
-  blocks_.resize(c.num_layers);
-  for (int l = 0; l < c.num_layers; ++l) {
-    TpBlock& b = blocks_[l];
+  blocks_.resize(size_t(end_layer_ - first_layer_));
+  for (int l = first_layer_; l < end_layer_; ++l) {
+    TpBlock& b = blocks_[size_t(l - first_layer_)];
     b.dims = dims;
     const Param norm1 = params_.get(layer_prefix(l) + ".input_layernorm.weight");
     const Param norm2 = params_.get(layer_prefix(l) + ".post_attention_layernorm.weight");
@@ -209,35 +228,47 @@ void LlamaModel::bind_parameters() {
   }
 }
 
-void LlamaModel::allocate_activations(int64_t batch, int64_t seq) {
+void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots) {
   const ModelConfig& c = config_;
   BOTTLE_CHECK(batch > 0 && seq > 0, "micro-batch {} x sequence {} must be positive", batch, seq);
   BOTTLE_CHECK(seq <= c.max_seq_len, "sequence length {} exceeds the model's max_seq_len {}", seq,
                c.max_seq_len);
+  BOTTLE_CHECK(slots >= 1, "{} micro-batch slots", slots);
   batch_ = batch;
   seq_ = seq;
   activations_ = std::make_unique<Arena>(MemoryTag::activations);
   Arena& a = *activations_;
   const int64_t n = batch * seq, d = c.hidden_size, v_local = c.vocab_size / tp_.size();
+  const int64_t d_res = tp_.mode == TpMode::btp ? d / tp_.size() : d;
   for (TpBlock& b : blocks_) {
     b.dims.batch = batch;
     b.dims.seq = seq;
   }
-  const int64_t d_res = blocks_.empty() ? d : blocks_[0].dims.d_res;
-  residual_.clear();
-  for (int l = 0; l <= c.num_layers; ++l) residual_.push_back(a.alloc({n, d_res}));
-  for (TpBlock& b : blocks_) allocate_block(a, tp_, b);
-  final_norm_.allocate_activations(a, n, d);
-  if (tp_.mode == TpMode::btp) {
-    whole_ = a.alloc({n, d});
-    gather_scratch_ = a.alloc({n * d});
+  slots_.assign(size_t(slots), Slot{});
+  for (Slot& slot : slots_) {
+    slot.blocks = blocks_;  // shares the parameters; the activations are the slot's own
+    for (size_t i = 0; i <= blocks_.size(); ++i) slot.residual.push_back(a.alloc({n, d_res}));
+    for (TpBlock& b : slot.blocks) allocate_block(a, tp_, b);
+    if (tp_.mode == TpMode::btp && (stage_.first() || stage_.last())) slot.whole = a.alloc({n, d});
+    if (stage_.last()) {
+      slot.final_norm = final_norm_;
+      slot.final_norm.allocate_activations(a, n, d);
+      slot.logits = a.alloc({n, v_local});
+      slot.loss.allocate_activations(a, n);
+    } else {
+      slot.output_grad = a.alloc({n, d_res});
+    }
+    if (!stage_.first()) slot.input_grad = a.alloc({n, d_res});
   }
-  logits_ = a.alloc({n, v_local});
-  loss_.allocate_activations(a, n);
-  if (!blocks_.empty()) allocate_block_gradients(a, tp_, blocks_[0], grad_);
-  dlogits_ = a.alloc({n, v_local});
-  dfinal_ = a.alloc({n, d});
-  whole_grad_ = a.alloc({n, d});
+  if (tp_.mode == TpMode::btp) gather_scratch_ = a.alloc({n * d});
+  if (!blocks_.empty()) allocate_block_gradients(a, tp_, slots_[0].blocks[0], grad_);
+  if (stage_.last()) {
+    dlogits_ = a.alloc({n, v_local});
+    dfinal_ = a.alloc({n, d});
+    whole_grad_ = a.alloc({n, d});
+  } else if (stage_.first() && tp_.mode == TpMode::btp) {
+    whole_grad_ = a.alloc({n, d});
+  }
 }
 
 void LlamaModel::check_tokens(Tensor tokens, const char* what) const {
@@ -245,71 +276,103 @@ void LlamaModel::check_tokens(Tensor tokens, const char* what) const {
   const int32_t* id = tokens.i32();
   for (int64_t i = 0; i < tokens.numel(); ++i)
     BOTTLE_CHECK(id[i] >= 0 && id[i] < config_.vocab_size,
-                 "{}: token id {} at position {} is outside the vocabulary [0, {})", what, id[i], i,
-                 config_.vocab_size);
+                 "{}: token id {} at position {} is outside the vocabulary [0, {})", what, id[i],
+                 i, config_.vocab_size);
 }
 
-Tensor LlamaModel::forward_logits(Backend& be, Tensor tokens) {
+Tensor LlamaModel::stage_input(int slot) const { return slots_[size_t(slot)].residual.front(); }
+Tensor LlamaModel::stage_output(int slot) const { return slots_[size_t(slot)].residual.back(); }
+Tensor LlamaModel::stage_output_grad(int slot) const { return slots_[size_t(slot)].output_grad; }
+Tensor LlamaModel::stage_input_grad(int slot) const { return slots_[size_t(slot)].input_grad; }
+
+float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets) {
   BOTTLE_CHECK(activations_, "forward before allocate_activations");
-  check_tokens(tokens, "tokens");
+  BOTTLE_CHECK(slot_index >= 0 && slot_index < int(slots_.size()), "micro-batch slot {} of {}",
+               slot_index, slots_.size());
+  Slot& s = slots_[size_t(slot_index)];
   const int64_t first = vocab_first();
-  if (embedding_hidden_split_) {
-    be.embedding_forward(residual_[0], tokens, embedding_.value);  // [N, d/t], no communication
-  } else if (tp_.mode == TpMode::btp) {
-    vocab_parallel_embedding_forward(be, tp_, whole_, tokens, embedding_.value, first,
-                                     "vocab.fwd.embedding");
-    scatter_last_dim(tp_, residual_[0], whole_);
-  } else {
-    vocab_parallel_embedding_forward(be, tp_, residual_[0], tokens, embedding_.value, first,
-                                     "vocab.fwd.embedding");
+  if (stage_.first()) {
+    check_tokens(tokens, "tokens");
+    if (embedding_hidden_split_) {
+      be.embedding_forward(s.residual[0], tokens, embedding_.value);  // [N, d/t], no comm
+    } else if (tp_.mode == TpMode::btp) {
+      vocab_parallel_embedding_forward(be, tp_, s.whole, tokens, embedding_.value, first,
+                                       "vocab.fwd.embedding");
+      scatter_last_dim(tp_, s.residual[0], s.whole);
+    } else {
+      vocab_parallel_embedding_forward(be, tp_, s.residual[0], tokens, embedding_.value, first,
+                                       "vocab.fwd.embedding");
+    }
   }
-  for (int l = 0; l < config_.num_layers; ++l)
-    block_forward(be, tp_, blocks_[l], l ? &blocks_[l - 1] : nullptr, residual_[l],
-                  residual_[l + 1]);
-  Tensor last = residual_.back();
+  for (size_t i = 0; i < s.blocks.size(); ++i)
+    block_forward(be, tp_, s.blocks[i], i ? &s.blocks[i - 1] : nullptr, s.residual[i],
+                  s.residual[i + 1]);
+  if (!stage_.last()) return 0.0f;
+  Tensor last = s.residual.back();
   if (tp_.mode == TpMode::btp) {
     // The residual stream is gathered once, at the end of the model.
-    gather_last_dim(tp_, whole_, last, gather_scratch_, "model.fwd.final_gather");
-    last = whole_;
+    gather_last_dim(tp_, s.whole, last, gather_scratch_, "model.fwd.final_gather");
+    last = s.whole;
   }
-  final_norm_.forward(be, last);
+  s.final_norm.forward(be, last);
   // copy_to(final norm output): forward identity; the LM head is split by vocabulary.
-  linear_forward(be, logits_, final_norm_.out, lm_head_.value);
-  return logits_;
-}
-
-float LlamaModel::forward(Backend& be, Tensor tokens, Tensor targets) {
+  linear_forward(be, s.logits, s.final_norm.out, lm_head_.value);
+  if (targets.empty()) return 0.0f;
   check_tokens(targets, "targets");
-  forward_logits(be, tokens);
-  return loss_.forward(be, tp_, logits_, targets, vocab_first());
+  return s.loss.forward(be, tp_, s.logits, targets, first);
 }
 
-void LlamaModel::backward(Backend& be, Tensor tokens, Tensor targets, float loss_scale) {
+void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
+                                float loss_scale) {
+  Slot& s = slots_[size_t(slot_index)];
   const int64_t n = batch_ * seq_;
   const int64_t first = vocab_first();
-  be.fill_zero(dlogits_);
-  loss_.backward(be, dlogits_, logits_, targets, first, loss_scale / float(n));
-  linear_backward(be, dfinal_, lm_head_.grad, dlogits_, final_norm_.out, lm_head_.value,
-                  /*accumulate_dx=*/false);
-  copy_to_backward(tp_, dfinal_, "vocab.bwd.lm_head_in");
-  Tensor last = tp_.mode == TpMode::btp ? whole_ : residual_.back();
-  be.fill_zero(whole_grad_);
-  final_norm_.backward(be, whole_grad_, dfinal_, last);
-  if (tp_.mode == TpMode::btp)
-    scatter_last_dim(tp_, grad_.residual, whole_grad_);
-  else
-    std::memcpy(grad_.residual.data, whole_grad_.data, whole_grad_.nbytes());
-  for (int l = config_.num_layers - 1; l >= 0; --l)
-    block_backward(be, tp_, blocks_[l], l ? &blocks_[l - 1] : nullptr, residual_[l], grad_);
+  if (stage_.last()) {
+    be.fill_zero(dlogits_);
+    s.loss.backward(be, dlogits_, s.logits, targets, first, loss_scale / float(n));
+    linear_backward(be, dfinal_, lm_head_.grad, dlogits_, s.final_norm.out, lm_head_.value,
+                    /*accumulate_dx=*/false);
+    copy_to_backward(tp_, dfinal_, "vocab.bwd.lm_head_in");
+    Tensor last = tp_.mode == TpMode::btp ? s.whole : s.residual.back();
+    be.fill_zero(whole_grad_);
+    s.final_norm.backward(be, whole_grad_, dfinal_, last);
+    if (tp_.mode == TpMode::btp)
+      scatter_last_dim(tp_, grad_.residual, whole_grad_);
+    else
+      std::memcpy(grad_.residual.data, whole_grad_.data, whole_grad_.nbytes());
+  } else {
+    std::memcpy(grad_.residual.data, s.output_grad.data, s.output_grad.nbytes());
+  }
+  for (size_t i = s.blocks.size(); i-- > 0;)
+    block_backward(be, tp_, s.blocks[i], i ? &s.blocks[i - 1] : nullptr, s.residual[i], grad_);
+  if (!stage_.first()) {
+    std::memcpy(s.input_grad.data, grad_.residual.data, grad_.residual.nbytes());
+    return;
+  }
   if (embedding_hidden_split_) {
     be.embedding_backward(embedding_.grad, tokens, grad_.residual);
   } else if (tp_.mode == TpMode::btp) {
-    gather_last_dim(tp_, whole_grad_, grad_.residual, gather_scratch_,
-                    "model.bwd.embedding_gather");
+    gather_last_dim(tp_, whole_grad_, grad_.residual, gather_scratch_, "model.bwd.embedding_gather");
     vocab_parallel_embedding_backward(be, embedding_.grad, tokens, whole_grad_, first);
   } else {
     vocab_parallel_embedding_backward(be, embedding_.grad, tokens, grad_.residual, first);
   }
+}
+
+Tensor LlamaModel::forward_logits(Backend& be, Tensor tokens) {
+  BOTTLE_CHECK(stage_.stages == 1, "forward_logits needs the whole model on this rank");
+  forward_stage(be, 0, tokens, Tensor{});
+  return slots_[0].logits;
+}
+
+float LlamaModel::forward(Backend& be, Tensor tokens, Tensor targets) {
+  BOTTLE_CHECK(stage_.stages == 1, "forward needs the whole model on this rank (pipeline: "
+               "forward_stage)");
+  return forward_stage(be, 0, tokens, targets);
+}
+
+void LlamaModel::backward(Backend& be, Tensor tokens, Tensor targets, float loss_scale) {
+  backward_stage(be, 0, tokens, targets, loss_scale);
 }
 
 double LlamaModel::grad_sum_squares(Backend& be, int64_t begin, int64_t end) const {

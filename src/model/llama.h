@@ -1,8 +1,10 @@
 #pragma once
-// The LLaMA model of one tensor-parallel rank: embedding, L blocks, final RMSNorm, LM head
-// and loss, with explicit forward and backward over activation buffers allocated once per
-// micro-batch shape. With one rank it is the serial model; with t ranks each holds the
-// slices its TP mode gives it (parallel/tp_block.h) and the collectives run inside.
+// The LLaMA model of one tensor-parallel rank of one pipeline stage: embedding (first
+// stage), its contiguous share of the L blocks, final RMSNorm, LM head and loss (last
+// stage), with explicit forward and backward over activation buffers allocated once per
+// micro-batch shape, one set per micro-batch a schedule keeps in flight. With one rank it
+// is the serial model; with t TP ranks each holds the slices its TP mode gives it
+// (parallel/tp_block.h) and the collectives run inside.
 #include <memory>
 #include <vector>
 
@@ -19,6 +21,16 @@ namespace bottle {
 
 // full for a full-rank model, else btp.
 TpMode default_tp_mode(const ModelConfig& config);
+
+// This rank's pipeline stage: blocks [first_layer, end_layer) of the balanced split of L
+// blocks over `stages` (DESIGN §4).
+struct PipelineStage {
+  int stages = 1, stage = 0;
+  bool first() const { return stage == 0; }
+  bool last() const { return stage == stages - 1; }
+  int first_layer(int layers) const { return layers * stage / stages; }
+  int end_layer(int layers) const { return layers * (stage + 1) / stages; }
+};
 // Fails, naming the key, when `mode` does not fit the model or `tp` does not divide a
 // dimension the mode splits. `key_prefix` + "tp" or "tp_mode" names the key ("parallel.",
 // or "FILE: key 'parallel." from a configuration file).
@@ -30,7 +42,9 @@ class LlamaModel {
   // tp.comm null: one rank. Fails naming the problem when tp.mode does not fit the model or
   // tp's size does not divide a dimension it splits.
   // pad_parameters_to: the flat parameter buffers' size is a multiple of it (ZeRO-1 shards).
-  explicit LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to = 1);
+  // stage: this rank's share of a pipeline (the whole model by default).
+  explicit LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to = 1,
+                      PipelineStage stage = {});
   explicit LlamaModel(const ModelConfig& config);
 
   const ModelConfig& config() const { return config_; }
@@ -39,10 +53,24 @@ class LlamaModel {
   const ParameterStore& parameters() const { return params_; }
   void init_weights(uint64_t seed) { params_.initialize(seed); }
 
-  // Buffers for micro-batches of `batch` rows of `seq` tokens.
-  void allocate_activations(int64_t batch, int64_t seq);
+  const PipelineStage& stage() const { return stage_; }
+
+  // Buffers for `slots` micro-batches in flight of `batch` rows of `seq` tokens.
+  void allocate_activations(int64_t batch, int64_t seq, int slots = 1);
   int64_t batch() const { return batch_; }
   int64_t seq() const { return seq_; }
+
+  // One pipeline stage's share of a micro-batch held in `slot`. A first stage embeds the
+  // tokens, others read stage_input(slot) (the previous stage's output); a last stage
+  // returns the micro-batch's mean loss, others 0. backward_stage starts from the loss
+  // (last stage) or from stage_output_grad(slot), and leaves ∂/∂input in
+  // stage_input_grad(slot) (not on the first stage, which finishes in the embedding).
+  float forward_stage(Backend& be, int slot, Tensor tokens, Tensor targets);
+  void backward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, float loss_scale);
+  Tensor stage_input(int slot) const;        // [N, d_res]
+  Tensor stage_output(int slot) const;       // [N, d_res]
+  Tensor stage_output_grad(int slot) const;  // [N, d_res]
+  Tensor stage_input_grad(int slot) const;   // [N, d_res]
 
   // tokens: i32 [B, S]. Returns this rank's logits [B·S, V/t] (vocabulary columns
   // [vocab_first(), vocab_first() + V/t)).
@@ -53,7 +81,7 @@ class LlamaModel {
   void backward(Backend& be, Tensor tokens, Tensor targets, float loss_scale = 1.0f);
   void zero_grad(Backend& be) { be.fill_zero(params_.grads()); }
 
-  Tensor logits() const { return logits_; }  // [B·S, V/t] of the last forward
+  Tensor logits() const { return slots_[0].logits; }  // [B·S, V/t] of the last forward
   size_t activation_bytes() const { return activations_ ? activations_->bytes() : 0; }
   int64_t vocab_first() const { return tp_.offset(config_.vocab_size); }
 
@@ -71,22 +99,33 @@ class LlamaModel {
   void bind_parameters();
   void check_tokens(Tensor tokens, const char* what) const;
 
+  // The activations of one micro-batch in flight.
+  struct Slot {
+    std::vector<TpBlock> blocks;     // this stage's blocks, bound to the shared parameters
+    std::vector<Tensor> residual;    // blocks+1 x [N, d_res]: each block's input, then output
+    Tensor whole;                    // [N, d] btp: the gathered residual (embedding, final norm)
+    RMSNorm final_norm;              // last stage
+    Tensor logits;                   // [N, V/t] last stage
+    VocabParallelCrossEntropy loss;  // last stage
+    Tensor output_grad;              // [N, d_res] ∂loss/∂output, from the next stage
+    Tensor input_grad;               // [N, d_res] ∂loss/∂input, for the previous stage
+  };
+
   ModelConfig config_;
   TensorParallel tp_;
+  PipelineStage stage_;
+  int first_layer_ = 0, end_layer_ = 0;
   ParameterStore params_;
   Param embedding_, final_norm_weight_, lm_head_;
   bool embedding_hidden_split_ = false;  // btp, untied: [V, d/t], no communication
-  std::vector<TpBlock> blocks_;
+  std::vector<TpBlock> blocks_;          // bound to the parameters; copied into each slot
   RMSNorm final_norm_;
-  VocabParallelCrossEntropy loss_;
 
   int64_t batch_ = 0, seq_ = 0;
   std::unique_ptr<Arena> activations_;
-  std::vector<Tensor> residual_;  // L+1 x [N, d_res]: the input of each block, then the output
-  Tensor whole_;                  // [N, d] btp: the gathered residual (embedding, final norm)
-  Tensor whole_grad_;             // [N, d] ∂/∂(final norm input, whole)
-  Tensor gather_scratch_;         // [N·d] btp
-  Tensor logits_;                 // [N, V/t]
+  std::vector<Slot> slots_;
+  Tensor whole_grad_;      // [N, d] ∂/∂(final norm input, whole)
+  Tensor gather_scratch_;  // [N·d] btp
   BlockGradients grad_;
   Tensor dlogits_;  // [N, V/t]
   Tensor dfinal_;   // [N, d] ∂/∂(final norm output)
