@@ -62,8 +62,9 @@ class Communicator {
   // Blocking point-to-point. Matching send/recv pairs must use the same tag.
   virtual void send(Tensor x, int dest, int tag, std::string_view site) = 0;
   virtual void recv(Tensor x, int source, int tag, std::string_view site) = 0;
-  // A send that returns at once (pipeline schedules: sends never wait, so only receives
-  // order the stages). x must stay untouched until wait_sends() returns.
+  // A send that returns at once and never waits for its receiver (pipeline schedules: only
+  // receives order the stages). x is copied, so the caller may reuse it at once; the copies
+  // are released by wait_sends().
   virtual void send_async(Tensor x, int dest, int tag, std::string_view site) = 0;
   virtual void wait_sends() = 0;
   virtual void barrier() = 0;

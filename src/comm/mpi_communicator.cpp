@@ -191,8 +191,12 @@ void MpiCommunicator::send_async(Tensor x, int dest, int tag, std::string_view s
                site, name_, rank_, dest, tag, size_ - 1);
   const int count = checked_count(x, "send", site, name_);
   const auto start = Clock::now();
+  const char* bytes = static_cast<const char*>(x.data);
+  pending_buffers_.emplace_back(bytes, bytes + x.nbytes());
   MPI_Request request;
-  check(MPI_Isend(x.data, count, mpi_type(x.dtype), dest, tag, comm_, &request), "MPI_Isend", site);
+  check(MPI_Isend(pending_buffers_.back().data(), count, mpi_type(x.dtype), dest, tag, comm_,
+                  &request),
+        "MPI_Isend", site);
   pending_sends_.push_back(request);
   stats_.record(Collective::send, site, x.numel(), seconds_since(start));
 }
@@ -203,6 +207,7 @@ void MpiCommunicator::wait_sends() {
   check(MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(), MPI_STATUSES_IGNORE),
         "MPI_Waitall", "wait_sends");
   pending_sends_.clear();
+  pending_buffers_.clear();
   stats_.record(Collective::send, "wait_sends", 0, seconds_since(start));
 }
 

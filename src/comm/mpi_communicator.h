@@ -47,6 +47,7 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::vector<MPI_Request> pending_sends_;
+  std::vector<std::vector<char>> pending_buffers_;  // send_async's copies
 };
 
 }  // namespace bottle

@@ -3,6 +3,8 @@
 #include <fmt/ranges.h>
 
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <span>
 
 namespace bottle {
@@ -41,21 +43,105 @@ void read_parameter_slice(const SafeTensorsReader& reader, const std::string& na
   for (int64_t j = 0; j < n; ++j) local[j] = whole[spec.global_index(j)];
 }
 
-void save_model(const LlamaModel& model, const std::string& dir) {
-  Communicator* tp = model.tensor_parallel().comm;
-  const bool writer = !tp || tp->rank() == 0;
-  const ParameterStore& params = model.parameters();
+std::string shard_file_name(const std::string& stem, const PipelineStage& stage) {
+  if (stage.stages == 1) return stem + ".safetensors";
+  return fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, stage.stage + 1, stage.stages);
+}
+
+std::string index_file_name(const std::string& stem) { return stem + ".safetensors.index.json"; }
+
+void write_gathered(const std::string& path, const ParameterStore& params, Communicator* tp,
+                    const std::vector<std::pair<std::string, const float*>>& sources,
+                    const std::map<std::string, std::string>& metadata) {
   std::vector<std::vector<float>> whole;
-  for (size_t i = 0; i < params.specs().size(); ++i)
-    whole.push_back(gather_parameter(params.specs()[i], params.at(i).value.f32(), tp));
-  if (!writer || dir.empty()) return;
-  fs::create_directories(dir);
-  write_hf_config(model.config(), (fs::path(dir) / kConfigFile).string());
+  std::vector<std::pair<std::string, Shape>> names;
+  for (const auto& [prefix, flat] : sources)
+    for (const ParamSpec& spec : params.specs()) {
+      whole.push_back(gather_parameter(spec, flat + spec.offset, tp));
+      names.push_back({prefix + spec.name, spec.full_shape});
+    }
+  if (tp && tp->rank() != 0) return;
   std::vector<NamedTensor> tensors;
-  for (size_t i = 0; i < params.specs().size(); ++i)
-    tensors.push_back(
-        {params.specs()[i].name, Tensor{whole[i].data(), params.specs()[i].full_shape}});
-  write_safetensors((fs::path(dir) / kWeightsFile).string(), tensors, {{"format", "pt"}});
+  for (size_t i = 0; i < whole.size(); ++i)
+    tensors.push_back({names[i].first, Tensor{whole[i].data(), names[i].second}});
+  write_safetensors(path, tensors, metadata);
+}
+
+void write_shard_index(const std::string& dir, const std::string& stem) {
+  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
+  uint64_t total = 0;
+  std::vector<fs::path> files;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(stem + "-", 0) == 0 && e.path().extension() == ".safetensors")
+      files.push_back(e.path());
+  }
+  std::sort(files.begin(), files.end());
+  for (const fs::path& file : files) {
+    const SafeTensorsReader reader(file.string());
+    for (const auto& [name, entry] : reader.entries()) {
+      weight_map[name] = file.filename().string();
+      total += entry.end - entry.begin;
+    }
+  }
+  const nlohmann::ordered_json index{{"metadata", {{"total_size", total}}},
+                                     {"weight_map", weight_map}};
+  std::ofstream out(fs::path(dir) / index_file_name(stem));
+  out << index.dump(2) << "\n";
+  BOTTLE_CHECK(out, "{}: write failed", (fs::path(dir) / index_file_name(stem)).string());
+}
+
+ShardedReader::ShardedReader(const std::string& dir, const std::string& stem)
+    : dir_(dir), stem_(stem) {
+  const fs::path single = fs::path(dir) / (stem + ".safetensors");
+  if (fs::exists(single)) return;
+  const fs::path index = fs::path(dir) / index_file_name(stem);
+  BOTTLE_CHECK(fs::exists(index), "{}: neither {} nor {} exists", dir, single.filename().string(),
+               index.filename().string());
+  std::ifstream in(index);
+  try {
+    const nlohmann::json j = nlohmann::json::parse(in);
+    for (const auto& [name, file] : j.at("weight_map").items())
+      weight_map_[name] = file.get<std::string>();
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}: not a safetensors index: {}", index.string(), e.what());
+  }
+}
+
+const SafeTensorsReader& ShardedReader::reader_for(const std::string& tensor) const {
+  std::string file = stem_ + ".safetensors";
+  if (!weight_map_.empty()) {
+    const auto it = weight_map_.find(tensor);
+    BOTTLE_CHECK(it != weight_map_.end(), "{}: tensor '{}' is in no file of {}", dir_, tensor,
+                 index_file_name(stem_));
+    file = it->second;
+  }
+  auto& reader = readers_[file];
+  if (!reader) reader = std::make_unique<SafeTensorsReader>((fs::path(dir_) / file).string());
+  return *reader;
+}
+
+std::vector<std::string> ShardedReader::names() const {
+  std::vector<std::string> out;
+  if (weight_map_.empty()) {
+    for (const auto& [name, entry] : reader_for("").entries()) out.push_back(name);
+  } else {
+    for (const auto& [name, file] : weight_map_) out.push_back(name);
+  }
+  return out;
+}
+
+void save_model(const LlamaModel& model, const std::string& dir) {
+  BOTTLE_CHECK(model.stage().stages == 1,
+               "save_model writes a whole model; a pipeline stage writes its shard "
+               "(CheckpointStore)");
+  Communicator* tp = model.tensor_parallel().comm;
+  if (!tp || tp->rank() == 0) {
+    fs::create_directories(dir);
+    write_hf_config(model.config(), (fs::path(dir) / kConfigFile).string());
+  }
+  write_gathered((fs::path(dir) / kWeightsFile).string(), model.parameters(), tp,
+                 {{"", model.parameters().values().f32()}}, {{"format", "pt"}});
 }
 
 ModelConfig read_model_config(const std::string& dir) {
@@ -64,15 +150,18 @@ ModelConfig read_model_config(const std::string& dir) {
 }
 
 void load_model_weights(LlamaModel& model, const std::string& dir) {
-  const SafeTensorsReader reader((fs::path(dir) / kWeightsFile).string());
+  const ShardedReader files(dir, "model");
   const ParameterStore& params = model.parameters();
-  for (const auto& [name, entry] : reader.entries())
-    BOTTLE_CHECK(params.contains(name),
-                 "{}: unexpected tensor '{}' (not a parameter of the model {} describes)",
-                 reader.path(), name, kConfigFile);
-  for (size_t i = 0; i < params.specs().size(); ++i)
-    read_parameter_slice(reader, params.specs()[i].name, params.specs()[i],
-                         params.at(i).value.f32());
+  // A model on one stage holds every parameter: anything else in the files is foreign.
+  if (model.stage().stages == 1)
+    for (const std::string& name : files.names())
+      BOTTLE_CHECK(params.contains(name),
+                   "{}: unexpected tensor '{}' (not a parameter of the model {} describes)",
+                   files.reader_for(name).path(), name, kConfigFile);
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    const std::string& name = params.specs()[i].name;
+    read_parameter_slice(files.reader_for(name), name, params.specs()[i], params.at(i).value.f32());
+  }
 }
 
 std::unique_ptr<LlamaModel> load_model(const std::string& dir) {

@@ -1,8 +1,11 @@
 #pragma once
 // The HF-compatible model directory (DESIGN §7): config.json + model.safetensors, names and
 // [out, in] layout as HF LLaMA. Those two files alone are a complete model.
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/safetensors.h"
 #include "model/llama.h"
@@ -24,6 +27,36 @@ ModelConfig read_model_config(const std::string& dir);
 void load_model_weights(LlamaModel& model, const std::string& dir);
 // Both of the above.
 std::unique_ptr<LlamaModel> load_model(const std::string& dir);
+
+// A pipeline stage's share of a checkpoint: "STEM.safetensors" with one stage, else HF's
+// sharded name "STEM-0000s-of-0000S.safetensors" (s from 1), listed by the index file
+// "STEM.safetensors.index.json" ({"weight_map": {tensor: file}}).
+std::string shard_file_name(const std::string& stem, const PipelineStage& stage);
+std::string index_file_name(const std::string& stem);
+
+// Writes this rank's parameter-shaped tensors, gathered over the TP group: for each
+// (prefix, flat buffer laid out like params.values()), one tensor `prefix + name` per
+// parameter. Every rank of the TP group calls it; its rank 0 writes `path`.
+void write_gathered(const std::string& path, const ParameterStore& params, Communicator* tp,
+                    const std::vector<std::pair<std::string, const float*>>& sources,
+                    const std::map<std::string, std::string>& metadata);
+// Writes STEM.safetensors.index.json in `dir` from the headers of its STEM-*-of-* files.
+void write_shard_index(const std::string& dir, const std::string& stem);
+
+// The tensors of a checkpoint directory stored as STEM.safetensors or as shards with an
+// index: finds the file holding each tensor.
+class ShardedReader {
+ public:
+  ShardedReader(const std::string& dir, const std::string& stem);
+  const SafeTensorsReader& reader_for(const std::string& tensor) const;
+  // Every tensor name (to reject unexpected ones).
+  std::vector<std::string> names() const;
+
+ private:
+  std::string dir_, stem_;
+  std::map<std::string, std::string> weight_map_;  // empty: one file
+  mutable std::map<std::string, std::unique_ptr<SafeTensorsReader>> readers_;
+};
 
 // The whole of a parameter-shaped tensor whose slice this rank holds at `local` (every rank
 // of the TP group calls it and gets the whole).

@@ -59,73 +59,68 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
                                   Communicator* world) {
   const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
   const fs::path final_dir = fs::path(folder_) / name;
-  // Under tensor parallelism the slices are gathered and one rank writes the one model;
-  // ZeRO-1's moment shards are gathered over the DP group first.
-  Communicator* tp = model.tensor_parallel().comm;
-  const ParameterStore& params = model.parameters();
+  // Every rank knows the temporary directory's name; world rank 0 owns it.
+  const fs::path temp = fs::path(folder_) / fmt::format("{}{}", kTempPrefix, name);
+  const bool leader = !world || world->rank() == 0;
+  auto barrier = [&] {
+    if (world) world->barrier();
+  };
+  if (leader) {
+    fs::create_directories(folder_);
+    // Clear what an interrupted earlier write left behind.
+    for (const auto& e : fs::directory_iterator(folder_))
+      if (e.path().filename().string().rfind(kTempPrefix, 0) == 0) fs::remove_all(e.path());
+    fs::create_directories(temp);
+    write_hf_config(model.config(), (temp / kConfigFile).string());
+    fsync_path(temp / kConfigFile);
+  }
+  barrier();
+  // Each pipeline stage writes its own shard: the TP slices are gathered to the stage's TP
+  // rank 0 (and ZeRO-1's moment shards over the DP group); DP replicas write nothing.
   Arena moments_arena(MemoryTag::comm);
+  const ParameterStore& params = model.parameters();
   const Tensor m = moments_arena.alloc(params.values().shape),
                v = moments_arena.alloc(params.values().shape);
   optimizer.gather_moments(m, v, dp);
-  const bool writer = (!tp || tp->rank() == 0) && (!dp || dp->rank() == 0);
-  auto done = [&] {
-    if (world) world->barrier();  // every rank returns once the checkpoint is complete
-    return final_dir.string();
-  };
-  if (dp && dp->rank() != 0) return done();  // the DP replicas hold the same model
-  std::vector<std::vector<float>> moments_whole;
-  for (const ParamSpec& spec : params.specs()) {
-    moments_whole.push_back(gather_parameter(spec, m.f32() + spec.offset, tp));
-    moments_whole.push_back(gather_parameter(spec, v.f32() + spec.offset, tp));
+  if (!dp || dp->rank() == 0) {
+    Communicator* tp = model.tensor_parallel().comm;
+    const fs::path weights = temp / shard_file_name("model", model.stage());
+    write_gathered(weights.string(), params, tp, {{"", params.values().f32()}},
+                   {{"format", "pt"}});
+    if (!tp || tp->rank() == 0) fsync_path(weights);
+    failpoint(2);
+    const fs::path moments = temp / shard_file_name("optimizer", model.stage());
+    write_gathered(moments.string(), params, tp, {{"exp_avg/", m.f32()}, {"exp_avg_sq/", v.f32()}},
+                   {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
+    if (!tp || tp->rank() == 0) fsync_path(moments);
+    failpoint(3);
   }
-  if (!writer) {
-    save_model(model, "");  // takes part in the gathers; writes nothing
-    return done();
+  barrier();
+  if (leader) {
+    if (model.stage().stages > 1) {
+      write_shard_index(temp.string(), "model");
+      write_shard_index(temp.string(), "optimizer");
+    }
+    {
+      std::ofstream out(temp / kTrainerStateFile, std::ios::trunc);
+      out << state.dump(2) << "\n";
+      out.flush();
+      BOTTLE_CHECK(out, "{}: write failed", (temp / kTrainerStateFile).string());
+    }
+    fsync_path(temp / kTrainerStateFile);
+    fsync_path(temp);
+    failpoint(4);
+    // Re-saving a step (a resumed run that ends where it started) replaces it atomically too.
+    const fs::path old = fs::path(folder_) / fmt::format("{}old-{}", kTempPrefix, name);
+    if (fs::exists(final_dir)) fs::rename(final_dir, old);
+    fs::rename(temp, final_dir);
+    fsync_path(folder_);
+    if (fs::exists(old)) fs::remove_all(old);
+    std::vector<std::string> all = list();
+    for (size_t i = 0; i + size_t(keep_) < all.size(); ++i) fs::remove_all(all[i]);
   }
-  fs::create_directories(folder_);
-  // Clear what an interrupted earlier write left behind.
-  for (const auto& e : fs::directory_iterator(folder_))
-    if (e.path().filename().string().rfind(kTempPrefix, 0) == 0) fs::remove_all(e.path());
-  const fs::path temp = fs::path(folder_) / fmt::format("{}{}-{}", kTempPrefix, name, ::getpid());
-  fs::create_directories(temp);
-
-  save_model(model, temp.string());
-  fsync_path(temp / kConfigFile);
-  fsync_path(temp / kWeightsFile);
-  failpoint(2);
-  std::vector<NamedTensor> moments;
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    const ParamSpec& spec = params.specs()[i];
-    moments.push_back(
-        {moment_name("exp_avg", spec.name), Tensor{moments_whole[2 * i].data(), spec.full_shape}});
-    moments.push_back({moment_name("exp_avg_sq", spec.name),
-                       Tensor{moments_whole[2 * i + 1].data(), spec.full_shape}});
-  }
-  write_safetensors((temp / kOptimizerFile).string(), moments,
-                    {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
-  fsync_path(temp / kOptimizerFile);
-  failpoint(3);
-  {
-    std::ofstream out(temp / kTrainerStateFile, std::ios::trunc);
-    out << state.dump(2) << "\n";
-    out.flush();
-    BOTTLE_CHECK(out, "{}: write failed", (temp / kTrainerStateFile).string());
-  }
-  fsync_path(temp / kTrainerStateFile);
-  fsync_path(temp);
-  failpoint(4);
-
-  // Re-saving a step (a resumed run that ends where it started) replaces it atomically too.
-  const fs::path old =
-      fs::path(folder_) / fmt::format("{}old-{}-{}", kTempPrefix, name, ::getpid());
-  if (fs::exists(final_dir)) fs::rename(final_dir, old);
-  fs::rename(temp, final_dir);
-  fsync_path(folder_);
-  if (fs::exists(old)) fs::remove_all(old);
-
-  std::vector<std::string> all = list();
-  for (size_t i = 0; i + size_t(keep_) < all.size(); ++i) fs::remove_all(all[i]);
-  return done();
+  barrier();  // every rank returns once the checkpoint is complete
+  return final_dir.string();
 }
 
 std::vector<std::string> CheckpointStore::list() const {
@@ -145,14 +140,16 @@ std::optional<std::string> CheckpointStore::latest() const {
 
 nlohmann::json CheckpointStore::load(const std::string& dir, LlamaModel& model, AdamW& optimizer) {
   load_model_weights(model, dir);
-  const SafeTensorsReader reader((fs::path(dir) / kOptimizerFile).string());
+  const ShardedReader files(dir, "optimizer");
   const ParameterStore& params = model.parameters();
   Arena moments_arena(MemoryTag::comm);
   const Tensor m = moments_arena.alloc(params.values().shape),
                v = moments_arena.alloc(params.values().shape);
   for (const ParamSpec& spec : params.specs()) {
-    read_parameter_slice(reader, moment_name("exp_avg", spec.name), spec, m.f32() + spec.offset);
-    read_parameter_slice(reader, moment_name("exp_avg_sq", spec.name), spec, v.f32() + spec.offset);
+    for (const auto& [which, flat] : {std::pair{"exp_avg", m}, std::pair{"exp_avg_sq", v}}) {
+      const std::string tensor = moment_name(which, spec.name);
+      read_parameter_slice(files.reader_for(tensor), tensor, spec, flat.f32() + spec.offset);
+    }
   }
   optimizer.load_moments(m, v);
   const fs::path state_path = fs::path(dir) / kTrainerStateFile;

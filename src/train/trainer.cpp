@@ -17,6 +17,7 @@
 #include "train/adamw.h"
 #include "train/checkpoint_store.h"
 #include "train/data_loader.h"
+#include "pipeline/executor.h"
 #include "train/data_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
@@ -59,16 +60,56 @@ std::string in_folder(const std::string& folder, const std::string& path) {
   return fs::path(path).is_absolute() ? path : (fs::path(folder) / path).string();
 }
 
+// One pipeline stage's share of a step: micro-batch m runs in activation slot m % slots,
+// which a schedule has freed by then (it keeps at most `slots` micro-batches alive).
+class TrainStageWork final : public StageWork {
+ public:
+  TrainStageWork(Backend& be, LlamaModel& model, int slots, const std::vector<Tensor>& inputs,
+                 const std::vector<Tensor>& targets, float loss_scale)
+      : be_(be), model_(model), slots_(slots), inputs_(inputs), targets_(targets),
+        loss_scale_(loss_scale) {}
+  void forward(int m) override {
+    loss_sum += model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m]);
+  }
+  void backward(int m) override {
+    model_.backward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_);
+  }
+  Tensor activation_in(int m) override { return model_.stage_input(m % slots_); }
+  Tensor activation_out(int m) override { return model_.stage_output(m % slots_); }
+  Tensor gradient_in(int m) override { return model_.stage_output_grad(m % slots_); }
+  Tensor gradient_out(int m) override { return model_.stage_input_grad(m % slots_); }
+  double loss_sum = 0.0;  // the last stage's: Σ over micro-batches of their mean loss
+
+ private:
+  Backend& be_;
+  LlamaModel& model_;
+  int slots_;
+  const std::vector<Tensor>& inputs_;
+  const std::vector<Tensor>& targets_;
+  float loss_scale_;
+};
+
+// Σ of a per-rank value over a group (null: the value itself).
+double sum_over(Communicator* group, double value, std::string_view site) {
+  if (!group || group->size() == 1) return value;
+  float v = float(value);
+  group->all_reduce(Tensor{&v, {1}}, ReduceOp::sum, site);
+  return v;
+}
+
 // Mean loss over the first `batches` validation batches, always the same ones.
-double evaluate(Backend& be, LlamaModel& model, TokenLoader& val, int64_t batches, Tensor inputs,
-                Tensor targets) {
+double evaluate(Backend& be, LlamaModel& model, Communicator* pp, TokenLoader& val,
+                int64_t batches, std::vector<Tensor>& inputs, std::vector<Tensor>& targets) {
   val.set_position(LoaderPosition{});
+  const PipelineStage& stage = model.stage();
   double total = 0.0;
   for (int64_t i = 0; i < batches; ++i) {
-    val.next(inputs.i32(), targets.i32());
-    total += model.forward(be, inputs, targets);
+    val.next(inputs[0].i32(), targets[0].i32());
+    TrainStageWork work(be, model, 1, inputs, targets, 0.0f);
+    run_pipeline(forward_only_schedule(stage.stages, stage.stage, 1), work, pp);
+    total += work.loss_sum;
   }
-  return total / double(batches);
+  return sum_over(pp, total, "pp.eval_loss") / double(batches);
 }
 
 // Token ids must fit the model; the error names the data rather than a kernel.
@@ -85,10 +126,6 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   const TrainingConfig& tc = config.training;
   BOTTLE_CHECK(!config.data.train.empty(),
                "{}: data.train is not set (a token shard, directory or glob)", options.config_path);
-  BOTTLE_CHECK(config.parallel.pp == 1,
-               "{}: parallel.pp > 1 is not available yet (tensor and data parallelism are: "
-               "parallel.tp, parallel.dp)",
-               options.config_path);
   BOTTLE_CHECK(tc.precision == Precision::fp32,
                "{}: training.precision = \"bf16\" is not available on the cpu backend yet",
                options.config_path);
@@ -104,10 +141,17 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   const int64_t B = tc.micro_batch_size, S = tc.seq_len;
 
   const int dp_size = int(config.parallel.dp);
+  const PipelineStage stage{int(config.parallel.pp), groups.pp_rank};
   LlamaModel model(
       config.model,
       TensorParallel{config.parallel.tp_mode, groups.tp.get(), config.parallel.grouping},
-      config.parallel.zero ? dp_size : 1);
+      config.parallel.zero ? dp_size : 1, stage);
+  Communicator* pp = groups.pp.get();
+  // The micro-batches of a step (gradient accumulation) go through the pipeline schedule.
+  const int micro_batches = int(tc.grad_accum_steps);
+  const std::vector<Action> actions =
+      pipeline_schedule(config.parallel.schedule, stage.stages, stage.stage, micro_batches);
+  const int slots = peak_in_flight(actions);
   DataParallel data_parallel(groups.dp.get(), model.parameters(), int(config.parallel.zero));
   AdamW optimizer(model.parameters(), config.adamw(), data_parallel.begin(), data_parallel.end());
   // Each DP rank reads every dp-th window: together they read what one process would.
@@ -153,7 +197,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   } else if (!options.resume) {
     model.init_weights(uint64_t(tc.seed));
   }
-  model.allocate_activations(B, S);
+  model.allocate_activations(B, S, slots);
 
   LrSchedule schedule{float(config.optimizer.lr), config.lr_scheduler.warmup_steps, tc.steps,
                       enum_name(config.lr_scheduler.decay),
@@ -180,8 +224,11 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       omp_get_max_threads(), peak_gflops));
 
   Arena batch_arena(MemoryTag::workspace);
-  Tensor inputs = batch_arena.alloc({B, S}, DType::i32),
-         targets = batch_arena.alloc({B, S}, DType::i32);
+  std::vector<Tensor> inputs, targets;  // per micro-batch [B, S]
+  for (int m = 0; m < micro_batches; ++m) {
+    inputs.push_back(batch_arena.alloc({B, S}, DType::i32));
+    targets.push_back(batch_arena.alloc({B, S}, DType::i32));
+  }
   auto state_json = [&](int64_t at_step) {
     return nlohmann::json{{"step", at_step},
                           {"optimizer_steps", optimizer.steps_taken()},
@@ -195,23 +242,25 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   while (step < tc.steps) {
     const auto t0 = std::chrono::steady_clock::now();
     model.zero_grad(*be);
-    double loss = 0.0;
-    for (int64_t micro = 0; micro < tc.grad_accum_steps; ++micro) {
-      loader.next(inputs.i32(), targets.i32());
-      check_vocabulary(inputs, config.model.vocab_size, config.data.train);
-      check_vocabulary(targets, config.model.vocab_size, config.data.train);
-      loss += model.forward(*be, inputs, targets);
-      model.backward(*be, inputs, targets, 1.0f / float(tc.grad_accum_steps));
+    for (int m = 0; m < micro_batches; ++m) {
+      loader.next(inputs[m].i32(), targets[m].i32());
+      check_vocabulary(inputs[m], config.model.vocab_size, config.data.train);
+      check_vocabulary(targets[m], config.model.vocab_size, config.data.train);
     }
-    loss /= double(tc.grad_accum_steps);
+    TrainStageWork work(*be, model, slots, inputs, targets, 1.0f / float(micro_batches));
+    run_pipeline(actions, work, pp);
+    // The loss lives on the last stage; every rank learns it.
+    double loss = sum_over(pp, work.loss_sum, "pp.loss") / double(micro_batches);
     data_parallel.reduce_gradients(*be);
     loss = data_parallel.sum(loss, "dp.loss") / dp_size;
-    const double grad_norm =
-        std::sqrt(data_parallel.zero()
-                      ? data_parallel.sum(
-                            model.grad_sum_squares(*be, data_parallel.begin(), data_parallel.end()),
-                            "dp.grad_norm")
-                      : model.grad_sum_squares(*be));
+    // Each stage holds its own parameters: their squared norms add up over the pipeline.
+    double sum_squares =
+        data_parallel.zero()
+            ? data_parallel.sum(
+                  model.grad_sum_squares(*be, data_parallel.begin(), data_parallel.end()),
+                  "dp.grad_norm")
+            : model.grad_sum_squares(*be);
+    const double grad_norm = std::sqrt(sum_over(pp, sum_squares, "pp.grad_norm"));
     const float lr = schedule.at(step);
     const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
     if (!finite && tc.on_nonfinite == OnNonfinite::stop)
@@ -248,7 +297,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                          {"skipped", !finite}});
     result.last_loss = loss;
     if (val && tc.eval_interval > 0 && (step % tc.eval_interval == 0 || step == tc.steps)) {
-      result.last_val_loss = evaluate(*be, model, *val, tc.eval_batches, inputs, targets);
+      result.last_val_loss = evaluate(*be, model, pp, *val, tc.eval_batches, inputs, targets);
       if (metrics) metrics->log_eval(step, result.last_val_loss);
     }
     // A signal may reach the ranks at different steps: they agree before acting on it.
