@@ -21,6 +21,9 @@ int main(int argc, char** argv) {
   commands[prepare] = bottle::add_prepare_command(*prepare);
   CLI::App* sample = app.add_subcommand("sample", "generate text from a model directory");
   commands[sample] = bottle::add_sample_command(*sample);
+  CLI::App* export_ = app.add_subcommand(
+      "export", "any checkpoint (sharded by a pipeline too) as one HF model directory");
+  commands[export_] = bottle::add_export_command(*export_);
   CLI::App* plot =
       app.add_subcommand("plot", "draw loss and learning rate of a metrics.jsonl as a PNG");
   commands[plot] = bottle::add_plot_command(*plot);

@@ -1,0 +1,31 @@
+// `bottle export`: any checkpoint (one file, or the shards a pipeline wrote with their
+// index) as the single HF-style model directory of DESIGN §7: config.json +
+// model.safetensors, loadable by LlamaForCausalLM (full-rank) and by every bottle command.
+#include <cstdio>
+#include <filesystem>
+
+#include "apps/commands.h"
+#include "model/checkpoint.h"
+
+namespace bottle {
+
+Command add_export_command(CLI::App& app) {
+  struct Options {
+    std::string checkpoint, out;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("--checkpoint", o->checkpoint, "checkpoint directory (any layout)")->required();
+  app.add_option("--out", o->out, "directory to write config.json + model.safetensors")
+      ->required();
+  return [o] {
+    BOTTLE_CHECK(std::filesystem::absolute(o->out) != std::filesystem::absolute(o->checkpoint),
+                 "export: --out must differ from --checkpoint ({})", o->checkpoint);
+    auto model = load_model(o->checkpoint);
+    save_model(*model, o->out);
+    std::printf("exported %s (%lld parameters) to %s\n", o->checkpoint.c_str(),
+                (long long)model->config().parameter_count(), o->out.c_str());
+    return 0;
+  };
+}
+
+}  // namespace bottle
