@@ -383,7 +383,7 @@ TEST_P(KilledCheckpoint, PreviousCheckpointSurvives) {
   expect_complete_checkpoint(folder + "/step_00000005");
   const std::vector<std::string> temps = entries_with_prefix(folder, ".tmp-");
   ASSERT_EQ(temps.size(), 1u);
-  EXPECT_EQ(temps[0].rfind(".tmp-step_00000010-", 0), 0u) << temps[0];
+  EXPECT_EQ(temps[0], ".tmp-step_00000010");  // one name every rank of a job knows
   // What the killed save had written: model directory, + moments (n >= 3), + state (n = 4).
   EXPECT_TRUE(fs::exists(fs::path(folder) / temps[0] / "model.safetensors"));
   EXPECT_EQ(fs::exists(fs::path(folder) / temps[0] / "optimizer.safetensors"), n >= 3);

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cmath>
 #include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -88,6 +90,17 @@ class TrainStageWork final : public StageWork {
   const std::vector<Tensor>& targets_;
   float loss_scale_;
 };
+
+// Test failpoint: BOTTLE_FAILPOINT=kill_rank:R:S kills world rank R (SIGKILL, nothing
+// flushed) as it starts step S, to check that a dead rank ends the job instead of hanging it.
+void kill_failpoint(int rank, int64_t step) {
+  const char* spec = std::getenv("BOTTLE_FAILPOINT");
+  int kill_rank = -1;
+  long long kill_step = -1;
+  if (spec && std::sscanf(spec, "kill_rank:%d:%lld", &kill_rank, &kill_step) == 2 &&
+      kill_rank == rank && kill_step == step)
+    std::raise(SIGKILL);
+}
 
 // Σ of a per-rank value over a group (null: the value itself).
 double sum_over(Communicator* group, double value, std::string_view site) {
@@ -247,6 +260,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       check_vocabulary(inputs[m], config.model.vocab_size, config.data.train);
       check_vocabulary(targets[m], config.model.vocab_size, config.data.train);
     }
+    kill_failpoint(world.rank(), step + 1);
     TrainStageWork work(*be, model, slots, inputs, targets, 1.0f / float(micro_batches));
     run_pipeline(actions, work, pp);
     // The loss lives on the last stage; every rank learns it.
@@ -293,6 +307,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                          {"tokens_per_s", tokens_per_s},
                          {"mfu", mfu},
                          {"peak_bytes", MemoryStats::global().peak_total()},
+                         {"activation_bytes", MemoryStats::global().peak(MemoryTag::activations)},
                          {"ms", ms},
                          {"skipped", !finite}});
     result.last_loss = loss;
