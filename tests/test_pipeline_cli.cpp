@@ -25,6 +25,12 @@ std::vector<nlohmann::json> steps_of(const std::string& metrics) {
   return rows;
 }
 
+int count_lines(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
 class PipelineCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -84,9 +90,9 @@ TEST_P(Layouts, TenStepsMatchOneProcess) {
   const Layout l = GetParam();
   for (const std::string model : {"full", "vanilla", "btp"}) {
     if (l.tp == 1 && model == "vanilla") continue;  // the same as btp on one TP rank
-    const std::string sets =
-        model == "full" ? "--set model.bottleneck=none --set parallel.tp_mode=full"
-                        : "--set parallel.tp_mode=" + model;
+    const std::string sets = model == "full"
+                                 ? "--set model.bottleneck=none --set parallel.tp_mode=full"
+                                 : "--set parallel.tp_mode=" + model;
     const CommandResult one = train(1, 1, 1, "one_" + model, sets);
     ASSERT_EQ(one.status, 0) << one.output;
     const CommandResult many =
@@ -120,15 +126,13 @@ TEST_F(PipelineCli, ResumeOnAnotherLayout) {
       train(2, 2, 1, "whole", "--set training.steps=6 --set checkpoint.interval=5");
   ASSERT_EQ(whole.status, 0) << whole.output;
   const double want = steps_of(dir / "whole/metrics.jsonl").back().at("loss").get<double>();
-  ASSERT_TRUE(fs::exists(dir / "whole/step_00000005/model.safetensors.index.json"))
-      << whole.output;
+  ASSERT_TRUE(fs::exists(dir / "whole/step_00000005/model.safetensors.index.json")) << whole.output;
   for (const std::string folder : {"a", "b"}) {
     fs::copy(dir / "whole", dir / folder, fs::copy_options::recursive);
     fs::remove_all(dir / (folder + "/step_00000006"));
   }
-  for (const auto& [folder, layout] :
-       std::vector<std::pair<std::string, std::array<int, 3>>>{{"a", {1, 1, 1}},
-                                                               {"b", {1, 2, 2}}}) {
+  for (const auto& [folder, layout] : std::vector<std::pair<std::string, std::array<int, 3>>>{
+           {"a", {1, 1, 1}}, {"b", {1, 2, 2}}}) {
     const CommandResult resumed =
         train(layout[0], layout[1], layout[2], folder,
               "--set training.steps=6 --set checkpoint.interval=5 --resume");
@@ -140,9 +144,9 @@ TEST_F(PipelineCli, ResumeOnAnotherLayout) {
                 layout[1], layout[2], rows.back().at("loss").get<double>(), want);
   }
   // The sharded checkpoint exports to the one HF model, which evaluates to the same loss.
-  const CommandResult exported = run(fmt::format("{} export --checkpoint {} --out {}",
-                                                 bottle_binary(), dir / "whole/step_00000005",
-                                                 dir / "exported"));
+  const CommandResult exported =
+      run(fmt::format("{} export --checkpoint {} --out {}", bottle_binary(),
+                      dir / "whole/step_00000005", dir / "exported"));
   ASSERT_EQ(exported.status, 0) << exported.output;
   EXPECT_TRUE(fs::exists(dir / "exported/model.safetensors"));
   const std::string eval = fmt::format("{} eval --data {} --batch 2 --seq 16 --batches 4 --json",
@@ -159,16 +163,16 @@ TEST_F(PipelineCli, ResumeOnAnotherLayout) {
 TEST_F(PipelineCli, OneFOneBKeepsFewerMicroBatchesAlive) {
   std::map<std::string, double> bytes;
   for (const std::string schedule : {"1f1b", "gpipe"}) {
-    const CommandResult r = run(fmt::format(
-        "{} {} train {} --set parallel.pp=4 --set parallel.schedule={} --set "
-        "training.grad_accum_steps=8 --set training.steps=2 --set checkpoint.folder={}",
-        mpirun(4), bottle_binary(), dir / "tiny.toml", schedule, dir / schedule));
+    const CommandResult r = run(
+        fmt::format("{} {} train {} --set parallel.pp=4 --set parallel.schedule={} --set "
+                    "training.grad_accum_steps=8 --set training.steps=2 --set checkpoint.folder={}",
+                    mpirun(4), bottle_binary(), dir / "tiny.toml", schedule, dir / schedule));
     ASSERT_EQ(r.status, 0) << r.output;
     bytes[schedule] = steps_of(dir / (schedule + "/metrics.jsonl")).back().at("activation_bytes");
   }
   const double ratio = bytes["gpipe"] / bytes["1f1b"];
-  std::printf("stage 0 peak activation bytes: gpipe %.0f, 1f1b %.0f, ratio %.2f\n",
-              bytes["gpipe"], bytes["1f1b"], ratio);
+  std::printf("stage 0 peak activation bytes: gpipe %.0f, 1f1b %.0f, ratio %.2f\n", bytes["gpipe"],
+              bytes["1f1b"], ratio);
   // Per-micro-batch buffers dominate: close to 8 / 4 (shared gradient scratch aside).
   EXPECT_GT(ratio, 1.6);
   EXPECT_LT(ratio, 2.0);
@@ -187,6 +191,19 @@ TEST_F(PipelineCli, KilledRankEndsTheJob) {
   EXPECT_NE(r.status, 124) << "the job hung:\n" << r.output;
   EXPECT_LT(seconds, 30.0) << r.output;
   EXPECT_NE(r.output.find("rank 1"), std::string::npos) << r.output;
+}
+
+// bench pipeline: each schedule's bubble next to the ideal, and the DP gradient traffic of
+// the full-rank model against the bottleneck model's.
+TEST_F(PipelineCli, BenchPipelineReportsBubbleAndTraffic) {
+  const CommandResult r = run(fmt::format(
+      "{} {} bench pipeline {} --set parallel.pp=2 --set parallel.dp=2 --steps 1 --warmup 0",
+      mpirun(4), bottle_binary(), dir / "tiny.toml"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count_lines(r.output, "bubble"), 4) << r.output;
+  // 2 stages, 4 micro-batches: (2 - 1) / (4 + 2 - 1).
+  EXPECT_NE(r.output.find("(ideal  20.0%)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("DP gradient traffic, full-rank / cola:"), std::string::npos) << r.output;
 }
 
 }  // namespace

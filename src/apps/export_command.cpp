@@ -15,8 +15,7 @@ Command add_export_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   app.add_option("--checkpoint", o->checkpoint, "checkpoint directory (any layout)")->required();
-  app.add_option("--out", o->out, "directory to write config.json + model.safetensors")
-      ->required();
+  app.add_option("--out", o->out, "directory to write config.json + model.safetensors")->required();
   return [o] {
     BOTTLE_CHECK(std::filesystem::absolute(o->out) != std::filesystem::absolute(o->checkpoint),
                  "export: --out must differ from --checkpoint ({})", o->checkpoint);

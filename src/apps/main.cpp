@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   CLI::App* bench_tp = bench->add_subcommand(
       "tp", "full-rank, vanilla and bottleneck-aware TP side by side (under mpirun)");
   commands[bench_tp] = bottle::add_bench_tp_command(*bench_tp);
+  CLI::App* bench_pipeline = bench->add_subcommand(
+      "pipeline", "pipeline bubble per schedule and DP gradient traffic (under mpirun)");
+  commands[bench_pipeline] = bottle::add_bench_pipeline_command(*bench_pipeline);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -276,8 +276,8 @@ void LlamaModel::check_tokens(Tensor tokens, const char* what) const {
   const int32_t* id = tokens.i32();
   for (int64_t i = 0; i < tokens.numel(); ++i)
     BOTTLE_CHECK(id[i] >= 0 && id[i] < config_.vocab_size,
-                 "{}: token id {} at position {} is outside the vocabulary [0, {})", what, id[i],
-                 i, config_.vocab_size);
+                 "{}: token id {} at position {} is outside the vocabulary [0, {})", what, id[i], i,
+                 config_.vocab_size);
 }
 
 Tensor LlamaModel::stage_input(int slot) const { return slots_[size_t(slot)].residual.front(); }
@@ -352,7 +352,8 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   if (embedding_hidden_split_) {
     be.embedding_backward(embedding_.grad, tokens, grad_.residual);
   } else if (tp_.mode == TpMode::btp) {
-    gather_last_dim(tp_, whole_grad_, grad_.residual, gather_scratch_, "model.bwd.embedding_gather");
+    gather_last_dim(tp_, whole_grad_, grad_.residual, gather_scratch_,
+                    "model.bwd.embedding_gather");
     vocab_parallel_embedding_backward(be, embedding_.grad, tokens, whole_grad_, first);
   } else {
     vocab_parallel_embedding_backward(be, embedding_.grad, tokens, grad_.residual, first);
@@ -366,7 +367,8 @@ Tensor LlamaModel::forward_logits(Backend& be, Tensor tokens) {
 }
 
 float LlamaModel::forward(Backend& be, Tensor tokens, Tensor targets) {
-  BOTTLE_CHECK(stage_.stages == 1, "forward needs the whole model on this rank (pipeline: "
+  BOTTLE_CHECK(stage_.stages == 1,
+               "forward needs the whole model on this rank (pipeline: "
                "forward_stage)");
   return forward_stage(be, 0, tokens, targets);
 }

@@ -10,14 +10,18 @@ void run_pipeline(const std::vector<Action>& actions, StageWork& work, Communica
       case ActionKind::recv_activation:
         pp->recv(work.activation_in(m), stage - 1, activation_tag, "pp.activation");
         break;
-      case ActionKind::forward: work.forward(m); break;
+      case ActionKind::forward:
+        work.forward(m);
+        break;
       case ActionKind::send_activation:
         pp->send_async(work.activation_out(m), stage + 1, activation_tag, "pp.activation");
         break;
       case ActionKind::recv_gradient:
         pp->recv(work.gradient_in(m), stage + 1, gradient_tag, "pp.gradient");
         break;
-      case ActionKind::backward: work.backward(m); break;
+      case ActionKind::backward:
+        work.backward(m);
+        break;
       case ActionKind::send_gradient:
         pp->send_async(work.gradient_out(m), stage - 1, gradient_tag, "pp.gradient");
         break;
@@ -28,8 +32,7 @@ void run_pipeline(const std::vector<Action>& actions, StageWork& work, Communica
 
 std::vector<Action> forward_only_schedule(int stages, int stage, int micro_batches) {
   std::vector<Action> out;
-  for (const Action& a :
-       pipeline_schedule(PipelineSchedule::gpipe, stages, stage, micro_batches))
+  for (const Action& a : pipeline_schedule(PipelineSchedule::gpipe, stages, stage, micro_batches))
     if (a.kind == ActionKind::recv_activation || a.kind == ActionKind::forward ||
         a.kind == ActionKind::send_activation)
       out.push_back(a);

@@ -85,8 +85,7 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
   if (!dp || dp->rank() == 0) {
     Communicator* tp = model.tensor_parallel().comm;
     const fs::path weights = temp / shard_file_name("model", model.stage());
-    write_gathered(weights.string(), params, tp, {{"", params.values().f32()}},
-                   {{"format", "pt"}});
+    write_gathered(weights.string(), params, tp, {{"", params.values().f32()}}, {{"format", "pt"}});
     if (!tp || tp->rank() == 0) fsync_path(weights);
     failpoint(2);
     const fs::path moments = temp / shard_file_name("optimizer", model.stage());

@@ -16,14 +16,15 @@
 #include "core/gemm_peak.h"
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
+#include "pipeline/executor.h"
 #include "train/adamw.h"
 #include "train/checkpoint_store.h"
 #include "train/data_loader.h"
-#include "pipeline/executor.h"
 #include "train/data_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/metrics.h"
 #include "train/plot.h"
+#include "train/stage_work.h"
 
 namespace bottle {
 
@@ -62,35 +63,6 @@ std::string in_folder(const std::string& folder, const std::string& path) {
   return fs::path(path).is_absolute() ? path : (fs::path(folder) / path).string();
 }
 
-// One pipeline stage's share of a step: micro-batch m runs in activation slot m % slots,
-// which a schedule has freed by then (it keeps at most `slots` micro-batches alive).
-class TrainStageWork final : public StageWork {
- public:
-  TrainStageWork(Backend& be, LlamaModel& model, int slots, const std::vector<Tensor>& inputs,
-                 const std::vector<Tensor>& targets, float loss_scale)
-      : be_(be), model_(model), slots_(slots), inputs_(inputs), targets_(targets),
-        loss_scale_(loss_scale) {}
-  void forward(int m) override {
-    loss_sum += model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m]);
-  }
-  void backward(int m) override {
-    model_.backward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_);
-  }
-  Tensor activation_in(int m) override { return model_.stage_input(m % slots_); }
-  Tensor activation_out(int m) override { return model_.stage_output(m % slots_); }
-  Tensor gradient_in(int m) override { return model_.stage_output_grad(m % slots_); }
-  Tensor gradient_out(int m) override { return model_.stage_input_grad(m % slots_); }
-  double loss_sum = 0.0;  // the last stage's: Σ over micro-batches of their mean loss
-
- private:
-  Backend& be_;
-  LlamaModel& model_;
-  int slots_;
-  const std::vector<Tensor>& inputs_;
-  const std::vector<Tensor>& targets_;
-  float loss_scale_;
-};
-
 // Test failpoint: BOTTLE_FAILPOINT=kill_rank:R:S kills world rank R (SIGKILL, nothing
 // flushed) as it starts step S, to check that a dead rank ends the job instead of hanging it.
 void kill_failpoint(int rank, int64_t step) {
@@ -111,8 +83,8 @@ double sum_over(Communicator* group, double value, std::string_view site) {
 }
 
 // Mean loss over the first `batches` validation batches, always the same ones.
-double evaluate(Backend& be, LlamaModel& model, Communicator* pp, TokenLoader& val,
-                int64_t batches, std::vector<Tensor>& inputs, std::vector<Tensor>& targets) {
+double evaluate(Backend& be, LlamaModel& model, Communicator* pp, TokenLoader& val, int64_t batches,
+                std::vector<Tensor>& inputs, std::vector<Tensor>& targets) {
   val.set_position(LoaderPosition{});
   const PipelineStage& stage = model.stage();
   double total = 0.0;
@@ -268,12 +240,11 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     data_parallel.reduce_gradients(*be);
     loss = data_parallel.sum(loss, "dp.loss") / dp_size;
     // Each stage holds its own parameters: their squared norms add up over the pipeline.
-    double sum_squares =
-        data_parallel.zero()
-            ? data_parallel.sum(
-                  model.grad_sum_squares(*be, data_parallel.begin(), data_parallel.end()),
-                  "dp.grad_norm")
-            : model.grad_sum_squares(*be);
+    double sum_squares = data_parallel.zero()
+                             ? data_parallel.sum(model.grad_sum_squares(*be, data_parallel.begin(),
+                                                                        data_parallel.end()),
+                                                 "dp.grad_norm")
+                             : model.grad_sum_squares(*be);
     const double grad_norm = std::sqrt(sum_over(pp, sum_squares, "pp.grad_norm"));
     const float lr = schedule.at(step);
     const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);

@@ -1,0 +1,155 @@
+// `bottle bench pipeline`: the configuration's tp x pp x dp layout (under mpirun), each
+// pipeline schedule side by side, for the full-rank model and the configuration's
+// bottleneck model of the same widths: the measured pipeline bubble (the share of a step a
+// stage waits instead of computing, against the ideal (p-1)/(m+p-1)) and the gradient
+// traffic each DP rank all-reduces per step.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "apps/commands.h"
+#include "comm/process_groups.h"
+#include "model/llama.h"
+#include "train/data_parallel.h"
+#include "train/stage_work.h"
+#include "train/train_config.h"
+
+namespace bottle {
+namespace {
+
+struct PipelineResult {
+  double step_ms = 0, bubble = 0;  // bubble: mean over stages
+  int64_t dp_grad_elements = 0;    // per DP rank and step, the whole model (all stages)
+};
+
+double sum_over(Communicator* group, double value) {
+  if (!group || group->size() == 1) return value;
+  float v = float(value);
+  group->all_reduce(Tensor{&v, {1}}, ReduceOp::sum, "bench.sum");
+  return v;
+}
+
+double max_over(Communicator* group, double value) {
+  if (!group || group->size() == 1) return value;
+  float v = float(value);
+  group->all_reduce(Tensor{&v, {1}}, ReduceOp::max, "bench.max");
+  return v;
+}
+
+PipelineResult measure(const TrainConfig& config, const ModelConfig& model_config,
+                       PipelineSchedule schedule, ProcessGroups& groups, int steps, int warmup) {
+  const auto& p = config.parallel;
+  const PipelineStage stage{int(p.pp), groups.pp_rank};
+  const TpMode mode = model_config.bottleneck == BottleneckKind::none ? TpMode::full : p.tp_mode;
+  LlamaModel model(model_config, TensorParallel{mode, groups.tp.get(), p.grouping},
+                   p.zero ? int(p.dp) : 1, stage);
+  model.init_weights(uint64_t(config.training.seed));
+  const int micro_batches = int(config.training.grad_accum_steps);
+  const auto actions = pipeline_schedule(schedule, stage.stages, stage.stage, micro_batches);
+  const int slots = peak_in_flight(actions);
+  const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
+  model.allocate_activations(B, S, slots);
+  DataParallel data_parallel(groups.dp.get(), model.parameters(), int(p.zero));
+  Arena arena(MemoryTag::workspace);
+  std::vector<Tensor> inputs, targets;
+  std::mt19937 rng(uint32_t(config.training.seed));
+  for (int m = 0; m < micro_batches; ++m) {
+    inputs.push_back(arena.alloc({B, S}, DType::i32));
+    targets.push_back(arena.alloc({B, S}, DType::i32));
+    for (Tensor t : {inputs.back(), targets.back()})
+      for (int64_t i = 0; i < t.numel(); ++i)
+        t.i32()[i] = int32_t(rng() % uint32_t(model_config.vocab_size));
+  }
+  auto be = make_backend("cpu");
+  std::vector<double> step_ms, bubble;
+  int64_t dp_elements = 0;
+  for (int step = 0; step < warmup + steps; ++step) {
+    groups.world->barrier();
+    if (groups.dp) groups.dp->stats().reset();
+    model.zero_grad(*be);
+    TrainStageWork work(*be, model, slots, inputs, targets, 1.0f / float(micro_batches));
+    const auto t0 = std::chrono::steady_clock::now();
+    run_pipeline(actions, work, groups.pp.get());
+    const double pipeline_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    data_parallel.reduce_gradients(*be);
+    const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // The slowest stage sets the pipeline's time; each stage's bubble is its idle share.
+    const double pipeline_wall = max_over(groups.world, pipeline_s);
+    const double idle = 1.0 - work.compute_seconds / pipeline_wall;
+    const double mean_idle = sum_over(groups.pp.get(), idle) / double(stage.stages);
+    const double wall = max_over(groups.world, total_s);
+    if (step < warmup) continue;
+    step_ms.push_back(wall * 1e3);
+    bubble.push_back(mean_idle);
+    dp_elements = groups.dp ? groups.dp->stats().with_prefix("dp.grads").elements : 0;
+  }
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  return {median(step_ms), median(bubble),
+          int64_t(sum_over(groups.pp.get(), double(dp_elements)))};
+}
+
+}  // namespace
+
+Command add_bench_pipeline_command(CLI::App& app) {
+  struct Options {
+    std::string config;
+    std::vector<std::string> overrides;
+    int steps = 3, warmup = 1;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("config", o->config, "training configuration (TOML)")->required();
+  app.add_option("--set", o->overrides, "override a key: section.key=value (repeatable)");
+  app.add_option("--steps", o->steps, "timed steps per variant")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  return [o] {
+    Communicator& world = world_communicator();
+    const TrainConfig config = load_train_config(o->config, o->overrides);
+    const auto& p = config.parallel;
+    ProcessGroups groups = ProcessGroups::create(world, {int(p.tp), int(p.pp), int(p.dp)});
+    omp_set_num_threads(std::max(1, omp_get_num_procs() / world.size()));
+    ModelConfig full_rank = config.model;
+    full_rank.bottleneck = BottleneckKind::none;
+    full_rank.rank = 0;
+    full_rank.ranks = {};
+    full_rank.mlp_gate_act.reset();
+    std::vector<ModelConfig> models{full_rank};
+    if (config.model.bottleneck != BottleneckKind::none) models.push_back(config.model);
+    const int m = int(config.training.grad_accum_steps);
+    if (world.rank() == 0)
+      std::printf("bench pipeline: %s, tp %lld x pp %lld x dp %lld (zero %lld), %d micro-batches "
+                  "of %lld x %lld per step\n",
+                  o->config.c_str(), (long long)p.tp, (long long)p.pp, (long long)p.dp,
+                  (long long)p.zero, m, (long long)config.training.micro_batch_size,
+                  (long long)config.training.seq_len);
+    std::vector<int64_t> traffic;
+    for (const ModelConfig& model : models) {
+      for (PipelineSchedule schedule : {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
+        const PipelineResult r = measure(config, model, schedule, groups, o->steps, o->warmup);
+        if (schedule == PipelineSchedule::one_f_one_b) traffic.push_back(r.dp_grad_elements);
+        if (world.rank() != 0) continue;
+        std::printf(
+            "  %-5s %-5s step %8.1f ms | bubble %5.1f%% (ideal %5.1f%%) | DP gradient traffic "
+            "%lld elements (%.1f MB) per DP rank and step\n",
+            bottleneck_kind_name(model.bottleneck),
+            schedule == PipelineSchedule::gpipe ? "gpipe" : "1f1b", r.step_ms, 100.0 * r.bubble,
+            100.0 * bubble_fraction(schedule, int(p.pp), m), (long long)r.dp_grad_elements,
+            double(r.dp_grad_elements) * 4 / 1e6);
+        std::fflush(stdout);
+      }
+    }
+    if (world.rank() == 0 && traffic.size() == 2 && traffic[1] > 0)
+      std::printf("  DP gradient traffic, full-rank / %s: %.2fx\n",
+                  bottleneck_kind_name(config.model.bottleneck),
+                  double(traffic[0]) / double(traffic[1]));
+    return 0;
+  };
+}
+
+}  // namespace bottle
