@@ -127,7 +127,10 @@ TEST_F(TpCli, CheckpointsLoadIntoAnyLayout) {
   ASSERT_EQ(trained.status, 0) << trained.output;
   EXPECT_EQ(count(trained.output, "done: 4 steps"), 1) << trained.output;  // rank 0 reports
   const std::string ckpt = dir / "run/step_00000004";
-  ASSERT_TRUE(fs::exists(ckpt + "/model.safetensors")) << trained.output;
+  // Each TP rank wrote its share of the tensors, whole, listed by HF's index.
+  ASSERT_TRUE(fs::exists(ckpt + "/model-00001-of-00002.safetensors")) << trained.output;
+  ASSERT_TRUE(fs::exists(ckpt + "/model-00002-of-00002.safetensors")) << trained.output;
+  ASSERT_TRUE(fs::exists(ckpt + "/model.safetensors.index.json")) << trained.output;
   // The same 4 steps on one rank give the same weights (and so the same eval loss).
   const CommandResult serial = train(1, fmt::format("--set checkpoint.folder={}", dir / "serial"));
   ASSERT_EQ(serial.status, 0) << serial.output;
@@ -164,7 +167,7 @@ TEST_F(TpCli, CheckpointsLoadIntoAnyLayout) {
   const CommandResult resumed =
       train(2, "--set parallel.tp=2 --set parallel.tp_mode=btp --set training.steps=6 --resume");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
-  EXPECT_TRUE(fs::exists(dir / "run/step_00000006/model.safetensors")) << resumed.output;
+  EXPECT_TRUE(fs::exists(dir / "run/step_00000006/model.safetensors.index.json")) << resumed.output;
 }
 
 // bench tp on 2 ranks: one JSON line per mode with DESIGN §7's keys and the exact volumes.

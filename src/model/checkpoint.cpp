@@ -43,28 +43,57 @@ void read_parameter_slice(const SafeTensorsReader& reader, const std::string& na
   for (int64_t j = 0; j < n; ++j) local[j] = whole[spec.global_index(j)];
 }
 
-std::string shard_file_name(const std::string& stem, const PipelineStage& stage) {
-  if (stage.stages == 1) return stem + ".safetensors";
-  return fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, stage.stage + 1, stage.stages);
+std::string index_file_name(const std::string& stem) { return stem + ".safetensors.index.json"; }
+
+namespace {
+
+// Gathers every tensor over the TP group; tensor j is kept by the rank owner(j), which
+// writes what it kept to `path`.
+template <typename Owner>
+void write_owned(const std::string& path, const ParameterStore& params, Communicator* tp,
+                 const std::vector<std::pair<std::string, const float*>>& sources,
+                 const std::map<std::string, std::string>& metadata, Owner owner) {
+  const int rank = tp ? tp->rank() : 0;
+  std::vector<std::vector<float>> kept;
+  std::vector<std::pair<std::string, Shape>> names;
+  int j = 0;
+  for (const auto& [prefix, flat] : sources)
+    for (const ParamSpec& spec : params.specs()) {
+      std::vector<float> whole = gather_parameter(spec, flat + spec.offset, tp);
+      if (owner(j++) != rank) continue;
+      kept.push_back(std::move(whole));
+      names.push_back({prefix + spec.name, spec.full_shape});
+    }
+  std::vector<NamedTensor> tensors;
+  for (size_t i = 0; i < kept.size(); ++i)
+    tensors.push_back({names[i].first, Tensor{kept[i].data(), names[i].second}});
+  write_safetensors(path, tensors, metadata);
 }
 
-std::string index_file_name(const std::string& stem) { return stem + ".safetensors.index.json"; }
+}  // namespace
 
 void write_gathered(const std::string& path, const ParameterStore& params, Communicator* tp,
                     const std::vector<std::pair<std::string, const float*>>& sources,
                     const std::map<std::string, std::string>& metadata) {
-  std::vector<std::vector<float>> whole;
-  std::vector<std::pair<std::string, Shape>> names;
-  for (const auto& [prefix, flat] : sources)
-    for (const ParamSpec& spec : params.specs()) {
-      whole.push_back(gather_parameter(spec, flat + spec.offset, tp));
-      names.push_back({prefix + spec.name, spec.full_shape});
-    }
-  if (tp && tp->rank() != 0) return;
-  std::vector<NamedTensor> tensors;
-  for (size_t i = 0; i < whole.size(); ++i)
-    tensors.push_back({names[i].first, Tensor{whole[i].data(), names[i].second}});
-  write_safetensors(path, tensors, metadata);
+  if (tp && tp->rank() != 0) {  // takes part in the gathers only
+    for (const auto& [prefix, flat] : sources)
+      for (const ParamSpec& spec : params.specs()) gather_parameter(spec, flat + spec.offset, tp);
+    return;
+  }
+  write_owned(path, params, tp, sources, metadata, [](int) { return 0; });
+}
+
+void write_shard(const std::string& dir, const std::string& stem, const ParameterStore& params,
+                 Communicator* tp, const PipelineStage& stage,
+                 const std::vector<std::pair<std::string, const float*>>& sources,
+                 const std::map<std::string, std::string>& metadata) {
+  const int t = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
+  const int parts = stage.stages * t, part = stage.stage * t + rank;
+  const std::string file =
+      parts == 1 ? stem + ".safetensors"
+                 : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, part + 1, parts);
+  write_owned((fs::path(dir) / file).string(), params, tp, sources, metadata,
+              [t](int j) { return j % t; });
 }
 
 void write_shard_index(const std::string& dir, const std::string& stem) {

@@ -28,19 +28,24 @@ void load_model_weights(LlamaModel& model, const std::string& dir);
 // Both of the above.
 std::unique_ptr<LlamaModel> load_model(const std::string& dir);
 
-// A pipeline stage's share of a checkpoint: "STEM.safetensors" with one stage, else HF's
-// sharded name "STEM-0000s-of-0000S.safetensors" (s from 1), listed by the index file
-// "STEM.safetensors.index.json" ({"weight_map": {tensor: file}}).
-std::string shard_file_name(const std::string& stem, const PipelineStage& stage);
-std::string index_file_name(const std::string& stem);
-
-// Writes this rank's parameter-shaped tensors, gathered over the TP group: for each
-// (prefix, flat buffer laid out like params.values()), one tensor `prefix + name` per
-// parameter. Every rank of the TP group calls it; its rank 0 writes `path`.
+// Writes this rank's parameter-shaped tensors, whole: for each (prefix, flat buffer laid
+// out like params.values()), one tensor `prefix + name` per parameter, gathered over the
+// TP group. Every rank of the TP group calls it; its rank 0 writes `path`.
 void write_gathered(const std::string& path, const ParameterStore& params, Communicator* tp,
                     const std::vector<std::pair<std::string, const float*>>& sources,
                     const std::map<std::string, std::string>& metadata);
-// Writes STEM.safetensors.index.json in `dir` from the headers of its STEM-*-of-* files.
+// The same for a checkpoint written by every rank that owns a part of it: the stage's
+// tensors are dealt out round-robin over its TP ranks, each gathered to its owner, and
+// each TP rank writes its own file in `dir`: STEM.safetensors when the model is on one
+// rank, else Hugging Face's sharded name STEM-0000k-of-0000n.safetensors (k = stage · t +
+// TP rank + 1, n = stages · t), which write_shard_index lists.
+void write_shard(const std::string& dir, const std::string& stem, const ParameterStore& params,
+                 Communicator* tp, const PipelineStage& stage,
+                 const std::vector<std::pair<std::string, const float*>>& sources,
+                 const std::map<std::string, std::string>& metadata);
+std::string index_file_name(const std::string& stem);
+// Writes STEM.safetensors.index.json ({"weight_map": {tensor: file}}) in `dir` from the
+// headers of its STEM-*-of-* files.
 void write_shard_index(const std::string& dir, const std::string& stem);
 
 // The tensors of a checkpoint directory stored as STEM.safetensors or as shards with an

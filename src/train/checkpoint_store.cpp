@@ -84,22 +84,22 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
   optimizer.gather_moments(m, v, dp);
   if (!dp || dp->rank() == 0) {
     Communicator* tp = model.tensor_parallel().comm;
-    const fs::path weights = temp / shard_file_name("model", model.stage());
-    write_gathered(weights.string(), params, tp, {{"", params.values().f32()}}, {{"format", "pt"}});
-    if (!tp || tp->rank() == 0) fsync_path(weights);
+    write_shard(temp.string(), "model", params, tp, model.stage(), {{"", params.values().f32()}},
+                {{"format", "pt"}});
     failpoint(2);
-    const fs::path moments = temp / shard_file_name("optimizer", model.stage());
-    write_gathered(moments.string(), params, tp, {{"exp_avg/", m.f32()}, {"exp_avg_sq/", v.f32()}},
-                   {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
-    if (!tp || tp->rank() == 0) fsync_path(moments);
+    write_shard(temp.string(), "optimizer", params, tp, model.stage(),
+                {{"exp_avg/", m.f32()}, {"exp_avg_sq/", v.f32()}},
+                {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
     failpoint(3);
   }
   barrier();
   if (leader) {
-    if (model.stage().stages > 1) {
+    const int tp_size = model.tensor_parallel().size();
+    if (model.stage().stages * tp_size > 1) {
       write_shard_index(temp.string(), "model");
       write_shard_index(temp.string(), "optimizer");
     }
+    for (const auto& e : fs::directory_iterator(temp)) fsync_path(e.path());
     {
       std::ofstream out(temp / kTrainerStateFile, std::ios::trunc);
       out << state.dump(2) << "\n";
