@@ -89,11 +89,12 @@ class Layouts : public PipelineCli, public ::testing::WithParamInterface<Layout>
 TEST_P(Layouts, TenStepsMatchOneProcess) {
   const Layout l = GetParam();
   for (const std::string model : {"full", "vanilla", "btp"}) {
-    if (l.tp == 1 && model == "vanilla") continue;  // the same as btp on one TP rank
     const std::string sets = model == "full"
                                  ? "--set model.bottleneck=none --set parallel.tp_mode=full"
                                  : "--set parallel.tp_mode=" + model;
-    const CommandResult one = train(1, 1, 1, "one_" + model, sets);
+    const std::string tied =
+        std::string(l.extra).find("tie") != std::string::npos ? " " + std::string(l.extra) : "";
+    const CommandResult one = train(1, 1, 1, "one_" + model, sets + tied);
     ASSERT_EQ(one.status, 0) << one.output;
     const CommandResult many =
         train(l.tp, l.pp, l.dp, "many_" + model, sets + " " + std::string(l.extra));
@@ -112,9 +113,12 @@ INSTANTIATE_TEST_SUITE_P(
     Tp_Pp_Dp, Layouts,
     ::testing::Values(Layout{1, 2, 1, ""}, Layout{1, 4, 1, "--set parallel.schedule=gpipe"},
                       Layout{2, 2, 1, ""}, Layout{1, 2, 2, "--set parallel.zero=1"},
-                      Layout{2, 1, 2, ""}, Layout{2, 2, 2, "--set parallel.zero=1"}),
+                      Layout{2, 1, 2, ""}, Layout{2, 2, 2, "--set parallel.zero=1"},
+                      Layout{2, 2, 1, "--set model.tie_embeddings=true"}),
     [](const auto& info) {
-      return fmt::format("{}x{}x{}", info.param.tp, info.param.pp, info.param.dp);
+      return fmt::format("{}x{}x{}{}", info.param.tp, info.param.pp, info.param.dp,
+                         std::string(info.param.extra).find("tie") != std::string::npos ? "_tied"
+                                                                                       : "");
     });
 
 // A 2x2x1 checkpoint resumed as 1x1x1 and as 1x2x2: the next step's loss is that of the

@@ -86,9 +86,6 @@ LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad
                "parallel.pp ({}) must be between 1 and model.num_layers ({})", stage_.stages,
                layers);
   if (stage_.stages > 1) {
-    BOTTLE_CHECK(!config_.tie_embeddings,
-                 "parallel.pp > 1 with model.tie_embeddings = true is not supported yet (the "
-                 "first and last stages would share the table)");
     BOTTLE_CHECK(config_.bottleneck != BottleneckKind::lax,
                  "parallel.pp > 1 with model.bottleneck = \"lax\" is not supported yet (its "
                  "latent crossing spans the stage boundary)");
@@ -161,7 +158,10 @@ void LlamaModel::declare_parameters() {
   }
   if (!stage_.last()) return;
   declare({"model.norm.weight", {d}, ParamInit::ones, 0, false}, -1);
-  if (!c.tie_embeddings) declare({"lm_head.weight", {c.vocab_size, d}}, 0);
+  if (!c.tie_embeddings)
+    declare({"lm_head.weight", {c.vocab_size, d}}, 0);
+  else if (!stage_.first())  // the last stage's copy of the tied table (Megatron's way)
+    declare({"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false}, 0);
 }
 
 void LlamaModel::bind_parameters() {
@@ -171,7 +171,7 @@ void LlamaModel::bind_parameters() {
   if (stage_.first()) embedding_ = params_.get("model.embed_tokens.weight");
   if (stage_.last()) {
     final_norm_weight_ = params_.get("model.norm.weight");
-    lm_head_ = c.tie_embeddings ? embedding_ : params_.get("lm_head.weight");
+    lm_head_ = params_.get(c.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
     final_norm_.weight = final_norm_weight_;
     final_norm_.eps = c.rms_norm_eps;
   }
@@ -377,10 +377,24 @@ void LlamaModel::backward(Backend& be, Tensor tokens, Tensor targets, float loss
   backward_stage(be, 0, tokens, targets, loss_scale);
 }
 
+bool LlamaModel::holds_tied_copy() const {
+  return config_.tie_embeddings && stage_.last() && !stage_.first();
+}
+
+void LlamaModel::reduce_tied_embedding_grad(Communicator* group) {
+  if (!config_.tie_embeddings || stage_.stages == 1 || !(stage_.first() || stage_.last())) return;
+  BOTTLE_CHECK(group && group->size() == 2,
+               "tied embeddings over a pipeline need the first-and-last-stage group");
+  const Param table = stage_.first() ? embedding_ : lm_head_;
+  group->all_reduce(table.grad, ReduceOp::sum, "pp.tied_embedding");
+}
+
 double LlamaModel::grad_sum_squares(Backend& be, int64_t begin, int64_t end) const {
   if (end < 0) end = params_.grads().numel();
   double sharded = 0.0, whole = 0.0;
   for (const ParamSpec& spec : params_.specs()) {
+    // The tied table is counted once, on the first stage.
+    if (holds_tied_copy() && spec.name == "model.embed_tokens.weight") continue;
     const int64_t lo = std::max(spec.offset, begin),
                   hi = std::min(spec.offset + spec.shape.numel(), end);
     if (lo >= hi) continue;

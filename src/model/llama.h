@@ -85,6 +85,12 @@ class LlamaModel {
   size_t activation_bytes() const { return activations_ ? activations_->bytes() : 0; }
   int64_t vocab_first() const { return tp_.offset(config_.vocab_size); }
 
+  // Tied embeddings over a pipeline: the first stage's table and the last stage's copy (the
+  // LM head) add up their gradients over `group` (those two stages), so both take the same
+  // update. A no-op otherwise.
+  void reduce_tied_embedding_grad(Communicator* group);
+  bool holds_tied_copy() const;  // the last stage's copy of a tied table
+
   // Σ of squared gradients over the whole model: sharded parameters summed over the TP
   // group, replicated ones counted once. Only the flat range [begin, end) of the gradient
   // buffer counts (a ZeRO-1 shard; end < 0: all of it).

@@ -137,6 +137,12 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   const std::vector<Action> actions =
       pipeline_schedule(config.parallel.schedule, stage.stages, stage.stage, micro_batches);
   const int slots = peak_in_flight(actions);
+  // Tied embeddings: the first and the last stage each hold the table (every pp rank joins
+  // the split; the others' group goes unused).
+  std::unique_ptr<Communicator> embedding_group;
+  if (config.model.tie_embeddings && stage.stages > 1)
+    embedding_group =
+        pp->split(stage.first() || stage.last() ? 0 : 1, stage.stage, "tied_embedding");
   DataParallel data_parallel(groups.dp.get(), model.parameters(), int(config.parallel.zero));
   AdamW optimizer(model.parameters(), config.adamw(), data_parallel.begin(), data_parallel.end());
   // Each DP rank reads every dp-th window: together they read what one process would.
@@ -235,6 +241,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     kill_failpoint(world.rank(), step + 1);
     TrainStageWork work(*be, model, slots, inputs, targets, 1.0f / float(micro_batches));
     run_pipeline(actions, work, pp);
+    model.reduce_tied_embedding_grad(embedding_group.get());
     // The loss lives on the last stage; every rank learns it.
     double loss = sum_over(pp, work.loss_sum, "pp.loss") / double(micro_batches);
     data_parallel.reduce_gradients(*be);
