@@ -76,7 +76,8 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
     const double pipeline_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     data_parallel.reduce_gradients(*be);
-    const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double total_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // The slowest stage sets the pipeline's time; each stage's bubble is its idle share.
     const double pipeline_wall = max_over(groups.world, pipeline_s);
     const double idle = 1.0 - work.compute_seconds / pipeline_wall;
@@ -91,8 +92,7 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  return {median(step_ms), median(bubble),
-          int64_t(sum_over(groups.pp.get(), double(dp_elements)))};
+  return {median(step_ms), median(bubble), int64_t(sum_over(groups.pp.get(), double(dp_elements)))};
 }
 
 }  // namespace
@@ -123,11 +123,11 @@ Command add_bench_pipeline_command(CLI::App& app) {
     if (config.model.bottleneck != BottleneckKind::none) models.push_back(config.model);
     const int m = int(config.training.grad_accum_steps);
     if (world.rank() == 0)
-      std::printf("bench pipeline: %s, tp %lld x pp %lld x dp %lld (zero %lld), %d micro-batches "
-                  "of %lld x %lld per step\n",
-                  o->config.c_str(), (long long)p.tp, (long long)p.pp, (long long)p.dp,
-                  (long long)p.zero, m, (long long)config.training.micro_batch_size,
-                  (long long)config.training.seq_len);
+      std::printf(
+          "bench pipeline: %s, tp %lld x pp %lld x dp %lld (zero %lld), %d micro-batches "
+          "of %lld x %lld per step\n",
+          o->config.c_str(), (long long)p.tp, (long long)p.pp, (long long)p.dp, (long long)p.zero,
+          m, (long long)config.training.micro_batch_size, (long long)config.training.seq_len);
     std::vector<int64_t> traffic;
     for (const ModelConfig& model : models) {
       for (PipelineSchedule schedule : {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {

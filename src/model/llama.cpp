@@ -86,9 +86,6 @@ LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad
                "parallel.pp ({}) must be between 1 and model.num_layers ({})", stage_.stages,
                layers);
   if (stage_.stages > 1) {
-    BOTTLE_CHECK(config_.bottleneck != BottleneckKind::lax,
-                 "parallel.pp > 1 with model.bottleneck = \"lax\" is not supported yet (its "
-                 "latent crossing spans the stage boundary)");
   }
   first_layer_ = stage_.first_layer(layers);
   end_layer_ = stage_.end_layer(layers);
@@ -259,6 +256,17 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots) {
       slot.output_grad = a.alloc({n, d_res});
     }
     if (!stage_.first()) slot.input_grad = a.alloc({n, d_res});
+    if (crosses_boundaries()) {
+      const TpBlock& edge = blocks_.front();  // the ranks of the latents that cross
+      for (int i = 0; i < kNumProjections; ++i) {
+        const int64_t r = edge.proj[size_t(i)].rank;
+        if (!stage_.first()) {
+          slot.boundary.proj[size_t(i)].u = a.alloc({n, r});
+          slot.boundary.proj[size_t(i)].du = a.alloc({n, r});
+        }
+        if (!stage_.last()) slot.latent_grad_in[size_t(i)] = a.alloc({n, r});
+      }
+    }
   }
   if (tp_.mode == TpMode::btp) gather_scratch_ = a.alloc({n * d});
   if (!blocks_.empty()) allocate_block_gradients(a, tp_, slots_[0].blocks[0], grad_);
@@ -280,10 +288,41 @@ void LlamaModel::check_tokens(Tensor tokens, const char* what) const {
                  config_.vocab_size);
 }
 
-Tensor LlamaModel::stage_input(int slot) const { return slots_[size_t(slot)].residual.front(); }
-Tensor LlamaModel::stage_output(int slot) const { return slots_[size_t(slot)].residual.back(); }
-Tensor LlamaModel::stage_output_grad(int slot) const { return slots_[size_t(slot)].output_grad; }
-Tensor LlamaModel::stage_input_grad(int slot) const { return slots_[size_t(slot)].input_grad; }
+bool LlamaModel::crosses_boundaries() const {
+  return config_.bottleneck == BottleneckKind::lax && stage_.stages > 1;
+}
+
+std::vector<Tensor> LlamaModel::stage_input(int slot) const {
+  const Slot& s = slots_[size_t(slot)];
+  std::vector<Tensor> parts{s.residual.front()};
+  if (crosses_boundaries())
+    for (const Projection& p : s.boundary.proj) parts.push_back(p.u);
+  return parts;
+}
+
+std::vector<Tensor> LlamaModel::stage_output(int slot) const {
+  const Slot& s = slots_[size_t(slot)];
+  std::vector<Tensor> parts{s.residual.back()};
+  if (crosses_boundaries())
+    for (const Projection& p : s.blocks.back().proj) parts.push_back(p.u);
+  return parts;
+}
+
+std::vector<Tensor> LlamaModel::stage_output_grad(int slot) const {
+  const Slot& s = slots_[size_t(slot)];
+  std::vector<Tensor> parts{s.output_grad};
+  if (crosses_boundaries())
+    parts.insert(parts.end(), s.latent_grad_in.begin(), s.latent_grad_in.end());
+  return parts;
+}
+
+std::vector<Tensor> LlamaModel::stage_input_grad(int slot) const {
+  const Slot& s = slots_[size_t(slot)];
+  std::vector<Tensor> parts{s.input_grad};
+  if (crosses_boundaries())
+    for (const Projection& p : s.boundary.proj) parts.push_back(p.du);
+  return parts;
+}
 
 float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets) {
   BOTTLE_CHECK(activations_, "forward before allocate_activations");
@@ -304,8 +343,9 @@ float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tens
                                        "vocab.fwd.embedding");
     }
   }
+  const TpBlock* before = crosses_boundaries() && !stage_.first() ? &s.boundary : nullptr;
   for (size_t i = 0; i < s.blocks.size(); ++i)
-    block_forward(be, tp_, s.blocks[i], i ? &s.blocks[i - 1] : nullptr, s.residual[i],
+    block_forward(be, tp_, s.blocks[i], i ? &s.blocks[i - 1] : before, s.residual[i],
                   s.residual[i + 1]);
   if (!stage_.last()) return 0.0f;
   Tensor last = s.residual.back();
@@ -342,9 +382,17 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
       std::memcpy(grad_.residual.data, whole_grad_.data, whole_grad_.nbytes());
   } else {
     std::memcpy(grad_.residual.data, s.output_grad.data, s.output_grad.nbytes());
+    // The next stage's first block crossed with our last latents: its share of their
+    // gradients joins theirs before our last block's backward.
+    if (crosses_boundaries())
+      for (size_t i = 0; i < s.latent_grad_in.size(); ++i)
+        be.accumulate(s.blocks.back().proj[i].du, s.latent_grad_in[i]);
   }
+  TpBlock* before = crosses_boundaries() && !stage_.first() ? &s.boundary : nullptr;
+  if (before)
+    for (Projection& p : before->proj) be.fill_zero(p.du);
   for (size_t i = s.blocks.size(); i-- > 0;)
-    block_backward(be, tp_, s.blocks[i], i ? &s.blocks[i - 1] : nullptr, s.residual[i], grad_);
+    block_backward(be, tp_, s.blocks[i], i ? &s.blocks[i - 1] : before, s.residual[i], grad_);
   if (!stage_.first()) {
     std::memcpy(s.input_grad.data, grad_.residual.data, grad_.residual.nbytes());
     return;

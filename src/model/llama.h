@@ -65,12 +65,15 @@ class LlamaModel {
   // returns the micro-batch's mean loss, others 0. backward_stage starts from the loss
   // (last stage) or from stage_output_grad(slot), and leaves ∂/∂input in
   // stage_input_grad(slot) (not on the first stage, which finishes in the embedding).
+  // What crosses a boundary: the residual [N, d_res], and under LaX the seven latents u
+  // [N, r] of the stage's last block, which the next stage's first block crosses with
+  // (their gradients flow back the same way).
   float forward_stage(Backend& be, int slot, Tensor tokens, Tensor targets);
   void backward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, float loss_scale);
-  Tensor stage_input(int slot) const;        // [N, d_res]
-  Tensor stage_output(int slot) const;       // [N, d_res]
-  Tensor stage_output_grad(int slot) const;  // [N, d_res]
-  Tensor stage_input_grad(int slot) const;   // [N, d_res]
+  std::vector<Tensor> stage_input(int slot) const;
+  std::vector<Tensor> stage_output(int slot) const;
+  std::vector<Tensor> stage_output_grad(int slot) const;
+  std::vector<Tensor> stage_input_grad(int slot) const;
 
   // tokens: i32 [B, S]. Returns this rank's logits [B·S, V/t] (vocabulary columns
   // [vocab_first(), vocab_first() + V/t)).
@@ -115,7 +118,13 @@ class LlamaModel {
     VocabParallelCrossEntropy loss;  // last stage
     Tensor output_grad;              // [N, d_res] ∂loss/∂output, from the next stage
     Tensor input_grad;               // [N, d_res] ∂loss/∂input, for the previous stage
+    // LaX across a stage boundary: the previous stage's last latents (u, and du for their
+    // gradients) as a block the first block crosses with; and the gradients of this
+    // stage's last latents from the next stage.
+    TpBlock boundary;
+    std::array<Tensor, kNumProjections> latent_grad_in;  // [N, r] each
   };
+  bool crosses_boundaries() const;  // LaX over more than one stage
 
   ModelConfig config_;
   TensorParallel tp_;

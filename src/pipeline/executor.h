@@ -11,16 +11,18 @@
 
 namespace bottle {
 
-// What a stage does for a micro-batch.
+// What a stage does for a micro-batch. What crosses a stage boundary may be several
+// tensors (the residual, and LaX's latents for the next block's crossing); the n-th tensor
+// sent pairs with the n-th received.
 class StageWork {
  public:
   virtual ~StageWork() = default;
   virtual void forward(int micro_batch) = 0;
   virtual void backward(int micro_batch) = 0;
-  virtual Tensor activation_in(int micro_batch) = 0;   // the previous stage's output lands here
-  virtual Tensor activation_out(int micro_batch) = 0;  // sent to the next stage
-  virtual Tensor gradient_in(int micro_batch) = 0;     // ∂/∂output from the next stage
-  virtual Tensor gradient_out(int micro_batch) = 0;    // ∂/∂input for the previous stage
+  virtual std::vector<Tensor> activation_in(int micro_batch) = 0;   // the previous stage's output
+  virtual std::vector<Tensor> activation_out(int micro_batch) = 0;  // for the next stage
+  virtual std::vector<Tensor> gradient_in(int micro_batch) = 0;     // ∂/∂output from the next
+  virtual std::vector<Tensor> gradient_out(int micro_batch) = 0;    // ∂/∂input for the previous
 };
 
 // pp: the pipeline group, this stage being pp->rank() (null: one stage).

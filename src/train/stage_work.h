@@ -14,7 +14,11 @@ class TrainStageWork final : public StageWork {
  public:
   TrainStageWork(Backend& be, LlamaModel& model, int slots, const std::vector<Tensor>& inputs,
                  const std::vector<Tensor>& targets, float loss_scale)
-      : be_(be), model_(model), slots_(slots), inputs_(inputs), targets_(targets),
+      : be_(be),
+        model_(model),
+        slots_(slots),
+        inputs_(inputs),
+        targets_(targets),
         loss_scale_(loss_scale) {}
   void forward(int m) override {
     const auto t0 = std::chrono::steady_clock::now();
@@ -26,10 +30,10 @@ class TrainStageWork final : public StageWork {
     model_.backward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_);
     compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  Tensor activation_in(int m) override { return model_.stage_input(m % slots_); }
-  Tensor activation_out(int m) override { return model_.stage_output(m % slots_); }
-  Tensor gradient_in(int m) override { return model_.stage_output_grad(m % slots_); }
-  Tensor gradient_out(int m) override { return model_.stage_input_grad(m % slots_); }
+  std::vector<Tensor> activation_in(int m) override { return model_.stage_input(m % slots_); }
+  std::vector<Tensor> activation_out(int m) override { return model_.stage_output(m % slots_); }
+  std::vector<Tensor> gradient_in(int m) override { return model_.stage_output_grad(m % slots_); }
+  std::vector<Tensor> gradient_out(int m) override { return model_.stage_input_grad(m % slots_); }
   double loss_sum = 0.0;         // the last stage's: Σ over micro-batches of their mean loss
   double compute_seconds = 0.0;  // in forward and backward (the rest of a step is waiting)
 
