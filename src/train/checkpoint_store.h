@@ -1,10 +1,12 @@
 #pragma once
-// Training checkpoints: folder/step_00000200/ holds the model directory of DESIGN §7
-// (config.json + model.safetensors, loadable alone), the AdamW moments
-// (optimizer.safetensors) and trainer_state.json (step, data position, config, ...).
-// Each is written into a temporary directory, fsync'ed and renamed into place, so an
-// interrupted write never replaces or damages the last good checkpoint; the last `keep`
-// are kept.
+// Training checkpoints: folder/step_00000200/ holds config.json, the weights and the AdamW
+// moments of each pipeline stage and TP rank (model.safetensors / optimizer.safetensors on
+// one rank; else HF's sharded model-0000k-of-0000n.safetensors with
+// model.safetensors.index.json, and the same for optimizer-*), and trainer_state.json
+// (step, data position, config, ...). The weights alone are a complete model (any layout
+// reads them; `bottle export` merges the shards). Everything is written into a temporary
+// directory, fsync'ed and renamed into place, so an interrupted write never replaces or
+// damages the last good checkpoint; the last `keep` are kept.
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
@@ -15,7 +17,6 @@
 
 namespace bottle {
 
-inline constexpr const char* kOptimizerFile = "optimizer.safetensors";
 inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 
 class CheckpointStore {
