@@ -10,11 +10,6 @@
 namespace bottle::testing {
 namespace {
 
-std::string mpirun(int ranks) {
-  return fmt::format("timeout -k 5 240 {} {} {} --oversubscribe", BOTTLE_MPIEXEC,
-                     BOTTLE_MPIEXEC_NUMPROC_FLAG, ranks);
-}
-
 std::vector<nlohmann::json> steps_of(const std::string& metrics) {
   std::vector<nlohmann::json> rows;
   std::ifstream in(metrics);
@@ -23,12 +18,6 @@ std::vector<nlohmann::json> steps_of(const std::string& metrics) {
     if (j.contains("loss")) rows.push_back(j);
   }
   return rows;
-}
-
-int count_lines(const std::string& text, const std::string& part) {
-  int n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
 }
 
 class PipelineCli : public ::testing::Test {
@@ -211,7 +200,7 @@ TEST_F(PipelineCli, BenchPipelineReportsBubbleAndTraffic) {
       "{} {} bench pipeline {} --set parallel.pp=2 --set parallel.dp=2 --steps 1 --warmup 0",
       mpirun(4), bottle_binary(), dir / "tiny.toml"));
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(count_lines(r.output, "bubble"), 4) << r.output;
+  EXPECT_EQ(count_occurrences(r.output, "bubble"), 4) << r.output;
   // 2 stages, 4 micro-batches: (2 - 1) / (4 + 2 - 1).
   EXPECT_NE(r.output.find("(ideal  20.0%)"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("DP gradient traffic, full-rank / cola:"), std::string::npos) << r.output;

@@ -9,18 +9,6 @@
 namespace bottle::testing {
 namespace {
 
-// mpirun with a hard timeout, so that a hang fails the test (status 124) instead of blocking.
-std::string mpirun(int ranks) {
-  return fmt::format("timeout -k 5 120 {} {} {} --oversubscribe", BOTTLE_MPIEXEC,
-                     BOTTLE_MPIEXEC_NUMPROC_FLAG, ranks);
-}
-
-int count(const std::string& text, const std::string& part) {
-  int n = 0;
-  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
-  return n;
-}
-
 class TpCli : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -77,9 +65,9 @@ TEST_P(TpBadLayout, OneClearErrorOnEveryRank) {
   const CommandResult r = train(b.ranks, b.sets);
   EXPECT_NE(r.status, 0) << r.output;
   EXPECT_NE(r.status, 124) << "the job hung:\n" << r.output;
-  EXPECT_EQ(count(r.output, "bottle: error: "), b.ranks) << r.output;
-  EXPECT_EQ(count(r.output, b.message), b.ranks) << r.output;
-  EXPECT_EQ(count(r.output, "step 1"), 0) << "work started:\n" << r.output;
+  EXPECT_EQ(count_occurrences(r.output, "bottle: error: "), b.ranks) << r.output;
+  EXPECT_EQ(count_occurrences(r.output, b.message), b.ranks) << r.output;
+  EXPECT_EQ(count_occurrences(r.output, "step 1"), 0) << "work started:\n" << r.output;
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -125,7 +113,8 @@ double json_loss(const CommandResult& r) {
 TEST_F(TpCli, CheckpointsLoadIntoAnyLayout) {
   const CommandResult trained = train(2, "--set parallel.tp=2 --set parallel.tp_mode=btp");
   ASSERT_EQ(trained.status, 0) << trained.output;
-  EXPECT_EQ(count(trained.output, "done: 4 steps"), 1) << trained.output;  // rank 0 reports
+  EXPECT_EQ(count_occurrences(trained.output, "done: 4 steps"), 1)
+      << trained.output;  // rank 0 reports
   const std::string ckpt = dir / "run/step_00000004";
   // Each TP rank wrote its share of the tensors, whole, listed by HF's index.
   ASSERT_TRUE(fs::exists(ckpt + "/model-00001-of-00002.safetensors")) << trained.output;
@@ -144,7 +133,8 @@ TEST_F(TpCli, CheckpointsLoadIntoAnyLayout) {
         run(fmt::format("{} {} {} --checkpoint {} --set parallel.tp={} --set parallel.tp_mode={}",
                         mpirun(ranks), bottle_binary(), eval, ckpt, ranks, mode));
     ASSERT_EQ(r.status, 0) << r.output;
-    EXPECT_EQ(count(r.output, "\"loss\""), 1) << "one report, from rank 0:\n" << r.output;
+    EXPECT_EQ(count_occurrences(r.output, "\"loss\""), 1) << "one report, from rank 0:\n"
+                                                          << r.output;
     EXPECT_NEAR(json_loss(r), one, 1e-5 * one) << ranks << " ranks, " << mode;
   }
   // --init-from into TP=4 vanilla and into one rank: the same first loss.

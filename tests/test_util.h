@@ -51,6 +51,22 @@ inline CommandResult run(const std::string& command) {
 }
 
 inline std::string bottle_binary() { return BOTTLE_BINARY; }
+
+#ifdef BOTTLE_MPIEXEC
+// mpirun on `ranks` ranks with a hard timeout, so that a hang fails the test (status 124)
+// instead of blocking the suite.
+inline std::string mpirun(int ranks, int timeout_s = 240) {
+  return fmt::format("timeout -k 5 {} {} {} {} --oversubscribe", timeout_s, BOTTLE_MPIEXEC,
+                     BOTTLE_MPIEXEC_NUMPROC_FLAG, ranks);
+}
+#endif
+
+// How often `part` occurs in `text`.
+inline int count_occurrences(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
 inline std::string torch_reference() {
   return "/usr/bin/python3 " BOTTLE_SOURCE_DIR "/tools/torch_reference.py";
 }

@@ -25,20 +25,6 @@ struct PipelineResult {
   int64_t dp_grad_elements = 0;    // per DP rank and step, the whole model (all stages)
 };
 
-double sum_over(Communicator* group, double value) {
-  if (!group || group->size() == 1) return value;
-  float v = float(value);
-  group->all_reduce(Tensor{&v, {1}}, ReduceOp::sum, "bench.sum");
-  return v;
-}
-
-double max_over(Communicator* group, double value) {
-  if (!group || group->size() == 1) return value;
-  float v = float(value);
-  group->all_reduce(Tensor{&v, {1}}, ReduceOp::max, "bench.max");
-  return v;
-}
-
 PipelineResult measure(const TrainConfig& config, const ModelConfig& model_config,
                        PipelineSchedule schedule, ProcessGroups& groups, int steps, int warmup) {
   const auto& p = config.parallel;
@@ -79,10 +65,12 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
     const double total_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     // The slowest stage sets the pipeline's time; each stage's bubble is its idle share.
-    const double pipeline_wall = max_over(groups.world, pipeline_s);
+    const double pipeline_wall =
+        reduce_scalar(groups.world, pipeline_s, ReduceOp::max, "bench.max");
     const double idle = 1.0 - work.compute_seconds / pipeline_wall;
-    const double mean_idle = sum_over(groups.pp.get(), idle) / double(stage.stages);
-    const double wall = max_over(groups.world, total_s);
+    const double mean_idle =
+        reduce_scalar(groups.pp.get(), idle, ReduceOp::sum, "bench.sum") / double(stage.stages);
+    const double wall = reduce_scalar(groups.world, total_s, ReduceOp::max, "bench.max");
     if (step < warmup) continue;
     step_ms.push_back(wall * 1e3);
     bubble.push_back(mean_idle);
@@ -92,7 +80,8 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  return {median(step_ms), median(bubble), int64_t(sum_over(groups.pp.get(), double(dp_elements)))};
+  return {median(step_ms), median(bubble),
+          int64_t(reduce_scalar(groups.pp.get(), double(dp_elements), ReduceOp::sum, "bench.sum"))};
 }
 
 }  // namespace

@@ -61,4 +61,11 @@ CommCounter CommStats::with_prefix(std::string_view prefix) const {
   return sum;
 }
 
+double reduce_scalar(Communicator* group, double value, ReduceOp op, std::string_view site) {
+  if (!group || group->size() == 1) return value;
+  float v = float(value);
+  group->all_reduce(Tensor{&v, {1}}, op, site);
+  return v;
+}
+
 }  // namespace bottle

@@ -78,6 +78,10 @@ class Communicator {
   CommStats stats_;
 };
 
+// A scalar reduced over a group (null or one rank: the value itself), in f32 like every
+// collective here: for losses, norms and timings.
+double reduce_scalar(Communicator* group, double value, ReduceOp op, std::string_view site);
+
 // The world: every process of the job (a single process when not launched by mpirun).
 // Initialises the message-passing runtime on the first call; it is finalised at exit.
 Communicator& world_communicator();

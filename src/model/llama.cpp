@@ -449,12 +449,7 @@ double LlamaModel::grad_sum_squares(Backend& be, int64_t begin, int64_t end) con
     const double s = be.sum_squares(Tensor{params_.grads().f32() + lo, {hi - lo}});
     (spec.sharded() ? sharded : whole) += s;
   }
-  if (tp_.size() > 1) {
-    float value = float(sharded);
-    tp_.comm->all_reduce(Tensor{&value, {1}}, ReduceOp::sum, "tp.grad_norm");
-    sharded = value;
-  }
-  return sharded + whole;
+  return reduce_scalar(tp_.comm, sharded, ReduceOp::sum, "tp.grad_norm") + whole;
 }
 
 double LlamaModel::flops_per_step(int64_t tokens, int64_t seq) const {

@@ -49,10 +49,7 @@ void DataParallel::gather_parameters() {
 }
 
 double DataParallel::sum(double local, std::string_view site) const {
-  if (size() == 1) return local;
-  float value = float(local);
-  dp_->all_reduce(Tensor{&value, {1}}, ReduceOp::sum, site);
-  return value;
+  return reduce_scalar(dp_, local, ReduceOp::sum, site);
 }
 
 }  // namespace bottle

@@ -74,14 +74,6 @@ void kill_failpoint(int rank, int64_t step) {
     std::raise(SIGKILL);
 }
 
-// Σ of a per-rank value over a group (null: the value itself).
-double sum_over(Communicator* group, double value, std::string_view site) {
-  if (!group || group->size() == 1) return value;
-  float v = float(value);
-  group->all_reduce(Tensor{&v, {1}}, ReduceOp::sum, site);
-  return v;
-}
-
 // Mean loss over the first `batches` validation batches, always the same ones.
 double evaluate(Backend& be, LlamaModel& model, Communicator* pp, TokenLoader& val, int64_t batches,
                 std::vector<Tensor>& inputs, std::vector<Tensor>& targets) {
@@ -94,7 +86,7 @@ double evaluate(Backend& be, LlamaModel& model, Communicator* pp, TokenLoader& v
     run_pipeline(forward_only_schedule(stage.stages, stage.stage, 1), work, pp);
     total += work.loss_sum;
   }
-  return sum_over(pp, total, "pp.eval_loss") / double(batches);
+  return reduce_scalar(pp, total, ReduceOp::sum, "pp.eval_loss") / double(batches);
 }
 
 // Token ids must fit the model; the error names the data rather than a kernel.
@@ -243,7 +235,8 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     run_pipeline(actions, work, pp);
     model.reduce_tied_embedding_grad(embedding_group.get());
     // The loss lives on the last stage; every rank learns it.
-    double loss = sum_over(pp, work.loss_sum, "pp.loss") / double(micro_batches);
+    double loss =
+        reduce_scalar(pp, work.loss_sum, ReduceOp::sum, "pp.loss") / double(micro_batches);
     data_parallel.reduce_gradients(*be);
     loss = data_parallel.sum(loss, "dp.loss") / dp_size;
     // Each stage holds its own parameters: their squared norms add up over the pipeline.
@@ -252,7 +245,8 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                                                                         data_parallel.end()),
                                                  "dp.grad_norm")
                              : model.grad_sum_squares(*be);
-    const double grad_norm = std::sqrt(sum_over(pp, sum_squares, "pp.grad_norm"));
+    const double grad_norm =
+        std::sqrt(reduce_scalar(pp, sum_squares, ReduceOp::sum, "pp.grad_norm"));
     const float lr = schedule.at(step);
     const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
     if (!finite && tc.on_nonfinite == OnNonfinite::stop)
