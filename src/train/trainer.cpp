@@ -197,7 +197,9 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     if (metrics) metrics->message(text);
   };
   const double peak_gflops = measure_gemm_peak_gflops(*be);
-  const double flops_per_step = model.flops_per_step(B * S, S) * double(tc.grad_accum_steps);
+  // The whole job's model FLOPs: every DP replica's micro-batches.
+  const double flops_per_step =
+      model.flops_per_step(B * S, S) * double(tc.grad_accum_steps) * double(dp_size);
   message(fmt::format(
       "training {} ({} parameters, {} bottleneck) for {} steps of {} tokens on {} rank(s) (tp {} "
       "\"{}\") x {} threads; GEMM peak {:.0f} GFLOP/s per rank",
