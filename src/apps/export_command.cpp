@@ -5,6 +5,7 @@
 #include <filesystem>
 
 #include "apps/commands.h"
+#include "comm/communicator.h"
 #include "model/checkpoint.h"
 
 namespace bottle {
@@ -17,8 +18,12 @@ Command add_export_command(CLI::App& app) {
   app.add_option("--checkpoint", o->checkpoint, "checkpoint directory (any layout)")->required();
   app.add_option("--out", o->out, "directory to write config.json + model.safetensors")->required();
   return [o] {
-    BOTTLE_CHECK(std::filesystem::absolute(o->out) != std::filesystem::absolute(o->checkpoint),
+    namespace fs = std::filesystem;
+    BOTTLE_CHECK(fs::weakly_canonical(o->out) != fs::weakly_canonical(o->checkpoint),
                  "export: --out must differ from --checkpoint ({})", o->checkpoint);
+    BOTTLE_CHECK(world_communicator().size() == 1,
+                 "export: run it as one process (it writes one model), not under mpirun -np {}",
+                 world_communicator().size());
     auto model = load_model(o->checkpoint);
     save_model(*model, o->out);
     std::printf("exported %s (%lld parameters) to %s\n", o->checkpoint.c_str(),

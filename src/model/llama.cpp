@@ -60,11 +60,13 @@ void validate_tensor_parallel(const ModelConfig& c, int t, TpMode mode,
   auto divides = [&](int64_t value, const char* name) {
     BOTTLE_CHECK(value % t == 0, "{} ({}) must divide {} ({})", tp_key, t, name, value);
   };
-  divides(c.vocab_size, "model.vocab_size");
-  divides(c.hidden_size, "model.hidden_size");
-  divides(c.intermediate_size, "model.intermediate_size");
-  divides(c.num_heads, "model.num_heads");
-  divides(c.num_kv_heads, "model.num_kv_heads");
+  divides(c.vocab_size, "model.vocab_size");  // every mode splits the vocabulary
+  if (mode != TpMode::vanilla) {              // vanilla splits only the bottleneck (below)
+    divides(c.hidden_size, "model.hidden_size");
+    divides(c.intermediate_size, "model.intermediate_size");
+    divides(c.num_heads, "model.num_heads");
+    divides(c.num_kv_heads, "model.num_kv_heads");
+  }
   if (mode == TpMode::vanilla)
     for (int i = 0; i < kNumProjections; ++i)
       BOTTLE_CHECK(c.rank_of(ProjectionId(i)) % t == 0,
@@ -85,8 +87,6 @@ LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad
   BOTTLE_CHECK(stage_.stages >= 1 && stage_.stages <= layers,
                "parallel.pp ({}) must be between 1 and model.num_layers ({})", stage_.stages,
                layers);
-  if (stage_.stages > 1) {
-  }
   first_layer_ = stage_.first_layer(layers);
   end_layer_ = stage_.end_layer(layers);
   embedding_hidden_split_ = tp_.mode == TpMode::btp && !config_.tie_embeddings;
