@@ -48,7 +48,7 @@ std::string index_file_name(const std::string& stem) { return stem + ".safetenso
 namespace {
 
 // Gathers every tensor over the TP group; tensor j is kept by the rank owner(j), which
-// writes what it kept to `path`.
+// writes what it kept to `path` (a rank that keeps nothing writes nothing).
 template <typename Owner>
 void write_owned(const std::string& path, const ParameterStore& params, Communicator* tp,
                  const std::vector<std::pair<std::string, const float*>>& sources,
@@ -64,6 +64,7 @@ void write_owned(const std::string& path, const ParameterStore& params, Communic
       kept.push_back(std::move(whole));
       names.push_back({prefix + spec.name, spec.full_shape});
     }
+  if (kept.empty()) return;
   std::vector<NamedTensor> tensors;
   for (size_t i = 0; i < kept.size(); ++i)
     tensors.push_back({names[i].first, Tensor{kept[i].data(), names[i].second}});
@@ -75,11 +76,6 @@ void write_owned(const std::string& path, const ParameterStore& params, Communic
 void write_gathered(const std::string& path, const ParameterStore& params, Communicator* tp,
                     const std::vector<std::pair<std::string, const float*>>& sources,
                     const std::map<std::string, std::string>& metadata) {
-  if (tp && tp->rank() != 0) {  // takes part in the gathers only
-    for (const auto& [prefix, flat] : sources)
-      for (const ParamSpec& spec : params.specs()) gather_parameter(spec, flat + spec.offset, tp);
-    return;
-  }
   write_owned(path, params, tp, sources, metadata, [](int) { return 0; });
 }
 

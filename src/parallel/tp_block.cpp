@@ -65,10 +65,9 @@ void allocate_block_gradients(Arena& arena, const TensorParallel& tp, const TpBl
                               BlockGradients& g) {
   const BlockDims& d = b.dims;
   const int64_t n = d.rows();
-  const int64_t width = tp.mode == TpMode::btp ? d.d_res : d.d;
   g.residual = arena.alloc({n, d.d_res});
-  g.normed = arena.alloc({n, width});
-  g.normed_part = arena.alloc({n, std::max(width, d.dff)});
+  g.normed = arena.alloc({n, d.d_res});
+  g.normed_part = arena.alloc({n, d.d_res});
   g.attn = arena.alloc({n, d.dq});
   g.qkv = arena.alloc({n * (d.dq + 2 * d.dkv)});
   g.q = slab_view(g.qkv, 0, {n, d.dq});
