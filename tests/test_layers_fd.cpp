@@ -228,7 +228,7 @@ TEST_P(ProjectionFd, Gradients) {
       checked.push_back({"ln_b", p.ln_b.value, p.ln_b.grad});
     }
   }
-  p.allocate_activations(act, n);
+  p.allocate_activations({act, act, act, act, act}, n);
 
   Tensor x = act.alloc({n, din}), dx = act.alloc({n, din});
   Tensor y = act.alloc({n, dout}), c = act.alloc({n, dout});

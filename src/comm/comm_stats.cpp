@@ -34,6 +34,10 @@ void add(CommCounter& to, const CommCounter& from) {
 
 void CommStats::record(Collective kind, std::string_view site, int64_t elements, double seconds) {
   const CommCounter one{1, elements, seconds};
+  if (!phase_.empty()) {
+    phased_site_.assign(phase_).append(site);
+    site = phased_site_;
+  }
   // Heterogeneous lookup: the common case (a site seen before) allocates nothing.
   auto it = by_site_.find(site);
   if (it == by_site_.end()) it = by_site_.emplace(std::string(site), CommCounter{}).first;
@@ -59,6 +63,16 @@ CommCounter CommStats::with_prefix(std::string_view prefix) const {
        it != by_site_.end() && std::string_view(it->first).starts_with(prefix); ++it)
     add(sum, it->second);
   return sum;
+}
+
+CommPhase::CommPhase(Communicator* comm, std::string phase) : comm_(comm) {
+  if (!comm_) return;
+  previous_ = comm_->stats().phase();
+  comm_->stats().set_phase(std::move(phase));
+}
+
+CommPhase::~CommPhase() {
+  if (comm_) comm_->stats().set_phase(std::move(previous_));
 }
 
 double reduce_scalar(Communicator* group, double value, ReduceOp op, std::string_view site) {

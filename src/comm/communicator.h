@@ -31,6 +31,7 @@ struct CommCounter {
 
 class CommStats {
  public:
+  // Counted under phase() + site.
   void record(Collective kind, std::string_view site, int64_t elements, double seconds);
   void reset();
   const std::map<std::string, CommCounter, std::less<>>& by_site() const { return by_site_; }
@@ -39,8 +40,15 @@ class CommStats {
   // Sum over the sites whose name starts with `prefix`.
   CommCounter with_prefix(std::string_view prefix) const;
 
+  // A phase prefixes every site recorded while it is set ("recompute." while backward
+  // re-runs a forward), so that its collectives count apart from the first pass's.
+  const std::string& phase() const { return phase_; }
+  void set_phase(std::string phase) { phase_ = std::move(phase); }
+
  private:
   std::map<std::string, CommCounter, std::less<>> by_site_;
+  std::string phase_;
+  std::string phased_site_;  // scratch for phase_ + site
   CommCounter by_kind_[7];
 };
 
@@ -76,6 +84,19 @@ class Communicator {
 
  protected:
   CommStats stats_;
+};
+
+// Sets a communicator's phase (CommStats::set_phase) for the scope; null: nothing.
+class CommPhase {
+ public:
+  CommPhase(Communicator* comm, std::string phase);
+  ~CommPhase();
+  CommPhase(const CommPhase&) = delete;
+  CommPhase& operator=(const CommPhase&) = delete;
+
+ private:
+  Communicator* comm_;
+  std::string previous_;
 };
 
 // A scalar reduced over a group (null or one rank: the value itself), in f32 like every

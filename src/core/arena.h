@@ -37,27 +37,72 @@ class MemoryStats {
   size_t peak_total_ = 0;
 };
 
-// 64-byte aligned, zero-initialised host memory, released when the arena dies.
-class Arena {
+// Bytes per tag: a rank's footprint, measured or planned.
+struct MemoryBreakdown {
+  std::array<size_t, size_t(MemoryTag::count)> bytes{};
+  size_t& operator[](MemoryTag tag) { return bytes[size_t(tag)]; }
+  size_t operator[](MemoryTag tag) const { return bytes[size_t(tag)]; }
+  size_t total() const;
+};
+
+// Where a layer's buffers come from: an Arena, or a region several layers share.
+class Allocator {
  public:
-  explicit Arena(MemoryTag tag) : tag_(tag) {}
+  virtual ~Allocator() = default;
+  virtual Tensor alloc(Shape shape, DType dtype = DType::f32) = 0;
+};
+
+// Every allocation is rounded up to this, so that views stay aligned for SIMD.
+inline constexpr size_t kAllocationAlignment = 64;
+size_t aligned_size(size_t bytes);
+
+// 64-byte aligned, zero-initialised host memory, released when the arena dies.
+// `reserve_only`: plans a footprint without using memory. Each allocation reserves address
+// space that is never touched (its pages are never backed), so code that lays out buffers
+// runs unchanged and bytes() is exactly what a real arena would hold; MemoryStats is not
+// told. Writing to such a buffer faults.
+class Arena final : public Allocator {
+ public:
+  explicit Arena(MemoryTag tag, bool reserve_only = false)
+      : tag_(tag), reserve_only_(reserve_only) {}
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   Arena(Arena&&) = default;
   Arena& operator=(Arena&&) = default;
-  ~Arena();
+  ~Arena() override;
 
-  Tensor alloc(Shape shape, DType dtype = DType::f32);
+  Tensor alloc(Shape shape, DType dtype = DType::f32) override;
   size_t bytes() const { return bytes_; }
   MemoryTag tag() const { return tag_; }
+  bool reserve_only() const { return reserve_only_; }
 
  private:
-  struct FreeDeleter {
+  struct Release {
+    size_t bytes = 0;
+    bool reserved = false;
     void operator()(void* p) const;
   };
   MemoryTag tag_;
+  bool reserve_only_ = false;
   size_t bytes_ = 0;
-  std::vector<std::unique_ptr<void, FreeDeleter>> blocks_;
+  std::vector<std::unique_ptr<void, Release>> blocks_;
+};
+
+// Hands out consecutive aligned views of one region, from its start again after rewind():
+// layers whose buffers are only live one at a time (a block recomputed in backward, a
+// collective's scratch) share the region. Fails naming `what` when the region is too small.
+class RegionAllocator final : public Allocator {
+ public:
+  RegionAllocator() = default;  // an empty region
+  RegionAllocator(Tensor region, const char* what) : region_(region), what_(what) {}
+  Tensor alloc(Shape shape, DType dtype = DType::f32) override;
+  void rewind() { offset_ = 0; }
+  size_t used() const { return offset_; }
+
+ private:
+  Tensor region_;
+  const char* what_ = "";
+  size_t offset_ = 0;
 };
 
 }  // namespace bottle

@@ -79,8 +79,8 @@ LlamaModel::LlamaModel(const ModelConfig& config)
     : LlamaModel(config, TensorParallel{default_tp_mode(config)}) {}
 
 LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to,
-                       PipelineStage stage)
-    : config_(config), tp_(tp), stage_(stage) {
+                       PipelineStage stage, bool reserve_only)
+    : config_(config), tp_(tp), stage_(stage), reserve_only_(reserve_only) {
   config_.validate("model config", false);
   validate_tensor_parallel(config_, tp_.size(), tp_.mode, "parallel.");
   const int layers = int(config_.num_layers);
@@ -91,7 +91,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad
   end_layer_ = stage_.end_layer(layers);
   embedding_hidden_split_ = tp_.mode == TpMode::btp && !config_.tie_embeddings;
   declare_parameters();
-  params_.allocate(pad_parameters_to);
+  params_.allocate(pad_parameters_to, reserve_only_);
   bind_parameters();
 }
 
@@ -225,15 +225,18 @@ void LlamaModel::bind_parameters() {
   }
 }
 
-void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots) {
+void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Recompute policy) {
   const ModelConfig& c = config_;
   BOTTLE_CHECK(batch > 0 && seq > 0, "micro-batch {} x sequence {} must be positive", batch, seq);
   BOTTLE_CHECK(seq <= c.max_seq_len, "sequence length {} exceeds the model's max_seq_len {}", seq,
                c.max_seq_len);
   BOTTLE_CHECK(slots >= 1, "{} micro-batch slots", slots);
+  validate_recompute(policy, tp_.mode, c.bottleneck != BottleneckKind::none);
   batch_ = batch;
   seq_ = seq;
-  activations_ = std::make_unique<Arena>(MemoryTag::activations);
+  recompute_ = policy;
+  activations_ = std::make_unique<Arena>(MemoryTag::activations, reserve_only_);
+  comm_ = std::make_unique<Arena>(MemoryTag::comm, reserve_only_);
   Arena& a = *activations_;
   const int64_t n = batch * seq, d = c.hidden_size, v_local = c.vocab_size / tp_.size();
   const int64_t d_res = tp_.mode == TpMode::btp ? d / tp_.size() : d;
@@ -241,11 +244,34 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots) {
     b.dims.batch = batch;
     b.dims.seq = seq;
   }
+  // Blocks share what they do not keep, one block at a time: lay out the widest block (the
+  // last: LaX's first block has no crossing) in reserve to size the shared regions.
+  RegionAllocator recomputed, grads, comm;
+  if (!blocks_.empty()) {
+    Arena plan_kept(MemoryTag::activations, true), plan_recomputed(MemoryTag::activations, true),
+        plan_grads(MemoryTag::activations, true), plan_comm(MemoryTag::comm, true);
+    TpBlock widest = blocks_.back();
+    allocate_block(
+        {plan_kept, policy == Recompute::none ? plan_kept : plan_recomputed, plan_grads, plan_comm},
+        tp_, policy, widest);
+    auto region = [](Arena& arena, const Arena& plan, const char* what) {
+      return RegionAllocator(arena.alloc({int64_t(plan.bytes() / sizeof(float))}), what);
+    };
+    recomputed = region(a, plan_recomputed, "recomputed block activations");
+    grads = region(a, plan_grads, "block latent gradients");
+    comm = region(*comm_, plan_comm, "block communication scratch");
+  }
+  Allocator& recomputed_from = policy == Recompute::none ? static_cast<Allocator&>(a) : recomputed;
   slots_.assign(size_t(slots), Slot{});
   for (Slot& slot : slots_) {
     slot.blocks = blocks_;  // shares the parameters; the activations are the slot's own
     for (size_t i = 0; i <= blocks_.size(); ++i) slot.residual.push_back(a.alloc({n, d_res}));
-    for (TpBlock& b : slot.blocks) allocate_block(a, tp_, b);
+    for (TpBlock& b : slot.blocks) {
+      recomputed.rewind();
+      grads.rewind();
+      comm.rewind();
+      allocate_block({a, recomputed_from, grads, comm}, tp_, policy, b);
+    }
     if (tp_.mode == TpMode::btp && (stage_.first() || stage_.last())) slot.whole = a.alloc({n, d});
     if (stage_.last()) {
       slot.final_norm = final_norm_;
@@ -268,8 +294,10 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots) {
       }
     }
   }
-  if (tp_.mode == TpMode::btp) gather_scratch_ = a.alloc({n * d});
-  if (!blocks_.empty()) allocate_block_gradients(a, tp_, slots_[0].blocks[0], grad_);
+  if (policy == Recompute::block) recompute_out_ = a.alloc({n, d_res});
+  if (tp_.mode == TpMode::btp) gather_scratch_ = comm_->alloc({n * d});
+  if (!blocks_.empty())
+    allocate_block_gradients({a, a, a, *comm_}, tp_, slots_[0].blocks[0], grad_);
   if (stage_.last()) {
     dlogits_ = a.alloc({n, v_local});
     dfinal_ = a.alloc({n, d});
@@ -277,6 +305,15 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots) {
   } else if (stage_.first() && tp_.mode == TpMode::btp) {
     whole_grad_ = a.alloc({n, d});
   }
+}
+
+MemoryBreakdown LlamaModel::memory() const {
+  MemoryBreakdown m;
+  m[MemoryTag::weights] = params_.bytes();
+  m[MemoryTag::gradients] = params_.bytes();
+  m[MemoryTag::activations] = activations_ ? activations_->bytes() : 0;
+  m[MemoryTag::comm] = comm_ ? comm_->bytes() : 0;
+  return m;
 }
 
 void LlamaModel::check_tokens(Tensor tokens, const char* what) const {
@@ -391,8 +428,11 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   TpBlock* before = crosses_boundaries() && !stage_.first() ? &s.boundary : nullptr;
   if (before)
     for (Projection& p : before->proj) be.fill_zero(p.du);
-  for (size_t i = s.blocks.size(); i-- > 0;)
-    block_backward(be, tp_, s.blocks[i], i ? &s.blocks[i - 1] : before, s.residual[i], grad_);
+  for (size_t i = s.blocks.size(); i-- > 0;) {
+    TpBlock* prev = i ? &s.blocks[i - 1] : before;
+    block_recompute(be, tp_, recompute_, s.blocks[i], prev, s.residual[i], recompute_out_);
+    block_backward(be, tp_, s.blocks[i], prev, s.residual[i], grad_);
+  }
   if (!stage_.first()) {
     std::memcpy(s.input_grad.data, grad_.residual.data, grad_.residual.nbytes());
     return;

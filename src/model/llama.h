@@ -43,8 +43,10 @@ class LlamaModel {
   // tp's size does not divide a dimension it splits.
   // pad_parameters_to: the flat parameter buffers' size is a multiple of it (ZeRO-1 shards).
   // stage: this rank's share of a pipeline (the whole model by default).
+  // reserve_only: a plan of the rank's footprint (memory()) that holds no memory; it can
+  // lay out buffers but not run.
   explicit LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to = 1,
-                      PipelineStage stage = {});
+                      PipelineStage stage = {}, bool reserve_only = false);
   explicit LlamaModel(const ModelConfig& config);
 
   const ModelConfig& config() const { return config_; }
@@ -55,8 +57,12 @@ class LlamaModel {
 
   const PipelineStage& stage() const { return stage_; }
 
-  // Buffers for `slots` micro-batches in flight of `batch` rows of `seq` tokens.
-  void allocate_activations(int64_t batch, int64_t seq, int slots = 1);
+  // Buffers for `slots` micro-batches in flight of `batch` rows of `seq` tokens, keeping
+  // what `policy` keeps (parallel/recompute.h); fails naming training.recompute when the
+  // policy does not fit the model or TP mode.
+  void allocate_activations(int64_t batch, int64_t seq, int slots = 1,
+                            Recompute policy = Recompute::none);
+  Recompute recompute() const { return recompute_; }
   int64_t batch() const { return batch_; }
   int64_t seq() const { return seq_; }
 
@@ -86,6 +92,8 @@ class LlamaModel {
 
   Tensor logits() const { return slots_[0].logits; }  // [B·S, V/t] of the last forward
   size_t activation_bytes() const { return activations_ ? activations_->bytes() : 0; }
+  // What this rank's model holds: weights, gradients, activations, communication buffers.
+  MemoryBreakdown memory() const;
   int64_t vocab_first() const { return tp_.offset(config_.vocab_size); }
 
   // Tied embeddings over a pipeline: the first stage's table and the last stage's copy (the
@@ -136,11 +144,14 @@ class LlamaModel {
   std::vector<TpBlock> blocks_;          // bound to the parameters; copied into each slot
   RMSNorm final_norm_;
 
+  bool reserve_only_ = false;
   int64_t batch_ = 0, seq_ = 0;
-  std::unique_ptr<Arena> activations_;
+  Recompute recompute_ = Recompute::none;
+  std::unique_ptr<Arena> activations_, comm_;
+  Tensor recompute_out_;  // [N, d_res] block: a recomputed block's output, discarded
   std::vector<Slot> slots_;
   Tensor whole_grad_;      // [N, d] ∂/∂(final norm input, whole)
-  Tensor gather_scratch_;  // [N·d] btp
+  Tensor gather_scratch_;  // [N·d] btp, communication
   BlockGradients grad_;
   Tensor dlogits_;  // [N, V/t]
   Tensor dfinal_;   // [N, d] ∂/∂(final norm output)

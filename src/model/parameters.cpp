@@ -53,9 +53,9 @@ void ParameterStore::declare(ParamSpec spec) {
   specs_.push_back(std::move(spec));
 }
 
-void ParameterStore::allocate(int64_t multiple) {
-  value_arena_ = std::make_unique<Arena>(MemoryTag::weights);
-  grad_arena_ = std::make_unique<Arena>(MemoryTag::gradients);
+void ParameterStore::allocate(int64_t multiple, bool reserve_only) {
+  value_arena_ = std::make_unique<Arena>(MemoryTag::weights, reserve_only);
+  grad_arena_ = std::make_unique<Arena>(MemoryTag::gradients, reserve_only);
   const int64_t padded = (count_ + multiple - 1) / multiple * multiple;
   values_ = value_arena_->alloc({padded});
   grads_ = grad_arena_->alloc({padded});
@@ -76,6 +76,7 @@ Param ParameterStore::get(const std::string& name) const {
 }
 
 void ParameterStore::initialize(uint64_t seed) {
+  BOTTLE_CHECK(!value_arena_->reserve_only(), "initialising parameters that are only planned");
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];
     float* v = at(i).value.f32();

@@ -40,7 +40,8 @@ class ParameterStore {
   // Planning: declare every parameter, then allocate() once. The flat buffers are padded
   // to a multiple of `multiple` elements (ZeRO-1 cuts them into equal shards).
   void declare(ParamSpec spec);
-  void allocate(int64_t multiple = 1);
+  // reserve_only: plans the footprint without using memory (Arena's reserve mode).
+  void allocate(int64_t multiple = 1, bool reserve_only = false);
 
   Param get(const std::string& name) const;  // throws naming the parameter
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
@@ -49,6 +50,7 @@ class ParameterStore {
   Tensor values() const { return values_; }  // [padded count]
   Tensor grads() const { return grads_; }    // [padded count]
   int64_t count() const { return count_; }   // elements up to the last parameter's end
+  size_t bytes() const { return value_arena_ ? value_arena_->bytes() : 0; }  // values (= grads)
 
   // Each parameter from a seed derived from (seed, its name), element by element, so that
   // any slice of it is the same whatever the layout that asks for it.

@@ -10,7 +10,7 @@ Tensor reshaped(Tensor t, Shape shape) {
 }
 }  // namespace
 
-void Attention::allocate_activations(Arena& arena) {
+void Attention::allocate_activations(Allocator& arena) {
   out = arena.alloc(q_shape());
   lse = arena.alloc({batch, heads, seq});
 }

@@ -12,7 +12,7 @@ struct Attention {
   Tensor out;  // [B, S, H, hd]
   Tensor lse;  // [B, H, S] log-sum-exp of each query's scores, for backward
 
-  void allocate_activations(Arena& arena);
+  void allocate_activations(Allocator& arena);
   Shape q_shape() const { return {batch, seq, heads, head_dim}; }
   Shape kv_shape() const { return {batch, seq, kv_heads, head_dim}; }
 

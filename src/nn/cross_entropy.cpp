@@ -2,7 +2,7 @@
 
 namespace bottle {
 
-void CrossEntropy::allocate_activations(Arena& arena, int64_t rows, int64_t vocab) {
+void CrossEntropy::allocate_activations(Allocator& arena, int64_t rows, int64_t vocab) {
   losses = arena.alloc({rows});
   probs = arena.alloc({rows, vocab});
 }

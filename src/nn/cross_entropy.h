@@ -9,7 +9,7 @@ struct CrossEntropy {
   Tensor losses;  // [N] per-token loss
   Tensor probs;   // [N, V] softmax, kept for backward
 
-  void allocate_activations(Arena& arena, int64_t rows, int64_t vocab);
+  void allocate_activations(Allocator& arena, int64_t rows, int64_t vocab);
   // Returns the mean loss over the N rows.
   float forward(Backend& be, Tensor logits, Tensor targets);
   // dlogits += scale · ∂(sum of losses)/∂logits; scale = 1/N gives the mean's gradient.

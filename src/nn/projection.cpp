@@ -55,38 +55,38 @@ BottleneckKind parse_bottleneck_kind(const std::string& name) {
 namespace {
 
 // The buffers every bottleneck projection has besides z, u, du, dz.
-void allocate_private(Projection& p, Arena& arena, int64_t rows) {
+void allocate_private(Projection& p, const ProjectionAllocators& from, int64_t rows) {
   if (p.sharded()) {
-    p.z_shard = arena.alloc({rows, p.shard_rank});
-    p.du_shard = arena.alloc({rows, p.shard_rank});
+    p.z_shard = from.inside.alloc({rows, p.shard_rank});
+    p.du_shard = from.grads.alloc({rows, p.shard_rank});
   }
   if (p.crossing) {
-    p.zc = arena.alloc({rows, p.rank});
-    p.zn = arena.alloc({rows, p.rank});
-    p.dzn = arena.alloc({rows, p.rank});
-    p.ln_mean = arena.alloc({rows});
-    p.ln_rstd = arena.alloc({rows});
+    p.zc = from.inside.alloc({rows, p.rank});
+    p.zn = from.inside.alloc({rows, p.rank});
+    p.ln_mean = from.inside.alloc({rows});
+    p.ln_rstd = from.inside.alloc({rows});
+    p.dzn = from.grads.alloc({rows, p.rank});
   }
 }
 
 }  // namespace
 
-void Projection::allocate_activations(Arena& arena, int64_t rows) {
+void Projection::allocate_activations(const ProjectionAllocators& from, int64_t rows) {
   if (!bottleneck()) return;
   if (shard_rank == 0) shard_rank = rank;
-  z = arena.alloc({rows, rank});
-  du = arena.alloc({rows, rank});
+  z = from.z.alloc({rows, rank});
+  du = from.du.alloc({rows, rank});
   if (kind == BottleneckKind::svd) {
     u = z;
     dz = du;
   } else {
-    u = arena.alloc({rows, rank});
-    dz = arena.alloc({rows, rank});
+    u = from.u.alloc({rows, rank});
+    dz = from.grads.alloc({rows, rank});
   }
-  allocate_private(*this, arena, rows);
+  allocate_private(*this, from, rows);
 }
 
-ProjectionSlabs allocate_grouped_activations(Arena& arena, int64_t rows,
+ProjectionSlabs allocate_grouped_activations(const ProjectionAllocators& from, int64_t rows,
                                              std::span<Projection* const> group, int64_t z_tail) {
   int64_t total = 0;
   for (Projection* p : group) {
@@ -95,11 +95,11 @@ ProjectionSlabs allocate_grouped_activations(Arena& arena, int64_t rows,
     total += rows * p->rank;
   }
   ProjectionSlabs slabs;
-  slabs.z = arena.alloc({total + z_tail});
-  slabs.du = arena.alloc({total});
+  slabs.z = from.z.alloc({total + z_tail});
+  slabs.du = from.du.alloc({total});
   const bool svd = group.front()->kind == BottleneckKind::svd;
-  Tensor u_slab = svd ? slabs.z : arena.alloc({total});
-  Tensor dz_slab = svd ? slabs.du : arena.alloc({total});
+  Tensor u_slab = svd ? slabs.z : from.u.alloc({total});
+  Tensor dz_slab = svd ? slabs.du : from.grads.alloc({total});
   int64_t offset = 0;
   for (Projection* p : group) {
     auto view = [&](Tensor slab) { return Tensor{slab.f32() + offset, {rows, p->rank}}; };
@@ -108,7 +108,7 @@ ProjectionSlabs allocate_grouped_activations(Arena& arena, int64_t rows,
     p->u = view(u_slab);
     p->dz = view(dz_slab);
     offset += rows * p->rank;
-    allocate_private(*p, arena, rows);
+    allocate_private(*p, from, rows);
   }
   return slabs;
 }

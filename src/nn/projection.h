@@ -32,6 +32,16 @@ inline constexpr std::array<const char*, kNumProjections> kProjectionNames = {
     "q", "k", "v", "o", "gate", "up", "down"};
 BottleneckKind parse_bottleneck_kind(const std::string& name);  // throws naming the value
 
+// Where a projection's buffers come from. They may all be one arena; activation
+// recomputation keeps some per block and shares the rest (parallel/recompute.h).
+struct ProjectionAllocators {
+  Allocator& z;       // z: A's output (under btp, the latent after its all-reduce)
+  Allocator& u;       // u: the latent B reads (svd: z itself)
+  Allocator& inside;  // zc, zn, LN_r statistics, z_shard: rebuilt from z and u_prev
+  Allocator& du;      // du: outlives this block's backward under LaX (the crossing)
+  Allocator& grads;   // dz, dzn, du_shard: live only within this projection's backward
+};
+
 struct Projection {
   BottleneckKind kind = BottleneckKind::none;
   int64_t d_in = 0, d_out = 0;               // this rank's widths
@@ -64,7 +74,7 @@ struct Projection {
 
   bool bottleneck() const { return kind != BottleneckKind::none; }
   bool sharded() const { return shard_rank != 0 && shard_rank != rank; }
-  void allocate_activations(Arena& arena, int64_t rows);
+  void allocate_activations(const ProjectionAllocators& from, int64_t rows);
 
   // y[N, d_out] = P(x[N, d_in]) (+= when accumulate). u_prev: the previous block's u of the
   // same projection (lax with crossing), else empty. Not for sharded projections.
@@ -91,7 +101,7 @@ struct ProjectionSlabs {
   Tensor z;   // [Σ N·rank + z_tail]
   Tensor du;  // [Σ N·rank]
 };
-ProjectionSlabs allocate_grouped_activations(Arena& arena, int64_t rows,
+ProjectionSlabs allocate_grouped_activations(const ProjectionAllocators& from, int64_t rows,
                                              std::span<Projection* const> group,
                                              int64_t z_tail = 0);
 

@@ -2,7 +2,7 @@
 
 namespace bottle {
 
-void RMSNorm::allocate_activations(Arena& arena, int64_t rows, int64_t cols) {
+void RMSNorm::allocate_activations(Allocator& arena, int64_t rows, int64_t cols) {
   out = arena.alloc({rows, cols});
   rstd = arena.alloc({rows});
 }

@@ -12,7 +12,7 @@ struct RMSNorm {
   Tensor out;   // [N, C]
   Tensor rstd;  // [N]
 
-  void allocate_activations(Arena& arena, int64_t rows, int64_t cols);
+  void allocate_activations(Allocator& arena, int64_t rows, int64_t cols);
   void forward(Backend& be, Tensor x) { be.rmsnorm_forward(out, rstd, x, weight.value, eps); }
   // dx += ∂/∂x; dγ +=.
   void backward(Backend& be, Tensor dx, Tensor dout, Tensor x) {

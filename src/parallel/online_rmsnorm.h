@@ -35,19 +35,26 @@ struct OnlineRMSNorm {
   Tensor factor;     // [N] scratch
   Tensor dot;        // [N] the backward statistic c
 
-  void allocate_activations(Arena& arena, int64_t rows, int64_t cols);
+  void allocate_activations(Allocator& arena, int64_t rows, int64_t cols);
   // out = x ⊙ γ / rms_i; sumsq (the all-reduce slab's tail, [N]) = S_i.
   void forward_local(Backend& be, Tensor x, Tensor sumsq);
   // Before the all-reduce: partial GEMM outputs *= rms_i.
   void scale_partials(Backend& be, std::span<const Tensor> partials, Tensor sumsq);
   // After it: rstd from ΣS; outputs /= rms; out rescaled to the exact normalised slice.
   void finish(Backend& be, std::span<const Tensor> outputs, Tensor sumsq_total);
+  // out, rms_local, rstd and factor again, as forward left them, from x and the kept ΣS
+  // (activation recomputation; the latents were kept already finished).
+  void recompute(Backend& be, Tensor x, Tensor sumsq_total);
   // from_latent: the statistic c from (z, dz) of the A's reading this norm (whole and
   // replicated). Call before their backward zeroes the latent gradients.
   void latent_statistic(Backend& be, std::span<const std::pair<Tensor, Tensor>> latents);
   // dx += ∂/∂x and dγ += from dn = ∂/∂out [N, d/t]; all_reduce: c from dn, summed over ranks.
   void backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dn, Tensor x,
                 std::string_view site);
+
+ private:
+  void set_local_rms(Tensor sumsq);        // rms_local from S_i
+  void set_whole_rms(Tensor sumsq_total);  // rstd, and factor = rms_local · rstd
 };
 
 }  // namespace bottle

@@ -11,6 +11,7 @@
 #include "nn/projection.h"
 #include "nn/rmsnorm.h"
 #include "parallel/online_rmsnorm.h"
+#include "parallel/recompute.h"
 #include "parallel/tensor_parallel.h"
 
 namespace bottle {
@@ -64,10 +65,22 @@ struct BlockGradients {
   Tensor latent_part;  // [N·Σr] btp: B's partial latent gradients before their all-reduce
 };
 
-// Buffers of one block and the shared gradients, for this rank's dims.
-void allocate_block(Arena& arena, const TensorParallel& tp, TpBlock& block);
-void allocate_block_gradients(Arena& arena, const TensorParallel& tp, const TpBlock& block,
-                              BlockGradients& g);
+// Where a block's buffers come from.
+struct BlockAllocators {
+  Allocator& kept;        // what the recompute policy keeps from forward to backward
+  Allocator& recomputed;  // what it rebuilds in backward (policy none: `kept` again)
+  Allocator& grads;       // gradients live only within one block's backward
+  Allocator& comm;        // communication scratch
+};
+
+// Buffers of one block for this rank's dims, those `policy` keeps from a.kept.
+void allocate_block(const BlockAllocators& a, const TensorParallel& tp, Recompute policy,
+                    TpBlock& block);
+// The gradients all blocks share (from a.grads; communication scratch from a.comm).
+void allocate_block_gradients(const BlockAllocators& a, const TensorParallel& tp,
+                              const TpBlock& block, BlockGradients& g);
+// Fails, naming training.recompute, when `policy` does not apply to this mode and model.
+void validate_recompute(Recompute policy, TpMode mode, bool bottleneck);
 
 // prev: the block before (LaX crossing), else null. out = the block's output [N, d_res].
 void block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev, Tensor x,
@@ -75,6 +88,12 @@ void block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBl
 // On entry g.residual = ∂loss/∂out; on exit ∂loss/∂x. Parameter gradients +=.
 void block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev, Tensor x,
                     BlockGradients& g);
+
+// Rebuilds what backward reads that `policy` did not keep (recompute.h). `out` [N, d_res]
+// takes the block's output again where the policy re-runs the whole block. Collectives
+// issued count under kRecomputePhase.
+void block_recompute(Backend& be, const TensorParallel& tp, Recompute policy, TpBlock& b,
+                     const TpBlock* prev, Tensor x, Tensor out);
 
 // The per-mode implementations.
 void full_block_forward(Backend&, const TensorParallel&, TpBlock&, Tensor x, Tensor out);
@@ -87,6 +106,9 @@ void btp_block_forward(Backend&, const TensorParallel&, TpBlock&, const TpBlock*
                        Tensor out);
 void btp_block_backward(Backend&, const TensorParallel&, TpBlock&, TpBlock* prev, Tensor x,
                         BlockGradients&);
+// lowrank: each chunk's inside from the kept latents, h and x; no collective.
+void btp_block_recompute_lowrank(Backend&, const TensorParallel&, TpBlock&, const TpBlock* prev,
+                                 Tensor x);
 
 // Shared pieces.
 Tensor prev_latent(const TpBlock* prev, const TpBlock& b, ProjectionId p);

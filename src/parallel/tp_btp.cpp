@@ -38,6 +38,15 @@ std::string site(const char* pass, const Group& g, size_t i) {
   return fmt::format("btp.{}.{}", pass, kProjectionNames[int(g.ids[i])]);
 }
 
+// The RMSNorm statistic ΣS travels after a group's latents in its all-reduce slab.
+Tensor slab_statistic(Tensor slab, int64_t rows) {
+  return Tensor{slab.f32() + slab.numel() - rows, {rows}};
+}
+
+void latents_forward(Backend& be, TpBlock& b, const TpBlock* prev, const Group& g) {
+  for (size_t i = 0; i < g.size; ++i) g[i].latent_forward(be, prev_latent(prev, b, g.ids[i]));
+}
+
 // All-reduce the A outputs of a group (the statistic, when present, travels after the last
 // member's latent, which it follows in memory): one collective with grouping, else one each.
 void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64_t tail,
@@ -58,8 +67,7 @@ void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64
 void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
                        const Group& g, Tensor x, OnlineRMSNorm* norm, Tensor slab,
                        const char* group_site) {
-  const int64_t n = x.rows();
-  Tensor sumsq = norm ? Tensor{slab.f32() + slab.numel() - n, {n}} : Tensor{};
+  Tensor sumsq = norm ? slab_statistic(slab, x.rows()) : Tensor{};
   if (norm) {
     norm->forward_local(be, x, sumsq);
     x = norm->out;
@@ -68,9 +76,9 @@ void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
   std::array<Tensor, 3> z{};
   for (size_t i = 0; i < g.size && i < z.size(); ++i) z[i] = g[i].z;
   if (norm) norm->scale_partials(be, {z.data(), g.size}, sumsq);
-  reduce_latents(tp, g, slab, norm ? n : 0, "fwd", group_site);
+  reduce_latents(tp, g, slab, norm ? sumsq.numel() : 0, "fwd", group_site);
   if (norm) norm->finish(be, {z.data(), g.size}, sumsq);
-  for (size_t i = 0; i < g.size; ++i) g[i].latent_forward(be, prev_latent(prev, b, g.ids[i]));
+  latents_forward(be, b, prev, g);
 }
 
 // The chunk's start in backward: B's (column-parallel) latent gradient is a partial sum;
@@ -161,6 +169,27 @@ void btp_block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlo
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
   chunk_start_backward(be, tp, b, prev, g, qkv, d_qkv, "btp.bwd.qkv");
   chunk_end_backward(be, tp, qkv, g.residual, x, &b.online1, g.normed, x, "btp.bwd.norm1_stat");
+}
+
+// The chunks' insides from what lowrank keeps: the latents z after each all-reduce (ΣS in
+// their slabs' tails), x and h; every step below is local to this rank.
+void btp_block_recompute_lowrank(Backend& be, const TensorParallel& tp, TpBlock& b,
+                                 const TpBlock* prev, Tensor x) {
+  const Group qkv(b, {P::q, P::k, P::v}), o(b, {P::o}), gate_up(b, {P::gate, P::up}),
+      down(b, {P::down});
+  const int64_t n = x.rows();
+  b.online1.recompute(be, x, slab_statistic(b.qkv_latent.z, n));
+  latents_forward(be, b, prev, qkv);
+  const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
+  group_up_forward(be, qkv.span(), qkv_out, tp.grouping);
+  b.attention.forward(be, b.q, b.k, b.v);
+  latents_forward(be, b, prev, o);
+  b.online2.recompute(be, b.h, slab_statistic(b.gate_up_latent.z, n));
+  latents_forward(be, b, prev, gate_up);
+  const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
+  group_up_forward(be, gate_up.span(), gate_up_out, tp.grouping);
+  be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
+  latents_forward(be, b, prev, down);
 }
 
 }  // namespace bottle

@@ -18,7 +18,7 @@ void vocab_parallel_embedding_backward(Backend& be, Tensor dtable, Tensor tokens
   be.embedding_shard_backward(dtable, tokens, dout, first);
 }
 
-void VocabParallelCrossEntropy::allocate_activations(Arena& arena, int64_t rows) {
+void VocabParallelCrossEntropy::allocate_activations(Allocator& arena, int64_t rows) {
   max = arena.alloc({rows});
   sums = arena.alloc({2, rows});
   losses = arena.alloc({rows});

@@ -25,7 +25,7 @@ struct VocabParallelCrossEntropy {
   Tensor sums;    // [2, N] Σ exp(logit - max) and the target's logit
   Tensor losses;  // [N]
 
-  void allocate_activations(Arena& arena, int64_t rows);
+  void allocate_activations(Allocator& arena, int64_t rows);
   float forward(Backend& be, const TensorParallel& tp, Tensor logits, Tensor targets,
                 int64_t first);
   // dlogits += scale · ∂(Σ losses)/∂logits (no communication).

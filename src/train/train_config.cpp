@@ -23,7 +23,6 @@ namespace bottle {
 
 namespace {
 
-constexpr std::array<const char*, 3> kRecomputeNames = {"none", "block", "lowrank"};
 constexpr std::array<const char*, 2> kPrecisionNames = {"fp32", "bf16"};
 constexpr std::array<const char*, 2> kOnNonfiniteNames = {"stop", "skip"};
 constexpr std::array<const char*, 3> kLrDecayNames = {"cosine", "linear", "constant"};

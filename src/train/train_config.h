@@ -8,13 +8,13 @@
 #include <vector>
 
 #include "model/config.h"
+#include "parallel/recompute.h"
 #include "parallel/tensor_parallel.h"
 #include "pipeline/schedule.h"  // PipelineSchedule; TOML: "1f1b", "gpipe"
 #include "train/adamw.h"
 
 namespace bottle {
 
-enum class Recompute { none, block, lowrank };
 enum class Precision { fp32, bf16 };
 enum class OnNonfinite { stop, skip };
 enum class LrDecay { cosine, linear, constant };
