@@ -98,7 +98,14 @@ INSTANTIATE_TEST_SUITE_P(
                   "--set parallel.tp=2 --set model.bottleneck=none --set parallel.tp_mode=vanilla",
                   "which needs a bottleneck model"},
         BadLayout{"full_on_cola", 2, "--set parallel.tp=2 --set parallel.tp_mode=full",
-                  "which is for a full-rank model"}),
+                  "which is for a full-rank model"},
+        BadLayout{"memory_limit", 2, "--set parallel.tp=2 --set training.memory_limit=100KiB",
+                  "training.memory_limit is 100.0 KiB (102400 bytes), but this layout needs an "
+                  "estimated"},
+        BadLayout{"lowrank_under_vanilla", 2,
+                  "--set parallel.tp=2 --set parallel.tp_mode=vanilla --set "
+                  "training.recompute=lowrank",
+                  "training.recompute = \"lowrank\" needs parallel.tp_mode = \"btp\""}),
     [](const auto& info) { return std::string(info.param.name); });
 
 double json_loss(const CommandResult& r) {
@@ -158,6 +165,45 @@ TEST_F(TpCli, CheckpointsLoadIntoAnyLayout) {
       train(2, "--set parallel.tp=2 --set parallel.tp_mode=btp --set training.steps=6 --resume");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
   EXPECT_TRUE(fs::exists(dir / "run/step_00000006/model.safetensors.index.json")) << resumed.output;
+}
+
+std::vector<nlohmann::json> metrics_of(const std::string& path) {
+  std::vector<nlohmann::json> rows;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) rows.push_back(nlohmann::json::parse(line));
+  return rows;
+}
+
+// Recomputation changes where memory goes, never the numbers: the same losses and gradient
+// norms to the last bit, with less activation memory, reported per tag and rank.
+TEST_F(TpCli, RecomputeTrainsTheSameStepsWithLessMemory) {
+  std::map<std::string, std::vector<nlohmann::json>> runs;
+  for (const std::string policy : {"none", "block", "lowrank"}) {
+    const CommandResult r = train(2, fmt::format("--set parallel.tp=2 --set training.recompute={} "
+                                                 "--set checkpoint.folder={}",
+                                                 policy, dir / policy));
+    ASSERT_EQ(r.status, 0) << r.output;
+    EXPECT_EQ(count_occurrences(r.output, fmt::format("recompute \"{}\"", policy)), 1) << r.output;
+    runs[policy] = metrics_of(dir / (policy + "/metrics.jsonl"));
+    ASSERT_EQ(runs[policy].size(), 4u);
+  }
+  for (const std::string policy : {"block", "lowrank"})
+    for (size_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(runs[policy][i].at("loss").dump(), runs["none"][i].at("loss").dump()) << policy;
+      EXPECT_EQ(runs[policy][i].at("grad_norm").dump(), runs["none"][i].at("grad_norm").dump());
+    }
+  auto activations = [&](const std::string& policy, size_t rank) {
+    const nlohmann::json& memory = runs[policy].back().at("memory");
+    EXPECT_EQ(memory.at("weights").size(), 2u) << "one entry per rank";
+    for (const char* tag :
+         {"weights", "gradients", "optimizer", "activations", "comm", "workspace", "total"})
+      EXPECT_GT(memory.at(tag).at(rank).get<uint64_t>(), 0u) << tag;
+    return memory.at("activations").at(rank).get<uint64_t>();
+  };
+  for (size_t rank : {0, 1}) {
+    EXPECT_LT(activations("block", rank), activations("lowrank", rank));
+    EXPECT_LT(activations("lowrank", rank), activations("none", rank));
+  }
 }
 
 // bench tp on 2 ranks: one JSON line per mode with DESIGN §7's keys and the exact volumes.

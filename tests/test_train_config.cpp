@@ -105,7 +105,8 @@ seq_len = 128
 grad_accum_steps = 2
 seed = 7
 max_norm = 0
-recompute = "lowrank"
+recompute = "block"
+memory_limit = "20GiB"
 precision = "bf16"
 on_nonfinite = "skip"
 eval_interval = 0
@@ -171,7 +172,8 @@ TEST(TrainConfig, FullFile) {
   EXPECT_EQ(c.training.grad_accum_steps, 2);
   EXPECT_EQ(c.training.seed, 7);
   EXPECT_EQ(c.training.max_norm, 0.0);
-  EXPECT_EQ(c.training.recompute, Recompute::lowrank);
+  EXPECT_EQ(c.training.recompute, Recompute::block);
+  EXPECT_EQ(c.training.memory_limit, int64_t(20) << 30);
   EXPECT_EQ(c.training.precision, Precision::bf16);
   EXPECT_EQ(c.training.on_nonfinite, OnNonfinite::skip);
   EXPECT_EQ(c.training.eval_interval, 0);
@@ -307,6 +309,32 @@ TEST(TrainConfig, CrossFieldValidation) {
   EXPECT_CONTAINS(error_of("[parallel]\npp = 5\n"), "'parallel.pp'");
   // Cross-field errors from --set name the file too (the key is what matters).
   EXPECT_CONTAINS(error_of("", {"training.seq_len=4096"}), "training.seq_len");
+}
+
+TEST(TrainConfig, MemoryLimitTakesBytesOrUnits) {
+  EXPECT_EQ(parse("[training]\nmemory_limit = 1000\n").training.memory_limit, 1000);
+  EXPECT_EQ(parse("", {"training.memory_limit=512MB"}).training.memory_limit, 512000000);
+  EXPECT_EQ(parse("", {"training.memory_limit=\"1.5 KiB\""}).training.memory_limit, 1536);
+  EXPECT_EQ(parse("", {"training.memory_limit=2TiB"}).training.memory_limit, int64_t(2) << 40);
+  EXPECT_EQ(parse("").training.memory_limit, 0);  // no limit
+  const std::string expected = "must be a byte size (an integer, or a string such as \"20GiB\")";
+  EXPECT_CONTAINS(error_of("[training]\nmemory_limit = \"20XB\"\n"),
+                  "test.toml: key 'training.memory_limit' " + expected);
+  EXPECT_CONTAINS(error_of("[training]\nmemory_limit = -5\n"), expected);
+  EXPECT_CONTAINS(error_of("[training]\nmemory_limit = 1.5\n"), expected);
+  EXPECT_CONTAINS(error_of("", {"training.memory_limit=GiB"}), expected);
+  EXPECT_CONTAINS(error_of("", {"training.memory_limit=1.5"}), expected);  // bytes are whole
+}
+
+TEST(TrainConfig, RecomputeMustFitTheMode) {
+  EXPECT_EQ(error_of("[model]\nbottleneck = \"cola\"\n[parallel]\ntp_mode = \"vanilla\"\n"
+                     "[training]\nrecompute = \"lowrank\"\n"),
+            "test.toml: training.recompute = \"lowrank\" needs parallel.tp_mode = \"btp\" (the "
+            "default for a bottleneck model, on one rank too): under \"vanilla\" the chunk "
+            "boundaries are full-width and rebuilding them re-runs all-reduces; use \"block\"");
+  EXPECT_CONTAINS(error_of("[training]\nrecompute = \"lowrank\"\n"),
+                  "but model.bottleneck is \"none\"");
+  EXPECT_EQ(parse("[training]\nrecompute = \"block\"\n").training.recompute, Recompute::block);
 }
 
 TEST(TrainConfig, SetOverrides) {

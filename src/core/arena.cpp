@@ -2,6 +2,8 @@
 
 #include <sys/mman.h>
 
+#include <cctype>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
@@ -28,12 +30,55 @@ void MemoryStats::add(MemoryTag tag, size_t bytes) {
 
 void MemoryStats::sub(MemoryTag tag, size_t bytes) { live_[size_t(tag)] -= bytes; }
 
+void MemoryStats::reset_peaks() {
+  peak_ = live_;
+  peak_total_ = live_total();
+}
+
 size_t MemoryStats::live_total() const {
   return std::accumulate(live_.begin(), live_.end(), size_t(0));
 }
 
 size_t MemoryBreakdown::total() const {
   return std::accumulate(bytes.begin(), bytes.end(), size_t(0));
+}
+
+std::optional<int64_t> parse_byte_size(std::string_view text) {
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && s.front() == ' ') s.remove_prefix(1);
+    while (!s.empty() && s.back() == ' ') s.remove_suffix(1);
+    return s;
+  };
+  text = trim(text);
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(uint8_t(text[digits])) || text[digits] == '.'))
+    ++digits;
+  if (digits == 0) return std::nullopt;
+  const std::string number(text.substr(0, digits));
+  char* end = nullptr;
+  const double value = std::strtod(number.c_str(), &end);
+  if (end != number.c_str() + number.size()) return std::nullopt;
+  const std::string_view unit = trim(text.substr(digits));
+  static constexpr std::pair<std::string_view, double> kUnits[] = {
+      {"", 1},        {"B", 1},       {"kB", 1e3},          {"KB", 1e3},
+      {"MB", 1e6},    {"GB", 1e9},    {"TB", 1e12},         {"KiB", 1024.0},
+      {"MiB", 1 << 20}, {"GiB", double(1 << 30)}, {"TiB", 1099511627776.0}};
+  for (const auto& [name, scale] : kUnits)
+    if (unit == name) {
+      const double bytes = value * scale;
+      if (!(bytes < 9.2e18) || (unit.empty() || unit == "B") && bytes != std::floor(bytes))
+        return std::nullopt;
+      return int64_t(bytes);
+    }
+  return std::nullopt;
+}
+
+std::string format_bytes(size_t bytes) {
+  const double b = double(bytes);
+  if (b >= double(1 << 30)) return fmt::format("{:.2f} GiB", b / double(1 << 30));
+  if (b >= double(1 << 20)) return fmt::format("{:.1f} MiB", b / double(1 << 20));
+  if (b >= 1024.0) return fmt::format("{:.1f} KiB", b / 1024.0);
+  return fmt::format("{} B", bytes);
 }
 
 size_t aligned_size(size_t bytes) {

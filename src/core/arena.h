@@ -4,6 +4,9 @@
 #include <array>
 #include <cstddef>
 #include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
 #include <vector>
 
 #include "core/tensor.h"
@@ -31,6 +34,8 @@ class MemoryStats {
   size_t peak(MemoryTag tag) const { return peak_[size_t(tag)]; }
   size_t live_total() const;
   size_t peak_total() const { return peak_total_; }
+  // Peaks from now on start at what is live (after a one-off probe, before the real work).
+  void reset_peaks();
 
  private:
   std::array<size_t, size_t(MemoryTag::count)> live_{}, peak_{};
@@ -44,6 +49,12 @@ struct MemoryBreakdown {
   size_t operator[](MemoryTag tag) const { return bytes[size_t(tag)]; }
   size_t total() const;
 };
+
+// "20GiB", "512 MB", "1073741824": bytes, with an optional unit B, kB/KB, MB, GB, TB
+// (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024); nullopt when it does not parse.
+std::optional<int64_t> parse_byte_size(std::string_view text);
+// "1.50 GiB", "12.0 MiB", "512 B".
+std::string format_bytes(size_t bytes);
 
 // Where a layer's buffers come from: an Arena, or a region several layers share.
 class Allocator {

@@ -55,7 +55,7 @@ namespace {
 // monostate: an optional key without a value (omitted from the TOML).
 using Value = std::variant<std::monostate, int64_t, double, bool, std::string>;
 
-enum class KeyType { integer, number, boolean, string, choice };
+enum class KeyType { integer, number, boolean, string, choice, bytes };
 
 struct Bound {
   double value;
@@ -172,6 +172,23 @@ ConfigKey string_key(std::string path, F field, std::string doc) {
   return k;
 }
 
+// A byte count: a TOML integer, or a string with a unit ("20GiB"); unset when 0.
+template <typename F>
+ConfigKey bytes_key(std::string path, F field, std::string doc, std::string default_note) {
+  ConfigKey k;
+  k.path = std::move(path);
+  k.type = KeyType::bytes;
+  k.optional = true;
+  k.doc = std::move(doc);
+  k.default_note = std::move(default_note);
+  k.get = [field](const TrainConfig& c) -> Value {
+    if (field(c) == 0) return std::monostate{};
+    return int64_t(field(c));
+  };
+  k.set = [field](TrainConfig& c, const Value& v) { field(c) = std::get<int64_t>(v); };
+  return k;
+}
+
 // An enum stored in `field`, spelled names[int(value)] in TOML.
 template <typename F, size_t N>
 ConfigKey choice_key(std::string path, F field, const std::array<const char*, N>& names,
@@ -253,6 +270,11 @@ std::vector<ConfigKey> build_schema() {
   s.push_back(choice_key("training.recompute", FIELD(training.recompute), kRecomputeNames,
                          "activation recomputation in backward: none, block (whole blocks), "
                          "lowrank (inside each chunk, keeping chunk boundaries)"));
+  s.push_back(bytes_key("training.memory_limit", FIELD(training.memory_limit),
+                        "refuse to start when a rank's planned memory (weights, gradients, "
+                        "optimizer state, activations, buffers) exceeds this: bytes, or a "
+                        "string such as \"20GiB\"",
+                        "no limit"));
   s.push_back(choice_key("training.precision", FIELD(training.precision), kPrecisionNames,
                          "compute precision: fp32 or bf16"));
   s.push_back(choice_key("training.on_nonfinite", FIELD(training.on_nonfinite), kOnNonfiniteNames,
@@ -419,6 +441,8 @@ const char* type_noun(KeyType t) {
       return "a number";
     case KeyType::boolean:
       return "a boolean";
+    case KeyType::bytes:
+      return "a byte size (an integer, or a string such as \"20GiB\")";
     default:
       return "a string";
   }
@@ -434,6 +458,8 @@ const char* type_word(KeyType t) {
       return "boolean";
     case KeyType::string:
       return "string";
+    case KeyType::bytes:
+      return "bytes";
     default:
       return "choice";
   }
@@ -521,6 +547,11 @@ Value value_from_node(const ConfigKey& key, const toml::node& node, const std::s
     case KeyType::choice:
       if (const auto* v = node.as_string()) return v->get();
       break;
+    case KeyType::bytes:
+      if (const auto* v = node.as_integer(); v && v->get() >= 0) return v->get();
+      if (const auto* v = node.as_string())
+        if (const auto bytes = parse_byte_size(v->get())) return *bytes;
+      break;
   }
   fail("{}: key '{}' must be {}, got {}", source, key.path, type_noun(key.type),
        toml_type_name(node));
@@ -563,6 +594,9 @@ std::optional<Value> value_from_text(const ConfigKey& key, const std::string& ra
     case KeyType::boolean:
       if (raw == "true") return true;
       if (raw == "false") return false;
+      return std::nullopt;
+    case KeyType::bytes:
+      if (const auto bytes = parse_byte_size(unquote(raw))) return Value(*bytes);
       return std::nullopt;
     default:
       return unquote(raw);
@@ -672,6 +706,11 @@ struct Loader {
                  "{}: key 'training.seq_len' must be <= model.max_seq_len ({}), got {}", source,
                  m.max_seq_len, config.training.seq_len);
     validate_tensor_parallel(m, int(p.tp), p.tp_mode, fmt::format("{}: key 'parallel.", source));
+    try {
+      validate_recompute(config.training.recompute, p.tp_mode, m.bottleneck != BottleneckKind::none);
+    } catch (const Error& e) {
+      fail("{}: {}", source, e.what());
+    }
     BOTTLE_CHECK(p.pp <= m.num_layers,
                  "{}: key 'parallel.pp' must be <= model.num_layers ({}), got {}", source,
                  m.num_layers, p.pp);

@@ -35,6 +35,7 @@ struct TrainingConfig {
   int64_t seed = 1234;
   double max_norm = 1.0;  // global gradient-norm clip; 0: no clipping
   Recompute recompute = Recompute::none;
+  int64_t memory_limit = 0;  // bytes per rank; 0: no limit
   Precision precision = Precision::fp32;
   OnNonfinite on_nonfinite = OnNonfinite::stop;
   int64_t eval_interval = 100;  // steps between validation evals; 0: never

@@ -22,6 +22,7 @@
 #include "train/data_loader.h"
 #include "train/data_parallel.h"
 #include "train/lr_schedule.h"
+#include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/plot.h"
 #include "train/stage_work.h"
@@ -97,6 +98,23 @@ void check_vocabulary(Tensor tokens, int64_t vocab, const std::string& data) {
                  data, tokens.i32()[i], vocab);
 }
 
+// Peak bytes per tag, one entry per world rank: {"weights": [r0, r1, ...], ..., "total": [...]}.
+nlohmann::json peak_memory_per_rank(Communicator& world) {
+  constexpr size_t kTags = size_t(MemoryTag::count);
+  const MemoryStats& stats = MemoryStats::global();
+  std::array<size_t, kTags + 1> mine{};
+  for (size_t i = 0; i < kTags; ++i) mine[i] = stats.peak(MemoryTag(i));
+  mine[kTags] = stats.peak_total();
+  const auto ranks = gather_sizes(world, mine);
+  nlohmann::json out = nlohmann::json::object();
+  for (size_t i = 0; i <= kTags; ++i) {
+    nlohmann::json per_rank = nlohmann::json::array();
+    for (const auto& rank : ranks) per_rank.push_back(rank[i]);
+    out[i < kTags ? memory_tag_name(MemoryTag(i)) : "total"] = per_rank;
+  }
+  return out;
+}
+
 }  // namespace
 
 TrainResult train(const TrainConfig& config, const TrainOptions& options) {
@@ -105,9 +123,6 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                "{}: data.train is not set (a token shard, directory or glob)", options.config_path);
   BOTTLE_CHECK(tc.precision == Precision::fp32,
                "{}: training.precision = \"bf16\" is not available on the cpu backend yet",
-               options.config_path);
-  BOTTLE_CHECK(tc.recompute == Recompute::none,
-               "{}: training.recompute other than \"none\" is not available yet",
                options.config_path);
   // Every rank checks the layout before any work, so a bad one fails everywhere at once.
   Communicator& world = world_communicator();
@@ -119,16 +134,17 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
 
   const int dp_size = int(config.parallel.dp);
   const PipelineStage stage{int(config.parallel.pp), groups.pp_rank};
-  LlamaModel model(
-      config.model,
-      TensorParallel{config.parallel.tp_mode, groups.tp.get(), config.parallel.grouping},
-      config.parallel.zero ? dp_size : 1, stage);
-  Communicator* pp = groups.pp.get();
   // The micro-batches of a step (gradient accumulation) go through the pipeline schedule.
   const int micro_batches = int(tc.grad_accum_steps);
   const std::vector<Action> actions =
       pipeline_schedule(config.parallel.schedule, stage.stages, stage.stage, micro_batches);
   const int slots = peak_in_flight(actions);
+  const TensorParallel tp{config.parallel.tp_mode, groups.tp.get(), config.parallel.grouping};
+  // Before any memory is used: a layout that will not fit is refused on every rank.
+  const MemoryBreakdown plan = plan_rank_memory(config, tp, stage, slots);
+  check_memory_limit(config, plan, world, options.config_path);
+  LlamaModel model(config.model, tp, config.parallel.zero ? dp_size : 1, stage);
+  Communicator* pp = groups.pp.get();
   // Tied embeddings: the first and the last stage each hold the table (every pp rank joins
   // the split; the others' group goes unused).
   std::unique_ptr<Communicator> embedding_group;
@@ -180,7 +196,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   } else if (!options.resume) {
     model.init_weights(uint64_t(tc.seed));
   }
-  model.allocate_activations(B, S, slots);
+  model.allocate_activations(B, S, slots, tc.recompute);
 
   LrSchedule schedule{float(config.optimizer.lr), config.lr_scheduler.warmup_steps, tc.steps,
                       enum_name(config.lr_scheduler.decay),
@@ -197,16 +213,20 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     if (metrics) metrics->message(text);
   };
   const double peak_gflops = measure_gemm_peak_gflops(*be);
+  // The probe's matrices are gone: peaks count training alone.
+  MemoryStats::global().reset_peaks();
   // The whole job's model FLOPs: every DP replica's micro-batches.
   const double flops_per_step =
       model.flops_per_step(B * S, S) * double(tc.grad_accum_steps) * double(dp_size);
   message(fmt::format(
       "training {} ({} parameters, {} bottleneck) for {} steps of {} tokens on {} rank(s) (tp {} "
-      "\"{}\") x {} threads; GEMM peak {:.0f} GFLOP/s per rank",
+      "\"{}\") x {} threads; GEMM peak {:.0f} GFLOP/s per rank; recompute \"{}\"; planned "
+      "memory of rank 0: {} ({})",
       options.config_path, config.model.parameter_count(),
       bottleneck_kind_name(config.model.bottleneck), tc.steps, config.tokens_per_step(),
       world.size(), config.parallel.tp, tp_mode_name(config.parallel.tp_mode),
-      omp_get_max_threads(), peak_gflops));
+      omp_get_max_threads(), peak_gflops, recompute_name(tc.recompute), format_bytes(plan.total()),
+      describe_memory(plan)));
 
   Arena batch_arena(MemoryTag::workspace);
   std::vector<Tensor> inputs, targets;  // per micro-batch [B, S]
@@ -273,6 +293,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     rates.push_back(tokens_per_s);
     // The whole model's FLOPs over the whole job's GEMM peak.
     const double mfu = flops_per_step / (ms * 1e6) / (peak_gflops * world.size());
+    const nlohmann::json memory = peak_memory_per_rank(world);
     if (metrics)
       metrics->log_step({{"step", step},
                          {"loss", loss},
@@ -282,6 +303,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                          {"mfu", mfu},
                          {"peak_bytes", MemoryStats::global().peak_total()},
                          {"activation_bytes", MemoryStats::global().peak(MemoryTag::activations)},
+                         {"memory", memory},
                          {"ms", ms},
                          {"skipped", !finite}});
     result.last_loss = loss;
