@@ -206,9 +206,80 @@ TEST_F(TpCli, RecomputeTrainsTheSameStepsWithLessMemory) {
   }
 }
 
-// bench tp on 2 ranks: one JSON line per mode with DESIGN §7's keys and the exact volumes.
+// LaX over a pipeline (tp 2 x pp 2, three micro-batches in flight): its latents cross the
+// stage boundary and every block; recomputation keeps them and changes no number.
+TEST_F(TpCli, RecomputeOverAPipelineOfLax) {
+  std::map<std::string, std::vector<nlohmann::json>> runs;
+  for (const std::string policy : {"none", "block", "lowrank"}) {
+    const CommandResult r = run(fmt::format(
+        "{} {} train {} --set parallel.tp=2 --set parallel.pp=2 --set model.bottleneck=lax --set "
+        "model.num_layers=4 --set training.grad_accum_steps=3 --set training.steps=2 --set "
+        "training.recompute={} --set checkpoint.folder={}",
+        mpirun(4), bottle_binary(), dir / "tiny.toml", policy, dir / policy));
+    ASSERT_EQ(r.status, 0) << r.output;
+    runs[policy] = metrics_of(dir / (policy + "/metrics.jsonl"));
+    ASSERT_EQ(runs[policy].size(), 2u);
+  }
+  for (const std::string policy : {"block", "lowrank"})
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(runs[policy][i].at("loss").dump(), runs["none"][i].at("loss").dump()) << policy;
+      EXPECT_EQ(runs[policy][i].at("grad_norm").dump(), runs["none"][i].at("grad_norm").dump());
+    }
+}
+
+std::map<std::string, nlohmann::json> json_rows(const std::string& output, const char* key) {
+  std::map<std::string, nlohmann::json> rows;
+  std::istringstream lines(output);
+  for (std::string line; std::getline(lines, line);)
+    if (!line.empty() && line[0] == '{') {
+      auto j = nlohmann::json::parse(line);
+      rows[j.at(key).get<std::string>()] = j;
+    }
+  return rows;
+}
+
+// bench tp on 2 ranks: one JSON line per mode and recompute policy with DESIGN §7's keys,
+// the exact volumes, and the collectives counted while recomputing.
 TEST_F(TpCli, BenchTpPrintsEachModesVolumes) {
-  const CommandResult r = run(fmt::format("{} {} bench tp {} --steps 1 --warmup 0 --json",
+  const CommandResult r = run(fmt::format("{} {} bench tp {} --steps 1 --warmup 0 --json --recompute",
+                                          mpirun(2), bottle_binary(), dir / "tiny.toml"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto rows = json_rows(r.output, "variant");
+  ASSERT_EQ(rows.size(), 7u) << r.output;
+  for (const auto& [variant, j] : rows)
+    for (const char* key :
+         {"mode", "recompute", "fwd_elems_per_block", "bwd_elems_per_block",
+          "collectives_per_block", "recompute_collectives", "comm_ms", "compute_ms", "iter_ms",
+          "tokens_per_s", "peak_bytes", "activation_bytes", "buffer_bytes", "saved_mb",
+          "recompute_ms", "saved_mb_per_ms"})
+      EXPECT_TRUE(j.contains(key)) << variant << " lacks " << key;
+  const double d = 32, dff = 48, r_ = 8;
+  EXPECT_EQ(rows["full"].at("fwd_elems_per_token_block").get<double>(), 2 * d);
+  EXPECT_EQ(rows["vanilla"].at("fwd_elems_per_token_block").get<double>(), 5 * d + 2 * dff);
+  EXPECT_EQ(rows["btp"].at("fwd_elems_per_token_block").get<double>(), 7 * r_ + 2);
+  EXPECT_EQ(rows["btp"].at("collectives_per_block").get<double>(), 4);
+  // Recomputing a block re-runs its forward collectives; lowrank under btp runs none.
+  EXPECT_EQ(rows["full recompute=block"].at("recompute_collectives").get<double>(), 2);
+  EXPECT_EQ(rows["vanilla recompute=block"].at("recompute_collectives").get<double>(), 4);
+  EXPECT_EQ(rows["vanilla recompute=block"].at("recompute_elems_per_block").get<double>(),
+            rows["vanilla"].at("fwd_elems_per_block").get<double>());
+  EXPECT_EQ(rows["btp recompute=block"].at("recompute_collectives").get<double>(), 4);
+  EXPECT_EQ(rows["btp recompute=lowrank"].at("recompute_collectives").get<double>(), 0);
+  EXPECT_EQ(rows["btp"].at("recompute_collectives").get<double>(), 0);
+  for (const char* v : {"full recompute=block", "vanilla recompute=block", "btp recompute=block",
+                        "btp recompute=lowrank"}) {
+    EXPECT_GT(rows[v].at("saved_mb").get<double>(), 0) << v;
+    EXPECT_GT(rows[v].at("recompute_ms").get<double>(), 0) << v;
+    EXPECT_EQ(rows[v].at("weights_bytes"), rows[rows[v].at("mode").get<std::string>()].at(
+                                                "weights_bytes"))
+        << v;
+  }
+}
+
+// bench tp --fit plans without allocating: the largest micro-batch grows with what a
+// policy recomputes, and a limit below the weights fits nothing.
+TEST_F(TpCli, BenchTpFitPlansTheLargestMicroBatch) {
+  const CommandResult r = run(fmt::format("{} {} bench tp {} --fit 12MiB --fit-max 16 --json",
                                           mpirun(2), bottle_binary(), dir / "tiny.toml"));
   ASSERT_EQ(r.status, 0) << r.output;
   std::map<std::string, nlohmann::json> rows;
@@ -216,20 +287,25 @@ TEST_F(TpCli, BenchTpPrintsEachModesVolumes) {
   for (std::string line; std::getline(lines, line);)
     if (!line.empty() && line[0] == '{') {
       auto j = nlohmann::json::parse(line);
-      rows[j.at("mode").get<std::string>()] = j;
+      rows[j.at("mode").get<std::string>() + "/" + j.at("recompute").get<std::string>()] = j;
     }
-  ASSERT_EQ(rows.size(), 3u) << r.output;
-  for (const auto& [mode, j] : rows)
-    for (const char* key :
-         {"mode", "recompute", "fwd_elems_per_block", "bwd_elems_per_block",
-          "collectives_per_block", "recompute_collectives", "comm_ms", "compute_ms", "iter_ms",
-          "tokens_per_s", "peak_bytes", "activation_bytes"})
-      EXPECT_TRUE(j.contains(key)) << mode << " lacks " << key;
-  const double d = 32, dff = 48, r_ = 8;
-  EXPECT_EQ(rows["full"].at("fwd_elems_per_token_block").get<double>(), 2 * d);
-  EXPECT_EQ(rows["vanilla"].at("fwd_elems_per_token_block").get<double>(), 5 * d + 2 * dff);
-  EXPECT_EQ(rows["btp"].at("fwd_elems_per_token_block").get<double>(), 7 * r_ + 2);
-  EXPECT_EQ(rows["btp"].at("collectives_per_block").get<double>(), 4);
+  ASSERT_EQ(rows.size(), 7u) << r.output;
+  auto batch = [&](const char* row) { return rows[row].at("max_micro_batch").get<int64_t>(); };
+  EXPECT_GE(batch("btp/none"), 1) << r.output;
+  EXPECT_GE(batch("btp/block"), batch("btp/lowrank"));
+  EXPECT_GE(batch("btp/lowrank"), batch("btp/none"));
+  EXPECT_GE(batch("vanilla/block"), batch("vanilla/none"));
+  EXPECT_GE(batch("btp/none"), batch("vanilla/none"));
+  for (const auto& [row, j] : rows)
+    EXPECT_LE(j.at("total_bytes").get<int64_t>(), 12 << 20) << row;
+  const CommandResult none = run(fmt::format("{} {} bench tp {} --fit 1KiB", mpirun(2),
+                                             bottle_binary(), dir / "tiny.toml"));
+  ASSERT_EQ(none.status, 0) << none.output;
+  EXPECT_EQ(count_occurrences(none.output, "does not fit"), 7) << none.output;
+  const CommandResult bad =
+      run(fmt::format("{} bench tp {} --fit lots", bottle_binary(), dir / "tiny.toml"));
+  EXPECT_NE(bad.status, 0);
+  EXPECT_EQ(count_occurrences(bad.output, "--fit: 'lots' is not a byte size"), 1) << bad.output;
 }
 
 }  // namespace

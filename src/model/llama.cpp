@@ -1,5 +1,6 @@
 #include "model/llama.h"
 
+#include <chrono>
 #include <cmath>
 
 #include "nn/linear.h"
@@ -430,7 +431,12 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
     for (Projection& p : before->proj) be.fill_zero(p.du);
   for (size_t i = s.blocks.size(); i-- > 0;) {
     TpBlock* prev = i ? &s.blocks[i - 1] : before;
-    block_recompute(be, tp_, recompute_, s.blocks[i], prev, s.residual[i], recompute_out_);
+    if (recompute_ != Recompute::none) {
+      const auto start = std::chrono::steady_clock::now();
+      block_recompute(be, tp_, recompute_, s.blocks[i], prev, s.residual[i], recompute_out_);
+      recompute_seconds_ +=
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    }
     block_backward(be, tp_, s.blocks[i], prev, s.residual[i], grad_);
   }
   if (!stage_.first()) {

@@ -63,6 +63,9 @@ class LlamaModel {
   void allocate_activations(int64_t batch, int64_t seq, int slots = 1,
                             Recompute policy = Recompute::none);
   Recompute recompute() const { return recompute_; }
+  // Wall time spent recomputing blocks in backward since the last reset (the policy's cost).
+  double recompute_seconds() const { return recompute_seconds_; }
+  void reset_recompute_seconds() { recompute_seconds_ = 0; }
   int64_t batch() const { return batch_; }
   int64_t seq() const { return seq_; }
 
@@ -147,6 +150,7 @@ class LlamaModel {
   bool reserve_only_ = false;
   int64_t batch_ = 0, seq_ = 0;
   Recompute recompute_ = Recompute::none;
+  double recompute_seconds_ = 0;
   std::unique_ptr<Arena> activations_, comm_;
   Tensor recompute_out_;  // [N, d_res] block: a recomputed block's output, discarded
   std::vector<Slot> slots_;

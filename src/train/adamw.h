@@ -28,6 +28,7 @@ class AdamW {
   // multiplied by `grad_scale` first (gradient clipping).
   void step(Backend& be, const ParameterStore& params, float lr, float grad_scale = 1.0f);
 
+  size_t bytes() const { return arena_.bytes(); }  // the moments held
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t step) { step_ = step; }
   // The moments laid out like the whole flat parameter buffer: m_whole, v_whole [padded
