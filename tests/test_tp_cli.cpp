@@ -241,8 +241,9 @@ std::map<std::string, nlohmann::json> json_rows(const std::string& output, const
 // bench tp on 2 ranks: one JSON line per mode and recompute policy with DESIGN §7's keys,
 // the exact volumes, and the collectives counted while recomputing.
 TEST_F(TpCli, BenchTpPrintsEachModesVolumes) {
-  const CommandResult r = run(fmt::format("{} {} bench tp {} --steps 1 --warmup 0 --json --recompute",
-                                          mpirun(2), bottle_binary(), dir / "tiny.toml"));
+  const CommandResult r =
+      run(fmt::format("{} {} bench tp {} --steps 1 --warmup 0 --json --recompute", mpirun(2),
+                      bottle_binary(), dir / "tiny.toml"));
   ASSERT_EQ(r.status, 0) << r.output;
   auto rows = json_rows(r.output, "variant");
   ASSERT_EQ(rows.size(), 7u) << r.output;
@@ -270,8 +271,8 @@ TEST_F(TpCli, BenchTpPrintsEachModesVolumes) {
                         "btp recompute=lowrank"}) {
     EXPECT_GT(rows[v].at("saved_mb").get<double>(), 0) << v;
     EXPECT_GT(rows[v].at("recompute_ms").get<double>(), 0) << v;
-    EXPECT_EQ(rows[v].at("weights_bytes"), rows[rows[v].at("mode").get<std::string>()].at(
-                                                "weights_bytes"))
+    EXPECT_EQ(rows[v].at("weights_bytes"),
+              rows[rows[v].at("mode").get<std::string>()].at("weights_bytes"))
         << v;
   }
 }
@@ -296,16 +297,98 @@ TEST_F(TpCli, BenchTpFitPlansTheLargestMicroBatch) {
   EXPECT_GE(batch("btp/lowrank"), batch("btp/none"));
   EXPECT_GE(batch("vanilla/block"), batch("vanilla/none"));
   EXPECT_GE(batch("btp/none"), batch("vanilla/none"));
-  for (const auto& [row, j] : rows)
-    EXPECT_LE(j.at("total_bytes").get<int64_t>(), 12 << 20) << row;
-  const CommandResult none = run(fmt::format("{} {} bench tp {} --fit 1KiB", mpirun(2),
-                                             bottle_binary(), dir / "tiny.toml"));
+  for (const auto& [row, j] : rows) EXPECT_LE(j.at("total_bytes").get<int64_t>(), 12 << 20) << row;
+  const CommandResult none = run(
+      fmt::format("{} {} bench tp {} --fit 1KiB", mpirun(2), bottle_binary(), dir / "tiny.toml"));
   ASSERT_EQ(none.status, 0) << none.output;
   EXPECT_EQ(count_occurrences(none.output, "does not fit"), 7) << none.output;
   const CommandResult bad =
       run(fmt::format("{} bench tp {} --fit lots", bottle_binary(), dir / "tiny.toml"));
   EXPECT_NE(bad.status, 0);
   EXPECT_EQ(count_occurrences(bad.output, "--fit: 'lots' is not a byte size"), 1) << bad.output;
+}
+
+// bench tp --components on 2 ranks: vanilla and btp, with grouping and without, time the
+// compute and the all-reduces of their q/k/v and gate/up groups apart; a group's
+// all-reduce time is the sum of its own call sites (one for the group, or one per member;
+// forward and backward), and full times no group.
+TEST_F(TpCli, BenchTpTimesEachGroupsComputeAndAllReduce) {
+  const CommandResult r =
+      run(fmt::format("{} {} bench tp {} --steps 1 --warmup 0 --json --variants --components",
+                      mpirun(2), bottle_binary(), dir / "tiny.toml"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto rows = json_rows(r.output, "variant");
+  ASSERT_EQ(rows.size(), 6u) << r.output;
+  for (const auto& [variant, j] : rows)
+    for (const std::string key : {"iter_ms", "comm_ms", "recompute_ms"}) {
+      EXPECT_LE(j.at(key + "_min").get<double>(), j.at(key).get<double>()) << variant << key;
+      EXPECT_GE(j.at(key + "_max").get<double>(), j.at(key).get<double>()) << variant << key;
+    }
+  EXPECT_FALSE(rows["full"].contains("qkv_compute_ms"));
+  struct Expected {
+    const char* variant;
+    std::vector<std::string> qkv, gate_up;  // the group's call sites
+  };
+  const std::vector<Expected> expected{
+      {"btp", {"btp.fwd.qkv", "btp.bwd.qkv"}, {"btp.fwd.gate_up", "btp.bwd.gate_up"}},
+      {"btp ungrouped",
+       {"btp.fwd.q", "btp.fwd.k", "btp.fwd.v", "btp.bwd.q", "btp.bwd.k", "btp.bwd.v"},
+       {"btp.fwd.gate", "btp.fwd.up", "btp.bwd.gate", "btp.bwd.up"}},
+      {"vanilla",
+       {"vanilla.fwd.qkv_out", "vanilla.bwd.qkv_in"},
+       {"vanilla.fwd.gate_up_out", "vanilla.bwd.gate_up_in"}},
+      {"vanilla ungrouped",
+       {"vanilla.fwd.q_out", "vanilla.fwd.k_out", "vanilla.fwd.v_out", "vanilla.bwd.q_in",
+        "vanilla.bwd.k_in", "vanilla.bwd.v_in"},
+       {"vanilla.fwd.gate_out", "vanilla.fwd.up_out", "vanilla.bwd.gate_in", "vanilla.bwd.up_in"}}};
+  for (const Expected& e : expected) {
+    const nlohmann::json& j = rows[e.variant];
+    const nlohmann::json& sites = j.at("comm_ms_by_site");
+    for (const auto& [group, group_sites] :
+         {std::pair{std::string("qkv"), e.qkv}, {std::string("gate_up"), e.gate_up}}) {
+      EXPECT_GT(j.at(group + "_compute_ms").get<double>(), 0) << e.variant << " " << group;
+      const double comm = j.at(group + "_comm_ms").get<double>();
+      EXPECT_GT(comm, 0) << e.variant << " " << group;
+      for (const char* suffix : {"_compute_ms", "_comm_ms"}) {
+        EXPECT_LE(j.at(group + suffix + "_min").get<double>(), j.at(group + suffix).get<double>());
+        EXPECT_GE(j.at(group + suffix + "_max").get<double>(), j.at(group + suffix).get<double>());
+      }
+      double sum = 0;
+      for (const std::string& site : group_sites) {
+        EXPECT_TRUE(sites.contains(site)) << e.variant << " lacks " << site << ": " << sites;
+        if (sites.contains(site)) sum += sites.at(site).get<double>();
+      }
+      EXPECT_NEAR(comm, sum, 1e-9 + 1e-9 * sum) << e.variant << " " << group << ": " << sites;
+    }
+  }
+}
+
+// bench norm on 2 ranks: the online RMSNorm with a row-split linear layer matches RMSNorm
+// + the linear layer on one rank to fp32 rounding, forward and backward; one report, from
+// rank 0; a hidden width the ranks do not divide is one clear error.
+TEST_F(TpCli, BenchNormMatchesOneRank) {
+  const CommandResult r = run(fmt::format(
+      "{} {} bench norm --rows 64 --hidden 512 --rank 128 --json", mpirun(2), bottle_binary()));
+  ASSERT_EQ(r.status, 0) << r.output;
+  ASSERT_EQ(count_occurrences(r.output, "\"max_abs_diff\""), 1) << r.output;
+  const nlohmann::json j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(j.at("tp").get<int>(), 2);
+  EXPECT_EQ(j.at("rows").get<int64_t>(), 64);
+  EXPECT_EQ(j.at("hidden").get<int64_t>(), 512);
+  EXPECT_EQ(j.at("rank").get<int64_t>(), 128);
+  for (const std::string pass : {"", "bwd_"}) {
+    const double max = j.at(pass + "max_abs_diff").get<double>(),
+                 mean = j.at(pass + "mean_abs_diff").get<double>();
+    EXPECT_LE(max, 1e-5) << pass << r.output;
+    EXPECT_GE(mean, 0) << pass;
+    EXPECT_LE(mean, max) << pass;
+  }
+  const CommandResult bad =
+      run(fmt::format("{} {} bench norm --hidden 511", mpirun(2), bottle_binary()));
+  EXPECT_NE(bad.status, 0);
+  EXPECT_EQ(count_occurrences(bad.output, "--hidden 511 must be divisible by the number of ranks"),
+            2)
+      << bad.output;
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 // communication and compute, tokens/s and memory per rank by tag. --recompute adds each
 // mode under activation recomputation (MB saved per ms of recomputation); --fit LIMIT
 // plans, without allocating, the largest micro-batch each mode and policy fits per rank.
+// --components splits the time of the q/k/v and gate/up groups into compute and
+// all-reduce (the grouping ablation of BOOST §4.3). Times are medians over the recorded
+// steps, reported with their min and max.
 #include <omp.h>
 
 #include <algorithm>
@@ -18,6 +21,7 @@
 #include "apps/commands.h"
 #include "comm/process_groups.h"
 #include "model/llama.h"
+#include "parallel/component_times.h"
 #include "train/adamw.h"
 #include "train/memory_plan.h"
 #include "train/train_config.h"
@@ -64,15 +68,64 @@ std::vector<Recompute> recompute_policies(TpMode mode) {
   return {Recompute::none, Recompute::block};
 }
 
+// A time over the recorded steps.
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+
+Spread spread_of(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+
+// The parts of a block --components times (ComponentTimes' names) and the members of each.
+struct Component {
+  const char* name;
+  std::vector<const char*> members;
+};
+const std::array<Component, 2> kComponents{Component{"qkv", {"q", "k", "v"}},
+                                           Component{"gate_up", {"gate", "up"}}};
+
+// The call sites of a component's collectives under `mode`, forward and backward, with
+// grouping (one for the group) and without (one per member); the first pass only, as the
+// communicator prefixes recomputation's sites with kRecomputePhase. Vanilla's LaX
+// all-gathers serve every projection alike and belong to no component. None under full,
+// whose blocks time no component.
+std::vector<std::string> component_sites(TpMode mode, const Component& c) {
+  std::vector<std::string> sites;
+  if (mode == TpMode::full) return sites;
+  std::vector<const char*> names{c.name};
+  names.insert(names.end(), c.members.begin(), c.members.end());
+  for (const char* name : names) {
+    if (mode == TpMode::btp) {
+      sites.push_back(fmt::format("btp.fwd.{}", name));
+      sites.push_back(fmt::format("btp.bwd.{}", name));
+    } else {
+      sites.push_back(fmt::format("vanilla.fwd.{}_out", name));
+      sites.push_back(fmt::format("vanilla.bwd.{}_in", name));
+    }
+  }
+  return sites;
+}
+
+struct ComponentResult {
+  Spread compute_ms, comm_ms;  // per step, forward + backward
+};
+
 struct ModeResult {
   Variant variant;
-  TpMode mode;
-  BottleneckKind kind;
+  TpMode mode = TpMode::full;
+  BottleneckKind kind = BottleneckKind::none;
   int64_t blocks = 0, tokens = 0;
-  CommCounter fwd{}, bwd{};  // the mode's block sites, one step
-  double iter_ms = 0, comm_ms = 0, recompute_ms = 0;
+  CommCounter fwd{}, bwd{};                           // the mode's block sites, one step
+  double iter_ms = 0, comm_ms = 0, recompute_ms = 0;  // medians
+  Spread iter, comm, recompute;                       // their min and max
   CommCounter recompute_comm{};  // collectives issued while recomputing, one step
   MemoryBreakdown memory;        // this rank's buffers, all allocated up front
+  // --components, vanilla and btp: per component name, and each call site's time per step.
+  std::map<std::string, ComponentResult> components;
+  std::map<std::string, Spread> site_ms;
   size_t activation_bytes() const { return memory[MemoryTag::activations]; }
   size_t buffer_bytes() const { return memory[MemoryTag::comm]; }
   double fwd_per_token_block() const { return double(fwd.elements) / double(blocks * tokens); }
@@ -83,20 +136,24 @@ struct ModeResult {
 // step of each in turn), so that the machine's drift hits them alike.
 class ModeRun {
  public:
-  ModeRun(const TrainConfig& config, const Variant& variant, Communicator* tp)
-      : config_(config), variant_(variant), tp_(tp) {
+  ModeRun(const TrainConfig& config, const Variant& variant, Communicator* tp, bool components)
+      : config_(config), variant_(variant), tp_(tp), components_(components) {
     const ModelConfig model_config = model_for(config.model, variant.mode);
     const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
     model_ = std::make_unique<LlamaModel>(
-        model_config, TensorParallel{variant.mode, tp, variant.grouping, variant.statistic});
+        model_config, TensorParallel{variant.mode, tp, variant.grouping, variant.statistic,
+                                     components ? &times_ : nullptr});
     model_->init_weights(uint64_t(config.training.seed));
     model_->allocate_activations(B, S, 1, variant.recompute);
     optimizer_ = std::make_unique<AdamW>(model_->parameters(), config.adamw());
     std::mt19937 rng(uint32_t(config.training.seed));
     tokens_.resize(size_t(2 * B * S));
     for (auto& t : tokens_) t = int32_t(rng() % uint32_t(model_config.vocab_size));
-    result_ =
-        ModeResult{variant, variant.mode, model_config.bottleneck, model_config.num_layers, B * S};
+    result_.variant = variant;
+    result_.mode = variant.mode;
+    result_.kind = model_config.bottleneck;
+    result_.blocks = model_config.num_layers;
+    result_.tokens = B * S;
     // Every buffer is allocated once, up front: this is the variant's footprint per rank.
     result_.memory = model_->memory();
     result_.memory[MemoryTag::optimizer] = optimizer_->bytes();
@@ -109,6 +166,7 @@ class ModeRun {
     const std::string prefix = tp_mode_name(variant_.mode);
     if (tp_) tp_->barrier();
     stats.reset();
+    times_.reset();
     const auto t0 = Clock::now();
     model_->zero_grad(*be_);
     model_->reset_recompute_seconds();
@@ -137,6 +195,7 @@ class ModeRun {
     iter_.push_back(ms);
     recompute_.push_back(recompute_ms);
     comm_.push_back((stats.total().seconds - stats.with_prefix("bench.").seconds) * 1e3);
+    if (components_ && variant_.mode != TpMode::full) record_components(stats);
   }
 
   // Medians over the recorded steps.
@@ -148,6 +207,13 @@ class ModeRun {
     result_.iter_ms = median(iter_);
     result_.comm_ms = median(comm_);
     result_.recompute_ms = median(recompute_);
+    result_.iter = spread_of(iter_);
+    result_.comm = spread_of(comm_);
+    result_.recompute = spread_of(recompute_);
+    for (const auto& [name, ms] : component_compute_)
+      result_.components[name].compute_ms = spread_of(ms);
+    for (const auto& [name, ms] : component_comm_) result_.components[name].comm_ms = spread_of(ms);
+    for (const auto& [site, ms] : site_ms_) result_.site_ms[site] = spread_of(ms);
     return result_;
   }
 
@@ -162,6 +228,23 @@ class ModeRun {
   CommStats one_rank_;           // stays empty: one rank communicates nothing
   ModeResult result_;
   std::vector<double> iter_, comm_, recompute_;
+  bool components_ = false;
+  ComponentTimes times_;  // this rank's compute per component, one step
+  std::map<std::string, std::vector<double>> component_compute_, component_comm_, site_ms_;
+
+  // This rank's times (as comm_ms: its communicator's, not the slowest rank's).
+  void record_components(const CommStats& stats) {
+    for (const Component& c : kComponents) {
+      component_compute_[c.name].push_back(times_.seconds(c.name) * 1e3);
+      double comm = 0;
+      for (const std::string& site : component_sites(variant_.mode, c))
+        if (const auto it = stats.by_site().find(site); it != stats.by_site().end())
+          comm += it->second.seconds;
+      component_comm_[c.name].push_back(comm * 1e3);
+    }
+    for (const auto& [site, counter] : stats.by_site())
+      if (!site.starts_with("bench.")) site_ms_[site].push_back(counter.seconds * 1e3);
+  }
 };
 
 // --fit: the largest micro-batch (up to `max_batch`) whose planned footprint on every rank
@@ -254,7 +337,7 @@ Command add_bench_tp_command(CLI::App& app) {
     std::string config;
     std::vector<std::string> overrides;
     int steps = 5, warmup = 2, threads = 0;
-    bool json = false, variants = false, recompute = false;
+    bool json = false, variants = false, recompute = false, components = false;
     std::string fit;
     int64_t fit_max = 64;
   };
@@ -271,6 +354,9 @@ Command add_bench_tp_command(CLI::App& app) {
   app.add_flag("--recompute", o->recompute,
                "also time each mode with activation recomputation (block; btp also lowrank): "
                "activation MB saved per ms of recomputation");
+  app.add_flag("--components", o->components,
+               "time vanilla's and btp's q/k/v and gate/up groups apart: compute (GEMMs and "
+               "latent stage) and all-reduce, forward + backward, with each call site's time");
   app.add_option("--fit", o->fit,
                  "plan (without allocating or timing) the largest micro-batch each mode and "
                  "recompute policy fits per rank under this many bytes (\"80GiB\")");
@@ -331,7 +417,7 @@ Command add_bench_tp_command(CLI::App& app) {
           omp_get_max_threads());
     std::vector<std::unique_ptr<ModeRun>> runs;
     for (const Variant& variant : variants) {
-      runs.push_back(std::make_unique<ModeRun>(config, variant, groups.tp.get()));
+      runs.push_back(std::make_unique<ModeRun>(config, variant, groups.tp.get(), o->components));
       for (int i = 0; i < o->warmup; ++i) runs.back()->step(false);
     }
     for (int i = 0; i < o->steps; ++i)
@@ -359,35 +445,56 @@ Command add_bench_tp_command(CLI::App& app) {
       const double blocks = double(r.blocks);
       const Saving saved = saving(r);
       if (o->json) {
-        nlohmann::ordered_json j{{"mode", tp_mode_name(r.mode)},
-                                 {"variant", r.variant.label()},
-                                 {"grouping", r.variant.grouping},
-                                 {"model", bottleneck_kind_name(r.kind)},
-                                 {"tp", world.size()},
-                                 {"recompute", recompute_name(r.variant.recompute)},
-                                 {"fwd_elems_per_block", double(r.fwd.elements) / blocks},
-                                 {"bwd_elems_per_block", double(r.bwd.elements) / blocks},
-                                 {"fwd_elems_per_token_block", r.fwd_per_token_block()},
-                                 {"bwd_elems_per_token_block", r.bwd_per_token_block()},
-                                 {"collectives_per_block", double(r.fwd.calls) / blocks},
-                                 {"bwd_collectives_per_block", double(r.bwd.calls) / blocks},
-                                 {"recompute_collectives", double(r.recompute_comm.calls) / blocks},
-                                 {"recompute_elems_per_block",
-                                  double(r.recompute_comm.elements) / blocks},
-                                 {"comm_ms", r.comm_ms},
-                                 {"compute_ms", r.iter_ms - r.comm_ms},
-                                 {"iter_ms", r.iter_ms},
-                                 {"recompute_ms", r.recompute_ms},
-                                 {"tokens_per_s", double(r.tokens) / (r.iter_ms / 1e3)},
-                                 {"peak_bytes", r.memory.total()},
-                                 {"weights_bytes", r.memory[MemoryTag::weights]},
-                                 {"gradients_bytes", r.memory[MemoryTag::gradients]},
-                                 {"optimizer_bytes", r.memory[MemoryTag::optimizer]},
-                                 {"activation_bytes", r.activation_bytes()},
-                                 {"buffer_bytes", r.buffer_bytes()},
-                                 {"saved_mb", saved.saved_mb},
-                                 {"extra_ms", saved.extra_ms},
-                                 {"saved_mb_per_ms", saved.mb_per_ms}};
+        nlohmann::ordered_json j{
+            {"mode", tp_mode_name(r.mode)},
+            {"variant", r.variant.label()},
+            {"grouping", r.variant.grouping},
+            {"model", bottleneck_kind_name(r.kind)},
+            {"tp", world.size()},
+            {"recompute", recompute_name(r.variant.recompute)},
+            {"fwd_elems_per_block", double(r.fwd.elements) / blocks},
+            {"bwd_elems_per_block", double(r.bwd.elements) / blocks},
+            {"fwd_elems_per_token_block", r.fwd_per_token_block()},
+            {"bwd_elems_per_token_block", r.bwd_per_token_block()},
+            {"collectives_per_block", double(r.fwd.calls) / blocks},
+            {"bwd_collectives_per_block", double(r.bwd.calls) / blocks},
+            {"recompute_collectives", double(r.recompute_comm.calls) / blocks},
+            {"recompute_elems_per_block", double(r.recompute_comm.elements) / blocks},
+            {"comm_ms", r.comm_ms},
+            {"compute_ms", r.iter_ms - r.comm_ms},
+            {"iter_ms", r.iter_ms},
+            {"recompute_ms", r.recompute_ms},
+            {"tokens_per_s", double(r.tokens) / (r.iter_ms / 1e3)},
+            {"peak_bytes", r.memory.total()},
+            {"weights_bytes", r.memory[MemoryTag::weights]},
+            {"gradients_bytes", r.memory[MemoryTag::gradients]},
+            {"optimizer_bytes", r.memory[MemoryTag::optimizer]},
+            {"activation_bytes", r.activation_bytes()},
+            {"buffer_bytes", r.buffer_bytes()},
+            {"saved_mb", saved.saved_mb},
+            {"extra_ms", saved.extra_ms},
+            {"saved_mb_per_ms", saved.mb_per_ms}};
+        auto add_spread = [&j](const std::string& key, const Spread& s) {
+          j[key + "_min"] = s.min;
+          j[key + "_max"] = s.max;
+        };
+        add_spread("iter_ms", r.iter);
+        add_spread("comm_ms", r.comm);
+        add_spread("recompute_ms", r.recompute);
+        for (const Component& component : kComponents) {
+          const auto it = r.components.find(component.name);
+          if (it == r.components.end()) continue;
+          const std::string name = component.name;
+          j[name + "_compute_ms"] = it->second.compute_ms.median;
+          add_spread(name + "_compute_ms", it->second.compute_ms);
+          j[name + "_comm_ms"] = it->second.comm_ms.median;
+          add_spread(name + "_comm_ms", it->second.comm_ms);
+        }
+        if (!r.site_ms.empty()) {
+          nlohmann::ordered_json sites = nlohmann::ordered_json::object();
+          for (const auto& [site, s] : r.site_ms) sites[site] = s.median;
+          j["comm_ms_by_site"] = sites;
+        }
         std::printf("%s\n", j.dump().c_str());
       } else {
         std::printf(
@@ -400,6 +507,11 @@ Command add_bench_tp_command(CLI::App& app) {
             r.recompute_ms, double(r.tokens) / (r.iter_ms / 1e3),
             format_bytes(r.memory.total()).c_str(), format_bytes(r.activation_bytes()).c_str(),
             format_bytes(r.buffer_bytes()).c_str());
+        std::printf(" | iter min %.1f max %.1f ms", r.iter.min, r.iter.max);
+        for (const Component& component : kComponents)
+          if (const auto it = r.components.find(component.name); it != r.components.end())
+            std::printf(" | %s compute %.2f comm %.2f ms", component.name,
+                        it->second.compute_ms.median, it->second.comm_ms.median);
         if (r.variant.recompute != Recompute::none)
           std::printf(" | saves %.1f MB for %.1f ms: %.1f MB/ms (iteration +%.1f ms)",
                       saved.saved_mb, r.recompute_ms, saved.mb_per_ms, saved.extra_ms);
@@ -430,8 +542,8 @@ Command add_bench_tp_command(CLI::App& app) {
       std::printf(
           "  activations + buffers per rank, no recomputation: btp %s vs vanilla %s = %.3fx "
           "(paper, CoLA-7B at micro-batch 4 on 4 GPUs: 22.14 / 30.73 GB = 0.72x)\n",
-          format_bytes(size_t(buffers(btp))).c_str(), format_bytes(size_t(buffers(vanilla))).c_str(),
-          buffers(btp) / buffers(vanilla));
+          format_bytes(size_t(buffers(btp))).c_str(),
+          format_bytes(size_t(buffers(vanilla))).c_str(), buffers(btp) / buffers(vanilla));
       const ModeResult *lowrank = find(TpMode::btp, Recompute::lowrank),
                        *vanilla_block = find(TpMode::vanilla, Recompute::block);
       if (lowrank && vanilla_block)
@@ -454,6 +566,20 @@ Command add_bench_tp_command(CLI::App& app) {
             std::pow(vanilla_ungrouped->iter_ms / vanilla->iter_ms, grouping ? 1 : -1),
             std::pow(btp_ungrouped->iter_ms / btp->iter_ms, grouping ? 1 : -1),
             stat->iter_ms / btp->iter_ms);
+      // BOOST's grouping table: each group's compute and all-reduce, grouped vs not.
+      for (const auto& [grouped, ungrouped] :
+           {std::pair{vanilla, vanilla_ungrouped}, {btp, btp_ungrouped}}) {
+        if (!ungrouped || grouped->components.empty()) continue;
+        const ModeResult& on = grouping ? *grouped : *ungrouped;
+        const ModeResult& off = grouping ? *ungrouped : *grouped;
+        std::printf("  %s grouping on vs off, ms per step:", tp_mode_name(on.mode));
+        for (const Component& c : kComponents) {
+          const ComponentResult &a = on.components.at(c.name), &b = off.components.at(c.name);
+          std::printf(" %s compute %.2f vs %.2f, all-reduce %.2f vs %.2f |", c.name,
+                      a.compute_ms.median, b.compute_ms.median, a.comm_ms.median, b.comm_ms.median);
+        }
+        std::printf(" iteration %.1f vs %.1f\n", on.iter_ms, off.iter_ms);
+      }
     }
     return 0;
   };

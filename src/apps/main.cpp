@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   CLI::App* bench_tp = bench->add_subcommand(
       "tp", "full-rank, vanilla and bottleneck-aware TP side by side (under mpirun)");
   commands[bench_tp] = bottle::add_bench_tp_command(*bench_tp);
+  CLI::App* bench_norm = bench->add_subcommand(
+      "norm", "online RMSNorm over TP ranks against RMSNorm on one rank (under mpirun)");
+  commands[bench_norm] = bottle::add_bench_norm_command(*bench_norm);
   CLI::App* bench_pipeline = bench->add_subcommand(
       "pipeline", "pipeline bubble per schedule and DP gradient traffic (under mpirun)");
   commands[bench_pipeline] = bottle::add_bench_pipeline_command(*bench_pipeline);

@@ -18,11 +18,16 @@ inline const char* tp_mode_name(TpMode mode) { return kTpModeNames[int(mode)]; }
 // chunk's backward all-reduce already made whole (no communication; see online_rmsnorm.h).
 enum class NormStatistic { from_latent, all_reduce };
 
+class ComponentTimes;
+
 struct TensorParallel {
   TpMode mode = TpMode::vanilla;
   Communicator* comm = nullptr;  // the TP group; null when the model runs on one rank
   bool grouping = true;          // A_q,A_k,A_v (A_gate,A_up) as one GEMM and one collective
   NormStatistic norm_backward = NormStatistic::from_latent;
+  // Where vanilla and btp add the compute time of their q/k/v and gate/up groups
+  // (component_times.h); null: nothing is timed.
+  ComponentTimes* times = nullptr;
 
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }

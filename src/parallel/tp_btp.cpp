@@ -11,6 +11,7 @@
 // 7·r (the B's copy_to: ∂u is summed over ranks), + 2 more when the RMSNorm statistic is
 // all-reduced instead of taken from the latent. 4 collectives each way; 7 without grouping.
 // The latent stage (σ, LaX's crossing and LN_r) runs replicated on the whole latent.
+#include "parallel/component_times.h"
 #include "parallel/mappings.h"
 #include "parallel/projection_group.h"
 #include "parallel/tp_block.h"
@@ -24,7 +25,9 @@ struct Group {
   std::array<Projection*, 3> members{};
   std::array<ProjectionId, 3> ids{};
   size_t size = 0;
-  Group(TpBlock& b, std::initializer_list<ProjectionId> list) {
+  const char* component = nullptr;  // what tp.times counts its compute under, if anything
+  Group(TpBlock& b, std::initializer_list<ProjectionId> list, const char* component = nullptr)
+      : component(component) {
     for (ProjectionId id : list) {
       ids[size] = id;
       members[size++] = &b[id];
@@ -43,7 +46,9 @@ Tensor slab_statistic(Tensor slab, int64_t rows) {
   return Tensor{slab.f32() + slab.numel() - rows, {rows}};
 }
 
-void latents_forward(Backend& be, TpBlock& b, const TpBlock* prev, const Group& g) {
+void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
+                     const Group& g) {
+  const ComponentTimer timer(tp, g.component);
   for (size_t i = 0; i < g.size; ++i) g[i].latent_forward(be, prev_latent(prev, b, g.ids[i]));
 }
 
@@ -72,13 +77,16 @@ void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
     norm->forward_local(be, x, sumsq);
     x = norm->out;
   }
-  group_down_forward(be, g.span(), x, tp.grouping);
+  {
+    const ComponentTimer timer(tp, g.component);
+    group_down_forward(be, g.span(), x, tp.grouping);
+  }
   std::array<Tensor, 3> z{};
   for (size_t i = 0; i < g.size && i < z.size(); ++i) z[i] = g[i].z;
   if (norm) norm->scale_partials(be, {z.data(), g.size}, sumsq);
   reduce_latents(tp, g, slab, norm ? sumsq.numel() : 0, "fwd", group_site);
   if (norm) norm->finish(be, {z.data(), g.size}, sumsq);
-  latents_forward(be, b, prev, g);
+  latents_forward(be, tp, b, prev, g);
 }
 
 // The chunk's start in backward: B's (column-parallel) latent gradient is a partial sum;
@@ -94,13 +102,17 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpB
   }
   // The crossing of the next block may already have added its share to du, so B's partial
   // sum goes to a buffer of its own.
-  group_up_backward(be, g.span(), dys, {parts.data(), g.size}, false, tp.grouping);
+  {
+    const ComponentTimer timer(tp, g.component);
+    group_up_backward(be, g.span(), dys, {parts.data(), g.size}, false, tp.grouping);
+  }
   if (tp.grouping || g.size == 1) {
     copy_to_backward(tp, Tensor{grads.latent_part.data, {offset}},
                      g.size == 1 ? site("bwd", g, 0) : std::string(group_site));
   } else {
     for (size_t i = 0; i < g.size; ++i) copy_to_backward(tp, parts[i], site("bwd", g, i));
   }
+  const ComponentTimer timer(tp, g.component);
   for (size_t i = 0; i < g.size; ++i) {
     be.accumulate(g[i].du, parts[i]);
     g[i].latent_backward(be, prev_latent(prev, b, g.ids[i]), prev_latent_grad(prev, b, g.ids[i]));
@@ -112,6 +124,7 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpB
 void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, Tensor dx, Tensor x,
                         OnlineRMSNorm* norm, Tensor dn, Tensor residual_in, const char* stat_site) {
   if (!norm) {
+    const ComponentTimer timer(tp, g.component);
     group_down_backward(be, g.span(), dx, x, false, tp.grouping);
     return;
   }
@@ -121,7 +134,10 @@ void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, T
     for (size_t i = 0; i < g.size && i < latents.size(); ++i) latents[i] = {g[i].z, g[i].dz};
     norm->latent_statistic(be, {latents.data(), g.size});
   }
-  group_down_backward(be, g.span(), dn, norm->out, false, tp.grouping);
+  {
+    const ComponentTimer timer(tp, g.component);
+    group_down_backward(be, g.span(), dn, norm->out, false, tp.grouping);
+  }
   norm->backward(be, tp, dx, dn, residual_in, stat_site);
 }
 
@@ -129,12 +145,15 @@ void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, T
 
 void btp_block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
                        Tensor x, Tensor out) {
-  const Group qkv(b, {P::q, P::k, P::v}), o(b, {P::o}), gate_up(b, {P::gate, P::up}),
-      down(b, {P::down});
+  const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
+      gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
   chunk_end_forward(be, tp, b, prev, qkv, x, &b.online1, b.qkv_latent.z, "btp.fwd.qkv");
   // B's are column-parallel: copy_to's forward is the identity on the whole latent.
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
-  group_up_forward(be, qkv.span(), qkv_out, tp.grouping);
+  {
+    const ComponentTimer timer(tp, qkv.component);
+    group_up_forward(be, qkv.span(), qkv_out, tp.grouping);
+  }
   b.attention.forward(be, b.q, b.k, b.v);
   chunk_end_forward(be, tp, b, prev, o, attention_output(b), nullptr, b[P::o].z, "");
   b[P::o].up_forward(be, b.h, false);
@@ -142,7 +161,10 @@ void btp_block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
   chunk_end_forward(be, tp, b, prev, gate_up, b.h, &b.online2, b.gate_up_latent.z,
                     "btp.fwd.gate_up");
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
-  group_up_forward(be, gate_up.span(), gate_up_out, tp.grouping);
+  {
+    const ComponentTimer timer(tp, gate_up.component);
+    group_up_forward(be, gate_up.span(), gate_up_out, tp.grouping);
+  }
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
   chunk_end_forward(be, tp, b, prev, down, b.gated, nullptr, b[P::down].z, "");
   b[P::down].up_forward(be, out, false);
@@ -151,8 +173,8 @@ void btp_block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
 
 void btp_block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev, Tensor x,
                         BlockGradients& g) {
-  const Group qkv(b, {P::q, P::k, P::v}), o(b, {P::o}), gate_up(b, {P::gate, P::up}),
-      down(b, {P::down});
+  const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
+      gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
   const std::array<Tensor, 1> d_res{g.residual};
   chunk_start_backward(be, tp, b, prev, g, down, d_res, "");
   chunk_end_backward(be, tp, down, g.gated, b.gated, nullptr, {}, {}, "");
@@ -175,21 +197,27 @@ void btp_block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlo
 // their slabs' tails), x and h; every step below is local to this rank.
 void btp_block_recompute_lowrank(Backend& be, const TensorParallel& tp, TpBlock& b,
                                  const TpBlock* prev, Tensor x) {
-  const Group qkv(b, {P::q, P::k, P::v}), o(b, {P::o}), gate_up(b, {P::gate, P::up}),
-      down(b, {P::down});
+  const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
+      gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
   const int64_t n = x.rows();
   b.online1.recompute(be, x, slab_statistic(b.qkv_latent.z, n));
-  latents_forward(be, b, prev, qkv);
+  latents_forward(be, tp, b, prev, qkv);
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
-  group_up_forward(be, qkv.span(), qkv_out, tp.grouping);
+  {
+    const ComponentTimer timer(tp, qkv.component);
+    group_up_forward(be, qkv.span(), qkv_out, tp.grouping);
+  }
   b.attention.forward(be, b.q, b.k, b.v);
-  latents_forward(be, b, prev, o);
+  latents_forward(be, tp, b, prev, o);
   b.online2.recompute(be, b.h, slab_statistic(b.gate_up_latent.z, n));
-  latents_forward(be, b, prev, gate_up);
+  latents_forward(be, tp, b, prev, gate_up);
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
-  group_up_forward(be, gate_up.span(), gate_up_out, tp.grouping);
+  {
+    const ComponentTimer timer(tp, gate_up.component);
+    group_up_forward(be, gate_up.span(), gate_up_out, tp.grouping);
+  }
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
-  latents_forward(be, b, prev, down);
+  latents_forward(be, tp, b, prev, down);
 }
 
 }  // namespace bottle

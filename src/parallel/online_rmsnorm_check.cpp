@@ -1,0 +1,140 @@
+#include "parallel/online_rmsnorm_check.h"
+
+#include <array>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/arena.h"
+#include "nn/linear.h"
+#include "parallel/online_rmsnorm.h"
+
+namespace bottle {
+namespace {
+
+std::vector<float> floats(int64_t count) { return std::vector<float>(size_t(count), 0.0f); }
+
+// dx [N, in] = dy [N, out] · W [out, in]: the input gradient alone (A's own gradient is
+// not compared, so its GEMM is skipped).
+void input_gradient(Backend& be, Tensor dx, Tensor dy, Tensor w) {
+  GemmArgs g;
+  g.m = dx.rows(), g.n = dx.cols(), g.k = dy.cols();
+  g.a = dy.data, g.lda = dy.cols();
+  g.b = w.data, g.ldb = w.cols();
+  g.c = dx.data, g.ldc = dx.cols();
+  be.gemm(g);
+}
+
+// Columns [first, first + width) of a row-major [rows, cols] matrix.
+std::vector<float> columns(const std::vector<float>& m, int64_t rows, int64_t cols, int64_t first,
+                           int64_t width) {
+  std::vector<float> out = floats(rows * width);
+  for (int64_t i = 0; i < rows; ++i)
+    for (int64_t j = 0; j < width; ++j)
+      out[size_t(i * width + j)] = m[size_t(i * cols + first + j)];
+  return out;
+}
+
+// `parts` holds each rank's [rows, width] columns one after another (an all-gather).
+AbsDiff diff_of_column_parts(const float* parts, const std::vector<float>& whole, int64_t rows,
+                             int64_t width, int ranks) {
+  AbsDiff d;
+  const int64_t cols = width * ranks;
+  for (int r = 0; r < ranks; ++r)
+    for (int64_t i = 0; i < rows; ++i)
+      for (int64_t j = 0; j < width; ++j) {
+        const double e = std::fabs(double(parts[(r * rows + i) * width + j]) -
+                                   double(whole[size_t(i * cols + r * width + j)]));
+        d.max = std::max(d.max, e);
+        d.mean += e;
+      }
+  d.mean /= double(rows * cols);
+  return d;
+}
+
+// The ranks' parts side by side on every rank (one rank: the part itself).
+std::vector<float> gather(const TensorParallel& tp, std::vector<float>& part, const char* site) {
+  if (tp.size() == 1) return part;
+  std::vector<float> all(part.size() * size_t(tp.size()));
+  tp.comm->all_gather(Tensor{all.data(), {int64_t(all.size())}},
+                      Tensor{part.data(), {int64_t(part.size())}}, site);
+  return all;
+}
+
+}  // namespace
+
+OnlineNormDiffs compare_online_rmsnorm(Backend& be, const TensorParallel& tp,
+                                       const OnlineNormProblem& problem) {
+  const int t = tp.size(), me = tp.rank();
+  const int64_t n = problem.rows, d = problem.hidden, r = problem.rank;
+  BOTTLE_CHECK(n > 0 && d > 0 && r > 0 && d % t == 0,
+               "online RMSNorm check: rows {}, hidden {} and rank {} must be positive and the "
+               "hidden divisible by the {} rank(s)",
+               n, d, r, t);
+  const int64_t dl = d / t;
+  std::vector<float> x = floats(n * d), gamma = floats(d), a = floats(r * d), dz = floats(n * r);
+  // Drawn once and broadcast: at the bench's sizes drawing takes longer than the GEMMs.
+  if (me == 0) {
+    std::mt19937 rng(problem.seed);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (auto& v : x) v = normal(rng);
+    for (auto& v : gamma) v = 1.0f + problem.gamma_spread * normal(rng);
+    for (auto& v : a) v = problem.weight_std * normal(rng);
+    for (auto& v : dz) v = normal(rng);
+  }
+  if (t > 1)
+    for (std::vector<float>* v : {&x, &gamma, &a, &dz})
+      tp.comm->broadcast(Tensor{v->data(), {int64_t(v->size())}}, 0, "check.norm.inputs");
+  Tensor DZ{dz.data(), {n, r}};
+
+  // This rank: its columns [me·d/t, (me+1)·d/t) of x, γ and A.
+  std::vector<float> xl = columns(x, n, d, me * dl, dl), gl = columns(gamma, 1, d, me * dl, dl),
+                     al = columns(a, r, d, me * dl, dl), gl_grad = floats(dl);
+  Tensor XL{xl.data(), {n, dl}}, AL{al.data(), {r, dl}};
+  Arena arena(MemoryTag::activations);
+  OnlineRMSNorm norm;
+  norm.weight = Param{Tensor{gl.data(), {dl}}, Tensor{gl_grad.data(), {dl}}};
+  norm.d = d;
+  norm.allocate_activations(arena, n, dl);
+  std::vector<float> slab = floats(n * r + n);  // [z | S]: one all-reduce, as in btp
+  Tensor z{slab.data(), {n, r}}, sumsq{slab.data() + n * r, {n}};
+  norm.forward_local(be, XL, sumsq);
+  linear_forward(be, z, norm.out, AL);
+  const std::array<Tensor, 1> zs{z};
+  norm.scale_partials(be, zs, sumsq);
+  if (tp.comm) tp.comm->all_reduce(Tensor{slab.data(), {n * r + n}}, ReduceOp::sum, "check.norm");
+  norm.finish(be, zs, sumsq);
+  // Backward: dn_i = dz A_i locally, then the norm's backward with the whole-row statistic.
+  std::vector<float> dnl = floats(n * dl), dxl = floats(n * dl);
+  Tensor DNL{dnl.data(), {n, dl}};
+  const std::array<std::pair<Tensor, Tensor>, 1> latents{std::pair{z, DZ}};
+  if (tp.norm_backward == NormStatistic::from_latent) norm.latent_statistic(be, latents);
+  input_gradient(be, DNL, DZ, AL);
+  norm.backward(be, tp, Tensor{dxl.data(), {n, dl}}, DNL, XL, "check.norm.stat");
+  const std::vector<float> dx_parts = gather(tp, dxl, "check.norm.dx"),
+                           dgamma_parts = gather(tp, gl_grad, "check.norm.dgamma");
+
+  std::array<float, 6> result{};  // the differences, from rank 0 to every rank
+  if (me == 0) {
+    // One rank: RMSNorm, then z = n Aᵀ; backward dn = dz A, then RMSNorm's backward.
+    std::vector<float> normed = floats(n * d), rstd = floats(n), z_ref = floats(n * r),
+                       dx_ref = floats(n * d), dgamma = floats(d);
+    Tensor X{x.data(), {n, d}}, G{gamma.data(), {d}}, A{a.data(), {r, d}};
+    Tensor NORMED{normed.data(), {n, d}}, RSTD{rstd.data(), {n}};
+    be.rmsnorm_forward(NORMED, RSTD, X, G, norm.eps);
+    linear_forward(be, Tensor{z_ref.data(), {n, r}}, NORMED, A);
+    std::vector<float>& dn = normed;  // the normalised input is not read again
+    input_gradient(be, Tensor{dn.data(), {n, d}}, DZ, A);
+    be.rmsnorm_backward(Tensor{dx_ref.data(), {n, d}}, Tensor{dgamma.data(), {d}},
+                        Tensor{dn.data(), {n, d}}, X, G, RSTD);
+    const AbsDiff out = diff_of_column_parts(slab.data(), z_ref, n, r, 1),
+                  dx = diff_of_column_parts(dx_parts.data(), dx_ref, n, dl, t),
+                  dg = diff_of_column_parts(dgamma_parts.data(), dgamma, 1, dl, t);
+    result = {float(out.max), float(out.mean), float(dx.max),
+              float(dx.mean), float(dg.max),   float(dg.mean)};
+  }
+  if (tp.comm) tp.comm->broadcast(Tensor{result.data(), {6}}, 0, "check.norm.result");
+  return {{result[0], result[1]}, {result[2], result[3]}, {result[4], result[5]}};
+}
+
+}  // namespace bottle
