@@ -118,7 +118,7 @@ struct ModeResult {
   TpMode mode = TpMode::full;
   BottleneckKind kind = BottleneckKind::none;
   int64_t blocks = 0, tokens = 0;
-  CommCounter fwd{}, bwd{};                           // the mode's block sites, one step
+  CommCounter fwd{}, bwd{};  // the mode's block sites, the last recorded step
   double iter_ms = 0, comm_ms = 0, recompute_ms = 0;  // medians
   Spread iter, comm, recompute;                       // their min and max
   CommCounter recompute_comm{};  // collectives issued while recomputing, one step
@@ -460,6 +460,8 @@ Command add_bench_tp_command(CLI::App& app) {
             {"bwd_collectives_per_block", double(r.bwd.calls) / blocks},
             {"recompute_collectives", double(r.recompute_comm.calls) / blocks},
             {"recompute_elems_per_block", double(r.recompute_comm.elements) / blocks},
+            {"fwd_comm_ms_per_block", r.fwd.seconds * 1e3 / blocks},
+            {"bwd_comm_ms_per_block", r.bwd.seconds * 1e3 / blocks},
             {"comm_ms", r.comm_ms},
             {"compute_ms", r.iter_ms - r.comm_ms},
             {"iter_ms", r.iter_ms},

@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   CLI::App* bench_norm = bench->add_subcommand(
       "norm", "online RMSNorm over TP ranks against RMSNorm on one rank (under mpirun)");
   commands[bench_norm] = bottle::add_bench_norm_command(*bench_norm);
+  CLI::App* bench_paper = bench->add_subcommand(
+      "paper", "every comparison of the BOOST paper on this machine, as a report with plots");
+  commands[bench_paper] = bottle::add_bench_paper_command(*bench_paper);
   CLI::App* bench_pipeline = bench->add_subcommand(
       "pipeline", "pipeline bubble per schedule and DP gradient traffic (under mpirun)");
   commands[bench_pipeline] = bottle::add_bench_pipeline_command(*bench_pipeline);
@@ -46,17 +49,25 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }
+  // A launcher runs mpirun itself: it never joins an MPI job of its own.
+  const bool launcher = bench_paper->parsed();
+  auto report = [&](const char* kind, const char* message) {
+    if (launcher)
+      std::fprintf(stderr, "bottle: %s: %s\n", kind, message);
+    else
+      bottle::report_fatal_error(kind, message);
+  };
   try {
     // Every rank joins the job before any check, so that an error found by all of them
     // (a bad configuration) is printed by all of them before the job ends.
-    bottle::world_communicator();
+    if (!launcher) bottle::world_communicator();
     for (auto& [sub, run] : commands)
       if (sub->parsed()) return run();
   } catch (const bottle::Error& e) {
-    bottle::report_fatal_error("error", e.what());
+    report("error", e.what());
     return 1;
   } catch (const std::exception& e) {
-    bottle::report_fatal_error("internal error", e.what());
+    report("internal error", e.what());
     return 2;
   }
   return 0;

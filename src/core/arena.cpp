@@ -59,10 +59,17 @@ std::optional<int64_t> parse_byte_size(std::string_view text) {
   const double value = std::strtod(number.c_str(), &end);
   if (end != number.c_str() + number.size()) return std::nullopt;
   const std::string_view unit = trim(text.substr(digits));
-  static constexpr std::pair<std::string_view, double> kUnits[] = {
-      {"", 1},        {"B", 1},       {"kB", 1e3},          {"KB", 1e3},
-      {"MB", 1e6},    {"GB", 1e9},    {"TB", 1e12},         {"KiB", 1024.0},
-      {"MiB", 1 << 20}, {"GiB", double(1 << 30)}, {"TiB", 1099511627776.0}};
+  static constexpr std::pair<std::string_view, double> kUnits[] = {{"", 1},
+                                                                   {"B", 1},
+                                                                   {"kB", 1e3},
+                                                                   {"KB", 1e3},
+                                                                   {"MB", 1e6},
+                                                                   {"GB", 1e9},
+                                                                   {"TB", 1e12},
+                                                                   {"KiB", 1024.0},
+                                                                   {"MiB", 1 << 20},
+                                                                   {"GiB", double(1 << 30)},
+                                                                   {"TiB", 1099511627776.0}};
   for (const auto& [name, scale] : kUnits)
     if (unit == name) {
       const double bytes = value * scale;

@@ -18,8 +18,9 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
   const int64_t shard = zero ? elements / dp : elements;
   m[MemoryTag::optimizer] = 2 * aligned_size(size_t(shard) * sizeof(float));
   if (zero) m[MemoryTag::comm] += aligned_size(size_t(shard) * sizeof(float));
-  m[MemoryTag::workspace] = 2 * size_t(tc.grad_accum_steps) *
-                            aligned_size(size_t(tc.micro_batch_size * tc.seq_len) * sizeof(int32_t));
+  m[MemoryTag::workspace] =
+      2 * size_t(tc.grad_accum_steps) *
+      aligned_size(size_t(tc.micro_batch_size * tc.seq_len) * sizeof(int32_t));
   return m;
 }
 
@@ -53,8 +54,8 @@ std::vector<std::vector<size_t>> gather_sizes(Communicator& world, std::span<con
   return out;
 }
 
-void check_memory_limit(const TrainConfig& config, const MemoryBreakdown& plan,
-                        Communicator& world, const std::string& config_path) {
+void check_memory_limit(const TrainConfig& config, const MemoryBreakdown& plan, Communicator& world,
+                        const std::string& config_path) {
   const int64_t limit = config.training.memory_limit;
   if (limit <= 0) return;
   // Every rank learns every rank's plan, so that all of them fail with the same message.

@@ -25,7 +25,7 @@ std::vector<std::vector<size_t>> gather_sizes(Communicator& world, std::span<con
 
 // Fails on every rank of `world` when some rank's plan exceeds training.memory_limit (0: no
 // limit), naming the key, the limit and the largest rank's plan.
-void check_memory_limit(const TrainConfig& config, const MemoryBreakdown& plan,
-                        Communicator& world, const std::string& config_path);
+void check_memory_limit(const TrainConfig& config, const MemoryBreakdown& plan, Communicator& world,
+                        const std::string& config_path);
 
 }  // namespace bottle

@@ -22,7 +22,9 @@ struct ScratchFiles {
   }
 };
 
-bool is_number(const nlohmann::json& j, const char* key) { return j.contains(key) && j[key].is_number(); }
+bool is_number(const nlohmann::json& j, const char* key) {
+  return j.contains(key) && j[key].is_number();
+}
 
 }  // namespace
 
@@ -30,10 +32,11 @@ void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
   std::ifstream in(jsonl_path);
   BOTTLE_CHECK(in, "{}: cannot open", jsonl_path);
   const fs::path out_dir = fs::path(png_path).parent_path();
-  BOTTLE_CHECK(out_dir.empty() || fs::is_directory(out_dir), "{}: folder {} does not exist", png_path,
-               out_dir.string());
+  BOTTLE_CHECK(out_dir.empty() || fs::is_directory(out_dir), "{}: folder {} does not exist",
+               png_path, out_dir.string());
   ScratchFiles scratch;
-  const fs::path train_dat = png_path + ".train.dat", val_dat = png_path + ".val.dat", script = png_path + ".gp";
+  const fs::path train_dat = png_path + ".train.dat", val_dat = png_path + ".val.dat",
+                 script = png_path + ".gp";
   scratch.paths = {train_dat, val_dat, script};
   std::ofstream train(train_dat), val(val_dat);
   int64_t rows = 0, val_rows = 0, line_no = 0;
@@ -41,11 +44,12 @@ void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
     ++line_no;
     if (line.empty()) continue;
     const auto j = nlohmann::json::parse(line, nullptr, false);
-    BOTTLE_CHECK(!j.is_discarded() && j.is_object() && is_number(j, "step"), "{}:{}: not a metrics line",
-                 jsonl_path, line_no);
+    BOTTLE_CHECK(!j.is_discarded() && j.is_object() && is_number(j, "step"),
+                 "{}:{}: not a metrics line", jsonl_path, line_no);
     // A skipped step's non-finite loss is null in JSON: it has no point on the curve.
     if (is_number(j, "loss") && is_number(j, "lr")) {
-      train << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << " " << j["lr"].get<double>() << "\n";
+      train << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << " "
+            << j["lr"].get<double>() << "\n";
       ++rows;
     }
     if (is_number(j, "val_loss")) {
@@ -64,12 +68,14 @@ void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
        << "set xlabel 'step'\nset ylabel 'loss (nats)'\nset y2label 'learning rate'\n"
        << "set ytics nomirror\nset y2tics\nset grid\nset key top right\n"
        << "plot '" << train_dat.string() << "' using 1:2 with lines lw 1.5 title 'train loss'";
-    if (val_rows > 0) gp << ", '" << val_dat.string() << "' using 1:2 with linespoints lw 2 pt 7 title 'val loss'";
-    gp << ", '" << train_dat.string() << "' using 1:3 axes x1y2 with lines dt 2 lc rgb 'gray40' title 'lr'\n";
+    if (val_rows > 0)
+      gp << ", '" << val_dat.string() << "' using 1:2 with linespoints lw 2 pt 7 title 'val loss'";
+    gp << ", '" << train_dat.string()
+       << "' using 1:3 axes x1y2 with lines dt 2 lc rgb 'gray40' title 'lr'\n";
   }
   const int rc = std::system(fmt::format("gnuplot '{}' 2>&1", script.string()).c_str());
-  BOTTLE_CHECK(rc == 0 && fs::exists(png_path), "{}: gnuplot failed to draw the plot (is gnuplot installed?)",
-               png_path);
+  BOTTLE_CHECK(rc == 0 && fs::exists(png_path),
+               "{}: gnuplot failed to draw the plot (is gnuplot installed?)", png_path);
 }
 
 }  // namespace bottle

@@ -707,7 +707,8 @@ struct Loader {
                  m.max_seq_len, config.training.seq_len);
     validate_tensor_parallel(m, int(p.tp), p.tp_mode, fmt::format("{}: key 'parallel.", source));
     try {
-      validate_recompute(config.training.recompute, p.tp_mode, m.bottleneck != BottleneckKind::none);
+      validate_recompute(config.training.recompute, p.tp_mode,
+                         m.bottleneck != BottleneckKind::none);
     } catch (const Error& e) {
       fail("{}: {}", source, e.what());
     }

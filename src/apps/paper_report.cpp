@@ -1,0 +1,697 @@
+#include "apps/paper_report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <limits>
+
+#include "core/arena.h"
+#include "core/error.h"
+
+namespace bottle {
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+const json* find_variant(const std::vector<json>& rows, const std::string& variant) {
+  for (const json& r : rows)
+    if (r.value("variant", "") == variant) return &r;
+  return nullptr;
+}
+
+double number(const json* row, const std::string& key) {
+  if (!row || !row->contains(key) || !(*row)[key].is_number()) return kNaN;
+  return (*row)[key].get<double>();
+}
+
+// "123.4 [120.1–130.2]": a median with the min and max of the same steps.
+std::string spread(const json* row, const std::string& key, int digits = 1) {
+  const double v = number(row, key);
+  if (std::isnan(v)) return "n/a";
+  const double lo = number(row, key + "_min"), hi = number(row, key + "_max");
+  if (std::isnan(lo) || std::isnan(hi)) return fmt::format("{:.{}f}", v, digits);
+  return fmt::format("{:.{}f} [{:.{}f}–{:.{}f}]", v, digits, lo, digits, hi, digits);
+}
+
+std::string ratio(double a, double b) {
+  if (std::isnan(a) || std::isnan(b) || b == 0) return "n/a";
+  return fmt::format("{:.2f}×", a / b);
+}
+
+// "1.54× (paper 2.28×: lower)".
+std::string versus(double here, double paper) {
+  if (std::isnan(here)) return "n/a";
+  const char* word = here > 1.1 * paper   ? "higher"
+                     : here < paper / 1.1 ? "lower"
+                                          : "about the same";
+  return fmt::format("{:.2f}× (paper {:.2f}×: {})", here, paper, word);
+}
+
+std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / double(1 << 20)); }
+
+// One clustered bar chart with min–max error bars; NaN values are drawn as missing.
+struct Series {
+  std::string name;
+  std::vector<double> value, lo, hi;
+};
+
+struct Chart {
+  std::string title, ylabel;
+  std::vector<std::string> categories;
+  std::vector<Series> series;
+  std::string extra;  // more gnuplot commands (a reference line, a key position)
+};
+
+void run_gnuplot(const fs::path& script, const fs::path& png) {
+  const int rc = std::system(
+      fmt::format("gnuplot '{}' > '{}.log' 2>&1", script.string(), script.string()).c_str());
+  BOTTLE_CHECK(rc == 0 && fs::exists(png) && fs::file_size(png) > 0,
+               "bench paper: gnuplot could not draw {} (see {}.log)", png.string(),
+               script.string());
+}
+
+std::string gnuplot_value(double v) { return std::isnan(v) ? "NaN" : fmt::format("{}", v); }
+
+void draw_bars(const Chart& c, const fs::path& out, const std::string& name) {
+  const fs::path data = out / "plots" / (name + ".dat"), script = out / "plots" / (name + ".gp");
+  const fs::path png = out / (name + ".png");
+  {
+    std::ofstream d(data);
+    for (size_t i = 0; i < c.categories.size(); ++i) {
+      d << '"' << c.categories[i] << '"';
+      for (const Series& s : c.series) {
+        const double v = s.value[i];
+        const double lo = s.lo.empty() || std::isnan(s.lo[i]) ? v : s.lo[i];
+        const double hi = s.hi.empty() || std::isnan(s.hi[i]) ? v : s.hi[i];
+        d << ' ' << gnuplot_value(v) << ' ' << gnuplot_value(lo) << ' ' << gnuplot_value(hi);
+      }
+      d << '\n';
+    }
+  }
+  std::ofstream g(script);
+  g << "set terminal pngcairo size 900,520 font 'DejaVu Sans,11'\n"
+    << "set output '" << png.string() << "'\n"
+    << "set title \"" << c.title << "\"\nset ylabel \"" << c.ylabel << "\"\n"
+    << "set style data histograms\nset style histogram errorbars gap 2 lw 1\n"
+    << "set style fill solid 0.85 border -1\nset boxwidth 0.9\nset grid ytics\n"
+    << "set yrange [0:*]\nset key top left\nset datafile missing 'NaN'\n"
+    << c.extra << "plot ";
+  for (size_t k = 0; k < c.series.size(); ++k) {
+    const size_t col = 2 + 3 * k;
+    g << (k ? ", '' " : "'" + data.string() + "' ") << "using " << col << ':' << col + 1 << ':'
+      << col + 2 << (k == 0 ? ":xtic(1)" : "") << " title \"" << c.series[k].name << "\"";
+  }
+  g << "\n";
+  g.close();
+  run_gnuplot(script, png);
+}
+
+// Lines over a numeric x; each series its own points (NaN: not drawn).
+void draw_lines(const std::string& title, const std::string& xlabel, const std::string& ylabel,
+                const std::vector<double>& x, const std::vector<Series>& series,
+                const fs::path& out, const std::string& name, const std::string& extra = "") {
+  const fs::path data = out / "plots" / (name + ".dat"), script = out / "plots" / (name + ".gp");
+  const fs::path png = out / (name + ".png");
+  {
+    std::ofstream d(data);
+    for (size_t i = 0; i < x.size(); ++i) {
+      d << x[i];
+      for (const Series& s : series) {
+        const double v = s.value[i];
+        d << ' ' << gnuplot_value(v) << ' '
+          << gnuplot_value(s.lo.empty() || std::isnan(s.lo[i]) ? v : s.lo[i]) << ' '
+          << gnuplot_value(s.hi.empty() || std::isnan(s.hi[i]) ? v : s.hi[i]);
+      }
+      d << '\n';
+    }
+  }
+  std::ofstream g(script);
+  g << "set terminal pngcairo size 900,520 font 'DejaVu Sans,11'\n"
+    << "set output '" << png.string() << "'\n"
+    << "set title \"" << title << "\"\nset xlabel \"" << xlabel << "\"\nset ylabel \"" << ylabel
+    << "\"\nset grid\nset key top left\nset datafile missing 'NaN'\n"
+    << extra << "plot ";
+  for (size_t k = 0; k < series.size(); ++k) {
+    const size_t col = 2 + 3 * k;
+    g << (k ? ", '' " : "'" + data.string() + "' ") << "using 1:" << col << ':' << col + 1 << ':'
+      << col + 2 << " with yerrorlines title \"" << series[k].name << "\"";
+  }
+  g << "\n";
+  g.close();
+  run_gnuplot(script, png);
+}
+
+// The three modes of one bench tp run, grouping on, no recomputation.
+struct Modes {
+  const json *full, *vanilla, *btp;
+};
+Modes modes_of(const std::vector<json>& rows) {
+  return {find_variant(rows, "full"), find_variant(rows, "vanilla"), find_variant(rows, "btp")};
+}
+
+class Report {
+ public:
+  Report(const PaperResults& r, fs::path out) : r_(r), out_(std::move(out)) {
+    fs::create_directories(out_ / "plots");
+  }
+
+  std::string write() {
+    header();
+    iteration_time();
+    micro_batches();
+    kinds();
+    collectives();
+    grouping();
+    memory();
+    recomputation();
+    online_norm();
+    torch_peer();
+    loss_curves();
+    return md_;
+  }
+
+ private:
+  void line(const std::string& text = "") { md_ += text + "\n"; }
+  template <typename... Args>
+  void linef(fmt::format_string<Args...> f, Args&&... args) {
+    line(fmt::format(f, std::forward<Args>(args)...));
+  }
+  int64_t layers() const { return r_.settings.at("layers").get<int64_t>(); }
+
+  void header() {
+    const json& m = r_.machine;
+    const json& s = r_.settings;
+    line("# BOOST, measured on this machine");
+    line();
+    linef(
+        "Every comparison of the BOOST paper (`../shared/reference/boost-paper-summary.txt`), "
+        "run by `bottle bench paper{}` on {} ({}). Each figure is the median over {} "
+        "iterations after {} warm-up iterations, with the [min–max] of the same iterations; "
+        "all modes of one comparison were measured in the same run, their steps interleaved "
+        "so that the machine's drift hits them alike (`bottle bench tp`).",
+        r_.scale == "quick" ? " --quick" : "", m.value("date", ""), r_.scale,
+        s.at("steps").get<int>(), s.at("warmup").get<int>());
+    line();
+    line("| | |");
+    line("|---|---|");
+    linef("| machine | {}, {} cores, no GPU; {} |", m.value("cpu", ""), m.value("cores", 0),
+          m.value("os", ""));
+    linef("| software | {}; {}; oneDNN {}; PyTorch {}; {} |", m.value("compiler", ""),
+          m.value("mpi", ""), m.value("onednn", ""),
+          r_.torch.empty() ? "n/a" : r_.torch.front().value("torch_version", "unknown"),
+          m.value("gnuplot", ""));
+    linef(
+        "| model | LLaMA-style, CoLA bottlenecks unless stated: d = {}, d_ff = {}, {} heads, r = "
+        "{}, {} blocks, vocabulary 256; micro-batch {} × {} tokens; fp32 |",
+        s.at("hidden").get<int64_t>(), s.at("ffn").get<int64_t>(), s.at("heads").get<int64_t>(),
+        s.at("rank").get<int64_t>(), s.at("layers").get<int64_t>(), s.at("batch").get<int64_t>(),
+        s.at("seq").get<int64_t>());
+    line(
+        "| modes | **full**: Megatron TP on the full-rank model of the same widths; **vanilla**: "
+        "Megatron TP on the CoLA model; **btp**: bottleneck-aware TP (BOOST) with online "
+        "RMSNorm and grouping |");
+    line(
+        "| paper | CoLA LLaMA 3B–40B on A100 80 GB (4 per node, NVLink), sequences of 4,096, "
+        "bf16 |");
+    line();
+    line(
+        "The machine differs from the paper's in the way that matters most: here a rank is a "
+        "CPU core and the ranks all-reduce through shared memory, so compute is ~1,000× slower "
+        "and communication relatively cheap; the paper's gains come from cutting communication "
+        "and from larger, better-shaped GEMMs. TP = 4 runs 4 ranks on 2 cores "
+        "(oversubscribed): its times measure ranks sharing cores, not 4-way parallelism.");
+    line();
+  }
+
+  void iteration_time() {
+    line("## Iteration time: full-rank TP vs vanilla TP vs btp");
+    line();
+    line("![iteration time](iteration.png)");
+    line();
+    line("| TP | full (ms) | vanilla (ms) | btp (ms) | btp vs full | btp vs vanilla |");
+    line("|---|---|---|---|---|---|");
+    Chart c{
+        "Iteration time per mode and TP degree (median, min-max)", "ms per iteration", {}, {}, ""};
+    c.series = {{"full-rank TP", {}, {}, {}}, {"vanilla TP", {}, {}, {}}, {"btp", {}, {}, {}}};
+    for (const auto& [t, rows] : r_.tp) {
+      const Modes m = modes_of(rows);
+      const std::string label = t > r_.machine.value("cores", 2)
+                                    ? fmt::format("{} (oversubscribed)", t)
+                                    : std::to_string(t);
+      linef("| {} | {} | {} | {} | {} | {} |", label, spread(m.full, "iter_ms"),
+            spread(m.vanilla, "iter_ms"), spread(m.btp, "iter_ms"),
+            ratio(number(m.full, "iter_ms"), number(m.btp, "iter_ms")),
+            ratio(number(m.vanilla, "iter_ms"), number(m.btp, "iter_ms")));
+      c.categories.push_back("TP " + label);
+      const json* rows3[] = {m.full, m.vanilla, m.btp};
+      for (size_t k = 0; k < 3; ++k) {
+        c.series[k].value.push_back(number(rows3[k], "iter_ms"));
+        c.series[k].lo.push_back(number(rows3[k], "iter_ms_min"));
+        c.series[k].hi.push_back(number(rows3[k], "iter_ms_max"));
+      }
+    }
+    draw_bars(c, out_, "iteration");
+    line();
+    const Modes top = modes_of(r_.tp.rbegin()->second);
+    const Modes two = modes_of(r_.tp.at(2));
+    linef(
+        "At TP 2, btp is {} faster than full-rank TP and {} faster than vanilla TP; at TP {} "
+        "{} and {}. Paper (LLaMA-7B, TP 4, micro-batch 4): full-rank 1.06 s, vanilla 1.64 s, "
+        "BOOST 0.72 s (1.46–1.91× and 1.87–2.27× over 3B–40B).",
+        versus(number(two.full, "iter_ms") / number(two.btp, "iter_ms"), 1.47),
+        versus(number(two.vanilla, "iter_ms") / number(two.btp, "iter_ms"), 2.28),
+        r_.tp.rbegin()->first,
+        versus(number(top.full, "iter_ms") / number(top.btp, "iter_ms"), 1.47),
+        versus(number(top.vanilla, "iter_ms") / number(top.btp, "iter_ms"), 2.28));
+    line();
+    line(
+        "Why they differ: btp's lead over full-rank TP comes mostly from the CoLA model's fewer "
+        "FLOPs (r = d/4), which a compute-bound CPU turns into time almost one for one, so it "
+        "can exceed the paper's. Its lead over vanilla comes from communication and from "
+        "vanilla's replicated full-width work (norms, attention over all heads, SwiGLU on "
+        "every rank): on 2 cores with shared-memory all-reduces vanilla's 5× volume costs far "
+        "less than at 4,096 tokens per sequence over NVLink, while the replicated work costs "
+        "more the more ranks share the cores — which is why the gap grows with TP here. At TP "
+        "1 there is no communication: vanilla and btp run the same serial model.");
+    line();
+  }
+
+  void micro_batches() {
+    line("## Micro-batch sweep under a memory limit");
+    line();
+    linef(
+        "Per-rank limit: **{}** ({}), at TP 2. Whether a run fits is planned before it runs: "
+        "the model is laid out in reserved address space (exact buffer sizes) plus AdamW's "
+        "moments (`bottle bench tp --fit`).",
+        format_bytes(r_.memory_limit),
+        r_.memory_limit_default ? "16× the model state per rank: the proportion of 80 GB to "
+                                  "CoLA-7B's 5 GB of weights, gradients and optimizer state "
+                                  "per GPU in the paper"
+                                : "--memory-limit");
+    line();
+    line("![micro-batch sweep](microbatch.png)");
+    line();
+    line("| micro-batch | full (ms) | vanilla (ms) | btp (ms) | btp vs full | btp vs vanilla |");
+    line("|---|---|---|---|---|---|");
+    auto max_batch = [&](const std::string& mode) {
+      for (const json& f : r_.fits)
+        if (f.value("mode", "") == mode && f.value("recompute", "") == "none")
+          return f.at("max_micro_batch").get<int64_t>();
+      return int64_t(0);
+    };
+    std::vector<double> x;
+    std::vector<Series> series{
+        {"full-rank TP", {}, {}, {}}, {"vanilla TP", {}, {}, {}}, {"btp", {}, {}, {}}};
+    const char* names[] = {"full", "vanilla", "btp"};
+    for (const auto& [b, rows] : r_.batch) {
+      const Modes m = modes_of(rows);
+      const json* by_mode[] = {m.full, m.vanilla, m.btp};
+      std::string cells[3];
+      double ms[3];
+      x.push_back(double(b));
+      for (size_t k = 0; k < 3; ++k) {
+        const bool fits = b <= max_batch(names[k]);
+        ms[k] = fits ? number(by_mode[k], "iter_ms") : kNaN;
+        cells[k] = fits ? spread(by_mode[k], "iter_ms") : "does not fit";
+        series[k].value.push_back(ms[k]);
+        series[k].lo.push_back(fits ? number(by_mode[k], "iter_ms_min") : kNaN);
+        series[k].hi.push_back(fits ? number(by_mode[k], "iter_ms_max") : kNaN);
+      }
+      linef("| {} | {} | {} | {} | {} | {} |", b, cells[0], cells[1], cells[2], ratio(ms[0], ms[2]),
+            ratio(ms[1], ms[2]));
+    }
+    draw_lines(fmt::format("Iteration time by micro-batch, TP 2, limit {} per rank (missing: "
+                           "does not fit)",
+                           format_bytes(r_.memory_limit)),
+               "micro-batch", "ms per iteration", x, series, out_, "microbatch",
+               "set logscale x 2\nset xtics (1, 2, 4, 8)\n");
+    line();
+    line("Largest micro-batch each mode plans under the limit (up to 8):");
+    line();
+    line("| mode | recompute | largest micro-batch | planned per rank at it |");
+    line("|---|---|---|---|");
+    for (const json& f : r_.fits)
+      linef("| {} | {} | {} | {} |", f.value("mode", ""), f.value("recompute", ""),
+            f.at("max_micro_batch").get<int64_t>()
+                ? std::to_string(f.at("max_micro_batch").get<int64_t>())
+                : "none",
+            format_bytes(f.at("total_bytes").get<size_t>()));
+    line();
+    std::string fit8;
+    for (const char* mode : {"full", "vanilla", "btp"})
+      if (max_batch(mode) >= 8) fit8 += std::string(fit8.empty() ? "" : ", ") + mode;
+    linef(
+        "Under this limit micro-batch 8 fits {} without recomputation. Paper (LLaMA-7B, TP 4, "
+        "80 GB): full-rank 0.36 / 0.60 / 1.06 s, vanilla 0.46 / 0.80 / 1.64 s, BOOST 0.27 / "
+        "0.42 / 0.72 s at micro-batch 1 / 2 / 4 (1.3×, 1.42×, 1.48× over full-rank); at 8 only "
+        "BOOST fits (1.32 s). Which modes fit follows from each mode's activations: vanilla "
+        "replicates every full-width tensor on each rank, btp shards them; at these small "
+        "widths and sequences the model state is a larger share of the footprint than at 7B "
+        "and 4,096 tokens, so the activations decide less here (`bench tp --fit` plans the "
+        "real 7B shape: see the README).",
+        fit8.empty() ? "no mode" : fit8);
+    line();
+  }
+
+  void kinds() {
+    line("## Bottleneck kinds: SVD, CoLA, LaX");
+    line();
+    line("![bottleneck kinds](kinds.png)");
+    line();
+    line("| model | vanilla (ms) | btp (ms) | btp vs vanilla | btp vs full-rank |");
+    line("|---|---|---|---|---|");
+    const double full = number(modes_of(r_.kinds.at("cola")).full, "iter_ms");
+    Chart c{
+        fmt::format("Iteration time by bottleneck, TP 2 (full-rank TP: {:.0f} ms, dashed)", full),
+        "ms per iteration",
+        {},
+        {{"vanilla TP", {}, {}, {}}, {"btp", {}, {}, {}}},
+        fmt::format("set arrow from graph 0, first {0} to graph 1, first {0} nohead dt 2 lw 2\n",
+                    full)};
+    for (const char* kind : {"svd", "cola", "lax"}) {
+      const Modes m = modes_of(r_.kinds.at(kind));
+      linef("| {} | {} | {} | {} | {} |", kind, spread(m.vanilla, "iter_ms"),
+            spread(m.btp, "iter_ms"), ratio(number(m.vanilla, "iter_ms"), number(m.btp, "iter_ms")),
+            ratio(full, number(m.btp, "iter_ms")));
+      c.categories.push_back(kind);
+      const json* rows2[] = {m.vanilla, m.btp};
+      for (size_t k = 0; k < 2; ++k) {
+        c.series[k].value.push_back(number(rows2[k], "iter_ms"));
+        c.series[k].lo.push_back(number(rows2[k], "iter_ms_min"));
+        c.series[k].hi.push_back(number(rows2[k], "iter_ms_max"));
+      }
+    }
+    linef("| full-rank TP | {} | | | |", spread(modes_of(r_.kinds.at("cola")).full, "iter_ms"));
+    draw_bars(c, out_, "kinds");
+    line();
+    std::string here;
+    for (const char* kind : {"svd", "cola", "lax"}) {
+      const Modes m = modes_of(r_.kinds.at(kind));
+      here += fmt::format("{}{} {:.2f}×", here.empty() ? "" : ", ", kind,
+                          number(m.vanilla, "iter_ms") / number(m.btp, "iter_ms"));
+    }
+    linef(
+        "btp vs vanilla here: {}. Paper (LLaMA-7B, TP 4, micro-batch 4): 2.24× / 2.28× / 2.29× "
+        "for SVD / CoLA / LaX, and 1.51× / 1.47× / 1.41× over full-rank. SVD has nothing between "
+        "its factors and LaX adds its crossing and LayerNorm (under vanilla also an all-gather "
+        "of each latent); the ratios are smaller here for the reasons of the first section.",
+        here);
+    line();
+  }
+
+  void collectives() {
+    line("## Collectives per block and pass");
+    line();
+    line("![collective time](comm.png)");
+    line();
+    line(
+        "| TP | mode | elements per token and block, forward / backward | collectives per "
+        "block and pass | all-reduce time per block and pass (ms) |");
+    line("|---|---|---|---|---|");
+    Chart c{"All-reduce time per block and pass (forward + backward) / 2", "ms", {}, {}, ""};
+    c.series = {{"full-rank TP", {}, {}, {}}, {"vanilla TP", {}, {}, {}}, {"btp", {}, {}, {}}};
+    for (const auto& [t, rows] : r_.tp) {
+      if (t == 1) continue;
+      const Modes m = modes_of(rows);
+      const json* by_mode[] = {m.full, m.vanilla, m.btp};
+      c.categories.push_back(fmt::format("TP {}", t));
+      for (size_t k = 0; k < 3; ++k) {
+        const json* row = by_mode[k];
+        const double per_pass =
+            (number(row, "fwd_comm_ms_per_block") + number(row, "bwd_comm_ms_per_block")) / 2;
+        linef("| {} | {} | {:.0f} / {:.0f} | {:.0f} | {:.3f} |", t,
+              row ? row->value("mode", "") : "", number(row, "fwd_elems_per_token_block"),
+              number(row, "bwd_elems_per_token_block"), number(row, "collectives_per_block"),
+              per_pass);
+        c.series[k].value.push_back(per_pass);
+        c.series[k].lo.push_back(kNaN);
+        c.series[k].hi.push_back(kNaN);
+      }
+    }
+    draw_bars(c, out_, "comm");
+    line();
+    const int64_t d = r_.settings.at("hidden").get<int64_t>(),
+                  ff = r_.settings.at("ffn").get<int64_t>(),
+                  rank = r_.settings.at("rank").get<int64_t>();
+    linef(
+        "The volumes are counted by the communicator and equal DESIGN §3's formulas exactly: "
+        "full 2·d = {}, vanilla 5·d + 2·d_ff = {} (5.19× full at 7B widths), btp 7·r + 2 = {} "
+        "(0.875× at 7B widths; + 2: the online RMSNorm's statistics ride in the same "
+        "all-reduces). Paper (TP 4, micro-batch 4, 7B): 2.01 / 9.87 / 1.86 ms per block and "
+        "pass, btp 0.93× full and 5.3× less than vanilla. Here one collective on shared memory "
+        "costs a few µs plus ~4 GB/s, so the times follow the volumes less closely than on "
+        "NVLink, and with ranks oversubscribed they include waiting for a core.",
+        2 * d, 5 * d + 2 * ff, 7 * rank + 2);
+    line();
+  }
+
+  void grouping() {
+    line("## Linear-layer grouping, per component");
+    line();
+    line("![grouping](grouping.png)");
+    line();
+    Chart c{"Grouping: time per block (forward + backward), btp, TP 2", "ms per block", {}, {}, ""};
+    c.series = {{"default (ungrouped)", {}, {}, {}}, {"grouped", {}, {}, {}}};
+    const double L = double(layers());
+    for (const auto& [b, rows] : r_.grouping) {
+      const json* grouped = find_variant(rows, "btp");
+      const json* ungrouped = find_variant(rows, "btp ungrouped");
+      linef(
+          "Micro-batch {}, btp, ms per block (forward + backward; whole step per block: "
+          "iteration / {} blocks):",
+          b, layers());
+      line();
+      line("| | default | grouped | speedup |");
+      line("|---|---|---|---|");
+      const std::pair<const char*, const char*> parts[] = {
+          {"gate and up, compute", "gate_up_compute_ms"},
+          {"gate and up, all-reduce", "gate_up_comm_ms"},
+          {"QKV, compute", "qkv_compute_ms"},
+          {"QKV, all-reduce", "qkv_comm_ms"},
+          {"whole step per block", "iter_ms"}};
+      for (const auto& [label, key] : parts) {
+        const double u = number(ungrouped, key) / L, g = number(grouped, key) / L;
+        linef("| {} | {:.3f} [{:.3f}–{:.3f}] | {:.3f} [{:.3f}–{:.3f}] | {} |", label, u,
+              number(ungrouped, std::string(key) + "_min") / L,
+              number(ungrouped, std::string(key) + "_max") / L, g,
+              number(grouped, std::string(key) + "_min") / L,
+              number(grouped, std::string(key) + "_max") / L, ratio(u, g));
+        c.categories.push_back(fmt::format("b{} {}", b, label));
+        const json* rows2[] = {ungrouped, grouped};
+        for (size_t k = 0; k < 2; ++k) {
+          c.series[k].value.push_back(number(rows2[k], key) / L);
+          c.series[k].lo.push_back(number(rows2[k], std::string(key) + "_min") / L);
+          c.series[k].hi.push_back(number(rows2[k], std::string(key) + "_max") / L);
+        }
+      }
+      line();
+    }
+    c.extra = "set xtics rotate by -30\nset logscale y\nset yrange [*:*]\n";
+    draw_bars(c, out_, "grouping");
+    line(
+        "Paper (CoLA-7B, µs per block): at micro-batch 1 QKV compute 1.53×, QKV all-reduce "
+        "1.41×, gate/up 1.22× each, whole block 1.16×; at micro-batch 4 whole block 1.04×. "
+        "Grouping pays most where GEMMs are small and launches and collectives are many. On a "
+        "CPU a GEMM call costs far less than a GPU kernel launch, so the compute gain is "
+        "smaller than the paper's; one collective instead of three still saves its fixed "
+        "cost. All-reduce times include waiting for the other rank, so they are noisy; the "
+        "whole step is the figure to trust.");
+    line();
+  }
+
+  void memory() {
+    line("## Memory per rank");
+    line();
+    line("![memory](memory.png)");
+    line();
+    line("TP 2, no recomputation; every buffer is allocated up front and tagged (MiB per rank):");
+    line();
+    line("| mode | weights | gradients | optimizer | activations + buffers | total |");
+    line("|---|---|---|---|---|---|");
+    const Modes m = modes_of(r_.tp.at(2));
+    Chart c{"Memory per rank, TP 2 (MiB)",
+            "MiB",
+            {"weights", "gradients", "optimizer", "activations + buffers", "total"},
+            {},
+            ""};
+    const std::pair<const char*, const json*> by_mode[] = {
+        {"full-rank TP", m.full}, {"vanilla TP", m.vanilla}, {"btp", m.btp}};
+    for (const auto& [name, row] : by_mode) {
+      const double act = number(row, "activation_bytes") + number(row, "buffer_bytes");
+      const double values[] = {number(row, "weights_bytes"), number(row, "gradients_bytes"),
+                               number(row, "optimizer_bytes"), act, number(row, "peak_bytes")};
+      linef("| {} | {} | {} | {} | {} | {} |", name, mib(values[0]), mib(values[1]), mib(values[2]),
+            mib(values[3]), mib(values[4]));
+      Series s{name, {}, {}, {}};
+      for (double v : values) s.value.push_back(v / double(1 << 20));
+      c.series.push_back(s);
+    }
+    draw_bars(c, out_, "memory");
+    const double btp_act = number(m.btp, "activation_bytes") + number(m.btp, "buffer_bytes");
+    const double van_act =
+        number(m.vanilla, "activation_bytes") + number(m.vanilla, "buffer_bytes");
+    line();
+    linef(
+        "btp's activations and buffers are **{}** vanilla's (paper, CoLA-7B at micro-batch 4 "
+        "on 4 GPUs: 22.14 / 30.73 GB = 0.72×, target ≤ 0.72×; totals 27.14 vs 35.73 GB). "
+        "Weights, gradients "
+        "and optimizer state are the same in both, as in the paper. Vanilla keeps every "
+        "full-width tensor whole on each rank; btp keeps them sharded and only the r-wide "
+        "latents whole.",
+        ratio(btp_act, van_act));
+    line();
+  }
+
+  void recomputation() {
+    line("## Activation recomputation: MB saved per ms");
+    line();
+    line("![recomputation](recompute.png)");
+    line();
+    line(
+        "TP 2. Saved: activation memory against the same mode without recomputation. Time: "
+        "the recomputation itself, timed around it in backward (the iteration difference is "
+        "shown too).");
+    line();
+    line(
+        "| mode | recompute | activations (MiB) | saved (MB) | recompute (ms) | iteration +ms "
+        "| MB per ms | collectives re-run per block |");
+    line("|---|---|---|---|---|---|---|---|");
+    Chart c{"Activation memory saved per ms of recomputation, TP 2", "MB per ms", {}, {}, ""};
+    c.series = {{"MB saved per ms", {}, {}, {}}};
+    double lowrank = kNaN, vanilla_block = kNaN;
+    for (const json& row : r_.tp.at(2)) {
+      if (row.value("recompute", "none") == "none" || !row.value("grouping", true)) continue;
+      const double per_ms = number(&row, "saved_mb_per_ms");
+      linef("| {} | {} | {} | {:.1f} | {} | {:.1f} | {:.2f} | {:.0f} |", row.value("mode", ""),
+            row.value("recompute", ""), mib(number(&row, "activation_bytes")),
+            number(&row, "saved_mb"), spread(&row, "recompute_ms"), number(&row, "extra_ms"),
+            per_ms, number(&row, "recompute_collectives"));
+      c.categories.push_back(row.value("mode", "") + " " + row.value("recompute", ""));
+      c.series[0].value.push_back(per_ms);
+      c.series[0].lo.push_back(kNaN);
+      c.series[0].hi.push_back(kNaN);
+      if (row.value("mode", "") == "btp" && row.value("recompute", "") == "lowrank")
+        lowrank = per_ms;
+      if (row.value("mode", "") == "vanilla" && row.value("recompute", "") == "block")
+        vanilla_block = per_ms;
+    }
+    draw_bars(c, out_, "recompute");
+    line();
+    linef(
+        "btp + lowrank saves **{}** the MB per ms of vanilla + block (paper, 7B at micro-batch "
+        "4: 193.5 / 113.7 MB/ms = 1.70×; 1.56× at 8). lowrank never re-runs a collective "
+        "(counted: 0 per block); vanilla + block re-runs all of its block's. lowrank is fast "
+        "because it skips the A GEMMs and every collective; it saves less than block because "
+        "it keeps the 7·r latents and the mid-block residual per block while block keeps only "
+        "the block's input. How these two balance depends on the widths, the micro-batch and "
+        "how many blocks share the one recomputation region, so the ratio moves with the "
+        "shapes (the README gives it at d = 1024).",
+        versus(lowrank / vanilla_block, 1.70));
+    line();
+  }
+
+  void online_norm() {
+    line("## Online RMSNorm error (fp32)");
+    line();
+    line(
+        "Online RMSNorm + row-parallel A on t ranks against RMSNorm + A on one rank (`bottle "
+        "bench norm`); paper, 4 GPUs: max 7×10⁻⁷, mean 6×10⁻⁸; DESIGN's target ≤ 1e-6.");
+    line();
+    line(
+        "| backend | ranks | rows × d → r | max \\|Δ\\| | mean \\|Δ\\| | backward max | backward "
+        "mean |");
+    line("|---|---|---|---|---|---|---|");
+    for (const json& n : r_.norm)
+      linef("| {} | {} | {} × {} → {} | {:.2e} | {:.2e} | {:.2e} | {:.2e} |",
+            n.value("backend", "cpu"), n.value("tp", 0), n.value("rows", 0), n.value("hidden", 0),
+            n.value("rank", 0), n.value("max_abs_diff", kNaN), n.value("mean_abs_diff", kNaN),
+            n.value("bwd_max_abs_diff", kNaN), n.value("bwd_mean_abs_diff", kNaN));
+    line();
+    line(
+        "The `reference` backend sums its GEMMs in double, so its difference is the online "
+        "RMSNorm's own; the `cpu` backend's oneDNN GEMM sums in fp32 in an order that depends "
+        "on K (d on one rank, d/t per rank before the all-reduce), and that rounding, not the "
+        "norm, sets its larger difference.");
+    line();
+  }
+
+  void torch_peer() {
+    line("## The PyTorch peer");
+    line();
+    line(
+        "The same model, weights and tokens, one training step (forward, backward, AdamW) on "
+        "one process with all cores, in bottle and in PyTorch (Debian's python3-torch, eager):");
+    line();
+    if (!r_.torch.empty()) linef("PyTorch {}.", r_.torch.front().value("torch_version", "unknown"));
+    line();
+    line("| model | bottle (ms) | PyTorch (ms) | bottle vs PyTorch |");
+    line("|---|---|---|---|");
+    for (const json& row : r_.torch)
+      linef("| {} | {} | {} | {} |", row.value("kind", ""),
+            fmt::format("{:.1f} [{:.1f}–{:.1f}]", number(&row, "ms_per_step"),
+                        number(&row, "ms_min"), number(&row, "ms_max")),
+            fmt::format("{:.1f} [{:.1f}–{:.1f}]", number(&row, "torch_ms_per_step"),
+                        number(&row, "torch_ms_min"), number(&row, "torch_ms_max")),
+            ratio(number(&row, "torch_ms_per_step"), number(&row, "ms_per_step")));
+    line();
+    line(
+        "The paper builds on PyTorch; it reports no CPU figure. Debian's PyTorch runs its "
+        "own GEMMs on this CPU, bottle runs oneDNN's.");
+    line();
+  }
+
+  void loss_curves() {
+    line("## Loss curves: btp at TP 2 against one rank");
+    line();
+    line("![loss curves](loss.png)");
+    line();
+    const std::vector<double>& one = r_.loss.at(1);
+    const std::vector<double>& two = r_.loss.at(2);
+    const size_t n = std::min(one.size(), two.size());
+    double worst = 0;
+    for (size_t i = 0; i < n; ++i) worst = std::max(worst, std::fabs(one[i] - two[i]));
+    linef(
+        "A small CoLA model (d = 128, r = 32, 2 blocks) trained {} steps on Debian's license "
+        "texts, byte-level: the largest difference between the two curves is **{:.2e}** nats "
+        "(final loss {:.4f} on one rank, {:.4f} at TP 2). The paper shows the same for a tiny "
+        "LLaMA with online RMSNorm.",
+        n, worst, one[n - 1], two[n - 1]);
+    std::vector<double> x;
+    Series a{"TP 1", {}, {}, {}}, b{"btp, TP 2", {}, {}, {}};
+    for (size_t i = 0; i < n; ++i) {
+      x.push_back(double(i + 1));
+      a.value.push_back(one[i]);
+      b.value.push_back(two[i]);
+    }
+    draw_lines("Training loss: btp at TP 2 over one rank", "step", "loss (nats)", x, {a, b}, out_,
+               "loss");
+    line();
+  }
+
+  const PaperResults& r_;
+  fs::path out_;
+  std::string md_;
+};
+
+}  // namespace
+
+void write_paper_report(const PaperResults& r, const fs::path& out) {
+  const std::string md = Report(r, out).write();
+  std::ofstream(out / "report.md") << md;
+  json all{{"scale", r.scale},       {"machine", r.machine},
+           {"settings", r.settings}, {"memory_limit", r.memory_limit},
+           {"fits", r.fits},         {"norm", r.norm},
+           {"torch", r.torch}};
+  for (const auto& [t, rows] : r.tp) all["tp"][std::to_string(t)] = rows;
+  for (const auto& [b, rows] : r.batch) all["batch"][std::to_string(b)] = rows;
+  for (const auto& [k, rows] : r.kinds) all["kinds"][k] = rows;
+  for (const auto& [b, rows] : r.grouping) all["grouping"][std::to_string(b)] = rows;
+  for (const auto& [t, losses] : r.loss) all["loss"][std::to_string(t)] = losses;
+  std::ofstream(out / "results.json") << all.dump(1) << "\n";
+}
+
+}  // namespace bottle

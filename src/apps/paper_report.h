@@ -1,0 +1,32 @@
+#pragma once
+// The report of `bottle bench paper`: what its runs measured, as DIR/report.md with
+// gnuplot PNGs next to it and DIR/results.json, each figure beside the paper's.
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace bottle {
+
+struct PaperResults {
+  std::string scale;  // "quick" or "full"
+  nlohmann::json machine, settings;
+  // `bench tp --json` rows (one per mode and variant) ...
+  std::map<int, std::vector<nlohmann::json>> tp;             // ... per TP degree (2: + recompute)
+  std::map<int64_t, std::vector<nlohmann::json>> batch;      // ... per micro-batch, TP 2
+  std::map<std::string, std::vector<nlohmann::json>> kinds;  // ... per bottleneck kind, TP 2
+  std::map<int64_t, std::vector<nlohmann::json>> grouping;   // ... --variants --components
+  size_t memory_limit = 0;                                   // of the micro-batch sweep, per rank
+  bool memory_limit_default = true;
+  std::vector<nlohmann::json> fits;         // `bench tp --fit` rows under memory_limit, TP 2
+  std::vector<nlohmann::json> norm;         // `bench norm --json`, per backend
+  std::vector<nlohmann::json> torch;        // `bench step --json` rows (none, cola)
+  std::map<int, std::vector<double>> loss;  // per TP degree, one per step
+};
+
+// Writes out/report.md, out/results.json and the plots; fails naming a plot gnuplot could
+// not draw.
+void write_paper_report(const PaperResults& results, const std::filesystem::path& out);
+
+}  // namespace bottle
