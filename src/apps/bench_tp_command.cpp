@@ -311,6 +311,7 @@ void print_fit_table(const TrainConfig& config, const std::string& path, Communi
                                        {"tp", config.parallel.tp},
                                        {"seq_len", config.training.seq_len},
                                        {"max_micro_batch", fit.batch},
+                                       {"tried_up_to", max_batch},
                                        {"weights_bytes", b[MemoryTag::weights]},
                                        {"gradients_bytes", b[MemoryTag::gradients]},
                                        {"optimizer_bytes", b[MemoryTag::optimizer]},

@@ -20,6 +20,7 @@ struct PaperResults {
   size_t memory_limit = 0;                                   // of the micro-batch sweep, per rank
   bool memory_limit_default = true;
   std::vector<nlohmann::json> fits;         // `bench tp --fit` rows under memory_limit, TP 2
+  std::vector<nlohmann::json> fits_7b;      // the same for CoLA-7B's shape, TP 4, 80 GiB
   std::vector<nlohmann::json> norm;         // `bench norm --json`, per backend
   std::vector<nlohmann::json> torch;        // `bench step --json` rows (none, cola)
   std::map<int, std::vector<double>> loss;  // per TP degree, one per step
