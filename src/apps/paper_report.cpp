@@ -352,9 +352,10 @@ class Report {
     line("|---|---|---|---|---|---|");
     for (const json& f : r_.fits_7b) {
       const int64_t b = f.at("max_micro_batch").get<int64_t>();
+      const bool capped = b == f.value("tried_up_to", int64_t(0));
       linef(
           "| {} | {} | {} | {} | {} | {} |", f.value("mode", ""), f.value("recompute", ""),
-          b ? std::to_string(b) : "none",
+          b ? fmt::format("{}{}", capped ? "≥ " : "", b) : "none",
           format_bytes(f.at("weights_bytes").get<size_t>() + f.at("gradients_bytes").get<size_t>() +
                        f.at("optimizer_bytes").get<size_t>()),
           format_bytes(f.at("activation_and_buffer_bytes").get<size_t>()),
