@@ -254,6 +254,12 @@ TEST_F(TpCli, BenchTpPrintsEachModesVolumes) {
           "tokens_per_s", "peak_bytes", "activation_bytes", "buffer_bytes", "saved_mb",
           "recompute_ms", "saved_mb_per_ms"})
       EXPECT_TRUE(j.contains(key)) << variant << " lacks " << key;
+  for (const auto& [variant, j] : rows) {
+    const auto& ranks = j.at("memory_per_rank");
+    for (const char* tag : {"weights", "gradients", "optimizer", "activations", "comm"})
+      EXPECT_EQ(ranks.at(tag).size(), 2u) << variant << " " << tag;
+    EXPECT_EQ(ranks.at("activations").at(0), j.at("activation_bytes")) << variant;
+  }
   const double d = 32, dff = 48, r_ = 8;
   EXPECT_EQ(rows["full"].at("fwd_elems_per_token_block").get<double>(), 2 * d);
   EXPECT_EQ(rows["vanilla"].at("fwd_elems_per_token_block").get<double>(), 5 * d + 2 * dff);

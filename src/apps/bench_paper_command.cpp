@@ -100,7 +100,7 @@ seed = 1
 eval_interval = 0
 
 [optimizer]
-lr = 3e-3
+lr = 1e-3
 weight_decay = 0.0
 
 [lr_scheduler]

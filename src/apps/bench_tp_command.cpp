@@ -425,6 +425,9 @@ Command add_bench_tp_command(CLI::App& app) {
       for (auto& run : runs) run->step(true);
     std::vector<ModeResult> results;
     for (auto& run : runs) results.push_back(run->result());
+    // Every rank's bytes per tag, per variant (a collective: every rank takes part).
+    std::vector<std::vector<std::vector<size_t>>> per_rank;
+    for (const ModeResult& r : results) per_rank.push_back(gather_sizes(world, r.memory.bytes));
     // Recomputation against the same variant keeping everything: activation memory saved,
     // and the time recomputing took (measured around the recomputation itself, and as the
     // difference of the iteration medians).
@@ -477,6 +480,11 @@ Command add_bench_tp_command(CLI::App& app) {
             {"saved_mb", saved.saved_mb},
             {"extra_ms", saved.extra_ms},
             {"saved_mb_per_ms", saved.mb_per_ms}};
+        nlohmann::ordered_json ranks;
+        for (size_t tag = 0; tag < size_t(MemoryTag::count); ++tag)
+          for (const auto& rank : per_rank[size_t(&r - results.data())])
+            ranks[memory_tag_name(MemoryTag(tag))].push_back(rank[tag]);
+        j["memory_per_rank"] = ranks;
         auto add_spread = [&j](const std::string& key, const Spread& s) {
           j[key + "_min"] = s.min;
           j[key + "_max"] = s.max;
