@@ -121,6 +121,7 @@ struct ModeResult {
   CommCounter fwd{}, bwd{};  // the mode's block sites, the last recorded step
   double iter_ms = 0, comm_ms = 0, recompute_ms = 0;  // medians
   Spread iter, comm, recompute;                       // their min and max
+  Spread block_comm;             // the mode's block collectives per block and pass, ms
   CommCounter recompute_comm{};  // collectives issued while recomputing, one step
   MemoryBreakdown memory;        // this rank's buffers, all allocated up front
   // --components, vanilla and btp: per component name, and each call site's time per step.
@@ -194,6 +195,8 @@ class ModeRun {
     result_.recompute_comm = stats.with_prefix(kRecomputePhase);
     iter_.push_back(ms);
     recompute_.push_back(recompute_ms);
+    block_comm_.push_back((result_.fwd.seconds + result_.bwd.seconds) * 1e3 /
+                          double(2 * result_.blocks));
     comm_.push_back((stats.total().seconds - stats.with_prefix("bench.").seconds) * 1e3);
     if (components_ && variant_.mode != TpMode::full) record_components(stats);
   }
@@ -210,6 +213,7 @@ class ModeRun {
     result_.iter = spread_of(iter_);
     result_.comm = spread_of(comm_);
     result_.recompute = spread_of(recompute_);
+    result_.block_comm = spread_of(block_comm_);
     for (const auto& [name, ms] : component_compute_)
       result_.components[name].compute_ms = spread_of(ms);
     for (const auto& [name, ms] : component_comm_) result_.components[name].comm_ms = spread_of(ms);
@@ -227,7 +231,7 @@ class ModeRun {
   std::vector<int32_t> tokens_;  // inputs, then targets
   CommStats one_rank_;           // stays empty: one rank communicates nothing
   ModeResult result_;
-  std::vector<double> iter_, comm_, recompute_;
+  std::vector<double> iter_, comm_, recompute_, block_comm_;
   bool components_ = false;
   ComponentTimes times_;  // this rank's compute per component, one step
   std::map<std::string, std::vector<double>> component_compute_, component_comm_, site_ms_;
@@ -492,6 +496,8 @@ Command add_bench_tp_command(CLI::App& app) {
         add_spread("iter_ms", r.iter);
         add_spread("comm_ms", r.comm);
         add_spread("recompute_ms", r.recompute);
+        j["block_comm_ms_per_pass"] = r.block_comm.median;
+        add_spread("block_comm_ms_per_pass", r.block_comm);
         for (const Component& component : kComponents) {
           const auto it = r.components.find(component.name);
           if (it == r.components.end()) continue;
