@@ -223,12 +223,16 @@ class Report {
         "| paper | CoLA LLaMA 3B–40B on A100 80 GB (4 per node, NVLink), sequences of 4,096, "
         "bf16 |");
     line();
-    line(
+    const int top = r_.tp.rbegin()->first, cores = m.value("cores", 2);
+    linef(
         "The machine differs from the paper's in the way that matters most: here a rank is a "
         "CPU core and the ranks all-reduce through shared memory, so compute is ~1,000× slower "
         "and communication relatively cheap; the paper's gains come from cutting communication "
-        "and from larger, better-shaped GEMMs. TP = 4 runs 4 ranks on 2 cores "
-        "(oversubscribed): its times measure ranks sharing cores, not 4-way parallelism.");
+        "and from larger, better-shaped GEMMs.{}",
+        top > cores ? fmt::format(" TP = {} runs {} ranks on {} cores (oversubscribed): its "
+                                  "times measure ranks sharing cores, not {}-way parallelism.",
+                                  top, top, cores, top)
+                    : std::string());
     line();
   }
 
