@@ -73,7 +73,7 @@ std::optional<int64_t> parse_byte_size(std::string_view text) {
   for (const auto& [name, scale] : kUnits)
     if (unit == name) {
       const double bytes = value * scale;
-      if (!(bytes < 9.2e18) || (unit.empty() || unit == "B") && bytes != std::floor(bytes))
+      if (!(bytes < 9.2e18) || ((unit.empty() || unit == "B") && bytes != std::floor(bytes)))
         return std::nullopt;
       return int64_t(bytes);
     }

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -78,8 +79,13 @@ class Arena final : public Allocator {
       : tag_(tag), reserve_only_(reserve_only) {}
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
-  Arena(Arena&&) = default;
-  Arena& operator=(Arena&&) = default;
+  // The moved-from arena holds nothing, so that only one of the two un-counts the bytes.
+  Arena(Arena&& other) noexcept
+      : tag_(other.tag_),
+        reserve_only_(other.reserve_only_),
+        bytes_(std::exchange(other.bytes_, 0)),
+        blocks_(std::move(other.blocks_)) {}
+  Arena& operator=(Arena&&) = delete;
   ~Arena() override;
 
   Tensor alloc(Shape shape, DType dtype = DType::f32) override;
