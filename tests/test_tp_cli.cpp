@@ -2,6 +2,7 @@
 // error on every rank (never a hang), checkpoints written by a TP run load into any layout,
 // and `bench tp` prints the per-block volumes of DESIGN §3.
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -174,10 +175,23 @@ std::vector<nlohmann::json> metrics_of(const std::string& path) {
   return rows;
 }
 
+using PolicyRuns = std::map<std::string, std::vector<nlohmann::json>>;
+
+// block and lowrank logged the very losses and gradient norms of none, step by step.
+void expect_same_steps(PolicyRuns& runs) {
+  for (const std::string policy : {"block", "lowrank"}) {
+    ASSERT_EQ(runs[policy].size(), runs["none"].size()) << policy;
+    for (size_t i = 0; i < runs["none"].size(); ++i) {
+      EXPECT_EQ(runs[policy][i].at("loss").dump(), runs["none"][i].at("loss").dump()) << policy;
+      EXPECT_EQ(runs[policy][i].at("grad_norm").dump(), runs["none"][i].at("grad_norm").dump());
+    }
+  }
+}
+
 // Recomputation changes where memory goes, never the numbers: the same losses and gradient
 // norms to the last bit, with less activation memory, reported per tag and rank.
 TEST_F(TpCli, RecomputeTrainsTheSameStepsWithLessMemory) {
-  std::map<std::string, std::vector<nlohmann::json>> runs;
+  PolicyRuns runs;
   for (const std::string policy : {"none", "block", "lowrank"}) {
     const CommandResult r = train(2, fmt::format("--set parallel.tp=2 --set training.recompute={} "
                                                  "--set checkpoint.folder={}",
@@ -187,11 +201,7 @@ TEST_F(TpCli, RecomputeTrainsTheSameStepsWithLessMemory) {
     runs[policy] = metrics_of(dir / (policy + "/metrics.jsonl"));
     ASSERT_EQ(runs[policy].size(), 4u);
   }
-  for (const std::string policy : {"block", "lowrank"})
-    for (size_t i = 0; i < 4; ++i) {
-      EXPECT_EQ(runs[policy][i].at("loss").dump(), runs["none"][i].at("loss").dump()) << policy;
-      EXPECT_EQ(runs[policy][i].at("grad_norm").dump(), runs["none"][i].at("grad_norm").dump());
-    }
+  expect_same_steps(runs);
   auto activations = [&](const std::string& policy, size_t rank) {
     const nlohmann::json& memory = runs[policy].back().at("memory");
     EXPECT_EQ(memory.at("weights").size(), 2u) << "one entry per rank";
@@ -209,7 +219,7 @@ TEST_F(TpCli, RecomputeTrainsTheSameStepsWithLessMemory) {
 // LaX over a pipeline (tp 2 x pp 2, three micro-batches in flight): its latents cross the
 // stage boundary and every block; recomputation keeps them and changes no number.
 TEST_F(TpCli, RecomputeOverAPipelineOfLax) {
-  std::map<std::string, std::vector<nlohmann::json>> runs;
+  PolicyRuns runs;
   for (const std::string policy : {"none", "block", "lowrank"}) {
     const CommandResult r = run(fmt::format(
         "{} {} train {} --set parallel.tp=2 --set parallel.pp=2 --set model.bottleneck=lax --set "
@@ -220,22 +230,23 @@ TEST_F(TpCli, RecomputeOverAPipelineOfLax) {
     runs[policy] = metrics_of(dir / (policy + "/metrics.jsonl"));
     ASSERT_EQ(runs[policy].size(), 2u);
   }
-  for (const std::string policy : {"block", "lowrank"})
-    for (size_t i = 0; i < 2; ++i) {
-      EXPECT_EQ(runs[policy][i].at("loss").dump(), runs["none"][i].at("loss").dump()) << policy;
-      EXPECT_EQ(runs[policy][i].at("grad_norm").dump(), runs["none"][i].at("grad_norm").dump());
-    }
+  expect_same_steps(runs);
 }
 
-std::map<std::string, nlohmann::json> json_rows(const std::string& output, const char* key) {
+// The JSON lines of `output`, by the name `key` gives each.
+std::map<std::string, nlohmann::json> json_rows(
+    const std::string& output, const std::function<std::string(const nlohmann::json&)>& key) {
   std::map<std::string, nlohmann::json> rows;
   std::istringstream lines(output);
   for (std::string line; std::getline(lines, line);)
     if (!line.empty() && line[0] == '{') {
       auto j = nlohmann::json::parse(line);
-      rows[j.at(key).get<std::string>()] = j;
+      rows[key(j)] = j;
     }
   return rows;
+}
+std::map<std::string, nlohmann::json> json_rows(const std::string& output, const char* key) {
+  return json_rows(output, [key](const nlohmann::json& j) { return j.at(key).get<std::string>(); });
 }
 
 // bench tp on 2 ranks: one JSON line per mode and recompute policy with DESIGN §7's keys,
@@ -289,13 +300,9 @@ TEST_F(TpCli, BenchTpFitPlansTheLargestMicroBatch) {
   const CommandResult r = run(fmt::format("{} {} bench tp {} --fit 12MiB --fit-max 16 --json",
                                           mpirun(2), bottle_binary(), dir / "tiny.toml"));
   ASSERT_EQ(r.status, 0) << r.output;
-  std::map<std::string, nlohmann::json> rows;
-  std::istringstream lines(r.output);
-  for (std::string line; std::getline(lines, line);)
-    if (!line.empty() && line[0] == '{') {
-      auto j = nlohmann::json::parse(line);
-      rows[j.at("mode").get<std::string>() + "/" + j.at("recompute").get<std::string>()] = j;
-    }
+  auto rows = json_rows(r.output, [](const nlohmann::json& j) {
+    return j.at("mode").get<std::string>() + "/" + j.at("recompute").get<std::string>();
+  });
   ASSERT_EQ(rows.size(), 7u) << r.output;
   auto batch = [&](const char* row) { return rows[row].at("max_micro_batch").get<int64_t>(); };
   EXPECT_GE(batch("btp/none"), 1) << r.output;

@@ -18,6 +18,7 @@
 
 #include "apps/commands.h"
 #include "apps/paper_report.h"
+#include "apps/subprocess.h"
 #include "core/arena.h"
 #include "core/error.h"
 
@@ -156,12 +157,7 @@ class Launcher {
     std::fprintf(stderr, "bench paper: %s ...", name.c_str());
     std::fflush(stderr);
     const auto start = std::time(nullptr);
-    std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen((command + " 2>&1").c_str(), "r"), ::pclose);
-    BOTTLE_CHECK(pipe, "bench paper: cannot start '{}'", command);
-    std::string output;
-    char buf[4096];
-    while (size_t got = std::fread(buf, 1, sizeof(buf), pipe.get())) output.append(buf, got);
-    const int status = ::pclose(pipe.release());
+    const auto [status, output] = run_shell(command + " 2>&1");
     std::ofstream(log) << "$ " << command << "\n" << output;
     std::fprintf(stderr, " %lds\n", long(std::time(nullptr) - start));
     if (status != 0) {
@@ -196,14 +192,11 @@ class Launcher {
   int cores_;
 };
 
+// The first line a command prints ("unknown" when it prints none or fails).
 std::string first_line(const std::string& command) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen((command + " 2>/dev/null").c_str(), "r"),
-                                             ::pclose);
-  if (!pipe) return "unknown";
-  char buf[512] = {};
-  if (!std::fgets(buf, sizeof(buf), pipe.get())) return "unknown";
-  std::string line(buf);
-  while (!line.empty() && (line.back() == '\n' || line.back() == '\r')) line.pop_back();
+  const ShellResult r = run_shell(command + " 2>/dev/null");
+  std::string line = r.status == 0 ? r.output.substr(0, r.output.find('\n')) : std::string();
+  while (!line.empty() && line.back() == '\r') line.pop_back();
   return line.empty() ? "unknown" : line;
 }
 

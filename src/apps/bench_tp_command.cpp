@@ -118,9 +118,11 @@ struct ModeResult {
   TpMode mode = TpMode::full;
   BottleneckKind kind = BottleneckKind::none;
   int64_t blocks = 0, tokens = 0;
-  CommCounter fwd{}, bwd{};  // the mode's block sites, the last recorded step
-  double iter_ms = 0, comm_ms = 0, recompute_ms = 0;  // medians
-  Spread iter, comm, recompute;                       // their min and max
+  CommCounter fwd{}, bwd{};      // the mode's block sites, the last recorded step
+  Spread iter, comm, recompute;  // ms per step over the recorded steps
+  double iter_ms() const { return iter.median; }
+  double comm_ms() const { return comm.median; }
+  double recompute_ms() const { return recompute.median; }
   Spread block_comm;             // the mode's block collectives per block and pass, ms
   CommCounter recompute_comm{};  // collectives issued while recomputing, one step
   MemoryBreakdown memory;        // this rank's buffers, all allocated up front
@@ -201,15 +203,8 @@ class ModeRun {
     if (components_ && variant_.mode != TpMode::full) record_components(stats);
   }
 
-  // Medians over the recorded steps.
+  // Medians, minima and maxima over the recorded steps.
   const ModeResult& result() {
-    auto median = [](std::vector<double> v) {
-      std::sort(v.begin(), v.end());
-      return v[v.size() / 2];
-    };
-    result_.iter_ms = median(iter_);
-    result_.comm_ms = median(comm_);
-    result_.recompute_ms = median(recompute_);
     result_.iter = spread_of(iter_);
     result_.comm = spread_of(comm_);
     result_.recompute = spread_of(recompute_);
@@ -443,8 +438,8 @@ Command add_bench_tp_command(CLI::App& app) {
       for (const ModeResult& base : results)
         if (base.variant.is_baseline_of(r.variant) && r.variant.recompute != Recompute::none) {
           s.saved_mb = (double(base.activation_bytes()) - double(r.activation_bytes())) / 1e6;
-          s.extra_ms = r.iter_ms - base.iter_ms;
-          s.mb_per_ms = r.recompute_ms > 0 ? s.saved_mb / r.recompute_ms : 0;
+          s.extra_ms = r.iter_ms() - base.iter_ms();
+          s.mb_per_ms = r.recompute_ms() > 0 ? s.saved_mb / r.recompute_ms() : 0;
         }
       return s;
     };
@@ -470,11 +465,11 @@ Command add_bench_tp_command(CLI::App& app) {
             {"recompute_elems_per_block", double(r.recompute_comm.elements) / blocks},
             {"fwd_comm_ms_per_block", r.fwd.seconds * 1e3 / blocks},
             {"bwd_comm_ms_per_block", r.bwd.seconds * 1e3 / blocks},
-            {"comm_ms", r.comm_ms},
-            {"compute_ms", r.iter_ms - r.comm_ms},
-            {"iter_ms", r.iter_ms},
-            {"recompute_ms", r.recompute_ms},
-            {"tokens_per_s", double(r.tokens) / (r.iter_ms / 1e3)},
+            {"comm_ms", r.comm_ms()},
+            {"compute_ms", r.iter_ms() - r.comm_ms()},
+            {"iter_ms", r.iter_ms()},
+            {"recompute_ms", r.recompute_ms()},
+            {"tokens_per_s", double(r.tokens) / (r.iter_ms() / 1e3)},
             {"peak_bytes", r.memory.total()},
             {"weights_bytes", r.memory[MemoryTag::weights]},
             {"gradients_bytes", r.memory[MemoryTag::gradients]},
@@ -520,8 +515,8 @@ Command add_bench_tp_command(CLI::App& app) {
             "recompute %6.1f) %8.0f tokens/s | total %9s, activations %9s, buffers %9s",
             r.variant.label().c_str(), bottleneck_kind_name(r.kind), r.fwd_per_token_block(),
             r.bwd_per_token_block(), double(r.fwd.calls) / blocks, double(r.bwd.calls) / blocks,
-            double(r.recompute_comm.calls) / blocks, r.iter_ms, r.comm_ms, r.iter_ms - r.comm_ms,
-            r.recompute_ms, double(r.tokens) / (r.iter_ms / 1e3),
+            double(r.recompute_comm.calls) / blocks, r.iter_ms(), r.comm_ms(),
+            r.iter_ms() - r.comm_ms(), r.recompute_ms(), double(r.tokens) / (r.iter_ms() / 1e3),
             format_bytes(r.memory.total()).c_str(), format_bytes(r.activation_bytes()).c_str(),
             format_bytes(r.buffer_bytes()).c_str());
         std::printf(" | iter min %.1f max %.1f ms", r.iter.min, r.iter.max);
@@ -531,7 +526,7 @@ Command add_bench_tp_command(CLI::App& app) {
                         it->second.compute_ms.median, it->second.comm_ms.median);
         if (r.variant.recompute != Recompute::none)
           std::printf(" | saves %.1f MB for %.1f ms: %.1f MB/ms (iteration +%.1f ms)",
-                      saved.saved_mb, r.recompute_ms, saved.mb_per_ms, saved.extra_ms);
+                      saved.saved_mb, r.recompute_ms(), saved.mb_per_ms, saved.extra_ms);
         std::printf("\n");
       }
       std::fflush(stdout);
@@ -551,8 +546,8 @@ Command add_bench_tp_command(CLI::App& app) {
           "  forward volume vs full-rank TP: vanilla %.3fx, btp %.3fx | btp iteration speedup: "
           "%.2fx vs vanilla, %.2fx vs full-rank TP\n",
           vanilla->fwd_per_token_block() / full->fwd_per_token_block(),
-          btp->fwd_per_token_block() / full->fwd_per_token_block(), vanilla->iter_ms / btp->iter_ms,
-          full->iter_ms / btp->iter_ms);
+          btp->fwd_per_token_block() / full->fwd_per_token_block(),
+          vanilla->iter_ms() / btp->iter_ms(), full->iter_ms() / btp->iter_ms());
       auto buffers = [](const ModeResult* r) {
         return double(r->activation_bytes() + r->buffer_bytes());
       };
@@ -580,9 +575,9 @@ Command add_bench_tp_command(CLI::App& app) {
         std::printf(
             "  grouping speedup: vanilla %.2fx, btp %.2fx | btp with RMSNorm's backward "
             "statistic all-reduced: %.3fx the time of taking it from the latent\n",
-            std::pow(vanilla_ungrouped->iter_ms / vanilla->iter_ms, grouping ? 1 : -1),
-            std::pow(btp_ungrouped->iter_ms / btp->iter_ms, grouping ? 1 : -1),
-            stat->iter_ms / btp->iter_ms);
+            std::pow(vanilla_ungrouped->iter_ms() / vanilla->iter_ms(), grouping ? 1 : -1),
+            std::pow(btp_ungrouped->iter_ms() / btp->iter_ms(), grouping ? 1 : -1),
+            stat->iter_ms() / btp->iter_ms());
       // BOOST's grouping table: each group's compute and all-reduce, grouped vs not.
       for (const auto& [grouped, ungrouped] :
            {std::pair{vanilla, vanilla_ungrouped}, {btp, btp_ungrouped}}) {
@@ -595,7 +590,7 @@ Command add_bench_tp_command(CLI::App& app) {
           std::printf(" %s compute %.2f vs %.2f, all-reduce %.2f vs %.2f |", c.name,
                       a.compute_ms.median, b.compute_ms.median, a.comm_ms.median, b.comm_ms.median);
         }
-        std::printf(" iteration %.1f vs %.1f\n", on.iter_ms, off.iter_ms);
+        std::printf(" iteration %.1f vs %.1f\n", on.iter_ms(), off.iter_ms());
       }
     }
     return 0;

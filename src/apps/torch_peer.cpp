@@ -5,6 +5,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include "apps/subprocess.h"
 #include "core/error.h"
 
 namespace bottle {
@@ -12,18 +13,6 @@ namespace bottle {
 std::string torch_script_path() {
   if (const char* env = std::getenv("BOTTLE_TORCH_SCRIPT")) return env;
   return BOTTLE_SOURCE_DIR "/tools/torch_reference.py";
-}
-
-std::string run_command(const std::string& command) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen((command + " 2>&1").c_str(), "r"), ::pclose);
-  BOTTLE_CHECK(pipe, "cannot run: {}", command);
-  std::string out;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof(buf), pipe.get())) out.append(buf, n);
-  const int status = ::pclose(pipe.release());
-  BOTTLE_CHECK(status == 0, "command failed (status {}): {}\n{}", status, command,
-               out.size() > 4000 ? out.substr(out.size() - 4000) : out);
-  return out;
 }
 
 TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shard, int64_t batch,

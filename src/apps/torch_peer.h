@@ -12,8 +12,6 @@ struct TorchStep {
 
 // Path of tools/torch_reference.py: $BOTTLE_TORCH_SCRIPT, else the source tree's copy.
 std::string torch_script_path();
-// Runs a shell command, returns its stdout; throws with its stderr tail when it fails.
-std::string run_command(const std::string& command);
 // `openblas_coretype`, when not empty, is exported as OPENBLAS_CORETYPE to the peer alone:
 // Debian's OpenBLAS 0.3.21 does not recognise these CPUs and would run its SSE3 kernels,
 // which is not PyTorch at its best.

@@ -1,0 +1,18 @@
+#pragma once
+// Shell commands run from bottle (the PyTorch peer, the runs of `bench paper`).
+#include <string>
+
+namespace bottle {
+
+struct ShellResult {
+  int status = -1;     // as pclose reports it: 0 when the command succeeded
+  std::string output;  // what it wrote to stdout (append " 2>&1" for stderr too)
+};
+
+// Runs `command` with /bin/sh and collects its output; throws when it cannot start.
+ShellResult run_shell(const std::string& command);
+
+// Runs a shell command, returns its stdout and stderr; throws with their tail when it fails.
+std::string run_command(const std::string& command);
+
+}  // namespace bottle
