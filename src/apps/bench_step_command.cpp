@@ -19,6 +19,7 @@
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
 #include "train/adamw.h"
+#include "train/memory_plan.h"
 #include "train/train_config.h"
 
 namespace bottle {
@@ -113,6 +114,11 @@ Command add_bench_step_command(CLI::App& app) {
     }
     o->model.max_seq_len = std::max(o->model.max_seq_len, o->seq);
     BOTTLE_CHECK(o->steps > 0, "--steps must be positive");
+    if (config->count())
+      check_batch_shape(o->model, o->batch, o->seq, o->config + ": key",
+                        "training.micro_batch_size", "training.seq_len");
+    else
+      check_batch_shape(o->model, o->batch, o->seq, "bench step:", "--batch", "--seq");
     std::unique_ptr<Backend> be = make_backend("cpu");
     const double peak = measure_gemm_peak_gflops(*be);
     ProfilingBackend* profiler = nullptr;
@@ -136,6 +142,14 @@ Command add_bench_step_command(CLI::App& app) {
     while (std::getline(kinds, kind, ',')) {
       ModelConfig config = o->model;
       config.bottleneck = parse_bottleneck_kind(kind);
+      {
+        const std::string what = fmt::format("bench step: the {} model", kind),
+                          advice = "lower --batch, --seq or the model's size";
+        check_parameter_memory(config, true, 1, 1, world_communicator(), what, advice);
+        check_available_memory(plan_model_memory(config, TensorParallel{default_tp_mode(config)},
+                                                 o->batch, o->seq, true),
+                               world_communicator(), what, advice);
+      }
       LlamaModel model(config);
       model.init_weights(1234);
       model.allocate_activations(o->batch, o->seq);

@@ -11,6 +11,7 @@
 #include "comm/process_groups.h"
 #include "model/checkpoint.h"
 #include "train/data_loader.h"
+#include "train/memory_plan.h"
 
 namespace bottle {
 namespace {
@@ -81,10 +82,18 @@ Command add_eval_command(CLI::App& app) {
     const EvalParallel parallel = parse_eval_parallel(o->overrides, c);
     Communicator& world = world_communicator();
     ProcessGroups groups = ProcessGroups::create(world, {parallel.tp, 1, 1});
-    auto model = std::make_unique<LlamaModel>(
-        c, TensorParallel{parallel.mode, groups.tp.get(), parallel.grouping});
-    load_model_weights(*model, o->checkpoint);
     const int64_t seq = o->seq > 0 ? o->seq : std::min<int64_t>(1024, c.max_seq_len);
+    // Sizes first, then memory, before anything is allocated.
+    check_batch_shape(c, o->batch, seq, "eval:", "--batch", "--seq");
+    const TensorParallel tp{parallel.mode, groups.tp.get(), parallel.grouping};
+    const std::string what = "eval: the model of " + o->checkpoint,
+                      advice =
+                          "lower --batch or --seq, or spread the model over more ranks "
+                          "(--set parallel.tp=N under mpirun)";
+    check_parameter_memory(c, false, parallel.tp, 1, world, what, advice);
+    check_available_memory(plan_model_memory(c, tp, o->batch, seq, false), world, what, advice);
+    auto model = std::make_unique<LlamaModel>(c, tp);
+    load_model_weights(*model, o->checkpoint);
     TokenLoader loader(o->data, o->batch, seq, 0, 0, 1, /*shuffle=*/false);
     const int64_t available = int64_t(loader.windows_per_epoch());
     const int64_t batches = o->batches > 0 ? o->batches : available;

@@ -4,10 +4,12 @@
 
 #include <cstdio>
 #include <map>
+#include <new>
 
 #include "apps/commands.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "train/memory_plan.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"bottle: a trainer for low-rank bottleneck LLaMA models"};
@@ -65,6 +67,15 @@ int main(int argc, char** argv) {
       if (sub->parsed()) return run();
   } catch (const bottle::Error& e) {
     report("error", e.what());
+    return 1;
+  } catch (const std::bad_alloc&) {
+    // The plans refuse what will not fit; a failed allocation left is the machine's limit,
+    // not a bug: the user can act on it.
+    const std::string text = fmt::format(
+        "out of memory: an allocation failed with {} available (MemAvailable, within the "
+        "cgroup's limit); lower the batch, the sequence length or the model's size",
+        bottle::format_bytes(bottle::available_memory_bytes()));
+    report("error", text.c_str());
     return 1;
   } catch (const std::exception& e) {
     report("internal error", e.what());

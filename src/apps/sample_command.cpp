@@ -8,6 +8,7 @@
 #include "apps/commands.h"
 #include "model/checkpoint.h"
 #include "train/byte_tokenizer.h"
+#include "train/memory_plan.h"
 
 namespace bottle {
 
@@ -57,6 +58,19 @@ Command add_sample_command(CLI::App& app) {
   app.add_option("--seed", o->seed, "random seed");
   return [o] {
     auto be = make_backend("cpu");
+    {
+      // Memory first: a model the machine cannot hold is refused before it is loaded.
+      const ModelConfig c = read_model_config(o->checkpoint);
+      const int64_t window =
+          std::min<int64_t>(c.max_seq_len, int64_t(o->prompt.size()) + o->tokens);
+      check_batch_shape(c, 1, window, "sample:", "batch", "--tokens + prompt length");
+      const std::string what = "sample: the model of " + o->checkpoint;
+      const std::string advice = "use a smaller model or a machine with more memory";
+      check_parameter_memory(c, false, 1, 1, world_communicator(), what, advice);
+      check_available_memory(
+          plan_model_memory(c, TensorParallel{default_tp_mode(c)}, 1, window, false),
+          world_communicator(), what, advice);
+    }
     auto model = load_model(o->checkpoint);
     const int64_t vocab = model->config().vocab_size;
     std::vector<int32_t> tokens = byte_encode(o->prompt);

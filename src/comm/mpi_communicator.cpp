@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
 
 namespace bottle {
 
@@ -69,6 +70,22 @@ void MpiCommunicator::check(int rc, const char* function, std::string_view site)
   std::_Exit(1);
 }
 
+void MpiCommunicator::wait(int count, MPI_Request* requests, MPI_Status* statuses,
+                           const char* function, std::string_view site) const {
+  constexpr auto kSpin = std::chrono::microseconds(50);
+  constexpr auto kLongestPause = std::chrono::microseconds(1000);
+  const auto start = Clock::now();
+  auto pause = std::chrono::microseconds(2);
+  for (;;) {
+    int done = 0;
+    check(MPI_Testall(count, requests, &done, statuses), function, site);
+    if (done) return;
+    if (Clock::now() - start < kSpin) continue;
+    std::this_thread::sleep_for(pause);
+    pause = std::min(pause * 2, kLongestPause);
+  }
+}
+
 namespace {
 
 int checked_count(const Tensor& t, const char* what, std::string_view site,
@@ -89,9 +106,11 @@ void MpiCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {
   const int count = checked_count(x, "all_reduce", site, name_);
   if (size_ == 1) return;
   const auto start = Clock::now();
-  check(MPI_Allreduce(MPI_IN_PLACE, x.data, count, mpi_type(x.dtype),
-                      op == ReduceOp::sum ? MPI_SUM : MPI_MAX, comm_),
-        "MPI_Allreduce", site);
+  MPI_Request request;
+  check(MPI_Iallreduce(MPI_IN_PLACE, x.data, count, mpi_type(x.dtype),
+                       op == ReduceOp::sum ? MPI_SUM : MPI_MAX, comm_, &request),
+        "MPI_Iallreduce", site);
+  wait(1, &request, MPI_STATUS_IGNORE, "MPI_Iallreduce", site);
   stats_.record(Collective::all_reduce, site, x.numel(), seconds_since(start));
 }
 
@@ -110,7 +129,10 @@ void MpiCommunicator::all_gather(Tensor out, Tensor in, std::string_view site) {
   }
   const auto start = Clock::now();
   const MPI_Datatype type = mpi_type(in.dtype);
-  check(MPI_Allgather(in.data, count, type, out.data, count, type, comm_), "MPI_Allgather", site);
+  MPI_Request request;
+  check(MPI_Iallgather(in.data, count, type, out.data, count, type, comm_, &request),
+        "MPI_Iallgather", site);
+  wait(1, &request, MPI_STATUS_IGNORE, "MPI_Iallgather", site);
   stats_.record(Collective::all_gather, site, out.numel(), seconds_since(start));
 }
 
@@ -133,8 +155,11 @@ void MpiCommunicator::reduce_scatter(Tensor out, Tensor in, std::string_view sit
     return;
   }
   const auto start = Clock::now();
-  check(MPI_Reduce_scatter_block(in.data, out.data, count, mpi_type(in.dtype), MPI_SUM, comm_),
-        "MPI_Reduce_scatter_block", site);
+  MPI_Request request;
+  check(MPI_Ireduce_scatter_block(in.data, out.data, count, mpi_type(in.dtype), MPI_SUM, comm_,
+                                  &request),
+        "MPI_Ireduce_scatter_block", site);
+  wait(1, &request, MPI_STATUS_IGNORE, "MPI_Ireduce_scatter_block", site);
   stats_.record(Collective::reduce_scatter, site, in.numel(), seconds_since(start));
 }
 
@@ -145,7 +170,9 @@ void MpiCommunicator::broadcast(Tensor x, int root, std::string_view site) {
   const int count = checked_count(x, "broadcast", site, name_);
   if (size_ == 1) return;
   const auto start = Clock::now();
-  check(MPI_Bcast(x.data, count, mpi_type(x.dtype), root, comm_), "MPI_Bcast", site);
+  MPI_Request request;
+  check(MPI_Ibcast(x.data, count, mpi_type(x.dtype), root, comm_, &request), "MPI_Ibcast", site);
+  wait(1, &request, MPI_STATUS_IGNORE, "MPI_Ibcast", site);
   stats_.record(Collective::broadcast, site, x.numel(), seconds_since(start));
 }
 
@@ -160,7 +187,9 @@ void MpiCommunicator::send(Tensor x, int dest, int tag, std::string_view site) {
   BOTTLE_CHECK(dest != rank_, "send at '{}' on the '{}' group: rank {} sends to itself", site,
                name_, rank_);
   const auto start = Clock::now();
-  check(MPI_Send(x.data, count, mpi_type(x.dtype), dest, tag, comm_), "MPI_Send", site);
+  MPI_Request request;
+  check(MPI_Isend(x.data, count, mpi_type(x.dtype), dest, tag, comm_, &request), "MPI_Isend", site);
+  wait(1, &request, MPI_STATUS_IGNORE, "MPI_Isend", site);
   stats_.record(Collective::send, site, x.numel(), seconds_since(start));
 }
 
@@ -174,7 +203,10 @@ void MpiCommunicator::recv(Tensor x, int source, int tag, std::string_view site)
                site, name_, rank_);
   const auto start = Clock::now();
   MPI_Status status;
-  check(MPI_Recv(x.data, count, mpi_type(x.dtype), source, tag, comm_, &status), "MPI_Recv", site);
+  MPI_Request request;
+  check(MPI_Irecv(x.data, count, mpi_type(x.dtype), source, tag, comm_, &request), "MPI_Irecv",
+        site);
+  wait(1, &request, &status, "MPI_Irecv", site);
   // A shorter message than expected would leave stale data in x without any error.
   int received = 0;
   check(MPI_Get_count(&status, mpi_type(x.dtype), &received), "MPI_Get_count", site);
@@ -204,8 +236,8 @@ void MpiCommunicator::send_async(Tensor x, int dest, int tag, std::string_view s
 void MpiCommunicator::wait_sends() {
   if (pending_sends_.empty()) return;
   // Not a call of its own: the sends were counted when they were issued.
-  check(MPI_Waitall(int(pending_sends_.size()), pending_sends_.data(), MPI_STATUSES_IGNORE),
-        "MPI_Waitall", "wait_sends");
+  wait(int(pending_sends_.size()), pending_sends_.data(), MPI_STATUSES_IGNORE, "MPI_Isend",
+       "wait_sends");
   pending_sends_.clear();
   pending_buffers_.clear();
 }
@@ -213,7 +245,9 @@ void MpiCommunicator::wait_sends() {
 void MpiCommunicator::barrier() {
   if (size_ == 1) return;
   const auto start = Clock::now();
-  check(MPI_Barrier(comm_), "MPI_Barrier", "barrier");
+  MPI_Request request;
+  check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier", "barrier");
+  wait(1, &request, MPI_STATUS_IGNORE, "MPI_Ibarrier", "barrier");
   stats_.record(Collective::barrier, "barrier", 0, seconds_since(start));
 }
 

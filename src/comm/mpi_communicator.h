@@ -1,6 +1,9 @@
 #pragma once
 // The Open MPI backend of Communicator: host memory, blocking calls. Internal to the comm
 // layer (it exposes mpi.h); everything else reaches it through Communicator.
+//
+// Each call is issued non-blocking and waited for by wait(): Open MPI's own blocking calls
+// busy-poll, so a rank waiting for a stopped or slow peer would burn a whole core.
 #include <mpi.h>
 
 #include <string>
@@ -40,6 +43,11 @@ class MpiCommunicator final : public Communicator {
   // An MPI failure means the job's state is unknown (a peer died, memory is corrupt), so
   // it ends the whole job instead of throwing into code that would wait for that peer.
   void check(int rc, const char* function, std::string_view site) const;
+  // Until every request completes: polls without pause for a few tens of microseconds (a
+  // small collective completes in that time), then sleeps between polls, doubling the pause
+  // up to a millisecond, so that a long wait costs almost no CPU.
+  void wait(int count, MPI_Request* requests, MPI_Status* statuses, const char* function,
+            std::string_view site) const;
 
   MPI_Comm comm_;
   std::string name_;

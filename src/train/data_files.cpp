@@ -26,6 +26,13 @@ std::vector<std::string> resolve_data_files(const std::string& pattern) {
   }
   BOTTLE_CHECK(!files.empty(),
                "{}: no token shard found (a .bin file, a directory of them or a glob)", pattern);
+  // Reading a FIFO or a device blocks or never ends.
+  for (const std::string& file : files) {
+    std::error_code ec;
+    BOTTLE_CHECK(fs::is_regular_file(file, ec),
+                 "{}: a token shard must be a regular file (not a FIFO, device or directory)",
+                 file);
+  }
   std::sort(files.begin(), files.end());
   return files;
 }

@@ -1,9 +1,150 @@
 #include "train/memory_plan.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <functional>
+#include <sstream>
 #include <vector>
 
 namespace bottle {
+
+void check_batch_shape(const ModelConfig& m, int64_t batch, int64_t seq, const std::string& where,
+                       const std::string& batch_name, const std::string& seq_name) {
+  int64_t tokens = 0;
+  BOTTLE_CHECK(!__builtin_mul_overflow(batch, seq, &tokens),
+               "{} {} ({}) x {} ({}) tokens overflow 64 bits; lower {}", where, batch_name, batch,
+               seq_name, seq, batch_name);
+  // The widest row of an activation; 8 bytes an element leaves room for byte counts and sums.
+  const auto [width, width_name] =
+      std::max<std::pair<int64_t, const char*>>({{m.vocab_size, "the vocabulary"},
+                                                 {m.hidden_size, "the hidden size"},
+                                                 {m.intermediate_size, "the MLP width"}});
+  int64_t bytes = 0;
+  BOTTLE_CHECK(!__builtin_mul_overflow(tokens, width, &bytes) &&
+                   !__builtin_mul_overflow(bytes, int64_t(8), &bytes),
+               "{} {} ({}) x {} ({}) x {} ({}) activation elements overflow 64-bit byte counts; "
+               "lower {}",
+               where, batch_name, batch, seq_name, seq, width_name, width, batch_name);
+}
+
+namespace {
+
+// The first number of the line of /proc/meminfo that starts with `key`, in bytes.
+std::optional<size_t> meminfo_bytes(const std::string& key) {
+  std::ifstream in("/proc/meminfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(key + ":", 0) == 0) {
+      std::istringstream fields(line.substr(key.size() + 1));
+      size_t kib = 0;
+      if (fields >> kib) return kib * 1024;
+    }
+  return std::nullopt;
+}
+
+// A cgroup file's number; nullopt for "max", a missing file or v1's "unlimited" 2^63-ish.
+std::optional<size_t> cgroup_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text == "max") return std::nullopt;
+  char* end = nullptr;
+  const unsigned long long v = std::strtoull(text.c_str(), &end, 10);
+  if (*end != '\0' || v >= (1ull << 62)) return std::nullopt;
+  return size_t(v);
+}
+
+uint64_t host_hash() {
+  char name[256] = {};
+  ::gethostname(name, sizeof name - 1);
+  return std::hash<std::string>{}(name);
+}
+
+// The ranks on one host (the same host name) share its memory: their plans add up.
+void refuse_beyond_available(const MemoryBreakdown& plan, Communicator& world,
+                             const std::string& what, const std::string& advice,
+                             const char* planned) {
+  const size_t available = available_memory_bytes();
+  constexpr size_t kTags = size_t(MemoryTag::count);
+  // Every rank learns every rank's plan and host, so that all of them decide alike.
+  std::array<size_t, kTags + 2> mine{};
+  std::copy(plan.bytes.begin(), plan.bytes.end(), mine.begin());
+  mine[kTags] = size_t(host_hash());
+  mine[kTags + 1] = available;
+  const auto all = gather_sizes(world, mine);
+  const size_t my_host = all[size_t(world.rank())][kTags];
+  size_t host_bytes = 0, host_available = 0;
+  int host_ranks = 0, worst_rank = 0;
+  MemoryBreakdown worst;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (all[r][kTags] != my_host) continue;
+    MemoryBreakdown p;
+    std::copy(all[r].begin(), all[r].begin() + kTags, p.bytes.begin());
+    const size_t total = p.total();
+    // Saturating: a plan past 2^64 bytes is refused all the same.
+    host_bytes = host_bytes > SIZE_MAX - total ? SIZE_MAX : host_bytes + total;
+    if (host_ranks++ == 0 || total > worst.total()) worst_rank = int(r), worst = p;
+    const size_t seen = all[r][kTags + 1];
+    if (seen) host_available = host_available ? std::min(host_available, seen) : seen;
+  }
+  // Unknown available memory (no /proc): nothing to compare with.
+  if (host_available == 0 || host_bytes <= host_available) return;
+  fail(
+      "{}: {} {} ({} bytes) on {} rank(s) of this machine, but it has only {} available "
+      "(MemAvailable of /proc/meminfo, within the cgroup's memory limit); largest: rank {} ({}); "
+      "{}",
+      what, planned, format_bytes(host_bytes), host_bytes, host_ranks, format_bytes(host_available),
+      worst_rank, describe_memory(worst), advice);
+}
+
+}  // namespace
+
+size_t available_memory_bytes() {
+  size_t available = meminfo_bytes("MemAvailable").value_or(0);
+  auto lower = [&](std::optional<size_t> limit, std::optional<size_t> used) {
+    if (!limit) return;
+    const size_t left = *limit > used.value_or(0) ? *limit - used.value_or(0) : 0;
+    available = available ? std::min(available, left) : left;
+  };
+  lower(cgroup_number("/sys/fs/cgroup/memory.max"), cgroup_number("/sys/fs/cgroup/memory.current"));
+  lower(cgroup_number("/sys/fs/cgroup/memory/memory.limit_in_bytes"),
+        cgroup_number("/sys/fs/cgroup/memory/memory.usage_in_bytes"));
+  return available;
+}
+
+void check_available_memory(const MemoryBreakdown& plan, Communicator& world,
+                            const std::string& what, const std::string& advice) {
+  refuse_beyond_available(plan, world, what, advice, "the planned memory is");
+}
+
+void check_parameter_memory(const ModelConfig& m, bool training, int64_t model_shards,
+                            int64_t optimizer_shards, Communicator& world, const std::string& what,
+                            const std::string& advice) {
+  // In doubles: a model this check exists for may count more than 2^63 parameters.
+  double per_block = 2.0 * double(m.hidden_size);
+  for (int i = 0; i < kNumProjections; ++i) {
+    const auto p = ProjectionId(i);
+    per_block += m.bottleneck == BottleneckKind::none
+                     ? double(m.d_in(p)) * double(m.d_out(p))
+                     : double(m.rank_of(p)) * double(m.d_in(p) + m.d_out(p));
+  }
+  const double params = per_block * double(m.num_layers) +
+                        double(m.vocab_size) * double(m.hidden_size) * (m.tie_embeddings ? 1 : 2);
+  // fp32 weights; training adds gradients and two AdamW moments.
+  const double bytes = params * 4.0 / double(std::max<int64_t>(1, model_shards));
+  const size_t per_copy = bytes >= 1e18 ? size_t(1e18) : size_t(bytes);
+  MemoryBreakdown lower_bound;
+  lower_bound[MemoryTag::weights] = per_copy;
+  if (training) {
+    lower_bound[MemoryTag::gradients] = per_copy;
+    lower_bound[MemoryTag::optimizer] =
+        2 * per_copy / size_t(std::max<int64_t>(1, optimizer_shards));
+  }
+  refuse_beyond_available(lower_bound, world, what, advice,
+                          training ? "the parameters, gradients and optimizer state alone need"
+                                   : "the parameters alone need");
+}
 
 MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel& tp,
                                  const PipelineStage& stage, int slots) {
@@ -21,6 +162,18 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
   m[MemoryTag::workspace] =
       2 * size_t(tc.grad_accum_steps) *
       aligned_size(size_t(tc.micro_batch_size * tc.seq_len) * sizeof(int32_t));
+  return m;
+}
+
+MemoryBreakdown plan_model_memory(const ModelConfig& config, const TensorParallel& tp,
+                                  int64_t batch, int64_t seq, bool training) {
+  LlamaModel plan(config, tp, 1, PipelineStage{}, /*reserve_only=*/true);
+  plan.allocate_activations(batch, seq);
+  MemoryBreakdown m = plan.memory();
+  if (training)
+    m[MemoryTag::optimizer] =
+        2 * aligned_size(size_t(plan.parameters().values().numel()) * sizeof(float));
+  m[MemoryTag::workspace] += 2 * aligned_size(size_t(batch * seq) * sizeof(int32_t));
   return m;
 }
 

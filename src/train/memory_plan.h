@@ -2,7 +2,9 @@
 // A rank's memory before any of it is allocated: the model laid out in reserve (exact
 // buffer sizes, no memory used), plus the optimizer's moments, ZeRO-1's scratch and the
 // token batches. training.memory_limit refuses a layout whose plan does not fit.
+#include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -12,10 +14,41 @@
 
 namespace bottle {
 
+// Refuses a batch shape whose sizes overflow 64 bits: b·s tokens, and b·s times the widest
+// activation row (vocabulary, hidden or MLP width). `where` starts the message ("FILE: key",
+// "eval:"); `batch_name` and `seq_name` are the option or key names the user set.
+void check_batch_shape(const ModelConfig& model, int64_t batch, int64_t seq,
+                       const std::string& where, const std::string& batch_name,
+                       const std::string& seq_name);
+
+// Bytes this process can still use: MemAvailable of /proc/meminfo, lowered to what the
+// cgroup's memory.max leaves (cgroup v2, or v1's limit_in_bytes); 0 when neither is known.
+size_t available_memory_bytes();
+
+// Refuses on every rank of `world` a plan the machine cannot hold: the plans of the ranks
+// that share a host add up and are compared with that host's available memory. `what`
+// starts the message (the config file, "eval: --checkpoint DIR", ...), `advice` ends it.
+void check_available_memory(const MemoryBreakdown& plan, Communicator& world,
+                            const std::string& what, const std::string& advice);
+
+// A quick lower bound of a model's bytes from its parameter count alone (weights, and when
+// `training` also gradients and AdamW's two moments, over `model_shards` ranks, the moments
+// over `optimizer_shards` more with ZeRO-1), refused before the exact plan lays out a model
+// far too large to plan quickly.
+void check_parameter_memory(const ModelConfig& model, bool training, int64_t model_shards,
+                            int64_t optimizer_shards, Communicator& world, const std::string& what,
+                            const std::string& advice);
+
 // This rank's footprint when training `config` as `stage` of the pipeline with `tp`,
 // `slots` micro-batches in flight.
 MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel& tp,
                                  const PipelineStage& stage, int slots);
+
+// One process's footprint running `model` on `batch` rows of `seq` tokens (eval, sample,
+// bench step): weights, gradients, activations, the token batches and, when `training`,
+// AdamW's moments. Planned in reserve only, no memory used.
+MemoryBreakdown plan_model_memory(const ModelConfig& model, const TensorParallel& tp, int64_t batch,
+                                  int64_t seq, bool training);
 
 // "weights 1.25 GiB, gradients …, optimizer …, activations …, comm …, workspace …".
 std::string describe_memory(const MemoryBreakdown& m);

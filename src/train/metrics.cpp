@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <vector>
 
@@ -17,8 +19,13 @@ MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, in
       total_steps_(total_steps),
       first_step_(first_step),
       tty_(::isatty(STDOUT_FILENO)) {
-  if (!std::filesystem::path(path_).parent_path().empty())
-    std::filesystem::create_directories(std::filesystem::path(path_).parent_path());
+  namespace fs = std::filesystem;
+  // A device or FIFO (/dev/full, /dev/zero) would never end when read back on resume or
+  // for the plot, and is no record of the run.
+  std::error_code ec;
+  BOTTLE_CHECK(!fs::exists(path_, ec) || fs::is_regular_file(path_, ec),
+               "{}: metrics.jsonl must be a regular file (not a device, FIFO or directory)", path_);
+  if (!fs::path(path_).parent_path().empty()) fs::create_directories(fs::path(path_).parent_path());
   std::vector<std::string> kept;
   if (resumed) {
     std::ifstream in(path_);
@@ -29,9 +36,18 @@ MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, in
     }
   }
   out_.open(path_, std::ios::trunc);
-  BOTTLE_CHECK(out_, "{}: cannot open for writing", path_);
+  BOTTLE_CHECK(out_, "{}: cannot open for writing (metrics.jsonl)", path_);
   for (const std::string& line : kept) out_ << line << "\n";
   out_.flush();
+  BOTTLE_CHECK(out_, "{}: write failed (metrics.jsonl): {}", path_, std::strerror(errno));
+}
+
+void MetricsLogger::write_line(const std::string& line) {
+  if (!write_error_.empty()) return;
+  errno = 0;
+  out_ << line << "\n";
+  out_.flush();
+  if (!out_) write_error_ = errno ? std::strerror(errno) : "write failed";
 }
 
 MetricsLogger::~MetricsLogger() { end_progress_line(); }
@@ -43,8 +59,7 @@ void MetricsLogger::end_progress_line() {
 }
 
 void MetricsLogger::log_step(const nlohmann::json& row) {
-  out_ << row.dump() << "\n";
-  out_.flush();
+  write_line(row.dump());
   const int64_t step = row["step"].get<int64_t>();
   elapsed_ms_ += row["ms"].get<double>();
   const double eta_s = elapsed_ms_ / double(step - first_step_) * double(total_steps_ - step) / 1e3;
@@ -65,8 +80,7 @@ void MetricsLogger::log_step(const nlohmann::json& row) {
 }
 
 void MetricsLogger::log_eval(int64_t step, double val_loss) {
-  out_ << nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump() << "\n";
-  out_.flush();
+  write_line(nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump());
   message(fmt::format("step {:>6}/{} | val loss {:.4f}", step, total_steps_, val_loss));
 }
 

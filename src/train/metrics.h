@@ -22,10 +22,16 @@ class MetricsLogger {
   void log_eval(int64_t step, double val_loss);
   void message(const std::string& text);
   const std::string& path() const { return path_; }
+  // A write to metrics.jsonl failed (a full disk): "" while every write succeeded, else the
+  // reason. The trainer stops at the end of the step, with a checkpoint, rather than go on
+  // with a truncated file; writes after a failure are not attempted.
+  const std::string& write_error() const { return write_error_; }
 
  private:
   void end_progress_line();
+  void write_line(const std::string& line);
   std::string path_;
+  std::string write_error_;
   std::ofstream out_;
   int64_t log_freq_, total_steps_, first_step_;
   bool tty_;

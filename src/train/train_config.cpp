@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <limits>
@@ -18,6 +19,7 @@
 
 #include "core/error.h"
 #include "model/llama.h"
+#include "train/memory_plan.h"
 
 namespace bottle {
 
@@ -493,6 +495,14 @@ void assign(TrainConfig& config, const ConfigKey& key, const Value& value,
         fail("{}: key '{}' is too large for a float, got {}", source, key.path, v);
       break;
     }
+    case KeyType::bytes: {
+      // 0 once meant "no limit" and was replaced silently; an absent key says that now.
+      const int64_t v = std::get<int64_t>(value);
+      if (v <= 0)
+        fail("{}: key '{}' must be a positive byte size (omit the key for no limit), got {}",
+             source, key.path, v);
+      break;
+    }
     case KeyType::choice: {
       const auto& s = std::get<std::string>(value);
       if (std::find(key.choices.begin(), key.choices.end(), s) == key.choices.end())
@@ -715,6 +725,17 @@ struct Loader {
     BOTTLE_CHECK(p.pp <= m.num_layers,
                  "{}: key 'parallel.pp' must be <= model.num_layers ({}), got {}", source,
                  m.num_layers, p.pp);
+    const auto& t = config.training;
+    check_batch_shape(m, t.micro_batch_size, t.seq_len, source + ": key",
+                      "training.micro_batch_size", "training.seq_len");
+    // Tokens per step (b·s·accum·dp) count the whole job's work: they must fit too.
+    int64_t tokens = 0;
+    BOTTLE_CHECK(
+        !__builtin_mul_overflow(t.micro_batch_size * t.seq_len, t.grad_accum_steps, &tokens) &&
+            !__builtin_mul_overflow(tokens, p.dp, &tokens),
+        "{}: key 'training.grad_accum_steps' ({}) x training.micro_batch_size ({}) x "
+        "training.seq_len ({}) x parallel.dp ({}) tokens per step overflow 64 bits",
+        source, t.grad_accum_steps, t.micro_batch_size, t.seq_len, p.dp);
   }
 };
 
@@ -738,6 +759,11 @@ TrainConfig parse_train_config_string(const std::string& toml_text, const std::s
 }
 
 TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+  // A FIFO or a device would block or never end.
+  std::error_code ec;
+  BOTTLE_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
+               "{}: the configuration file is not a regular file (a FIFO, device or directory)",
+               path);
   std::ifstream in(path, std::ios::binary);
   BOTTLE_CHECK(in, "{}: cannot open the configuration file", path);
   std::ostringstream text;

@@ -37,8 +37,8 @@ std::atomic<int> g_stop_signal{0};
 
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-// SIGINT/SIGTERM ask the loop to finish its step, checkpoint and exit 0; the previous
-// handlers come back when training ends.
+// SIGINT/SIGTERM/SIGHUP (a closed terminal or ssh session) ask the loop to finish its step,
+// checkpoint and exit 0; the previous handlers come back when training ends.
 class StopSignals {
  public:
   StopSignals() {
@@ -48,16 +48,18 @@ class StopSignals {
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, &old_int_);
     sigaction(SIGTERM, &sa, &old_term_);
+    sigaction(SIGHUP, &sa, &old_hup_);
   }
   ~StopSignals() {
     sigaction(SIGINT, &old_int_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
+    sigaction(SIGHUP, &old_hup_, nullptr);
   }
   int requested() const { return g_stop_signal.load(); }
 
  private:
   struct sigaction old_int_ {
-  }, old_term_{};
+  }, old_term_{}, old_hup_{};
 };
 
 std::string in_folder(const std::string& folder, const std::string& path) {
@@ -73,6 +75,50 @@ void kill_failpoint(int rank, int64_t step) {
   if (spec && std::sscanf(spec, "kill_rank:%d:%lld", &kill_rank, &kill_step) == 2 &&
       kill_rank == rank && kill_step == step)
     std::raise(SIGKILL);
+}
+
+// The run's outputs (metrics.jsonl, metrics.plot, train_config.toml, the checkpoints and the
+// data) must not name one another: writing one would destroy another.
+void check_output_paths(const TrainConfig& config, const std::string& config_path,
+                        const std::vector<std::string>& data_files) {
+  auto resolved = [](const std::string& p) { return fs::weakly_canonical(fs::absolute(p)); };
+  const fs::path folder = resolved(config.checkpoint.folder);
+  struct Output {
+    std::string key;
+    fs::path path;
+  };
+  std::vector<Output> outputs = {
+      {"metrics.jsonl", resolved(in_folder(config.checkpoint.folder, config.metrics.jsonl))}};
+  if (!config.metrics.plot.empty()) {
+    const std::string png = in_folder(config.checkpoint.folder, config.metrics.plot);
+    outputs.push_back({"metrics.plot", resolved(png)});
+    // plot_metrics writes its data and script beside the image.
+    for (const char* suffix : {".train.dat", ".val.dat", ".gp"})
+      outputs.push_back({"metrics.plot's scratch file", resolved(png + suffix)});
+  }
+  std::vector<Output> others = {
+      {"train_config.toml",
+       resolved((fs::path(config.checkpoint.folder) / "train_config.toml").string())},
+      {"the config file", resolved(config_path)}};
+  for (const std::string& f : data_files) others.push_back({"data", resolved(f)});
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    const Output& out = outputs[i];
+    BOTTLE_CHECK(out.path != folder, "{}: {} names checkpoint.folder itself ({})", config_path,
+                 out.key, out.path.string());
+    // Checkpoints live in step_* (and .tmp-*) folders of checkpoint.folder.
+    const fs::path inside = out.path.lexically_relative(folder);
+    const std::string first = inside.empty() ? "" : inside.begin()->string();
+    BOTTLE_CHECK(first.rfind("step_", 0) != 0 && first.rfind(".tmp-", 0) != 0,
+                 "{}: {} ({}) lies inside a checkpoint of checkpoint.folder, which a checkpoint "
+                 "would overwrite or remove",
+                 config_path, out.key, out.path.string());
+    for (size_t j = 0; j < i; ++j)
+      BOTTLE_CHECK(out.path != outputs[j].path, "{}: {} and {} name the same file {}", config_path,
+                   outputs[j].key, out.key, out.path.string());
+    for (const Output& other : others)
+      BOTTLE_CHECK(out.path != other.path, "{}: {} names {} ({}), which it would overwrite",
+                   config_path, out.key, other.key, out.path.string());
+  }
 }
 
 // Mean loss over the first `batches` validation batches, always the same ones.
@@ -140,9 +186,17 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       pipeline_schedule(config.parallel.schedule, stage.stages, stage.stage, micro_batches);
   const int slots = peak_in_flight(actions);
   const TensorParallel tp{config.parallel.tp_mode, groups.tp.get(), config.parallel.grouping};
-  // Before any memory is used: a layout that will not fit is refused on every rank.
+  // Before any memory is used: a layout that will not fit is refused on every rank. The
+  // parameters alone first: a model far too large would take long to plan exactly.
+  const std::string advice =
+      "lower training.micro_batch_size or the model's size, set training.recompute, or spread "
+      "the model over more ranks (parallel.tp, parallel.pp) and machines";
+  check_parameter_memory(config.model, true, config.parallel.tp * config.parallel.pp,
+                         config.parallel.zero ? config.parallel.dp : 1, world, options.config_path,
+                         advice);
   const MemoryBreakdown plan = plan_rank_memory(config, tp, stage, slots);
   check_memory_limit(config, plan, world, options.config_path);
+  check_available_memory(plan, world, options.config_path, advice);
   LlamaModel model(config.model, tp, config.parallel.zero ? dp_size : 1, stage);
   Communicator* pp = groups.pp.get();
   // Tied embeddings: the first and the last stage each hold the table (every pp rank joins
@@ -156,8 +210,20 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   // Each DP rank reads every dp-th window: together they read what one process would.
   TokenLoader loader(config.data.train, B, S, uint64_t(tc.seed), groups.dp_rank, dp_size);
   std::unique_ptr<TokenLoader> val;
-  if (!config.data.val.empty())
+  if (!config.data.val.empty()) {
     val = std::make_unique<TokenLoader>(config.data.val, B, S, 0, 0, 1, false);
+    // More batches than the split holds would wrap around and count batches twice.
+    BOTTLE_CHECK(tc.eval_interval == 0 || uint64_t(tc.eval_batches) <= val->windows_per_epoch(),
+                 "{}: key 'training.eval_batches' is {}, but data.val ({}) holds {} batch(es) of "
+                 "{} x {} (+1) tokens; lower training.eval_batches",
+                 options.config_path, tc.eval_batches, config.data.val, val->windows_per_epoch(), B,
+                 S);
+  }
+  {
+    std::vector<std::string> data_files = loader.files();
+    if (val) data_files.insert(data_files.end(), val->files().begin(), val->files().end());
+    check_output_paths(config, options.config_path, data_files);
+  }
   CheckpointStore store(config.checkpoint.folder, int(config.checkpoint.keep));
 
   int64_t step = 0, last_saved = -1;
@@ -207,7 +273,12 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
         std::make_unique<MetricsLogger>(in_folder(config.checkpoint.folder, config.metrics.jsonl),
                                         config.metrics.log_freq, tc.steps, step, options.resume);
     fs::create_directories(config.checkpoint.folder);
-    std::ofstream(fs::path(config.checkpoint.folder) / "train_config.toml") << to_toml(config);
+    const fs::path saved = fs::path(config.checkpoint.folder) / "train_config.toml";
+    std::ofstream out(saved, std::ios::trunc);
+    out << to_toml(config);
+    out.close();
+    BOTTLE_CHECK(out, "{}: cannot write the run's resolved configuration (disk full or read-only?)",
+                 saved.string());
   }
   auto message = [&](const std::string& text) {
     if (metrics) metrics->message(text);
@@ -311,11 +382,14 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       result.last_val_loss = evaluate(*be, model, pp, *val, tc.eval_batches, inputs, targets);
       if (metrics) metrics->log_eval(step, result.last_val_loss);
     }
-    // A signal may reach the ranks at different steps: they agree before acting on it.
-    int32_t stop_signal = signals.requested();
+    // A signal may reach the ranks at different steps: they agree before acting on it. A
+    // failed metrics write (rank 0 only) stops every rank too, after a checkpoint.
+    int32_t stop_flags[2] = {signals.requested(), metrics && !metrics->write_error().empty()};
     if (world.size() > 1)
-      world.all_reduce(Tensor{&stop_signal, {1}, DType::i32}, ReduceOp::max, "train.stop");
-    const bool stop = stop_signal != 0;
+      world.all_reduce(Tensor{stop_flags, {2}, DType::i32}, ReduceOp::max, "train.stop");
+    const int32_t stop_signal = stop_flags[0];
+    const bool write_failed = stop_flags[1] != 0;
+    const bool stop = stop_signal != 0 || write_failed;
     if ((config.checkpoint.interval > 0 && step % config.checkpoint.interval == 0) ||
         step == tc.steps || stop) {
       result.last_checkpoint =
@@ -323,6 +397,10 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       last_saved = step;
       message(fmt::format("step {}: checkpoint {}", step, result.last_checkpoint));
     }
+    if (write_failed)
+      fail("{}: cannot write metrics.jsonl ({}); stopped after step {} with checkpoint {}",
+           in_folder(config.checkpoint.folder, config.metrics.jsonl),
+           metrics ? metrics->write_error() : "on rank 0", step, result.last_checkpoint);
     if (stop) {
       message(fmt::format("stopped by signal {} after step {}; resume with --resume", stop_signal,
                           step));

@@ -1,0 +1,311 @@
+// Hostile training runs (issue 12 §3, cases 1, 3, 5, 6, 8, 13 and memory_limit = 0): each
+// ends in one clear error naming the file or key, exit status 1, within 10 s, never a
+// crash or a hang; a full disk stops training with a checkpoint; a stopped rank leaves its
+// peers idle, not spinning; SIGHUP stops a run like SIGTERM.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "test_util.h"
+
+namespace bottle::testing {
+namespace {
+
+class HostileTrain : public ::testing::Test {
+ public:
+  void SetUp() override {
+    write_random_shard(dir / "train.bin", 20000, 64, 1);
+    write_random_shard(dir / "val.bin", 4000, 64, 2);
+    std::ofstream(dir / "tiny.toml")
+        << fmt::format(R"([model]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 48
+num_layers = 2
+num_heads = 4
+bottleneck = "cola"
+rank = 8
+max_seq_len = 64
+
+[training]
+steps = 4
+micro_batch_size = 2
+seq_len = 16
+eval_interval = 0
+
+[data]
+train = "{}"
+val = "{}"
+
+[checkpoint]
+folder = "{}"
+interval = 0
+
+[metrics]
+log_freq = 1
+)",
+                       dir / "train.bin", dir / "val.bin", dir / "run");
+    LlamaModel model(tiny_config(BottleneckKind::cola));
+    model.init_weights(1);
+    save_model(model, dir / "model");
+    ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  }
+  // `command` with {bottle}, {dir} and {fifo} filled in, under a 10 s timeout.
+  CommandResult run_case(const std::string& command) {
+    std::string c = command;
+    auto fill = [&](const std::string& key, const std::string& value) {
+      for (size_t at; (at = c.find(key)) != std::string::npos;) c.replace(at, key.size(), value);
+    };
+    fill("{bottle}", "timeout -k 2 10 " + bottle_binary());
+    fill("{dir}", dir.str());
+    fill("{fifo}", dir / "fifo");
+    return run(c);
+  }
+  TempDir dir;
+};
+
+struct Hostile {
+  const char* name;
+  const char* command;
+  const char* message;  // the key or file the error must name
+};
+
+class HostileCase : public HostileTrain, public ::testing::WithParamInterface<Hostile> {};
+
+TEST_P(HostileCase, OneClearErrorWithinTenSeconds) {
+  const Hostile h = GetParam();
+  const CommandResult r = run_case(h.command);
+  EXPECT_EQ(r.status, 1) << (r.status == 124 ? "hung: " : "") << r.output;
+  EXPECT_NE(r.output.find("bottle: error: "), std::string::npos) << r.output;
+  std::string message = h.message;
+  for (size_t at; (at = message.find("{dir}")) != std::string::npos;)
+    message.replace(at, 5, dir.str());
+  EXPECT_NE(r.output.find(message), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+}
+
+std::string case_name(const ::testing::TestParamInfo<Hostile>& info) { return info.param.name; }
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, HostileCase,
+    ::testing::Values(
+        // Case 1: products of sizes overflow 64 bits (SIGFPE / SIGSEGV before).
+        Hostile{"eval_batch_fpe",
+                "{bottle} eval --checkpoint {dir}/model --data {dir}/val.bin --batch "
+                "288230376151711744 --seq 64",
+                "eval: --batch (288230376151711744) x --seq (64) tokens overflow"},
+        Hostile{"eval_batch_segv",
+                "{bottle} eval --checkpoint {dir}/model --data {dir}/val.bin --batch "
+                "288230376151711745 --seq 64",
+                "eval: --batch (288230376151711745) x --seq (64) tokens overflow"},
+        Hostile{"eval_batch_activations",
+                "{bottle} eval --checkpoint {dir}/model --data {dir}/val.bin --batch "
+                "1152921504606846 --seq 64",
+                "x the vocabulary (64) activation elements overflow"},
+        Hostile{"train_micro_batch",
+                "{bottle} train {dir}/tiny.toml --set training.micro_batch_size=288230376151711744",
+                "key training.micro_batch_size (288230376151711744) x training.seq_len (16)"},
+        Hostile{"train_tokens_per_step",
+                "{bottle} train {dir}/tiny.toml --set training.micro_batch_size=1000000000 "
+                "--set training.grad_accum_steps=1000000000000",
+                "key 'training.grad_accum_steps' (1000000000000)"},
+        Hostile{"bench_step_batch",
+                "{bottle} bench step --batch 288230376151711744 --seq 64 --torch false",
+                "bench step: --batch (288230376151711744) x --seq (64)"},
+        Hostile{"bench_step_config_batch",
+                "{bottle} bench step {dir}/tiny.toml --torch false --set "
+                "training.micro_batch_size=288230376151711745",
+                "key training.micro_batch_size (288230376151711745)"},
+        // Case 3: a model the machine cannot hold is refused with the figure.
+        Hostile{"train_huge_model",
+                "{bottle} train {dir}/tiny.toml --set model.num_layers=100000000",
+                "{dir}/tiny.toml: the parameters, gradients and optimizer state alone need"},
+        Hostile{"train_huge_batch",
+                "{bottle} train {dir}/tiny.toml --set training.micro_batch_size=100000000",
+                "but it has only"},
+        Hostile{"bench_step_huge_model", "{bottle} bench step --layers 100000000 --torch false",
+                "bench step: the none model: the parameters, gradients and optimizer state"},
+        Hostile{"eval_huge_batch",
+                "{bottle} eval --checkpoint {dir}/model --data {dir}/val.bin --batch 100000000 "
+                "--seq 64",
+                "eval: the model of {dir}/model: the planned memory is"},
+        Hostile{"eval_huge_config",
+                "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 100000000/' "
+                "{dir}/model/config.json && {bottle} eval --checkpoint {dir}/model --data "
+                "{dir}/val.bin",
+                "eval: the model of {dir}/model: the parameters alone need"},
+        Hostile{"sample_huge_config",
+                "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 100000000/' "
+                "{dir}/model/config.json && {bottle} sample --checkpoint {dir}/model --prompt hi",
+                "sample: the model of {dir}/model: the parameters alone need"},
+        // memory_limit = 0 is no longer replaced by "no limit".
+        Hostile{"memory_limit_zero", "{bottle} train {dir}/tiny.toml --set training.memory_limit=0",
+                "key 'training.memory_limit' must be a positive byte size (omit the key for no "
+                "limit), got 0"},
+        Hostile{"memory_limit_zero_toml",
+                "sed -i 's/^\\[training\\]$/[training]\\nmemory_limit = \"0GiB\"/' "
+                "{dir}/tiny.toml && {bottle} train {dir}/tiny.toml",
+                "key 'training.memory_limit' must be a positive byte size"},
+        // Case 5: more validation batches than the split holds wrapped forever.
+        Hostile{"eval_batches",
+                "{bottle} train {dir}/tiny.toml --set training.eval_interval=1 --set "
+                "training.eval_batches=100000000",
+                "key 'training.eval_batches' is 100000000, but data.val ({dir}/val.bin) holds 124 "
+                "batch(es)"},
+        // Case 6: devices and FIFOs block or never end.
+        Hostile{"metrics_dev_full", "{bottle} train {dir}/tiny.toml --set metrics.jsonl=/dev/full",
+                "/dev/full: metrics.jsonl must be a regular file"},
+        Hostile{"plot_dev_full", "{bottle} plot /dev/full --out {dir}/x.png",
+                "/dev/full: the metrics to plot must be a regular file"},
+        Hostile{"plot_to_device",
+                "{bottle} train {dir}/tiny.toml && {bottle} plot {dir}/run/metrics.jsonl --out "
+                "/dev/full",
+                "/dev/full: the plot must be written to a regular file"},
+        Hostile{"train_data_fifo", "{bottle} train {dir}/tiny.toml --set data.train={fifo}",
+                "{dir}/fifo: a token shard must be a regular file"},
+        Hostile{"val_data_fifo", "{bottle} train {dir}/tiny.toml --set data.val={fifo}",
+                "{dir}/fifo: a token shard must be a regular file"},
+        Hostile{"eval_data_fifo", "{bottle} eval --checkpoint {dir}/model --data {dir}/fifo",
+                "{dir}/fifo: a token shard must be a regular file"},
+        Hostile{"config_fifo", "{bottle} train {dir}/fifo",
+                "{dir}/fifo: the configuration file is not a regular file"},
+        // Case 8: an output that names another output.
+        Hostile{"plot_is_metrics",
+                "{bottle} train {dir}/tiny.toml --set metrics.plot=metrics.jsonl",
+                "metrics.jsonl and metrics.plot name the same file"},
+        Hostile{"plot_is_train_config",
+                "{bottle} train {dir}/tiny.toml --set metrics.plot=train_config.toml",
+                "metrics.plot names train_config.toml"},
+        Hostile{"metrics_is_train_config",
+                "{bottle} train {dir}/tiny.toml --set metrics.jsonl=train_config.toml",
+                "metrics.jsonl names train_config.toml"},
+        Hostile{"metrics_in_checkpoint",
+                "{bottle} train {dir}/tiny.toml --set metrics.jsonl=step_00000004/m.jsonl",
+                "metrics.jsonl ({dir}/run/step_00000004/m.jsonl) lies inside a checkpoint"},
+        Hostile{"metrics_is_data",
+                "{bottle} train {dir}/tiny.toml --set metrics.jsonl={dir}/train.bin",
+                "metrics.jsonl names data ({dir}/train.bin)"},
+        Hostile{"plot_scratch_is_metrics",
+                "{bottle} train {dir}/tiny.toml --set metrics.plot=m --set metrics.jsonl=m.gp",
+                "metrics.jsonl and metrics.plot's scratch file name the same file"}),
+    case_name);
+
+// A file-size limit (prlimit on the running process, once MPI has started) stands for a
+// full disk: writes past it fail with EFBIG, as they would with ENOSPC. Prints the run's
+// output and "status=N".
+CommandResult train_until_write_fails(HostileTrain& t, const std::string& sets, int limit_bytes) {
+  return t.run_case(fmt::format(
+      "trap '' XFSZ; {{bottle}} train {{dir}}/tiny.toml {} > {{dir}}/out 2>&1 & pid=$!; "
+      "while [ ! -s {{dir}}/run/metrics.jsonl ] && kill -0 $pid 2>/dev/null; do sleep 0.01; done; "
+      "prlimit --pid $(pgrep -P $pid) --fsize={}; wait $pid; echo status=$?; cat {{dir}}/out",
+      sets, limit_bytes));
+}
+
+// A full disk while logging: the metrics write fails, training stops at the end of that step
+// with a checkpoint, and the error names metrics.jsonl; the checkpoint resumes.
+TEST_F(HostileTrain, MetricsWriteFailureStopsWithACheckpoint) {
+  // A model whose checkpoint files stay well under the limit that the metrics pass.
+  const std::string small =
+      "--set model.hidden_size=16 --set model.intermediate_size=16 --set model.num_layers=1 "
+      "--set model.num_heads=2 --set model.rank=4 --set training.steps=1000000";
+  const CommandResult r = train_until_write_fails(*this, small, 65536);
+  EXPECT_NE(r.output.find("status=1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(dir / "run/metrics.jsonl: cannot write metrics.jsonl (File too large)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("with checkpoint " + dir / "run/step_"), std::string::npos) << r.output;
+  const CommandResult resume = run_case("{bottle} train {dir}/tiny.toml " + small + " --resume");
+  EXPECT_NE(resume.output.find("resumed from " + dir / "run/step_"), std::string::npos)
+      << resume.output;
+}
+
+// A full disk while checkpointing: the error names the file, and no half-written checkpoint
+// is left where --resume would take it.
+TEST_F(HostileTrain, CheckpointWriteFailureLeavesNoHalfCheckpoint) {
+  const CommandResult r = train_until_write_fails(
+      *this, "--set training.steps=1000000 --set checkpoint.interval=1", 16384);
+  EXPECT_NE(r.output.find("status=1"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(".safetensors: write failed"), std::string::npos) << r.output;
+  const CommandResult resume = run_case(
+      "{bottle} train {dir}/tiny.toml --set training.steps=1000000 --set checkpoint.interval=1 "
+      "--resume --set training.steps=1");
+  // Every step folder left is complete: resume reads the newest without error.
+  EXPECT_NE(resume.output.find("resumed from " + dir / "run/step_"), std::string::npos)
+      << resume.output;
+  EXPECT_EQ(resume.output.find("bottle: error"), std::string::npos) << resume.output;
+}
+
+// SIGHUP (a closed terminal) stops a run like SIGTERM: a checkpoint, then exit 0.
+TEST_F(HostileTrain, SighupStopsWithACheckpoint) {
+  const CommandResult r = run_case(
+      "{bottle} train {dir}/tiny.toml --set training.steps=1000000 > {dir}/out 2>&1 & pid=$!; "
+      "while [ ! -s {dir}/run/metrics.jsonl ]; do sleep 0.05; done; kill -HUP $pid; wait $pid; "
+      "echo status=$?; cat {dir}/out");
+  EXPECT_NE(r.output.find("status=0"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stopped by signal 1 after step"), std::string::npos) << r.output;
+}
+
+#ifdef BOTTLE_MPIEXEC
+// CPU seconds (user + system, all threads) that process `pid` has used.
+double cpu_seconds(int pid) {
+  std::ifstream in(fmt::format("/proc/{}/stat", pid));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  // Fields after the command name, which may hold spaces, start after the last ')'.
+  std::istringstream fields(text.substr(text.rfind(')') + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i)
+    if (i == 14 || i == 15) ticks += std::stod(field);
+  return ticks / double(::sysconf(_SC_CLK_TCK));
+}
+
+// Case 13: rank 1 stopped (SIGSTOP) leaves rank 0 waiting in a collective without spinning.
+TEST_F(HostileTrain, StoppedRankLeavesPeerIdle) {
+  // The ranks record their pids for the test (they are mpirun's grandchildren).
+  const std::string pids = dir / "pids";
+  const std::string launch = fmt::format(
+      "{} sh -c 'echo $OMPI_COMM_WORLD_RANK $$ >> {}; exec {} train {} --set "
+      "training.steps=1000000 --set parallel.dp=2' > {} 2>&1 &",
+      mpirun(2, 60), pids, bottle_binary(), dir / "tiny.toml", dir / "out");
+  ASSERT_EQ(std::system(launch.c_str()), 0);
+  int pid[2] = {0, 0};
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  // Running: both pids known and the first steps logged.
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(pids);
+    for (int rank, p; in >> rank >> p;)
+      if (rank == 0 || rank == 1) pid[rank] = p;
+    std::error_code ec;
+    if (pid[0] && pid[1] && std::filesystem::file_size(dir / "run/metrics.jsonl", ec) > 0 && !ec)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(pid[0] && pid[1]) << "the ranks did not start";
+  ASSERT_EQ(::kill(pid[1], SIGSTOP), 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 reaches a wait
+  const double before = cpu_seconds(pid[0]);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  const double used = cpu_seconds(pid[0]) - before;
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(pid[1], SIGCONT);
+  // Both ranks stop at the next step with a checkpoint (as they would on SIGTERM from mpirun).
+  ::kill(pid[0], SIGTERM);
+  ::kill(pid[1], SIGTERM);
+  const CommandResult waited = run(fmt::format(
+      "for i in $(seq 200); do if ! kill -0 {} 2>/dev/null && ! kill -0 {} 2>/dev/null; then "
+      "exit 0; fi; sleep 0.05; done; exit 1",
+      pid[0], pid[1]));
+  // A spinning rank uses most of a core; a waiting one almost nothing. Generous for a loaded
+  // machine, where even a spinning rank may get only part of a core.
+  EXPECT_LT(used, 0.2 * wall) << "rank 0 used " << used << " s of CPU in " << wall << " s";
+  EXPECT_EQ(waited.status, 0) << "the ranks did not end after SIGTERM";
+}
+#endif
+
+}  // namespace
+}  // namespace bottle::testing
