@@ -108,7 +108,7 @@ INSTANTIATE_TEST_SUITE_P(
                 "x the vocabulary (64) activation elements overflow"},
         Hostile{"train_micro_batch",
                 "{bottle} train {dir}/tiny.toml --set training.micro_batch_size=288230376151711744",
-                "key training.micro_batch_size (288230376151711744) x training.seq_len (16)"},
+                "key 'training.micro_batch_size' (288230376151711744) x 'training.seq_len' (16)"},
         Hostile{"train_tokens_per_step",
                 "{bottle} train {dir}/tiny.toml --set training.micro_batch_size=1000000000 "
                 "--set training.grad_accum_steps=1000000000000",
@@ -119,7 +119,7 @@ INSTANTIATE_TEST_SUITE_P(
         Hostile{"bench_step_config_batch",
                 "{bottle} bench step {dir}/tiny.toml --torch false --set "
                 "training.micro_batch_size=288230376151711745",
-                "key training.micro_batch_size (288230376151711745)"},
+                "key 'training.micro_batch_size' (288230376151711745)"},
         // Case 3: a model the machine cannot hold is refused with the figure.
         Hostile{"train_huge_model",
                 "{bottle} train {dir}/tiny.toml --set model.num_layers=100000000",

@@ -116,7 +116,7 @@ Command add_bench_step_command(CLI::App& app) {
     BOTTLE_CHECK(o->steps > 0, "--steps must be positive");
     if (config->count())
       check_batch_shape(o->model, o->batch, o->seq, o->config + ": key",
-                        "training.micro_batch_size", "training.seq_len");
+                        "'training.micro_batch_size'", "'training.seq_len'");
     else
       check_batch_shape(o->model, o->batch, o->seq, "bench step:", "--batch", "--seq");
     std::unique_ptr<Backend> be = make_backend("cpu");

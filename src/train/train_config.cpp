@@ -727,7 +727,7 @@ struct Loader {
                  m.num_layers, p.pp);
     const auto& t = config.training;
     check_batch_shape(m, t.micro_batch_size, t.seq_len, source + ": key",
-                      "training.micro_batch_size", "training.seq_len");
+                      "'training.micro_batch_size'", "'training.seq_len'");
     // Tokens per step (b·s·accum·dp) count the whole job's work: they must fit too.
     int64_t tokens = 0;
     BOTTLE_CHECK(
