@@ -158,7 +158,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "batch(es)"},
         // Case 6: devices and FIFOs block or never end.
         Hostile{"metrics_dev_full", "{bottle} train {dir}/tiny.toml --set metrics.jsonl=/dev/full",
-                "/dev/full: metrics.jsonl must be a regular file"},
+                "metrics.jsonl (/dev/full) must be a regular file"},
+        Hostile{"train_plot_dev_full",
+                "{bottle} train {dir}/tiny.toml --set metrics.plot=/dev/full",
+                "metrics.plot (/dev/full) must be a regular file"},
         Hostile{"plot_dev_full", "{bottle} plot /dev/full --out {dir}/x.png",
                 "/dev/full: the metrics to plot must be a regular file"},
         Hostile{"plot_to_device",

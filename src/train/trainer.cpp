@@ -103,6 +103,11 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
   for (const std::string& f : data_files) others.push_back({"data", resolved(f)});
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Output& out = outputs[i];
+    // A device (/dev/full) or FIFO takes no file and may block, or never end when read back.
+    std::error_code ec;
+    BOTTLE_CHECK(!fs::exists(out.path, ec) || fs::is_regular_file(out.path, ec),
+                 "{}: {} ({}) must be a regular file (not a device, FIFO or directory)",
+                 config_path, out.key, out.path.string());
     BOTTLE_CHECK(out.path != folder, "{}: {} names checkpoint.folder itself ({})", config_path,
                  out.key, out.path.string());
     // Checkpoints live in step_* (and .tmp-*) folders of checkpoint.folder.
