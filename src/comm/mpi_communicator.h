@@ -2,8 +2,11 @@
 // The Open MPI backend of Communicator: host memory, blocking calls. Internal to the comm
 // layer (it exposes mpi.h); everything else reaches it through Communicator.
 //
-// Each call is issued non-blocking and waited for by wait(): Open MPI's own blocking calls
-// busy-poll, so a rank waiting for a stopped or slow peer would burn a whole core.
+// Open MPI's blocking calls busy-poll, so a rank waiting for a stopped or slow peer would
+// burn a whole core. Point-to-point calls are issued non-blocking and waited for by wait();
+// a collective first waits (wait_for_peers) until every rank has reached it, then runs
+// Open MPI's blocking algorithm, which its non-blocking ones (libnbc) are 2-10x slower than
+// for small messages.
 #include <mpi.h>
 
 #include <string>
@@ -43,11 +46,13 @@ class MpiCommunicator final : public Communicator {
   // An MPI failure means the job's state is unknown (a peer died, memory is corrupt), so
   // it ends the whole job instead of throwing into code that would wait for that peer.
   void check(int rc, const char* function, std::string_view site) const;
-  // Until every request completes: polls without pause for a few tens of microseconds (a
-  // small collective completes in that time), then sleeps between polls, doubling the pause
-  // up to a millisecond, so that a long wait costs almost no CPU.
+  // Until every request completes: polls without pause for a millisecond (collectives
+  // between ranks in step complete in that time), then sleeps between polls, a pause that
+  // grows with the time waited up to a millisecond, so that a long wait costs almost no CPU.
   void wait(int count, MPI_Request* requests, MPI_Status* statuses, const char* function,
             std::string_view site) const;
+  // An MPI_Ibarrier on the group, waited for by wait().
+  void wait_for_peers(std::string_view site) const;
 
   MPI_Comm comm_;
   std::string name_;
