@@ -3,10 +3,9 @@
 // layer (it exposes mpi.h); everything else reaches it through Communicator.
 //
 // Open MPI's blocking calls busy-poll, so a rank waiting for a stopped or slow peer would
-// burn a whole core. Point-to-point calls are issued non-blocking and waited for by wait();
-// a collective first waits (wait_for_peers) until every rank has reached it, then runs
-// Open MPI's blocking algorithm, which its non-blocking ones (libnbc) are 2-10x slower than
-// for small messages.
+// burn a whole core: every call here is issued non-blocking and waited for by wait().
+// all_reduce, the latency-critical one, runs over point-to-point messages (libnbc's
+// non-blocking collectives are 2-10x slower than the blocking ones).
 #include <mpi.h>
 
 #include <string>
@@ -51,8 +50,6 @@ class MpiCommunicator final : public Communicator {
   // grows with the time waited up to a millisecond, so that a long wait costs almost no CPU.
   void wait(int count, MPI_Request* requests, MPI_Status* statuses, const char* function,
             std::string_view site) const;
-  // An MPI_Ibarrier on the group, waited for by wait().
-  void wait_for_peers(std::string_view site) const;
 
   MPI_Comm comm_;
   std::string name_;
@@ -60,6 +57,8 @@ class MpiCommunicator final : public Communicator {
   int rank_ = 0;
   int size_ = 1;
   std::vector<MPI_Request> pending_sends_;
+  std::vector<char> reduce_scratch_;                // all_reduce's partner copy
+  int reduce_tag_ = 32767;                          // all_reduce's messages (MPI_TAG_UB)
   std::vector<std::vector<char>> pending_buffers_;  // send_async's copies
 };
 
