@@ -306,7 +306,6 @@ TEST_F(HostileTrain, StoppedRankLeavesPeerIdle) {
       pid[0], pid[1]));
   // A spinning rank uses most of a core; a waiting one almost nothing. Generous for a loaded
   // machine, where even a spinning rank may get only part of a core.
-  std::printf("rank 0 used %.2f s of CPU in %.2f s\n", used, wall);
   EXPECT_LT(used, 0.2 * wall) << "rank 0 used " << used << " s of CPU in " << wall << " s";
   EXPECT_EQ(waited.status, 0) << "the ranks did not end after SIGTERM";
 }

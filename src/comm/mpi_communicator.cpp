@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <climits>
 #include <cstdio>
@@ -120,18 +121,25 @@ void MpiCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {
     // Open MPI's blocking all-reduce, which busy-polls, and its non-blocking one (libnbc) is
     // 2-10x slower. In round k a rank adds its partner's (rank ^ 2^k) partial sum; a + b ==
     // b + a exactly, so every rank ends with bitwise the same result.
-    reduce_scratch_.resize(x.nbytes());
-    for (int distance = 1; distance < size_; distance *= 2) {
-      const int partner = rank_ ^ distance;
-      MPI_Request requests[2];
-      check(MPI_Irecv(reduce_scratch_.data(), count, mpi_type(x.dtype), partner, reduce_tag_, comm_,
-                      &requests[0]),
-            "MPI_Irecv", site);
-      check(MPI_Isend(x.data, count, mpi_type(x.dtype), partner, reduce_tag_, comm_, &requests[1]),
-            "MPI_Isend", site);
-      wait(2, requests, MPI_STATUSES_IGNORE, "MPI_Isend/MPI_Irecv", site);
-      check(MPI_Reduce_local(reduce_scratch_.data(), x.data, count, mpi_type(x.dtype), mpi_op),
-            "MPI_Reduce_local", site);
+    // In chunks, so that the partner's copy stays small beside a whole model's gradients.
+    constexpr int kChunk = 1 << 18;  // elements
+    const size_t element = dtype_size(x.dtype);
+    reduce_scratch_.resize(size_t(std::min(count, kChunk)) * element);
+    for (int64_t begin = 0; begin < count; begin += kChunk) {
+      const int n = int(std::min<int64_t>(kChunk, count - begin));
+      char* part = static_cast<char*>(x.data) + size_t(begin) * element;
+      for (int distance = 1; distance < size_; distance *= 2) {
+        const int partner = rank_ ^ distance;
+        MPI_Request requests[2];
+        check(MPI_Irecv(reduce_scratch_.data(), n, mpi_type(x.dtype), partner, reduce_tag_, comm_,
+                        &requests[0]),
+              "MPI_Irecv", site);
+        check(MPI_Isend(part, n, mpi_type(x.dtype), partner, reduce_tag_, comm_, &requests[1]),
+              "MPI_Isend", site);
+        wait(2, requests, MPI_STATUSES_IGNORE, "MPI_Isend/MPI_Irecv", site);
+        check(MPI_Reduce_local(reduce_scratch_.data(), part, n, mpi_type(x.dtype), mpi_op),
+              "MPI_Reduce_local", site);
+      }
     }
   } else {
     MPI_Request request;
