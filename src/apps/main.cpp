@@ -6,12 +6,14 @@
 #include <map>
 
 #include "apps/commands.h"
+#include "apps/version.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"bottle: a trainer for low-rank bottleneck LLaMA models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", [] { return bottle::version_text(); });
   std::map<CLI::App*, bottle::Command> commands;
   CLI::App* train = app.add_subcommand("train", "train a model from a TOML configuration");
   commands[train] = bottle::add_train_command(*train);

@@ -212,7 +212,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   auto message = [&](const std::string& text) {
     if (metrics) metrics->message(text);
   };
-  const double peak_gflops = measure_gemm_peak_gflops(*be);
+  GemmPeak peak(*be);
   // The probe's matrices are gone: peaks count training alone.
   MemoryStats::global().reset_peaks();
   // The whole job's model FLOPs: every DP replica's micro-batches.
@@ -225,7 +225,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       options.config_path, config.model.parameter_count(),
       bottleneck_kind_name(config.model.bottleneck), tc.steps, config.tokens_per_step(),
       world.size(), config.parallel.tp, tp_mode_name(config.parallel.tp_mode),
-      omp_get_max_threads(), peak_gflops, recompute_name(tc.recompute), format_bytes(plan.total()),
+      omp_get_max_threads(), peak.gflops(), recompute_name(tc.recompute), format_bytes(plan.total()),
       describe_memory(plan)));
 
   Arena batch_arena(MemoryTag::workspace);
@@ -292,7 +292,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     const double tokens_per_s = double(config.tokens_per_step()) / (ms / 1e3);
     rates.push_back(tokens_per_s);
     // The whole model's FLOPs over the whole job's GEMM peak.
-    const double mfu = flops_per_step / (ms * 1e6) / (peak_gflops * world.size());
+    const std::optional<double> mfu = peak.utilization(flops_per_step / (ms * 1e6) / world.size());
     const nlohmann::json memory = peak_memory_per_rank(world);
     if (metrics)
       metrics->log_step({{"step", step},
@@ -300,7 +300,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                          {"lr", lr},
                          {"grad_norm", grad_norm},
                          {"tokens_per_s", tokens_per_s},
-                         {"mfu", mfu},
+                         {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
                          {"peak_bytes", MemoryStats::global().peak_total()},
                          {"activation_bytes", MemoryStats::global().peak(MemoryTag::activations)},
                          {"memory", memory},
