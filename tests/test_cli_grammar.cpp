@@ -69,7 +69,10 @@ folder = "{}"
 
 std::unique_ptr<TempDir> CliGrammar::dir_;
 
-const char* const kEval = "eval --checkpoint {dir}/ckpt --data {dir}/val.bin --batch 2 --seq 16";
+#define EVAL_NO_SEQ "eval --checkpoint {dir}/ckpt --data {dir}/val.bin --batch 2"
+const char* const kEvalNoSeq = EVAL_NO_SEQ;
+const char* const kEval = EVAL_NO_SEQ " --seq 16";
+#undef EVAL_NO_SEQ
 const char* const kSample = "sample --checkpoint {dir}/ckpt --prompt ab --tokens 2";
 
 struct Hostile {
@@ -77,6 +80,8 @@ struct Hostile {
   std::string args;
   const char* message;  // a part of the one error line
 };
+
+void PrintTo(const Hostile& h, std::ostream* os) { *os << h.args; }
 
 class HostileArgs : public CliGrammar, public ::testing::WithParamInterface<Hostile> {};
 
@@ -98,8 +103,8 @@ std::string with(const char* command, const char* extra) {
 INSTANTIATE_TEST_SUITE_P(
     Options, HostileArgs,
     ::testing::Values(
-        Hostile{"eval_seq_0", with(kEval, "--seq 0"), "--seq: must be an integer >= 1, got '0'"},
-        Hostile{"eval_seq_long", with(kEval, "--seq 65"),
+        Hostile{"eval_seq_0", with(kEvalNoSeq, "--seq 0"), "--seq: must be an integer >= 1, got '0'"},
+        Hostile{"eval_seq_long", with(kEvalNoSeq, "--seq 65"),
                 "--seq: must be <= max_position_embeddings"},
         Hostile{"eval_threads_negative", with(kEval, "--threads -3"),
                 "--threads: must be an integer in [1, 4096], got '-3'"},

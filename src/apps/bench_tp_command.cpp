@@ -415,7 +415,8 @@ Command add_bench_tp_command(CLI::App& app) {
                    "{}: key 'training.recompute' = \"{}\" applies to btp only, and bench tp "
                    "times {} too; set \"none\" or \"block\" (--recompute adds \"lowrank\" "
                    "for btp)",
-                   o->config, recompute_name(base), tp_mode_name(mode));
+                   given.set.count("training.recompute") ? "--set" : o->config,
+                   recompute_name(base), tp_mode_name(mode));
     }
     std::vector<Variant> variants;
     for (TpMode mode : modes) variants.push_back({mode, grouping, NormStatistic::from_latent, base});
