@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/torch_peer.h"
 #include "core/gemm_peak.h"
@@ -58,6 +59,17 @@ void print_profile(const ProfilingBackend& profiler, int64_t steps) {
 
 }  // namespace
 
+// What bench step reads of a training configuration; a file's other training-run keys
+// (data, checkpoints, the schedule) do not change the step it times.
+const CommandKeys kBenchStepKeys{
+    "bench step",
+    {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
+     "training.max_norm", "optimizer."},
+    {"training.steps", "training.eval_interval", "training.eval_batches",
+     "training.on_nonfinite", "lr_scheduler.", "data.", "checkpoint.", "metrics."},
+    "it times one fp32 training step of one micro-batch on one process, keeping every "
+    "activation, per model kind"};
+
 Command add_bench_step_command(CLI::App& app) {
   struct Options {
     std::string config;
@@ -66,6 +78,11 @@ Command add_bench_step_command(CLI::App& app) {
     std::string kinds = "none,cola";
     int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
     int threads = 2;
+    // What a configuration sets; without one, these fixed settings.
+    AdamWConfig adamw;
+    float lr = 1e-3f;
+    double max_norm = 1.0;
+    uint64_t seed = 1234;
     bool torch = true, json = false, profile = false;
   };
   auto o = std::make_shared<Options>();
@@ -86,13 +103,14 @@ Command add_bench_step_command(CLI::App& app) {
       app.add_option("--rank", o->model.rank, "bottleneck rank r"),
       app.add_option("--batch", o->batch, "micro-batch b"),
       app.add_option("--seq", o->seq, "sequence length s")};
-  for (CLI::Option* opt : shape) opt->excludes(config);
+  for (CLI::Option* opt : shape) opt->excludes(config)->check(integer_in(1));
   CLI::Option* kinds = app.add_option(
       "--kinds", o->kinds,
       "comma-separated model kinds: none, svd, cola, lax (default: none,cola, or the config's)");
-  app.add_option("--steps", o->steps, "timed steps");
-  app.add_option("--warmup", o->warmup, "untimed steps first");
-  app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike");
+  app.add_option("--steps", o->steps, "timed steps")->check(integer_in(1, INT32_MAX));
+  app.add_option("--warmup", o->warmup, "untimed steps first")->check(integer_in(0, INT32_MAX));
+  app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike")
+      ->check(integer_in(1, kMaxThreads));
   app.add_option("--torch", o->torch, "also time the PyTorch peer (true/false)");
   app.add_flag("--json", o->json, "one JSON object per kind");
   app.add_flag("--profile", o->profile,
@@ -100,7 +118,13 @@ Command add_bench_step_command(CLI::App& app) {
   return [o, config, kv_heads, kinds] {
     omp_set_num_threads(o->threads);
     if (config->count()) {
-      const TrainConfig c = load_train_config(o->config, o->overrides);
+      ConfigKeysGiven given;
+      const TrainConfig c = load_train_config(o->config, o->overrides, &given);
+      check_honoured_keys(c, given, o->config, kBenchStepKeys);
+      o->adamw = c.adamw();
+      o->lr = float(c.optimizer.lr);
+      o->max_norm = c.training.max_norm;
+      o->seed = uint64_t(c.training.seed);
       o->model = c.model;
       o->batch = c.training.micro_batch_size;
       o->seq = c.training.seq_len;
@@ -109,7 +133,6 @@ Command add_bench_step_command(CLI::App& app) {
       o->model.num_kv_heads = o->model.num_heads;
     }
     o->model.max_seq_len = std::max(o->model.max_seq_len, o->seq);
-    BOTTLE_CHECK(o->steps > 0, "--steps must be positive");
     std::unique_ptr<Backend> be = make_backend("cpu");
     // Measured on the unwrapped backend, so the profile counts the step's kernels alone.
     GemmPeak peak(*be);
@@ -136,9 +159,9 @@ Command add_bench_step_command(CLI::App& app) {
       ModelConfig config = o->model;
       config.bottleneck = parse_bottleneck_kind(kind);
       LlamaModel model(config);
-      model.init_weights(1234);
+      model.init_weights(o->seed);
       model.allocate_activations(o->batch, o->seq);
-      AdamW optimizer(model.parameters(), AdamWConfig{});
+      AdamW optimizer(model.parameters(), o->adamw);
       Arena data(MemoryTag::workspace);
       const int64_t n = o->batch * o->seq;
       Tensor tokens = data.alloc({o->batch, o->seq}, DType::i32),
@@ -158,8 +181,10 @@ Command add_bench_step_command(CLI::App& app) {
         model.backward(*be, tokens, targets);
         // Clipping by the global norm, as bottle train does: the same work per step.
         const double norm = std::sqrt(be->sum_squares(model.parameters().grads()));
-        optimizer.step(*be, model.parameters(), 1e-3f,
-                       norm > 1.0 ? float(1.0 / (norm + 1e-6)) : 1.0f);
+        optimizer.step(*be, model.parameters(), o->lr,
+                       o->max_norm > 0 && norm > o->max_norm
+                           ? float(o->max_norm / (norm + 1e-6))
+                           : 1.0f);
         if (step >= o->warmup) ms.push_back(ms_since(t0));
       }
       const Timing t = summarize(ms);
