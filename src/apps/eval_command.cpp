@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -98,7 +99,17 @@ Command add_eval_command(CLI::App& app) {
     double total = 0.0;
     for (int64_t k = 0; k < batches; ++k) {
       loader.next(inputs.i32(), targets.i32());
-      total += model->forward(*be, inputs, targets);
+      // Token ids must fit the model; the error names the shard rather than a kernel.
+      for (const Tensor& t : {inputs, targets})
+        for (int64_t i = 0; i < t.numel(); ++i)
+          BOTTLE_CHECK(t.i32()[i] >= 0 && t.i32()[i] < c.vocab_size,
+                       "{}: token id {} is outside the vocabulary [0, {}) of the model in {}",
+                       loader.last_file(), t.i32()[i], c.vocab_size, o->checkpoint);
+      const double batch_loss = model->forward(*be, inputs, targets);
+      BOTTLE_CHECK(std::isfinite(batch_loss),
+                   "{}: the loss of batch {} is {}: the model's weights give non-finite values",
+                   o->checkpoint, k + 1, batch_loss);
+      total += batch_loss;
     }
     const int64_t per_batch = o->batch * seq;
     const double loss = total / double(batches);
