@@ -61,6 +61,7 @@ struct Breakage {
   std::function<void(const std::string& ckpt)> apply;
   std::vector<std::string> needles;
 };
+void PrintTo(const Breakage& b, std::ostream* os) { *os << b.name; }
 
 class BrokenModel : public ::testing::TestWithParam<Breakage> {
  protected:
@@ -287,6 +288,15 @@ TEST(BadTokens, EvalNamesTheShard) {
                  {dir / "val.bin", "token id 64"});
 }
 
+TEST(CheckpointPath, SymlinkLoopIsNamed) {
+  TempDir dir;
+  fs::create_symlink(dir / "loop", dir / "loop");
+  write_random_shard(dir / "val.bin", 2 * 16 + 1, 64, 1);
+  expect_refused(run10(fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16",
+                                   bottle_binary(), dir / "loop", dir / "val.bin")),
+                 {dir / "loop", "symbolic links"});
+}
+
 // ---------------------------------------------------------------------------------------
 // Training checkpoints: one tiny run (steps 1 and 2 saved) made once, copied per test.
 
@@ -355,6 +365,7 @@ struct BadState {
   std::function<void(nlohmann::json&)> edit;
   std::vector<std::string> needles;
 };
+void PrintTo(const BadState& b, std::ostream* os) { *os << b.name; }
 
 class BadTrainerState : public Run, public ::testing::WithParamInterface<BadState> {};
 

@@ -206,7 +206,11 @@ void save_model(const LlamaModel& model, const std::string& dir) {
 }
 
 ModelConfig read_model_config(const std::string& dir) {
-  BOTTLE_CHECK(fs::is_directory(dir), "{}: checkpoint directory does not exist", dir);
+  std::error_code ec;
+  const bool is_dir = fs::is_directory(dir, ec);
+  BOTTLE_CHECK(!ec || ec == std::errc::no_such_file_or_directory,
+               "{}: cannot read the checkpoint directory: {}", dir, ec.message());
+  BOTTLE_CHECK(is_dir, "{}: checkpoint directory does not exist", dir);
   return read_hf_config((fs::path(dir) / kConfigFile).string());
 }
 
