@@ -125,6 +125,19 @@ std::function<void(const std::string&)> poison(const std::string& name, float va
   });
 }
 
+// Every value of tensor `name` pushed to ±3e38: finite weights whose products overflow.
+std::function<void(const std::string&)> blow_up(const std::string& name) {
+  return weights_edit([name](SafeTensorsFile& f) {
+    const auto offsets = f.json().at(name).at("data_offsets");
+    for (uint64_t at = offsets[0].get<uint64_t>(); at < offsets[1].get<uint64_t>(); at += 4) {
+      float x = 0;
+      std::memcpy(&x, f.data.data() + at, 4);
+      x = std::copysign(3e38f, x);
+      std::memcpy(f.data.data() + at, &x, 4);
+    }
+  });
+}
+
 // model.safetensors moved to one shard listed by an index whose weight_map is `edit`ed.
 std::function<void(const std::string&)> index_edit(
     std::function<void(nlohmann::ordered_json&)> edit, bool keep_single = false) {
@@ -237,6 +250,7 @@ INSTANTIATE_TEST_SUITE_P(
         Breakage{"inf_weight",
                  poison(kNorm, INFINITY),
                  {"model.safetensors", kNorm, "non-finite", "inf"}},
+        Breakage{"non_finite_loss", blow_up("lm_head.weight"), {"ckpt", "loss", "non-finite"}},
         // Case 9: sharded checkpoints.
         Breakage{"weight_map_parent_dir",
                  index_edit([](auto& map) { map[kEmbed] = "../model-00001-of-00001.safetensors"; }),
@@ -273,6 +287,19 @@ TEST(NonFiniteWeights, SampleRefusesThem) {
   expect_refused(run10(fmt::format("{} sample --checkpoint {} --prompt ab --tokens 3",
                                    bottle_binary(), dir / "ckpt")),
                  {"model.safetensors", "lm_head.weight", "non-finite"});
+}
+
+TEST(NonFiniteLogits, SampleRefusesThem) {
+  TempDir dir;
+  ModelConfig c = tiny_config(BottleneckKind::none);
+  c.vocab_size = 256;
+  LlamaModel model(c);
+  model.init_weights(1);
+  save_model(model, dir / "ckpt");
+  blow_up("lm_head.weight")(dir / "ckpt");
+  expect_refused(run10(fmt::format("{} sample --checkpoint {} --prompt ab --tokens 3",
+                                   bottle_binary(), dir / "ckpt")),
+                 {dir / "ckpt", "non-finite logits"});
 }
 
 TEST(BadTokens, EvalNamesTheShard) {
