@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -99,6 +100,12 @@ Command add_eval_command(CLI::App& app) {
     double mine = 0.0;
     for (int64_t k = groups.dp_rank; k < batches; k += p.dp) {
       loader.next(inputs[0].i32(), targets[0].i32());
+      // Token ids must fit the model; the error names the shard rather than a kernel.
+      for (const Tensor& t : {inputs[0], targets[0]})
+        for (int64_t i = 0; i < t.numel(); ++i)
+          BOTTLE_CHECK(t.i32()[i] >= 0 && t.i32()[i] < c.vocab_size,
+                       "{}: token id {} is outside the vocabulary [0, {}) of the model in {}",
+                       loader.last_file(), t.i32()[i], c.vocab_size, o->checkpoint);
       TrainStageWork work(*be, model, 1, inputs, targets, 0.0f);
       run_pipeline(forward, work, groups.pp.get());
       mine += work.loss_sum;
@@ -106,6 +113,10 @@ Command add_eval_command(CLI::App& app) {
     // The last stage holds the losses, alike on its TP ranks: one of them counts.
     const bool counts = stage.last() && groups.tp_rank == 0;
     const double total = exact_sum(world, counts ? mine : 0.0);
+    // Checked after the sum, so that every rank stops alike.
+    BOTTLE_CHECK(std::isfinite(total),
+                 "{}: the loss is {}: the model's weights give non-finite values", o->checkpoint,
+                 total);
     const int64_t per_batch = o->batch * seq;
     const double loss = total / double(batches);
     const int64_t count = batches * per_batch;

@@ -97,6 +97,11 @@ Command add_sample_command(CLI::App& app) {
       std::fill(input.i32(), input.i32() + window, 0);
       std::copy(tokens.begin() + start, tokens.end(), input.i32());
       const Tensor logits = model->forward_logits(*be, input);
+      const float* last = logits.f32() + (used - 1) * vocab;
+      BOTTLE_CHECK(std::all_of(last, last + vocab, [](float x) { return std::isfinite(x); }),
+                   "{}: the model gives non-finite logits after {} tokens; its weights are "
+                   "damaged",
+                   o->checkpoint, tokens.size());
       const int32_t next =
           draw(logits.f32() + (used - 1) * vocab, vocab, o->temperature, o->top_k, rng);
       tokens.push_back(next);
