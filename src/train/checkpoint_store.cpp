@@ -80,6 +80,9 @@ CheckpointStore::CheckpointStore(std::string folder, int keep)
   BOTTLE_CHECK(::access(ancestor.c_str(), W_OK | X_OK) == 0,
                "{}: checkpoint.folder cannot be created: {} is not writable ({})", folder_,
                ancestor.string(), std::strerror(errno));
+  // access() grants root everything but a read-only mount; only creating it tells.
+  fs::create_directories(folder_, ec);
+  if (ec) fail("{}: checkpoint.folder cannot be created: {}", folder_, ec.message());
 }
 
 std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
