@@ -208,6 +208,17 @@ CommandResult train_until_write_fails(HostileTrain& t, const std::string& sets, 
       sets, limit_bytes));
 }
 
+// The step of the newest step_* folder in `run` (0: none).
+int64_t newest_step(const std::string& run) {
+  int64_t newest = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(run, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind("step_", 0) == 0) newest = std::max<int64_t>(newest, std::stoll(name.substr(5)));
+  }
+  return newest;
+}
+
 // A full disk while logging: the metrics write fails, training stops at the end of that step
 // with a checkpoint, and the error names metrics.jsonl; the checkpoint resumes.
 TEST_F(HostileTrain, MetricsWriteFailureStopsWithACheckpoint) {
@@ -221,8 +232,10 @@ TEST_F(HostileTrain, MetricsWriteFailureStopsWithACheckpoint) {
             std::string::npos)
       << r.output;
   EXPECT_NE(r.output.find("with checkpoint " + dir / "run/step_"), std::string::npos) << r.output;
+  // One step more than the checkpoint holds.
   const CommandResult resume =
-      run_case("{bottle} train {dir}/tiny.toml " + small + " --resume --set training.steps=1");
+      run_case(fmt::format("{{bottle}} train {{dir}}/tiny.toml {} --resume --set training.steps={}",
+                           small, newest_step(dir / "run") + 1));
   EXPECT_NE(resume.output.find("resumed from " + dir / "run/step_"), std::string::npos)
       << resume.output;
 }
@@ -235,8 +248,9 @@ TEST_F(HostileTrain, CheckpointWriteFailureLeavesNoHalfCheckpoint) {
   EXPECT_NE(r.output.find("status=1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(".safetensors: write failed"), std::string::npos) << r.output;
   const CommandResult resume = run_case(
-      "{bottle} train {dir}/tiny.toml --set training.steps=1000000 --set checkpoint.interval=1 "
-      "--resume --set training.steps=1");
+      fmt::format("{{bottle}} train {{dir}}/tiny.toml --set checkpoint.interval=1 --resume --set "
+                  "training.steps={}",
+                  newest_step(dir / "run") + 1));
   // Every step folder left is complete: resume reads the newest without error.
   EXPECT_NE(resume.output.find("resumed from " + dir / "run/step_"), std::string::npos)
       << resume.output;

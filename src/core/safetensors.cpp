@@ -1,9 +1,13 @@
 #include "core/safetensors.h"
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+
+#include "core/json_io.h"
 
 namespace bottle {
 namespace {
@@ -64,12 +68,15 @@ SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) 
   std::string header(header_len, '\0');
   BOTTLE_CHECK(in.read(header.data(), std::streamsize(header_len)), "{}: truncated header", path_);
   nlohmann::json j;
+  std::string duplicate;
   try {
-    j = nlohmann::json::parse(header);
+    j = parse_json_noting_duplicates(header, duplicate);
   } catch (const std::exception& e) {
     fail("{}: not a safetensors file (header is not JSON: {})", path_, e.what());
   }
   BOTTLE_CHECK(j.is_object(), "{}: not a safetensors file (header is not a JSON object)", path_);
+  // A reader that keeps the first and one that keeps the last would see different weights.
+  BOTTLE_CHECK(duplicate.empty(), "{}: the header names '{}' more than once", path_, duplicate);
   data_start_ = 8 + header_len;
   const uint64_t data_size = file_size - data_start_;
   for (auto& [name, value] : j.items()) {
@@ -104,6 +111,31 @@ SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) 
       fail("{}: tensor '{}': malformed header entry ({})", path_, name, e.what());
     }
   }
+  // The format's data section is the tensors' buffers back to back: an overlap would let two
+  // tensors share bytes, a gap or a tail would hide bytes no tensor owns.
+  std::vector<std::pair<const std::string*, const SafeTensorEntry*>> by_offset;
+  for (const auto& [name, e] : entries_) by_offset.push_back({&name, &e});
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
+    return std::pair{a.second->begin, a.second->end} < std::pair{b.second->begin, b.second->end};
+  });
+  uint64_t covered = 0;
+  std::pair<const std::string*, const SafeTensorEntry*> previous{nullptr, nullptr};
+  for (const auto& [name, e] : by_offset) {
+    BOTTLE_CHECK(e->begin >= covered,
+                 "{}: tensors '{}' and '{}' overlap (data_offsets [{}, {}) and [{}, {}))", path_,
+                 *previous.first, *name, previous.second->begin, previous.second->end, e->begin,
+                 e->end);
+    BOTTLE_CHECK(e->begin == covered,
+                 "{}: bytes [{}, {}) of the data belong to no tensor (before '{}'); safetensors "
+                 "buffers are contiguous",
+                 path_, covered, e->begin, *name);
+    if (e->end > e->begin) previous = {name, e};
+    covered = e->end;
+  }
+  BOTTLE_CHECK(covered == data_size,
+               "{}: bytes [{}, {}) at the end of the data belong to no tensor; safetensors "
+               "buffers are contiguous",
+               path_, covered, data_size);
 }
 
 const SafeTensorEntry& SafeTensorsReader::entry(const std::string& name) const {
@@ -122,6 +154,7 @@ void SafeTensorsReader::read_f32(const std::string& name, std::span<float> out) 
   if (e.dtype == "F32") {
     BOTTLE_CHECK(in.read(reinterpret_cast<char*>(out.data()), std::streamsize(e.end - e.begin)),
                  "{}: tensor '{}': read failed", path_, name);
+    check_finite(name, out);
     return;
   }
   std::vector<uint16_t> raw(out.size());
@@ -133,6 +166,17 @@ void SafeTensorsReader::read_f32(const std::string& name, std::span<float> out) 
   for (size_t i = 0; i < raw.size(); ++i)
     out[i] =
         e.dtype == "BF16" ? std::bit_cast<float>(uint32_t(raw[i]) << 16) : half_to_float(raw[i]);
+  check_finite(name, out);
+}
+
+void SafeTensorsReader::check_finite(const std::string& name, std::span<const float> values) const {
+  // A NaN or inf weight only ever turns into a NaN loss or garbage text later.
+  const auto bad =
+      std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+  BOTTLE_CHECK(bad == values.end(),
+               "{}: tensor '{}' holds a non-finite value ({}) at element {}; the weights are "
+               "damaged (a diverged run?)",
+               path_, name, *bad, bad - values.begin());
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,

@@ -166,8 +166,8 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
 }
 
 MemoryBreakdown plan_model_memory(const ModelConfig& config, const TensorParallel& tp,
-                                  int64_t batch, int64_t seq, bool training) {
-  LlamaModel plan(config, tp, 1, PipelineStage{}, /*reserve_only=*/true);
+                                  int64_t batch, int64_t seq, bool training, PipelineStage stage) {
+  LlamaModel plan(config, tp, 1, stage, /*reserve_only=*/true);
   plan.allocate_activations(batch, seq);
   MemoryBreakdown m = plan.memory();
   if (training)

@@ -44,11 +44,11 @@ void check_parameter_memory(const ModelConfig& model, bool training, int64_t mod
 MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel& tp,
                                  const PipelineStage& stage, int slots);
 
-// One process's footprint running `model` on `batch` rows of `seq` tokens (eval, sample,
-// bench step): weights, gradients, activations, the token batches and, when `training`,
-// AdamW's moments. Planned in reserve only, no memory used.
+// One process's footprint running `model` (its `stage` of a pipeline) on `batch` rows of `seq`
+// tokens (eval, sample, bench step): weights, gradients, activations, the token batches and, when
+// `training`, AdamW's moments. Planned in reserve only, no memory used.
 MemoryBreakdown plan_model_memory(const ModelConfig& model, const TensorParallel& tp, int64_t batch,
-                                  int64_t seq, bool training);
+                                  int64_t seq, bool training, PipelineStage stage = {});
 
 // "weights 1.25 GiB, gradients …, optimizer …, activations …, comm …, workspace …".
 std::string describe_memory(const MemoryBreakdown& m);
