@@ -81,26 +81,36 @@ void kill_failpoint(int rank, int64_t step) {
 // data) must not name one another: writing one would destroy another.
 void check_output_paths(const TrainConfig& config, const std::string& config_path,
                         const std::vector<std::string>& data_files) {
-  auto resolved = [](const std::string& p) { return fs::weakly_canonical(fs::absolute(p)); };
-  const fs::path folder = resolved(config.checkpoint.folder);
+  // A path that cannot be resolved (a symlink loop, a file used as a folder) is named here
+  // rather than surfacing as a filesystem exception.
+  auto resolved = [&](const std::string& key, const std::string& p) {
+    std::error_code ec;
+    fs::path path = fs::weakly_canonical(fs::absolute(p, ec), ec);
+    if (ec) fail("{}: {} ({}) cannot be used: {}", config_path, key, p, ec.message());
+    return path;
+  };
+  const fs::path folder = resolved("checkpoint.folder", config.checkpoint.folder);
   struct Output {
     std::string key;
     fs::path path;
   };
   std::vector<Output> outputs = {
-      {"metrics.jsonl", resolved(in_folder(config.checkpoint.folder, config.metrics.jsonl))}};
+      {"metrics.jsonl",
+       resolved("metrics.jsonl", in_folder(config.checkpoint.folder, config.metrics.jsonl))}};
   if (!config.metrics.plot.empty()) {
     const std::string png = in_folder(config.checkpoint.folder, config.metrics.plot);
-    outputs.push_back({"metrics.plot", resolved(png)});
+    outputs.push_back({"metrics.plot", resolved("metrics.plot", png)});
     // plot_metrics writes its data and script beside the image.
     for (const char* suffix : {".train.dat", ".val.dat", ".gp"})
-      outputs.push_back({"metrics.plot's scratch file", resolved(png + suffix)});
+      outputs.push_back(
+          {"metrics.plot's scratch file", resolved("metrics.plot", png + suffix)});
   }
   std::vector<Output> others = {
       {"train_config.toml",
-       resolved((fs::path(config.checkpoint.folder) / "train_config.toml").string())},
-      {"the config file", resolved(config_path)}};
-  for (const std::string& f : data_files) others.push_back({"data", resolved(f)});
+       resolved("checkpoint.folder",
+                (fs::path(config.checkpoint.folder) / "train_config.toml").string())},
+      {"the config file", resolved("the config file", config_path)}};
+  for (const std::string& f : data_files) others.push_back({"data", resolved("data", f)});
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Output& out = outputs[i];
     // A device (/dev/full) or FIFO takes no file and may block, or never end when read back.
