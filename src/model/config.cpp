@@ -2,6 +2,9 @@
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/json_bounded.h"
 
 namespace bottle {
 
@@ -142,12 +145,14 @@ T get_or(const nlohmann::json& j, const char* name, T fallback, const std::strin
 ModelConfig read_hf_config(const std::string& path) {
   std::ifstream in(path);
   BOTTLE_CHECK(in, "{}: cannot open", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    fail("{}: not valid JSON: {}", path, e.what());
-  }
+  std::ostringstream text;
+  text << in.rdbuf();
+  BOTTLE_CHECK(in, "{}: read failed", path);
+  return parse_hf_config(text.str(), path);
+}
+
+ModelConfig parse_hf_config(std::string_view text, const std::string& path) {
+  const nlohmann::json j = parse_json_bounded(text, path);
   BOTTLE_CHECK(j.is_object(), "{}: expected a JSON object", path);
   ModelConfig c;
   c.vocab_size = get<int64_t>(j, "vocab_size", path);
