@@ -1,8 +1,11 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <type_traits>
 
 #include "core/json_bounded.h"
 
@@ -128,6 +131,20 @@ namespace {
 template <typename T>
 T get(const nlohmann::json& j, const char* name, const std::string& path) {
   BOTTLE_CHECK(j.contains(name), "{}: missing key '{}'", path, name);
+  const nlohmann::json& v = j.at(name);
+  // nlohmann converts a number to any arithmetic type with a cast, which is undefined for a
+  // value out of the type's range (2e19 for an int64_t, 1e300 for a float): check first.
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    BOTTLE_CHECK(v.is_number_integer() &&
+                     (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT64_MAX) : true),
+                 "{}: key '{}' must be an integer of magnitude below 2^63, got {}", path, name,
+                 v.dump());
+  } else if constexpr (std::is_floating_point_v<T>) {
+    BOTTLE_CHECK(v.is_number() && std::isfinite(v.get<double>()) &&
+                     std::abs(v.get<double>()) <= double(std::numeric_limits<T>::max()),
+                 "{}: key '{}' must be a finite number of magnitude at most {:g}, got {}", path,
+                 name, double(std::numeric_limits<T>::max()), v.dump());
+  }
   try {
     return j.at(name).get<T>();
   } catch (const std::exception&) {
