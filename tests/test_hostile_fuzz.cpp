@@ -46,8 +46,12 @@ struct HostileCase {
 const HostileCase kCases[] = {
     {"metadata nested 100000 levels",
      [](const std::string& ckpt) {
+       // Replaces the metadata (a second "__metadata__" key would be refused as a duplicate).
        edit_safetensors_header(ckpt + "/model.safetensors", [](std::string h) {
-         return R"({"__metadata__":{"x":)" + nested_array(100000) + "}," + h.substr(1);
+         nlohmann::json j = nlohmann::json::parse(h);
+         j["__metadata__"] = {{"x", "PLACEHOLDER"}};
+         h = j.dump();
+         return h.replace(h.find("\"PLACEHOLDER\""), 13, nested_array(100000));
        });
      },
      {"model.safetensors", "nests deeper than 64 levels"}},
