@@ -502,7 +502,8 @@ class CpuBackend final : public Backend {
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < v; ++j) sum += fast_exp(li[j] - mx);
-      max.f32()[i] = mx;
+      // The vectorized max may skip a NaN logit (it depends on the lanes); the sum never does.
+      max.f32()[i] = std::isnan(sum) ? sum : mx;
       sumexp.f32()[i] = sum;
     }
   }
