@@ -34,6 +34,15 @@ TEST(BenchPaper, QuickWritesTheReportAndItsPlots) {
   const auto results = nlohmann::json::parse(std::ifstream(out / "results.json"));
   EXPECT_EQ(results.at("scale"), "quick");
   EXPECT_EQ(results.at("tp").size(), 3u);
+  // CPU-dependent figures stand next to what they depend on: the CPU, the kernels oneDNN
+  // dispatches to, and the OpenBLAS kernels the PyTorch peer actually ran.
+  EXPECT_FALSE(results.at("machine").value("onednn_isa", "").empty());
+  ASSERT_FALSE(results.at("torch").empty());
+  const std::string blas = results.at("torch")[0].value("torch_blas_core", "");
+  EXPECT_FALSE(blas.empty() || blas == "?") << results.at("torch")[0].dump();
+  EXPECT_NE(report.find("OpenBLAS kernels: " + blas), std::string::npos) << report;
+  for (const auto& row : results.at("torch"))
+    EXPECT_TRUE(row.at("mfu").is_null() || row.at("mfu").get<double>() <= 1.0) << row.dump();
 }
 
 TEST(BenchPaper, RefusesToRunUnderMpirun) {

@@ -221,5 +221,15 @@ TEST_F(BadInput, TooFewTokens) {
   expect_error({"val.bin", "too few for one window"});
 }
 
+// What a bug report needs, without starting MPI: the version and commit, how it was built,
+// the backends and communicators compiled in, and the CPU with what oneDNN dispatches to.
+TEST(Version, NamesTheBuildTheBackendsAndTheCpu) {
+  const CommandResult r = run(fmt::format("timeout 10 {} --version", bottle_binary()));
+  ASSERT_EQ(r.status, 0) << r.output;
+  for (const char* part : {"bottle ", "commit ", "compiled for: x86-64", "backend cpu: oneDNN",
+                           "backend reference", "communicator mpi: ", "this CPU: ", "oneDNN "})
+    EXPECT_NE(r.output.find(part), std::string::npos) << part << " missing in:\n" << r.output;
+}
+
 }  // namespace
 }  // namespace bottle::testing

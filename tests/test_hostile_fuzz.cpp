@@ -78,10 +78,10 @@ const HostileCase kCases[] = {
     // Out of the target type's range: nlohmann's cast would be undefined (found by UBSan).
     {"config.json hidden_size 2e19",
      [](const std::string& ckpt) { set_config_key(ckpt, "hidden_size", 2e19); },
-     {"config.json", "'hidden_size'", "below 2^63"}},
+     {"config.json", "'hidden_size'", "must be an integer"}},
     {"config.json rms_norm_eps 1e300",
      [](const std::string& ckpt) { set_config_key(ckpt, "rms_norm_eps", 1e300); },
-     {"config.json", "'rms_norm_eps'", "finite number"}},
+     {"config.json", "'rms_norm_eps'", "finite"}},
 };
 
 TEST(HostileInput, ParsersRefuseByName) {

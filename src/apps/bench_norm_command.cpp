@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/communicator.h"
 #include "parallel/online_rmsnorm_check.h"
@@ -26,15 +27,17 @@ Command add_bench_norm_command(CLI::App& app) {
     bool json = false;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--rows", o->rows, "tokens (rows of the input)")->check(CLI::PositiveNumber);
+  app.add_option("--rows", o->rows, "tokens (rows of the input)")->check(integer_in(1));
   app.add_option("--hidden", o->hidden, "hidden width d, split over the ranks")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1));
   app.add_option("--rank", o->rank, "output width r of the linear layer (a bottleneck's A)")
-      ->check(CLI::PositiveNumber);
-  app.add_option("--seed", o->seed, "seed of the inputs, γ, A and the output gradient");
+      ->check(integer_in(1));
+  app.add_option("--seed", o->seed, "seed of the inputs, γ, A and the output gradient")
+      ->check(integer_in(0, UINT32_MAX));
   app.add_option("--backend", o->backend, "cpu, or reference (GEMMs summed in double)")
       ->check(CLI::IsMember({"cpu", "reference"}));
-  app.add_option("--threads", o->threads, "OpenMP threads per rank (default: cores / ranks)");
+  app.add_option("--threads", o->threads, "OpenMP threads per rank (default: cores / ranks)")
+      ->check(integer_in(1, kMaxThreads));
   app.add_flag("--json", o->json, "one JSON object");
   return [o] {
     Communicator& world = world_communicator();

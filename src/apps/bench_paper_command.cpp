@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -21,6 +22,7 @@
 #include "apps/subprocess.h"
 #include "core/arena.h"
 #include "core/error.h"
+#include "core/system_info.h"
 
 namespace bottle {
 namespace {
@@ -207,14 +209,9 @@ std::string find_in_path(const std::string& program) {
 
 json machine_facts(const Launcher& launcher) {
   json m;
-  std::string cpu = "unknown";
-  std::ifstream cpuinfo("/proc/cpuinfo");
-  for (std::string line; std::getline(cpuinfo, line);)
-    if (line.rfind("model name", 0) == 0) {
-      cpu = line.substr(line.find(':') + 2);
-      break;
-    }
-  m["cpu"] = cpu;
+  m["cpu"] = cpu_model();
+  m["cpu_isa"] = fmt::format("{}", fmt::join(cpu_vector_isa(), ", "));
+  m["onednn_isa"] = onednn_isa();
   m["cores"] = launcher.cores();
   m["os"] = first_line("sed -n 's/^PRETTY_NAME=//p' /etc/os-release | tr -d '\"'");
   m["mpi"] = first_line("mpirun --version");

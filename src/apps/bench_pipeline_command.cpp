@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <random>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/process_groups.h"
 #include "model/llama.h"
@@ -19,6 +20,19 @@
 
 namespace bottle {
 namespace {
+
+// What bench pipeline reads of a training configuration; a file's other training-run keys
+// (data, checkpoints, the optimizer) do not change what it times.
+const CommandKeys kBenchPipelineKeys{
+    "bench pipeline",
+    {"model.", "training.micro_batch_size", "training.seq_len", "training.grad_accum_steps",
+     "training.seed", "training.recompute", "parallel.tp", "parallel.pp", "parallel.dp",
+     "parallel.tp_mode", "parallel.zero", "parallel.grouping"},
+    {"training.steps", "training.eval_interval", "training.eval_batches",
+     "training.on_nonfinite", "training.max_norm", "optimizer.", "lr_scheduler.", "data.",
+     "checkpoint.", "metrics."},
+    "it times forward, backward and the DP gradient reduction of one fp32 step on random "
+    "tokens under both pipeline schedules, without the optimizer"};
 
 struct PipelineResult {
   double step_ms = 0, bubble = 0;  // bubble: mean over stages
@@ -37,7 +51,7 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
   const auto actions = pipeline_schedule(schedule, stage.stages, stage.stage, micro_batches);
   const int slots = peak_in_flight(actions);
   const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
-  model.allocate_activations(B, S, slots);
+  model.allocate_activations(B, S, slots, config.training.recompute);
   DataParallel data_parallel(groups.dp.get(), model.parameters(), int(p.zero));
   Arena arena(MemoryTag::workspace);
   std::vector<Tensor> inputs, targets;
@@ -95,11 +109,13 @@ Command add_bench_pipeline_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   app.add_option("config", o->config, "training configuration (TOML)")->required();
   app.add_option("--set", o->overrides, "override a key: section.key=value (repeatable)");
-  app.add_option("--steps", o->steps, "timed steps per variant")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
+  app.add_option("--steps", o->steps, "timed steps per variant")->check(integer_in(1, INT32_MAX));
+  app.add_option("--warmup", o->warmup, "untimed steps first")->check(integer_in(0, INT32_MAX));
   return [o] {
     Communicator& world = world_communicator();
-    const TrainConfig config = load_train_config(o->config, o->overrides);
+    ConfigKeysGiven given;
+    const TrainConfig config = load_train_config(o->config, o->overrides, &given);
+    check_honoured_keys(config, given, o->config, kBenchPipelineKeys);
     const auto& p = config.parallel;
     ProcessGroups groups = ProcessGroups::create(world, {int(p.tp), int(p.pp), int(p.dp)});
     omp_set_num_threads(std::max(1, omp_get_num_procs() / world.size()));

@@ -12,9 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/torch_peer.h"
 #include "core/gemm_peak.h"
+#include "core/system_info.h"
 #include "core/profiling_backend.h"
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
@@ -57,15 +59,30 @@ void print_profile(const ProfilingBackend& profiler, int64_t steps) {
 
 }  // namespace
 
+// What bench step reads of a training configuration; a file's other training-run keys
+// (data, checkpoints, the schedule) do not change the step it times.
+const CommandKeys kBenchStepKeys{
+    "bench step",
+    {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
+     "training.max_norm", "optimizer."},
+    {"training.steps", "training.eval_interval", "training.eval_batches",
+     "training.on_nonfinite", "lr_scheduler.", "data.", "checkpoint.", "metrics."},
+    "it times one fp32 training step of one micro-batch on one process, keeping every "
+    "activation, per model kind"};
+
 Command add_bench_step_command(CLI::App& app) {
   struct Options {
     std::string config;
     std::vector<std::string> overrides;
     ModelConfig model;
     std::string kinds = "none,cola";
-    std::string torch_coretype = "SKYLAKEX";
     int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
     int threads = 2;
+    // What a configuration sets; without one, these fixed settings.
+    AdamWConfig adamw;
+    float lr = 1e-3f;
+    double max_norm = 1.0;
+    uint64_t seed = 1234;
     bool torch = true, json = false, profile = false;
   };
   auto o = std::make_shared<Options>();
@@ -86,24 +103,28 @@ Command add_bench_step_command(CLI::App& app) {
       app.add_option("--rank", o->model.rank, "bottleneck rank r"),
       app.add_option("--batch", o->batch, "micro-batch b"),
       app.add_option("--seq", o->seq, "sequence length s")};
-  for (CLI::Option* opt : shape) opt->excludes(config);
+  for (CLI::Option* opt : shape) opt->excludes(config)->check(integer_in(1));
   CLI::Option* kinds = app.add_option(
       "--kinds", o->kinds,
       "comma-separated model kinds: none, svd, cola, lax (default: none,cola, or the config's)");
-  app.add_option("--steps", o->steps, "timed steps");
-  app.add_option("--warmup", o->warmup, "untimed steps first");
-  app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike");
+  app.add_option("--steps", o->steps, "timed steps")->check(integer_in(1, INT32_MAX));
+  app.add_option("--warmup", o->warmup, "untimed steps first")->check(integer_in(0, INT32_MAX));
+  app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike")
+      ->check(integer_in(1, kMaxThreads));
   app.add_option("--torch", o->torch, "also time the PyTorch peer (true/false)");
   app.add_flag("--json", o->json, "one JSON object per kind");
-  app.add_option(
-      "--torch-coretype", o->torch_coretype,
-      "OPENBLAS_CORETYPE for the PyTorch peer only ('' to leave OpenBLAS to detect the CPU)");
   app.add_flag("--profile", o->profile,
                "also print the time per kernel (GEMMs per shape) of the timed steps");
   return [o, config, kv_heads, kinds] {
     omp_set_num_threads(o->threads);
     if (config->count()) {
-      const TrainConfig c = load_train_config(o->config, o->overrides);
+      ConfigKeysGiven given;
+      const TrainConfig c = load_train_config(o->config, o->overrides, &given);
+      check_honoured_keys(c, given, o->config, kBenchStepKeys);
+      o->adamw = c.adamw();
+      o->lr = float(c.optimizer.lr);
+      o->max_norm = c.training.max_norm;
+      o->seed = uint64_t(c.training.seed);
       o->model = c.model;
       o->batch = c.training.micro_batch_size;
       o->seq = c.training.seq_len;
@@ -112,9 +133,9 @@ Command add_bench_step_command(CLI::App& app) {
       o->model.num_kv_heads = o->model.num_heads;
     }
     o->model.max_seq_len = std::max(o->model.max_seq_len, o->seq);
-    BOTTLE_CHECK(o->steps > 0, "--steps must be positive");
     std::unique_ptr<Backend> be = make_backend("cpu");
-    const double peak = measure_gemm_peak_gflops(*be);
+    // Measured on the unwrapped backend, so the profile counts the step's kernels alone.
+    GemmPeak peak(*be);
     ProfilingBackend* profiler = nullptr;
     if (o->profile) {
       auto wrapped = std::make_unique<ProfilingBackend>(std::move(be));
@@ -124,10 +145,11 @@ Command add_bench_step_command(CLI::App& app) {
     if (!o->json)
       std::printf(
           "bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld fp32, %d threads; GEMM "
-          "peak %.0f GFLOP/s\n",
+          "peak %.0f GFLOP/s\nCPU: %s\n",
           (long long)o->model.vocab_size, (long long)o->model.hidden_size,
           (long long)o->model.intermediate_size, (long long)o->model.num_layers,
-          (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch, o->threads, peak);
+          (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch, o->threads,
+          peak.gflops(), cpu_summary().c_str());
     const fs::path scratch = fs::temp_directory_path() / fmt::format("bottle-bench-{}", ::getpid());
     fs::create_directories(scratch);
     std::stringstream kinds(o->kinds);
@@ -137,9 +159,9 @@ Command add_bench_step_command(CLI::App& app) {
       ModelConfig config = o->model;
       config.bottleneck = parse_bottleneck_kind(kind);
       LlamaModel model(config);
-      model.init_weights(1234);
+      model.init_weights(o->seed);
       model.allocate_activations(o->batch, o->seq);
-      AdamW optimizer(model.parameters(), AdamWConfig{});
+      AdamW optimizer(model.parameters(), o->adamw);
       Arena data(MemoryTag::workspace);
       const int64_t n = o->batch * o->seq;
       Tensor tokens = data.alloc({o->batch, o->seq}, DType::i32),
@@ -159,13 +181,16 @@ Command add_bench_step_command(CLI::App& app) {
         model.backward(*be, tokens, targets);
         // Clipping by the global norm, as bottle train does: the same work per step.
         const double norm = std::sqrt(be->sum_squares(model.parameters().grads()));
-        optimizer.step(*be, model.parameters(), 1e-3f,
-                       norm > 1.0 ? float(1.0 / (norm + 1e-6)) : 1.0f);
+        optimizer.step(*be, model.parameters(), o->lr,
+                       o->max_norm > 0 && norm > o->max_norm
+                           ? float(o->max_norm / (norm + 1e-6))
+                           : 1.0f);
         if (step >= o->warmup) ms.push_back(ms_since(t0));
       }
       const Timing t = summarize(ms);
       const double flops = model.flops_per_step(n, o->seq);
       const double gflops = flops / (t.median * 1e6);
+      const std::optional<double> mfu = peak.utilization(gflops);
       if (config.bottleneck == BottleneckKind::none) baseline_ms = t.median;
       nlohmann::ordered_json row{
           {"kind", kind},
@@ -176,8 +201,10 @@ Command add_bench_step_command(CLI::App& app) {
           {"ms_max", t.max},
           {"tokens_per_s", double(n) / (t.median / 1e3)},
           {"gflops", gflops},
-          {"mfu", gflops / peak},
-          {"gemm_peak_gflops", peak},
+          {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
+          {"gemm_peak_gflops", peak.gflops()},
+          {"cpu", cpu_model()},
+          {"onednn_isa", onednn_isa()},
           {"loss", loss},
           {"peak_bytes", MemoryStats::global().peak_total()}};
       if (config.bottleneck != BottleneckKind::none && baseline_ms > 0)
@@ -188,25 +215,29 @@ Command add_bench_step_command(CLI::App& app) {
         write_token_shard((dir / "tokens.bin").string(), stream);
         const TorchStep torch =
             run_torch_bench(dir.string(), (dir / "tokens.bin").string(), o->batch, o->seq, o->steps,
-                            o->warmup, o->threads, o->torch_coretype);
+                            o->warmup, o->threads);
         row["torch_ms_per_step"] = torch.ms_median;
         row["torch_ms_min"] = torch.ms_min;
         row["torch_ms_max"] = torch.ms_max;
         row["torch_version"] = torch.version;
+        row["torch_blas_core"] = torch.blas_core;
+        row["torch_blas_core_source"] = torch.blas_core_source;
         row["speedup_vs_torch"] = torch.ms_median / t.median;
       }
       if (o->json) {
         std::printf("%s\n", row.dump().c_str());
       } else {
         std::printf(
-            "%-5s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU %4.1f%%",
+            "%-5s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU %s",
             kind.c_str(), (long long)config.parameter_count(), t.median, t.min, t.max,
-            double(n) / (t.median / 1e3), gflops, 100.0 * gflops / peak);
+            double(n) / (t.median / 1e3), gflops,
+            mfu ? fmt::format("{:.1f}%", 100.0 * *mfu).c_str() : "n/a (peak measured while busy)");
         if (row.contains("speedup_vs_full_rank"))
           std::printf("  %.2fx vs full-rank", row["speedup_vs_full_rank"].get<double>());
         if (o->torch)
-          std::printf("  | PyTorch %s %.1f ms/step [%.1f-%.1f]: bottle %.2fx",
+          std::printf("  | PyTorch %s (OpenBLAS %s) %.1f ms/step [%.1f-%.1f]: bottle %.2fx",
                       row["torch_version"].get<std::string>().c_str(),
+                      row["torch_blas_core"].get<std::string>().c_str(),
                       row["torch_ms_per_step"].get<double>(), row["torch_ms_min"].get<double>(),
                       row["torch_ms_max"].get<double>(), row["speedup_vs_torch"].get<double>());
         std::printf("\n");

@@ -2,8 +2,9 @@
 // run (under mpirun -np t): full-rank Megatron TP on the full-rank model of the same widths,
 // vanilla low-rank TP and BTP on the bottleneck model. Per mode: the communicator's exact
 // per-block volumes and collective counts, and the training step's time split into
-// communication and compute, tokens/s and memory per rank by tag. --recompute adds each
-// mode under activation recomputation (MB saved per ms of recomputation); --fit LIMIT
+// communication and compute, tokens/s and memory per rank by tag. Every mode runs under the
+// configuration's training.recompute; --recompute adds each mode under the other policies
+// (MB saved per ms of recomputation, against no recomputation); --fit LIMIT
 // plans, without allocating, the largest micro-batch each mode and policy fits per rank.
 // --components splits the time of the q/k/v and gate/up groups into compute and
 // all-reduce (the grouping ablation of BOOST §4.3). Times are medians over the recorded
@@ -18,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/process_groups.h"
 #include "model/llama.h"
@@ -30,6 +32,18 @@ namespace bottle {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// What bench tp reads of a training configuration; a file's other training-run keys
+// (data, checkpoints, the schedule) do not change the step it times.
+const CommandKeys kBenchTpKeys{
+    "bench tp",
+    {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
+     "training.recompute", "training.max_norm", "optimizer.", "parallel.tp", "parallel.pp",
+     "parallel.dp", "parallel.grouping"},
+    {"training.steps", "training.eval_interval", "training.eval_batches",
+     "training.on_nonfinite", "lr_scheduler.", "data.", "checkpoint.", "metrics."},
+    "it times one fp32 training step of one micro-batch of random tokens per TP mode (full, "
+    "vanilla and btp side by side) on one TP group, and plans memory with --fit"};
 
 struct Variant {
   TpMode mode;
@@ -176,9 +190,11 @@ class ModeRun {
     model_->forward(*be_, tok, tgt);
     const CommCounter fwd = stats.with_prefix(prefix + ".fwd.");
     model_->backward(*be_, tok, tgt);
+    // Clipped by the global norm as bottle train clips.
     const double norm = std::sqrt(model_->grad_sum_squares(*be_));
+    const double max_norm = config_.training.max_norm;
     optimizer_->step(*be_, model_->parameters(), float(config_.optimizer.lr),
-                     norm > 1.0 ? float(1.0 / norm) : 1.0f);
+                     max_norm > 0 && norm > max_norm ? float(max_norm / norm) : 1.0f);
     double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
     if (tp_ && tp_->size() > 1) {  // the slowest rank sets the pace
       float slowest = float(ms);
@@ -344,16 +360,17 @@ Command add_bench_tp_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   app.add_option("config", o->config, "training configuration (TOML)")->required();
   app.add_option("--set", o->overrides, "override a key: section.key=value (repeatable)");
-  app.add_option("--steps", o->steps, "timed steps per mode")->check(CLI::PositiveNumber);
-  app.add_option("--warmup", o->warmup, "untimed steps first")->check(CLI::NonNegativeNumber);
-  app.add_option("--threads", o->threads, "OpenMP threads per rank (default: cores / ranks)");
+  app.add_option("--steps", o->steps, "timed steps per mode")->check(integer_in(1, INT32_MAX));
+  app.add_option("--warmup", o->warmup, "untimed steps first")->check(integer_in(0, INT32_MAX));
+  app.add_option("--threads", o->threads, "OpenMP threads per rank (default: cores / ranks)")
+      ->check(integer_in(1, kMaxThreads));
   app.add_flag("--json", o->json, "one JSON object per mode and line");
   app.add_flag("--variants", o->variants,
                "also time vanilla and btp with grouping switched, and btp with RMSNorm's "
                "backward statistic all-reduced instead of taken from the latent");
   app.add_flag("--recompute", o->recompute,
-               "also time each mode with activation recomputation (block; btp also lowrank): "
-               "activation MB saved per ms of recomputation");
+               "also time each mode under the other recompute policies (none, block; btp also "
+               "lowrank) than training.recompute: activation MB saved per ms of recomputation");
   app.add_flag("--components", o->components,
                "time vanilla's and btp's q/k/v and gate/up groups apart: compute (GEMMs and "
                "latent stage) and all-reduce, forward + backward, with each call site's time");
@@ -361,7 +378,7 @@ Command add_bench_tp_command(CLI::App& app) {
                  "plan (without allocating or timing) the largest micro-batch each mode and "
                  "recompute policy fits per rank under this many bytes (\"80GiB\")");
   app.add_option("--fit-max", o->fit_max, "largest micro-batch --fit tries")
-      ->check(CLI::PositiveNumber);
+      ->check(integer_in(1, 1 << 20));
   return [o] {
     Communicator& world = world_communicator();
     std::vector<std::string> overrides = o->overrides;
@@ -370,7 +387,9 @@ Command add_bench_tp_command(CLI::App& app) {
       return s.rfind("parallel.tp=", 0) == 0;
     });
     if (!tp_given) overrides.push_back(fmt::format("parallel.tp={}", world.size()));
-    const TrainConfig config = load_train_config(o->config, overrides);
+    ConfigKeysGiven given;
+    const TrainConfig config = load_train_config(o->config, overrides, &given);
+    check_honoured_keys(config, given, o->config, kBenchTpKeys);
     ProcessGroups groups = ProcessGroups::create(
         world, {int(config.parallel.tp), int(config.parallel.pp), int(config.parallel.dp)});
     BOTTLE_CHECK(config.parallel.pp == 1 && config.parallel.dp == 1,
@@ -385,36 +404,46 @@ Command add_bench_tp_command(CLI::App& app) {
     omp_set_num_threads(o->threads > 0 ? o->threads
                                        : std::max(1, omp_get_num_procs() / world.size()));
     const bool grouping = config.parallel.grouping;
-    std::vector<Variant> variants{{TpMode::full, grouping}};
-    if (config.model.bottleneck != BottleneckKind::none) {
-      variants.push_back({TpMode::vanilla, grouping});
-      variants.push_back({TpMode::btp, grouping});
-      if (o->variants) {
-        variants.push_back({TpMode::vanilla, !grouping});
-        variants.push_back({TpMode::btp, !grouping});
-        variants.push_back({TpMode::btp, grouping, NormStatistic::all_reduce});
-      }
+    // The policy every mode runs under; each mode must take it.
+    const Recompute base = config.training.recompute;
+    std::vector<TpMode> modes{TpMode::full};
+    if (config.model.bottleneck != BottleneckKind::none)
+      modes = {TpMode::full, TpMode::vanilla, TpMode::btp};
+    for (TpMode mode : modes) {
+      const auto policies = recompute_policies(mode);
+      BOTTLE_CHECK(std::find(policies.begin(), policies.end(), base) != policies.end(),
+                   "{}: key 'training.recompute' = \"{}\" applies to btp only, and bench tp "
+                   "times {} too; set \"none\" or \"block\" (--recompute adds \"lowrank\" "
+                   "for btp)",
+                   given.set.count("training.recompute") ? "--set" : o->config,
+                   recompute_name(base), tp_mode_name(mode));
+    }
+    std::vector<Variant> variants;
+    for (TpMode mode : modes) variants.push_back({mode, grouping, NormStatistic::from_latent, base});
+    if (config.model.bottleneck != BottleneckKind::none && o->variants) {
+      variants.push_back({TpMode::vanilla, !grouping, NormStatistic::from_latent, base});
+      variants.push_back({TpMode::btp, !grouping, NormStatistic::from_latent, base});
+      variants.push_back({TpMode::btp, grouping, NormStatistic::all_reduce, base});
     }
     if (o->recompute) {
       const std::vector<Variant> kept = variants;
       for (const Variant& v : kept)
         if (v.statistic == NormStatistic::from_latent && v.grouping == grouping)
           for (Recompute policy : recompute_policies(v.mode))
-            if (policy != Recompute::none)
-              variants.push_back({v.mode, v.grouping, v.statistic, policy});
+            if (policy != base) variants.push_back({v.mode, v.grouping, v.statistic, policy});
     }
     const bool leader = world.rank() == 0;
     const ModelConfig& m = config.model;
     if (leader && !o->json)
       std::printf(
           "bench tp: %s, %d rank(s), %s model d=%lld d_ff=%lld H=%lld r=%lld L=%lld, "
-          "b=%lld s=%lld, grouping %s, %d thread(s) per rank; full = the full-rank model of "
-          "the same widths\n",
+          "b=%lld s=%lld, grouping %s, recompute \"%s\", %d thread(s) per rank; full = the "
+          "full-rank model of the same widths\n",
           o->config.c_str(), world.size(), bottleneck_kind_name(m.bottleneck),
           (long long)m.hidden_size, (long long)m.intermediate_size, (long long)m.num_heads,
           (long long)m.rank, (long long)m.num_layers, (long long)config.training.micro_batch_size,
           (long long)config.training.seq_len, config.parallel.grouping ? "on" : "off",
-          omp_get_max_threads());
+          recompute_name(base), omp_get_max_threads());
     std::vector<std::unique_ptr<ModeRun>> runs;
     for (const Variant& variant : variants) {
       runs.push_back(std::make_unique<ModeRun>(config, variant, groups.tp.get(), o->components));
@@ -538,9 +567,8 @@ Command add_bench_tp_command(CLI::App& app) {
           return &r;
       return nullptr;
     };
-    const ModeResult *full = find(TpMode::full, Recompute::none),
-                     *vanilla = find(TpMode::vanilla, Recompute::none),
-                     *btp = find(TpMode::btp, Recompute::none);
+    const ModeResult *full = find(TpMode::full, base), *vanilla = find(TpMode::vanilla, base),
+                     *btp = find(TpMode::btp, base);
     if (leader && !o->json && vanilla && btp) {
       std::printf(
           "  forward volume vs full-rank TP: vanilla %.3fx, btp %.3fx | btp iteration speedup: "
@@ -552,9 +580,10 @@ Command add_bench_tp_command(CLI::App& app) {
         return double(r->activation_bytes() + r->buffer_bytes());
       };
       std::printf(
-          "  activations + buffers per rank, no recomputation: btp %s vs vanilla %s = %.3fx "
-          "(paper, CoLA-7B at micro-batch 4 on 4 GPUs: 22.14 / 30.73 GB = 0.72x)\n",
-          format_bytes(size_t(buffers(btp))).c_str(),
+          "  activations + buffers per rank, recompute \"%s\": btp %s vs vanilla %s = %.3fx "
+          "(paper, no recomputation, CoLA-7B at micro-batch 4 on 4 GPUs: 22.14 / 30.73 GB = "
+          "0.72x)\n",
+          recompute_name(base), format_bytes(size_t(buffers(btp))).c_str(),
           format_bytes(size_t(buffers(vanilla))).c_str(), buffers(btp) / buffers(vanilla));
       const ModeResult *lowrank = find(TpMode::btp, Recompute::lowrank),
                        *vanilla_block = find(TpMode::vanilla, Recompute::block);
@@ -566,7 +595,7 @@ Command add_bench_tp_command(CLI::App& app) {
             saving(*lowrank).mb_per_ms / saving(*vanilla_block).mb_per_ms);
       const ModeResult *vanilla_ungrouped = nullptr, *btp_ungrouped = nullptr, *stat = nullptr;
       for (const ModeResult& r : results) {
-        if (r.variant.recompute != Recompute::none) continue;
+        if (r.variant.recompute != base) continue;
         if (r.variant.grouping != grouping)
           (r.mode == TpMode::vanilla ? vanilla_ungrouped : btp_ungrouped) = &r;
         if (r.variant.statistic == NormStatistic::all_reduce) stat = &r;

@@ -1,54 +1,46 @@
 // `bottle eval`: reads shards from their start in llm.c's order, no shuffling: in each shard
 // (files sorted) batch k takes the B·S + 1 tokens from token k·B·S; row j's inputs are
-// [k·B·S + j·S, … + S) and its targets the same window shifted by one (DESIGN §7).
+// [k·B·S + j·S, … + S) and its targets the same window shifted by one (DESIGN §7). Under
+// any layout (mpirun -np tp·pp·dp): DP replica r evaluates batches r, r + dp, ...; each
+// batch runs through the pipeline stages forward only; the loss sums add up exactly.
 #include <omp.h>
 
 #include <algorithm>
+#include <bit>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/process_groups.h"
 #include "model/checkpoint.h"
+#include "pipeline/executor.h"
 #include "train/data_loader.h"
+#include "train/memory_plan.h"
+#include "train/stage_work.h"
+#include "train/train_config.h"
 
 namespace bottle {
 namespace {
 
-struct EvalParallel {
-  int tp = 1;
-  TpMode mode = TpMode::full;
-  bool grouping = true;
-};
+// Of the configuration, eval reads the layout it runs on; the model is the checkpoint's.
+const CommandKeys kEvalKeys{
+    "eval",
+    {"parallel.tp", "parallel.tp_mode", "parallel.grouping", "parallel.pp", "parallel.dp"},
+    {},
+    "it evaluates the checkpoint's model (--checkpoint) on --data with --batch, --seq and "
+    "--batches, and reads of the configuration only the layout it runs on (parallel.tp, "
+    "parallel.tp_mode, parallel.grouping, parallel.pp, parallel.dp)"};
 
-EvalParallel parse_eval_parallel(const std::vector<std::string>& overrides,
-                                 const ModelConfig& config) {
-  EvalParallel p;
-  p.mode = default_tp_mode(config);
-  for (const std::string& item : overrides) {
-    const auto eq = item.find('=');
-    BOTTLE_CHECK(eq != std::string::npos, "--set: expected KEY=VALUE, got '{}'", item);
-    const std::string key = item.substr(0, eq), value = item.substr(eq + 1);
-    if (key == "parallel.tp") {
-      char* end = nullptr;
-      const long tp = std::strtol(value.c_str(), &end, 10);
-      BOTTLE_CHECK(!value.empty() && *end == '\0' && tp > 0,
-                   "--set: key 'parallel.tp' must be a positive integer, got '{}'", value);
-      p.tp = int(tp);
-    } else if (key == "parallel.tp_mode") {
-      const auto it = std::find(kTpModeNames.begin(), kTpModeNames.end(), value);
-      BOTTLE_CHECK(it != kTpModeNames.end(),
-                   "--set: key 'parallel.tp_mode' must be full, vanilla or btp, got '{}'", value);
-      p.mode = TpMode(it - kTpModeNames.begin());
-    } else if (key == "parallel.grouping") {
-      BOTTLE_CHECK(value == "true" || value == "false",
-                   "--set: key 'parallel.grouping' must be true or false, got '{}'", value);
-      p.grouping = value == "true";
-    } else {
-      fail("--set: eval takes parallel.tp, parallel.tp_mode and parallel.grouping, not '{}'", key);
-    }
-  }
-  return p;
+// The sum of one value per rank of `world`, in double and in rank order: every rank gets
+// the same, exact up to the rounding of a double sum (a collective sums in f32).
+double exact_sum(Communicator& world, double mine) {
+  const size_t bits = std::bit_cast<size_t>(mine);
+  double total = 0.0;
+  for (const auto& rank : gather_sizes(world, std::span<const size_t>(&bits, 1)))
+    total += std::bit_cast<double>(rank[0]);
+  return total;
 }
 
 }  // namespace
@@ -65,41 +57,66 @@ Command add_eval_command(CLI::App& app) {
   app.add_option("--checkpoint", o->checkpoint, "model directory (config.json + model.safetensors)")
       ->required();
   app.add_option("--data", o->data, "token shard: a file, a directory or a glob")->required();
-  app.add_option("--batches", o->batches, "number of batches (default: every full batch)");
-  app.add_option("--seq", o->seq, "sequence length (default: min(1024, max_position_embeddings))");
-  app.add_option("--batch", o->batch, "rows per batch")->check(CLI::PositiveNumber);
-  app.add_option("--threads", o->threads, "OpenMP threads (default: OMP_NUM_THREADS or all cores)");
+  app.add_option("--batches", o->batches, "number of batches (default: every full batch)")
+      ->check(integer_in(1));
+  app.add_option("--seq", o->seq, "sequence length (default: min(1024, max_position_embeddings))")
+      ->check(integer_in(1));
+  app.add_option("--batch", o->batch, "rows per batch")->check(integer_in(1));
+  app.add_option("--threads", o->threads, "OpenMP threads (default: OMP_NUM_THREADS or all cores)")
+      ->check(integer_in(1, kMaxThreads));
   app.add_option("--backend", o->backend, "kernel backend: cpu or reference");
   app.add_flag("--json", o->json, "print one JSON object: {\"loss\", \"tokens\", ...}");
   app.add_option("--set", o->overrides,
-                 "parallel.tp=N, parallel.tp_mode=full|vanilla|btp or parallel.grouping=BOOL "
-                 "(under mpirun -np N)");
+                 "the layout, as train's keys: parallel.tp, parallel.tp_mode, parallel.grouping, "
+                 "parallel.pp, parallel.dp (under mpirun -np tp*pp*dp)");
   return [o] {
     if (o->threads > 0) omp_set_num_threads(o->threads);
     auto be = make_backend(o->backend);
     const ModelConfig c = read_model_config(o->checkpoint);
-    const EvalParallel parallel = parse_eval_parallel(o->overrides, c);
+    ConfigKeysGiven given;
+    const TrainConfig config = apply_config_overrides(c, o->overrides, &given);
+    check_honoured_keys(config, given, "--set", kEvalKeys);
+    const ParallelConfig& p = config.parallel;
     Communicator& world = world_communicator();
-    ProcessGroups groups = ProcessGroups::create(world, {parallel.tp, 1, 1});
-    auto model = std::make_unique<LlamaModel>(
-        c, TensorParallel{parallel.mode, groups.tp.get(), parallel.grouping});
-    load_model_weights(*model, o->checkpoint);
+    ProcessGroups groups = ProcessGroups::create(world, {p.tp, p.pp, p.dp});
+    const PipelineStage stage{p.pp, groups.pp_rank};
+    LlamaModel model(c, TensorParallel{p.tp_mode, groups.tp.get(), p.grouping}, 1, stage);
+    load_model_weights(model, o->checkpoint);
     const int64_t seq = o->seq > 0 ? o->seq : std::min<int64_t>(1024, c.max_seq_len);
-    TokenLoader loader(o->data, o->batch, seq, 0, 0, 1, /*shuffle=*/false);
+    BOTTLE_CHECK(seq <= c.max_seq_len,
+                 "--seq: must be <= max_position_embeddings of {}/config.json ({}), got {}",
+                 o->checkpoint, c.max_seq_len, seq);
+    TokenLoader loader(o->data, o->batch, seq, 0, groups.dp_rank, p.dp, /*shuffle=*/false);
     const int64_t available = int64_t(loader.windows_per_epoch());
     const int64_t batches = o->batches > 0 ? o->batches : available;
     BOTTLE_CHECK(batches <= available,
                  "{}: the shards hold {} full batch(es) of {} x {} (+1) tokens; {} requested",
                  o->data, available, o->batch, seq, batches);
-    model->allocate_activations(o->batch, seq);
+    model.allocate_activations(o->batch, seq);
     Arena arena(MemoryTag::workspace);
-    Tensor inputs = arena.alloc({o->batch, seq}, DType::i32),
-           targets = arena.alloc({o->batch, seq}, DType::i32);
-    double total = 0.0;
-    for (int64_t k = 0; k < batches; ++k) {
-      loader.next(inputs.i32(), targets.i32());
-      total += model->forward(*be, inputs, targets);
+    std::vector<Tensor> inputs{arena.alloc({o->batch, seq}, DType::i32)},
+        targets{arena.alloc({o->batch, seq}, DType::i32)};
+    const std::vector<Action> forward = forward_only_schedule(stage.stages, stage.stage, 1);
+    double mine = 0.0;
+    for (int64_t k = groups.dp_rank; k < batches; k += p.dp) {
+      loader.next(inputs[0].i32(), targets[0].i32());
+      // Token ids must fit the model; the error names the shard rather than a kernel.
+      for (const Tensor& t : {inputs[0], targets[0]})
+        for (int64_t i = 0; i < t.numel(); ++i)
+          BOTTLE_CHECK(t.i32()[i] >= 0 && t.i32()[i] < c.vocab_size,
+                       "{}: token id {} is outside the vocabulary [0, {}) of the model in {}",
+                       loader.last_file(), t.i32()[i], c.vocab_size, o->checkpoint);
+      TrainStageWork work(*be, model, 1, inputs, targets, 0.0f);
+      run_pipeline(forward, work, groups.pp.get());
+      mine += work.loss_sum;
     }
+    // The last stage holds the losses, alike on its TP ranks: one of them counts.
+    const bool counts = stage.last() && groups.tp_rank == 0;
+    const double total = exact_sum(world, counts ? mine : 0.0);
+    // Checked after the sum, so that every rank stops alike.
+    BOTTLE_CHECK(std::isfinite(total),
+                 "{}: the loss is {}: the model's weights give non-finite values", o->checkpoint,
+                 total);
     const int64_t per_batch = o->batch * seq;
     const double loss = total / double(batches);
     const int64_t count = batches * per_batch;

@@ -24,6 +24,7 @@ Command add_export_command(CLI::App& app) {
     BOTTLE_CHECK(world_communicator().size() == 1,
                  "export: run it as one process (it writes one model), not under mpirun -np {}",
                  world_communicator().size());
+    check_new_model_directory(o->out);  // before the work of loading
     auto model = load_model(o->checkpoint);
     save_model(*model, o->out);
     std::printf("exported %s (%lld parameters) to %s\n", o->checkpoint.c_str(),

@@ -6,12 +6,14 @@
 #include <map>
 
 #include "apps/commands.h"
+#include "apps/version.h"
 #include "comm/communicator.h"
 #include "core/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"bottle: a trainer for low-rank bottleneck LLaMA models"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", [] { return bottle::version_text(); });
   std::map<CLI::App*, bottle::Command> commands;
   CLI::App* train = app.add_subcommand("train", "train a model from a TOML configuration");
   commands[train] = bottle::add_train_command(*train);
@@ -47,7 +49,11 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and the like: CLI11's own output. A bad command line is an error like any other
+    // the user can cause: one sentence naming the option, exit status 1.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "bottle: error: %s (see --help)\n", e.what());
+    return 1;
   }
   // A launcher runs mpirun itself: it never joins an MPI job of its own.
   const bool launcher = bench_paper->parsed();

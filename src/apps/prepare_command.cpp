@@ -16,6 +16,7 @@
 #include <iterator>
 #include <regex>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "core/error.h"
 #include "core/token_shard.h"
@@ -80,9 +81,10 @@ Command add_prepare_command(CLI::App& app) {
   app.add_option("--output", o->output, "directory for the shards (created if missing)")
       ->required();
   app.add_option("--val-fraction", o->val_fraction,
-                 "fraction of the bytes, from the end, for validation (0 <= f < 1)");
+                 "fraction of the bytes, from the end, for validation (0 <= f < 1)")
+      ->check(finite_in(0, 1, /*hi_open=*/true));
   app.add_option("--shard-tokens", o->shard_tokens, "at most this many tokens per shard")
-      ->check(CLI::Range(int64_t{1}, int64_t{INT32_MAX}));
+      ->check(integer_in(1, INT32_MAX));
   app.add_option("--prefix", o->prefix, "shard name prefix: <prefix>_train_000000.bin, ...");
   return [o] {
     BOTTLE_CHECK(!o->prefix.empty() && o->prefix.find('/') == std::string::npos &&

@@ -5,13 +5,22 @@
 #include <cstdio>
 #include <random>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
+#include "comm/communicator.h"
 #include "model/checkpoint.h"
 #include "train/byte_tokenizer.h"
+#include "train/train_config.h"
 
 namespace bottle {
 
 namespace {
+
+// sample takes --set so that a key gets the same checks and messages as everywhere, and a
+// reason rather than CLI11's "not expected"; it runs on one process, so it honours none.
+const CommandKeys kSampleKeys{"sample", {}, {},
+                              "it runs the checkpoint's model on one process, with --tokens, "
+                              "--temperature, --top-k and --seed"};
 
 // Draws from softmax(logits / T) restricted to the k largest (k = 0: all); T = 0: argmax.
 int32_t draw(const float* logits, int64_t vocab, float temperature, int64_t top_k,
@@ -44,20 +53,30 @@ Command add_sample_command(CLI::App& app) {
     int64_t tokens = 200, top_k = 0;
     float temperature = 0.8f;
     uint64_t seed = 0;
+    std::vector<std::string> overrides;
   };
   auto o = std::make_shared<Options>();
   app.add_option("--checkpoint", o->checkpoint, "model directory (config.json + model.safetensors)")
       ->required();
   app.add_option("--prompt", o->prompt, "text to continue (byte-level tokens)")->required();
-  app.add_option("--tokens", o->tokens, "tokens to generate")->check(CLI::NonNegativeNumber);
+  app.add_option("--tokens", o->tokens, "tokens to generate")->check(integer_in(0));
+  // A float: above its largest finite value the temperature would read as infinite.
   app.add_option("--temperature", o->temperature, "softmax temperature; 0 = greedy")
-      ->check(CLI::NonNegativeNumber);
+      ->check(finite_in(0, 1e30));
   app.add_option("--top-k", o->top_k, "sample among the k most likely tokens (0 = all)")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--seed", o->seed, "random seed");
+      ->check(integer_in(0));
+  app.add_option("--seed", o->seed, "random seed")->check(integer_in(0));
+  app.add_option("--set", o->overrides,
+                 "train's section.key=value; sample runs on one process and takes none");
   return [o] {
-    auto be = make_backend("cpu");
+    BOTTLE_CHECK(world_communicator().size() == 1,
+                 "sample runs on one process; run it without mpirun (the job has {} ranks)",
+                 world_communicator().size());
     auto model = load_model(o->checkpoint);
+    ConfigKeysGiven given;
+    const TrainConfig config = apply_config_overrides(model->config(), o->overrides, &given);
+    check_honoured_keys(config, given, "--set", kSampleKeys);
+    auto be = make_backend("cpu");
     const int64_t vocab = model->config().vocab_size;
     std::vector<int32_t> tokens = byte_encode(o->prompt);
     BOTTLE_CHECK(!tokens.empty(), "sample: --prompt is empty");
@@ -78,6 +97,11 @@ Command add_sample_command(CLI::App& app) {
       std::fill(input.i32(), input.i32() + window, 0);
       std::copy(tokens.begin() + start, tokens.end(), input.i32());
       const Tensor logits = model->forward_logits(*be, input);
+      const float* last = logits.f32() + (used - 1) * vocab;
+      BOTTLE_CHECK(std::all_of(last, last + vocab, [](float x) { return std::isfinite(x); }),
+                   "{}: the model gives non-finite logits after {} tokens; its weights are "
+                   "damaged",
+                   o->checkpoint, tokens.size());
       const int32_t next =
           draw(logits.f32() + (used - 1) * vocab, vocab, o->temperature, o->top_k, rng);
       tokens.push_back(next);

@@ -16,14 +16,11 @@ std::string torch_script_path() {
 }
 
 TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shard, int64_t batch,
-                          int64_t seq, int64_t steps, int64_t warmup, int threads,
-                          const std::string& openblas_coretype) {
-  const std::string env =
-      openblas_coretype.empty() ? "" : fmt::format("OPENBLAS_CORETYPE={} ", openblas_coretype);
+                          int64_t seq, int64_t steps, int64_t warmup, int threads) {
   const std::string out = run_command(
-      fmt::format("{}/usr/bin/python3 '{}' --checkpoint '{}' --data '{}' --batch {} --seq {} "
+      fmt::format("/usr/bin/python3 '{}' --checkpoint '{}' --data '{}' --batch {} --seq {} "
                   "--bench --steps {} --warmup {} --threads {}",
-                  env, torch_script_path(), checkpoint, shard, batch, seq, steps, warmup, threads));
+                  torch_script_path(), checkpoint, shard, batch, seq, steps, warmup, threads));
   // The JSON result is the last line that parses.
   nlohmann::json j;
   size_t end = out.size();
@@ -40,8 +37,12 @@ TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shar
   }
   BOTTLE_CHECK(j.is_object() && j.contains("ms_per_step_median"),
                "PyTorch peer printed no result:\n{}", out);
+  auto text = [&](const char* key) {
+    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string("?");
+  };
   return {j["ms_per_step_median"].get<double>(), j["ms_per_step_min"].get<double>(),
-          j["ms_per_step_max"].get<double>(), j.value("torch", std::string("?"))};
+          j["ms_per_step_max"].get<double>(),     text("torch"),
+          text("blas_core"),                      text("blas_core_source")};
 }
 
 }  // namespace bottle

@@ -35,7 +35,7 @@ Command add_train_command(CLI::App& app) {
     const TrainConfig config = load_train_config(o->config, o->overrides);
     o->train.config_path = o->config;
     const TrainResult r = train(config, o->train);
-    if (world_communicator().rank() != 0) return 0;
+    if (world_communicator().rank() != 0 || r.already_complete) return 0;
     std::printf(
         "done: %lld steps, loss %.4f%s, %.0f tokens/s (median), checkpoint %s\n",
         (long long)r.steps_done, r.last_loss,

@@ -2,6 +2,7 @@
 // would be chosen here too, so nothing above comm/ names a backend.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -65,6 +66,16 @@ constexpr auto kAbortDelay = std::chrono::seconds(3);
 Communicator& world_communicator() {
   static MpiRuntime runtime;
   return runtime.world();
+}
+
+std::vector<std::string> comm_backends() {
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {};
+  int length = 0;
+  MPI_Get_library_version(version, &length);
+  std::string mpi(version, size_t(std::max(length, 0)));
+  // Open MPI's string goes on with its repository and release date after the first comma.
+  mpi = mpi.substr(0, mpi.find_first_of(",\n"));
+  return {"mpi: " + mpi};
 }
 
 void report_fatal_error(const char* kind, const char* message) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -106,6 +107,10 @@ double reduce_scalar(Communicator* group, double value, ReduceOp op, std::string
 // The world: every process of the job (a single process when not launched by mpirun).
 // Initialises the message-passing runtime on the first call; it is finalised at exit.
 Communicator& world_communicator();
+
+// The communication libraries compiled in, one line each, e.g. "mpi: Open MPI v4.1.4"
+// (for `bottle --version`; does not start the runtime).
+std::vector<std::string> comm_backends();
 
 // For apps: report an error that ends this process. Prints "bottle: error: MESSAGE" (with
 // "rank R: " when the world has more than one rank) on stderr, then ends the whole job

@@ -11,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/tensor.h"
 
@@ -135,5 +136,8 @@ class Backend {
 
 // "cpu" or "reference" (and any optional backend compiled in).
 std::unique_ptr<Backend> make_backend(std::string_view name);
+// The backends compiled in, one line each with the library behind it, e.g.
+// "cpu: oneDNN 2.6.3 GEMMs + OpenMP" (for `bottle --version`).
+std::vector<std::string> backend_names();
 
 }  // namespace bottle

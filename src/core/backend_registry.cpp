@@ -3,12 +3,22 @@
 #include "core/cpu_backend.h"
 #include "core/reference_backend.h"
 
+#include <fmt/format.h>
+#include <oneapi/dnnl/dnnl.h>
+
 namespace bottle {
 
 std::unique_ptr<Backend> make_backend(std::string_view name) {
   if (name == "cpu") return make_cpu_backend();
   if (name == "reference") return make_reference_backend();
   fail("unknown backend '{}' (available: cpu, reference)", name);
+}
+
+std::vector<std::string> backend_names() {
+  const dnnl_version_t* dnnl = dnnl_version();
+  return {fmt::format("cpu: oneDNN {}.{}.{} GEMMs + OpenMP {}", dnnl->major, dnnl->minor,
+                      dnnl->patch, _OPENMP),
+          "reference: naive loops (the test oracle)"};
 }
 
 }  // namespace bottle

@@ -2,12 +2,14 @@
 
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/json_bounded.h"
+#include "core/json_io.h"
 
 namespace bottle {
 namespace {
@@ -66,8 +68,17 @@ SafeTensorsHeader read_safetensors_header(std::istream& in, uint64_t file_size,
                header_len, kMaxJsonBytes);
   std::string text(header_len, '\0');
   BOTTLE_CHECK(in.read(text.data(), std::streamsize(header_len)), "{}: truncated header", path);
-  const nlohmann::json j = parse_json_bounded(text, path + ": safetensors header");
+  check_json_bounds(text, path + ": safetensors header");
+  nlohmann::json j;
+  std::string duplicate;
+  try {
+    j = parse_json_noting_duplicates(text, duplicate);
+  } catch (const std::exception& e) {
+    fail("{}: not a safetensors file (header is not JSON: {})", path, e.what());
+  }
   BOTTLE_CHECK(j.is_object(), "{}: not a safetensors file (header is not a JSON object)", path);
+  // A reader that keeps the first and one that keeps the last would see different weights.
+  BOTTLE_CHECK(duplicate.empty(), "{}: the header names '{}' more than once", path, duplicate);
   SafeTensorsHeader h;
   h.data_start = 8 + header_len;
   const uint64_t data_size = file_size - h.data_start;
@@ -110,6 +121,31 @@ SafeTensorsHeader read_safetensors_header(std::istream& in, uint64_t file_size,
       fail("{}: tensor '{}': malformed header entry ({})", path, name, e.what());
     }
   }
+  // The format's data section is the tensors' buffers back to back: an overlap would let two
+  // tensors share bytes, a gap or a tail would hide bytes no tensor owns.
+  std::vector<std::pair<const std::string*, const SafeTensorEntry*>> by_offset;
+  for (const auto& [name, e] : h.entries) by_offset.push_back({&name, &e});
+  std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
+    return std::pair{a.second->begin, a.second->end} < std::pair{b.second->begin, b.second->end};
+  });
+  uint64_t covered = 0;
+  std::pair<const std::string*, const SafeTensorEntry*> previous{nullptr, nullptr};
+  for (const auto& [name, e] : by_offset) {
+    BOTTLE_CHECK(e->begin >= covered,
+                 "{}: tensors '{}' and '{}' overlap (data_offsets [{}, {}) and [{}, {}))", path,
+                 *previous.first, *name, previous.second->begin, previous.second->end, e->begin,
+                 e->end);
+    BOTTLE_CHECK(e->begin == covered,
+                 "{}: bytes [{}, {}) of the data belong to no tensor (before '{}'); safetensors "
+                 "buffers are contiguous",
+                 path, covered, e->begin, *name);
+    if (e->end > e->begin) previous = {name, e};
+    covered = e->end;
+  }
+  BOTTLE_CHECK(covered == data_size,
+               "{}: bytes [{}, {}) at the end of the data belong to no tensor; safetensors "
+               "buffers are contiguous",
+               path, covered, data_size);
   return h;
 }
 
@@ -138,6 +174,7 @@ void SafeTensorsReader::read_f32(const std::string& name, std::span<float> out) 
   if (e.dtype == "F32") {
     BOTTLE_CHECK(in.read(reinterpret_cast<char*>(out.data()), std::streamsize(e.end - e.begin)),
                  "{}: tensor '{}': read failed", path_, name);
+    check_finite(name, out);
     return;
   }
   std::vector<uint16_t> raw(out.size());
@@ -149,6 +186,17 @@ void SafeTensorsReader::read_f32(const std::string& name, std::span<float> out) 
   for (size_t i = 0; i < raw.size(); ++i)
     out[i] =
         e.dtype == "BF16" ? std::bit_cast<float>(uint32_t(raw[i]) << 16) : half_to_float(raw[i]);
+  check_finite(name, out);
+}
+
+void SafeTensorsReader::check_finite(const std::string& name, std::span<const float> values) const {
+  // A NaN or inf weight only ever turns into a NaN loss or garbage text later.
+  const auto bad =
+      std::find_if(values.begin(), values.end(), [](float x) { return !std::isfinite(x); });
+  BOTTLE_CHECK(bad == values.end(),
+               "{}: tensor '{}' holds a non-finite value ({}) at element {}; the weights are "
+               "damaged (a diverged run?)",
+               path_, name, *bad, bad - values.begin());
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,

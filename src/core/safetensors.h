@@ -41,10 +41,13 @@ class SafeTensorsReader {
   bool contains(const std::string& name) const { return header_.entries.count(name) != 0; }
   // Throws naming the tensor and the file when it is missing.
   const SafeTensorEntry& entry(const std::string& name) const;
-  // Converts F32 / BF16 / F16 to f32 into `out`, whose size must match.
+  // Converts F32 / BF16 / F16 to f32 into `out`, whose size must match. A NaN or inf value
+  // is an error naming the tensor and the file.
   void read_f32(const std::string& name, std::span<float> out) const;
 
  private:
+  void check_finite(const std::string& name, std::span<const float> values) const;
+
   std::string path_;
   SafeTensorsHeader header_;
 };

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
+#include "core/json_io.h"
+
 namespace bottle {
 
 namespace fs = std::filesystem;
@@ -119,18 +121,32 @@ void write_shard_index(const std::string& dir, const std::string& stem) {
 ShardedReader::ShardedReader(const std::string& dir, const std::string& stem)
     : dir_(dir), stem_(stem) {
   const fs::path single = fs::path(dir) / (stem + ".safetensors");
-  if (fs::exists(single)) return;
   const fs::path index = fs::path(dir) / index_file_name(stem);
-  BOTTLE_CHECK(fs::exists(index), "{}: neither {} nor {} exists", dir, single.filename().string(),
+  std::error_code ec;
+  const bool has_single = fs::exists(single, ec), has_index = fs::exists(index, ec);
+  // Which of the two a reader picks differs between tools; two models in one place is an error.
+  BOTTLE_CHECK(!(has_single && has_index),
+               "{}: both {} and {} exist; a checkpoint holds one or the other (remove one)", dir,
+               single.filename().string(), index.filename().string());
+  if (has_single) return;
+  BOTTLE_CHECK(has_index, "{}: neither {} nor {} exists", dir, single.filename().string(),
                index.filename().string());
-  std::ifstream in(index);
-  try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    for (const auto& [name, file] : j.at("weight_map").items())
-      weight_map_[name] = file.get<std::string>();
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}: not a safetensors index: {}", index.string(), e.what());
+  const nlohmann::json j = read_json_file(index.string());
+  BOTTLE_CHECK(j.is_object() && j.contains("weight_map") && j["weight_map"].is_object(),
+               "{}: not a safetensors index (no 'weight_map' object)", index.string());
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    BOTTLE_CHECK(file.is_string(), "{}: weight_map entry '{}' must be a file name, got {}",
+                 index.string(), name, file.dump());
+    const std::string f = file.get<std::string>();
+    // Shards lie beside the index: a path could read any file on the machine.
+    BOTTLE_CHECK(!f.empty() && f.find('/') == std::string::npos &&
+                     f.find('\\') == std::string::npos && f != "." && f != "..",
+                 "{}: weight_map entry '{}' names '{}'; it must be a file name in {} (no "
+                 "directories, no '..')",
+                 index.string(), name, f, dir);
+    weight_map_[name] = f;
   }
+  BOTTLE_CHECK(!weight_map_.empty(), "{}: weight_map is empty", index.string());
 }
 
 const SafeTensorsReader& ShardedReader::reader_for(const std::string& tensor) const {
@@ -156,13 +172,33 @@ std::vector<std::string> ShardedReader::names() const {
   return out;
 }
 
+void check_new_model_directory(const std::string& dir) {
+  std::error_code ec;
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (ec || !fs::exists(st)) return;  // not there yet: create_directories reports what fails
+  BOTTLE_CHECK(fs::is_directory(st), "{}: exists and is not a directory; choose a new directory",
+               dir);
+  const bool empty = fs::is_empty(dir, ec);
+  BOTTLE_CHECK(!ec, "{}: cannot read the directory: {}", dir, ec.message());
+  // Writing into a checkpoint would mix these weights with its optimizer state and config.
+  BOTTLE_CHECK(empty,
+               "{}: already exists and is not empty{}; bottle writes a model only into a new or "
+               "empty directory",
+               dir, fs::exists(fs::path(dir) / kConfigFile, ec) ? " (it holds a model)" : "");
+}
+
 void save_model(const LlamaModel& model, const std::string& dir) {
   BOTTLE_CHECK(model.stage().stages == 1,
                "save_model writes a whole model; a pipeline stage writes its shard "
                "(CheckpointStore)");
   Communicator* tp = model.tensor_parallel().comm;
   if (!tp || tp->rank() == 0) {
-    fs::create_directories(dir);
+    check_new_model_directory(dir);
+    try {
+      fs::create_directories(dir);
+    } catch (const fs::filesystem_error& e) {
+      fail("{}: cannot create the model directory: {}", dir, e.code().message());
+    }
     write_hf_config(model.config(), (fs::path(dir) / kConfigFile).string());
   }
   write_gathered((fs::path(dir) / kWeightsFile).string(), model.parameters(), tp,
@@ -170,7 +206,11 @@ void save_model(const LlamaModel& model, const std::string& dir) {
 }
 
 ModelConfig read_model_config(const std::string& dir) {
-  BOTTLE_CHECK(fs::is_directory(dir), "{}: checkpoint directory does not exist", dir);
+  std::error_code ec;
+  const bool is_dir = fs::is_directory(dir, ec);
+  BOTTLE_CHECK(!ec || ec == std::errc::no_such_file_or_directory,
+               "{}: cannot read the checkpoint directory: {}", dir, ec.message());
+  BOTTLE_CHECK(is_dir, "{}: checkpoint directory does not exist", dir);
   return read_hf_config((fs::path(dir) / kConfigFile).string());
 }
 

@@ -15,9 +15,12 @@ namespace bottle {
 inline constexpr const char* kConfigFile = "config.json";
 inline constexpr const char* kWeightsFile = "model.safetensors";
 
-// Writes both files into `dir` (created if missing). Under tensor parallelism every rank of
-// the group calls it; the slices are gathered and the TP group's rank 0 writes the single
-// model, the same files a one-rank run writes.
+// Throws unless `dir` is missing or an empty directory: a model is never written over
+// another (an export into a training checkpoint would leave its optimizer state behind).
+void check_new_model_directory(const std::string& dir);
+// Writes both files into `dir` (created if missing, else empty; see above). Under tensor
+// parallelism every rank of the group calls it; the slices are gathered and the TP group's rank 0
+// writes the single model, the same files a one-rank run writes.
 void save_model(const LlamaModel& model, const std::string& dir);
 // Reads config.json of `dir`; errors name the file and key.
 ModelConfig read_model_config(const std::string& dir);

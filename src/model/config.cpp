@@ -1,13 +1,12 @@
 #include "model/config.h"
 
 #include <cmath>
+#include <cstdint>
 #include <fstream>
-#include <limits>
 #include <nlohmann/json.hpp>
 #include <sstream>
-#include <type_traits>
 
-#include "core/json_bounded.h"
+#include "core/json_io.h"
 
 namespace bottle {
 
@@ -81,23 +80,85 @@ void ModelConfig::validate(const std::string& source, bool hf) const {
   BOTTLE_CHECK(num_heads % num_kv_heads == 0, "{}: {} ({}) must divide {} ({})", source,
                key("num_key_value_heads", "model.num_kv_heads"), num_kv_heads,
                key("num_attention_heads", "model.num_heads"), num_heads);
-  BOTTLE_CHECK(rms_norm_eps > 0.0f, "{}: {} must be positive", source,
-               key("rms_norm_eps", "model.rms_norm_eps"));
-  BOTTLE_CHECK(rope_theta > 0.0f, "{}: {} must be positive", source,
-               key("rope_theta", "model.rope_theta"));
-  if (bottleneck == BottleneckKind::none) return;
+  BOTTLE_CHECK(std::isfinite(rms_norm_eps) && rms_norm_eps > 0.0f,
+               "{}: {} must be a positive finite number, got {}", source,
+               key("rms_norm_eps", "model.rms_norm_eps"), rms_norm_eps);
+  BOTTLE_CHECK(std::isfinite(rope_theta) && rope_theta > 0.0f,
+               "{}: {} must be a positive finite number, got {}", source,
+               key("rope_theta", "model.rope_theta"), rope_theta);
+  // Token ids are 32-bit in shards and kernels.
+  BOTTLE_CHECK(vocab_size <= INT32_MAX, "{}: {} must be in [1, {}] (32-bit token ids), got {}",
+               source, key("vocab_size", "model.vocab_size"), INT32_MAX, vocab_size);
+  if (bottleneck != BottleneckKind::none) {
+    for (int i = 0; i < kNumProjections; ++i) {
+      const auto p = ProjectionId(i);
+      const int64_t r = rank_of(p), limit = std::min(d_in(p), d_out(p));
+      BOTTLE_CHECK(
+          r > 0 && r <= limit,
+          "{}: {} of the {} projection is {}; it must be in [1, {}] (min of its {} inputs and {} "
+          "outputs)",
+          source,
+          ranks[i]
+              ? fmt::format("{}.{}", key("bottleneck.ranks", "model.ranks"), kProjectionNames[i])
+              : std::string(key("bottleneck.rank", "model.rank")),
+          kProjectionNames[i], r, limit, d_in(p), d_out(p));
+    }
+  }
+  check_sizes(source, hf);
+}
+
+// Every product of sizes the model computes (tensor sizes, the parameter count and its bytes)
+// must fit 64 bits: a huge width is refused here, naming the keys, before any shape or
+// allocation sees a wrapped-around number.
+void ModelConfig::check_sizes(const std::string& source, bool hf) const {
+  auto key = [hf](const char* hf_name, const char* toml_name) {
+    return std::string(hf ? hf_name : toml_name);
+  };
+  const std::string V = key("vocab_size", "model.vocab_size"),
+                    d = key("hidden_size", "model.hidden_size"),
+                    ff = key("intermediate_size", "model.intermediate_size"),
+                    L = key("num_hidden_layers", "model.num_layers"),
+                    T = key("max_position_embeddings", "model.max_seq_len");
+  auto too_large = [&](const std::string& what, int64_t a, int64_t b) {
+    fail("{}: the model is too large: {} = {} x {} does not fit a 64-bit integer", source, what, a,
+         b);
+  };
+  auto mul = [&](int64_t a, int64_t b, const std::string& what) {
+    int64_t r = 0;
+    if (__builtin_mul_overflow(a, b, &r)) too_large(what, a, b);
+    return r;
+  };
+  auto add = [&](int64_t a, int64_t b, const std::string& what) {
+    int64_t r = 0;
+    if (__builtin_add_overflow(a, b, &r))
+      fail("{}: the model is too large: {} = {} + {} does not fit a 64-bit integer", source, what,
+           a, b);
+    return r;
+  };
+  const int64_t embedding = mul(vocab_size, hidden_size, V + " x " + d);
+  mul(hidden_size, intermediate_size, d + " x " + ff);
+  mul(max_seq_len, head_dim(), T + " x head width");
+  int64_t per_block = mul(2, hidden_size, "2 x " + d);
   for (int i = 0; i < kNumProjections; ++i) {
     const auto p = ProjectionId(i);
-    const int64_t r = rank_of(p), limit = std::min(d_in(p), d_out(p));
-    BOTTLE_CHECK(
-        r > 0 && r <= limit,
-        "{}: {} of the {} projection is {}; it must be in [1, {}] (min of its {} inputs and {} "
-        "outputs)",
-        source,
-        ranks[i] ? fmt::format("{}.{}", key("bottleneck.ranks", "model.ranks"), kProjectionNames[i])
-                 : std::string(key("bottleneck.rank", "model.rank")),
-        kProjectionNames[i], r, limit, d_in(p), d_out(p));
+    const std::string what = fmt::format("{} projection size", kProjectionNames[i]);
+    const int64_t size =
+        bottleneck == BottleneckKind::none
+            ? mul(d_in(p), d_out(p), what + " (" + d + " x outputs)")
+            : mul(rank_of(p), add(d_in(p), d_out(p), what), what + " (rank x (inputs + outputs))");
+    per_block = add(per_block, size, "the parameters per block");
   }
+  int64_t total = mul(num_layers, per_block, L + " x parameters per block");
+  total = add(total, embedding, "the parameter count");
+  if (!tie_embeddings) total = add(total, embedding, "the parameter count");
+  if (bottleneck == BottleneckKind::lax)
+    for (int i = 0; i < kNumProjections; ++i) {
+      const int64_t r = rank_of(ProjectionId(i));
+      const int64_t mix = add(mul(r, r, "rank x rank"), mul(2, r, "2 x rank"), "rank x (rank + 2)");
+      total = add(total, mul(num_layers - 1, mix, L + " x lax mixing size"), "the parameter count");
+    }
+  // Weights, gradients and two AdamW moments in f32.
+  mul(total, 16, "the parameter count x 16 bytes");
 }
 
 std::string model_config_difference(const ModelConfig& a, const ModelConfig& b) {
@@ -131,20 +192,6 @@ namespace {
 template <typename T>
 T get(const nlohmann::json& j, const char* name, const std::string& path) {
   BOTTLE_CHECK(j.contains(name), "{}: missing key '{}'", path, name);
-  const nlohmann::json& v = j.at(name);
-  // nlohmann converts a number to any arithmetic type with a cast, which is undefined for a
-  // value out of the type's range (2e19 for an int64_t, 1e300 for a float): check first.
-  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
-    BOTTLE_CHECK(v.is_number_integer() &&
-                     (v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT64_MAX) : true),
-                 "{}: key '{}' must be an integer of magnitude below 2^63, got {}", path, name,
-                 v.dump());
-  } else if constexpr (std::is_floating_point_v<T>) {
-    BOTTLE_CHECK(v.is_number() && std::isfinite(v.get<double>()) &&
-                     std::abs(v.get<double>()) <= double(std::numeric_limits<T>::max()),
-                 "{}: key '{}' must be a finite number of magnitude at most {:g}, got {}", path,
-                 name, double(std::numeric_limits<T>::max()), v.dump());
-  }
   try {
     return j.at(name).get<T>();
   } catch (const std::exception&) {
@@ -157,30 +204,88 @@ T get_or(const nlohmann::json& j, const char* name, T fallback, const std::strin
   return j.contains(name) && !j.at(name).is_null() ? get<T>(j, name, path) : fallback;
 }
 
+bool given(const nlohmann::json& j, const char* name) {
+  return j.contains(name) && !j.at(name).is_null();
+}
+
+// Sizes are JSON integers: 64.5 or 2e19 (a float, which a cast would wrap) is refused as such.
+int64_t get_int(const nlohmann::json& j, const char* name, const std::string& path) {
+  BOTTLE_CHECK(j.contains(name), "{}: missing key '{}'", path, name);
+  const nlohmann::json& v = j.at(name);
+  BOTTLE_CHECK(
+      v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX)),
+      "{}: key '{}' must be an integer in [1, {}], got {}", path, name, INT64_MAX, v.dump());
+  return v.get<int64_t>();
+}
+
+int64_t get_int_or(const nlohmann::json& j, const char* name, int64_t fallback,
+                   const std::string& path) {
+  return given(j, name) ? get_int(j, name, path) : fallback;
+}
+
+float get_float_or(const nlohmann::json& j, const char* name, float fallback,
+                   const std::string& path) {
+  if (!given(j, name)) return fallback;
+  const nlohmann::json& v = j.at(name);
+  BOTTLE_CHECK(v.is_number(), "{}: key '{}' must be a number, got {}", path, name, v.dump());
+  const float f = float(v.get<double>());
+  BOTTLE_CHECK(std::isfinite(f), "{}: key '{}' must be a finite 32-bit float, got {}", path, name,
+               v.dump());
+  return f;
+}
+
+// HF LlamaConfig keys that change what the model computes: bottle computes only their
+// defaults, so any other value is refused rather than silently ignored.
+void check_llama_only(const nlohmann::json& j, const ModelConfig& c, const std::string& path) {
+  auto refuse = [&](const char* name, const std::string& allowed) {
+    fail("{}: key '{}' is {}; bottle computes only {}", path, name, j.at(name).dump(), allowed);
+  };
+  if (given(j, "model_type") && j["model_type"] != "llama")
+    refuse("model_type", "\"llama\" models");
+  if (given(j, "architectures")) {
+    const auto& a = j["architectures"];
+    bool ok = a.is_array();
+    if (ok)
+      for (const auto& x : a) ok = ok && x == "LlamaForCausalLM";
+    if (!ok) refuse("architectures", "[\"LlamaForCausalLM\"]");
+  }
+  if (given(j, "hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "\"silu\"");
+  if (given(j, "rope_scaling")) refuse("rope_scaling", "plain RoPE (rope_scaling null)");
+  if (given(j, "head_dim") && j["head_dim"] != c.hidden_size / c.num_heads)
+    refuse("head_dim",
+           fmt::format("hidden_size / num_attention_heads = {}", c.hidden_size / c.num_heads));
+  for (const char* bias : {"attention_bias", "mlp_bias"})
+    if (given(j, bias) && j[bias] != false) refuse(bias, "layers without bias (false)");
+  if (given(j, "pretraining_tp") && j["pretraining_tp"] != 1)
+    refuse("pretraining_tp", "unsplit projections (1)");
+  if (given(j, "attention_dropout") && j["attention_dropout"] != 0)
+    refuse("attention_dropout", "attention without dropout (0)");
+}
+
 }  // namespace
 
 ModelConfig read_hf_config(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   BOTTLE_CHECK(in, "{}: cannot open", path);
   std::ostringstream text;
   text << in.rdbuf();
-  BOTTLE_CHECK(in, "{}: read failed", path);
+  BOTTLE_CHECK(!in.bad(), "{}: read failed", path);
   return parse_hf_config(text.str(), path);
 }
 
 ModelConfig parse_hf_config(std::string_view text, const std::string& path) {
-  const nlohmann::json j = parse_json_bounded(text, path);
+  const nlohmann::json j = parse_json_text(text, path);
   BOTTLE_CHECK(j.is_object(), "{}: expected a JSON object", path);
   ModelConfig c;
-  c.vocab_size = get<int64_t>(j, "vocab_size", path);
-  c.hidden_size = get<int64_t>(j, "hidden_size", path);
-  c.intermediate_size = get<int64_t>(j, "intermediate_size", path);
-  c.num_layers = get<int64_t>(j, "num_hidden_layers", path);
-  c.num_heads = get<int64_t>(j, "num_attention_heads", path);
-  c.num_kv_heads = get_or<int64_t>(j, "num_key_value_heads", c.num_heads, path);
-  c.max_seq_len = get_or<int64_t>(j, "max_position_embeddings", 2048, path);
-  c.rms_norm_eps = get_or<float>(j, "rms_norm_eps", 1e-6f, path);
-  c.rope_theta = get_or<float>(j, "rope_theta", 10000.0f, path);
+  c.vocab_size = get_int(j, "vocab_size", path);
+  c.hidden_size = get_int(j, "hidden_size", path);
+  c.intermediate_size = get_int(j, "intermediate_size", path);
+  c.num_layers = get_int(j, "num_hidden_layers", path);
+  c.num_heads = get_int(j, "num_attention_heads", path);
+  c.num_kv_heads = get_int_or(j, "num_key_value_heads", c.num_heads, path);
+  c.max_seq_len = get_int_or(j, "max_position_embeddings", 2048, path);
+  c.rms_norm_eps = get_float_or(j, "rms_norm_eps", 1e-6f, path);
+  c.rope_theta = get_float_or(j, "rope_theta", 10000.0f, path);
   c.tie_embeddings = get_or<bool>(j, "tie_word_embeddings", false, path);
   if (j.contains("bottleneck") && !j["bottleneck"].is_null()) {
     const auto& b = j["bottleneck"];
@@ -191,7 +296,7 @@ ModelConfig parse_hf_config(std::string_view text, const std::string& path) {
     } catch (const Error& e) {
       fail("{}: bottleneck.kind: {}", path, e.what());
     }
-    c.rank = get_or<int64_t>(b, "rank", 0, where);
+    c.rank = get_int_or(b, "rank", 0, where);
     BOTTLE_CHECK(!b.contains("rank") || c.rank > 0, "{}: bottleneck.rank must be positive, got {}",
                  path, c.rank);
     if (b.contains("ranks")) {
@@ -201,8 +306,10 @@ ModelConfig parse_hf_config(std::string_view text, const std::string& path) {
         for (int i = 0; i < kNumProjections; ++i)
           if (name == kProjectionNames[i]) idx = i;
         BOTTLE_CHECK(idx >= 0, "{}: unknown projection '{}' in bottleneck.ranks", path, name);
-        BOTTLE_CHECK(value.is_number_integer(), "{}: bottleneck.ranks.{} must be an integer", path,
-                     name);
+        BOTTLE_CHECK(
+            value.is_number_integer() &&
+                !(value.is_number_unsigned() && value.get<uint64_t>() > uint64_t(INT64_MAX)),
+            "{}: bottleneck.ranks.{} must be an integer, got {}", path, name, value.dump());
         c.ranks[idx] = value.get<int64_t>();
         BOTTLE_CHECK(c.ranks[idx] > 0, "{}: bottleneck.ranks.{} must be positive, got {}", path,
                      name, c.ranks[idx]);
@@ -214,6 +321,7 @@ ModelConfig parse_hf_config(std::string_view text, const std::string& path) {
     if (b.contains("mlp_gate_act")) c.mlp_gate_act = get<bool>(b, "mlp_gate_act", where);
   }
   c.validate(path, true);
+  check_llama_only(j, c, path);
   return c;
 }
 

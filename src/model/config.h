@@ -36,6 +36,9 @@ struct ModelConfig {
   // Throws one error naming `source` and the offending key when the shape is impossible.
   // `hf_keys` picks config.json key names, otherwise the TOML [model] names.
   void validate(const std::string& source, bool hf_keys) const;
+
+ private:
+  void check_sizes(const std::string& source, bool hf_keys) const;
 };
 
 // "" when a and b describe the same model, else the first difference, e.g.

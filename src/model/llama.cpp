@@ -508,8 +508,11 @@ double LlamaModel::flops_per_step(int64_t tokens, int64_t seq) const {
     per_token += layer * double(c.num_layers);
     if (c.bottleneck == BottleneckKind::lax) per_token += 2.0 * r * r * double(c.num_layers - 1);
   }
-  // q·kᵀ and p·v: 2·S·hd multiply-adds per head each.
-  per_token += 4.0 * double(seq) * double(c.num_heads * c.head_dim()) * double(c.num_layers);
+  // q·kᵀ and p·v over the causal triangle, as the kernels run them: a token attends to
+  // (S + 1) / 2 keys on average, one multiply-add per key and head dimension each. Counting the
+  // full S × S square would call work that never runs "model FLOPs" and can give an MFU
+  // above 100 % at long sequences.
+  per_token += 2.0 * double(seq + 1) * double(c.num_heads * c.head_dim()) * double(c.num_layers);
   return 3.0 * per_token * double(tokens);
 }
 

@@ -111,7 +111,8 @@ class LlamaModel {
   double grad_sum_squares(Backend& be, int64_t begin = 0, int64_t end = -1) const;
 
   // Model FLOPs of one forward + backward over `tokens` tokens of sequence length `seq`
-  // (the whole model, all ranks together): every GEMM, attention's two included.
+  // (the whole model, all ranks together): every GEMM, attention's two over the causal
+  // triangle included.
   double flops_per_step(int64_t tokens, int64_t seq) const;
 
  private:

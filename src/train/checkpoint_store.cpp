@@ -1,16 +1,20 @@
 #include "train/checkpoint_store.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <unistd.h>
 
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <span>
 
+#include "core/json_io.h"
 #include "core/safetensors.h"
 #include "model/checkpoint.h"
+#include "train/data_loader.h"
 
 namespace bottle {
 
@@ -52,11 +56,50 @@ std::string moment_name(const char* which, const std::string& param) {
 }  // namespace
 
 CheckpointStore::CheckpointStore(std::string folder, int keep)
-    : folder_(std::move(folder)), keep_(keep) {}
+    : folder_(std::move(folder)), keep_(keep) {
+  // Every rank checks, before any work: a folder that cannot hold checkpoints fails the job
+  // at once on all of them rather than as a filesystem exception at the first save.
+  std::error_code ec;
+  const fs::file_status st = fs::status(folder_, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    fail("{}: checkpoint.folder cannot be used: {}", folder_, ec.message());
+  if (fs::exists(st)) {
+    BOTTLE_CHECK(fs::is_directory(st), "{}: checkpoint.folder exists and is not a directory",
+                 folder_);
+    BOTTLE_CHECK(::access(folder_.c_str(), W_OK | X_OK) == 0,
+                 "{}: checkpoint.folder is not writable: {}", folder_, std::strerror(errno));
+    return;
+  }
+  // Missing: its nearest existing ancestor must be a directory we may create it in.
+  fs::path ancestor = fs::absolute(fs::path(folder_), ec).parent_path();
+  while (!ancestor.empty() && !fs::exists(ancestor, ec) && ancestor != ancestor.root_path())
+    ancestor = ancestor.parent_path();
+  BOTTLE_CHECK(fs::is_directory(ancestor, ec),
+               "{}: checkpoint.folder cannot be created: {} is not a directory", folder_,
+               ancestor.string());
+  BOTTLE_CHECK(::access(ancestor.c_str(), W_OK | X_OK) == 0,
+               "{}: checkpoint.folder cannot be created: {} is not writable ({})", folder_,
+               ancestor.string(), std::strerror(errno));
+  // access() grants root everything but a read-only mount; only creating it tells.
+  fs::create_directories(folder_, ec);
+  if (ec) fail("{}: checkpoint.folder cannot be created: {}", folder_, ec.message());
+}
 
 std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
                                   const nlohmann::json& state, int64_t step, Communicator* dp,
                                   Communicator* world) {
+  try {
+    return save_unchecked(model, optimizer, state, step, dp, world);
+  } catch (const fs::filesystem_error& e) {
+    // A full disk, a folder removed or made read-only while training: name the path.
+    fail("{}: cannot write the checkpoint of step {} in checkpoint.folder: {}",
+         e.path1().empty() ? folder_ : e.path1().string(), step, e.code().message());
+  }
+}
+
+std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW& optimizer,
+                                            const nlohmann::json& state, int64_t step,
+                                            Communicator* dp, Communicator* world) {
   const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
   const fs::path final_dir = fs::path(folder_) / name;
   // Every rank knows the temporary directory's name; world rank 0 owns it.
@@ -122,14 +165,24 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
   return final_dir.string();
 }
 
-std::vector<std::string> CheckpointStore::list() const {
+std::vector<std::string> CheckpointStore::list(bool complete) const {
   std::vector<std::string> dirs;
-  if (!fs::is_directory(folder_)) return dirs;
-  for (const auto& e : fs::directory_iterator(folder_))
-    if (is_step_dir(e)) dirs.push_back(e.path().string());
+  try {
+    if (!fs::is_directory(folder_)) return dirs;
+    for (const auto& e : fs::directory_iterator(folder_))
+      if (is_step_dir(e) == complete && e.is_directory() &&
+          e.path().filename().string().rfind(kStepPrefix, 0) == 0)
+        dirs.push_back(e.path().string());
+  } catch (const fs::filesystem_error& e) {
+    fail("{}: cannot read checkpoint.folder: {}", folder_, e.code().message());
+  }
   std::sort(dirs.begin(), dirs.end());  // zero-padded step numbers sort in order
   return dirs;
 }
+
+std::vector<std::string> CheckpointStore::list() const { return list(true); }
+
+std::vector<std::string> CheckpointStore::incomplete() const { return list(false); }
 
 std::optional<std::string> CheckpointStore::latest() const {
   std::vector<std::string> all = list();
@@ -138,6 +191,8 @@ std::optional<std::string> CheckpointStore::latest() const {
 }
 
 nlohmann::json CheckpointStore::load(const std::string& dir, LlamaModel& model, AdamW& optimizer) {
+  // The small file first: a damaged state fails before the weights are read.
+  const nlohmann::json state = read_trainer_state(dir);
   load_model_weights(model, dir);
   const ShardedReader files(dir, "optimizer");
   const ParameterStore& params = model.parameters();
@@ -151,18 +206,42 @@ nlohmann::json CheckpointStore::load(const std::string& dir, LlamaModel& model, 
     }
   }
   optimizer.load_moments(m, v);
-  const fs::path state_path = fs::path(dir) / kTrainerStateFile;
-  std::ifstream in(state_path);
-  BOTTLE_CHECK(in, "{}: cannot open", state_path.string());
-  nlohmann::json state;
-  try {
-    state = nlohmann::json::parse(in);
-  } catch (const std::exception& e) {
-    fail("{}: not valid JSON: {}", state_path.string(), e.what());
-  }
-  BOTTLE_CHECK(state.contains("optimizer_steps"), "{}: missing key 'optimizer_steps'",
-               state_path.string());
   optimizer.set_steps_taken(state["optimizer_steps"].get<int64_t>());
+  return state;
+}
+
+nlohmann::json read_trainer_state(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kTrainerStateFile).string();
+  const nlohmann::json state = read_json_file(path);
+  BOTTLE_CHECK(state.is_object(), "{}: expected a JSON object, got {}", path, state.type_name());
+  auto integer = [&](const char* key, int64_t lo, int64_t hi) {
+    BOTTLE_CHECK(state.contains(key), "{}: missing key '{}'", path, key);
+    const nlohmann::json& v = state[key];
+    const bool fits = v.is_number_integer() &&
+                      !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX));
+    BOTTLE_CHECK(fits && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi,
+                 "{}: key '{}' must be an integer in [{}, {}], got {}", path, key, lo, hi,
+                 v.dump());
+    return v.get<int64_t>();
+  };
+  const int64_t step = integer("step", 0, INT64_MAX);
+  // The directory's name is the step it was saved at.
+  fs::path where = fs::path(dir).lexically_normal();
+  if (where.filename().empty()) where = where.parent_path();  // "run/step_5/"
+  const std::string name = where.filename().string(),
+                    digits = name.substr(std::min(name.size(), std::strlen(kStepPrefix)));
+  if (name.rfind(kStepPrefix, 0) == 0 && !digits.empty() && digits.size() <= 18 &&
+      digits.find_first_not_of("0123456789") == std::string::npos)
+    BOTTLE_CHECK(std::stoll(digits) == step,
+                 "{}: key 'step' is {} but the checkpoint directory is {}", path, step, name);
+  integer("optimizer_steps", 0, step);  // skipped steps take no optimizer step
+  if (state.contains("seed")) integer("seed", INT64_MIN, INT64_MAX);
+  BOTTLE_CHECK(state.contains("train_position"), "{}: missing key 'train_position'", path);
+  try {
+    (void)state["train_position"].get<LoaderPosition>();
+  } catch (const Error& e) {
+    fail("{}: key 'train_position': {}", path, e.what());
+  }
   return state;
 }
 

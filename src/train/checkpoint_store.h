@@ -21,6 +21,8 @@ inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 
 class CheckpointStore {
  public:
+  // Throws naming the folder when it cannot hold checkpoints (a file, a symlink loop, an
+  // unwritable place).
   CheckpointStore(std::string folder, int keep);
 
   // Returns the checkpoint's directory. Every rank of the job calls it: the TP slices (and
@@ -30,14 +32,25 @@ class CheckpointStore {
                    int64_t step, Communicator* dp = nullptr, Communicator* world = nullptr);
   // Complete checkpoints, oldest first.
   std::vector<std::string> list() const;
+  // step_* directories without trainer_state.json (a foreign or damaged write), oldest first.
+  std::vector<std::string> incomplete() const;
   std::optional<std::string> latest() const;
 
   // Loads weights, moments and returns the trainer state; errors name the file.
   static nlohmann::json load(const std::string& dir, LlamaModel& model, AdamW& optimizer);
 
  private:
+  std::string save_unchecked(const LlamaModel& model, const AdamW& optimizer,
+                             const nlohmann::json& state, int64_t step, Communicator* dp,
+                             Communicator* world);
+  std::vector<std::string> list(bool complete) const;
+
   std::string folder_;
   int keep_;
 };
+
+// dir/trainer_state.json, each field checked (type, range, the step against the directory's
+// name); errors name the file and the key.
+nlohmann::json read_trainer_state(const std::string& dir);
 
 }  // namespace bottle

@@ -54,6 +54,10 @@ class TokenLoader {
   int64_t seq() const { return seq_; }
   int64_t tokens_per_batch() const { return batch_ * seq_; }
   const std::vector<std::string>& files() const { return files_; }
+  // The shard file the last next() read from (for errors about its tokens).
+  const std::string& last_file() const {
+    return loaded_file_ < files_.size() ? files_[loaded_file_] : pattern_;
+  }
   // Windows in shard file i (files() order) and in a whole epoch (all ranks together).
   uint64_t windows_in_file(size_t i) const { return windows_[i]; }
   uint64_t windows_per_epoch() const { return total_windows_; }

@@ -49,11 +49,11 @@ void MetricsLogger::log_step(const nlohmann::json& row) {
   elapsed_ms_ += row["ms"].get<double>();
   const double eta_s = elapsed_ms_ / double(step - first_step_) * double(total_steps_ - step) / 1e3;
   const std::string line = fmt::format(
-      "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {:.1f}% | "
-      "peak {}",
+      "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {} | peak {}",
       step, total_steps_, row["loss"].get<double>(), row["lr"].get<double>(),
       row["grad_norm"].get<double>(), row["tokens_per_s"].get<double>(),
-      100.0 * row["mfu"].get<double>(), format_bytes(row["peak_bytes"].get<size_t>()));
+      row["mfu"].is_number() ? fmt::format("{:.1f}%", 100.0 * row["mfu"].get<double>()) : "n/a",
+      format_bytes(row["peak_bytes"].get<size_t>()));
   if (tty_) {
     std::printf("\r%s | ETA %.0fs\033[K", line.c_str(), eta_s);
     progress_open_ = true;

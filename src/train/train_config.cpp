@@ -651,6 +651,7 @@ struct Loader {
   std::string source;
   TrainConfig config;
   std::set<std::string> given;  // keys set by the file or --set
+  ConfigKeysGiven sources;      // the same, by source
 
   void walk(const toml::table& table, const std::string& prefix) {
     // In file order, so that the first error reported is the first in the file.
@@ -665,6 +666,7 @@ struct Loader {
       if (const ConfigKey* key = find_key(path)) {
         assign(config, *key, value_from_node(*key, *node, source), source);
         given.insert(path);
+        sources.file.insert(path);
       } else if (is_known_table(path)) {
         const auto* sub = node->as_table();
         if (!sub) fail("{}: key '{}' must be a table, got {}", source, path, toml_type_name(*node));
@@ -693,6 +695,7 @@ struct Loader {
     if (!value) fail("--set: key '{}' must be {}, got '{}'", path, type_noun(key->type), raw);
     assign(config, *key, *value, "--set");
     given.insert(path);
+    sources.set.insert(path);
   }
 
   void resolve_and_validate() {
@@ -721,7 +724,8 @@ struct Loader {
 }  // namespace
 
 TrainConfig parse_train_config_string(const std::string& toml_text, const std::string& source_name,
-                                      const std::vector<std::string>& overrides) {
+                                      const std::vector<std::string>& overrides,
+                                      ConfigKeysGiven* given) {
   Loader loader;
   loader.source = source_name;
   toml::table table;
@@ -734,15 +738,61 @@ TrainConfig parse_train_config_string(const std::string& toml_text, const std::s
   loader.walk(table, "");
   for (const auto& text : overrides) loader.apply_override(text);
   loader.resolve_and_validate();
+  if (given) *given = loader.sources;
   return loader.config;
 }
 
-TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides) {
+TrainConfig apply_config_overrides(const ModelConfig& model,
+                                   const std::vector<std::string>& overrides,
+                                   ConfigKeysGiven* given) {
+  Loader loader;
+  loader.source = "--set";
+  loader.config.model = model;
+  // The model is given whole: nothing of it is resolved from defaults.
+  for (const auto& key : schema())
+    if (key.path.starts_with("model.")) loader.given.insert(key.path);
+  // The default sequence length must not be what makes a short model invalid.
+  loader.config.training.seq_len = std::min(loader.config.training.seq_len, model.max_seq_len);
+  for (const auto& text : overrides) loader.apply_override(text);
+  loader.resolve_and_validate();
+  if (given) *given = loader.sources;
+  return loader.config;
+}
+
+void check_honoured_keys(const TrainConfig& config, const ConfigKeysGiven& given,
+                         const std::string& source, const CommandKeys& keys) {
+  auto listed = [](const std::vector<std::string>& list, const std::string& path) {
+    return std::any_of(list.begin(), list.end(), [&](const std::string& entry) {
+      return entry.ends_with('.') ? path.starts_with(entry) : path == entry;
+    });
+  };
+  for (const auto& key : schema())
+    if (given.set.count(key.path) && !listed(keys.honoured, key.path))
+      fail("--set: {} does not read key '{}': {}", keys.command, key.path, keys.reason);
+  // Defaults as resolution gives them for this model.
+  TrainConfig defaults;
+  defaults.model.num_kv_heads = config.model.num_heads;
+  defaults.parallel.tp_mode =
+      config.model.bottleneck == BottleneckKind::none ? TpMode::full : TpMode::btp;
+  for (const auto& key : schema()) {
+    if (!given.file.count(key.path) || listed(keys.honoured, key.path) ||
+        listed(keys.run_keys, key.path))
+      continue;
+    const Value value = key.get(config);
+    if (value != key.get(defaults))
+      fail("{}: {} does not read key '{}' (set to {}; its default is {}): {}", source,
+           keys.command, key.path, format_value(key, value), format_value(key, key.get(defaults)),
+           keys.reason);
+  }
+}
+
+TrainConfig load_train_config(const std::string& path, const std::vector<std::string>& overrides,
+                              ConfigKeysGiven* given) {
   std::ifstream in(path, std::ios::binary);
   BOTTLE_CHECK(in, "{}: cannot open the configuration file", path);
   std::ostringstream text;
   text << in.rdbuf();
-  return parse_train_config_string(text.str(), path, overrides);
+  return parse_train_config_string(text.str(), path, overrides, given);
 }
 
 std::string config_difference(const TrainConfig& a, const TrainConfig& b) {

@@ -4,6 +4,7 @@
 // default, doc) drives parsing, `--set section.key=value` overrides, validation, the
 // key listing of `describe_config_keys()` and the TOML written back by `to_toml()`.
 #include <cstdint>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -107,14 +108,41 @@ inline bool operator==(const TrainConfig& a, const TrainConfig& b) {
   return config_difference(a, b).empty();
 }
 
+// The keys a configuration file and --set gave, as given (before defaults were resolved).
+struct ConfigKeysGiven {
+  std::set<std::string> file, set;
+};
+
 // Reads a TOML file, applies `overrides` ("section.key=value", as given to --set), resolves
 // defaults that depend on other keys (model.num_kv_heads, parallel.tp_mode) and validates.
 // Throws bottle::Error naming the file (or "--set") and the offending key.
 TrainConfig load_train_config(const std::string& path,
-                              const std::vector<std::string>& overrides = {});
+                              const std::vector<std::string>& overrides = {},
+                              ConfigKeysGiven* given = nullptr);
 // The same from TOML text; `source_name` stands for the file in messages.
 TrainConfig parse_train_config_string(const std::string& toml_text, const std::string& source_name,
-                                      const std::vector<std::string>& overrides = {});
+                                      const std::vector<std::string>& overrides = {},
+                                      ConfigKeysGiven* given = nullptr);
+// For a command that reads its model from a checkpoint rather than a configuration file
+// (eval, sample): `overrides` parsed, range-checked and validated by the same schema and with
+// the same messages as train's --set, over the defaults with `model` as [model].
+TrainConfig apply_config_overrides(const ModelConfig& model,
+                                   const std::vector<std::string>& overrides,
+                                   ConfigKeysGiven* given = nullptr);
+
+// What a command reads of the configuration, so that no key is silently ignored.
+struct CommandKeys {
+  std::string command;                // "bench tp"
+  std::vector<std::string> honoured;  // keys, or whole sections as "section."
+  // Keys of a training run that do not change what the command does (data.*, checkpoint.*):
+  // accepted in a training configuration file, refused by --set.
+  std::vector<std::string> run_keys;
+  std::string reason;  // why it reads no other key: "it times one training step per TP mode"
+};
+// Refuses every key --set gives outside `keys.honoured`, and every key the file sets to a
+// value other than its default outside both lists, naming the key and the command's reason.
+void check_honoured_keys(const TrainConfig& config, const ConfigKeysGiven& given,
+                         const std::string& source, const CommandKeys& keys);
 
 // The whole resolved configuration as TOML (every key that has a value; unset optional keys
 // appear as comments). Parsing it again gives an equal TrainConfig.

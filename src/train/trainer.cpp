@@ -75,6 +75,14 @@ void kill_failpoint(int rank, int64_t step) {
     std::raise(SIGKILL);
 }
 
+// Token ids must fit the model; the error names the data rather than a kernel.
+void check_vocabulary(Tensor tokens, int64_t vocab, const std::string& data) {
+  for (int64_t i = 0; i < tokens.numel(); ++i)
+    BOTTLE_CHECK(tokens.i32()[i] >= 0 && tokens.i32()[i] < vocab,
+                 "{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)",
+                 data, tokens.i32()[i], vocab);
+}
+
 // Mean loss over the first `batches` validation batches, always the same ones.
 double evaluate(Backend& be, LlamaModel& model, Communicator* pp, TokenLoader& val, int64_t batches,
                 std::vector<Tensor>& inputs, std::vector<Tensor>& targets) {
@@ -83,19 +91,13 @@ double evaluate(Backend& be, LlamaModel& model, Communicator* pp, TokenLoader& v
   double total = 0.0;
   for (int64_t i = 0; i < batches; ++i) {
     val.next(inputs[0].i32(), targets[0].i32());
+    check_vocabulary(inputs[0], model.config().vocab_size, val.last_file());
+    check_vocabulary(targets[0], model.config().vocab_size, val.last_file());
     TrainStageWork work(be, model, 1, inputs, targets, 0.0f);
     run_pipeline(forward_only_schedule(stage.stages, stage.stage, 1), work, pp);
     total += work.loss_sum;
   }
   return reduce_scalar(pp, total, ReduceOp::sum, "pp.eval_loss") / double(batches);
-}
-
-// Token ids must fit the model; the error names the data rather than a kernel.
-void check_vocabulary(Tensor tokens, int64_t vocab, const std::string& data) {
-  for (int64_t i = 0; i < tokens.numel(); ++i)
-    BOTTLE_CHECK(tokens.i32()[i] >= 0 && tokens.i32()[i] < vocab,
-                 "{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)",
-                 data, tokens.i32()[i], vocab);
 }
 
 // Peak bytes per tag, one entry per world rank: {"weights": [r0, r1, ...], ..., "total": [...]}.
@@ -163,8 +165,18 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
   int64_t step = 0, last_saved = -1;
   if (options.resume) {
     const auto latest = store.latest();
-    BOTTLE_CHECK(latest, "--resume: no checkpoint in {} (checkpoint.folder)",
-                 config.checkpoint.folder);
+    const std::vector<std::string> incomplete = store.incomplete();
+    BOTTLE_CHECK(
+        latest, "--resume: no checkpoint in {} (checkpoint.folder){}", config.checkpoint.folder,
+        incomplete.empty() ? std::string()
+                           : fmt::format("; {} has no {} (an interrupted or foreign write)",
+                                         incomplete.back(), kTrainerStateFile));
+    // A newer step directory that is not a complete checkpoint is passed over, openly.
+    if (leader)
+      for (const std::string& dir : incomplete)
+        if (dir > *latest)
+          std::printf("skipped %s: it has no %s (an interrupted or foreign write)\n", dir.c_str(),
+                      kTrainerStateFile);
     const ModelConfig saved = read_model_config(*latest);
     const std::string diff = model_config_difference(saved, config.model);
     BOTTLE_CHECK(diff.empty(),
@@ -179,6 +191,23 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       fail("{}/{}: {}", *latest, kTrainerStateFile, e.what());
     }
     last_saved = step;
+    BOTTLE_CHECK(step <= tc.steps,
+                 "--resume: the checkpoint {} is at step {}, past training.steps = {}; set "
+                 "training.steps above {} to train further",
+                 *latest, step, tc.steps, step);
+    if (step == tc.steps) {
+      // Nothing to train: no loss, no metrics, no new checkpoint.
+      if (leader)
+        std::printf(
+            "already complete: %s is at step %lld of training.steps = %lld; set training.steps "
+            "higher to train further\n",
+            latest->c_str(), (long long)step, (long long)tc.steps);
+      TrainResult done;
+      done.steps_done = step;
+      done.already_complete = true;
+      done.last_checkpoint = *latest;
+      return done;
+    }
     if (leader) std::printf("resumed from %s at step %lld\n", latest->c_str(), (long long)step);
   } else if (store.latest()) {
     fail(
@@ -206,13 +235,20 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     metrics =
         std::make_unique<MetricsLogger>(in_folder(config.checkpoint.folder, config.metrics.jsonl),
                                         config.metrics.log_freq, tc.steps, step, options.resume);
-    fs::create_directories(config.checkpoint.folder);
-    std::ofstream(fs::path(config.checkpoint.folder) / "train_config.toml") << to_toml(config);
+    const fs::path resolved = fs::path(config.checkpoint.folder) / "train_config.toml";
+    std::error_code ec;
+    fs::create_directories(config.checkpoint.folder, ec);
+    BOTTLE_CHECK(!ec, "{}: cannot create checkpoint.folder: {}", config.checkpoint.folder,
+                 ec.message());
+    std::ofstream out(resolved);
+    out << to_toml(config);
+    out.flush();
+    BOTTLE_CHECK(out, "{}: write failed", resolved.string());
   }
   auto message = [&](const std::string& text) {
     if (metrics) metrics->message(text);
   };
-  const double peak_gflops = measure_gemm_peak_gflops(*be);
+  GemmPeak peak(*be);
   // The probe's matrices are gone: peaks count training alone.
   MemoryStats::global().reset_peaks();
   // The whole job's model FLOPs: every DP replica's micro-batches.
@@ -225,7 +261,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       options.config_path, config.model.parameter_count(),
       bottleneck_kind_name(config.model.bottleneck), tc.steps, config.tokens_per_step(),
       world.size(), config.parallel.tp, tp_mode_name(config.parallel.tp_mode),
-      omp_get_max_threads(), peak_gflops, recompute_name(tc.recompute), format_bytes(plan.total()),
+      omp_get_max_threads(), peak.gflops(), recompute_name(tc.recompute), format_bytes(plan.total()),
       describe_memory(plan)));
 
   Arena batch_arena(MemoryTag::workspace);
@@ -249,8 +285,8 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     model.zero_grad(*be);
     for (int m = 0; m < micro_batches; ++m) {
       loader.next(inputs[m].i32(), targets[m].i32());
-      check_vocabulary(inputs[m], config.model.vocab_size, config.data.train);
-      check_vocabulary(targets[m], config.model.vocab_size, config.data.train);
+      check_vocabulary(inputs[m], config.model.vocab_size, loader.last_file());
+      check_vocabulary(targets[m], config.model.vocab_size, loader.last_file());
     }
     kill_failpoint(world.rank(), step + 1);
     TrainStageWork work(*be, model, slots, inputs, targets, 1.0f / float(micro_batches));
@@ -292,7 +328,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
     const double tokens_per_s = double(config.tokens_per_step()) / (ms / 1e3);
     rates.push_back(tokens_per_s);
     // The whole model's FLOPs over the whole job's GEMM peak.
-    const double mfu = flops_per_step / (ms * 1e6) / (peak_gflops * world.size());
+    const std::optional<double> mfu = peak.utilization(flops_per_step / (ms * 1e6) / world.size());
     const nlohmann::json memory = peak_memory_per_rank(world);
     if (metrics)
       metrics->log_step({{"step", step},
@@ -300,7 +336,7 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
                          {"lr", lr},
                          {"grad_norm", grad_norm},
                          {"tokens_per_s", tokens_per_s},
-                         {"mfu", mfu},
+                         {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
                          {"peak_bytes", MemoryStats::global().peak_total()},
                          {"activation_bytes", MemoryStats::global().peak(MemoryTag::activations)},
                          {"memory", memory},

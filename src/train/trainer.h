@@ -21,6 +21,7 @@ struct TrainResult {
   double last_val_loss = -1.0;  // -1: never evaluated
   double tokens_per_s = 0.0;    // median over the run's steps
   bool interrupted = false;
+  bool already_complete = false;  // --resume found the last step done: nothing was trained
   std::string last_checkpoint;
 };
 

@@ -1,0 +1,21 @@
+#pragma once
+// CLI11 validators for every command's options, so that a nonsensical value is refused with
+// one sentence naming the option and its allowed range (CLI::PositiveNumber's message prints
+// the limits of a double; NonNegativeNumber lets NaN through), never replaced by a default.
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <limits>
+
+namespace bottle {
+
+inline constexpr int64_t kNoLimit = std::numeric_limits<int64_t>::max();
+// The most OpenMP threads an option accepts: far above any machine, far below a typo.
+inline constexpr int64_t kMaxThreads = 4096;
+
+// A whole number in [lo, hi] (hi = kNoLimit: no upper bound).
+CLI::Validator integer_in(int64_t lo, int64_t hi = kNoLimit);
+// A finite number in [lo, hi]; `hi_open`: hi itself excluded.
+CLI::Validator finite_in(double lo, double hi = std::numeric_limits<double>::infinity(),
+                         bool hi_open = false);
+
+}  // namespace bottle

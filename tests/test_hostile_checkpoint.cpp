@@ -1,0 +1,546 @@
+// Hostile checkpoints and model configurations (issue 12 §3, cases 1, 4, 7, 9, 10, 11, 12):
+// each is refused with exit status 1 and one message naming the file, key or tensor, within
+// 10 s (the command runs under `timeout`, so a hang fails too), and nothing is overwritten.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace bottle::testing {
+namespace {
+
+const bool passive_omp = [] { return ::setenv("OMP_WAIT_POLICY", "passive", 0) == 0; }();
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc) << text;
+}
+
+// `command` under a 10 s limit: a hang ends as status 124.
+CommandResult run10(const std::string& command) { return run("timeout -k 2 10 " + command); }
+
+void expect_refused(const CommandResult& r, const std::vector<std::string>& needles) {
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("bottle: error:"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+  for (const std::string& n : needles)
+    EXPECT_NE(r.output.find(n), std::string::npos) << "missing '" << n << "' in: " << r.output;
+}
+
+// A safetensors file split into its JSON header and its data section.
+struct SafeTensorsFile {
+  std::string header, data;
+
+  static SafeTensorsFile read(const std::string& path) {
+    const std::string all = read_file(path);
+    uint64_t n = 0;
+    std::memcpy(&n, all.data(), 8);
+    return {all.substr(8, n), all.substr(8 + n)};
+  }
+  void write(const std::string& path) const {
+    const uint64_t n = header.size();
+    write_file(path, std::string(reinterpret_cast<const char*>(&n), 8) + header + data);
+  }
+  nlohmann::ordered_json json() const { return nlohmann::ordered_json::parse(header); }
+};
+
+// ---------------------------------------------------------------------------------------
+// A model directory broken one way per case, then evaluated (and sampled from).
+
+struct Breakage {
+  std::string name;
+  std::function<void(const std::string& ckpt)> apply;
+  std::vector<std::string> needles;
+};
+void PrintTo(const Breakage& b, std::ostream* os) { *os << b.name; }
+
+class BrokenModel : public ::testing::TestWithParam<Breakage> {
+ protected:
+  void SetUp() override {
+    LlamaModel model(tiny_config(BottleneckKind::cola));
+    model.init_weights(1);
+    save_model(model, dir / "ckpt");
+    write_random_shard(dir / "val.bin", 2 * 16 + 1, 64, 1);
+  }
+  CommandResult eval() const {
+    return run10(fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16",
+                             bottle_binary(), dir / "ckpt", dir / "val.bin"));
+  }
+  TempDir dir;
+};
+
+// Rewrites config.json through `edit`.
+std::function<void(const std::string&)> config_edit(
+    std::function<void(nlohmann::ordered_json&)> edit) {
+  return [edit](const std::string& ckpt) {
+    const std::string path = ckpt + "/config.json";
+    auto j = nlohmann::ordered_json::parse(read_file(path));
+    edit(j);
+    write_file(path, j.dump(2));
+  };
+}
+
+std::function<void(const std::string&)> config_set(const std::string& key,
+                                                   const nlohmann::ordered_json& value) {
+  return config_edit([key, value](nlohmann::ordered_json& j) { j[key] = value; });
+}
+
+// Rewrites config.json's text: `from` (its first occurrence) becomes `to`.
+std::function<void(const std::string&)> config_text(const std::string& from,
+                                                    const std::string& to) {
+  return [from, to](const std::string& ckpt) {
+    const std::string path = ckpt + "/config.json";
+    std::string text = read_file(path);
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << text;
+    text.replace(at, from.size(), to);
+    write_file(path, text);
+  };
+}
+
+// Rewrites model.safetensors through `edit`.
+std::function<void(const std::string&)> weights_edit(std::function<void(SafeTensorsFile&)> edit) {
+  return [edit](const std::string& ckpt) {
+    const std::string path = ckpt + "/model.safetensors";
+    SafeTensorsFile f = SafeTensorsFile::read(path);
+    edit(f);
+    f.write(path);
+  };
+}
+
+// Sets element 3 of tensor `name` to `value`.
+std::function<void(const std::string&)> poison(const std::string& name, float value) {
+  return weights_edit([name, value](SafeTensorsFile& f) {
+    const uint64_t begin = f.json().at(name).at("data_offsets")[0].get<uint64_t>();
+    std::memcpy(f.data.data() + begin + 3 * sizeof(float), &value, sizeof(float));
+  });
+}
+
+// Every value of tensor `name` pushed to ±3e38: finite weights whose products overflow.
+std::function<void(const std::string&)> blow_up(const std::string& name) {
+  return weights_edit([name](SafeTensorsFile& f) {
+    const auto offsets = f.json().at(name).at("data_offsets");
+    for (uint64_t at = offsets[0].get<uint64_t>(); at < offsets[1].get<uint64_t>(); at += 4) {
+      float x = 0;
+      std::memcpy(&x, f.data.data() + at, 4);
+      x = std::copysign(3e38f, x);
+      std::memcpy(f.data.data() + at, &x, 4);
+    }
+  });
+}
+
+// model.safetensors moved to one shard listed by an index whose weight_map is `edit`ed.
+std::function<void(const std::string&)> index_edit(
+    std::function<void(nlohmann::ordered_json&)> edit, bool keep_single = false) {
+  return [edit, keep_single](const std::string& ckpt) {
+    const fs::path shard = fs::path(ckpt) / "model-00001-of-00001.safetensors";
+    fs::copy_file(ckpt + "/model.safetensors", shard);
+    if (!keep_single) fs::remove(ckpt + "/model.safetensors");
+    nlohmann::ordered_json map = nlohmann::ordered_json::object();
+    const auto header = SafeTensorsFile::read(shard.string()).json();
+    for (const auto& [name, entry] : header.items())
+      if (name != "__metadata__") map[name] = shard.filename().string();
+    edit(map);
+    write_file(ckpt + "/model.safetensors.index.json",
+               nlohmann::ordered_json{{"weight_map", map}}.dump(2));
+  };
+}
+
+constexpr const char* kEmbed = "model.embed_tokens.weight";
+constexpr const char* kNorm = "model.norm.weight";
+
+TEST_P(BrokenModel, IsRefusedByName) {
+  GetParam().apply(dir / "ckpt");
+  expect_refused(eval(), GetParam().needles);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, BrokenModel,
+    ::testing::Values(
+        // Case 1 and 12: sizes that are not integers, or whose products overflow.
+        Breakage{"hidden_size_fraction",
+                 config_set("hidden_size", 64.5),
+                 {"config.json", "'hidden_size'", "must be an integer in [1, 9223372036854775807]",
+                  "64.5"}},
+        Breakage{
+            "hidden_size_2e19",
+            config_set("hidden_size", 2e19),
+            {"config.json", "'hidden_size'", "must be an integer in [1, 9223372036854775807]"}},
+        Breakage{
+            "hidden_size_2_pow_64",
+            config_text("\"hidden_size\": 32", "\"hidden_size\": 18446744073709551615"),
+            {"config.json", "'hidden_size'", "must be an integer in [1, 9223372036854775807]"}},
+        Breakage{"hidden_size_overflows",
+                 config_edit([](auto& j) {
+                   j["hidden_size"] = int64_t(4611686018427387904);
+                   j["bottleneck"]["rank"] = 8;
+                 }),
+                 {"config.json", "too large", "vocab_size x hidden_size"}},
+        Breakage{"intermediate_size_overflows",
+                 config_set("intermediate_size", int64_t(1) << 60),
+                 {"config.json", "too large", "hidden_size x intermediate_size"}},
+        Breakage{"layers_overflow",
+                 config_set("num_hidden_layers", int64_t(1) << 60),
+                 {"config.json", "too large", "num_hidden_layers"}},
+        Breakage{"vocab_beyond_int32",
+                 config_set("vocab_size", int64_t(1) << 32),
+                 {"config.json", "vocab_size", "2147483647"}},
+        Breakage{"rms_norm_eps_beyond_float",
+                 config_set("rms_norm_eps", 1e300),
+                 {"config.json", "rms_norm_eps"}},
+        Breakage{"duplicate_config_key",
+                 config_text("\"hidden_size\": 32", "\"hidden_size\": 32, \"hidden_size\": 64"),
+                 {"config.json", "'hidden_size'", "more than once"}},
+        // Case 9: config.json keys that change the model.
+        Breakage{"hidden_act_gelu",
+                 config_set("hidden_act", "gelu"),
+                 {"config.json", "hidden_act", "gelu", "silu"}},
+        Breakage{"rope_scaling",
+                 config_set("rope_scaling", {{"type", "linear"}, {"factor", 2.0}}),
+                 {"config.json", "rope_scaling"}},
+        Breakage{"head_dim_mismatch",
+                 config_set("head_dim", 16),
+                 {"config.json", "head_dim", "16", "8"}},
+        Breakage{"attention_bias",
+                 config_set("attention_bias", true),
+                 {"config.json", "attention_bias"}},
+        Breakage{"mlp_bias", config_set("mlp_bias", true), {"config.json", "mlp_bias"}},
+        Breakage{"model_type_mistral",
+                 config_set("model_type", "mistral"),
+                 {"config.json", "model_type", "mistral"}},
+        Breakage{"architectures_other",
+                 config_set("architectures", {"GPT2LMHeadModel"}),
+                 {"config.json", "architectures", "GPT2LMHeadModel"}},
+        // Case 9: malformed safetensors.
+        Breakage{"duplicate_tensor",
+                 weights_edit([](SafeTensorsFile& f) {
+                   // A second entry for the final norm, pointing at the embedding's bytes.
+                   const auto j = f.json();
+                   const std::string extra = fmt::format(",\"{}\":{}}}", kNorm, j.at(kNorm).dump());
+                   const size_t end = f.header.rfind('}');
+                   f.header = f.header.substr(0, end) + extra;
+                 }),
+                 {"model.safetensors", kNorm, "more than once"}},
+        Breakage{"overlapping_offsets",
+                 weights_edit([](SafeTensorsFile& f) {
+                   auto j = f.json();
+                   // Two tensors of the same size: the second now reads the first's bytes.
+                   std::string a, b;
+                   for (const auto& [name, e] : j.items())
+                     if (name.find("q_proj.A") != std::string::npos) (a.empty() ? a : b) = name;
+                   j[b]["data_offsets"] = j[a]["data_offsets"];
+                   f.header = j.dump();
+                 }),
+                 {"model.safetensors", "overlap", "q_proj.A"}},
+        Breakage{"trailing_bytes",
+                 weights_edit([](SafeTensorsFile& f) { f.data += std::string(64, 'x'); }),
+                 {"model.safetensors", "belong to no tensor"}},
+        // Case 11: non-finite weights.
+        Breakage{
+            "nan_weight", poison(kEmbed, NAN), {"model.safetensors", kEmbed, "non-finite", "nan"}},
+        Breakage{"inf_weight",
+                 poison(kNorm, INFINITY),
+                 {"model.safetensors", kNorm, "non-finite", "inf"}},
+        Breakage{"non_finite_loss", blow_up("lm_head.weight"), {"ckpt", "loss", "non-finite"}},
+        // Case 9: sharded checkpoints.
+        Breakage{"weight_map_parent_dir",
+                 index_edit([](auto& map) { map[kEmbed] = "../model-00001-of-00001.safetensors"; }),
+                 {"model.safetensors.index.json", kEmbed, "'..", "file name"}},
+        Breakage{"weight_map_absolute",
+                 index_edit([](auto& map) { map[kEmbed] = "/etc/passwd"; }),
+                 {"model.safetensors.index.json", kEmbed, "/etc/passwd"}},
+        Breakage{"single_file_and_index",
+                 index_edit([](auto&) {}, /*keep_single=*/true),
+                 {"model.safetensors", "model.safetensors.index.json", "both"}}),
+    [](const auto& info) { return info.param.name; });
+
+// The sharded layout the index cases break is itself fine: the errors above are theirs.
+TEST(ShardedModel, AGoodIndexEvaluates) {
+  TempDir dir;
+  LlamaModel model(tiny_config(BottleneckKind::cola));
+  model.init_weights(1);
+  save_model(model, dir / "ckpt");
+  write_random_shard(dir / "val.bin", 2 * 16 + 1, 64, 1);
+  index_edit([](auto&) {})(dir / "ckpt");
+  const CommandResult r = run10(fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16",
+                                            bottle_binary(), dir / "ckpt", dir / "val.bin"));
+  EXPECT_EQ(r.status, 0) << r.output;
+}
+
+TEST(NonFiniteWeights, SampleRefusesThem) {
+  TempDir dir;
+  ModelConfig c = tiny_config(BottleneckKind::none);
+  c.vocab_size = 256;  // byte-level prompts
+  LlamaModel model(c);
+  model.init_weights(1);
+  save_model(model, dir / "ckpt");
+  poison("lm_head.weight", NAN)(dir / "ckpt");
+  expect_refused(run10(fmt::format("{} sample --checkpoint {} --prompt ab --tokens 3",
+                                   bottle_binary(), dir / "ckpt")),
+                 {"model.safetensors", "lm_head.weight", "non-finite"});
+}
+
+TEST(NonFiniteLogits, SampleRefusesThem) {
+  TempDir dir;
+  ModelConfig c = tiny_config(BottleneckKind::none);
+  c.vocab_size = 256;
+  LlamaModel model(c);
+  model.init_weights(1);
+  save_model(model, dir / "ckpt");
+  blow_up("lm_head.weight")(dir / "ckpt");
+  expect_refused(run10(fmt::format("{} sample --checkpoint {} --prompt ab --tokens 3",
+                                   bottle_binary(), dir / "ckpt")),
+                 {dir / "ckpt", "non-finite logits"});
+}
+
+TEST(BadTokens, EvalNamesTheShard) {
+  TempDir dir;
+  LlamaModel model(tiny_config(BottleneckKind::cola));
+  model.init_weights(1);
+  save_model(model, dir / "ckpt");
+  std::vector<int32_t> tokens(2 * 16 + 1, 5);
+  tokens[7] = 64;  // the vocabulary is [0, 64)
+  write_token_shard(dir / "val.bin", tokens);
+  expect_refused(run10(fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16",
+                                   bottle_binary(), dir / "ckpt", dir / "val.bin")),
+                 {dir / "val.bin", "token id 64"});
+}
+
+TEST(CheckpointPath, SymlinkLoopIsNamed) {
+  TempDir dir;
+  fs::create_symlink(dir / "loop", dir / "loop");
+  write_random_shard(dir / "val.bin", 2 * 16 + 1, 64, 1);
+  expect_refused(run10(fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16",
+                                   bottle_binary(), dir / "loop", dir / "val.bin")),
+                 {dir / "loop", "symbolic links"});
+}
+
+// ---------------------------------------------------------------------------------------
+// Training checkpoints: one tiny run (steps 1 and 2 saved) made once, copied per test.
+
+class Run : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    made_ = std::make_unique<TempDir>();
+    write_random_shard(*made_ / "train.bin", 2000, 64, 1);
+    write_random_shard(*made_ / "val.bin", 200, 64, 2);
+    write_toml(*made_ / "tiny.toml", *made_ / "train.bin", *made_ / "val.bin", *made_ / "run");
+    const CommandResult r = run(fmt::format("{} train {}", bottle_binary(), *made_ / "tiny.toml"));
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  static void TearDownTestSuite() { made_.reset(); }
+
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(*made_ / "run/step_00000002/trainer_state.json"));
+    fs::copy(made_->str(), dir.str(), fs::copy_options::recursive);
+    write_toml(dir / "tiny.toml", dir / "train.bin", dir / "val.bin", dir / "run");
+  }
+
+  static void write_toml(const std::string& path, const std::string& train, const std::string& val,
+                         const std::string& folder) {
+    std::ofstream(path) << fmt::format(R"([model]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 48
+num_layers = 2
+num_heads = 4
+bottleneck = "cola"
+rank = 8
+max_seq_len = 64
+
+[training]
+steps = 2
+micro_batch_size = 2
+seq_len = 16
+eval_interval = 0
+
+[data]
+train = "{}"
+val = "{}"
+
+[checkpoint]
+folder = "{}"
+interval = 1
+keep = 3
+)",
+                                       train, val, folder);
+  }
+
+  CommandResult train(const std::string& args) const {
+    return run10(fmt::format("{} train {} {}", bottle_binary(), dir / "tiny.toml", args));
+  }
+  std::string state_path(int step = 2) const {
+    return dir / fmt::format("run/step_{:08d}/trainer_state.json", step);
+  }
+
+  static inline std::unique_ptr<TempDir> made_;
+  TempDir dir;
+};
+
+// Case 4: trainer_state.json validated field by field.
+struct BadState {
+  std::string name;
+  std::function<void(nlohmann::json&)> edit;
+  std::vector<std::string> needles;
+};
+void PrintTo(const BadState& b, std::ostream* os) { *os << b.name; }
+
+class BadTrainerState : public Run, public ::testing::WithParamInterface<BadState> {};
+
+TEST_P(BadTrainerState, ResumeIsRefusedByName) {
+  auto j = nlohmann::json::parse(read_file(state_path()));
+  GetParam().edit(j);
+  write_file(state_path(), j.dump());
+  std::vector<std::string> needles = GetParam().needles;
+  needles.push_back("trainer_state.json");
+  expect_refused(train("--resume --set training.steps=3"), needles);
+  EXPECT_FALSE(fs::exists(dir / "run/step_00000003"));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Fields, BadTrainerState,
+    ::testing::Values(
+        BadState{"optimizer_steps_text",
+                 [](auto& j) { j["optimizer_steps"] = "abc"; },
+                 {"'optimizer_steps'", "\"abc\""}},
+        BadState{"optimizer_steps_beyond_step",
+                 [](auto& j) { j["optimizer_steps"] = 9; },
+                 {"'optimizer_steps'", "[0, 2]"}},
+        BadState{"step_negative", [](auto& j) { j["step"] = -5; }, {"'step'", "-5"}},
+        BadState{"step_fraction", [](auto& j) { j["step"] = 1.5; }, {"'step'", "1.5"}},
+        BadState{
+            "step_not_the_directory", [](auto& j) { j["step"] = 1; }, {"'step'", "step_00000002"}},
+        BadState{"step_missing", [](auto& j) { j.erase("step"); }, {"missing key 'step'"}},
+        BadState{
+            "position_wrong", [](auto& j) { j["train_position"] = "start"; }, {"train_position"}},
+        BadState{"position_negative",
+                 [](auto& j) { j["train_position"]["epoch"] = -1; },
+                 {"train_position", "epoch"}},
+        BadState{"not_an_object", [](auto& j) { j = nlohmann::json::array(); }, {"JSON object"}}),
+    [](const auto& info) { return info.param.name; });
+
+TEST_F(Run, DuplicateStateKeyIsRefused) {
+  std::string text = read_file(state_path());
+  const size_t at = text.find('{');
+  text.insert(at + 1, "\"step\": 2, ");
+  write_file(state_path(), text);
+  expect_refused(train("--resume --set training.steps=3"),
+                 {"trainer_state.json", "'step'", "more than once"});
+}
+
+// Case 7: export never writes into an existing checkpoint or a non-empty folder.
+TEST_F(Run, ExportOverACheckpointIsRefused) {
+  const std::string target = dir / "run/step_00000001";
+  const std::string before = read_file(target + "/model.safetensors");
+  const CommandResult r = run10(fmt::format("{} export --checkpoint {} --out {}", bottle_binary(),
+                                            dir / "run/step_00000002", target));
+  expect_refused(r, {"step_00000001", "not empty"});
+  EXPECT_EQ(read_file(target + "/model.safetensors"), before);
+}
+
+TEST_F(Run, ExportIntoANonEmptyFolderIsRefused) {
+  fs::create_directories(dir / "out");
+  write_file(dir / "out/notes.txt", "mine");
+  expect_refused(run10(fmt::format("{} export --checkpoint {} --out {}", bottle_binary(),
+                                   dir / "run/step_00000002", dir / "out")),
+                 {dir / "out", "not empty"});
+  EXPECT_FALSE(fs::exists(dir / "out/config.json"));
+}
+
+TEST_F(Run, ExportIntoAnEmptyFolderWorks) {
+  fs::create_directories(dir / "out");
+  const CommandResult r = run10(fmt::format("{} export --checkpoint {} --out {}", bottle_binary(),
+                                            dir / "run/step_00000002", dir / "out"));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir / "out/model.safetensors"));
+}
+
+// Case 10: what resume uses and skips is said; a finished run is said to be complete.
+TEST_F(Run, ResumeSaysWhichNewerCheckpointItSkips) {
+  fs::copy(dir / "run/step_00000002", dir / "run/step_00000003", fs::copy_options::recursive);
+  fs::remove(dir / "run/step_00000003/trainer_state.json");
+  const CommandResult r = train("--resume --set training.steps=4");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("skipped " + dir / "run/step_00000003"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("trainer_state.json"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir / "run/step_00000002 at step 2"), std::string::npos)
+      << r.output;
+}
+
+TEST_F(Run, ResumingAFinishedRunSaysItIsComplete) {
+  const CommandResult r = train("--resume");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("already complete"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step_00000002"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("loss"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("done:"), std::string::npos) << r.output;
+}
+
+TEST_F(Run, ResumingPastTrainingStepsIsRefused) {
+  expect_refused(train("--resume --set training.steps=1"), {"training.steps", "step_00000002"});
+}
+
+// Case 12: a bad token in the validation shard names that shard.
+TEST_F(Run, BadValidationTokenNamesTheShard) {
+  std::vector<int32_t> tokens(200, 3);
+  tokens[10] = 99;
+  write_token_shard(dir / "bad_val.bin", tokens);
+  expect_refused(train(fmt::format(
+                     "--set checkpoint.folder={} --set data.val={} --set training.eval_interval=1 "
+                     "--set training.eval_batches=1",
+                     dir / "fresh", dir / "bad_val.bin")),
+                 {dir / "bad_val.bin", "token id 99"});
+}
+
+// Case 12: a checkpoint.folder that cannot hold checkpoints is named, not an internal error.
+TEST_F(Run, FolderThatIsAFile) {
+  write_file(dir / "file", "x");
+  expect_refused(train(fmt::format("--set checkpoint.folder={}", dir / "file")),
+                 {dir / "file", "checkpoint.folder", "not a directory"});
+}
+
+TEST_F(Run, FolderUnderAFile) {
+  write_file(dir / "file", "x");
+  expect_refused(train(fmt::format("--set checkpoint.folder={}", dir / "file/run")),
+                 {dir / "file/run", "checkpoint.folder"});
+}
+
+TEST_F(Run, FolderThatIsASymlinkLoop) {
+  fs::create_symlink(dir / "loop", dir / "loop");
+  expect_refused(train(fmt::format("--set checkpoint.folder={}", dir / "loop")),
+                 {dir / "loop", "checkpoint.folder"});
+}
+
+TEST_F(Run, FolderWithAReadOnlyParent) {
+  if (::geteuid() == 0) {
+    // Permission bits do not stop root; sysfs refuses new directories to everyone.
+    expect_refused(train("--set checkpoint.folder=/sys/bottle-run"),
+                   {"/sys/bottle-run", "checkpoint.folder cannot be created"});
+    return;
+  }
+  fs::create_directories(dir / "ro");
+  fs::permissions(dir / "ro", fs::perms::owner_read | fs::perms::owner_exec);
+  const CommandResult r = train(fmt::format("--set checkpoint.folder={}", dir / "ro/run"));
+  fs::permissions(dir / "ro", fs::perms::owner_all);
+  expect_refused(r, {dir / "ro", "checkpoint.folder", "not writable"});
+}
+
+// Case 1: a huge model width through the TOML configuration is refused at config time.
+TEST_F(Run, HugeHiddenSizeInToml) {
+  expect_refused(
+      train(fmt::format("--set checkpoint.folder={} --set model.hidden_size=4611686018427387904",
+                        dir / "fresh")),
+      {"model.hidden_size", "too large"});
+}
+
+}  // namespace
+}  // namespace bottle::testing
