@@ -64,8 +64,8 @@ SafeTensorsHeader read_safetensors_header(std::istream& in, uint64_t file_size,
                "{}: not a safetensors file (header length {} does not fit a file of {} bytes)",
                path, header_len, file_size);
   BOTTLE_CHECK(header_len <= kMaxJsonBytes,
-               "{}: safetensors header of {} bytes exceeds the limit of {} bytes", path,
-               header_len, kMaxJsonBytes);
+               "{}: safetensors header of {} bytes exceeds the limit of {} bytes", path, header_len,
+               kMaxJsonBytes);
   std::string text(header_len, '\0');
   BOTTLE_CHECK(in.read(text.data(), std::streamsize(header_len)), "{}: truncated header", path);
   check_json_bounds(text, path + ": safetensors header");
@@ -103,9 +103,9 @@ SafeTensorsHeader read_safetensors_header(std::istream& in, uint64_t file_size,
       uint64_t bytes = width;
       for (int64_t d : e.shape) {
         BOTTLE_CHECK(d >= 0, "negative dimension {}", d);
-        BOTTLE_CHECK(!__builtin_mul_overflow(bytes, uint64_t(d), &bytes) &&
-                         bytes <= uint64_t(INT64_MAX),
-                     "shape {} holds more than 2^63 bytes", fmt::join(e.shape, " x "));
+        BOTTLE_CHECK(
+            !__builtin_mul_overflow(bytes, uint64_t(d), &bytes) && bytes <= uint64_t(INT64_MAX),
+            "shape {} holds more than 2^63 bytes", fmt::join(e.shape, " x "));
       }
       BOTTLE_CHECK(e.begin <= e.end && e.end - e.begin == bytes,
                    "data_offsets [{}, {}) do not hold {} elements of {}", e.begin, e.end, e.numel(),
