@@ -11,6 +11,7 @@ packages=(
   libopenblas0-openmp              # a real BLAS under PyTorch (Debian's default is netlib's)
   gnuplot-nox                      # plots
   fortunes                         # text for the demo corpus
+  clang libclang-rt-14-dev libomp-dev  # libFuzzer targets (tools/fuzz.sh)
 )
 missing=()
 for p in "${packages[@]}"; do

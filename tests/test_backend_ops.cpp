@@ -17,6 +17,7 @@
 
 #include "core/arena.h"
 #include "core/backend.h"
+#include "core/profiling_backend.h"
 #include "core/reference_backend.h"
 
 namespace bottle {
@@ -857,6 +858,272 @@ TEST_F(ReferenceGradcheck, CrossEntropyEmbeddingRope) {
     Tensor dx = clone(wout);
     be.rope_backward(dx, 100.0f);
     check("rope dx", x, dx, loss);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// Non-finite inputs: a diverging run feeds NaN and ±inf to every kernel. Each kernel of each
+// backend (cpu, reference, and profiling around cpu) must stay defined for them (the
+// sanitizer build runs this under UBSan) and must not turn NaN into a finite value that
+// hides the divergence. One input of each kernel is filled with the value; with NaN, the
+// table says what each output gives: NaN everywhere, NaN somewhere (outputs that only some
+// of the poisoned input reaches), or zero (fill_zero overwrites). With ±inf the values are
+// not prescribed (e.g. silu(-inf) is -inf on cpu, whose exp clamps, and NaN on reference).
+
+enum class Gives { nan_everywhere, nan_somewhere, zero };
+
+struct Output {
+  const char* name;
+  Tensor tensor;
+  Gives gives;
+};
+
+class NonFiniteInputs : public BackendOps {
+ protected:
+  std::unique_ptr<Backend> profiled = std::make_unique<ProfilingBackend>(make_backend("cpu"));
+
+  // Runs one kernel on `be` with one input filled with `v`; returns its outputs.
+  using Kernel = std::function<std::vector<Output>(Backend& be, float v)>;
+  std::vector<std::pair<const char*, Kernel>> kernels();
+};
+
+std::vector<std::pair<const char*, NonFiniteInputs::Kernel>> NonFiniteInputs::kernels() {
+  const int64_t N = 6, C = 8, V = 5;
+  const Gives all = Gives::nan_everywhere, some = Gives::nan_somewhere;
+  return {
+      {"gemm (A)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor a = full({N, C}, v), b = randn({C, V}), c = randn({N, V});
+         GemmArgs g;
+         g.m = N, g.n = V, g.k = C, g.a = a.data, g.lda = C, g.b = b.data, g.ldb = V;
+         g.c = c.data, g.ldc = V;
+         be.gemm(g);
+         return {{"C", c, all}};
+       }},
+      {"embedding_forward (table)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N, C});
+         be.embedding_forward(out, ids({N}, V), full({V, C}, v));
+         return {{"out", out, all}};
+       }},
+      {"embedding_backward (dout)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dtable = randn({V, C});
+         be.embedding_backward(dtable, ids({N}, V), full({N, C}, v));
+         return {{"dtable", dtable, some}};  // rows of tokens that occur
+       }},
+      {"embedding_shard_forward (table)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N, C}), tokens = ids({N}, V);
+         for (int64_t i = 0; i < N; ++i) tokens.i32()[i] = int32_t(2 + i % 3);  // in the shard
+         be.embedding_shard_forward(out, tokens, full({V, C}, v), 2);
+         return {{"out", out, all}};
+       }},
+      {"embedding_shard_backward (dout)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dtable = randn({V, C}), tokens = ids({N}, V);
+         be.embedding_shard_backward(dtable, tokens, full({N, C}, v), 0);
+         return {{"dtable", dtable, some}};
+       }},
+      {"rmsnorm_forward (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N, C}), rstd = randn({N});
+         be.rmsnorm_forward(out, rstd, full({N, C}, v), randn({C}), 1e-5f);
+         return {{"out", out, all}, {"rstd", rstd, all}};
+       }},
+      {"rmsnorm_backward (dout)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dx = randn({N, C}), dw = randn({C});
+         be.rmsnorm_backward(dx, dw, full({N, C}, v), randn({N, C}), randn({C}),
+                             uniform({N}, 0.5f, 1.0f));
+         return {{"dx", dx, all}, {"dweight", dw, all}};
+       }},
+      {"layernorm_forward (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N, C}), mean = randn({N}), rstd = randn({N});
+         be.layernorm_forward(out, mean, rstd, full({N, C}, v), randn({C}), randn({C}), 1e-5f);
+         return {{"out", out, all}, {"mean", mean, all}, {"rstd", rstd, all}};
+       }},
+      {"layernorm_backward (dout)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dx = randn({N, C}), dw = randn({C}), db = randn({C});
+         be.layernorm_backward(dx, dw, db, full({N, C}, v), randn({N, C}), randn({C}), randn({N}),
+                               uniform({N}, 0.5f, 1.0f));
+         return {{"dx", dx, all}, {"dweight", dw, all}, {"dbias", db, all}};
+       }},
+      {"rope_forward (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor x = full({1, 3, 2, C}, v);
+         be.rope_forward(x, 10000.0f);
+         return {{"x", x, all}};
+       }},
+      {"rope_backward (dx)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dx = full({1, 3, 2, C}, v);
+         be.rope_backward(dx, 10000.0f);
+         return {{"dx", dx, all}};
+       }},
+      {"attention_forward (q)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({2, 5, 4, 8}), lse = randn({2, 4, 5});
+         be.attention_forward(out, lse, full({2, 5, 4, 8}, v), randn({2, 5, 2, 8}),
+                              randn({2, 5, 2, 8}));
+         return {{"out", out, all}, {"lse", lse, all}};
+       }},
+      {"attention_backward (dout)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor q = randn({2, 5, 4, 8}), k = randn({2, 5, 2, 8}), val = randn({2, 5, 2, 8});
+         Tensor out = randn({2, 5, 4, 8}), lse = randn({2, 4, 5});
+         ref->attention_forward(out, lse, q, k, val);
+         Tensor dq = randn(q.shape), dk = randn(k.shape), dv = randn(val.shape);
+         be.attention_backward(dq, dk, dv, full({2, 5, 4, 8}, v), out, lse, q, k, val);
+         return {{"dq", dq, all}, {"dk", dk, all}, {"dv", dv, all}};
+       }},
+      {"silu_forward (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N, C});
+         be.silu_forward(out, full({N, C}, v));
+         return {{"out", out, all}};
+       }},
+      {"silu_backward (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dx = randn({N, C});
+         be.silu_backward(dx, randn({N, C}), full({N, C}, v));
+         return {{"dx", dx, all}};
+       }},
+      {"swiglu_forward (gate)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out_act = randn({N, C}), out_id = randn({N, C});
+         be.swiglu_forward(out_act, full({N, C}, v), randn({N, C}), true);
+         be.swiglu_forward(out_id, full({N, C}, v), randn({N, C}), false);
+         return {{"out (silu)", out_act, all}, {"out (identity)", out_id, all}};
+       }},
+      {"swiglu_backward (gate)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dg = randn({N, C}), du = randn({N, C});
+         be.swiglu_backward(dg, du, randn({N, C}), full({N, C}, v), randn({N, C}), true);
+         return {{"dgate", dg, all}, {"dup", du, all}};
+       }},
+      {"add (a)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N, C});
+         be.add(out, full({N, C}, v), randn({N, C}));
+         return {{"out", out, all}};
+       }},
+      {"accumulate (src)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dst = randn({N, C});
+         be.accumulate(dst, full({N, C}, v));
+         return {{"dst", dst, all}};
+       }},
+      {"fill_zero (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor x = full({N, C}, v);
+         be.fill_zero(x);
+         return {{"x", x, Gives::zero}};
+       }},
+      {"scale (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor x = full({N, C}, v);
+         be.scale(x, 0.5f);
+         return {{"x", x, all}};
+       }},
+      {"sum_squares (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor s = full({1}, float(be.sum_squares(full({N, C}, v))));
+         return {{"sum", s, all}};
+       }},
+      {"cross_entropy_forward (logits)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor losses = randn({N}), probs = randn({N, V});
+         be.cross_entropy_forward(losses, probs, full({N, V}, v), ids({N}, V));
+         return {{"losses", losses, all}, {"probs", probs, all}};
+       }},
+      {"cross_entropy_backward (probs)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor d = randn({N, V});
+         be.cross_entropy_backward(d, full({N, V}, v), ids({N}, V), 0.5f);
+         return {{"dlogits", d, all}};
+       }},
+      {"logits_row_stats (logits)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor mx = randn({N}), sumexp = randn({N});
+         be.logits_row_stats(mx, sumexp, full({N, V}, v));
+         return {{"max", mx, all}, {"sumexp", sumexp, all}};
+       }},
+      {"cross_entropy_shard_backward (logits)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor d = randn({N, V});
+         be.cross_entropy_shard_backward(d, full({N, V}, v), randn({N}), uniform({N}, 1.0f, 2.0f),
+                                         ids({N}, 2 * V), V, 0.5f);
+         return {{"dlogits", d, all}};
+       }},
+      {"rmsnorm_shard_forward (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N, C}), sumsq = randn({N});
+         be.rmsnorm_shard_forward(out, sumsq, full({N, C}, v), randn({C}), 1e-5f);
+         return {{"out", out, all}, {"sumsq", sumsq, all}};
+       }},
+      {"rmsnorm_shard_backward (dout)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dx = randn({N, C}), dw = randn({C});
+         be.rmsnorm_shard_backward(dx, dw, full({N, C}, v), randn({N, C}), randn({C}),
+                                   uniform({N}, 0.5f, 1.0f), randn({N}), 2 * C);
+         return {{"dx", dx, all}, {"dweight", dw, all}};
+       }},
+      {"scale_rows (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N, C});
+         be.scale_rows(out, full({N, C}, v), randn({N}));
+         return {{"out", out, all}};
+       }},
+      {"row_dot (a)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N});
+         be.row_dot(out, full({N, C}, v), randn({N, C}));
+         return {{"out", out, all}};
+       }},
+      {"adamw_update (grad)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor p = randn({N * C}), m = randn({N * C}, 0.1f), var = uniform({N * C}, 0.0f, 0.2f);
+         AdamWArgs args;
+         args.weight_decay = 0.1f;
+         be.adamw_update(p, full({N * C}, v), m, var, args);
+         return {{"param", p, all}, {"m", m, all}, {"v", var, all}};
+       }},
+  };
+}
+
+TEST_F(NonFiniteInputs, EveryKernelOfEveryBackend) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (Backend* be : {cpu.get(), ref.get(), profiled.get()}) {
+    for (const auto& [kernel, run] : kernels()) {
+      for (float v : {kNaN, inf, -inf}) {
+        SCOPED_TRACE(::testing::Message() << (be == profiled.get() ? "profiling " : "")
+                                          << be->name() << " " << kernel << " fed " << v);
+        const std::vector<Output> outputs = run(*be, v);
+        if (!std::isnan(v)) continue;  // defined behaviour is all that ±inf must show
+        for (const Output& o : outputs) {
+          int64_t nans = 0, zeros = 0;
+          for (int64_t i = 0; i < o.tensor.numel(); ++i) {
+            nans += std::isnan(o.tensor.f32()[i]);
+            zeros += o.tensor.f32()[i] == 0.0f;
+          }
+          const int64_t n = o.tensor.numel();
+          switch (o.gives) {
+            case Gives::nan_everywhere:
+              EXPECT_EQ(nans, n) << o.name << ": NaN in " << nans << " of " << n;
+              break;
+            case Gives::nan_somewhere:
+              EXPECT_GT(nans, 0) << o.name << ": no NaN";
+              break;
+            case Gives::zero:
+              EXPECT_EQ(zeros, n) << o.name << ": zero in " << zeros << " of " << n;
+              break;
+          }
+        }
+      }
+    }
   }
 }
 

@@ -32,9 +32,13 @@ void require_i32(const char* kernel, const Tensor& t) {
 // exp that the compiler vectorizes (glibc's expf is scalar unless -ffast-math): 2^t with
 // t = x·log2(e) split into an integer n (the exponent bits) and f in [-1/2, 1/2], 2^f by
 // its degree-7 Taylor polynomial. Relative error below 2e-7 over the clamped range.
+// ±inf give the clamp's values (e^88, e^-87); NaN gives NaN, never an integer conversion of
+// NaN, which is undefined (a diverging run feeds NaN here).
 inline float fast_exp(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
-  const float t = x * 1.44269504088896341f;
+  // Written so that NaN fails both comparisons and lands on a finite value for the integer
+  // part; the final select puts the NaN back. Both compile to vector blends.
+  const float xc = x > -87.0f ? (x < 88.0f ? x : 88.0f) : -87.0f;
+  const float t = xc * 1.44269504088896341f;
   // Rounds to nearest by truncating a positive value: std::floor does not vectorize under
   // GCC's default -ftrapping-math. t >= -125.6 after the clamp.
   const float n = float(int32_t(t + 128.5f) - 128);
@@ -50,7 +54,7 @@ inline float fast_exp(float x) {
   const int32_t bits = (int32_t(n) + 127) << 23;
   float scale;
   std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+  return x == x ? p * scale : x;
 }
 
 // Row-major single-threaded-when-nested GEMM: C = alpha op(A) op(B) + beta C.
@@ -498,7 +502,8 @@ class CpuBackend final : public Backend {
       float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
       for (int64_t j = 0; j < v; ++j) sum += fast_exp(li[j] - mx);
-      max.f32()[i] = mx;
+      // The vectorized max may skip a NaN logit (it depends on the lanes); the sum never does.
+      max.f32()[i] = std::isnan(sum) ? sum : mx;
       sumexp.f32()[i] = sum;
     }
   }

@@ -9,6 +9,32 @@
 
 namespace bottle {
 
+void check_json_bounds(std::string_view text, const std::string& source, size_t max_bytes,
+                       size_t max_depth) {
+  BOTTLE_CHECK(text.size() <= max_bytes, "{}: JSON of {} bytes exceeds the limit of {} bytes",
+               source, text.size(), max_bytes);
+  // Brackets inside strings do not nest; a malformed text is left to the parser's message.
+  size_t depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\')
+        ++i;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      BOTTLE_CHECK(++depth <= max_depth,
+                   "{}: JSON nests deeper than {} levels (at byte {}); refusing it", source,
+                   max_depth, i);
+    } else if ((c == ']' || c == '}') && depth > 0) {
+      --depth;
+    }
+  }
+}
+
 nlohmann::json parse_json_noting_duplicates(std::string_view text, std::string& duplicate) {
   using json = nlohmann::json;
   // One frame per open object: the keys seen so far and the key being read.
@@ -37,6 +63,7 @@ nlohmann::json parse_json_noting_duplicates(std::string_view text, std::string& 
 }
 
 nlohmann::json parse_json_text(std::string_view text, const std::string& source) {
+  check_json_bounds(text, source);
   std::string duplicate;
   nlohmann::json j;
   try {

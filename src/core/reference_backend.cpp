@@ -476,8 +476,9 @@ class ReferenceBackend final : public Backend {
     need_numel(k, sumexp, n, "sumexp");
     for (int64_t r = 0; r < n; ++r) {
       const float* lr = logits.f32() + r * v;
+      // A NaN logit makes the row's max NaN (a plain comparison would skip it).
       double mx = -INFINITY;
-      for (int64_t j = 0; j < v; ++j) mx = lr[j] > mx ? lr[j] : mx;
+      for (int64_t j = 0; j < v; ++j) mx = lr[j] > mx || std::isnan(lr[j]) ? lr[j] : mx;
       double sum = 0.0;
       for (int64_t j = 0; j < v; ++j) sum += std::exp(lr[j] - mx);
       max.f32()[r] = float(mx);

@@ -1,5 +1,7 @@
 #include "core/safetensors.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -53,37 +55,38 @@ int64_t SafeTensorEntry::numel() const {
   return n;
 }
 
-SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) {
-  std::ifstream in(path_, std::ios::binary);
-  BOTTLE_CHECK(in, "{}: cannot open", path_);
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = uint64_t(in.tellg());
-  in.seekg(0);
+SafeTensorsHeader read_safetensors_header(std::istream& in, uint64_t file_size,
+                                          const std::string& path) {
   uint64_t header_len = 0;
   BOTTLE_CHECK(file_size >= 8 && in.read(reinterpret_cast<char*>(&header_len), 8),
-               "{}: not a safetensors file (shorter than its 8-byte header length)", path_);
-  BOTTLE_CHECK(header_len >= 2 && header_len <= file_size - 8 && header_len < (uint64_t(1) << 30),
+               "{}: not a safetensors file (shorter than its 8-byte header length)", path);
+  BOTTLE_CHECK(header_len >= 2 && header_len <= file_size - 8,
                "{}: not a safetensors file (header length {} does not fit a file of {} bytes)",
-               path_, header_len, file_size);
-  std::string header(header_len, '\0');
-  BOTTLE_CHECK(in.read(header.data(), std::streamsize(header_len)), "{}: truncated header", path_);
+               path, header_len, file_size);
+  BOTTLE_CHECK(header_len <= kMaxJsonBytes,
+               "{}: safetensors header of {} bytes exceeds the limit of {} bytes", path, header_len,
+               kMaxJsonBytes);
+  std::string text(header_len, '\0');
+  BOTTLE_CHECK(in.read(text.data(), std::streamsize(header_len)), "{}: truncated header", path);
+  check_json_bounds(text, path + ": safetensors header");
   nlohmann::json j;
   std::string duplicate;
   try {
-    j = parse_json_noting_duplicates(header, duplicate);
+    j = parse_json_noting_duplicates(text, duplicate);
   } catch (const std::exception& e) {
-    fail("{}: not a safetensors file (header is not JSON: {})", path_, e.what());
+    fail("{}: not a safetensors file (header is not JSON: {})", path, e.what());
   }
-  BOTTLE_CHECK(j.is_object(), "{}: not a safetensors file (header is not a JSON object)", path_);
+  BOTTLE_CHECK(j.is_object(), "{}: not a safetensors file (header is not a JSON object)", path);
   // A reader that keeps the first and one that keeps the last would see different weights.
-  BOTTLE_CHECK(duplicate.empty(), "{}: the header names '{}' more than once", path_, duplicate);
-  data_start_ = 8 + header_len;
-  const uint64_t data_size = file_size - data_start_;
+  BOTTLE_CHECK(duplicate.empty(), "{}: the header names '{}' more than once", path, duplicate);
+  SafeTensorsHeader h;
+  h.data_start = 8 + header_len;
+  const uint64_t data_size = file_size - h.data_start;
   for (auto& [name, value] : j.items()) {
     if (name == "__metadata__") {
-      BOTTLE_CHECK(value.is_object(), "{}: __metadata__ is not an object", path_);
+      BOTTLE_CHECK(value.is_object(), "{}: __metadata__ is not an object", path);
       for (auto& [k, v] : value.items())
-        metadata_[k] = v.is_string() ? v.get<std::string>() : v.dump();
+        h.metadata[k] = v.is_string() ? v.get<std::string>() : v.dump();
       continue;
     }
     try {
@@ -96,25 +99,32 @@ SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) 
       e.end = offsets[1];
       const size_t width = dtype_bytes(e.dtype);
       BOTTLE_CHECK(width != 0, "unknown dtype '{}'", e.dtype);
-      for (int64_t d : e.shape) BOTTLE_CHECK(d >= 0, "negative dimension {}", d);
-      BOTTLE_CHECK(e.begin <= e.end && e.end - e.begin == uint64_t(e.numel()) * width,
+      // The byte count must fit, or numel() overflows on a hostile shape.
+      uint64_t bytes = width;
+      for (int64_t d : e.shape) {
+        BOTTLE_CHECK(d >= 0, "negative dimension {}", d);
+        BOTTLE_CHECK(
+            !__builtin_mul_overflow(bytes, uint64_t(d), &bytes) && bytes <= uint64_t(INT64_MAX),
+            "shape {} holds more than 2^63 bytes", fmt::join(e.shape, " x "));
+      }
+      BOTTLE_CHECK(e.begin <= e.end && e.end - e.begin == bytes,
                    "data_offsets [{}, {}) do not hold {} elements of {}", e.begin, e.end, e.numel(),
                    e.dtype);
       BOTTLE_CHECK(
           e.end <= data_size,
           "data ends at byte {} but the file holds only {} bytes of data (truncated file?)", e.end,
           data_size);
-      entries_.emplace(name, std::move(e));
+      h.entries.emplace(name, std::move(e));
     } catch (const Error& e) {
-      fail("{}: tensor '{}': {}", path_, name, e.what());
+      fail("{}: tensor '{}': {}", path, name, e.what());
     } catch (const std::exception& e) {
-      fail("{}: tensor '{}': malformed header entry ({})", path_, name, e.what());
+      fail("{}: tensor '{}': malformed header entry ({})", path, name, e.what());
     }
   }
   // The format's data section is the tensors' buffers back to back: an overlap would let two
   // tensors share bytes, a gap or a tail would hide bytes no tensor owns.
   std::vector<std::pair<const std::string*, const SafeTensorEntry*>> by_offset;
-  for (const auto& [name, e] : entries_) by_offset.push_back({&name, &e});
+  for (const auto& [name, e] : h.entries) by_offset.push_back({&name, &e});
   std::sort(by_offset.begin(), by_offset.end(), [](const auto& a, const auto& b) {
     return std::pair{a.second->begin, a.second->end} < std::pair{b.second->begin, b.second->end};
   });
@@ -122,25 +132,35 @@ SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) 
   std::pair<const std::string*, const SafeTensorEntry*> previous{nullptr, nullptr};
   for (const auto& [name, e] : by_offset) {
     BOTTLE_CHECK(e->begin >= covered,
-                 "{}: tensors '{}' and '{}' overlap (data_offsets [{}, {}) and [{}, {}))", path_,
+                 "{}: tensors '{}' and '{}' overlap (data_offsets [{}, {}) and [{}, {}))", path,
                  *previous.first, *name, previous.second->begin, previous.second->end, e->begin,
                  e->end);
     BOTTLE_CHECK(e->begin == covered,
                  "{}: bytes [{}, {}) of the data belong to no tensor (before '{}'); safetensors "
                  "buffers are contiguous",
-                 path_, covered, e->begin, *name);
+                 path, covered, e->begin, *name);
     if (e->end > e->begin) previous = {name, e};
     covered = e->end;
   }
   BOTTLE_CHECK(covered == data_size,
                "{}: bytes [{}, {}) at the end of the data belong to no tensor; safetensors "
                "buffers are contiguous",
-               path_, covered, data_size);
+               path, covered, data_size);
+  return h;
+}
+
+SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) {
+  std::ifstream in(path_, std::ios::binary);
+  BOTTLE_CHECK(in, "{}: cannot open", path_);
+  in.seekg(0, std::ios::end);
+  const uint64_t file_size = uint64_t(in.tellg());
+  in.seekg(0);
+  header_ = read_safetensors_header(in, file_size, path_);
 }
 
 const SafeTensorEntry& SafeTensorsReader::entry(const std::string& name) const {
-  auto it = entries_.find(name);
-  BOTTLE_CHECK(it != entries_.end(), "{}: missing tensor '{}'", path_, name);
+  auto it = header_.entries.find(name);
+  BOTTLE_CHECK(it != header_.entries.end(), "{}: missing tensor '{}'", path_, name);
   return it->second;
 }
 
@@ -150,7 +170,7 @@ void SafeTensorsReader::read_f32(const std::string& name, std::span<float> out) 
                path_, name, e.numel(), out.size());
   std::ifstream in(path_, std::ios::binary);
   BOTTLE_CHECK(in, "{}: cannot open", path_);
-  in.seekg(std::streamoff(data_start_ + e.begin));
+  in.seekg(std::streamoff(header_.data_start + e.begin));
   if (e.dtype == "F32") {
     BOTTLE_CHECK(in.read(reinterpret_cast<char*>(out.data()), std::streamsize(e.end - e.begin)),
                  "{}: tensor '{}': read failed", path_, name);

@@ -2,6 +2,7 @@
 // The safetensors format: u64 little-endian header length, a JSON header
 // {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then the raw data.
 #include <cstdint>
+#include <istream>
 #include <map>
 #include <span>
 #include <string>
@@ -18,15 +19,26 @@ struct SafeTensorEntry {
   int64_t numel() const;
 };
 
+struct SafeTensorsHeader {
+  uint64_t data_start = 0;  // the data section's offset in the file
+  std::map<std::string, SafeTensorEntry> entries;
+  std::map<std::string, std::string> metadata;
+};
+
+// Reads and validates the header at the start of `in`, a file of `file_size` bytes; every
+// error names `path`. In memory, so that a fuzzer drives the same code as the reader.
+SafeTensorsHeader read_safetensors_header(std::istream& in, uint64_t file_size,
+                                          const std::string& path);
+
 class SafeTensorsReader {
  public:
   // Reads and validates the header; every error names `path`.
   explicit SafeTensorsReader(std::string path);
 
   const std::string& path() const { return path_; }
-  const std::map<std::string, SafeTensorEntry>& entries() const { return entries_; }
-  const std::map<std::string, std::string>& metadata() const { return metadata_; }
-  bool contains(const std::string& name) const { return entries_.count(name) != 0; }
+  const std::map<std::string, SafeTensorEntry>& entries() const { return header_.entries; }
+  const std::map<std::string, std::string>& metadata() const { return header_.metadata; }
+  bool contains(const std::string& name) const { return header_.entries.count(name) != 0; }
   // Throws naming the tensor and the file when it is missing.
   const SafeTensorEntry& entry(const std::string& name) const;
   // Converts F32 / BF16 / F16 to f32 into `out`, whose size must match. A NaN or inf value
@@ -37,9 +49,7 @@ class SafeTensorsReader {
   void check_finite(const std::string& name, std::span<const float> values) const;
 
   std::string path_;
-  uint64_t data_start_ = 0;
-  std::map<std::string, SafeTensorEntry> entries_;
-  std::map<std::string, std::string> metadata_;
+  SafeTensorsHeader header_;
 };
 
 struct NamedTensor {

@@ -8,13 +8,19 @@ namespace bottle {
 
 namespace {
 
-// Opens a shard and checks its header against the file size; returns the token width.
-size_t open_shard(std::ifstream& in, const std::string& path, int32_t (&header)[256]) {
+// Opens a shard and returns its size in bytes.
+uint64_t open_shard(std::ifstream& in, const std::string& path) {
   in.open(path, std::ios::binary);
   BOTTLE_CHECK(in, "{}: cannot open token shard", path);
   in.seekg(0, std::ios::end);
   const uint64_t size = uint64_t(in.tellg());
   in.seekg(0);
+  return size;
+}
+
+// Reads a shard's header and checks it against the size; returns the token width.
+size_t read_header(std::istream& in, uint64_t size, const std::string& path,
+                   int32_t (&header)[256]) {
   BOTTLE_CHECK(size >= sizeof(header) && in.read(reinterpret_cast<char*>(header), sizeof(header)),
                "{}: token shard is shorter than its 1024-byte header ({} bytes)", path, size);
   size_t width = 0;
@@ -34,15 +40,15 @@ size_t open_shard(std::ifstream& in, const std::string& path, int32_t (&header)[
 
 uint64_t token_shard_size(const std::string& path) {
   std::ifstream in;
+  const uint64_t size = open_shard(in, path);
   int32_t header[256];
-  open_shard(in, path, header);
+  read_header(in, size, path, header);
   return uint64_t(header[2]);
 }
 
-std::vector<int32_t> read_token_shard(const std::string& path) {
-  std::ifstream in;
+std::vector<int32_t> read_token_shard(std::istream& in, uint64_t size, const std::string& path) {
   int32_t header[256];
-  const size_t width = open_shard(in, path, header);
+  const size_t width = read_header(in, size, path, header);
   std::vector<int32_t> tokens(static_cast<size_t>(header[2]));
   if (width == 4) {
     in.read(reinterpret_cast<char*>(tokens.data()), std::streamsize(tokens.size() * 4));
@@ -53,6 +59,12 @@ std::vector<int32_t> read_token_shard(const std::string& path) {
   }
   BOTTLE_CHECK(in, "{}: read failed", path);
   return tokens;
+}
+
+std::vector<int32_t> read_token_shard(const std::string& path) {
+  std::ifstream in;
+  const uint64_t size = open_shard(in, path);
+  return read_token_shard(in, size, path);
 }
 
 void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/json_io.h"
 
@@ -264,7 +265,16 @@ void check_llama_only(const nlohmann::json& j, const ModelConfig& c, const std::
 }  // namespace
 
 ModelConfig read_hf_config(const std::string& path) {
-  const nlohmann::json j = read_json_file(path);
+  std::ifstream in(path, std::ios::binary);
+  BOTTLE_CHECK(in, "{}: cannot open", path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  BOTTLE_CHECK(!in.bad(), "{}: read failed", path);
+  return parse_hf_config(text.str(), path);
+}
+
+ModelConfig parse_hf_config(std::string_view text, const std::string& path) {
+  const nlohmann::json j = parse_json_text(text, path);
   BOTTLE_CHECK(j.is_object(), "{}: expected a JSON object", path);
   ModelConfig c;
   c.vocab_size = get_int(j, "vocab_size", path);

@@ -4,6 +4,7 @@
 #include <array>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "nn/projection.h"
 
@@ -45,6 +46,8 @@ struct ModelConfig {
 std::string model_config_difference(const ModelConfig& a, const ModelConfig& b);
 
 ModelConfig read_hf_config(const std::string& path);
+// The same from the file's text, named `path` in errors (what a fuzzer drives).
+ModelConfig parse_hf_config(std::string_view text, const std::string& path);
 void write_hf_config(const ModelConfig& config, const std::string& path);
 
 }  // namespace bottle
