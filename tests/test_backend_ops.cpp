@@ -11,12 +11,14 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "core/arena.h"
 #include "core/backend.h"
+#include "core/gemm_peak.h"
 #include "core/profiling_backend.h"
 #include "core/reference_backend.h"
 
@@ -1125,6 +1127,21 @@ TEST_F(NonFiniteInputs, EveryKernelOfEveryBackend) {
       }
     }
   }
+}
+
+// MFU's denominator: a rate above the measured peak is never given as an efficiency above 1
+// (the peak is measured again, and if it still falls short there is no figure); a rate
+// below it is.
+TEST(GemmPeak, NeverGivesAnEfficiencyAboveOne) {
+  auto be = make_backend("cpu");
+  GemmPeak peak(*be);
+  ASSERT_GT(peak.gflops(), 0.0);
+  const double measured = peak.gflops();
+  const std::optional<double> half = peak.utilization(measured / 2);
+  ASSERT_TRUE(half.has_value());
+  EXPECT_NEAR(*half, 0.5, 1e-12);
+  EXPECT_FALSE(peak.utilization(measured * 1e6).has_value());
+  EXPECT_GE(peak.gflops(), measured);  // re-measured, keeping the best
 }
 
 }  // namespace
