@@ -60,8 +60,8 @@ folder = "{}"
     std::string expanded = args;
     for (size_t at; (at = expanded.find("{dir}")) != std::string::npos;)
       expanded.replace(at, 5, dir_->str());
-    return run(fmt::format("{} timeout -k 2 {} {} {}", launcher, timeout_s, bottle_binary(),
-                           expanded));
+    return run(
+        fmt::format("{} timeout -k 2 {} {} {}", launcher, timeout_s, bottle_binary(), expanded));
   }
 
   static std::unique_ptr<TempDir> dir_;
@@ -103,7 +103,8 @@ std::string with(const char* command, const char* extra) {
 INSTANTIATE_TEST_SUITE_P(
     Options, HostileArgs,
     ::testing::Values(
-        Hostile{"eval_seq_0", with(kEvalNoSeq, "--seq 0"), "--seq: must be an integer >= 1, got '0'"},
+        Hostile{"eval_seq_0", with(kEvalNoSeq, "--seq 0"),
+                "--seq: must be an integer >= 1, got '0'"},
         Hostile{"eval_seq_long", with(kEvalNoSeq, "--seq 65"),
                 "--seq: must be <= max_position_embeddings"},
         Hostile{"eval_threads_negative", with(kEval, "--threads -3"),
@@ -244,9 +245,9 @@ TEST_F(CliGrammar, QuotedAndBareValuesEverywhere) {
   }
   for (const std::string& sets : {std::string("--set 'model.bottleneck=\"svd\"'"),
                                   std::string("--set model.bottleneck=svd")}) {
-    const CommandResult step = bottle(
-        "bench step {dir}/tiny.toml --steps 1 --warmup 0 --torch false --json " + sets, "",
-        kWorkTimeoutS);
+    const CommandResult step =
+        bottle("bench step {dir}/tiny.toml --steps 1 --warmup 0 --torch false --json " + sets, "",
+               kWorkTimeoutS);
     EXPECT_EQ(step.status, 0) << sets << "\n" << step.output;
     EXPECT_NE(step.output.find("\"kind\":\"svd\""), std::string::npos) << step.output;
   }
@@ -289,8 +290,7 @@ TEST_F(CliGrammar, EvalUnderAnyLayout) {
   const CommandResult one = bottle(eval, "", kWorkTimeoutS);
   ASSERT_EQ(one.status, 0) << one.output;
   const double reference = json_loss(one);
-  for (const char* sets :
-       {"--set parallel.dp=2", "--set parallel.pp=2", "--set parallel.tp=2"}) {
+  for (const char* sets : {"--set parallel.dp=2", "--set parallel.pp=2", "--set parallel.tp=2"}) {
     const CommandResult r = bottle(eval + " " + sets, mpirun(2, kWorkTimeoutS), kWorkTimeoutS);
     ASSERT_EQ(r.status, 0) << sets << "\n" << r.output;
     EXPECT_EQ(count_occurrences(r.output, "\"loss\""), 1) << r.output;

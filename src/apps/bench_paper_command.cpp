@@ -3,6 +3,7 @@
 // under mpirun (bench tp, bench norm, bench step, train) whose JSON it collects; every mode
 // of one comparison is timed in the same run (bench tp interleaves them). It writes
 // DIR/report.md, PNG plots (gnuplot), DIR/results.json and each run's log in DIR/logs.
+#include <fmt/ranges.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,7 +14,6 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 #include <sstream>
 

@@ -28,9 +28,8 @@ const CommandKeys kBenchPipelineKeys{
     {"model.", "training.micro_batch_size", "training.seq_len", "training.grad_accum_steps",
      "training.seed", "training.recompute", "parallel.tp", "parallel.pp", "parallel.dp",
      "parallel.tp_mode", "parallel.zero", "parallel.grouping"},
-    {"training.steps", "training.eval_interval", "training.eval_batches",
-     "training.on_nonfinite", "training.max_norm", "optimizer.", "lr_scheduler.", "data.",
-     "checkpoint.", "metrics."},
+    {"training.steps", "training.eval_interval", "training.eval_batches", "training.on_nonfinite",
+     "training.max_norm", "optimizer.", "lr_scheduler.", "data.", "checkpoint.", "metrics."},
     "it times forward, backward and the DP gradient reduction of one fp32 step on random "
     "tokens under both pipeline schedules, without the optimizer"};
 

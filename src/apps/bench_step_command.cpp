@@ -66,8 +66,8 @@ const CommandKeys kBenchStepKeys{
     "bench step",
     {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
      "training.max_norm", "optimizer."},
-    {"training.steps", "training.eval_interval", "training.eval_batches",
-     "training.on_nonfinite", "lr_scheduler.", "data.", "checkpoint.", "metrics."},
+    {"training.steps", "training.eval_interval", "training.eval_batches", "training.on_nonfinite",
+     "lr_scheduler.", "data.", "checkpoint.", "metrics."},
     "it times one fp32 training step of one micro-batch on one process, keeping every "
     "activation, per model kind"};
 
@@ -195,10 +195,9 @@ Command add_bench_step_command(CLI::App& app) {
         model.backward(*be, tokens, targets);
         // Clipping by the global norm, as bottle train does: the same work per step.
         const double norm = std::sqrt(be->sum_squares(model.parameters().grads()));
-        optimizer.step(*be, model.parameters(), o->lr,
-                       o->max_norm > 0 && norm > o->max_norm
-                           ? float(o->max_norm / (norm + 1e-6))
-                           : 1.0f);
+        optimizer.step(
+            *be, model.parameters(), o->lr,
+            o->max_norm > 0 && norm > o->max_norm ? float(o->max_norm / (norm + 1e-6)) : 1.0f);
         if (step >= o->warmup) ms.push_back(ms_since(t0));
       }
       const Timing t = summarize(ms);
@@ -227,9 +226,8 @@ Command add_bench_step_command(CLI::App& app) {
         const fs::path dir = scratch / kind;
         save_model(model, dir.string());
         write_token_shard((dir / "tokens.bin").string(), stream);
-        const TorchStep torch =
-            run_torch_bench(dir.string(), (dir / "tokens.bin").string(), o->batch, o->seq, o->steps,
-                            o->warmup, o->threads);
+        const TorchStep torch = run_torch_bench(dir.string(), (dir / "tokens.bin").string(),
+                                                o->batch, o->seq, o->steps, o->warmup, o->threads);
         row["torch_ms_per_step"] = torch.ms_median;
         row["torch_ms_min"] = torch.ms_min;
         row["torch_ms_max"] = torch.ms_max;

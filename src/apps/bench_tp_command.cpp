@@ -40,8 +40,8 @@ const CommandKeys kBenchTpKeys{
     {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
      "training.recompute", "training.max_norm", "optimizer.", "parallel.tp", "parallel.pp",
      "parallel.dp", "parallel.grouping"},
-    {"training.steps", "training.eval_interval", "training.eval_batches",
-     "training.on_nonfinite", "lr_scheduler.", "data.", "checkpoint.", "metrics."},
+    {"training.steps", "training.eval_interval", "training.eval_batches", "training.on_nonfinite",
+     "lr_scheduler.", "data.", "checkpoint.", "metrics."},
     "it times one fp32 training step of one micro-batch of random tokens per TP mode (full, "
     "vanilla and btp side by side) on one TP group, and plans memory with --fit"};
 
@@ -419,7 +419,8 @@ Command add_bench_tp_command(CLI::App& app) {
                    recompute_name(base), tp_mode_name(mode));
     }
     std::vector<Variant> variants;
-    for (TpMode mode : modes) variants.push_back({mode, grouping, NormStatistic::from_latent, base});
+    for (TpMode mode : modes)
+      variants.push_back({mode, grouping, NormStatistic::from_latent, base});
     if (config.model.bottleneck != BottleneckKind::none && o->variants) {
       variants.push_back({TpMode::vanilla, !grouping, NormStatistic::from_latent, base});
       variants.push_back({TpMode::btp, !grouping, NormStatistic::from_latent, base});

@@ -203,15 +203,17 @@ class Report {
     line();
     line("| | |");
     line("|---|---|");
-    linef("| machine | {} ({}), {} cores, no GPU; {} |", m.value("cpu", ""),
-          m.value("cpu_isa", ""), m.value("cores", 0), m.value("os", ""));
-    linef("| software | {}; {}; oneDNN {} (its kernels: {}); PyTorch {} (OpenBLAS kernels: {}, {}); {} |",
-          m.value("compiler", ""), m.value("mpi", ""), m.value("onednn", ""),
-          m.value("onednn_isa", "unknown"),
-          r_.torch.empty() ? "n/a" : r_.torch.front().value("torch_version", "unknown"),
-          r_.torch.empty() ? "n/a" : r_.torch.front().value("torch_blas_core", "unknown"),
-          r_.torch.empty() ? "n/a" : r_.torch.front().value("torch_blas_core_source", "unknown"),
-          m.value("gnuplot", ""));
+    linef("| machine | {} ({}), {} cores, no GPU; {} |", m.value("cpu", ""), m.value("cpu_isa", ""),
+          m.value("cores", 0), m.value("os", ""));
+    linef(
+        "| software | {}; {}; oneDNN {} (its kernels: {}); PyTorch {} (OpenBLAS kernels: {}, {}); "
+        "{} |",
+        m.value("compiler", ""), m.value("mpi", ""), m.value("onednn", ""),
+        m.value("onednn_isa", "unknown"),
+        r_.torch.empty() ? "n/a" : r_.torch.front().value("torch_version", "unknown"),
+        r_.torch.empty() ? "n/a" : r_.torch.front().value("torch_blas_core", "unknown"),
+        r_.torch.empty() ? "n/a" : r_.torch.front().value("torch_blas_core_source", "unknown"),
+        m.value("gnuplot", ""));
     linef(
         "| model | LLaMA-style, CoLA bottlenecks unless stated: d = {}, d_ff = {}, {} heads, r = "
         "{}, {} blocks, vocabulary 256; micro-batch {} × {} tokens; fp32 |",

@@ -19,7 +19,9 @@ namespace {
 
 // sample takes --set so that a key gets the same checks and messages as everywhere, and a
 // reason rather than CLI11's "not expected"; it runs on one process, so it honours none.
-const CommandKeys kSampleKeys{"sample", {}, {},
+const CommandKeys kSampleKeys{"sample",
+                              {},
+                              {},
                               "it runs the checkpoint's model on one process, with --tokens, "
                               "--temperature, --top-k and --seed"};
 

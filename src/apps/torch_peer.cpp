@@ -40,9 +40,12 @@ TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shar
   auto text = [&](const char* key) {
     return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string("?");
   };
-  return {j["ms_per_step_median"].get<double>(), j["ms_per_step_min"].get<double>(),
-          j["ms_per_step_max"].get<double>(),     text("torch"),
-          text("blas_core"),                      text("blas_core_source")};
+  return {j["ms_per_step_median"].get<double>(),
+          j["ms_per_step_min"].get<double>(),
+          j["ms_per_step_max"].get<double>(),
+          text("torch"),
+          text("blas_core"),
+          text("blas_core_source")};
 }
 
 }  // namespace bottle

@@ -8,7 +8,7 @@ namespace bottle {
 struct TorchStep {
   double ms_median = 0, ms_min = 0, ms_max = 0;
   std::string version;
-  std::string blas_core;  // the OpenBLAS kernels it ran, e.g. "Zen" or "SkylakeX"
+  std::string blas_core;         // the OpenBLAS kernels it ran, e.g. "Zen" or "SkylakeX"
   std::string blas_core_source;  // detected by OpenBLAS, or chosen from the CPU's flags
 };
 

@@ -1,10 +1,10 @@
 // The one place that knows which backends exist; optional ones are added here behind
 // their build flag.
-#include "core/cpu_backend.h"
-#include "core/reference_backend.h"
-
 #include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.h>
+
+#include "core/cpu_backend.h"
+#include "core/reference_backend.h"
 
 namespace bottle {
 

@@ -30,7 +30,8 @@ double measure_gemm_peak_gflops(Backend& be) {
       const auto t1 = Clock::now();
       const double ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
       best = std::max(best, 2.0 * double(n) * double(n) * double(n) / (ms * 1e6));
-      if (run + 1 >= kMinRuns && std::chrono::duration<double>(t1 - start).count() > kSecondsPerShape)
+      if (run + 1 >= kMinRuns &&
+          std::chrono::duration<double>(t1 - start).count() > kSecondsPerShape)
         break;
     }
   }

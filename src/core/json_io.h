@@ -1,7 +1,7 @@
 #pragma once
 // JSON read from a user's file: nlohmann::json keeps the last of two equal keys without a
 // word, so that a file saying "hidden_size" twice (or naming a tensor twice) would be read
-// as whichever came last. parse_json_file_text refuses such a document instead.
+// as whichever came last. parse_json_text refuses such a document instead.
 #include <cstddef>
 #include <nlohmann/json.hpp>
 #include <string>

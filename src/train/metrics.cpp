@@ -64,7 +64,8 @@ void MetricsLogger::log_step(const nlohmann::json& row) {
   elapsed_ms_ += row["ms"].get<double>();
   const double eta_s = elapsed_ms_ / double(step - first_step_) * double(total_steps_ - step) / 1e3;
   const std::string line = fmt::format(
-      "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {} | peak {}",
+      "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {} | peak "
+      "{}",
       step, total_steps_, row["loss"].get<double>(), row["lr"].get<double>(),
       row["grad_norm"].get<double>(), row["tokens_per_s"].get<double>(),
       row["mfu"].is_number() ? fmt::format("{:.1f}%", 100.0 * row["mfu"].get<double>()) : "n/a",

@@ -801,9 +801,8 @@ void check_honoured_keys(const TrainConfig& config, const ConfigKeysGiven& given
       continue;
     const Value value = key.get(config);
     if (value != key.get(defaults))
-      fail("{}: {} does not read key '{}' (set to {}; its default is {}): {}", source,
-           keys.command, key.path, format_value(key, value), format_value(key, key.get(defaults)),
-           keys.reason);
+      fail("{}: {} does not read key '{}' (set to {}; its default is {}): {}", source, keys.command,
+           key.path, format_value(key, value), format_value(key, key.get(defaults)), keys.reason);
   }
 }
 

@@ -102,8 +102,7 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
     outputs.push_back({"metrics.plot", resolved("metrics.plot", png)});
     // plot_metrics writes its data and script beside the image.
     for (const char* suffix : {".train.dat", ".val.dat", ".gp"})
-      outputs.push_back(
-          {"metrics.plot's scratch file", resolved("metrics.plot", png + suffix)});
+      outputs.push_back({"metrics.plot's scratch file", resolved("metrics.plot", png + suffix)});
   }
   std::vector<Output> others = {
       {"train_config.toml",
@@ -342,8 +341,8 @@ TrainResult train(const TrainConfig& config, const TrainOptions& options) {
       options.config_path, config.model.parameter_count(),
       bottleneck_kind_name(config.model.bottleneck), tc.steps, config.tokens_per_step(),
       world.size(), config.parallel.tp, tp_mode_name(config.parallel.tp_mode),
-      omp_get_max_threads(), peak.gflops(), recompute_name(tc.recompute), format_bytes(plan.total()),
-      describe_memory(plan)));
+      omp_get_max_threads(), peak.gflops(), recompute_name(tc.recompute),
+      format_bytes(plan.total()), describe_memory(plan)));
 
   Arena batch_arena(MemoryTag::workspace);
   std::vector<Tensor> inputs, targets;  // per micro-batch [B, S]

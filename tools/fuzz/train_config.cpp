@@ -1,13 +1,14 @@
 // libFuzzer target: a TOML training configuration, and the --set overrides that follow a line
 // "#--set" (one per line), through the parser that `bottle train` uses. bottle::Error is the
 // expected answer to bad input; anything else is a bug.
+#include "train/train_config.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
-#include "train/train_config.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::string text(reinterpret_cast<const char*>(data), size);
