@@ -30,17 +30,7 @@ class CliGrammar : public ::testing::Test {
 
   // The tiny model of the checkpoint as a training configuration, with `training` lines.
   static void write_config(const std::string& name, const std::string& training) {
-    std::ofstream(*dir_ / name) << fmt::format(R"([model]
-vocab_size = 64
-hidden_size = 32
-intermediate_size = 48
-num_layers = 2
-num_heads = 4
-bottleneck = "cola"
-rank = 8
-max_seq_len = 64
-
-[training]
+    std::ofstream(*dir_ / name) << kTinyColaModelToml << fmt::format(R"([training]
 steps = 2
 micro_batch_size = 2
 seq_len = 16

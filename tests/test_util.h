@@ -61,6 +61,19 @@ inline std::string mpirun(int ranks, int timeout_s = 240) {
 }
 #endif
 
+// The [model] section of the tiny CoLA model that the command-line tests train and break.
+inline constexpr const char* kTinyColaModelToml = R"([model]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 48
+num_layers = 2
+num_heads = 4
+bottleneck = "cola"
+rank = 8
+max_seq_len = 64
+
+)";
+
 // How often `part` occurs in `text`.
 inline int count_occurrences(const std::string& text, const std::string& part) {
   int n = 0;
