@@ -30,7 +30,8 @@ class CliGrammar : public ::testing::Test {
 
   // The tiny model of the checkpoint as a training configuration, with `training` lines.
   static void write_config(const std::string& name, const std::string& training) {
-    std::ofstream(*dir_ / name) << kTinyColaModelToml << fmt::format(R"([training]
+    std::ofstream(*dir_ / name) << kTinyColaModelToml
+                                << fmt::format(R"([training]
 steps = 2
 micro_batch_size = 2
 seq_len = 16

@@ -347,7 +347,8 @@ class Run : public ::testing::Test {
 
   static void write_toml(const std::string& path, const std::string& train, const std::string& val,
                          const std::string& folder) {
-    std::ofstream(path) << kTinyColaModelToml << fmt::format(R"([training]
+    std::ofstream(path) << kTinyColaModelToml
+                        << fmt::format(R"([training]
 steps = 2
 micro_batch_size = 2
 seq_len = 16

@@ -21,7 +21,8 @@ class HostileTrain : public ::testing::Test {
     write_random_shard(dir / "train.bin", 20000, 64, 1);
     write_random_shard(dir / "val.bin", 4000, 64, 2);
     std::ofstream(dir / "tiny.toml")
-        << kTinyColaModelToml << fmt::format(R"([training]
+        << kTinyColaModelToml
+        << fmt::format(R"([training]
 steps = 4
 micro_batch_size = 2
 seq_len = 16
