@@ -16,17 +16,8 @@ class TpCli : public ::testing::Test {
     write_random_shard(dir / "train.bin", 20000, 64, 1);
     write_random_shard(dir / "val.bin", 4000, 64, 2);
     std::ofstream(dir / "tiny.toml")
-        << fmt::format(R"([model]
-vocab_size = 64
-hidden_size = 32
-intermediate_size = 48
-num_layers = 2
-num_heads = 4
-bottleneck = "cola"
-rank = 8
-max_seq_len = 64
-
-[training]
+        << kTinyColaModelToml
+        << fmt::format(R"([training]
 steps = 4
 micro_batch_size = 2
 seq_len = 16

@@ -174,17 +174,8 @@ class Train : public ::testing::Test {
 
   static void write_config(const std::string& path, const std::string& train,
                            const std::string& val, const std::string& folder) {
-    std::ofstream(path) << fmt::format(R"([model]
-vocab_size = 64
-hidden_size = 32
-intermediate_size = 48
-num_layers = 2
-num_heads = 4
-bottleneck = "cola"
-rank = 8
-max_seq_len = 64
-
-[training]
+    std::ofstream(path) << kTinyColaModelToml
+                        << fmt::format(R"([training]
 steps = 20
 micro_batch_size = 2
 seq_len = 16
