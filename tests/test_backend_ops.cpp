@@ -11,6 +11,7 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -557,6 +558,127 @@ TEST_F(BackendOps, SumSquares) {
 }
 
 // ---------------------------------------------------------------------------------------
+// memory, copies and reductions: what layers use instead of touching tensor data
+
+TEST_F(BackendOps, AllocateStageAndCopy) {
+  for (Backend* be : {cpu.get(), ref.get()}) {
+    SCOPED_TRACE(be->name());
+    Arena owned(MemoryTag::workspace, *be);
+    Tensor a = owned.alloc({5, 7}), b = owned.alloc({35});
+    EXPECT_EQ(a.device, be->device());
+    for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.f32()[i], 0.0f) << "zeroed at " << i;
+    std::vector<float> host(35), back(35, -1.0f);
+    std::iota(host.begin(), host.end(), 0.5f);
+    be->from_host(a, host.data());
+    be->copy(b, a);  // shapes may differ, element counts may not
+    be->to_host(back.data(), b);
+    EXPECT_EQ(back, host);
+    Tensor ids_in = owned.alloc({6}, DType::i32), ids_out = owned.alloc({2, 3}, DType::i32);
+    const std::vector<int32_t> tokens{3, 1, 4, 1, 5, 9};
+    be->from_host(ids_in, tokens.data());
+    be->copy(ids_out, ids_in);
+    std::vector<int32_t> got(6);
+    be->to_host(got.data(), ids_out);
+    EXPECT_EQ(got, tokens);
+    EXPECT_THROW(be->copy(owned.alloc({34}), a), Error);
+  }
+}
+
+TEST_F(BackendOps, CopyColumnsGathersAndScatters) {
+  const int64_t n = 13, c = 5, t = 3;
+  Tensor whole = randn({n, c * t});
+  for (Backend* be : {cpu.get(), ref.get()}) {
+    SCOPED_TRACE(be->name());
+    Tensor rebuilt = full({n, c * t}, kNaN);
+    for (int64_t r = 0; r < t; ++r) {
+      Tensor part = full({n, c}, kNaN);
+      be->copy_columns(part, 0, whole, r * c, c);  // scatter: rank r's columns
+      for (int64_t i = 0; i < n; ++i)
+        for (int64_t j = 0; j < c; ++j)
+          ASSERT_EQ(part.f32()[i * c + j], whole.f32()[i * c * t + r * c + j]);
+      be->copy_columns(rebuilt, r * c, part, 0, c);  // gather: back into place
+    }
+    for (int64_t i = 0; i < whole.numel(); ++i) ASSERT_EQ(rebuilt.f32()[i], whole.f32()[i]);
+    EXPECT_THROW(be->copy_columns(rebuilt, c * t - 1, whole, 0, 2), Error);
+    EXPECT_THROW(be->copy_columns(full({n + 1, c}, 0.0f), 0, whole, 0, c), Error);
+  }
+}
+
+TEST_F(BackendOps, FirstOutside) {
+  Tensor t = ids({40}, 10);
+  for (Backend* be : {cpu.get(), ref.get()}) {
+    SCOPED_TRACE(be->name());
+    EXPECT_EQ(be->first_outside(t, 0, 10), -1);
+    t.i32()[17] = 10;
+    t.i32()[23] = -1;
+    EXPECT_EQ(be->first_outside(t, 0, 10), 17);
+    t.i32()[17] = 0;
+    EXPECT_EQ(be->first_outside(t, 0, 10), 23);
+    t.i32()[23] = 0;
+  }
+}
+
+TEST_F(BackendOps, SumAndRowArithmetic) {
+  for (int64_t n : {1, 37, 100003}) {
+    Tensor x = randn({n}, 1.7f);
+    double exact = 0.0;
+    for (int64_t i = 0; i < n; ++i) exact += x.f32()[i];
+    // Index order in double on every backend: the same sum whatever the thread count.
+    EXPECT_EQ(cpu->sum(x), exact) << "n=" << n;
+    EXPECT_EQ(ref->sum(x), exact) << "n=" << n;
+  }
+  Tensor a = randn({37}), b = uniform({37}, 0.5f, 2.0f), sumsq = uniform({37}, 0.0f, 50.0f);
+  Tensor m_cpu = full({37}, kNaN), m_ref = full({37}, kNaN), d_cpu = full({37}, kNaN),
+         d_ref = full({37}, kNaN);
+  cpu->multiply(m_cpu, a, b);
+  ref->multiply(m_ref, a, b);
+  cpu->divide(d_cpu, a, b);
+  ref->divide(d_ref, a, b);
+  EXPECT_TRUE(all_close(m_cpu, m_ref));
+  EXPECT_TRUE(all_close(d_cpu, d_ref));
+  for (bool reciprocal : {false, true}) {
+    Tensor r_cpu = full({37}, kNaN), r_ref = full({37}, kNaN);
+    cpu->rms_from_sum_squares(r_cpu, sumsq, 12.0f, 1e-5f, reciprocal);
+    ref->rms_from_sum_squares(r_ref, sumsq, 12.0f, 1e-5f, reciprocal);
+    EXPECT_TRUE(all_close(r_cpu, r_ref)) << "reciprocal " << reciprocal;
+    const float want = std::sqrt(sumsq.f32()[3] / 12.0f + 1e-5f);
+    EXPECT_FLOAT_EQ(r_ref.f32()[3], reciprocal ? 1.0f / want : want);
+  }
+}
+
+// The vocabulary-parallel loss from its pieces, on two "ranks" summed by hand, against the
+// whole-vocabulary cross-entropy.
+TEST_F(BackendOps, VocabShardLossPieces) {
+  const int64_t n = 9, v = 12, half = v / 2;
+  Tensor logits = randn({n, v}, 3.0f), targets = ids({n}, int32_t(v));
+  for (Backend* be : {cpu.get(), ref.get()}) {
+    SCOPED_TRACE(be->name());
+    Tensor max = full({n}, -INFINITY), sumexp = full({n}, 0.0f), target = full({n}, 0.0f);
+    std::vector<Tensor> parts, local_max, local_sumexp;
+    for (int64_t r = 0; r < 2; ++r) {
+      parts.push_back(full({n, half}, 0.0f));
+      be->copy_columns(parts[r], 0, logits, r * half, half);
+      local_max.push_back(full({n}, 0.0f));
+      local_sumexp.push_back(full({n}, 0.0f));
+      be->logits_row_stats(local_max[r], local_sumexp[r], parts[r]);
+      for (int64_t i = 0; i < n; ++i)
+        max.f32()[i] = std::max(max.f32()[i], local_max[r].f32()[i]);  // the max's all-reduce
+    }
+    for (int64_t r = 0; r < 2; ++r) {
+      Tensor s = full({n}, kNaN), t = full({n}, kNaN);
+      be->cross_entropy_shard_partials(s, t, local_sumexp[r], local_max[r], max, parts[r], targets,
+                                       r * half);
+      be->accumulate(sumexp, s);  // the sums' all-reduce
+      be->accumulate(target, t);
+    }
+    Tensor losses = full({n}, kNaN), want = full({n}, kNaN), probs = full({n, v}, 0.0f);
+    be->cross_entropy_shard_losses(losses, sumexp, target, max);
+    ref->cross_entropy_forward(want, probs, logits, targets);
+    EXPECT_TRUE(all_close(losses, want));
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // cross-entropy
 
 TEST_F(BackendOps, CrossEntropyForward) {
@@ -1084,6 +1206,54 @@ std::vector<std::pair<const char*, NonFiniteInputs::Kernel>> NonFiniteInputs::ke
          Tensor out = randn({N});
          be.row_dot(out, full({N, C}, v), randn({N, C}));
          return {{"out", out, all}};
+       }},
+      {"copy (src)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dst = randn({N, C});
+         be.copy(dst, full({N, C}, v));
+         return {{"dst", dst, all}};
+       }},
+      {"copy_columns (src)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor dst = randn({N, 2 * C});
+         be.copy_columns(dst, C, full({N, C}, v), 0, C);
+         return {{"dst", dst, some}};
+       }},
+      {"sum (x)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         return {{"sum", full({1}, float(be.sum(full({N, C}, v)))), all}};
+       }},
+      {"multiply (a)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N});
+         be.multiply(out, full({N}, v), randn({N}));
+         return {{"out", out, all}};
+       }},
+      {"divide (a)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor out = randn({N});
+         be.divide(out, full({N}, v), uniform({N}, 1.0f, 2.0f));
+         return {{"out", out, all}};
+       }},
+      {"rms_from_sum_squares (sumsq)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor rms = randn({N}), rstd = randn({N});
+         be.rms_from_sum_squares(rms, full({N}, v), 8.0f, 1e-5f, false);
+         be.rms_from_sum_squares(rstd, full({N}, v), 8.0f, 1e-5f, true);
+         return {{"rms", rms, all}, {"rstd", rstd, all}};
+       }},
+      {"cross_entropy_shard_partials (logits, local sumexp)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor sumexp = randn({N}), target = randn({N});
+         be.cross_entropy_shard_partials(sumexp, target, full({N}, v), randn({N}), randn({N}),
+                                         full({N, V}, v), ids({N}, V), 0);
+         return {{"sumexp", sumexp, all}, {"target_logit", target, all}};
+       }},
+      {"cross_entropy_shard_losses (sumexp)",
+       [=, this](Backend& be, float v) -> std::vector<Output> {
+         Tensor losses = randn({N});
+         be.cross_entropy_shard_losses(losses, full({N}, v), randn({N}), randn({N}));
+         return {{"losses", losses, all}};
        }},
       {"adamw_update (grad)",
        [=, this](Backend& be, float v) -> std::vector<Output> {

@@ -8,6 +8,8 @@
 #include <cstring>
 #include <numeric>
 
+#include "core/backend.h"
+
 namespace bottle {
 
 const char* memory_tag_name(MemoryTag tag) {
@@ -94,11 +96,13 @@ size_t aligned_size(size_t bytes) {
 }
 
 void Arena::Release::operator()(void* p) const {
-  if (reserved)
-    munmap(p, bytes);
+  if (backend)
+    backend->deallocate(p, bytes);
   else
-    std::free(p);
+    munmap(p, bytes);
 }
+
+Arena::Arena(MemoryTag tag, bool reserve_only) : Arena(tag, host_backend(), reserve_only) {}
 
 Arena::~Arena() {
   if (bytes_ && !reserve_only_) MemoryStats::global().sub(tag_, bytes_);
@@ -116,15 +120,13 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
     BOTTLE_CHECK(p != MAP_FAILED, "cannot reserve {} bytes of address space for {}", rounded,
                  memory_tag_name(tag_));
   } else {
-    p = std::aligned_alloc(kAllocationAlignment, rounded);
-    BOTTLE_CHECK(p != nullptr, "out of memory allocating {} bytes of {}", rounded,
-                 memory_tag_name(tag_));
-    std::memset(p, 0, rounded);
+    p = backend_->allocate(rounded, memory_tag_name(tag_));
     MemoryStats::global().add(tag_, rounded);
   }
-  blocks_.emplace_back(p, Release{rounded, reserve_only_});
+  blocks_.emplace_back(p, Release{reserve_only_ ? nullptr : backend_, rounded});
   bytes_ += rounded;
   t.data = p;
+  t.device = backend_->device();
   return t;
 }
 
@@ -137,6 +139,7 @@ Tensor RegionAllocator::alloc(Shape shape, DType dtype) {
                "{}: the shared region of {} bytes is too small for {} more bytes at {}", what_,
                region_.nbytes(), rounded, offset_);
   t.data = static_cast<char*>(region_.data) + offset_;
+  t.device = region_.device;
   offset_ += rounded;
   return t;
 }

@@ -68,20 +68,25 @@ class Allocator {
 inline constexpr size_t kAllocationAlignment = 64;
 size_t aligned_size(size_t bytes);
 
-// 64-byte aligned, zero-initialised host memory, released when the arena dies.
+class Backend;
+
+// 64-byte aligned, zero-initialised memory from a backend (host memory from
+// host_backend() when none is given), released when the arena dies.
 // `reserve_only`: plans a footprint without using memory. Each allocation reserves address
 // space that is never touched (its pages are never backed), so code that lays out buffers
 // runs unchanged and bytes() is exactly what a real arena would hold; MemoryStats is not
 // told. Writing to such a buffer faults.
 class Arena final : public Allocator {
  public:
-  explicit Arena(MemoryTag tag, bool reserve_only = false)
-      : tag_(tag), reserve_only_(reserve_only) {}
+  Arena(MemoryTag tag, Backend& backend, bool reserve_only = false)
+      : tag_(tag), backend_(&backend), reserve_only_(reserve_only) {}
+  explicit Arena(MemoryTag tag, bool reserve_only = false);
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   // The moved-from arena holds nothing, so that only one of the two un-counts the bytes.
   Arena(Arena&& other) noexcept
       : tag_(other.tag_),
+        backend_(other.backend_),
         reserve_only_(other.reserve_only_),
         bytes_(std::exchange(other.bytes_, 0)),
         blocks_(std::move(other.blocks_)) {}
@@ -92,14 +97,17 @@ class Arena final : public Allocator {
   size_t bytes() const { return bytes_; }
   MemoryTag tag() const { return tag_; }
   bool reserve_only() const { return reserve_only_; }
+  // The backend the memory belongs to: the one that stages it to and from the host.
+  Backend& backend() const { return *backend_; }
 
  private:
   struct Release {
+    Backend* backend = nullptr;  // null: reserved address space
     size_t bytes = 0;
-    bool reserved = false;
     void operator()(void* p) const;
   };
   MemoryTag tag_;
+  Backend* backend_ = nullptr;
   bool reserve_only_ = false;
   size_t bytes_ = 0;
   std::vector<std::unique_ptr<void, Release>> blocks_;

@@ -3,6 +3,11 @@
 // `cpu` (oneDNN GEMMs + OpenMP loops), `reference` (naive loops, used by tests as the
 // oracle), later `cuda`. Tensors carry their dtype; a backend rejects dtypes it lacks.
 //
+// The backend owns memory: arenas ask it for their blocks, and only backends read or write
+// tensor data. Layers, the model and the trainer move data with copy / copy_columns, reduce
+// with sum / sum_squares, and stage host data in and out with from_host / to_host
+// (checkpoint I/O, the data loader, metrics, sampling), so a device backend runs them all.
+//
 // Conventions:
 // - Row-major; "rows" are all leading dims flattened, "cols" the last dim.
 // - Every *_backward kernel ADDS into each gradient it produces (input and parameter
@@ -44,6 +49,23 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+
+  // --- Memory.
+  virtual Device device() const = 0;
+  // `bytes` of zeroed memory aligned to kAllocationAlignment; fails naming `what` and the size.
+  virtual void* allocate(size_t bytes, const char* what) = 0;
+  virtual void deallocate(void* p, size_t bytes) = 0;
+  // Host staging: dst/src are host memory of src.nbytes() / dst.nbytes() bytes.
+  virtual void to_host(void* dst, Tensor src) = 0;
+  virtual void from_host(Tensor dst, const void* src) = 0;
+  // dst = src, element for element (same dtype and element count, shapes may differ).
+  virtual void copy(Tensor dst, Tensor src) = 0;
+  // dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols] for every row:
+  // a strided slice out of, or into, a row-major matrix (dst.rows() == src.rows()).
+  virtual void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+                            int64_t cols) = 0;
+  // The index of the first id outside [lo, hi) in an i32 tensor, or -1.
+  virtual int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) = 0;
 
   virtual void gemm(const GemmArgs& args) = 0;
 
@@ -92,7 +114,17 @@ class Backend {
   virtual void accumulate(Tensor dst, Tensor src) = 0;
   virtual void fill_zero(Tensor x) = 0;
   virtual void scale(Tensor x, float factor) = 0;
+  // Scalar reductions, accumulated in double in index order (deterministic whatever the
+  // thread count: losses, gradient norms and non-finite checks decide clipping and skips).
   virtual double sum_squares(Tensor x) = 0;
+  virtual double sum(Tensor x) = 0;
+  // out = a ⊙ b and out = a / b, elementwise (out may alias a or b).
+  virtual void multiply(Tensor out, Tensor a, Tensor b) = 0;
+  virtual void divide(Tensor out, Tensor a, Tensor b) = 0;
+  // out[n] = sqrt(sumsq[n] / count + eps), or 1 / sqrt(...) when `reciprocal`: a row's RMS
+  // (or RMSNorm's rstd) from its sum of squares.
+  virtual void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+                                    bool reciprocal) = 0;
 
   // losses[n] = logsumexp(logits[n,:]) - logits[n, targets[n]]; probs [N,V] = softmax(logits).
   virtual void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
@@ -124,6 +156,16 @@ class Backend {
   // dx += rstd * weight * dout - x * rstd^3 * dot / d;  dweight += Σ_n dout * x * rstd.
   virtual void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
                                       Tensor weight, Tensor rstd, Tensor dot, int64_t d) = 0;
+  // Vocabulary-parallel cross-entropy, per row n, on a rank holding logit columns
+  // [first, first + cols): after the max's all-reduce, this rank's share of the whole-row
+  // statistics, sumexp[n] = local_sumexp[n] · exp(local_max[n] - max[n]) and target_logit[n]
+  // = logits[n, targets[n] - first] where this rank holds it, else 0 (sumexp may alias
+  // local_max). After their all-reduce: losses[n] = log(sumexp[n]) + max[n] - target_logit[n].
+  virtual void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+                                            Tensor local_max, Tensor max, Tensor logits,
+                                            Tensor targets, int64_t first) = 0;
+  virtual void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+                                          Tensor max) = 0;
   // out[n,:] = x[n,:] * factor[n] (out may alias x).
   virtual void scale_rows(Tensor out, Tensor x, Tensor factor) = 0;
   // out[n] = Σ_j a[n,j] * b[n,j].
@@ -136,6 +178,9 @@ class Backend {
 
 // "cpu" or "reference" (and any optional backend compiled in).
 std::unique_ptr<Backend> make_backend(std::string_view name);
+// The process's host-memory backend ("cpu"): arenas that are not given a backend (host
+// workspaces, tests, tools) allocate from it. A device run passes its backend explicitly.
+Backend& host_backend();
 // The backends compiled in, one line each with the library behind it, e.g.
 // "cpu: oneDNN 2.6.3 GEMMs + OpenMP" (for `bottle --version`).
 std::vector<std::string> backend_names();

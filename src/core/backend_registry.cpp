@@ -14,6 +14,11 @@ std::unique_ptr<Backend> make_backend(std::string_view name) {
   fail("unknown backend '{}' (available: cpu, reference)", name);
 }
 
+Backend& host_backend() {
+  static const std::unique_ptr<Backend> host = make_cpu_backend();
+  return *host;
+}
+
 std::vector<std::string> backend_names() {
   const dnnl_version_t* dnnl = dnnl_version();
   return {fmt::format("cpu: oneDNN {}.{}.{} GEMMs + OpenMP {}", dnnl->major, dnnl->minor,

@@ -14,6 +14,7 @@
 
 #include "core/arena.h"
 #include "core/dnnl_gemm.h"
+#include "core/host_backend.h"
 
 namespace bottle {
 namespace {
@@ -118,7 +119,7 @@ struct RopeTable {
   std::vector<float> cos, sin;
 };
 
-class CpuBackend final : public Backend {
+class CpuBackend final : public HostBackend {
  public:
   std::string_view name() const override { return "cpu"; }
 
@@ -523,6 +524,95 @@ class CpuBackend final : public Backend {
       const int64_t target = int64_t(targets.i32()[i]) - first;
       if (target >= 0 && target < v) di[target] -= scale;
     }
+  }
+
+  void copy(Tensor dst, Tensor src) override {
+    BOTTLE_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
+                 "cpu backend: copy of {} {} into {} {}", dtype_name(src.dtype), src.shape.str(),
+                 dtype_name(dst.dtype), dst.shape.str());
+    const size_t bytes = src.nbytes();
+    char* o = static_cast<char*>(dst.data);
+    const char* s = static_cast<const char*>(src.data);
+#pragma omp parallel
+    {
+      const size_t nt = omp_get_num_threads(), t = omp_get_thread_num();
+      const size_t begin = bytes * t / nt / 64 * 64,
+                   end = t + 1 == nt ? bytes : bytes * (t + 1) / nt / 64 * 64;
+      if (end > begin) std::memmove(o + begin, s + begin, end - begin);
+    }
+  }
+
+  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+                    int64_t cols) override {
+    check_copy_columns("cpu", dst, dst_col, src, src_col, cols);
+    const int64_t n = dst.rows(), size = int64_t(dtype_size(dst.dtype));
+    const int64_t dst_row = dst.cols() * size, src_row = src.cols() * size;
+    char* o = static_cast<char*>(dst.data) + dst_col * size;
+    const char* s = static_cast<const char*>(src.data) + src_col * size;
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) std::memcpy(o + i * dst_row, s + i * src_row, cols * size);
+  }
+
+  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) override {
+    require_i32("first_outside", ids);
+    const int32_t* id = ids.i32();
+    for (int64_t i = 0; i < ids.numel(); ++i)
+      if (id[i] < lo || id[i] >= hi) return i;
+    return -1;
+  }
+
+  double sum(Tensor x) override {
+    require_f32("sum", {x});
+    const float* s = x.f32();
+    double total = 0.0;
+    for (int64_t i = 0; i < x.numel(); ++i) total += s[i];
+    return total;
+  }
+
+  void multiply(Tensor out, Tensor a, Tensor b) override {
+    require_f32("multiply", {out, a, b});
+    const float *x = a.f32(), *y = b.f32();
+    float* o = out.f32();
+    parallel_elementwise(out.numel(), [=](int64_t i) { o[i] = x[i] * y[i]; });
+  }
+
+  void divide(Tensor out, Tensor a, Tensor b) override {
+    require_f32("divide", {out, a, b});
+    const float *x = a.f32(), *y = b.f32();
+    float* o = out.f32();
+    parallel_elementwise(out.numel(), [=](int64_t i) { o[i] = x[i] / y[i]; });
+  }
+
+  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+                            bool reciprocal) override {
+    require_f32("rms_from_sum_squares", {out, sumsq});
+    const float* s = sumsq.f32();
+    float* o = out.f32();
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      const float rms = std::sqrt(s[i] / count + eps);
+      o[i] = reciprocal ? 1.0f / rms : rms;
+    }
+  }
+
+  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
+                                    int64_t first) override {
+    require_f32("cross_entropy_shard_partials",
+                {sumexp, target_logit, local_sumexp, local_max, max, logits});
+    require_i32("cross_entropy_shard_partials", targets);
+    const int64_t n = logits.rows(), v = logits.cols();
+    for (int64_t i = 0; i < n; ++i) {
+      sumexp.f32()[i] = local_sumexp.f32()[i] * std::exp(local_max.f32()[i] - max.f32()[i]);
+      const int64_t t = int64_t(targets.i32()[i]) - first;
+      target_logit.f32()[i] = t >= 0 && t < v ? logits.f32()[i * v + t] : 0.0f;
+    }
+  }
+
+  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+                                  Tensor max) override {
+    require_f32("cross_entropy_shard_losses", {losses, sumexp, target_logit, max});
+    for (int64_t i = 0; i < losses.numel(); ++i)
+      losses.f32()[i] = std::log(sumexp.f32()[i]) + max.f32()[i] - target_logit.f32()[i];
   }
 
   void scale_rows(Tensor out, Tensor x, Tensor factor) override {

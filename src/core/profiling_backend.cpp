@@ -21,6 +21,51 @@ auto ProfilingBackend::timed(const std::string& kernel, F&& f, double flops) {
   return f();
 }
 
+void ProfilingBackend::to_host(void* dst, Tensor src) {
+  timed("to_host", [&] { inner_->to_host(dst, src); });
+}
+void ProfilingBackend::from_host(Tensor dst, const void* src) {
+  timed("from_host", [&] { inner_->from_host(dst, src); });
+}
+void ProfilingBackend::copy(Tensor dst, Tensor src) {
+  timed("copy", [&] { inner_->copy(dst, src); });
+}
+void ProfilingBackend::copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+                                    int64_t cols) {
+  timed("copy_columns", [&] { inner_->copy_columns(dst, dst_col, src, src_col, cols); });
+}
+int64_t ProfilingBackend::first_outside(Tensor ids, int64_t lo, int64_t hi) {
+  return timed("first_outside", [&] { return inner_->first_outside(ids, lo, hi); });
+}
+double ProfilingBackend::sum(Tensor x) {
+  return timed("sum", [&] { return inner_->sum(x); });
+}
+void ProfilingBackend::multiply(Tensor out, Tensor a, Tensor b) {
+  timed("multiply", [&] { inner_->multiply(out, a, b); });
+}
+void ProfilingBackend::divide(Tensor out, Tensor a, Tensor b) {
+  timed("divide", [&] { inner_->divide(out, a, b); });
+}
+void ProfilingBackend::rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+                                            bool reciprocal) {
+  timed("rms_from_sum_squares",
+        [&] { inner_->rms_from_sum_squares(out, sumsq, count, eps, reciprocal); });
+}
+void ProfilingBackend::cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit,
+                                                    Tensor local_sumexp, Tensor local_max,
+                                                    Tensor max, Tensor logits, Tensor targets,
+                                                    int64_t first) {
+  timed("cross_entropy_shard_partials", [&] {
+    inner_->cross_entropy_shard_partials(sumexp, target_logit, local_sumexp, local_max, max, logits,
+                                         targets, first);
+  });
+}
+void ProfilingBackend::cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+                                                  Tensor max) {
+  timed("cross_entropy_shard_losses",
+        [&] { inner_->cross_entropy_shard_losses(losses, sumexp, target_logit, max); });
+}
+
 void ProfilingBackend::gemm(const GemmArgs& a) {
   const std::string key =
       fmt::format("gemm {}x{}x{} {}{}{}", a.m, a.n, a.k, a.trans_a ? 'T' : 'N',

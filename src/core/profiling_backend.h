@@ -23,6 +23,17 @@ class ProfilingBackend final : public Backend {
   const std::map<std::string, KernelTime>& times() const { return times_; }
   void reset() { times_.clear(); }
 
+  // Memory is the inner backend's, and not timed as a kernel.
+  Device device() const override { return inner_->device(); }
+  void* allocate(size_t bytes, const char* what) override { return inner_->allocate(bytes, what); }
+  void deallocate(void* p, size_t bytes) override { inner_->deallocate(p, bytes); }
+  void to_host(void* dst, Tensor src) override;
+  void from_host(Tensor dst, const void* src) override;
+  void copy(Tensor dst, Tensor src) override;
+  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+                    int64_t cols) override;
+  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) override;
+
   void gemm(const GemmArgs& args) override;
   void embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
   void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override;
@@ -48,6 +59,11 @@ class ProfilingBackend final : public Backend {
   void fill_zero(Tensor x) override;
   void scale(Tensor x, float factor) override;
   double sum_squares(Tensor x) override;
+  double sum(Tensor x) override;
+  void multiply(Tensor out, Tensor a, Tensor b) override;
+  void divide(Tensor out, Tensor a, Tensor b) override;
+  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+                            bool reciprocal) override;
   void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override;
   void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override;
   void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override;
@@ -58,6 +74,11 @@ class ProfilingBackend final : public Backend {
   void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight, float eps) override;
   void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                               Tensor rstd, Tensor dot, int64_t d) override;
+  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
+                                    int64_t first) override;
+  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+                                  Tensor max) override;
   void scale_rows(Tensor out, Tensor x, Tensor factor) override;
   void row_dot(Tensor out, Tensor a, Tensor b) override;
   void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& args) override;

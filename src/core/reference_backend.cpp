@@ -6,6 +6,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/host_backend.h"
+
 namespace bottle {
 namespace {
 
@@ -77,7 +79,7 @@ void rmsnorm_backward_rows(const char* k, Tensor dx, Tensor dweight, Tensor dout
 
 double sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
-class ReferenceBackend final : public Backend {
+class ReferenceBackend final : public HostBackend {
  public:
   std::string_view name() const override { return "reference"; }
 
@@ -374,6 +376,86 @@ class ReferenceBackend final : public Backend {
     need_numel(k, b, a.numel(), "b");
     need_numel(k, out, a.numel(), "out");
     for (int64_t i = 0; i < a.numel(); ++i) out.f32()[i] = a.f32()[i] + b.f32()[i];
+  }
+
+  void copy(Tensor dst, Tensor src) override {
+    BOTTLE_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
+                 "reference backend: copy of {} {} into {} {}", dtype_name(src.dtype),
+                 src.shape.str(), dtype_name(dst.dtype), dst.shape.str());
+    const size_t size = dtype_size(dst.dtype);
+    const auto* s = static_cast<const unsigned char*>(src.data);
+    auto* o = static_cast<unsigned char*>(dst.data);
+    for (size_t i = 0; i < src.nbytes(); i += size)
+      for (size_t b = 0; b < size; ++b) o[i + b] = s[i + b];
+  }
+
+  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+                    int64_t cols) override {
+    check_copy_columns("reference", dst, dst_col, src, src_col, cols);
+    const int64_t size = int64_t(dtype_size(dst.dtype));
+    const auto* s = static_cast<const unsigned char*>(src.data);
+    auto* o = static_cast<unsigned char*>(dst.data);
+    for (int64_t i = 0; i < dst.rows(); ++i)
+      for (int64_t j = 0; j < cols; ++j)
+        for (int64_t b = 0; b < size; ++b)
+          o[((i * dst.cols()) + dst_col + j) * size + b] =
+              s[((i * src.cols()) + src_col + j) * size + b];
+  }
+
+  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) override {
+    need_dtype("first_outside", ids, DType::i32);
+    for (int64_t i = 0; i < ids.numel(); ++i)
+      if (ids.i32()[i] < lo || ids.i32()[i] >= hi) return i;
+    return -1;
+  }
+
+  double sum(Tensor x) override {
+    need_f32("sum", {x});
+    double s = 0.0;
+    for (int64_t i = 0; i < x.numel(); ++i) s += x.f32()[i];
+    return s;
+  }
+
+  void multiply(Tensor out, Tensor a, Tensor b) override {
+    need_f32("multiply", {out, a, b});
+    for (int64_t i = 0; i < out.numel(); ++i) out.f32()[i] = a.f32()[i] * b.f32()[i];
+  }
+
+  void divide(Tensor out, Tensor a, Tensor b) override {
+    need_f32("divide", {out, a, b});
+    for (int64_t i = 0; i < out.numel(); ++i) out.f32()[i] = a.f32()[i] / b.f32()[i];
+  }
+
+  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+                            bool reciprocal) override {
+    need_f32("rms_from_sum_squares", {out, sumsq});
+    for (int64_t i = 0; i < out.numel(); ++i) {
+      const double rms = std::sqrt(double(sumsq.f32()[i]) / double(count) + double(eps));
+      out.f32()[i] = float(reciprocal ? 1.0 / rms : rms);
+    }
+  }
+
+  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
+                                    int64_t first) override {
+    const char* k = "cross_entropy_shard_partials";
+    need_f32(k, {sumexp, target_logit, local_sumexp, local_max, max, logits});
+    need_dtype(k, targets, DType::i32);
+    const int64_t v = logits.cols();
+    for (int64_t i = 0; i < logits.rows(); ++i) {
+      sumexp.f32()[i] = float(double(local_sumexp.f32()[i]) *
+                              std::exp(double(local_max.f32()[i]) - double(max.f32()[i])));
+      const int64_t t = int64_t(targets.i32()[i]) - first;
+      target_logit.f32()[i] = t >= 0 && t < v ? logits.f32()[i * v + t] : 0.0f;
+    }
+  }
+
+  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+                                  Tensor max) override {
+    need_f32("cross_entropy_shard_losses", {losses, sumexp, target_logit, max});
+    for (int64_t i = 0; i < losses.numel(); ++i)
+      losses.f32()[i] = float(std::log(double(sumexp.f32()[i])) + double(max.f32()[i]) -
+                              double(target_logit.f32()[i]));
   }
 
   void accumulate(Tensor dst, Tensor src) override {

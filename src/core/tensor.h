@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <span>
 #include <string>
 
 #include "core/error.h"
@@ -12,7 +13,9 @@
 namespace bottle {
 
 enum class DType : uint8_t { f32, bf16, i32 };
+// Where a tensor's bytes live: the backend that allocated them says (Backend::device()).
 enum class Device : uint8_t { cpu };
+inline const char* device_name(Device) { return "cpu"; }
 
 inline size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
 inline const char* dtype_name(DType t) {
@@ -56,12 +59,43 @@ struct Tensor {
 
   int64_t numel() const { return shape.numel(); }
   size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  // Typed host access: only src/core (the backends) reads or writes tensor data
+  // (tools/check_device_clean.sh enforces it); layers pass tensors to Backend kernels.
   float* f32() const { return static_cast<float*>(data); }
   int32_t* i32() const { return static_cast<int32_t*>(data); }
   // Rows = all leading dims flattened; cols = the last dim.
   int64_t cols() const { return shape.rank ? shape[shape.rank - 1] : 1; }
   int64_t rows() const { return cols() ? numel() / cols() : 0; }
   bool empty() const { return data == nullptr; }
+
+  // The address of element `index`: address arithmetic for views and GEMM operands, which
+  // is valid on any device (nothing is read).
+  void* at(int64_t index) const {
+    return static_cast<char*>(data) + index * int64_t(dtype_size(dtype));
+  }
+  // A contiguous view of `shape` starting at element `offset`, within this tensor.
+  Tensor view(int64_t offset, Shape view_shape) const {
+    BOTTLE_CHECK(offset >= 0 && offset + view_shape.numel() <= numel(),
+                 "view {} at element {} exceeds a tensor of {} elements", view_shape.str(), offset,
+                 numel());
+    return Tensor{at(offset), view_shape, dtype, device};
+  }
+  // The same elements seen with another shape of the same size.
+  Tensor reshaped(Shape new_shape) const {
+    BOTTLE_CHECK(new_shape.numel() == numel(), "cannot view {} as {}", shape.str(),
+                 new_shape.str());
+    return Tensor{data, new_shape, dtype, device};
+  }
 };
+
+// A host buffer seen as a tensor, for what works on host memory: a communicator's staging
+// (checkpoint gathers, a check's inputs), the safetensors writer. Never for Backend kernels,
+// whose tensors come from an Arena on their own device.
+inline Tensor host_tensor(std::span<float> host) {
+  return Tensor{host.data(), {int64_t(host.size())}, DType::f32, Device::cpu};
+}
+inline Tensor host_tensor(std::span<int32_t> host) {
+  return Tensor{host.data(), {int64_t(host.size())}, DType::i32, Device::cpu};
+}
 
 }  // namespace bottle

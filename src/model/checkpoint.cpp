@@ -13,12 +13,13 @@ namespace bottle {
 
 namespace fs = std::filesystem;
 
-std::vector<float> gather_parameter(const ParamSpec& spec, const float* local, Communicator* tp) {
+std::vector<float> gather_parameter(const ParamSpec& spec, std::vector<float> local,
+                                    Communicator* tp) {
   const int64_t n = spec.shape.numel();
-  if (!spec.sharded() || !tp || tp->size() == 1) return std::vector<float>(local, local + n);
+  if (!spec.sharded() || !tp || tp->size() == 1) return local;
   std::vector<float> blocks(size_t(n) * size_t(tp->size()));
-  tp->all_gather(Tensor{blocks.data(), {int64_t(blocks.size())}},
-                 Tensor{const_cast<float*>(local), {n}}, "checkpoint.gather");
+  tp->all_gather(host_tensor(std::span(blocks)), host_tensor(std::span(local)),
+                 "checkpoint.gather");
   std::vector<float> whole(size_t(spec.full_shape.numel()));
   for (int r = 0; r < tp->size(); ++r) {
     const int64_t offset = spec.shape[spec.shard_dim] * r;
@@ -27,22 +28,20 @@ std::vector<float> gather_parameter(const ParamSpec& spec, const float* local, C
   return whole;
 }
 
-void read_parameter_slice(const SafeTensorsReader& reader, const std::string& name,
-                          const ParamSpec& spec, float* local) {
+std::vector<float> read_parameter_slice(const SafeTensorsReader& reader, const std::string& name,
+                                        const ParamSpec& spec) {
   const SafeTensorEntry& entry = reader.entry(name);
   const Shape& whole_shape = spec.full_shape;
   const std::vector<int64_t> expected(whole_shape.dims.begin(),
                                       whole_shape.dims.begin() + whole_shape.rank);
   BOTTLE_CHECK(entry.shape == expected, "{}: tensor '{}' has shape [{}], expected {}",
                reader.path(), name, fmt::join(entry.shape, ", "), whole_shape.str());
-  const int64_t n = spec.shape.numel();
-  if (!spec.sharded()) {
-    reader.read_f32(name, std::span<float>(local, size_t(n)));
-    return;
-  }
   std::vector<float> whole(size_t(whole_shape.numel()));
   reader.read_f32(name, std::span<float>(whole));
-  for (int64_t j = 0; j < n; ++j) local[j] = whole[spec.global_index(j)];
+  if (!spec.sharded()) return whole;
+  std::vector<float> local(size_t(spec.shape.numel()));
+  for (size_t j = 0; j < local.size(); ++j) local[j] = whole[size_t(spec.global_index(int64_t(j)))];
+  return local;
 }
 
 std::string index_file_name(const std::string& stem) { return stem + ".safetensors.index.json"; }
@@ -53,7 +52,7 @@ namespace {
 // writes what it kept to `path` (a rank that keeps nothing writes nothing).
 template <typename Owner>
 void write_owned(const std::string& path, const ParameterStore& params, Communicator* tp,
-                 const std::vector<std::pair<std::string, const float*>>& sources,
+                 const std::vector<std::pair<std::string, Tensor>>& sources,
                  const std::map<std::string, std::string>& metadata, Owner owner) {
   const int rank = tp ? tp->rank() : 0;
   std::vector<std::vector<float>> kept;
@@ -61,7 +60,9 @@ void write_owned(const std::string& path, const ParameterStore& params, Communic
   int j = 0;
   for (const auto& [prefix, flat] : sources)
     for (const ParamSpec& spec : params.specs()) {
-      std::vector<float> whole = gather_parameter(spec, flat + spec.offset, tp);
+      std::vector<float> local(size_t(spec.shape.numel()));
+      params.backend().to_host(local.data(), flat.view(spec.offset, spec.shape));
+      std::vector<float> whole = gather_parameter(spec, std::move(local), tp);
       if (owner(j++) != rank) continue;
       kept.push_back(std::move(whole));
       names.push_back({prefix + spec.name, spec.full_shape});
@@ -69,21 +70,21 @@ void write_owned(const std::string& path, const ParameterStore& params, Communic
   if (kept.empty()) return;
   std::vector<NamedTensor> tensors;
   for (size_t i = 0; i < kept.size(); ++i)
-    tensors.push_back({names[i].first, Tensor{kept[i].data(), names[i].second}});
+    tensors.push_back({names[i].first, host_tensor(std::span(kept[i])).reshaped(names[i].second)});
   write_safetensors(path, tensors, metadata);
 }
 
 }  // namespace
 
 void write_gathered(const std::string& path, const ParameterStore& params, Communicator* tp,
-                    const std::vector<std::pair<std::string, const float*>>& sources,
+                    const std::vector<std::pair<std::string, Tensor>>& sources,
                     const std::map<std::string, std::string>& metadata) {
   write_owned(path, params, tp, sources, metadata, [](int) { return 0; });
 }
 
 void write_shard(const std::string& dir, const std::string& stem, const ParameterStore& params,
                  Communicator* tp, const PipelineStage& stage,
-                 const std::vector<std::pair<std::string, const float*>>& sources,
+                 const std::vector<std::pair<std::string, Tensor>>& sources,
                  const std::map<std::string, std::string>& metadata) {
   const int t = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
   const int parts = stage.stages * t, part = stage.stage * t + rank;
@@ -202,7 +203,7 @@ void save_model(const LlamaModel& model, const std::string& dir) {
     write_hf_config(model.config(), (fs::path(dir) / kConfigFile).string());
   }
   write_gathered((fs::path(dir) / kWeightsFile).string(), model.parameters(), tp,
-                 {{"", model.parameters().values().f32()}}, {{"format", "pt"}});
+                 {{"", model.parameters().values()}}, {{"format", "pt"}});
 }
 
 ModelConfig read_model_config(const std::string& dir) {
@@ -225,7 +226,9 @@ void load_model_weights(LlamaModel& model, const std::string& dir) {
                    files.reader_for(name).path(), name, kConfigFile);
   for (size_t i = 0; i < params.specs().size(); ++i) {
     const std::string& name = params.specs()[i].name;
-    read_parameter_slice(files.reader_for(name), name, params.specs()[i], params.at(i).value.f32());
+    const std::vector<float> slice =
+        read_parameter_slice(files.reader_for(name), name, params.specs()[i]);
+    params.backend().from_host(params.at(i).value, slice.data());
   }
 }
 

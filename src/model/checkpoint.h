@@ -35,7 +35,7 @@ std::unique_ptr<LlamaModel> load_model(const std::string& dir);
 // out like params.values()), one tensor `prefix + name` per parameter, gathered over the
 // TP group. Every rank of the TP group calls it; its rank 0 writes `path`.
 void write_gathered(const std::string& path, const ParameterStore& params, Communicator* tp,
-                    const std::vector<std::pair<std::string, const float*>>& sources,
+                    const std::vector<std::pair<std::string, Tensor>>& sources,
                     const std::map<std::string, std::string>& metadata);
 // The same for a checkpoint written by every rank that owns a part of it: the stage's
 // tensors are dealt out round-robin over its TP ranks, each gathered to its owner, and
@@ -44,7 +44,7 @@ void write_gathered(const std::string& path, const ParameterStore& params, Commu
 // TP rank + 1, n = stages · t), which write_shard_index lists.
 void write_shard(const std::string& dir, const std::string& stem, const ParameterStore& params,
                  Communicator* tp, const PipelineStage& stage,
-                 const std::vector<std::pair<std::string, const float*>>& sources,
+                 const std::vector<std::pair<std::string, Tensor>>& sources,
                  const std::map<std::string, std::string>& metadata);
 std::string index_file_name(const std::string& stem);
 // Writes STEM.safetensors.index.json ({"weight_map": {tensor: file}}) in `dir` from the
@@ -66,11 +66,13 @@ class ShardedReader {
   mutable std::map<std::string, std::unique_ptr<SafeTensorsReader>> readers_;
 };
 
-// The whole of a parameter-shaped tensor whose slice this rank holds at `local` (every rank
-// of the TP group calls it and gets the whole).
-std::vector<float> gather_parameter(const ParamSpec& spec, const float* local, Communicator* tp);
-// This rank's slice of the whole tensor `name` of `reader`, shaped like `spec`'s whole.
-void read_parameter_slice(const SafeTensorsReader& reader, const std::string& name,
-                          const ParamSpec& spec, float* local);
+// The whole of a parameter-shaped tensor whose slice this rank holds (host copies; every
+// rank of the TP group calls it and gets the whole).
+std::vector<float> gather_parameter(const ParamSpec& spec, std::vector<float> local,
+                                    Communicator* tp);
+// This rank's slice (on the host) of the whole tensor `name` of `reader`, shaped like
+// `spec`'s whole; the caller stages it into its tensor with Backend::from_host.
+std::vector<float> read_parameter_slice(const SafeTensorsReader& reader, const std::string& name,
+                                        const ParamSpec& spec);
 
 }  // namespace bottle

@@ -80,8 +80,8 @@ LlamaModel::LlamaModel(const ModelConfig& config)
     : LlamaModel(config, TensorParallel{default_tp_mode(config)}) {}
 
 LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to,
-                       PipelineStage stage, bool reserve_only)
-    : config_(config), tp_(tp), stage_(stage), reserve_only_(reserve_only) {
+                       PipelineStage stage, bool reserve_only, Backend& memory)
+    : config_(config), tp_(tp), stage_(stage), reserve_only_(reserve_only), memory_(&memory) {
   config_.validate("model config", false);
   validate_tensor_parallel(config_, tp_.size(), tp_.mode, "parallel.");
   const int layers = int(config_.num_layers);
@@ -92,7 +92,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad
   end_layer_ = stage_.end_layer(layers);
   embedding_hidden_split_ = tp_.mode == TpMode::btp && !config_.tie_embeddings;
   declare_parameters();
-  params_.allocate(pad_parameters_to, reserve_only_);
+  params_.allocate(memory, pad_parameters_to, reserve_only_);
   bind_parameters();
 }
 
@@ -236,8 +236,8 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   batch_ = batch;
   seq_ = seq;
   recompute_ = policy;
-  activations_ = std::make_unique<Arena>(MemoryTag::activations, reserve_only_);
-  comm_ = std::make_unique<Arena>(MemoryTag::comm, reserve_only_);
+  activations_ = std::make_unique<Arena>(MemoryTag::activations, *memory_, reserve_only_);
+  comm_ = std::make_unique<Arena>(MemoryTag::comm, *memory_, reserve_only_);
   Arena& a = *activations_;
   const int64_t n = batch * seq, d = c.hidden_size, v_local = c.vocab_size / tp_.size();
   const int64_t d_res = tp_.mode == TpMode::btp ? d / tp_.size() : d;
@@ -317,13 +317,14 @@ MemoryBreakdown LlamaModel::memory() const {
   return m;
 }
 
-void LlamaModel::check_tokens(Tensor tokens, const char* what) const {
+void LlamaModel::check_tokens(Backend& be, Tensor tokens, const char* what) const {
   BOTTLE_CHECK(tokens.numel() == batch_ * seq_, "forward: expected {} x {} {}", batch_, seq_, what);
-  const int32_t* id = tokens.i32();
-  for (int64_t i = 0; i < tokens.numel(); ++i)
-    BOTTLE_CHECK(id[i] >= 0 && id[i] < config_.vocab_size,
-                 "{}: token id {} at position {} is outside the vocabulary [0, {})", what, id[i], i,
-                 config_.vocab_size);
+  if (const int64_t i = be.first_outside(tokens, 0, config_.vocab_size); i >= 0) {
+    int32_t id = 0;
+    be.to_host(&id, tokens.view(i, {1}));
+    fail("{}: token id {} at position {} is outside the vocabulary [0, {})", what, id, i,
+         config_.vocab_size);
+  }
 }
 
 bool LlamaModel::crosses_boundaries() const {
@@ -364,18 +365,21 @@ std::vector<Tensor> LlamaModel::stage_input_grad(int slot) const {
 
 float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets) {
   BOTTLE_CHECK(activations_, "forward before allocate_activations");
+  BOTTLE_CHECK(be.device() == memory_->device(),
+               "the model's memory is on {}, but backend '{}' runs on {}",
+               device_name(memory_->device()), be.name(), device_name(be.device()));
   BOTTLE_CHECK(slot_index >= 0 && slot_index < int(slots_.size()), "micro-batch slot {} of {}",
                slot_index, slots_.size());
   Slot& s = slots_[size_t(slot_index)];
   const int64_t first = vocab_first();
   if (stage_.first()) {
-    check_tokens(tokens, "tokens");
+    check_tokens(be, tokens, "tokens");
     if (embedding_hidden_split_) {
       be.embedding_forward(s.residual[0], tokens, embedding_.value);  // [N, d/t], no comm
     } else if (tp_.mode == TpMode::btp) {
       vocab_parallel_embedding_forward(be, tp_, s.whole, tokens, embedding_.value, first,
                                        "vocab.fwd.embedding");
-      scatter_last_dim(tp_, s.residual[0], s.whole);
+      scatter_last_dim(be, tp_, s.residual[0], s.whole);
     } else {
       vocab_parallel_embedding_forward(be, tp_, s.residual[0], tokens, embedding_.value, first,
                                        "vocab.fwd.embedding");
@@ -389,14 +393,14 @@ float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   Tensor last = s.residual.back();
   if (tp_.mode == TpMode::btp) {
     // The residual stream is gathered once, at the end of the model.
-    gather_last_dim(tp_, s.whole, last, gather_scratch_, "model.fwd.final_gather");
+    gather_last_dim(be, tp_, s.whole, last, gather_scratch_, "model.fwd.final_gather");
     last = s.whole;
   }
   s.final_norm.forward(be, last);
   // copy_to(final norm output): forward identity; the LM head is split by vocabulary.
   linear_forward(be, s.logits, s.final_norm.out, lm_head_.value);
   if (targets.empty()) return 0.0f;
-  check_tokens(targets, "targets");
+  check_tokens(be, targets, "targets");
   return s.loss.forward(be, tp_, s.logits, targets, first);
 }
 
@@ -415,11 +419,11 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
     be.fill_zero(whole_grad_);
     s.final_norm.backward(be, whole_grad_, dfinal_, last);
     if (tp_.mode == TpMode::btp)
-      scatter_last_dim(tp_, grad_.residual, whole_grad_);
+      scatter_last_dim(be, tp_, grad_.residual, whole_grad_);
     else
-      std::memcpy(grad_.residual.data, whole_grad_.data, whole_grad_.nbytes());
+      be.copy(grad_.residual, whole_grad_);
   } else {
-    std::memcpy(grad_.residual.data, s.output_grad.data, s.output_grad.nbytes());
+    be.copy(grad_.residual, s.output_grad);
     // The next stage's first block crossed with our last latents: its share of their
     // gradients joins theirs before our last block's backward.
     if (crosses_boundaries())
@@ -440,13 +444,13 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
     block_backward(be, tp_, s.blocks[i], prev, s.residual[i], grad_);
   }
   if (!stage_.first()) {
-    std::memcpy(s.input_grad.data, grad_.residual.data, grad_.residual.nbytes());
+    be.copy(s.input_grad, grad_.residual);
     return;
   }
   if (embedding_hidden_split_) {
     be.embedding_backward(embedding_.grad, tokens, grad_.residual);
   } else if (tp_.mode == TpMode::btp) {
-    gather_last_dim(tp_, whole_grad_, grad_.residual, gather_scratch_,
+    gather_last_dim(be, tp_, whole_grad_, grad_.residual, gather_scratch_,
                     "model.bwd.embedding_gather");
     vocab_parallel_embedding_backward(be, embedding_.grad, tokens, whole_grad_, first);
   } else {
@@ -492,7 +496,7 @@ double LlamaModel::grad_sum_squares(Backend& be, int64_t begin, int64_t end) con
     const int64_t lo = std::max(spec.offset, begin),
                   hi = std::min(spec.offset + spec.shape.numel(), end);
     if (lo >= hi) continue;
-    const double s = be.sum_squares(Tensor{params_.grads().f32() + lo, {hi - lo}});
+    const double s = be.sum_squares(params_.grads().view(lo, {hi - lo}));
     (spec.sharded() ? sharded : whole) += s;
   }
   return reduce_scalar(tp_.comm, sharded, ReduceOp::sum, "tp.grad_norm") + whole;

@@ -45,8 +45,11 @@ class LlamaModel {
   // stage: this rank's share of a pipeline (the whole model by default).
   // reserve_only: a plan of the rank's footprint (memory()) that holds no memory; it can
   // lay out buffers but not run.
+  // memory: the backend whose memory holds the parameters and activations; forward and
+  // backward then run on a backend of the same device.
   explicit LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to = 1,
-                      PipelineStage stage = {}, bool reserve_only = false);
+                      PipelineStage stage = {}, bool reserve_only = false,
+                      Backend& memory = host_backend());
   explicit LlamaModel(const ModelConfig& config);
 
   const ModelConfig& config() const { return config_; }
@@ -118,7 +121,7 @@ class LlamaModel {
  private:
   void declare_parameters();
   void bind_parameters();
-  void check_tokens(Tensor tokens, const char* what) const;
+  void check_tokens(Backend& be, Tensor tokens, const char* what) const;
 
   // The activations of one micro-batch in flight.
   struct Slot {
@@ -149,6 +152,7 @@ class LlamaModel {
   RMSNorm final_norm_;
 
   bool reserve_only_ = false;
+  Backend* memory_ = nullptr;  // where parameters and activations live
   int64_t batch_ = 0, seq_ = 0;
   Recompute recompute_ = Recompute::none;
   double recompute_seconds_ = 0;

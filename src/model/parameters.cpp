@@ -1,6 +1,9 @@
 #include "model/parameters.h"
 
 #include <cmath>
+#include <vector>
+
+#include "core/host_parallel.h"
 
 namespace bottle {
 namespace {
@@ -53,9 +56,9 @@ void ParameterStore::declare(ParamSpec spec) {
   specs_.push_back(std::move(spec));
 }
 
-void ParameterStore::allocate(int64_t multiple, bool reserve_only) {
-  value_arena_ = std::make_unique<Arena>(MemoryTag::weights, reserve_only);
-  grad_arena_ = std::make_unique<Arena>(MemoryTag::gradients, reserve_only);
+void ParameterStore::allocate(Backend& memory, int64_t multiple, bool reserve_only) {
+  value_arena_ = std::make_unique<Arena>(MemoryTag::weights, memory, reserve_only);
+  grad_arena_ = std::make_unique<Arena>(MemoryTag::gradients, memory, reserve_only);
   const int64_t padded = (count_ + multiple - 1) / multiple * multiple;
   values_ = value_arena_->alloc({padded});
   grads_ = grad_arena_->alloc({padded});
@@ -64,8 +67,8 @@ void ParameterStore::allocate(int64_t multiple, bool reserve_only) {
 Param ParameterStore::at(size_t i) const {
   const ParamSpec& s = specs_[i];
   Param p;
-  p.value = Tensor{values_.f32() + s.offset, s.shape};
-  p.grad = Tensor{grads_.f32() + s.offset, s.shape};
+  p.value = values_.view(s.offset, s.shape);
+  p.grad = grads_.view(s.offset, s.shape);
   return p;
 }
 
@@ -77,17 +80,18 @@ Param ParameterStore::get(const std::string& name) const {
 
 void ParameterStore::initialize(uint64_t seed) {
   BOTTLE_CHECK(!value_arena_->reserve_only(), "initialising parameters that are only planned");
+  std::vector<float> host;  // one parameter's slice, drawn on the host and staged in
   for (size_t i = 0; i < specs_.size(); ++i) {
     const ParamSpec& s = specs_[i];
-    float* v = at(i).value.f32();
     const int64_t n = s.shape.numel();
-    if (s.init != ParamInit::normal) {
-      std::fill(v, v + n, s.init == ParamInit::ones ? 1.0f : 0.0f);
-      continue;
+    host.assign(size_t(n), s.init == ParamInit::ones ? 1.0f : 0.0f);
+    if (s.init == ParamInit::normal) {
+      const uint64_t key = hash_name(seed, s.name);
+      float* v = host.data();
+      host_parallel_for(
+          n, [&](int64_t j) { v[j] = s.std * counter_normal(key, uint64_t(s.global_index(j))); });
     }
-    const uint64_t key = hash_name(seed, s.name);
-#pragma omp parallel for schedule(static)
-    for (int64_t j = 0; j < n; ++j) v[j] = s.std * counter_normal(key, uint64_t(s.global_index(j)));
+    backend().from_host(at(i).value, host.data());
   }
 }
 

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "core/backend.h"
 #include "nn/param.h"
 
 namespace bottle {
@@ -40,8 +41,11 @@ class ParameterStore {
   // Planning: declare every parameter, then allocate() once. The flat buffers are padded
   // to a multiple of `multiple` elements (ZeRO-1 cuts them into equal shards).
   void declare(ParamSpec spec);
-  // reserve_only: plans the footprint without using memory (Arena's reserve mode).
-  void allocate(int64_t multiple = 1, bool reserve_only = false);
+  // The buffers come from `memory` (the backend that runs the model); reserve_only: plans
+  // the footprint without using memory (Arena's reserve mode).
+  void allocate(Backend& memory, int64_t multiple = 1, bool reserve_only = false);
+  // The backend the buffers belong to (it stages them to and from the host).
+  Backend& backend() const { return value_arena_->backend(); }
 
   Param get(const std::string& name) const;  // throws naming the parameter
   bool contains(const std::string& name) const { return index_.count(name) != 0; }

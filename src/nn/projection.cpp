@@ -10,7 +10,7 @@ void strided_forward(Backend& be, Tensor y, Tensor x, int64_t offset, Tensor w, 
   GemmArgs g;
   g.trans_b = true;
   g.m = x.rows(), g.n = w.rows(), g.k = w.cols();
-  g.a = x.f32() + offset, g.lda = x.cols();
+  g.a = x.at(offset), g.lda = x.cols();
   g.b = w.data, g.ldb = w.cols();
   g.c = y.data, g.ldc = y.cols();
   g.beta = accumulate ? 1.0f : 0.0f;
@@ -24,7 +24,7 @@ void strided_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, int64_t offs
   if (!dx.empty()) {
     GemmArgs g;
     g.m = n, g.n = in, g.k = out;
-    g.a = dy.f32() + offset, g.lda = dy.cols();
+    g.a = dy.at(offset), g.lda = dy.cols();
     g.b = w.data, g.ldb = in;
     g.c = dx.data, g.ldc = in;
     g.beta = accumulate_dx ? 1.0f : 0.0f;
@@ -33,7 +33,7 @@ void strided_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, int64_t offs
   GemmArgs g;
   g.trans_a = true;
   g.m = out, g.n = in, g.k = n;
-  g.a = dy.f32() + offset, g.lda = dy.cols();
+  g.a = dy.at(offset), g.lda = dy.cols();
   g.b = x.data, g.ldb = in;
   g.c = dw.data, g.ldc = in;
   g.beta = 1.0f;
@@ -102,7 +102,7 @@ ProjectionSlabs allocate_grouped_activations(const ProjectionAllocators& from, i
   Tensor dz_slab = svd ? slabs.du : from.grads.alloc({total});
   int64_t offset = 0;
   for (Projection* p : group) {
-    auto view = [&](Tensor slab) { return Tensor{slab.f32() + offset, {rows, p->rank}}; };
+    auto view = [&](Tensor slab) { return slab.view(offset, {rows, p->rank}); };
     p->z = view(slabs.z);
     p->du = view(slabs.du);
     p->u = view(u_slab);
@@ -167,7 +167,7 @@ void Projection::up_backward(Backend& be, Tensor dy) {
   w.trans_a = true;
   w.m = d_out, w.n = shard_rank, w.k = dy.rows();
   w.a = dy.data, w.lda = d_out;
-  w.b = u.f32() + shard_offset, w.ldb = rank;
+  w.b = u.at(shard_offset), w.ldb = rank;
   w.c = B.grad.data, w.ldc = shard_rank;
   w.beta = 1.0f;
   be.gemm(w);

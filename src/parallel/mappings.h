@@ -19,9 +19,9 @@ void copy_to_backward(const TensorParallel& tp, Tensor dx, std::string_view site
 // Forward of reduce_from: y [N, C] partial sums → the sum, in place.
 void reduce_from_forward(const TensorParallel& tp, Tensor y, std::string_view site);
 // gather: out [N, C·t] = the ranks' in [N, C] side by side; scratch holds t·N·C elements.
-void gather_last_dim(const TensorParallel& tp, Tensor out, Tensor in, Tensor scratch,
+void gather_last_dim(Backend& be, const TensorParallel& tp, Tensor out, Tensor in, Tensor scratch,
                      std::string_view site);
 // scatter: out [N, C] = this rank's columns [rank·C, (rank+1)·C) of in [N, C·t] (no comm).
-void scatter_last_dim(const TensorParallel& tp, Tensor out, Tensor in);
+void scatter_last_dim(Backend& be, const TensorParallel& tp, Tensor out, Tensor in);
 
 }  // namespace bottle

@@ -53,8 +53,8 @@ struct OnlineRMSNorm {
                 std::string_view site);
 
  private:
-  void set_local_rms(Tensor sumsq);        // rms_local from S_i
-  void set_whole_rms(Tensor sumsq_total);  // rstd, and factor = rms_local · rstd
+  void set_local_rms(Backend& be, Tensor sumsq);        // rms_local from S_i
+  void set_whole_rms(Backend& be, Tensor sumsq_total);  // rstd, and factor = rms_local · rstd
 };
 
 }  // namespace bottle

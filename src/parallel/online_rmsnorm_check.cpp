@@ -53,12 +53,25 @@ AbsDiff diff_of_column_parts(const float* parts, const std::vector<float>& whole
 }
 
 // The ranks' parts side by side on every rank (one rank: the part itself).
-std::vector<float> gather(const TensorParallel& tp, std::vector<float>& part, const char* site) {
+std::vector<float> gather(const TensorParallel& tp, std::vector<float> part, const char* site) {
   if (tp.size() == 1) return part;
   std::vector<float> all(part.size() * size_t(tp.size()));
-  tp.comm->all_gather(Tensor{all.data(), {int64_t(all.size())}},
-                      Tensor{part.data(), {int64_t(part.size())}}, site);
+  tp.comm->all_gather(host_tensor(std::span(all)), host_tensor(std::span(part)), site);
   return all;
+}
+
+// A tensor's elements, staged to the host.
+std::vector<float> to_host(Backend& be, Tensor t) {
+  std::vector<float> host(size_t(t.numel()));
+  be.to_host(host.data(), t);
+  return host;
+}
+
+// A new tensor of `shape` holding `host`.
+Tensor staged(Backend& be, Arena& arena, Shape shape, const std::vector<float>& host) {
+  Tensor t = arena.alloc(shape);
+  be.from_host(t, host.data());
+  return t;
 }
 
 }  // namespace
@@ -73,7 +86,8 @@ OnlineNormDiffs compare_online_rmsnorm(Backend& be, const TensorParallel& tp,
                n, d, r, t);
   const int64_t dl = d / t;
   std::vector<float> x = floats(n * d), gamma = floats(d), a = floats(r * d), dz = floats(n * r);
-  // Drawn once and broadcast: at the bench's sizes drawing takes longer than the GEMMs.
+  // Drawn once on the host and broadcast: at the bench's sizes drawing takes longer than
+  // the GEMMs.
   if (me == 0) {
     std::mt19937 rng(problem.seed);
     std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -84,56 +98,56 @@ OnlineNormDiffs compare_online_rmsnorm(Backend& be, const TensorParallel& tp,
   }
   if (t > 1)
     for (std::vector<float>* v : {&x, &gamma, &a, &dz})
-      tp.comm->broadcast(Tensor{v->data(), {int64_t(v->size())}}, 0, "check.norm.inputs");
-  Tensor DZ{dz.data(), {n, r}};
+      tp.comm->broadcast(host_tensor(std::span(*v)), 0, "check.norm.inputs");
+  Arena arena(MemoryTag::activations, be);
+  const Tensor DZ = staged(be, arena, {n, r}, dz);  // [N, r] ∂z, whole on every rank
 
   // This rank: its columns [me·d/t, (me+1)·d/t) of x, γ and A.
-  std::vector<float> xl = columns(x, n, d, me * dl, dl), gl = columns(gamma, 1, d, me * dl, dl),
-                     al = columns(a, r, d, me * dl, dl), gl_grad = floats(dl);
-  Tensor XL{xl.data(), {n, dl}}, AL{al.data(), {r, dl}};
-  Arena arena(MemoryTag::activations);
+  const Tensor XL = staged(be, arena, {n, dl}, columns(x, n, d, me * dl, dl)),
+               AL = staged(be, arena, {r, dl}, columns(a, r, d, me * dl, dl));
   OnlineRMSNorm norm;
-  norm.weight = Param{Tensor{gl.data(), {dl}}, Tensor{gl_grad.data(), {dl}}};
+  norm.weight =
+      Param{staged(be, arena, {dl}, columns(gamma, 1, d, me * dl, dl)), arena.alloc({dl})};
   norm.d = d;
   norm.allocate_activations(arena, n, dl);
-  std::vector<float> slab = floats(n * r + n);  // [z | S]: one all-reduce, as in btp
-  Tensor z{slab.data(), {n, r}}, sumsq{slab.data() + n * r, {n}};
+  const Tensor slab = arena.alloc({n * r + n});  // [z | S]: one all-reduce, as in btp
+  const Tensor z = slab.view(0, {n, r}), sumsq = slab.view(n * r, {n});
   norm.forward_local(be, XL, sumsq);
   linear_forward(be, z, norm.out, AL);
   const std::array<Tensor, 1> zs{z};
   norm.scale_partials(be, zs, sumsq);
-  if (tp.comm) tp.comm->all_reduce(Tensor{slab.data(), {n * r + n}}, ReduceOp::sum, "check.norm");
+  if (tp.comm) tp.comm->all_reduce(slab, ReduceOp::sum, "check.norm");
   norm.finish(be, zs, sumsq);
   // Backward: dn_i = dz A_i locally, then the norm's backward with the whole-row statistic.
-  std::vector<float> dnl = floats(n * dl), dxl = floats(n * dl);
-  Tensor DNL{dnl.data(), {n, dl}};
+  const Tensor DNL = arena.alloc({n, dl}), DXL = arena.alloc({n, dl});
   const std::array<std::pair<Tensor, Tensor>, 1> latents{std::pair{z, DZ}};
   if (tp.norm_backward == NormStatistic::from_latent) norm.latent_statistic(be, latents);
   input_gradient(be, DNL, DZ, AL);
-  norm.backward(be, tp, Tensor{dxl.data(), {n, dl}}, DNL, XL, "check.norm.stat");
-  const std::vector<float> dx_parts = gather(tp, dxl, "check.norm.dx"),
-                           dgamma_parts = gather(tp, gl_grad, "check.norm.dgamma");
+  norm.backward(be, tp, DXL, DNL, XL, "check.norm.stat");
+  const std::vector<float> dx_parts = gather(tp, to_host(be, DXL), "check.norm.dx"),
+                           dgamma_parts =
+                               gather(tp, to_host(be, norm.weight.grad), "check.norm.dgamma");
 
   std::array<float, 6> result{};  // the differences, from rank 0 to every rank
   if (me == 0) {
     // One rank: RMSNorm, then z = n Aᵀ; backward dn = dz A, then RMSNorm's backward.
-    std::vector<float> normed = floats(n * d), rstd = floats(n), z_ref = floats(n * r),
-                       dx_ref = floats(n * d), dgamma = floats(d);
-    Tensor X{x.data(), {n, d}}, G{gamma.data(), {d}}, A{a.data(), {r, d}};
-    Tensor NORMED{normed.data(), {n, d}}, RSTD{rstd.data(), {n}};
-    be.rmsnorm_forward(NORMED, RSTD, X, G, norm.eps);
-    linear_forward(be, Tensor{z_ref.data(), {n, r}}, NORMED, A);
-    std::vector<float>& dn = normed;  // the normalised input is not read again
-    input_gradient(be, Tensor{dn.data(), {n, d}}, DZ, A);
-    be.rmsnorm_backward(Tensor{dx_ref.data(), {n, d}}, Tensor{dgamma.data(), {d}},
-                        Tensor{dn.data(), {n, d}}, X, G, RSTD);
-    const AbsDiff out = diff_of_column_parts(slab.data(), z_ref, n, r, 1),
-                  dx = diff_of_column_parts(dx_parts.data(), dx_ref, n, dl, t),
-                  dg = diff_of_column_parts(dgamma_parts.data(), dgamma, 1, dl, t);
+    Arena whole(MemoryTag::activations, be);
+    const Tensor X = staged(be, whole, {n, d}, x), G = staged(be, whole, {d}, gamma),
+                 A = staged(be, whole, {r, d}, a);
+    const Tensor normed = whole.alloc({n, d}), rstd = whole.alloc({n}), z_ref = whole.alloc({n, r}),
+                 dx_ref = whole.alloc({n, d}), dgamma = whole.alloc({d});
+    be.rmsnorm_forward(normed, rstd, X, G, norm.eps);
+    linear_forward(be, z_ref, normed, A);
+    const Tensor dn = normed;  // the normalised input is not read again
+    input_gradient(be, dn, DZ, A);
+    be.rmsnorm_backward(dx_ref, dgamma, dn, X, G, rstd);
+    const AbsDiff out = diff_of_column_parts(to_host(be, z).data(), to_host(be, z_ref), n, r, 1),
+                  dx = diff_of_column_parts(dx_parts.data(), to_host(be, dx_ref), n, dl, t),
+                  dg = diff_of_column_parts(dgamma_parts.data(), to_host(be, dgamma), 1, dl, t);
     result = {float(out.max), float(out.mean), float(dx.max),
               float(dx.mean), float(dg.max),   float(dg.mean)};
   }
-  if (tp.comm) tp.comm->broadcast(Tensor{result.data(), {6}}, 0, "check.norm.result");
+  if (tp.comm) tp.comm->broadcast(host_tensor(std::span(result)), 0, "check.norm.result");
   return {{result[0], result[1]}, {result[2], result[3]}, {result[4], result[5]}};
 }
 

@@ -63,7 +63,7 @@ void group_up_forward(Backend& be, ProjectionSpan group, std::span<const Tensor>
       },
       [&](size_t i) {
         Projection& p = *group[i];
-        return GemmOperands{p.u.f32() + held_offset(p), p.B.value.data, ys[i].data};
+        return GemmOperands{p.u.at(held_offset(p)), p.B.value.data, ys[i].data};
       });
 }
 
@@ -93,7 +93,7 @@ void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor
       },
       [&](size_t i) {
         Projection& p = *group[i];
-        return GemmOperands{dys[i].data, p.u.f32() + held_offset(p), p.B.grad.data};
+        return GemmOperands{dys[i].data, p.u.at(held_offset(p)), p.B.grad.data};
       });
 }
 
@@ -104,7 +104,7 @@ void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x,
     const Projection& p = *group[i];
     GemmArgs g;
     g.m = x.rows(), g.n = p.d_in, g.k = held(p);
-    g.a = p.dz.f32() + held_offset(p), g.lda = p.rank;
+    g.a = p.dz.at(held_offset(p)), g.lda = p.rank;
     g.b = p.A.value.data, g.ldb = p.d_in;
     g.c = dx.data, g.ldc = p.d_in;
     g.beta = accumulate_dx || i > 0 ? 1.0f : 0.0f;
@@ -122,7 +122,7 @@ void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x,
       },
       [&](size_t i) {
         Projection& p = *group[i];
-        return GemmOperands{p.dz.f32() + held_offset(p), x.data, p.A.grad.data};
+        return GemmOperands{p.dz.at(held_offset(p)), x.data, p.A.grad.data};
       });
   for (Projection* p : group) be.fill_zero(p->du);
 }

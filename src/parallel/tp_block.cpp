@@ -5,9 +5,7 @@
 namespace bottle {
 namespace {
 
-Tensor slab_view(Tensor slab, int64_t offset, Shape shape) {
-  return Tensor{slab.f32() + offset, shape};
-}
+Tensor slab_view(Tensor slab, int64_t offset, Shape shape) { return slab.view(offset, shape); }
 
 int64_t widest_sharded_rank(const TpBlock& b) {
   int64_t widest = 0;
@@ -130,7 +128,7 @@ Tensor prev_latent_grad(TpBlock* prev, const TpBlock& b, ProjectionId p) {
   return b[p].crossing ? (*prev)[p].du : Tensor{};
 }
 
-Tensor attention_output(const TpBlock& b) { return Tensor{b.attention.out.data, b.q.shape}; }
+Tensor attention_output(const TpBlock& b) { return b.attention.out.reshaped(b.q.shape); }
 
 void block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev, Tensor x,
                    Tensor out) {

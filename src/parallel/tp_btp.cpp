@@ -42,9 +42,7 @@ std::string site(const char* pass, const Group& g, size_t i) {
 }
 
 // The RMSNorm statistic ΣS travels after a group's latents in its all-reduce slab.
-Tensor slab_statistic(Tensor slab, int64_t rows) {
-  return Tensor{slab.f32() + slab.numel() - rows, {rows}};
-}
+Tensor slab_statistic(Tensor slab, int64_t rows) { return slab.view(slab.numel() - rows, {rows}); }
 
 void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
                      const Group& g) {
@@ -61,7 +59,7 @@ void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64
     return;
   }
   for (size_t i = 0; i < g.size; ++i) {
-    Tensor z = i == 0 ? g[i].z : Tensor{g[i].z.data, {g[i].z.numel()}};
+    Tensor z = i == 0 ? g[i].z : g[i].z.reshaped({g[i].z.numel()});
     if (i + 1 == g.size) z = Tensor{z.data, {z.numel() + tail}};
     copy_to_backward(tp, z, site(pass, g, i));
   }
@@ -97,7 +95,7 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpB
   std::array<Tensor, 3> parts{};
   int64_t offset = 0;
   for (size_t i = 0; i < g.size; ++i) {
-    parts[i] = Tensor{grads.latent_part.f32() + offset, g[i].du.shape};
+    parts[i] = grads.latent_part.view(offset, g[i].du.shape);
     offset += g[i].du.numel();
   }
   // The crossing of the next block may already have added its share to du, so B's partial
@@ -107,7 +105,7 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpB
     group_up_backward(be, g.span(), dys, {parts.data(), g.size}, false, tp.grouping);
   }
   if (tp.grouping || g.size == 1) {
-    copy_to_backward(tp, Tensor{grads.latent_part.data, {offset}},
+    copy_to_backward(tp, grads.latent_part.view(0, {offset}),
                      g.size == 1 ? site("bwd", g, 0) : std::string(group_site));
   } else {
     for (size_t i = 0; i < g.size; ++i) copy_to_backward(tp, parts[i], site("bwd", g, i));

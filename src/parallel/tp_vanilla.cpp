@@ -31,7 +31,7 @@ void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const Tp
                      const char* component) {
   for (size_t i = 0; i < group.size(); ++i) {
     Projection& p = *group[i];
-    if (p.sharded()) gather_last_dim(tp, p.z, p.z_shard, b.gather, "vanilla.fwd.lax_gather");
+    if (p.sharded()) gather_last_dim(be, tp, p.z, p.z_shard, b.gather, "vanilla.fwd.lax_gather");
     const ComponentTimer timer(tp, component);
     p.latent_forward(be, prev_latent(prev, b, ids[i]));
   }
@@ -45,8 +45,8 @@ void latents_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock
     Tensor whole;
     if (p.sharded()) {
       const int64_t n = p.du.rows();
-      whole = Tensor{g.gather.f32() + n * p.rank, {n, p.rank}};
-      gather_last_dim(tp, whole, p.du_shard, g.gather, "vanilla.bwd.lax_gather");
+      whole = g.gather.view(n * p.rank, {n, p.rank});  // after the gather's own scratch
+      gather_last_dim(be, tp, whole, p.du_shard, g.gather, "vanilla.bwd.lax_gather");
     }
     const ComponentTimer timer(tp, component);
     if (p.sharded()) be.accumulate(p.du, whole);

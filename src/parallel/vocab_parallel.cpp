@@ -1,7 +1,5 @@
 #include "parallel/vocab_parallel.h"
 
-#include <cmath>
-
 #include "parallel/mappings.h"
 
 namespace bottle {
@@ -26,23 +24,16 @@ void VocabParallelCrossEntropy::allocate_activations(Allocator& arena, int64_t r
 
 float VocabParallelCrossEntropy::forward(Backend& be, const TensorParallel& tp, Tensor logits,
                                          Tensor targets, int64_t first) {
-  const int64_t n = logits.rows(), v = logits.cols();
-  float* sumexp = sums.f32();
-  float* target_logit = sums.f32() + n;
-  be.logits_row_stats(max, losses, logits);  // losses: this rank's Σ exp(l - local max)
-  for (int64_t i = 0; i < n; ++i) sumexp[i] = max.f32()[i];
+  const int64_t n = logits.rows();
+  Tensor local_sumexp = losses;  // [N] this rank's Σ exp(l - local max), until the losses
+  be.logits_row_stats(max, local_sumexp, logits);
+  be.copy(sumexp(), max);  // the local max, read once the max is whole
   if (tp.size() > 1) tp.comm->all_reduce(max, ReduceOp::max, "vocab.ce.max");
-  for (int64_t i = 0; i < n; ++i) {
-    sumexp[i] = losses.f32()[i] * std::exp(sumexp[i] - max.f32()[i]);
-    const int64_t t = int64_t(targets.i32()[i]) - first;
-    target_logit[i] = t >= 0 && t < v ? logits.f32()[i * v + t] : 0.0f;
-  }
+  be.cross_entropy_shard_partials(sumexp(), target_logit(), local_sumexp, sumexp(), max, logits,
+                                  targets, first);
   if (tp.size() > 1) tp.comm->all_reduce(sums, ReduceOp::sum, "vocab.ce.sums");
-  double total = 0.0;
-  for (int64_t i = 0; i < n; ++i) {
-    losses.f32()[i] = std::log(sumexp[i]) + max.f32()[i] - target_logit[i];
-    total += losses.f32()[i];
-  }
+  be.cross_entropy_shard_losses(losses, sumexp(), target_logit(), max);
+  const double total = be.sum(losses);
   return float(total / double(n));
 }
 

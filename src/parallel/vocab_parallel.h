@@ -32,7 +32,8 @@ struct VocabParallelCrossEntropy {
   void backward(Backend& be, Tensor dlogits, Tensor logits, Tensor targets, int64_t first,
                 float scale);
 
-  Tensor sumexp() const { return Tensor{sums.data, {max.numel()}}; }
+  Tensor sumexp() const { return sums.view(0, {max.numel()}); }                  // [N]
+  Tensor target_logit() const { return sums.view(max.numel(), {max.numel()}); }  // [N]
 };
 
 }  // namespace bottle

@@ -120,18 +120,18 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
   barrier();
   // Each pipeline stage writes its own shard: the TP slices are gathered to the stage's TP
   // rank 0 (and ZeRO-1's moment shards over the DP group); DP replicas write nothing.
-  Arena moments_arena(MemoryTag::comm);
   const ParameterStore& params = model.parameters();
+  Arena moments_arena(MemoryTag::comm, params.backend());
   const Tensor m = moments_arena.alloc(params.values().shape),
                v = moments_arena.alloc(params.values().shape);
   optimizer.gather_moments(m, v, dp);
   if (!dp || dp->rank() == 0) {
     Communicator* tp = model.tensor_parallel().comm;
-    write_shard(temp.string(), "model", params, tp, model.stage(), {{"", params.values().f32()}},
+    write_shard(temp.string(), "model", params, tp, model.stage(), {{"", params.values()}},
                 {{"format", "pt"}});
     failpoint(2);
     write_shard(temp.string(), "optimizer", params, tp, model.stage(),
-                {{"exp_avg/", m.f32()}, {"exp_avg_sq/", v.f32()}},
+                {{"exp_avg/", m}, {"exp_avg_sq/", v}},
                 {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
     failpoint(3);
   }
@@ -196,13 +196,14 @@ nlohmann::json CheckpointStore::load(const std::string& dir, LlamaModel& model, 
   load_model_weights(model, dir);
   const ShardedReader files(dir, "optimizer");
   const ParameterStore& params = model.parameters();
-  Arena moments_arena(MemoryTag::comm);
+  Arena moments_arena(MemoryTag::comm, params.backend());
   const Tensor m = moments_arena.alloc(params.values().shape),
                v = moments_arena.alloc(params.values().shape);
   for (const ParamSpec& spec : params.specs()) {
     for (const auto& [which, flat] : {std::pair{"exp_avg", m}, std::pair{"exp_avg_sq", v}}) {
       const std::string tensor = moment_name(which, spec.name);
-      read_parameter_slice(files.reader_for(tensor), tensor, spec, flat.f32() + spec.offset);
+      const std::vector<float> slice = read_parameter_slice(files.reader_for(tensor), tensor, spec);
+      params.backend().from_host(flat.view(spec.offset, spec.shape), slice.data());
     }
   }
   optimizer.load_moments(m, v);

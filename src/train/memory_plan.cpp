@@ -194,8 +194,7 @@ std::vector<std::vector<size_t>> gather_sizes(Communicator& world, std::span<con
     mine[2 * i + 1] = int32_t(uint32_t(uint64_t(sizes[i]) >> 32));
   }
   if (world.size() > 1)
-    world.all_gather(Tensor{all.data(), {int64_t(all.size())}, DType::i32},
-                     Tensor{mine.data(), {int64_t(mine.size())}, DType::i32}, "train.memory");
+    world.all_gather(host_tensor(std::span(all)), host_tensor(std::span(mine)), "train.memory");
   else
     all = mine;
   std::vector<std::vector<size_t>> out(size_t(world.size()), std::vector<size_t>(count));
