@@ -48,7 +48,7 @@ outside_fences() {
 # GitHub's anchor of a heading's text (ASCII approximation: lower case; letters, digits,
 # spaces, '_' and '-' kept; spaces become '-').
 slug() {
-  printf '%s' "$1" | tr 'A-Z' 'a-z' | sed -e 's/[^a-z0-9 _-]//g' -e 's/ /-/g'
+  printf '%s' "$1" | tr '[:upper:]' '[:lower:]' | sed -e 's/[^a-z0-9 _-]//g' -e 's/ /-/g'
 }
 # The anchors of a Markdown file's headings, one a line.
 anchors() {
@@ -93,7 +93,7 @@ check_section() {  # FILE LINE NUMBER WHAT
   citations=$((citations + 1))
   case "$sections" in
     *" $3 "*) ;;
-    *) problem "$1" "$2" "$4 §$3, which $design does not have (its sections:$sections)" ;;
+    *) problem "$1" "$2" "$4 §$3, which $design does not have (its sections:${sections% })" ;;
   esac
 }
 while IFS= read -r hit; do
