@@ -1,6 +1,6 @@
 // Tensor parallelism under mpirun (2 and 4 ranks, the TP group is the whole world): every
 // mode and bottleneck kind against the same model on one rank, the online RMSNorm against
-// RMSNorm + linear, and the communicator's counters against DESIGN §3's volumes.
+// RMSNorm + linear, and the communicator's counters against docs/design.md §4's volumes.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -184,7 +184,7 @@ std::vector<Case> training_cases() {
 
 INSTANTIATE_TEST_SUITE_P(Modes, TpTraining, ::testing::ValuesIn(training_cases()), case_name);
 
-// --- The communicator's counters against DESIGN §3's per-block volumes.
+// --- The communicator's counters against docs/design.md §4's per-block volumes.
 struct CountCase {
   BottleneckKind kind;
   TpMode mode;
@@ -266,7 +266,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, TpVolumes, ::testing::ValuesIn(count_cases()),
                                c.statistic == NormStatistic::all_reduce ? "_stat_allreduce" : "");
                          });
 
-// --- Online RMSNorm + row-parallel A against RMSNorm + A on one rank (DESIGN §3).
+// --- Online RMSNorm + row-parallel A against RMSNorm + A on one rank (docs/design.md §5).
 // On the reference backend every GEMM rounds once, so the difference measures the online
 // algorithm alone; on cpu the GEMMs' own fp32 summation order adds about 1e-6 at this size
 // (it differs between K = d and K = d/t), so the bound there is 1e-5.

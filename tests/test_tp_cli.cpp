@@ -1,6 +1,6 @@
 // The bottle binary under mpirun with tensor parallelism: a bad layout ends in one clear
 // error on every rank (never a hang), checkpoints written by a TP run load into any layout,
-// and `bench tp` prints the per-block volumes of DESIGN §3.
+// and `bench tp` prints the per-block volumes of docs/design.md §4.
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -240,7 +240,7 @@ std::map<std::string, nlohmann::json> json_rows(const std::string& output, const
   return json_rows(output, [key](const nlohmann::json& j) { return j.at(key).get<std::string>(); });
 }
 
-// bench tp on 2 ranks: one JSON line per mode and recompute policy with DESIGN §7's keys,
+// bench tp on 2 ranks: one JSON line per mode and recompute policy with docs/design.md §16's keys,
 // the exact volumes, and the collectives counted while recomputing.
 TEST_F(TpCli, BenchTpPrintsEachModesVolumes) {
   const CommandResult r =

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""PyTorch reference implementation of the bottle model (DESIGN.md sections 2 and 7).
+"""PyTorch reference implementation of the bottle model (docs/design.md §3 and §12).
 
 An oracle written independently of the C++ code: plain torch ops, its own safetensors and
 llm.c-shard readers, no third-party package beyond torch and numpy. Run it with

@@ -1,6 +1,6 @@
 // `bottle eval`: reads shards from their start in llm.c's order, no shuffling: in each shard
 // (files sorted) batch k takes the B·S + 1 tokens from token k·B·S; row j's inputs are
-// [k·B·S + j·S, … + S) and its targets the same window shifted by one (DESIGN §7). Under
+// [k·B·S + j·S, … + S) and its targets the same window shifted by one (docs/design.md §12). Under
 // any layout (mpirun -np tp·pp·dp): DP replica r evaluates batches r, r + dp, ...; each
 // batch runs through the pipeline stages forward only; the loss sums add up exactly.
 #include <omp.h>

@@ -1,5 +1,5 @@
 // `bottle export`: any checkpoint (one file, or the shards a pipeline wrote with their
-// index) as the single HF-style model directory of DESIGN §7: config.json +
+// index) as the single HF-style model directory of docs/design.md §12: config.json +
 // model.safetensors, loadable by LlamaForCausalLM (full-rank) and by every bottle command.
 #include <cstdio>
 #include <filesystem>

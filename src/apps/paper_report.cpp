@@ -470,7 +470,7 @@ class Report {
                   ff = r_.settings.at("ffn").get<int64_t>(),
                   rank = r_.settings.at("rank").get<int64_t>();
     linef(
-        "The volumes are counted by the communicator and equal DESIGN §3's formulas exactly: "
+        "The volumes the communicator counts equal docs/design.md §4's formulas exactly: "
         "full 2·d = {}, vanilla 5·d + 2·d_ff = {} (5.19× full at 7B widths), btp 7·r + 2 = {} "
         "(0.875× at 7B widths; + 2: the online RMSNorm's statistics ride in the same "
         "all-reduces). Paper (TP 4, micro-batch 4, 7B): 2.01 / 9.87 / 1.86 ms per block and "
@@ -631,7 +631,7 @@ class Report {
     line();
     line(
         "Online RMSNorm + row-parallel A on t ranks against RMSNorm + A on one rank (`bottle "
-        "bench norm`); paper, 4 GPUs: max 7×10⁻⁷, mean 6×10⁻⁸; DESIGN's target ≤ 1e-6.");
+        "bench norm`); paper, 4 GPUs: max 7×10⁻⁷, mean 6×10⁻⁸; docs/design.md §5's target ≤ 1e-6.");
     line();
     line(
         "| backend | ranks | rows × d → r | max \\|Δ\\| | mean \\|Δ\\| | backward max | backward "

@@ -1,5 +1,5 @@
 #pragma once
-// One interface for every collective bottle issues (DESIGN §5): all_reduce, all_gather,
+// One interface for every collective bottle issues (docs/design.md §11): all_reduce, all_gather,
 // reduce_scatter, broadcast, send/recv, barrier and split. Implemented on Open MPI (host
 // memory); NCCL (device memory) later. Every call names its call site ("btp.fwd.qkv",
 // "dp.grads", ...) and is counted: calls, elements and wall time, per site and per kind of

@@ -1,5 +1,5 @@
 #pragma once
-// The rank layout of DESIGN §4: world = tp × pp × dp, TP fastest-varying (TP inside a
+// The rank layout of docs/design.md §8: world = tp × pp × dp, TP fastest-varying (TP inside a
 // node), then DP, then PP:  world_rank = tp_rank + tp · (dp_rank + dp · pp_rank).
 #include <memory>
 

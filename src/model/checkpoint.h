@@ -1,6 +1,6 @@
 #pragma once
-// The HF-compatible model directory (DESIGN §7): config.json + model.safetensors, names and
-// [out, in] layout as HF LLaMA. Those two files alone are a complete model.
+// The HF-compatible model directory (docs/design.md §12): config.json + model.safetensors,
+// names and [out, in] layout as HF LLaMA. Those two files alone are a complete model.
 #include <map>
 #include <memory>
 #include <string>

@@ -1,6 +1,6 @@
 #pragma once
 // The model's shape: everything needed to build it, read from and written to the HF
-// config.json of a checkpoint (DESIGN §7) and from the [model] section of a TOML config.
+// config.json of a checkpoint (docs/design.md §12) and from the [model] section of a TOML config.
 #include <array>
 #include <optional>
 #include <string>

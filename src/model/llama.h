@@ -23,7 +23,7 @@ namespace bottle {
 TpMode default_tp_mode(const ModelConfig& config);
 
 // This rank's pipeline stage: blocks [first_layer, end_layer) of the balanced split of L
-// blocks over `stages` (DESIGN §4).
+// blocks over `stages` (docs/design.md §8).
 struct PipelineStage {
   int stages = 1, stage = 0;
   bool first() const { return stage == 0; }

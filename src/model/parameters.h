@@ -1,7 +1,7 @@
 #pragma once
 // All parameters of a model in one contiguous buffer (and their gradients in another), so
 // that the optimizer, gradient clipping and data-parallel reductions see flat memory.
-// Parameters are named as in the HF checkpoint (DESIGN §7).
+// Parameters are named as in the HF checkpoint (docs/design.md §12).
 #include <cstdint>
 #include <map>
 #include <memory>

@@ -1,6 +1,6 @@
 #pragma once
 // One projection of a block (q, k, v, o, gate, up, down): either a full-rank linear map or a
-// bottleneck pair A: d_in → r, B: r → d_out with something between the factors (DESIGN §2):
+// bottleneck pair A: d_in → r, B: r → d_out with something between the factors (docs/design.md §3):
 //   svd:  y = B (A x)
 //   cola: y = B σ(A x)
 //   lax:  z = A x; zc = z + G u_prev in every block but the first; u = σ(LN_r(zc)); y = B u;

@@ -1,5 +1,5 @@
 #pragma once
-// Online RMSNorm (BOOST §4.2, DESIGN §3) for btp, where the residual stream is sharded and
+// Online RMSNorm (BOOST §4.2, docs/design.md §5) for btp, where the residual stream is sharded and
 // the norm sits inside a chunk, fused with the row-parallel A's that read its output.
 //
 // Forward, rank i with x_i = its d/t columns:

@@ -1,5 +1,5 @@
 #pragma once
-// Activation recomputation (DESIGN §3, low-rank activation checkpointing): what a block
+// Activation recomputation (docs/design.md §7, low-rank activation checkpointing): what a block
 // keeps from its forward pass for its backward, and how the rest comes back.
 //   none     every buffer of every block is kept.
 //   block    only the block's input (the residual) is kept; backward re-runs the whole

@@ -1,5 +1,5 @@
 #pragma once
-// The tensor-parallel group a model runs in and the way it splits the model (DESIGN §3):
+// The tensor-parallel group a model runs in and the way it splits the model (docs/design.md §4):
 //   full     Megatron TP on a full-rank model
 //   vanilla  Megatron TP applied to each bottleneck pair (A split along r, B along r)
 //   btp      bottleneck-aware TP: chunks end at the r-wide latent, residual stream sharded
@@ -14,7 +14,7 @@ inline constexpr std::array<const char*, 3> kTpModeNames = {"full", "vanilla", "
 inline const char* tp_mode_name(TpMode mode) { return kTpModeNames[int(mode)]; }
 
 // How online RMSNorm's backward gets Σ over the whole hidden of γ ⊙ ∂n ⊙ x per token
-// (DESIGN §3): its own all-reduce of b·s values, or from the chunk's latent, which the
+// (docs/design.md §5): its own all-reduce of b·s values, or from the chunk's latent, which the
 // chunk's backward all-reduce already made whole (no communication; see online_rmsnorm.h).
 enum class NormStatistic { from_latent, all_reduce };
 

@@ -1,6 +1,6 @@
 #pragma once
 // A decoder block under tensor parallelism, h = x + Attn(RMSNorm1(x)); out = h +
-// MLP(RMSNorm2(h)), in one of the three modes of DESIGN §3. Each mode's forward and
+// MLP(RMSNorm2(h)), in one of the three modes of docs/design.md §4. Each mode's forward and
 // backward, with every collective it issues and its per-block volume, lives in one file:
 // tp_full.cpp, tp_vanilla.cpp, tp_btp.cpp. At t = 1 every mode is the serial block.
 #include <array>

@@ -1,5 +1,5 @@
 #pragma once
-// Pipeline schedules as pure functions (DESIGN §4): (stages, stage, micro-batches) → the
+// Pipeline schedules as pure functions (docs/design.md §8): (stages, stage, micro-batches) → the
 // ordered actions that stage runs. The executor only follows the list. Sends and receives
 // are blocking; every adjacent pair of stages posts its messages in the same order, so the
 // schedule cannot deadlock (tests/test_pipeline_schedule.cpp simulates every stage with

@@ -1,5 +1,5 @@
 #pragma once
-// Data parallelism over the DP group (DESIGN §4): after the micro-batches' backward, the
+// Data parallelism over the DP group (docs/design.md §9): after the micro-batches' backward, the
 // gradients are averaged over the DP ranks in buckets of `bucket_bytes` (one all-reduce
 // each: no full-model scratch buffer, and the count of collectives says how the traffic
 // was cut). With ZeRO-1 each rank owns 1/dp of the flat parameter buffer: the gradients

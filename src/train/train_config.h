@@ -1,5 +1,5 @@
 #pragma once
-// The TOML training configuration (DESIGN §7 "Configuration"): TorchTitan-like sections,
+// The TOML training configuration (docs/design.md §12): TorchTitan-like sections,
 // each a struct below. One schema table in train_config.cpp (key path, type, range,
 // default, doc) drives parsing, `--set section.key=value` overrides, validation, the
 // key listing of `describe_config_keys()` and the TOML written back by `to_toml()`.
