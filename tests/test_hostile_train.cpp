@@ -133,6 +133,15 @@ INSTANTIATE_TEST_SUITE_P(
                 "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 100000000/' "
                 "{dir}/model/config.json && {bottle} sample --checkpoint {dir}/model --prompt hi",
                 "sample: the model of {dir}/model: the parameters alone need"},
+        // Case 3: an allocation that fails after the plans let the run start (the machine's
+        // limit, not a bug) is exit 1 with the memory available, never "internal error".
+        Hostile{"train_bad_alloc", "BOTTLE_FAILPOINT=bad_alloc {bottle} train {dir}/tiny.toml",
+                "out of memory: an allocation failed with"},
+        Hostile{"train_address_space_limit",
+                "prlimit --as=$((1 << 30)) {bottle} train {dir}/tiny.toml --set "
+                "model.hidden_size=4096 --set model.intermediate_size=4096 --set "
+                "model.num_heads=32 --set model.rank=1024 --set model.num_layers=8",
+                "(ulimit -v)"},
         // memory_limit = 0 is no longer replaced by "no limit".
         Hostile{"memory_limit_zero", "{bottle} train {dir}/tiny.toml --set training.memory_limit=0",
                 "key 'training.memory_limit' must be a positive byte size (omit the key for no "

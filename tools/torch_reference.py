@@ -20,22 +20,16 @@ Errors print one line on stderr, naming the file at fault, and exit 1.
 import argparse, ctypes, json, math, os, statistics, struct, sys, time
 from types import SimpleNamespace
 
-# OpenBLAS's core types by the CPU flags each needs, best first.
-OPENBLAS_CORES = (("SKYLAKEX", {"avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512cd"}),
-                  ("HASWELL", {"avx2", "fma"}), ("SANDYBRIDGE", {"avx"}))
-# What OpenBLAS names an x86-64 CPU it does not recognise: its SSE-only kernels.
-OPENBLAS_FALLBACK_CORES = {"prescott", "core2", "penryn", "dunnington", "nehalem", "atom", "katmai",
-                           "coppermine", "northwood", "banias", "unknown"}
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import openblas_core as openblas_choice  # noqa: E402  (its own module, so tests can run it)
 
 
 def openblas_core():
     """(core name, how it was chosen) of the OpenBLAS behind libblas.so.3, or (None, why not).
 
-    Debian's OpenBLAS 0.3.21 does not recognise some newer CPUs (Sapphire Rapids) and falls
-    back to its SSE3 "Prescott" kernels, 4x slower than the CPU allows. Only then, and only
-    when OPENBLAS_CORETYPE is not set already, this process is re-executed with the best core
-    type the CPU's own flags support; a CPU that OpenBLAS recognises keeps its detection.
-    Must run before numpy or torch load the library.
+    Re-executes this process with OPENBLAS_CORETYPE set where tools/openblas_core.py decides
+    so (an unrecognised CPU on SSE fallback kernels). Must run before numpy or torch load the
+    library.
     """
     try:
         lib = ctypes.CDLL("libblas.so.3")
@@ -43,22 +37,15 @@ def openblas_core():
         core = lib.openblas_get_corename().decode()
     except (OSError, AttributeError):
         return None, "libblas.so.3 is not OpenBLAS"
-    chosen = os.environ.get("BOTTLE_OPENBLAS_CHOSEN")
-    if chosen:
-        return core, f"chosen from the CPU's flags (OpenBLAS detected {chosen})"
-    if "OPENBLAS_CORETYPE" in os.environ:
-        return core, "OPENBLAS_CORETYPE from the environment"
-    if core.lower() not in OPENBLAS_FALLBACK_CORES:
-        return core, "detected by OpenBLAS"
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((set(l.split(":", 1)[1].split()) for l in f if l.startswith("flags")), set())
+            flags = openblas_choice.cpu_flags(f.read())
     except OSError:
         flags = set()
-    best = next((name for name, needs in OPENBLAS_CORES if needs <= flags), None)
-    if best is None:
-        return core, "detected by OpenBLAS"
-    os.environ.update(OPENBLAS_CORETYPE=best, BOTTLE_OPENBLAS_CHOSEN=core)
+    force, source = openblas_choice.decide(core, flags, os.environ)
+    if force is None:
+        return core, source
+    os.environ.update(OPENBLAS_CORETYPE=force, BOTTLE_OPENBLAS_CHOSEN=core)
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 

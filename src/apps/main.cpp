@@ -3,8 +3,10 @@
 #include <omp.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <new>
+#include <string>
 
 #include "apps/commands.h"
 #include "apps/version.h"
@@ -69,6 +71,11 @@ int main(int argc, char** argv) {
     // Every rank joins the job before any check, so that an error found by all of them
     // (a bad configuration) is printed by all of them before the job ends.
     if (!launcher) bottle::world_communicator();
+    // Test failpoint: BOTTLE_FAILPOINT=bad_alloc fails an allocation on every rank, as the
+    // machine's limit would after the plans let a run start (tests the handler below).
+    if (const char* spec = std::getenv("BOTTLE_FAILPOINT");
+        spec && std::string(spec) == "bad_alloc")
+      throw std::bad_alloc();
     for (auto& [sub, run] : commands)
       if (sub->parsed()) return run();
   } catch (const bottle::Error& e) {

@@ -1,6 +1,7 @@
 #include "core/arena.h"
 
 #include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <cctype>
 #include <cmath>
@@ -117,8 +118,17 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
   if (reserve_only_) {
     // Address space only: PROT_NONE and MAP_NORESERVE commit no memory.
     p = mmap(nullptr, rounded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-    BOTTLE_CHECK(p != MAP_FAILED, "cannot reserve {} bytes of address space for {}", rounded,
-                 memory_tag_name(tag_));
+    if (p == MAP_FAILED) {
+      // Planning reserves the whole footprint as address space: where that fails, the
+      // process's address-space limit (ulimit -v) is the usual reason, so name it.
+      rlimit limit{};
+      const bool limited = getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+      fail("cannot reserve {} of address space to plan the {}{}", format_bytes(rounded),
+           memory_tag_name(tag_),
+           limited ? fmt::format(": the process's address space is limited to {} (ulimit -v)",
+                                 format_bytes(size_t(limit.rlim_cur)))
+                   : std::string());
+    }
   } else {
     p = backend_->allocate(rounded, memory_tag_name(tag_));
     MemoryStats::global().add(tag_, rounded);
