@@ -18,11 +18,13 @@
 #include <sstream>
 
 #include "apps/commands.h"
+#include "apps/paper_figures.h"
 #include "apps/paper_report.h"
 #include "apps/subprocess.h"
 #include "core/arena.h"
 #include "core/error.h"
 #include "core/system_info.h"
+#include "train/plot.h"
 
 namespace bottle {
 namespace {
@@ -63,25 +65,32 @@ grouping = true
                      s.hidden, s.ffn, s.layers, s.heads, bottleneck, s.rank, s.seq, s.batch, s.seq);
 }
 
-// CoLA LLaMA-7B as in the paper, for planning its memory (configs/llama7b_cola.toml).
-constexpr const char* kLlama7bCola = R"([model]
-vocab_size = 32000
-hidden_size = 4096
-intermediate_size = 11008
-num_layers = 32
-num_heads = 32
+// CoLA LLaMA-7B as in the paper (its shape from reference/boost_paper.toml), for planning its
+// memory.
+std::string llama7b_cola_config(const PaperFigures& paper) {
+  auto count = [&](const char* id) { return int64_t(paper.value(id)); };
+  return fmt::format(R"([model]
+vocab_size = {}
+hidden_size = {}
+intermediate_size = {}
+num_layers = {}
+num_heads = {}
 bottleneck = "cola"
-rank = 1024
-max_seq_len = 4096
+rank = {}
+max_seq_len = {}
 
 [training]
 micro_batch_size = 1
-seq_len = 4096
+seq_len = {}
 
 [parallel]
-tp = 4
+tp = {}
 grouping = true
-)";
+)",
+                     count("llama7b.vocab"), count("llama7b.hidden"), count("llama7b.ffn"),
+                     count("llama7b.layers"), count("llama7b.heads"), count("llama7b.rank"),
+                     count("llama7b.seq_len"), count("llama7b.seq_len"), count("llama7b.tp"));
+}
 
 // The loss-curve runs: a small CoLA model on a real text corpus.
 std::string train_config(const Scale& s, const fs::path& data, const fs::path& folder) {
@@ -249,8 +258,8 @@ Command add_bench_paper_command(CLI::App& app) {
   app.add_option("--out", o->out, "directory for report.md, the plots and the logs")->required();
   app.add_flag("--quick", o->quick, "small shapes and few steps (under 3 minutes on 2 cores)");
   app.add_option("--memory-limit", o->memory_limit,
-                 "per-rank limit of the micro-batch sweep (default: 16x the model state per "
-                 "rank, the proportion of 80 GB to CoLA-7B's 5 GB per GPU in the paper)");
+                 "per-rank limit of the micro-batch sweep (default: the model state per rank "
+                 "times the paper's proportion of GPU memory to CoLA-7B's model state per GPU)");
   app.add_option("--corpus", o->corpus,
                  "text files for the loss curves (default: /usr/share/common-licenses/*)");
   app.add_option("--max-ranks", o->max_ranks, "largest TP degree (2 or 4)")
@@ -262,6 +271,8 @@ Command add_bench_paper_command(CLI::App& app) {
     BOTTLE_CHECK(!mpirun.empty(), "bench paper: mpirun not found (Debian package openmpi-bin)");
     BOTTLE_CHECK(!find_in_path("gnuplot").empty(),
                  "bench paper: gnuplot not found (Debian package gnuplot-nox)");
+    // A folder that gnuplot cannot be told to write into fails now, not after the runs.
+    gnuplot_path(fs::path(o->out) / "report.png");
     std::optional<int64_t> limit;
     if (!o->memory_limit.empty()) {
       limit = parse_byte_size(o->memory_limit);
@@ -278,6 +289,7 @@ Command add_bench_paper_command(CLI::App& app) {
       setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 1);
       setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     }
+    const PaperFigures paper = PaperFigures::built_in();
     const Scale& s = o->quick ? kQuick : kFull;
     const fs::path out(o->out);
     fs::create_directories(out / "configs");
@@ -316,19 +328,21 @@ Command add_bench_paper_command(CLI::App& app) {
         state = std::max(state, row.at("weights_bytes").get<size_t>() +
                                     row.at("gradients_bytes").get<size_t>() +
                                     row.at("optimizer_bytes").get<size_t>());
-    r.memory_limit = limit ? size_t(*limit) : 16 * state;
+    r.memory_limit =
+        limit ? size_t(*limit) : size_t(paper_memory_per_model_state(paper) * double(state));
     r.memory_limit_default = !limit;
     r.fits =
         launcher.run_json("fit", 2,
                           fmt::format("bench tp {} --set parallel.tp=2 --fit {} --fit-max 8 --json",
                                       shell_quote(cola), r.memory_limit));
-    // The paper's own setting, planned (nothing is allocated): CoLA-7B, TP 4, 80 GB.
+    // The paper's own setting, planned (nothing is allocated): CoLA-7B on its GPUs' memory.
     {
       const fs::path path = out / "configs" / "llama7b_cola.toml";
-      std::ofstream(path) << kLlama7bCola;
+      std::ofstream(path) << llama7b_cola_config(paper);
       r.fits_7b = launcher.run_json(
-          "fit_7b", 4,
-          fmt::format("bench tp {} --fit 80GiB --fit-max 16 --json", shell_quote(path.string())));
+          "fit_7b", int(paper.value("llama7b.tp")),
+          fmt::format("bench tp {} --fit {:g}GiB --fit-max 16 --json", shell_quote(path.string()),
+                      paper.value("memory.gpu_memory")));
     }
     for (int64_t b : {1, 2, 4, 8})
       r.batch[b] = b == s.batch ? r.tp[2]

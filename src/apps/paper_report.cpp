@@ -2,12 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <fstream>
 #include <limits>
 
+#include "apps/paper_figures.h"
 #include "core/arena.h"
 #include "core/error.h"
+#include "train/plot.h"
 
 namespace bottle {
 namespace {
@@ -42,13 +43,15 @@ std::string ratio(double a, double b) {
   return fmt::format("{:.2f}×", a / b);
 }
 
-// "1.54× (paper 2.28×: lower)".
-std::string versus(double here, double paper) {
+// "1.54× (paper 2.28×: lower)", the paper's ratio being the entry `paper_id`.
+std::string versus_paper(double here, const PaperFigures& paper, const std::string& paper_id) {
+  const double theirs = paper.value(paper_id);
+  const std::string shown = paper.show(paper_id);
   if (std::isnan(here)) return "n/a";
-  const char* word = here > 1.1 * paper   ? "higher"
-                     : here < paper / 1.1 ? "lower"
-                                          : "about the same";
-  return fmt::format("{:.2f}× (paper {:.2f}×: {})", here, paper, word);
+  const char* word = here > 1.1 * theirs   ? "higher"
+                     : here < theirs / 1.1 ? "lower"
+                                           : "about the same";
+  return fmt::format("{:.2f}× (paper {}: {})", here, shown, word);
 }
 
 std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / double(1 << 20)); }
@@ -66,47 +69,56 @@ struct Chart {
   std::string extra;  // more gnuplot commands (a reference line, a key position)
 };
 
-void run_gnuplot(const fs::path& script, const fs::path& png) {
-  const int rc = std::system(
-      fmt::format("gnuplot '{}' > '{}.log' 2>&1", script.string(), script.string()).c_str());
-  BOTTLE_CHECK(rc == 0 && fs::exists(png) && fs::file_size(png) > 0,
-               "bench paper: gnuplot could not draw {} (see {}.log)", png.string(),
-               script.string());
+std::string gnuplot_value(double v) { return std::isnan(v) ? "NaN" : fmt::format("{}", v); }
+
+// The chart's data and script stay in plots/ beside the report, to redraw or inspect.
+void write_plot_file(const fs::path& path, const std::string& text) {
+  std::ofstream out(path);
+  out << text;
+  out.close();
+  BOTTLE_CHECK(out, "bench paper: cannot write {} (disk full?)", path.string());
 }
 
-std::string gnuplot_value(double v) { return std::isnan(v) ? "NaN" : fmt::format("{}", v); }
+// The opening of a chart's script: terminal, output and labels.
+std::string chart_preamble(const fs::path& png, const std::string& title, const std::string& xlabel,
+                           const std::string& ylabel) {
+  std::string script = gnuplot_png_preamble(png, 900, 520) + "set title " +
+                       gnuplot_string(title, "the chart's title") + "\n";
+  if (!xlabel.empty()) script += "set xlabel " + gnuplot_string(xlabel, "the x label") + "\n";
+  return script + "set ylabel " + gnuplot_string(ylabel, "the y label") + "\n";
+}
 
 void draw_bars(const Chart& c, const fs::path& out, const std::string& name) {
   const fs::path data = out / "plots" / (name + ".dat"), script = out / "plots" / (name + ".gp");
   const fs::path png = out / (name + ".png");
-  {
-    std::ofstream d(data);
-    for (size_t i = 0; i < c.categories.size(); ++i) {
-      d << '"' << c.categories[i] << '"';
-      for (const Series& s : c.series) {
-        const double v = s.value[i];
-        const double lo = s.lo.empty() || std::isnan(s.lo[i]) ? v : s.lo[i];
-        const double hi = s.hi.empty() || std::isnan(s.hi[i]) ? v : s.hi[i];
-        d << ' ' << gnuplot_value(v) << ' ' << gnuplot_value(lo) << ' ' << gnuplot_value(hi);
-      }
-      d << '\n';
+  std::string rows;
+  for (size_t i = 0; i < c.categories.size(); ++i) {
+    // A data file's column of text is double-quoted; a category never holds a quote.
+    BOTTLE_CHECK(c.categories[i].find_first_of("\"\n") == std::string::npos,
+                 "bench paper: the category '{}' of {} holds a quote or line break",
+                 c.categories[i], png.string());
+    rows += '"' + c.categories[i] + '"';
+    for (const Series& s : c.series) {
+      const double v = s.value[i];
+      const double lo = s.lo.empty() || std::isnan(s.lo[i]) ? v : s.lo[i];
+      const double hi = s.hi.empty() || std::isnan(s.hi[i]) ? v : s.hi[i];
+      rows += ' ' + gnuplot_value(v) + ' ' + gnuplot_value(lo) + ' ' + gnuplot_value(hi);
     }
+    rows += '\n';
   }
-  std::ofstream g(script);
-  g << "set terminal pngcairo size 900,520 font 'sans,11'\n"
-    << "set output '" << png.string() << "'\n"
-    << "set title \"" << c.title << "\"\nset ylabel \"" << c.ylabel << "\"\n"
-    << "set style data histograms\nset style histogram errorbars gap 2 lw 1\n"
-    << "set style fill solid 0.85 border -1\nset boxwidth 0.9\nset grid ytics\n"
-    << "set yrange [0:*]\nset key top left\nset datafile missing 'NaN'\n"
-    << c.extra << "plot ";
+  write_plot_file(data, rows);
+  std::string g = chart_preamble(png, c.title, "", c.ylabel) +
+                  "set style data histograms\nset style histogram errorbars gap 2 lw 1\n"
+                  "set style fill solid 0.85 border -1\nset boxwidth 0.9\nset grid ytics\n"
+                  "set yrange [0:*]\nset key top left\nset datafile missing 'NaN'\n" +
+                  c.extra + "plot ";
   for (size_t k = 0; k < c.series.size(); ++k) {
     const size_t col = 2 + 3 * k;
-    g << (k ? ", '' " : "'" + data.string() + "' ") << "using " << col << ':' << col + 1 << ':'
-      << col + 2 << (k == 0 ? ":xtic(1)" : "") << " title \"" << c.series[k].name << "\"";
+    g += fmt::format("{}{} using {}:{}:{}{} title {}", k ? ", " : "", k ? "''" : gnuplot_path(data),
+                     col, col + 1, col + 2, k == 0 ? ":xtic(1)" : "",
+                     gnuplot_string(c.series[k].name, "a series' name"));
   }
-  g << "\n";
-  g.close();
+  write_plot_file(script, g + "\n");
   run_gnuplot(script, png);
 }
 
@@ -116,37 +128,32 @@ void draw_lines(const std::string& title, const std::string& xlabel, const std::
                 const fs::path& out, const std::string& name, const std::string& extra = "") {
   const fs::path data = out / "plots" / (name + ".dat"), script = out / "plots" / (name + ".gp");
   const fs::path png = out / (name + ".png");
-  {
-    std::ofstream d(data);
-    for (size_t i = 0; i < x.size(); ++i) {
-      d << x[i];
-      for (const Series& s : series) {
-        const double v = s.value[i];
-        d << ' ' << gnuplot_value(v) << ' '
-          << gnuplot_value(s.lo.empty() || std::isnan(s.lo[i]) ? v : s.lo[i]) << ' '
-          << gnuplot_value(s.hi.empty() || std::isnan(s.hi[i]) ? v : s.hi[i]);
-      }
-      d << '\n';
+  std::string rows;
+  for (size_t i = 0; i < x.size(); ++i) {
+    rows += gnuplot_value(x[i]);
+    for (const Series& s : series) {
+      const double v = s.value[i];
+      rows += ' ' + gnuplot_value(v) + ' ' +
+              gnuplot_value(s.lo.empty() || std::isnan(s.lo[i]) ? v : s.lo[i]) + ' ' +
+              gnuplot_value(s.hi.empty() || std::isnan(s.hi[i]) ? v : s.hi[i]);
     }
+    rows += '\n';
   }
-  std::ofstream g(script);
-  g << "set terminal pngcairo size 900,520 font 'sans,11'\n"
-    << "set output '" << png.string() << "'\n"
-    << "set title \"" << title << "\"\nset xlabel \"" << xlabel << "\"\nset ylabel \"" << ylabel
-    << "\"\nset grid\nset key top left\nset datafile missing 'NaN'\n"
-    << extra << "plot ";
+  write_plot_file(data, rows);
+  std::string g = chart_preamble(png, title, xlabel, ylabel) +
+                  "set grid\nset key top left\nset datafile missing 'NaN'\n" + extra + "plot ";
   for (size_t k = 0; k < series.size(); ++k) {
     const size_t col = 2 + 3 * k;
+    const std::string file = k ? ", ''" : gnuplot_path(data);
+    const std::string series_title = gnuplot_string(series[k].name, "a series' name");
     // Series without a spread are plain lines.
     if (series[k].lo.empty())
-      g << (k ? ", '' " : "'" + data.string() + "' ") << "using 1:" << col
-        << " with lines lw 2 title \"" << series[k].name << "\"";
+      g += fmt::format("{} using 1:{} with lines lw 2 title {}", file, col, series_title);
     else
-      g << (k ? ", '' " : "'" + data.string() + "' ") << "using 1:" << col << ':' << col + 1 << ':'
-        << col + 2 << " with yerrorlines title \"" << series[k].name << "\"";
+      g += fmt::format("{} using 1:{}:{}:{} with yerrorlines title {}", file, col, col + 1, col + 2,
+                       series_title);
   }
-  g << "\n";
-  g.close();
+  write_plot_file(script, g + "\n");
   run_gnuplot(script, png);
 }
 
@@ -160,7 +167,8 @@ Modes modes_of(const std::vector<json>& rows) {
 
 class Report {
  public:
-  Report(const PaperResults& r, fs::path out) : r_(r), out_(std::move(out)) {
+  Report(const PaperResults& r, const PaperFigures& paper, fs::path out)
+      : r_(r), paper_(paper), out_(std::move(out)) {
     fs::create_directories(out_ / "plots");
   }
 
@@ -186,6 +194,10 @@ class Report {
     line(fmt::format(f, std::forward<Args>(args)...));
   }
   int64_t layers() const { return r_.settings.at("layers").get<int64_t>(); }
+  std::string paper(const std::string& id) const { return paper_.show(id); }
+  std::string versus(double here, const std::string& paper_id) const {
+    return versus_paper(here, paper_, paper_id);
+  }
 
   void header() {
     const json& m = r_.machine;
@@ -193,13 +205,14 @@ class Report {
     line("# BOOST, measured on this machine");
     line();
     linef(
-        "Every comparison of the BOOST paper (`../shared/reference/boost-paper-summary.txt`), "
-        "run by `bottle bench paper{}` on {} ({}). Each figure is the median over {} "
-        "iterations after {} warm-up iterations, with the [min–max] of the same iterations; "
-        "all modes of one comparison were measured in the same run, their steps interleaved "
-        "so that the machine's drift hits them alike (`bottle bench tp`).",
-        r_.scale == "quick" ? " --quick" : "", m.value("date", ""), r_.scale,
-        s.at("steps").get<int>(), s.at("warmup").get<int>());
+        "Every comparison of the BOOST paper (`{}`), run by `bottle bench paper{}` on {} ({}). "
+        "Each figure is the median over {} iterations after {} warm-up iterations, with the "
+        "[min–max] of the same iterations; all modes of one comparison were measured in the "
+        "same run, their steps interleaved so that the machine's drift hits them alike "
+        "(`bottle bench tp`). The paper's figures quoted here, each with its source in the "
+        "paper, are in `reference/boost_paper.toml`.",
+        paper("paper.summary"), r_.scale == "quick" ? " --quick" : "", m.value("date", ""),
+        r_.scale, s.at("steps").get<int>(), s.at("warmup").get<int>());
     line();
     line("| | |");
     line("|---|---|");
@@ -224,9 +237,7 @@ class Report {
         "| modes | **full**: Megatron TP on the full-rank model of the same widths; **vanilla**: "
         "Megatron TP on the CoLA model; **btp**: bottleneck-aware TP (BOOST) with online "
         "RMSNorm and grouping |");
-    line(
-        "| paper | CoLA LLaMA 3B–40B on A100 80 GB (4 per node, NVLink), sequences of 4,096, "
-        "bf16 |");
+    linef("| paper | {} |", paper("paper.testbed"));
     line();
     const int top = r_.tp.rbegin()->first, cores = m.value("cores", 2);
     linef(
@@ -274,23 +285,30 @@ class Report {
     const Modes two = modes_of(r_.tp.at(2));
     linef(
         "At TP 2, btp is {} faster than full-rank TP and {} faster than vanilla TP; at TP {} "
-        "{} and {}. Paper (LLaMA-7B, TP 4, micro-batch 4): full-rank 1.06 s, vanilla 1.64 s, "
-        "BOOST 0.72 s (1.46–1.91× and 1.87–2.27× over 3B–40B).",
-        versus(number(two.full, "iter_ms") / number(two.btp, "iter_ms"), 1.47),
-        versus(number(two.vanilla, "iter_ms") / number(two.btp, "iter_ms"), 2.28),
+        "{} and {}. Paper ({}): full-rank {}, vanilla {}, BOOST {} ({} and {} over {}).",
+        versus(number(two.full, "iter_ms") / number(two.btp, "iter_ms"),
+               "iteration.boost_speedup_over_full_7b"),
+        versus(number(two.vanilla, "iter_ms") / number(two.btp, "iter_ms"),
+               "iteration.boost_speedup_over_vanilla_7b"),
         r_.tp.rbegin()->first,
-        versus(number(top.full, "iter_ms") / number(top.btp, "iter_ms"), 1.47),
-        versus(number(top.vanilla, "iter_ms") / number(top.btp, "iter_ms"), 2.28));
+        versus(number(top.full, "iter_ms") / number(top.btp, "iter_ms"),
+               "iteration.boost_speedup_over_full_7b"),
+        versus(number(top.vanilla, "iter_ms") / number(top.btp, "iter_ms"),
+               "iteration.boost_speedup_over_vanilla_7b"),
+        paper("iteration.setting"), paper("iteration.full_7b"), paper("iteration.vanilla_7b"),
+        paper("iteration.boost_7b"), paper("iteration.boost_speedup_over_full_range"),
+        paper("iteration.boost_speedup_over_vanilla_range"), paper("iteration.range_models"));
     line();
-    line(
+    linef(
         "Why they differ: btp's lead over full-rank TP comes mostly from the CoLA model's fewer "
         "FLOPs (r = d/4), which a compute-bound CPU turns into time almost one for one, so it "
         "can exceed the paper's. Its lead over vanilla comes from communication and from "
         "vanilla's replicated full-width work (norms, attention over all heads, SwiGLU on "
-        "every rank): on 2 cores with shared-memory all-reduces vanilla's 5× volume costs far "
-        "less than at 4,096 tokens per sequence over NVLink, while the replicated work costs "
+        "every rank): on {} cores with shared-memory all-reduces vanilla's {} volume costs far "
+        "less than at {} tokens per sequence over NVLink, while the replicated work costs "
         "more the more ranks share the cores — which is why the gap grows with TP here. At TP "
-        "1 there is no communication: vanilla and btp run the same serial model.");
+        "1 there is no communication: vanilla and btp run the same serial model.",
+        r_.machine.value("cores", 2), paper("volume.vanilla_over_full"), paper("llama7b.seq_len"));
     line();
   }
 
@@ -302,10 +320,14 @@ class Report {
         "the model is laid out in reserved address space (exact buffer sizes) plus AdamW's "
         "moments (`bottle bench tp --fit`).",
         format_bytes(r_.memory_limit),
-        r_.memory_limit_default ? "16× the CoLA model's state per rank: the proportion of 80 "
-                                  "GB to CoLA-7B's 5 GB of weights, gradients and optimizer "
-                                  "state per GPU in the paper"
-                                : "--memory-limit");
+        r_.memory_limit_default
+            ? fmt::format("{:g}× the CoLA model's state per rank: the proportion of {} to "
+                          "CoLA-7B's {:g} GB of weights, gradients and optimizer state per GPU "
+                          "in the paper",
+                          paper_memory_per_model_state(paper_), paper("memory.gpu_memory"),
+                          paper_.value("memory.weights") + paper_.value("memory.gradients") +
+                              paper_.value("memory.optimizer"))
+            : "--memory-limit");
     line();
     line("![micro-batch sweep](microbatch.png)");
     line();
@@ -355,10 +377,13 @@ class Report {
                 : "none",
             format_bytes(f.at("total_bytes").get<size_t>()));
     line();
-    line(
-        "The paper's own setting, planned at CoLA-7B's real shape (d 4096, d_ff 11008, 32 "
-        "blocks, r 1024, vocabulary 32,000, sequence 4,096), TP 4, 80 GiB per rank, in fp32 "
-        "(the paper trains in bf16, where activations take half these bytes):");
+    linef(
+        "The paper's own setting, planned at CoLA-7B's real shape (d {}, d_ff {}, {} blocks, "
+        "{} heads, r {}, vocabulary {}, sequence {}), TP {}, {:g} GiB per rank, in fp32 (the "
+        "paper trains in bf16, where activations take half these bytes):",
+        paper("llama7b.hidden"), paper("llama7b.ffn"), paper("llama7b.layers"),
+        paper("llama7b.heads"), paper("llama7b.rank"), paper("llama7b.vocab"),
+        paper("llama7b.seq_len"), paper("llama7b.tp"), paper_.value("memory.gpu_memory"));
     line();
     line(
         "| mode | recompute | largest micro-batch | weights + gradients + optimizer | activations "
@@ -376,19 +401,24 @@ class Report {
           format_bytes(f.at("total_bytes").get<size_t>()));
     }
     line();
-    std::string fit8;
+    // The sweep's largest micro-batch: which modes fit it without recomputation.
+    const int64_t largest = r_.batch.empty() ? 0 : r_.batch.rbegin()->first;
+    std::string fit_largest;
     for (const char* mode : {"full", "vanilla", "btp"})
-      if (max_batch(mode) >= 8) fit8 += std::string(fit8.empty() ? "" : ", ") + mode;
+      if (max_batch(mode) >= largest)
+        fit_largest += std::string(fit_largest.empty() ? "" : ", ") + mode;
     linef(
-        "Under this limit micro-batch 8 fits {} without recomputation. Paper (LLaMA-7B, TP 4, "
-        "80 GB): full-rank 0.36 / 0.60 / 1.06 s, vanilla 0.46 / 0.80 / 1.64 s, BOOST 0.27 / "
-        "0.42 / 0.72 s at micro-batch 1 / 2 / 4 (1.3×, 1.42×, 1.48× over full-rank); at 8 only "
-        "BOOST fits (1.32 s). Which modes fit follows from each mode's activations: vanilla "
-        "replicates every full-width tensor on each rank, btp shards them. At the timed "
-        "shapes (few blocks, short sequences) the model state is a larger share of the "
-        "footprint than at 7B and 4,096 tokens, so the activations decide less there; at 7B's "
-        "shape (above) they decide.",
-        fit8.empty() ? "no mode" : fit8);
+        "Under this limit micro-batch {} fits {} without recomputation. Paper ({}): full-rank "
+        "{}, vanilla {}, BOOST {} at micro-batch {} ({} over full-rank); at {} only BOOST fits "
+        "({}). Which modes fit follows from each mode's activations: vanilla replicates every "
+        "full-width tensor on each rank, btp shards them. At the timed shapes (few blocks, "
+        "short sequences) the model state is a larger share of the footprint than at 7B and "
+        "{} tokens, so the activations decide less there; at 7B's shape (above) they decide.",
+        largest, fit_largest.empty() ? "no mode" : fit_largest, paper("microbatch.setting"),
+        paper("microbatch.full"), paper("microbatch.vanilla"), paper("microbatch.boost"),
+        paper("microbatch.micro_batches"), paper("microbatch.boost_speedup_over_full"),
+        paper("microbatch.only_boost_fits"), paper("microbatch.boost_at_only_boost_fits"),
+        paper("llama7b.seq_len"));
     line();
   }
 
@@ -430,11 +460,12 @@ class Report {
                           number(m.vanilla, "iter_ms") / number(m.btp, "iter_ms"));
     }
     linef(
-        "btp vs vanilla here: {}. Paper (LLaMA-7B, TP 4, micro-batch 4): 2.24× / 2.28× / 2.29× "
-        "for SVD / CoLA / LaX, and 1.51× / 1.47× / 1.41× over full-rank. SVD has nothing between "
-        "its factors and LaX adds its crossing and LayerNorm (under vanilla also an all-gather "
-        "of each latent); the ratios are smaller here for the reasons of the first section.",
-        here);
+        "btp vs vanilla here: {}. Paper ({}): {} for {}, and {} over full-rank. SVD has nothing "
+        "between its factors and LaX adds its crossing and LayerNorm (under vanilla also an "
+        "all-gather of each latent); the ratios are smaller here for the reasons of the first "
+        "section.",
+        here, paper("kinds.setting"), paper("kinds.boost_speedup_over_vanilla"),
+        paper("kinds.models"), paper("kinds.boost_speedup_over_full"));
     line();
   }
 
@@ -471,13 +502,17 @@ class Report {
                   rank = r_.settings.at("rank").get<int64_t>();
     linef(
         "The volumes the communicator counts equal docs/design.md §4's formulas exactly: "
-        "full 2·d = {}, vanilla 5·d + 2·d_ff = {} (5.19× full at 7B widths), btp 7·r + 2 = {} "
-        "(0.875× at 7B widths; + 2: the online RMSNorm's statistics ride in the same "
-        "all-reduces). Paper (TP 4, micro-batch 4, 7B): 2.01 / 9.87 / 1.86 ms per block and "
-        "pass, btp 0.93× full and 5.3× less than vanilla. Here one collective on shared memory "
+        "full 2·d = {}, vanilla 5·d + 2·d_ff = {} ({} full at 7B widths), btp 7·r + 2 = {} "
+        "({} at 7B widths; + 2: the online RMSNorm's statistics ride in the same "
+        "all-reduces). Paper ({}): full-rank {}, vanilla {}, BOOST {} per block and pass, btp "
+        "{:.2f}× full and {:.1f}× less than vanilla. Here one collective on shared memory "
         "costs a few µs plus ~4 GB/s, so the times follow the volumes less closely than on "
         "NVLink, and with ranks oversubscribed they include waiting for a core.",
-        2 * d, 5 * d + 2 * ff, 7 * rank + 2);
+        2 * d, 5 * d + 2 * ff, paper("volume.vanilla_over_full"), 7 * rank + 2,
+        paper("volume.boost_over_full"), paper("collectives.setting"), paper("collectives.full_7b"),
+        paper("collectives.vanilla_7b"), paper("collectives.boost_7b"),
+        paper_.value("collectives.boost_7b") / paper_.value("collectives.full_7b"),
+        paper_.value("collectives.vanilla_7b") / paper_.value("collectives.boost_7b"));
     line();
   }
 
@@ -524,14 +559,19 @@ class Report {
     }
     c.extra = "set xtics rotate by -30\nset logscale y\nset yrange [*:*]\n";
     draw_bars(c, out_, "grouping");
-    line(
-        "Paper (CoLA-7B, µs per block): at micro-batch 1 QKV compute 1.53×, QKV all-reduce "
-        "1.41×, gate/up 1.22× each, whole block 1.16×; at micro-batch 4 whole block 1.04×. "
-        "Grouping pays most where GEMMs are small and launches and collectives are many. On a "
+    linef(
+        "Paper ({}): at micro-batch {} QKV compute {}, QKV all-reduce {}, gate/up compute {} "
+        "and all-reduce {}, whole block {}; at micro-batch {} whole block {}. Grouping pays most "
+        "where GEMMs are small and launches and collectives are many. On a "
         "CPU a GEMM call costs far less than a GPU kernel launch, so the compute gain is "
         "smaller than the paper's; one collective instead of three still saves its fixed "
         "cost. All-reduce times include waiting for the other rank, so they are noisy; the "
-        "whole step is the figure to trust.");
+        "whole step is the figure to trust.",
+        paper("grouping.setting"), paper("grouping.batch1.micro_batch"),
+        paper("grouping.batch1.qkv_compute"), paper("grouping.batch1.qkv_allreduce"),
+        paper("grouping.batch1.gate_up_compute"), paper("grouping.batch1.gate_up_allreduce"),
+        paper("grouping.batch1.whole_block"), paper("grouping.batch4.micro_batch"),
+        paper("grouping.batch4.whole_block"));
     line();
   }
 
@@ -567,14 +607,16 @@ class Report {
     const double van_act =
         number(m.vanilla, "activation_bytes") + number(m.vanilla, "buffer_bytes");
     line();
+    const double paper_ratio =
+        paper_.value("memory.activations_boost") / paper_.value("memory.activations_vanilla");
     linef(
-        "btp's activations and buffers are **{}** vanilla's (paper, CoLA-7B at micro-batch 4 "
-        "on 4 GPUs: 22.14 / 30.73 GB = 0.72×, target ≤ 0.72×; totals 27.14 vs 35.73 GB). "
-        "Weights, gradients "
-        "and optimizer state are the same in both, as in the paper. Vanilla keeps every "
-        "full-width tensor whole on each rank; btp keeps them sharded and only the r-wide "
-        "latents whole.",
-        ratio(btp_act, van_act));
+        "btp's activations and buffers are **{}** vanilla's (paper, {}: {} / {} = {:.2f}×, "
+        "target ≤ {:.2f}×; totals {} vs {}). Weights, gradients and optimizer state are the "
+        "same in both, as in the paper. Vanilla keeps every full-width tensor whole on each "
+        "rank; btp keeps them sharded and only the r-wide latents whole.",
+        ratio(btp_act, van_act), paper("memory.setting"), paper("memory.activations_boost"),
+        paper("memory.activations_vanilla"), paper_ratio, paper_ratio, paper("memory.total_boost"),
+        paper("memory.total_vanilla"));
     line();
   }
 
@@ -614,24 +656,29 @@ class Report {
     draw_bars(c, out_, "recompute");
     line();
     linef(
-        "btp + lowrank saves **{}** the MB per ms of vanilla + block (paper, 7B at micro-batch "
-        "4: 193.5 / 113.7 MB/ms = 1.70×; 1.56× at 8). lowrank never re-runs a collective "
+        "btp + lowrank saves **{}** the MB per ms of vanilla + block (paper, {}: {} / {} = {}; "
+        "{} at micro-batch {}). lowrank never re-runs a collective "
         "(counted: 0 per block); vanilla + block re-runs all of its block's. lowrank is fast "
         "because it skips the A GEMMs and every collective; it saves less than block because "
         "it keeps the 7·r latents and the mid-block residual per block while block keeps only "
         "the block's input. How these two balance depends on the widths, the micro-batch and "
         "how many blocks share the one recomputation region, so the ratio moves with the "
         "shapes (the README gives it at d = 1024).",
-        versus(lowrank / vanilla_block, 1.70));
+        versus(lowrank / vanilla_block, "recompute.boost_advantage_batch4"),
+        paper("recompute.setting"), paper("recompute.boost_batch4"),
+        paper("recompute.vanilla_batch4"), paper("recompute.boost_advantage_batch4"),
+        paper("recompute.boost_advantage_batch8"), paper("recompute.larger_micro_batch"));
     line();
   }
 
   void online_norm() {
     line("## Online RMSNorm error (fp32)");
     line();
-    line(
+    linef(
         "Online RMSNorm + row-parallel A on t ranks against RMSNorm + A on one rank (`bottle "
-        "bench norm`); paper, 4 GPUs: max 7×10⁻⁷, mean 6×10⁻⁸; docs/design.md §5's target ≤ 1e-6.");
+        "bench norm`); paper, {}: max {}, mean {}; docs/design.md §5's target ≤ {}.",
+        paper("online_norm.setting"), paper("online_norm.fp32_max"), paper("online_norm.fp32_mean"),
+        paper("online_norm.design_target"));
     line();
     line(
         "| backend | ranks | rows × d → r | max \\|Δ\\| | mean \\|Δ\\| | backward max | backward "
@@ -670,9 +717,8 @@ class Report {
                         number(&row, "torch_ms_min"), number(&row, "torch_ms_max")),
             ratio(number(&row, "torch_ms_per_step"), number(&row, "ms_per_step")));
     line();
-    line(
-        "The paper builds on PyTorch; it reports no CPU figure. Debian's PyTorch runs its "
-        "own GEMMs on this CPU, bottle runs oneDNN's.");
+    linef("{} Debian's PyTorch runs its own GEMMs on this CPU, bottle runs oneDNN's.",
+          paper("claims.framework"));
     line();
   }
 
@@ -695,9 +741,8 @@ class Report {
         "texts, byte-level, with the same seed and data order: the curves coincide. The "
         "largest difference is **{:.1e}** nats over the first {} steps and {:.1e} over all "
         "(final loss {:.4f} on one rank, {:.4f} at TP 2): the ranks sum in another order, and "
-        "fp32 rounding differences grow slowly with the steps. The paper shows the same for "
-        "a tiny LLaMA with online RMSNorm.",
-        n, early, first, worst, one[n - 1], two[n - 1]);
+        "fp32 rounding differences grow slowly with the steps. {}",
+        n, early, first, worst, one[n - 1], two[n - 1], paper("claims.loss_curves"));
     std::vector<double> x;
     Series a{"TP 1", {}, {}, {}}, b{"btp, TP 2", {}, {}, {}};
     for (size_t i = 0; i < n; ++i) {
@@ -711,6 +756,7 @@ class Report {
   }
 
   const PaperResults& r_;
+  const PaperFigures& paper_;
   fs::path out_;
   std::string md_;
 };
@@ -718,8 +764,14 @@ class Report {
 }  // namespace
 
 void write_paper_report(const PaperResults& r, const fs::path& out) {
-  const std::string md = Report(r, out).write();
-  std::ofstream(out / "report.md") << md;
+  const PaperFigures paper = PaperFigures::built_in();
+  const std::string md = Report(r, paper, out).write();
+  {
+    std::ofstream report(out / "report.md");
+    report << md;
+    report.close();
+    BOTTLE_CHECK(report, "bench paper: cannot write {} (disk full?)", (out / "report.md").string());
+  }
   json all{{"scale", r.scale},       {"machine", r.machine},
            {"settings", r.settings}, {"memory_limit", r.memory_limit},
            {"fits", r.fits},         {"norm", r.norm},
@@ -729,7 +781,13 @@ void write_paper_report(const PaperResults& r, const fs::path& out) {
   for (const auto& [k, rows] : r.kinds) all["kinds"][k] = rows;
   for (const auto& [b, rows] : r.grouping) all["grouping"][std::to_string(b)] = rows;
   for (const auto& [t, losses] : r.loss) all["loss"][std::to_string(t)] = losses;
-  std::ofstream(out / "results.json") << all.dump(1) << "\n";
+  // The paper's figures the report quoted, as read from the file and as printed.
+  all["paper"] = {{"file", paper.file_name()}, {"quoted", paper.quoted()}};
+  std::ofstream results(out / "results.json");
+  results << all.dump(1) << "\n";
+  results.close();
+  BOTTLE_CHECK(results, "bench paper: cannot write {} (disk full?)",
+               (out / "results.json").string());
 }
 
 }  // namespace bottle

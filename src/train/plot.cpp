@@ -1,17 +1,71 @@
 #include "train/plot.h"
 
-#include <filesystem>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "core/error.h"
 
+extern char** environ;
+
 namespace bottle {
 
 namespace fs = std::filesystem;
 
 namespace {
+
+// Closes a file descriptor when it goes out of scope.
+class FileDescriptor {
+ public:
+  explicit FileDescriptor(int fd) : fd_(fd) {}
+  FileDescriptor(const FileDescriptor&) = delete;
+  FileDescriptor& operator=(const FileDescriptor&) = delete;
+  ~FileDescriptor() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+// What posix_spawn does to the child's descriptors, destroyed however the spawn ends.
+class SpawnActions {
+ public:
+  SpawnActions() { ::posix_spawn_file_actions_init(&actions_); }
+  SpawnActions(const SpawnActions&) = delete;
+  SpawnActions& operator=(const SpawnActions&) = delete;
+  ~SpawnActions() { ::posix_spawn_file_actions_destroy(&actions_); }
+  posix_spawn_file_actions_t* get() { return &actions_; }
+
+ private:
+  posix_spawn_file_actions_t actions_;
+};
+
+// Everything written to `fd` from its start, at most its last `limit` bytes.
+std::string read_back(int fd, size_t limit) {
+  std::string text;
+  if (::lseek(fd, 0, SEEK_SET) != 0) return text;
+  char buffer[4096];
+  for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) != 0;) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      break;
+    }
+    text.append(buffer, size_t(n));
+  }
+  if (text.size() > limit) text = "..." + text.substr(text.size() - limit);
+  while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
+  return text;
+}
 
 // Removes the plot's scratch files however plot_metrics ends.
 struct ScratchFiles {
@@ -27,6 +81,70 @@ bool is_number(const nlohmann::json& j, const char* key) {
 }
 
 }  // namespace
+
+std::string gnuplot_string(std::string_view text, std::string_view what) {
+  std::string quoted = "'";
+  for (char c : text) {
+    BOTTLE_CHECK(c != '\n' && c != '\r' && c != '\0',
+                 "{}: {} holds a line break or NUL, which a gnuplot script cannot quote", text,
+                 what);
+    quoted += c == '\'' ? std::string("''") : std::string(1, c);
+  }
+  return quoted + "'";
+}
+
+std::string gnuplot_path(const fs::path& path) {
+  std::error_code ec;
+  const fs::path absolute = fs::absolute(path, ec);
+  BOTTLE_CHECK(!ec, "{}: cannot make the path absolute for gnuplot: {}", path.string(),
+               ec.message());
+  return gnuplot_string(absolute.string(), "the path");
+}
+
+std::string gnuplot_png_preamble(const fs::path& png, int width, int height) {
+  return fmt::format("set terminal pngcairo size {},{} font 'sans,11'\nset output {}\n", width,
+                     height, gnuplot_path(png));
+}
+
+void run_gnuplot(const fs::path& script, const fs::path& png) {
+  // Absolute, so that gnuplot never reads the script's name as an option.
+  std::error_code ec;
+  std::string script_arg = fs::absolute(script, ec).string();
+  BOTTLE_CHECK(!ec, "{}: cannot draw the plot: no absolute path for its script {} ({})",
+               png.string(), script.string(), ec.message());
+  // gnuplot's messages go to an unnamed file in memory, read back when it ends: a pipe could
+  // fill up and stall gnuplot, and no log file is left beside the plot.
+  const FileDescriptor messages(::memfd_create("gnuplot-messages", MFD_CLOEXEC));
+  BOTTLE_CHECK(messages.get() >= 0, "{}: cannot draw the plot: no file for gnuplot's messages ({})",
+               png.string(), std::strerror(errno));
+  SpawnActions actions;
+  ::posix_spawn_file_actions_addopen(actions.get(), STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  ::posix_spawn_file_actions_adddup2(actions.get(), messages.get(), STDOUT_FILENO);
+  ::posix_spawn_file_actions_adddup2(actions.get(), messages.get(), STDERR_FILENO);
+  std::string program = "gnuplot";
+  std::vector<char*> argv = {program.data(), script_arg.data(), nullptr};
+  pid_t pid = -1;
+  const int spawned = ::posix_spawnp(&pid, "gnuplot", actions.get(), nullptr, argv.data(), environ);
+  BOTTLE_CHECK(spawned != ENOENT,
+               "{}: cannot draw the plot: gnuplot is not on PATH (Debian package gnuplot-nox)",
+               png.string());
+  BOTTLE_CHECK(spawned == 0, "{}: cannot draw the plot: gnuplot does not start ({})", png.string(),
+               std::strerror(spawned));
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0)
+    BOTTLE_CHECK(errno == EINTR, "{}: cannot draw the plot: lost gnuplot ({})", png.string(),
+                 std::strerror(errno));
+  const std::string said = read_back(messages.get(), 2000);
+  const std::string shown = said.empty() ? "" : ":\n" + said;
+  if (WIFSIGNALED(status))
+    fail("{}: gnuplot was killed by signal {} while drawing the plot (script {}){}", png.string(),
+         WTERMSIG(status), script.string(), shown);
+  BOTTLE_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+               "{}: gnuplot failed to draw the plot (exit status {}, script {}){}", png.string(),
+               WEXITSTATUS(status), script.string(), shown);
+  BOTTLE_CHECK(fs::is_regular_file(png, ec) && fs::file_size(png, ec) > 0 && !ec,
+               "{}: gnuplot wrote no image (script {}){}", png.string(), script.string(), shown);
+}
 
 void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
   // A device (/dev/full, /dev/zero) or a FIFO would be read without end.
@@ -51,6 +169,12 @@ void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
                  "{}: the plot would overwrite the metrics it draws ({})", out.string(),
                  jsonl_path);
   }
+  // Quoted before anything is written: a path gnuplot cannot read fails here, cleanly.
+  const std::string png_in_script = gnuplot_png_preamble(png_path, 1000, 600),
+                    train_in_script = gnuplot_path(train_dat),
+                    val_in_script = gnuplot_path(val_dat),
+                    title = gnuplot_string("bottle: " + fs::path(jsonl_path).filename().string(),
+                                           "the metrics' file name");
   ScratchFiles scratch;
   scratch.paths = {train_dat, val_dat, script};
   std::ofstream train(train_dat), val(val_dat);
@@ -78,22 +202,19 @@ void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
   BOTTLE_CHECK(rows > 0, "{}: no training steps to plot", jsonl_path);
   {
     std::ofstream gp(script);
-    gp << "set terminal pngcairo size 1000,600 font 'sans,11'\n"
-       << "set output '" << png_path << "'\n"
-       << "set title 'bottle: " << fs::path(jsonl_path).filename().string() << "'\n"
+    // noenhanced: a file name is text, not gnuplot's markup for sub- and superscripts.
+    gp << png_in_script << "set title " << title << " noenhanced\n"
        << "set xlabel 'step'\nset ylabel 'loss (nats)'\nset y2label 'learning rate'\n"
        << "set ytics nomirror\nset y2tics\nset grid\nset key top right\n"
-       << "plot '" << train_dat.string() << "' using 1:2 with lines lw 1.5 title 'train loss'";
+       << "plot " << train_in_script << " using 1:2 with lines lw 1.5 title 'train loss'";
     if (val_rows > 0)
-      gp << ", '" << val_dat.string() << "' using 1:2 with linespoints lw 2 pt 7 title 'val loss'";
-    gp << ", '" << train_dat.string()
-       << "' using 1:3 axes x1y2 with lines dt 2 lc rgb 'gray40' title 'lr'\n";
+      gp << ", " << val_in_script << " using 1:2 with linespoints lw 2 pt 7 title 'val loss'";
+    gp << ", " << train_in_script
+       << " using 1:3 axes x1y2 with lines dt 2 lc rgb 'gray40' title 'lr'\n";
     gp.close();
     BOTTLE_CHECK(gp, "{}: cannot write the plot's script (disk full?)", script.string());
   }
-  const int rc = std::system(fmt::format("gnuplot '{}' 2>&1", script.string()).c_str());
-  BOTTLE_CHECK(rc == 0 && fs::exists(png_path),
-               "{}: gnuplot failed to draw the plot (is gnuplot installed?)", png_path);
+  run_gnuplot(script, png_path);
 }
 
 }  // namespace bottle
