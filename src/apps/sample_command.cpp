@@ -103,23 +103,25 @@ Command add_sample_command(CLI::App& app) {
     const int64_t window =
         std::min<int64_t>(model->config().max_seq_len, int64_t(tokens.size()) + o->tokens);
     model->allocate_activations(1, window);
-    Arena arena(MemoryTag::workspace);
-    Tensor input = arena.alloc({1, window}, DType::i32);
+    Arena arena(MemoryTag::workspace, *be);
+    const Tensor input = arena.alloc({1, window}, DType::i32);  // [1, window]
+    std::vector<int32_t> staged(size_t(window));                // the window, on the host
+    std::vector<float> last(size_t(vocab));  // the last position's logits, on the host
     std::mt19937_64 rng(o->seed);
     std::fwrite(o->prompt.data(), 1, o->prompt.size(), stdout);
     for (int64_t i = 0; i < o->tokens; ++i) {
       const int64_t start = std::max<int64_t>(0, int64_t(tokens.size()) - window);
       const int64_t used = int64_t(tokens.size()) - start;
-      std::fill(input.i32(), input.i32() + window, 0);
-      std::copy(tokens.begin() + start, tokens.end(), input.i32());
+      std::fill(staged.begin(), staged.end(), 0);
+      std::copy(tokens.begin() + start, tokens.end(), staged.begin());
+      be->from_host(input, staged.data());
       const Tensor logits = model->forward_logits(*be, input);
-      const float* last = logits.f32() + (used - 1) * vocab;
-      BOTTLE_CHECK(std::all_of(last, last + vocab, [](float x) { return std::isfinite(x); }),
+      be->to_host(last.data(), logits.view((used - 1) * vocab, {vocab}));
+      BOTTLE_CHECK(std::all_of(last.begin(), last.end(), [](float x) { return std::isfinite(x); }),
                    "{}: the model gives non-finite logits after {} tokens; its weights are "
                    "damaged",
                    o->checkpoint, tokens.size());
-      const int32_t next =
-          draw(logits.f32() + (used - 1) * vocab, vocab, o->temperature, o->top_k, rng);
+      const int32_t next = draw(last.data(), vocab, o->temperature, o->top_k, rng);
       tokens.push_back(next);
       std::fputc(next < 256 ? byte_decode(next) : '?', stdout);
       std::fflush(stdout);

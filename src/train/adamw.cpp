@@ -1,12 +1,14 @@
 #include "train/adamw.h"
 
 #include <algorithm>
-#include <cstring>
 
 namespace bottle {
 
 AdamW::AdamW(const ParameterStore& params, const AdamWConfig& config, int64_t begin, int64_t end)
-    : config_(config), begin_(begin), end_(end < 0 ? params.values().numel() : end) {
+    : config_(config),
+      begin_(begin),
+      end_(end < 0 ? params.values().numel() : end),
+      arena_(MemoryTag::optimizer, params.backend()) {
   m_ = arena_.alloc({end_ - begin_});
   v_ = arena_.alloc({end_ - begin_});
 }
@@ -28,16 +30,15 @@ void AdamW::step(Backend& be, const ParameterStore& params, float lr, float grad
     if (lo >= hi) continue;
     args.weight_decay = spec.weight_decay ? config_.weight_decay : 0.0f;
     const Shape part{hi - lo};
-    be.adamw_update(Tensor{params.values().f32() + lo, part},
-                    Tensor{params.grads().f32() + lo, part}, Tensor{m_.f32() + (lo - begin_), part},
-                    Tensor{v_.f32() + (lo - begin_), part}, args);
+    be.adamw_update(params.values().view(lo, part), params.grads().view(lo, part),
+                    m_.view(lo - begin_, part), v_.view(lo - begin_, part), args);
   }
 }
 
 void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) const {
   if (m_.numel() == m_whole.numel()) {
-    std::memcpy(m_whole.data, m_.data, m_.nbytes());
-    std::memcpy(v_whole.data, v_.data, v_.nbytes());
+    arena_.backend().copy(m_whole, m_);
+    arena_.backend().copy(v_whole, v_);
     return;
   }
   BOTTLE_CHECK(dp && dp->size() * m_.numel() == m_whole.numel(),
@@ -47,8 +48,8 @@ void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) con
 }
 
 void AdamW::load_moments(Tensor m_whole, Tensor v_whole) {
-  std::memcpy(m_.data, m_whole.f32() + begin_, m_.nbytes());
-  std::memcpy(v_.data, v_whole.f32() + begin_, v_.nbytes());
+  arena_.backend().copy(m_, m_whole.view(begin_, m_.shape));
+  arena_.backend().copy(v_, v_whole.view(begin_, v_.shape));
 }
 
 }  // namespace bottle

@@ -1,7 +1,7 @@
 #pragma once
 // AdamW with decoupled weight decay (none on parameters declared without it: norms and
-// embeddings by default). Moments live in the optimizer arena, laid out like the flat
-// parameter buffer.
+// embeddings by default). Moments live in the optimizer arena on the parameters' backend,
+// laid out like the flat parameter buffer.
 #include <memory>
 
 #include "comm/communicator.h"
@@ -40,7 +40,7 @@ class AdamW {
  private:
   AdamWConfig config_;
   int64_t begin_ = 0, end_ = 0;
-  Arena arena_{MemoryTag::optimizer};
+  Arena arena_;   // on the parameters' backend
   Tensor m_, v_;  // [end - begin] each
   int64_t step_ = 0;
 };

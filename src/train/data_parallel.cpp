@@ -1,7 +1,6 @@
 #include "train/data_parallel.h"
 
 #include <algorithm>
-#include <cstring>
 
 namespace bottle {
 
@@ -10,7 +9,8 @@ DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, int z
     : dp_(dp),
       params_(params),
       zero_(zero),
-      bucket_elems_(std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)))) {
+      bucket_elems_(std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)))),
+      scratch_arena_(MemoryTag::comm, params.backend()) {
   const int64_t total = params.values().numel();
   end_ = total;
   if (!this->zero()) return;
@@ -30,12 +30,13 @@ void DataParallel::reduce_gradients(Backend& be) {
   const float inv = 1.0f / float(size());
   if (zero()) {
     dp_->reduce_scatter(scratch_, grads, "dp.grads.reduce_scatter");
-    std::memcpy(grads.f32() + begin_, scratch_.data, scratch_.nbytes());
-    be.scale(Tensor{grads.f32() + begin_, {end_ - begin_}}, inv);
+    const Tensor owned = grads.view(begin_, scratch_.shape);  // [shard] this rank's range
+    be.copy(owned, scratch_);
+    be.scale(owned, inv);
     return;
   }
   for (int64_t at = 0; at < grads.numel(); at += bucket_elems_) {
-    const Tensor bucket{grads.f32() + at, {std::min(bucket_elems_, grads.numel() - at)}};
+    const Tensor bucket = grads.view(at, {std::min(bucket_elems_, grads.numel() - at)});
     dp_->all_reduce(bucket, ReduceOp::sum, "dp.grads.bucket");
     be.scale(bucket, inv);
   }
@@ -44,7 +45,7 @@ void DataParallel::reduce_gradients(Backend& be) {
 void DataParallel::gather_parameters() {
   if (!zero()) return;
   const Tensor values = params_.values();
-  std::memcpy(scratch_.data, values.f32() + begin_, scratch_.nbytes());
+  params_.backend().copy(scratch_, values.view(begin_, scratch_.shape));
   dp_->all_gather(values, scratch_, "dp.params.all_gather");
 }
 

@@ -40,8 +40,8 @@ class DataParallel {
   int zero_;
   int64_t bucket_elems_;
   int64_t begin_ = 0, end_ = 0;
-  Arena scratch_arena_{MemoryTag::comm};
-  Tensor scratch_;  // [shard] ZeRO: the reduce-scatter output / all-gather input
+  Arena scratch_arena_;  // comm, on the parameters' backend
+  Tensor scratch_;       // [shard] ZeRO: the reduce-scatter output / all-gather input
 };
 
 }  // namespace bottle
