@@ -18,6 +18,14 @@ double seconds_since(Clock::time_point t0) {
 
 }  // namespace
 
+double eval_step(Backend& be, LlamaModel& model, Communicator* pp,
+                 const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
+  const PipelineStage& stage = model.stage();
+  TrainStageWork work(be, model, 1, inputs, targets, 0.0f);
+  run_pipeline(forward_only_schedule(stage.stages, stage.stage, 1), work, pp);
+  return work.loss_sum;
+}
+
 double global_grad_norm(Backend& be, const LlamaModel& model, const DataParallel& data_parallel,
                         Communicator* pp) {
   // With ZeRO-1 each DP rank holds the reduced gradients of its shard alone: the shards'
@@ -124,13 +132,6 @@ StepResult TrainStep::step(int64_t step) {
   }
   r.seconds = seconds_since(t0);
   return r;
-}
-
-double TrainStep::eval_step() {
-  const PipelineStage& stage = model_->stage();
-  TrainStageWork work(be_, *model_, 1, inputs_, targets_, 0.0f);
-  run_pipeline(forward_only_schedule(stage.stages, stage.stage, 1), work, pp_);
-  return work.loss_sum;
 }
 
 }  // namespace bottle

@@ -34,6 +34,13 @@ struct StepResult {
   double seconds = 0.0, pipeline_seconds = 0.0, compute_seconds = 0.0;
 };
 
+// Forward only of the micro-batch inputs[0], targets[0] (i32 [B, S]) through `model`'s
+// pipeline stage (pp: its pipeline group, null for one stage), in activation slot 0: this
+// stage's loss (the last stage's mean cross-entropy; 0 on the others, which the caller's sum
+// over the pipeline group adds up). Validation in `bottle train` and `bottle eval`.
+double eval_step(Backend& be, LlamaModel& model, Communicator* pp,
+                 const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
+
 // The global gradient norm (DESIGN §4): each parameter counted once over the TP, PP and
 // DP groups (with ZeRO-1, each DP rank's shard). The only one the step and its callers use.
 double global_grad_norm(Backend& be, const LlamaModel& model, const DataParallel& data_parallel,
@@ -93,10 +100,8 @@ class TrainStep {
   // the step, when the loss or the norm is not finite under training.on_nonfinite = "stop".
   StepResult step(int64_t step);
 
-  // Forward only of inputs()[0] and targets()[0]: this stage's loss of the micro-batch (the
-  // last stage's mean cross-entropy; 0 on the other stages, which the caller's sum over the
-  // pipeline group adds up).
-  double eval_step();
+  // eval_step of inputs()[0] and targets()[0] on this step's model.
+  double eval_step() { return bottle::eval_step(be_, *model_, pp_, inputs_, targets_); }
 
  private:
   const TrainConfig config_;
