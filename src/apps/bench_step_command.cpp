@@ -169,7 +169,13 @@ Command add_bench_step_command(CLI::App& app) {
       train_config.parallel.tp_mode = default_tp_mode(train_config.model);
       const ModelConfig& config = train_config.model;
       // A folder --save cannot write into is refused before any step.
-      if (!o->save.empty()) check_new_model_directory((fs::path(o->save) / kind).string());
+      if (!o->save.empty()) {
+        try {
+          check_new_model_directory((fs::path(o->save) / kind).string());
+        } catch (const Error& e) {
+          fail("--save: {}", e.what());
+        }
+      }
       {
         const std::string what = fmt::format("bench step: the {} model", kind),
                           advice = "lower --batch, --seq or the model's size";
