@@ -184,6 +184,10 @@ INSTANTIATE_TEST_SUITE_P(
                 "--set: bench pipeline does not read key 'parallel.schedule'"},
         Hostile{"bench_step_tp", "bench step {dir}/tiny.toml --set parallel.tp=2 --torch false",
                 "--set: bench step does not read key 'parallel.tp'"},
+        Hostile{"bench_step_save_to_a_file",
+                "bench step {dir}/tiny.toml --torch false --steps 1 --warmup 0 --save "
+                "{dir}/tiny.toml",
+                "--save: cannot create"},
         Hostile{"bench_step_file_recompute", "bench step {dir}/tiny_block.toml --torch false",
                 "tiny_block.toml: bench step does not read key 'training.recompute'"}),
     [](const auto& info) { return std::string(info.param.name); });

@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -598,6 +599,58 @@ TEST_F(Train, PlotOfNotJsonl) {
       {"notes.txt"});
   EXPECT_FALSE(fs::exists(dir / "x.png"));
   EXPECT_TRUE(entries_with_prefix(dir.str(), "x.png.").empty()) << "plot temporaries left behind";
+}
+
+// ---------------------------------------------------------------------------------------
+// bench step times the step `bottle train` takes (train/train_step.h): from the same weights
+// (training.seed) and the same batch, two steps of each give the same loss, gradient norm,
+// learning rate and updated weights, to the last bit. bench step holds the rate at
+// optimizer.lr, so training runs here at a constant rate too.
+
+nlohmann::json last_json_line(const std::string& output) {
+  const size_t brace = output.rfind("\n{");
+  const std::string line = output.substr(brace == std::string::npos ? 0 : brace + 1);
+  return nlohmann::json::parse(line.substr(0, line.find('\n')));
+}
+
+// The flat parameter buffer of the model in `dir` (config.json + model.safetensors).
+std::vector<char> parameter_bytes(const std::string& dir) {
+  const std::unique_ptr<LlamaModel> model = load_model(dir);
+  const Tensor values = model->parameters().values();
+  const char* bytes = static_cast<const char*>(values.data);
+  return std::vector<char>(bytes, bytes + values.nbytes());
+}
+
+TEST_F(Train, BenchStepTakesTrainsStepBitForBit) {
+  const std::string bench = dir / "bench", folder = dir / "trained";
+  // max_norm 0.5 clips every step of both (checked below).
+  const std::string clip = "--set training.max_norm=0.5";
+  const CommandResult b =
+      run(fmt::format("{} bench step {} {} --steps 2 --warmup 0 --torch false --json --save {}",
+                      bottle_binary(), dir / "tiny.toml", clip, bench));
+  ASSERT_EQ(b.status, 0) << b.output;
+  const nlohmann::json row = last_json_line(b.output);
+  // The tokens bench step stepped on: one window of b·s + 1 tokens, which every training step
+  // reads (each epoch holds that one batch).
+  const CommandResult t =
+      train(fmt::format("{} {} --set training.steps=2 --set data.train={}/cola/tokens.bin --set "
+                        "lr_scheduler.warmup_steps=0 --set lr_scheduler.decay=constant --set "
+                        "training.eval_interval=0",
+                        folder_arg(folder), clip, bench));
+  ASSERT_EQ(t.status, 0) << t.output;
+  const Metrics m = read_metrics(folder + "/metrics.jsonl");
+  expect_steps_once(m, 2);
+  const StepRow& last = m.steps.back();
+  ASSERT_TRUE(std::isfinite(last.loss));
+  EXPECT_GT(last.grad_norm, 0.5) << "the step should clip";
+  EXPECT_EQ(last.loss, row.at("loss").get<double>());
+  EXPECT_EQ(last.grad_norm, row.at("grad_norm").get<double>());
+  EXPECT_EQ(last.lr, row.at("lr").get<double>());
+  const std::vector<char> benched = parameter_bytes(bench + "/cola"),
+                          trained = parameter_bytes(folder + "/step_00000002");
+  ASSERT_EQ(benched.size(), trained.size());
+  EXPECT_EQ(std::memcmp(benched.data(), trained.data(), benched.size()), 0)
+      << "the updated weights differ";
 }
 
 TEST_F(Train, PlotOfMissingFile) {

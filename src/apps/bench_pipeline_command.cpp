@@ -1,12 +1,12 @@
-// `bottle bench pipeline`: the configuration's tp x pp x dp layout (under mpirun), each
-// pipeline schedule side by side, for the full-rank model and the configuration's
-// bottleneck model of the same widths: the measured pipeline bubble (the share of a step a
-// stage waits instead of computing, against the ideal (p-1)/(m+p-1)) and the gradient
-// traffic each DP rank all-reduces per step.
+// `bottle bench pipeline`: the training step of `bottle train` (train/train_step.h) on the
+// configuration's tp x pp x dp layout (under mpirun), each pipeline schedule side by side,
+// for the full-rank model and the configuration's bottleneck model of the same widths: the
+// step's time, the measured pipeline bubble (the share of the schedule's time a stage waits
+// instead of computing, against the ideal (p-1)/(m+p-1)) and the gradient traffic each DP
+// rank all-reduces per step.
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <random>
 
@@ -14,76 +14,63 @@
 #include "apps/commands.h"
 #include "comm/process_groups.h"
 #include "model/llama.h"
-#include "train/data_parallel.h"
-#include "train/stage_work.h"
 #include "train/train_config.h"
+#include "train/train_step.h"
 
 namespace bottle {
 namespace {
 
 // What bench pipeline reads of a training configuration; a file's other training-run keys
-// (data, checkpoints, the optimizer) do not change what it times.
+// (data, checkpoints, the schedule) do not change what it times.
 const CommandKeys kBenchPipelineKeys{
     "bench pipeline",
     {"model.", "training.micro_batch_size", "training.seq_len", "training.grad_accum_steps",
-     "training.seed", "training.recompute", "parallel.tp", "parallel.pp", "parallel.dp",
-     "parallel.tp_mode", "parallel.zero", "parallel.grouping"},
-    {"training.steps", "training.eval_interval", "training.eval_batches", "training.on_nonfinite",
-     "training.max_norm", "optimizer.", "lr_scheduler.", "data.", "checkpoint.", "metrics."},
-    "it times forward, backward and the DP gradient reduction of one fp32 step on random "
-    "tokens under both pipeline schedules, without the optimizer"};
+     "training.seed", "training.recompute", "training.max_norm", "training.on_nonfinite",
+     "optimizer.", "parallel.tp", "parallel.pp", "parallel.dp", "parallel.tp_mode", "parallel.zero",
+     "parallel.grouping"},
+    {"training.steps", "training.eval_interval", "training.eval_batches", "lr_scheduler.", "data.",
+     "checkpoint.", "metrics."},
+    "it times one fp32 training step on random tokens under both pipeline schedules at the "
+    "constant rate optimizer.lr"};
 
 struct PipelineResult {
-  double step_ms = 0, bubble = 0;  // bubble: mean over stages
+  double step_ms = 0, bubble = 0;  // bubble: mean over stages, of the schedule's time
   int64_t dp_grad_elements = 0;    // per DP rank and step, the whole model (all stages)
 };
 
 PipelineResult measure(const TrainConfig& config, const ModelConfig& model_config,
                        PipelineSchedule schedule, ProcessGroups& groups, int steps, int warmup) {
-  const auto& p = config.parallel;
-  const PipelineStage stage{int(p.pp), groups.pp_rank};
-  const TpMode mode = model_config.bottleneck == BottleneckKind::none ? TpMode::full : p.tp_mode;
-  LlamaModel model(model_config, TensorParallel{mode, groups.tp.get(), p.grouping},
-                   p.zero ? int(p.dp) : 1, stage);
-  model.init_weights(uint64_t(config.training.seed));
-  const int micro_batches = int(config.training.grad_accum_steps);
-  const auto actions = pipeline_schedule(schedule, stage.stages, stage.stage, micro_batches);
-  const int slots = peak_in_flight(actions);
-  const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
-  model.allocate_activations(B, S, slots, config.training.recompute);
-  DataParallel data_parallel(groups.dp.get(), model.parameters(), int(p.zero));
-  Arena arena(MemoryTag::workspace);
-  std::vector<Tensor> inputs, targets;
+  // The step of `bottle train` at the constant rate optimizer.lr, with this model (full TP
+  // for the full-rank one) and schedule.
+  TrainConfig c = bench_step_config(config);
+  c.model = model_config;
+  if (model_config.bottleneck == BottleneckKind::none) c.parallel.tp_mode = TpMode::full;
+  c.parallel.schedule = schedule;
+  auto be = make_backend("cpu");
+  TrainStep train_step(c, *be, tensor_parallel_of(c, groups.tp.get()), groups.pp.get(),
+                       groups.dp.get());
+  train_step.model().init_weights(uint64_t(config.training.seed));
+  train_step.allocate_activations();
+  // Random tokens, the same on every rank: per micro-batch its inputs, then its targets.
   std::mt19937 rng(uint32_t(config.training.seed));
-  for (int m = 0; m < micro_batches; ++m) {
-    inputs.push_back(arena.alloc({B, S}, DType::i32));
-    targets.push_back(arena.alloc({B, S}, DType::i32));
-    for (Tensor t : {inputs.back(), targets.back()})
+  for (int m = 0; m < train_step.micro_batches(); ++m)
+    for (const Tensor& t : {train_step.inputs()[size_t(m)], train_step.targets()[size_t(m)]})
       for (int64_t i = 0; i < t.numel(); ++i)
         t.i32()[i] = int32_t(rng() % uint32_t(model_config.vocab_size));
-  }
-  auto be = make_backend("cpu");
+  const int stages = int(c.parallel.pp);
   std::vector<double> step_ms, bubble;
   int64_t dp_elements = 0;
   for (int step = 0; step < warmup + steps; ++step) {
     groups.world->barrier();
     if (groups.dp) groups.dp->stats().reset();
-    model.zero_grad(*be);
-    TrainStageWork work(*be, model, slots, inputs, targets, 1.0f / float(micro_batches));
-    const auto t0 = std::chrono::steady_clock::now();
-    run_pipeline(actions, work, groups.pp.get());
-    const double pipeline_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    data_parallel.reduce_gradients(*be);
-    const double total_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const StepResult r = train_step.step(step);
     // The slowest stage sets the pipeline's time; each stage's bubble is its idle share.
     const double pipeline_wall =
-        reduce_scalar(groups.world, pipeline_s, ReduceOp::max, "bench.max");
-    const double idle = 1.0 - work.compute_seconds / pipeline_wall;
+        reduce_scalar(groups.world, r.pipeline_seconds, ReduceOp::max, "bench.max");
+    const double idle = 1.0 - r.compute_seconds / pipeline_wall;
     const double mean_idle =
-        reduce_scalar(groups.pp.get(), idle, ReduceOp::sum, "bench.sum") / double(stage.stages);
-    const double wall = reduce_scalar(groups.world, total_s, ReduceOp::max, "bench.max");
+        reduce_scalar(groups.pp.get(), idle, ReduceOp::sum, "bench.sum") / double(stages);
+    const double wall = reduce_scalar(groups.world, r.seconds, ReduceOp::max, "bench.max");
     if (step < warmup) continue;
     step_ms.push_back(wall * 1e3);
     bubble.push_back(mean_idle);

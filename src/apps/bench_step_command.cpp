@@ -1,12 +1,11 @@
-// `bottle bench step`: one training step (forward + backward + clipping + AdamW) timed for each
-// model kind, next to the same step in PyTorch run in the same invocation, with achieved GFLOP/s
-// and MFU against a GEMM peak measured here and now.
+// `bottle bench step`: the training step of `bottle train` (train/train_step.h: forward +
+// backward, the global gradient norm, clipping, AdamW) timed on one process for each model
+// kind, next to the same step in PyTorch run in the same invocation, with achieved GFLOP/s and
+// MFU against a GEMM peak measured here and now.
 #include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -20,20 +19,14 @@
 #include "core/system_info.h"
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
-#include "train/adamw.h"
 #include "train/memory_plan.h"
 #include "train/train_config.h"
+#include "train/train_step.h"
 
 namespace bottle {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point t0) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
-
 struct Timing {
   double median = 0, min = 0, max = 0;
 };
@@ -65,11 +58,11 @@ void print_profile(const ProfilingBackend& profiler, int64_t steps) {
 const CommandKeys kBenchStepKeys{
     "bench step",
     {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
-     "training.max_norm", "optimizer."},
-    {"training.steps", "training.eval_interval", "training.eval_batches", "training.on_nonfinite",
-     "lr_scheduler.", "data.", "checkpoint.", "metrics."},
+     "training.max_norm", "training.on_nonfinite", "optimizer."},
+    {"training.steps", "training.eval_interval", "training.eval_batches", "lr_scheduler.", "data.",
+     "checkpoint.", "metrics."},
     "it times one fp32 training step of one micro-batch on one process, keeping every "
-    "activation, per model kind"};
+    "activation, per model kind, at the constant rate optimizer.lr"};
 
 Command add_bench_step_command(CLI::App& app) {
   struct Options {
@@ -79,11 +72,7 @@ Command add_bench_step_command(CLI::App& app) {
     std::string kinds = "none,cola";
     int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
     int threads = 2;
-    // What a configuration sets; without one, these fixed settings.
-    AdamWConfig adamw;
-    float lr = 1e-3f;
-    double max_norm = 1.0;
-    uint64_t seed = 1234;
+    std::string save;  // --save: a folder for each kind's model after its steps
     bool torch = true, json = false, profile = false;
   };
   auto o = std::make_shared<Options>();
@@ -116,24 +105,30 @@ Command add_bench_step_command(CLI::App& app) {
   app.add_flag("--json", o->json, "one JSON object per kind");
   app.add_flag("--profile", o->profile,
                "also print the time per kernel (GEMMs per shape) of the timed steps");
+  app.add_option("--save", o->save,
+                 "write each kind's model after its steps and the tokens it stepped on to "
+                 "DIR/KIND (config.json, model.safetensors, tokens.bin: a shard of that one "
+                 "batch that `bottle train` reads)");
   return [o, config, kv_heads, kinds] {
     omp_set_num_threads(o->threads);
+    // The step's settings: a configuration's, or without one these fixed ones (TrainConfig's
+    // defaults: seed 1234, max_norm 1.0, AdamW betas 0.9 and 0.95, weight decay 0.1) at lr 1e-3.
+    TrainConfig base;
+    base.optimizer.lr = 1e-3;
     if (config->count()) {
       ConfigKeysGiven given;
-      const TrainConfig c = load_train_config(o->config, o->overrides, &given);
-      check_honoured_keys(c, given, o->config, kBenchStepKeys);
-      o->adamw = c.adamw();
-      o->lr = float(c.optimizer.lr);
-      o->max_norm = c.training.max_norm;
-      o->seed = uint64_t(c.training.seed);
-      o->model = c.model;
-      o->batch = c.training.micro_batch_size;
-      o->seq = c.training.seq_len;
-      if (!kinds->count()) o->kinds = bottleneck_kind_name(c.model.bottleneck);
+      base = load_train_config(o->config, o->overrides, &given);
+      check_honoured_keys(base, given, o->config, kBenchStepKeys);
+      o->model = base.model;
+      o->batch = base.training.micro_batch_size;
+      o->seq = base.training.seq_len;
+      if (!kinds->count()) o->kinds = bottleneck_kind_name(base.model.bottleneck);
     } else if (!kv_heads->count()) {
       o->model.num_kv_heads = o->model.num_heads;
     }
     o->model.max_seq_len = std::max(o->model.max_seq_len, o->seq);
+    base.training.micro_batch_size = o->batch;
+    base.training.seq_len = o->seq;
     if (config->count())
       check_batch_shape(o->model, o->batch, o->seq, o->config + ": key",
                         "'training.micro_batch_size'", "'training.seq_len'");
@@ -156,49 +151,58 @@ Command add_bench_step_command(CLI::App& app) {
           (long long)o->model.intermediate_size, (long long)o->model.num_layers,
           (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch, o->threads,
           peak.gflops(), cpu_summary().c_str());
+    if (!o->save.empty()) {
+      std::error_code ec;
+      fs::create_directories(o->save, ec);
+      BOTTLE_CHECK(!ec, "--save: cannot create {}: {}", o->save, ec.message());
+    }
     const fs::path scratch = fs::temp_directory_path() / fmt::format("bottle-bench-{}", ::getpid());
     fs::create_directories(scratch);
     std::stringstream kinds(o->kinds);
     std::string kind;
     double baseline_ms = 0.0;
     while (std::getline(kinds, kind, ',')) {
-      ModelConfig config = o->model;
-      config.bottleneck = parse_bottleneck_kind(kind);
+      // The step of `bottle train` on one process, at the constant rate optimizer.lr.
+      TrainConfig train_config = bench_step_config(base);
+      train_config.model = o->model;
+      train_config.model.bottleneck = parse_bottleneck_kind(kind);
+      train_config.parallel.tp_mode = default_tp_mode(train_config.model);
+      const ModelConfig& config = train_config.model;
+      // A folder --save cannot write into is refused before any step.
+      if (!o->save.empty()) {
+        try {
+          check_new_model_directory((fs::path(o->save) / kind).string());
+        } catch (const Error& e) {
+          fail("--save: {}", e.what());
+        }
+      }
       {
         const std::string what = fmt::format("bench step: the {} model", kind),
                           advice = "lower --batch, --seq or the model's size";
         check_parameter_memory(config, true, 1, 1, world_communicator(), what, advice);
-        check_available_memory(plan_model_memory(config, TensorParallel{default_tp_mode(config)},
+        check_available_memory(plan_model_memory(config, tensor_parallel_of(train_config, nullptr),
                                                  o->batch, o->seq, true),
                                world_communicator(), what, advice);
       }
-      LlamaModel model(config);
-      model.init_weights(o->seed);
-      model.allocate_activations(o->batch, o->seq);
-      AdamW optimizer(model.parameters(), o->adamw);
-      Arena data(MemoryTag::workspace);
+      TrainStep train_step(train_config, *be, tensor_parallel_of(train_config, nullptr), nullptr,
+                           nullptr);
+      LlamaModel& model = train_step.model();
+      model.init_weights(uint64_t(train_config.training.seed));
+      train_step.allocate_activations();
+      // One batch of b rows of s tokens, stepped on every step: rows of a fixed stream, the
+      // targets the inputs shifted by one, as a token shard's window gives them.
       const int64_t n = o->batch * o->seq;
-      Tensor tokens = data.alloc({o->batch, o->seq}, DType::i32),
-             targets = data.alloc({o->batch, o->seq}, DType::i32);
       std::vector<int32_t> stream(size_t(n + 1));
       for (size_t i = 0; i < stream.size(); ++i)
         stream[i] = int32_t((i * 2654435761u) % uint64_t(config.vocab_size));
-      std::copy(stream.begin(), stream.end() - 1, tokens.i32());
-      std::copy(stream.begin() + 1, stream.end(), targets.i32());
+      std::copy(stream.begin(), stream.end() - 1, train_step.inputs()[0].i32());
+      std::copy(stream.begin() + 1, stream.end(), train_step.targets()[0].i32());
       std::vector<double> ms;
-      float loss = 0.0f;
+      StepResult last;
       for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
         if (profiler && step == o->warmup) profiler->reset();
-        const auto t0 = Clock::now();
-        model.zero_grad(*be);
-        loss = model.forward(*be, tokens, targets);
-        model.backward(*be, tokens, targets);
-        // Clipping by the global norm, as bottle train does: the same work per step.
-        const double norm = std::sqrt(be->sum_squares(model.parameters().grads()));
-        optimizer.step(
-            *be, model.parameters(), o->lr,
-            o->max_norm > 0 && norm > o->max_norm ? float(o->max_norm / (norm + 1e-6)) : 1.0f);
-        if (step >= o->warmup) ms.push_back(ms_since(t0));
+        last = train_step.step(step);
+        if (step >= o->warmup) ms.push_back(last.seconds * 1e3);
       }
       const Timing t = summarize(ms);
       const double flops = model.flops_per_step(n, o->seq);
@@ -218,10 +222,17 @@ Command add_bench_step_command(CLI::App& app) {
           {"gemm_peak_gflops", peak.gflops()},
           {"cpu", cpu_model()},
           {"onednn_isa", onednn_isa()},
-          {"loss", loss},
+          {"loss", last.loss},
+          {"grad_norm", last.grad_norm},
+          {"lr", last.lr},
           {"peak_bytes", MemoryStats::global().peak_total()}};
       if (config.bottleneck != BottleneckKind::none && baseline_ms > 0)
         row["speedup_vs_full_rank"] = baseline_ms / t.median;
+      if (!o->save.empty()) {
+        const fs::path dir = fs::path(o->save) / kind;
+        save_model(model, dir.string());
+        write_token_shard((dir / "tokens.bin").string(), stream);
+      }
       if (o->torch) {
         const fs::path dir = scratch / kind;
         save_model(model, dir.string());

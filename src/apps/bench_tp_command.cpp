@@ -12,7 +12,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -24,26 +23,25 @@
 #include "comm/process_groups.h"
 #include "model/llama.h"
 #include "parallel/component_times.h"
-#include "train/adamw.h"
 #include "train/memory_plan.h"
 #include "train/train_config.h"
+#include "train/train_step.h"
 
 namespace bottle {
 namespace {
-
-using Clock = std::chrono::steady_clock;
 
 // What bench tp reads of a training configuration; a file's other training-run keys
 // (data, checkpoints, the schedule) do not change the step it times.
 const CommandKeys kBenchTpKeys{
     "bench tp",
     {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
-     "training.recompute", "training.max_norm", "optimizer.", "parallel.tp", "parallel.pp",
-     "parallel.dp", "parallel.grouping"},
-    {"training.steps", "training.eval_interval", "training.eval_batches", "training.on_nonfinite",
-     "lr_scheduler.", "data.", "checkpoint.", "metrics."},
+     "training.recompute", "training.max_norm", "training.on_nonfinite", "optimizer.",
+     "parallel.tp", "parallel.pp", "parallel.dp", "parallel.grouping"},
+    {"training.steps", "training.eval_interval", "training.eval_batches", "lr_scheduler.", "data.",
+     "checkpoint.", "metrics."},
     "it times one fp32 training step of one micro-batch of random tokens per TP mode (full, "
-    "vanilla and btp side by side) on one TP group, and plans memory with --fit"};
+    "vanilla and btp side by side) on one TP group at the constant rate optimizer.lr, and plans "
+    "memory with --fit"};
 
 struct Variant {
   TpMode mode;
@@ -149,66 +147,66 @@ struct ModeResult {
   double bwd_per_token_block() const { return double(bwd.elements) / double(blocks * tokens); }
 };
 
-// One variant's model, optimizer and timings. The variants' steps are interleaved (one
-// step of each in turn), so that the machine's drift hits them alike.
+// One variant's training step and timings. The variants' steps are interleaved (one step of
+// each in turn), so that the machine's drift hits them alike.
 class ModeRun {
  public:
   ModeRun(const TrainConfig& config, const Variant& variant, Communicator* tp, bool components)
-      : config_(config), variant_(variant), tp_(tp), components_(components) {
-    const ModelConfig model_config = model_for(config.model, variant.mode);
-    const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
-    model_ = std::make_unique<LlamaModel>(
-        model_config, TensorParallel{variant.mode, tp, variant.grouping, variant.statistic,
-                                     components ? &times_ : nullptr});
-    model_->init_weights(uint64_t(config.training.seed));
-    model_->allocate_activations(B, S, 1, variant.recompute);
-    optimizer_ = std::make_unique<AdamW>(model_->parameters(), config.adamw());
+      : variant_(variant), tp_(tp), components_(components) {
+    // The step of `bottle train` on this TP group, at the constant rate optimizer.lr, with the
+    // variant's mode, grouping and policy (and its RMSNorm statistic, which no key sets).
+    TrainConfig c = bench_step_config(config);
+    c.model = model_for(config.model, variant.mode);
+    c.parallel.tp_mode = variant.mode;
+    c.parallel.grouping = variant.grouping;
+    c.training.recompute = variant.recompute;
+    const ModelConfig& model_config = c.model;
+    train_step_ = std::make_unique<TrainStep>(
+        c, *be_,
+        TensorParallel{variant.mode, tp, variant.grouping, variant.statistic,
+                       components ? &times_ : nullptr},
+        nullptr, nullptr);
+    train_step_->model().init_weights(uint64_t(config.training.seed));
+    train_step_->allocate_activations();
+    // Random tokens, the same on every rank: the inputs [B, S], then the targets [B, S].
     std::mt19937 rng(uint32_t(config.training.seed));
-    tokens_.resize(size_t(2 * B * S));
-    for (auto& t : tokens_) t = int32_t(rng() % uint32_t(model_config.vocab_size));
+    for (const Tensor& t : {train_step_->inputs()[0], train_step_->targets()[0]})
+      for (int64_t i = 0; i < t.numel(); ++i)
+        t.i32()[i] = int32_t(rng() % uint32_t(model_config.vocab_size));
     result_.variant = variant;
     result_.mode = variant.mode;
     result_.kind = model_config.bottleneck;
     result_.blocks = model_config.num_layers;
-    result_.tokens = B * S;
+    result_.tokens = c.training.micro_batch_size * c.training.seq_len;
     // Every buffer is allocated once, up front: this is the variant's footprint per rank.
-    result_.memory = model_->memory();
-    result_.memory[MemoryTag::optimizer] = optimizer_->bytes();
+    result_.memory = train_step_->model().memory();
+    result_.memory[MemoryTag::optimizer] = train_step_->optimizer().bytes();
   }
 
   void step(bool record) {
-    const int64_t B = config_.training.micro_batch_size, S = config_.training.seq_len;
-    Tensor tok{tokens_.data(), {B, S}, DType::i32}, tgt{tokens_.data() + B * S, {B, S}, DType::i32};
     CommStats& stats = tp_ ? tp_->stats() : one_rank_;
     const std::string prefix = tp_mode_name(variant_.mode);
     if (tp_) tp_->barrier();
     stats.reset();
     times_.reset();
-    const auto t0 = Clock::now();
-    model_->zero_grad(*be_);
-    model_->reset_recompute_seconds();
-    model_->forward(*be_, tok, tgt);
-    const CommCounter fwd = stats.with_prefix(prefix + ".fwd.");
-    model_->backward(*be_, tok, tgt);
-    // Clipped by the global norm as bottle train clips.
-    const double norm = std::sqrt(model_->grad_sum_squares(*be_));
-    const double max_norm = config_.training.max_norm;
-    optimizer_->step(*be_, model_->parameters(), float(config_.optimizer.lr),
-                     max_norm > 0 && norm > max_norm ? float(max_norm / norm) : 1.0f);
-    double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    LlamaModel& model = train_step_->model();
+    model.reset_recompute_seconds();
+    const StepResult r = train_step_->step(steps_taken_++);
+    double ms = r.seconds * 1e3;
     if (tp_ && tp_->size() > 1) {  // the slowest rank sets the pace
       float slowest = float(ms);
       tp_->all_reduce(Tensor{&slowest, {1}}, ReduceOp::max, "bench.time");
       ms = slowest;
     }
-    double recompute_ms = model_->recompute_seconds() * 1e3;
+    double recompute_ms = model.recompute_seconds() * 1e3;
     if (tp_ && tp_->size() > 1) {
       float slowest = float(recompute_ms);
       tp_->all_reduce(Tensor{&slowest, {1}}, ReduceOp::max, "bench.time");
       recompute_ms = slowest;
     }
     if (!record) return;
-    result_.fwd = fwd;
+    // The forward pass's sites (recomputation's carry kRecomputePhase in front).
+    result_.fwd = stats.with_prefix(prefix + ".fwd.");
     result_.bwd = stats.with_prefix(prefix + ".bwd.");
     result_.recompute_comm = stats.with_prefix(kRecomputePhase);
     iter_.push_back(ms);
@@ -233,14 +231,12 @@ class ModeRun {
   }
 
  private:
-  const TrainConfig& config_;
   Variant variant_;
   Communicator* tp_;
   std::unique_ptr<Backend> be_ = make_backend("cpu");
-  std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<AdamW> optimizer_;
-  std::vector<int32_t> tokens_;  // inputs, then targets
-  CommStats one_rank_;           // stays empty: one rank communicates nothing
+  std::unique_ptr<TrainStep> train_step_;
+  int64_t steps_taken_ = 0;
+  CommStats one_rank_;  // stays empty: one rank communicates nothing
   ModeResult result_;
   std::vector<double> iter_, comm_, recompute_, block_comm_;
   bool components_ = false;

@@ -15,11 +15,10 @@
 #include "apps/commands.h"
 #include "comm/process_groups.h"
 #include "model/checkpoint.h"
-#include "pipeline/executor.h"
 #include "train/data_loader.h"
 #include "train/memory_plan.h"
-#include "train/stage_work.h"
 #include "train/train_config.h"
+#include "train/train_step.h"
 
 namespace bottle {
 namespace {
@@ -106,7 +105,6 @@ Command add_eval_command(CLI::App& app) {
     Arena arena(MemoryTag::workspace);
     std::vector<Tensor> inputs{arena.alloc({o->batch, seq}, DType::i32)},
         targets{arena.alloc({o->batch, seq}, DType::i32)};
-    const std::vector<Action> forward = forward_only_schedule(stage.stages, stage.stage, 1);
     double mine = 0.0;
     for (int64_t k = groups.dp_rank; k < batches; k += p.dp) {
       loader.next(inputs[0].i32(), targets[0].i32());
@@ -116,9 +114,7 @@ Command add_eval_command(CLI::App& app) {
           BOTTLE_CHECK(t.i32()[i] >= 0 && t.i32()[i] < c.vocab_size,
                        "{}: token id {} is outside the vocabulary [0, {}) of the model in {}",
                        loader.last_file(), t.i32()[i], c.vocab_size, o->checkpoint);
-      TrainStageWork work(*be, model, 1, inputs, targets, 0.0f);
-      run_pipeline(forward, work, groups.pp.get());
-      mine += work.loss_sum;
+      mine += eval_step(*be, model, groups.pp.get(), inputs, targets);
     }
     // The last stage holds the losses, alike on its TP ranks: one of them counts.
     const bool counts = stage.last() && groups.tp_rank == 0;

@@ -11,21 +11,18 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "comm/process_groups.h"
 #include "core/gemm_peak.h"
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
-#include "pipeline/executor.h"
-#include "train/adamw.h"
 #include "train/checkpoint_store.h"
 #include "train/data_loader.h"
-#include "train/data_parallel.h"
-#include "train/lr_schedule.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/plot.h"
-#include "train/stage_work.h"
+#include "train/train_step.h"
 
 namespace bottle {
 
@@ -143,23 +140,6 @@ void check_vocabulary(Tensor tokens, int64_t vocab, const std::string& data) {
                  data, tokens.i32()[i], vocab);
 }
 
-// Mean loss over the first `batches` validation batches, always the same ones.
-double evaluate(Backend& be, LlamaModel& model, Communicator* pp, TokenLoader& val, int64_t batches,
-                std::vector<Tensor>& inputs, std::vector<Tensor>& targets) {
-  val.set_position(LoaderPosition{});
-  const PipelineStage& stage = model.stage();
-  double total = 0.0;
-  for (int64_t i = 0; i < batches; ++i) {
-    val.next(inputs[0].i32(), targets[0].i32());
-    check_vocabulary(inputs[0], model.config().vocab_size, val.last_file());
-    check_vocabulary(targets[0], model.config().vocab_size, val.last_file());
-    TrainStageWork work(be, model, 1, inputs, targets, 0.0f);
-    run_pipeline(forward_only_schedule(stage.stages, stage.stage, 1), work, pp);
-    total += work.loss_sum;
-  }
-  return reduce_scalar(pp, total, ReduceOp::sum, "pp.eval_loss") / double(batches);
-}
-
 // Peak bytes per tag, one entry per world rank: {"weights": [r0, r1, ...], ..., "total": [...]}.
 nlohmann::json peak_memory_per_rank(Communicator& world) {
   constexpr size_t kTags = size_t(MemoryTag::count);
@@ -177,296 +157,372 @@ nlohmann::json peak_memory_per_rank(Communicator& world) {
   return out;
 }
 
-}  // namespace
+// What every rank learns at the end of a step: a stop signal or a failed metrics write on
+// some rank (the ranks agree before acting on either).
+struct StopRequest {
+  int32_t signal = 0;         // the signal that asked to stop, 0: none
+  bool write_failed = false;  // rank 0 could not write metrics.jsonl
+  bool any() const { return signal != 0 || write_failed; }
+};
 
-TrainResult train(const TrainConfig& config, const TrainOptions& options) {
-  const TrainingConfig& tc = config.training;
+// One `bottle train` run: setup (layout, memory, model, data, outputs), the start (resume,
+// --init-from or a fresh initialisation), then per step the batch, TrainStep's optimizer
+// step, logging, evaluation, the stop agreement and checkpoints.
+class Trainer {
+ public:
+  // Everything that can be refused before the first step is refused here, on every rank.
+  Trainer(const TrainConfig& config, const TrainOptions& options);
+
+  // Resumes, or loads --init-from, or initialises the weights; then allocates the
+  // activations and opens the logs. Returns the result at once when --resume finds the run
+  // complete: nothing is trained, logged or written then.
+  std::optional<TrainResult> start();
+  // The steps from the current one to training.steps, or to a stop.
+  TrainResult run();
+
+ private:
+  void set_up_model();
+  void open_data();
+  std::optional<TrainResult> resume();
+  void open_logs();
+
+  void read_batch();
+  void log_step(const StepResult& r, double ms);
+  bool eval_due() const;
+  double evaluate();
+  StopRequest agree_on_stop(const StopSignals& signals);
+  bool checkpoint_due() const;
+  std::string save_checkpoint();
+  void finish(TrainResult& result);
+
+  void message(const std::string& text) {
+    if (metrics_) metrics_->message(text);
+  }
+  nlohmann::json state_json() const {
+    return nlohmann::json{{"step", step_},
+                          {"optimizer_steps", train_step_->optimizer().steps_taken()},
+                          {"train_position", loader_->position()},
+                          {"seed", config_.training.seed},
+                          {"config", to_toml(config_)}};
+  }
+
+  const TrainConfig& config_;
+  const TrainingConfig& tc_;
+  const TrainOptions& options_;
+  Communicator& world_;
+  ProcessGroups groups_;
+  bool leader_ = false;  // writes metrics, plots and checkpoints
+  std::unique_ptr<Backend> be_;
+  MemoryBreakdown plan_;  // this rank's planned footprint
+  std::unique_ptr<TrainStep> train_step_;
+  std::unique_ptr<TokenLoader> loader_, val_;
+  std::unique_ptr<CheckpointStore> store_;
+  std::unique_ptr<MetricsLogger> metrics_;  // rank 0
+  std::unique_ptr<GemmPeak> peak_;
+  double flops_per_step_ = 0.0;  // the whole job's model FLOPs per step
+  int64_t step_ = 0, last_saved_ = -1;
+  std::vector<double> rates_;  // tokens/s per step
+};
+
+Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
+    : config_(config), tc_(config.training), options_(options), world_(world_communicator()) {
   BOTTLE_CHECK(!config.data.train.empty(),
                "{}: data.train is not set (a token shard, directory or glob)", options.config_path);
-  BOTTLE_CHECK(tc.precision == Precision::fp32,
+  BOTTLE_CHECK(tc_.precision == Precision::fp32,
                "{}: training.precision = \"bf16\" is not available on the cpu backend yet",
                options.config_path);
   // Every rank checks the layout before any work, so a bad one fails everywhere at once.
-  Communicator& world = world_communicator();
-  ProcessGroups groups = ProcessGroups::create(
-      world, {int(config.parallel.tp), int(config.parallel.pp), int(config.parallel.dp)});
-  const bool leader = world.rank() == 0;  // writes metrics, plots and checkpoints
-  auto be = make_backend("cpu");
-  const int64_t B = tc.micro_batch_size, S = tc.seq_len;
+  groups_ = ProcessGroups::create(
+      world_, {int(config.parallel.tp), int(config.parallel.pp), int(config.parallel.dp)});
+  leader_ = world_.rank() == 0;
+  be_ = make_backend("cpu");
+  set_up_model();
+  open_data();
+  store_ = std::make_unique<CheckpointStore>(config.checkpoint.folder, int(config.checkpoint.keep));
+}
 
-  const int dp_size = int(config.parallel.dp);
-  const PipelineStage stage{int(config.parallel.pp), groups.pp_rank};
-  // The micro-batches of a step (gradient accumulation) go through the pipeline schedule.
-  const int micro_batches = int(tc.grad_accum_steps);
-  const std::vector<Action> actions =
-      pipeline_schedule(config.parallel.schedule, stage.stages, stage.stage, micro_batches);
-  const int slots = peak_in_flight(actions);
-  const TensorParallel tp{config.parallel.tp_mode, groups.tp.get(), config.parallel.grouping};
-  // Before any memory is used: a layout that will not fit is refused on every rank. The
-  // parameters alone first: a model far too large would take long to plan exactly.
+// The layout's memory is checked before any is used; then the step's model, optimizer and
+// buffers.
+void Trainer::set_up_model() {
+  const PipelineStage stage{int(config_.parallel.pp), groups_.pp_rank};
+  const TensorParallel tp = tensor_parallel_of(config_, groups_.tp.get());
+  // The parameters alone first: a model far too large would take long to plan exactly.
   const std::string advice =
       "lower training.micro_batch_size or the model's size, set training.recompute, or spread "
       "the model over more ranks (parallel.tp, parallel.pp) and machines";
-  check_parameter_memory(config.model, true, config.parallel.tp * config.parallel.pp,
-                         config.parallel.zero ? config.parallel.dp : 1, world, options.config_path,
-                         advice);
-  const MemoryBreakdown plan = plan_rank_memory(config, tp, stage, slots);
-  check_memory_limit(config, plan, world, options.config_path);
-  check_available_memory(plan, world, options.config_path, advice);
-  LlamaModel model(config.model, tp, config.parallel.zero ? dp_size : 1, stage);
-  Communicator* pp = groups.pp.get();
-  // Tied embeddings: the first and the last stage each hold the table (every pp rank joins
-  // the split; the others' group goes unused).
-  std::unique_ptr<Communicator> embedding_group;
-  if (config.model.tie_embeddings && stage.stages > 1)
-    embedding_group =
-        pp->split(stage.first() || stage.last() ? 0 : 1, stage.stage, "tied_embedding");
-  DataParallel data_parallel(groups.dp.get(), model.parameters(), int(config.parallel.zero));
-  AdamW optimizer(model.parameters(), config.adamw(), data_parallel.begin(), data_parallel.end());
+  check_parameter_memory(config_.model, true, config_.parallel.tp * config_.parallel.pp,
+                         config_.parallel.zero ? config_.parallel.dp : 1, world_,
+                         options_.config_path, advice);
+  plan_ = plan_rank_memory(config_, tp, stage, pipeline_slots(config_, stage.stage));
+  check_memory_limit(config_, plan_, world_, options_.config_path);
+  check_available_memory(plan_, world_, options_.config_path, advice);
+  train_step_ = std::make_unique<TrainStep>(config_, *be_, tp, groups_.pp.get(), groups_.dp.get());
+}
+
+// The training and validation data, and the outputs, which must not name one another.
+void Trainer::open_data() {
+  const int64_t B = tc_.micro_batch_size, S = tc_.seq_len;
   // Each DP rank reads every dp-th window: together they read what one process would.
-  TokenLoader loader(config.data.train, B, S, uint64_t(tc.seed), groups.dp_rank, dp_size);
-  std::unique_ptr<TokenLoader> val;
-  if (!config.data.val.empty()) {
-    val = std::make_unique<TokenLoader>(config.data.val, B, S, 0, 0, 1, false);
+  loader_ = std::make_unique<TokenLoader>(config_.data.train, B, S, uint64_t(tc_.seed),
+                                          groups_.dp_rank, int(config_.parallel.dp));
+  if (!config_.data.val.empty()) {
+    val_ = std::make_unique<TokenLoader>(config_.data.val, B, S, 0, 0, 1, false);
     // More batches than the split holds would wrap around and count batches twice.
-    BOTTLE_CHECK(tc.eval_interval == 0 || uint64_t(tc.eval_batches) <= val->windows_per_epoch(),
+    BOTTLE_CHECK(tc_.eval_interval == 0 || uint64_t(tc_.eval_batches) <= val_->windows_per_epoch(),
                  "{}: key 'training.eval_batches' is {}, but data.val ({}) holds {} batch(es) of "
                  "{} x {} (+1) tokens; lower training.eval_batches",
-                 options.config_path, tc.eval_batches, config.data.val, val->windows_per_epoch(), B,
-                 S);
+                 options_.config_path, tc_.eval_batches, config_.data.val,
+                 val_->windows_per_epoch(), B, S);
   }
-  {
-    std::vector<std::string> data_files = loader.files();
-    if (val) data_files.insert(data_files.end(), val->files().begin(), val->files().end());
-    check_output_paths(config, options.config_path, data_files);
-  }
-  CheckpointStore store(config.checkpoint.folder, int(config.checkpoint.keep));
+  std::vector<std::string> data_files = loader_->files();
+  if (val_) data_files.insert(data_files.end(), val_->files().begin(), val_->files().end());
+  check_output_paths(config_, options_.config_path, data_files);
+}
 
-  int64_t step = 0, last_saved = -1;
-  if (options.resume) {
-    const auto latest = store.latest();
-    const std::vector<std::string> incomplete = store.incomplete();
-    BOTTLE_CHECK(
-        latest, "--resume: no checkpoint in {} (checkpoint.folder){}", config.checkpoint.folder,
-        incomplete.empty() ? std::string()
-                           : fmt::format("; {} has no {} (an interrupted or foreign write)",
-                                         incomplete.back(), kTrainerStateFile));
-    // A newer step directory that is not a complete checkpoint is passed over, openly.
-    if (leader)
-      for (const std::string& dir : incomplete)
-        if (dir > *latest)
-          std::printf("skipped %s: it has no %s (an interrupted or foreign write)\n", dir.c_str(),
-                      kTrainerStateFile);
-    const ModelConfig saved = read_model_config(*latest);
-    const std::string diff = model_config_difference(saved, config.model);
-    BOTTLE_CHECK(diff.empty(),
-                 "--resume: the checkpoint {} holds another model than {} describes ({}: "
-                 "checkpoint vs config)",
-                 *latest, options.config_path, diff);
-    const nlohmann::json state = CheckpointStore::load(*latest, model, optimizer);
-    try {
-      step = state.at("step").get<int64_t>();
-      loader.set_position(state.at("train_position").get<LoaderPosition>());
-    } catch (const nlohmann::json::exception& e) {
-      fail("{}/{}: {}", *latest, kTrainerStateFile, e.what());
-    }
-    last_saved = step;
-    BOTTLE_CHECK(step <= tc.steps,
-                 "--resume: the checkpoint {} is at step {}, past training.steps = {}; set "
-                 "training.steps above {} to train further",
-                 *latest, step, tc.steps, step);
-    if (step == tc.steps) {
-      // Nothing to train: no loss, no metrics, no new checkpoint.
-      if (leader)
-        std::printf(
-            "already complete: %s is at step %lld of training.steps = %lld; set training.steps "
-            "higher to train further\n",
-            latest->c_str(), (long long)step, (long long)tc.steps);
-      TrainResult done;
-      done.steps_done = step;
-      done.already_complete = true;
-      done.last_checkpoint = *latest;
-      return done;
-    }
-    if (leader) std::printf("resumed from %s at step %lld\n", latest->c_str(), (long long)step);
-  } else if (store.latest()) {
+std::optional<TrainResult> Trainer::start() {
+  if (options_.resume) {
+    if (std::optional<TrainResult> done = resume()) return done;
+  } else if (store_->latest()) {
     fail(
         "{} already holds checkpoints (newest {}): continue it with --resume, or choose another "
         "checkpoint.folder",
-        config.checkpoint.folder, *store.latest());
-  }
-  if (!options.resume && !options.init_from.empty()) {
-    const ModelConfig saved = read_model_config(options.init_from);
-    const std::string diff = model_config_difference(saved, config.model);
+        config_.checkpoint.folder, *store_->latest());
+  } else if (!options_.init_from.empty()) {
+    const ModelConfig saved = read_model_config(options_.init_from);
+    const std::string diff = model_config_difference(saved, config_.model);
     BOTTLE_CHECK(diff.empty(),
                  "--init-from: {} holds another model than {} describes ({}: checkpoint vs config)",
-                 options.init_from, options.config_path, diff);
-    load_model_weights(model, options.init_from);
-  } else if (!options.resume) {
-    model.init_weights(uint64_t(tc.seed));
+                 options_.init_from, options_.config_path, diff);
+    load_model_weights(train_step_->model(), options_.init_from);
+  } else {
+    train_step_->model().init_weights(uint64_t(tc_.seed));
   }
-  model.allocate_activations(B, S, slots, tc.recompute);
+  train_step_->allocate_activations();
+  open_logs();
+  return std::nullopt;
+}
 
-  LrSchedule schedule{float(config.optimizer.lr), config.lr_scheduler.warmup_steps, tc.steps,
-                      enum_name(config.lr_scheduler.decay),
-                      float(config.lr_scheduler.min_lr_ratio)};
-  std::unique_ptr<MetricsLogger> metrics;
-  if (leader) {
-    metrics =
-        std::make_unique<MetricsLogger>(in_folder(config.checkpoint.folder, config.metrics.jsonl),
-                                        config.metrics.log_freq, tc.steps, step, options.resume);
-    const fs::path resolved = fs::path(config.checkpoint.folder) / "train_config.toml";
+// --resume: the newest complete checkpoint's weights, moments, step and data position.
+std::optional<TrainResult> Trainer::resume() {
+  const auto latest = store_->latest();
+  const std::vector<std::string> incomplete = store_->incomplete();
+  BOTTLE_CHECK(latest, "--resume: no checkpoint in {} (checkpoint.folder){}",
+               config_.checkpoint.folder,
+               incomplete.empty() ? std::string()
+                                  : fmt::format("; {} has no {} (an interrupted or foreign write)",
+                                                incomplete.back(), kTrainerStateFile));
+  // A newer step directory that is not a complete checkpoint is passed over, openly.
+  if (leader_)
+    for (const std::string& dir : incomplete)
+      if (dir > *latest)
+        std::printf("skipped %s: it has no %s (an interrupted or foreign write)\n", dir.c_str(),
+                    kTrainerStateFile);
+  const ModelConfig saved = read_model_config(*latest);
+  const std::string diff = model_config_difference(saved, config_.model);
+  BOTTLE_CHECK(diff.empty(),
+               "--resume: the checkpoint {} holds another model than {} describes ({}: "
+               "checkpoint vs config)",
+               *latest, options_.config_path, diff);
+  const nlohmann::json state =
+      CheckpointStore::load(*latest, train_step_->model(), train_step_->optimizer());
+  try {
+    step_ = state.at("step").get<int64_t>();
+    loader_->set_position(state.at("train_position").get<LoaderPosition>());
+  } catch (const nlohmann::json::exception& e) {
+    fail("{}/{}: {}", *latest, kTrainerStateFile, e.what());
+  }
+  last_saved_ = step_;
+  BOTTLE_CHECK(step_ <= tc_.steps,
+               "--resume: the checkpoint {} is at step {}, past training.steps = {}; set "
+               "training.steps above {} to train further",
+               *latest, step_, tc_.steps, step_);
+  if (step_ == tc_.steps) {
+    // Nothing to train: no loss, no metrics, no new checkpoint.
+    if (leader_)
+      std::printf(
+          "already complete: %s is at step %lld of training.steps = %lld; set training.steps "
+          "higher to train further\n",
+          latest->c_str(), (long long)step_, (long long)tc_.steps);
+    TrainResult done;
+    done.steps_done = step_;
+    done.already_complete = true;
+    done.last_checkpoint = *latest;
+    return done;
+  }
+  if (leader_) std::printf("resumed from %s at step %lld\n", latest->c_str(), (long long)step_);
+  return std::nullopt;
+}
+
+// metrics.jsonl and the resolved train_config.toml (rank 0), the GEMM peak MFU is measured
+// against, and the run's first line.
+void Trainer::open_logs() {
+  if (leader_) {
+    metrics_ = std::make_unique<MetricsLogger>(
+        in_folder(config_.checkpoint.folder, config_.metrics.jsonl), config_.metrics.log_freq,
+        tc_.steps, step_, options_.resume);
+    const fs::path resolved = fs::path(config_.checkpoint.folder) / "train_config.toml";
     std::error_code ec;
-    fs::create_directories(config.checkpoint.folder, ec);
-    BOTTLE_CHECK(!ec, "{}: cannot create checkpoint.folder: {}", config.checkpoint.folder,
+    fs::create_directories(config_.checkpoint.folder, ec);
+    BOTTLE_CHECK(!ec, "{}: cannot create checkpoint.folder: {}", config_.checkpoint.folder,
                  ec.message());
     std::ofstream out(resolved, std::ios::trunc);
-    out << to_toml(config);
+    out << to_toml(config_);
     out.close();
     BOTTLE_CHECK(out, "{}: write failed (disk full or read-only?)", resolved.string());
   }
-  auto message = [&](const std::string& text) {
-    if (metrics) metrics->message(text);
-  };
-  GemmPeak peak(*be);
+  peak_ = std::make_unique<GemmPeak>(*be_);
   // The probe's matrices are gone: peaks count training alone.
   MemoryStats::global().reset_peaks();
   // The whole job's model FLOPs: every DP replica's micro-batches.
-  const double flops_per_step =
-      model.flops_per_step(B * S, S) * double(tc.grad_accum_steps) * double(dp_size);
+  flops_per_step_ =
+      train_step_->model().flops_per_step(tc_.micro_batch_size * tc_.seq_len, tc_.seq_len) *
+      double(tc_.grad_accum_steps) * double(config_.parallel.dp);
   message(fmt::format(
       "training {} ({} parameters, {} bottleneck) for {} steps of {} tokens on {} rank(s) (tp {} "
       "\"{}\") x {} threads; GEMM peak {:.0f} GFLOP/s per rank; recompute \"{}\"; planned "
       "memory of rank 0: {} ({})",
-      options.config_path, config.model.parameter_count(),
-      bottleneck_kind_name(config.model.bottleneck), tc.steps, config.tokens_per_step(),
-      world.size(), config.parallel.tp, tp_mode_name(config.parallel.tp_mode),
-      omp_get_max_threads(), peak.gflops(), recompute_name(tc.recompute),
-      format_bytes(plan.total()), describe_memory(plan)));
+      options_.config_path, config_.model.parameter_count(),
+      bottleneck_kind_name(config_.model.bottleneck), tc_.steps, config_.tokens_per_step(),
+      world_.size(), config_.parallel.tp, tp_mode_name(config_.parallel.tp_mode),
+      omp_get_max_threads(), peak_->gflops(), recompute_name(tc_.recompute),
+      format_bytes(plan_.total()), describe_memory(plan_)));
+}
 
-  Arena batch_arena(MemoryTag::workspace);
-  std::vector<Tensor> inputs, targets;  // per micro-batch [B, S]
-  for (int m = 0; m < micro_batches; ++m) {
-    inputs.push_back(batch_arena.alloc({B, S}, DType::i32));
-    targets.push_back(batch_arena.alloc({B, S}, DType::i32));
-  }
-  auto state_json = [&](int64_t at_step) {
-    return nlohmann::json{{"step", at_step},
-                          {"optimizer_steps", optimizer.steps_taken()},
-                          {"train_position", loader.position()},
-                          {"seed", tc.seed},
-                          {"config", to_toml(config)}};
-  };
+TrainResult Trainer::run() {
   TrainResult result;
-  std::vector<double> rates;
   StopSignals signals;
-  while (step < tc.steps) {
+  while (step_ < tc_.steps) {
     const auto t0 = std::chrono::steady_clock::now();
-    model.zero_grad(*be);
-    for (int m = 0; m < micro_batches; ++m) {
-      loader.next(inputs[m].i32(), targets[m].i32());
-      check_vocabulary(inputs[m], config.model.vocab_size, loader.last_file());
-      check_vocabulary(targets[m], config.model.vocab_size, loader.last_file());
+    read_batch();
+    kill_failpoint(world_.rank(), step_ + 1);
+    const StepResult r = train_step_->step(step_);
+    if (r.skipped)
+      message(fmt::format("step {}: loss {}, grad norm {}: not finite; step skipped", step_ + 1,
+                          r.loss, r.grad_norm));
+    ++step_;
+    log_step(
+        r,
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    result.last_loss = r.loss;
+    if (eval_due()) {
+      result.last_val_loss = evaluate();
+      if (metrics_) metrics_->log_eval(step_, result.last_val_loss);
     }
-    kill_failpoint(world.rank(), step + 1);
-    TrainStageWork work(*be, model, slots, inputs, targets, 1.0f / float(micro_batches));
-    run_pipeline(actions, work, pp);
-    model.reduce_tied_embedding_grad(embedding_group.get());
-    // The loss lives on the last stage; every rank learns it.
-    double loss =
-        reduce_scalar(pp, work.loss_sum, ReduceOp::sum, "pp.loss") / double(micro_batches);
-    data_parallel.reduce_gradients(*be);
-    loss = data_parallel.sum(loss, "dp.loss") / dp_size;
-    // Each stage holds its own parameters: their squared norms add up over the pipeline.
-    double sum_squares = data_parallel.zero()
-                             ? data_parallel.sum(model.grad_sum_squares(*be, data_parallel.begin(),
-                                                                        data_parallel.end()),
-                                                 "dp.grad_norm")
-                             : model.grad_sum_squares(*be);
-    const double grad_norm =
-        std::sqrt(reduce_scalar(pp, sum_squares, ReduceOp::sum, "pp.grad_norm"));
-    const float lr = schedule.at(step);
-    const bool finite = std::isfinite(loss) && std::isfinite(grad_norm);
-    if (!finite && tc.on_nonfinite == OnNonfinite::stop)
-      fail(
-          "step {}: the loss is {} (grad norm {}); stopping (set training.on_nonfinite = \"skip\" "
-          "to skip such steps)",
-          step + 1, loss, grad_norm);
-    if (finite) {
-      const float clip = tc.max_norm > 0 && grad_norm > tc.max_norm
-                             ? float(tc.max_norm / (grad_norm + 1e-6))
-                             : 1.0f;
-      optimizer.step(*be, model.parameters(), lr, clip);
-      data_parallel.gather_parameters();
-    } else {
-      message(fmt::format("step {}: loss {}, grad norm {}: not finite; step skipped", step + 1,
-                          loss, grad_norm));
+    const StopRequest stop = agree_on_stop(signals);
+    if (checkpoint_due() || stop.any()) {
+      result.last_checkpoint = save_checkpoint();
+      message(fmt::format("step {}: checkpoint {}", step_, result.last_checkpoint));
     }
-    ++step;
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    const double tokens_per_s = double(config.tokens_per_step()) / (ms / 1e3);
-    rates.push_back(tokens_per_s);
-    // The whole model's FLOPs over the whole job's GEMM peak.
-    const std::optional<double> mfu = peak.utilization(flops_per_step / (ms * 1e6) / world.size());
-    const nlohmann::json memory = peak_memory_per_rank(world);
-    if (metrics)
-      metrics->log_step({{"step", step},
-                         {"loss", loss},
-                         {"lr", lr},
-                         {"grad_norm", grad_norm},
-                         {"tokens_per_s", tokens_per_s},
-                         {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
-                         {"peak_bytes", MemoryStats::global().peak_total()},
-                         {"activation_bytes", MemoryStats::global().peak(MemoryTag::activations)},
-                         {"memory", memory},
-                         {"ms", ms},
-                         {"skipped", !finite}});
-    result.last_loss = loss;
-    if (val && tc.eval_interval > 0 && (step % tc.eval_interval == 0 || step == tc.steps)) {
-      result.last_val_loss = evaluate(*be, model, pp, *val, tc.eval_batches, inputs, targets);
-      if (metrics) metrics->log_eval(step, result.last_val_loss);
-    }
-    // A signal may reach the ranks at different steps: they agree before acting on it. A
-    // failed metrics write (rank 0 only) stops every rank too, after a checkpoint.
-    int32_t stop_flags[2] = {signals.requested(), metrics && !metrics->write_error().empty()};
-    if (world.size() > 1)
-      world.all_reduce(Tensor{stop_flags, {2}, DType::i32}, ReduceOp::max, "train.stop");
-    const int32_t stop_signal = stop_flags[0];
-    const bool write_failed = stop_flags[1] != 0;
-    const bool stop = stop_signal != 0 || write_failed;
-    if ((config.checkpoint.interval > 0 && step % config.checkpoint.interval == 0) ||
-        step == tc.steps || stop) {
-      result.last_checkpoint =
-          store.save(model, optimizer, state_json(step), step, groups.dp.get(), &world);
-      last_saved = step;
-      message(fmt::format("step {}: checkpoint {}", step, result.last_checkpoint));
-    }
-    if (write_failed)
+    if (stop.write_failed)
       fail("{}: cannot write metrics.jsonl ({}); stopped after step {} with checkpoint {}",
-           in_folder(config.checkpoint.folder, config.metrics.jsonl),
-           metrics ? metrics->write_error() : "on rank 0", step, result.last_checkpoint);
-    if (stop) {
-      message(fmt::format("stopped by signal {} after step {}; resume with --resume", stop_signal,
-                          step));
+           in_folder(config_.checkpoint.folder, config_.metrics.jsonl),
+           metrics_ ? metrics_->write_error() : "on rank 0", step_, result.last_checkpoint);
+    if (stop.any()) {
+      message(fmt::format("stopped by signal {} after step {}; resume with --resume", stop.signal,
+                          step_));
       result.interrupted = true;
       break;
     }
   }
-  if (last_saved != step && step > 0)
-    result.last_checkpoint =
-        store.save(model, optimizer, state_json(step), step, groups.dp.get(), &world);
-  result.steps_done = step;
-  if (!rates.empty()) {
-    std::nth_element(rates.begin(), rates.begin() + rates.size() / 2, rates.end());
-    result.tokens_per_s = rates[rates.size() / 2];
+  finish(result);
+  return result;
+}
+
+// The step's micro-batches from the training data, their token ids checked.
+void Trainer::read_batch() {
+  for (int m = 0; m < train_step_->micro_batches(); ++m) {
+    const Tensor inputs = train_step_->inputs()[size_t(m)],
+                 targets = train_step_->targets()[size_t(m)];
+    loader_->next(inputs.i32(), targets.i32());
+    check_vocabulary(inputs, config_.model.vocab_size, loader_->last_file());
+    check_vocabulary(targets, config_.model.vocab_size, loader_->last_file());
   }
-  if (metrics && !config.metrics.plot.empty() && step > 0) {
-    const std::string png = in_folder(config.checkpoint.folder, config.metrics.plot);
-    plot_metrics(metrics->path(), png);
+}
+
+// One metrics.jsonl line (rank 0); `ms` is the whole step, reading its batch included.
+void Trainer::log_step(const StepResult& r, double ms) {
+  const double tokens_per_s = double(config_.tokens_per_step()) / (ms / 1e3);
+  rates_.push_back(tokens_per_s);
+  // The whole model's FLOPs over the whole job's GEMM peak.
+  const std::optional<double> mfu =
+      peak_->utilization(flops_per_step_ / (ms * 1e6) / world_.size());
+  const nlohmann::json memory = peak_memory_per_rank(world_);
+  if (metrics_)
+    metrics_->log_step({{"step", step_},
+                        {"loss", r.loss},
+                        {"lr", r.lr},
+                        {"grad_norm", r.grad_norm},
+                        {"tokens_per_s", tokens_per_s},
+                        {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
+                        {"peak_bytes", MemoryStats::global().peak_total()},
+                        {"activation_bytes", MemoryStats::global().peak(MemoryTag::activations)},
+                        {"memory", memory},
+                        {"ms", ms},
+                        {"skipped", r.skipped}});
+}
+
+bool Trainer::eval_due() const {
+  return val_ && tc_.eval_interval > 0 && (step_ % tc_.eval_interval == 0 || step_ == tc_.steps);
+}
+
+// Mean loss over the first training.eval_batches validation batches, always the same ones.
+double Trainer::evaluate() {
+  val_->set_position(LoaderPosition{});
+  const Tensor inputs = train_step_->inputs()[0], targets = train_step_->targets()[0];
+  double total = 0.0;
+  for (int64_t i = 0; i < tc_.eval_batches; ++i) {
+    val_->next(inputs.i32(), targets.i32());
+    check_vocabulary(inputs, config_.model.vocab_size, val_->last_file());
+    check_vocabulary(targets, config_.model.vocab_size, val_->last_file());
+    total += train_step_->eval_step();
+  }
+  return reduce_scalar(groups_.pp.get(), total, ReduceOp::sum, "pp.eval_loss") /
+         double(tc_.eval_batches);
+}
+
+// A signal may reach the ranks at different steps: they agree before acting on it. A failed
+// metrics write (rank 0 only) stops every rank too, after a checkpoint.
+StopRequest Trainer::agree_on_stop(const StopSignals& signals) {
+  int32_t flags[2] = {signals.requested(), metrics_ && !metrics_->write_error().empty()};
+  if (world_.size() > 1)
+    world_.all_reduce(Tensor{flags, {2}, DType::i32}, ReduceOp::max, "train.stop");
+  return StopRequest{flags[0], flags[1] != 0};
+}
+
+bool Trainer::checkpoint_due() const {
+  return (config_.checkpoint.interval > 0 && step_ % config_.checkpoint.interval == 0) ||
+         step_ == tc_.steps;
+}
+
+// Every rank takes part; rank 0 writes.
+std::string Trainer::save_checkpoint() {
+  const std::string dir = store_->save(train_step_->model(), train_step_->optimizer(), state_json(),
+                                       step_, groups_.dp.get(), &world_);
+  last_saved_ = step_;
+  return dir;
+}
+
+// The last checkpoint (unless the last step has one), the median rate and the plot.
+void Trainer::finish(TrainResult& result) {
+  if (last_saved_ != step_ && step_ > 0) result.last_checkpoint = save_checkpoint();
+  result.steps_done = step_;
+  if (!rates_.empty()) {
+    std::nth_element(rates_.begin(), rates_.begin() + rates_.size() / 2, rates_.end());
+    result.tokens_per_s = rates_[rates_.size() / 2];
+  }
+  if (metrics_ && !config_.metrics.plot.empty() && step_ > 0) {
+    const std::string png = in_folder(config_.checkpoint.folder, config_.metrics.plot);
+    plot_metrics(metrics_->path(), png);
     message("plot: " + png);
   }
-  return result;
+}
+
+}  // namespace
+
+TrainResult train(const TrainConfig& config, const TrainOptions& options) {
+  Trainer trainer(config, options);
+  if (std::optional<TrainResult> done = trainer.start()) return *done;
+  return trainer.run();
 }
 
 }  // namespace bottle
