@@ -54,9 +54,11 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
   // Random tokens, the same on every rank: per micro-batch its inputs, then its targets.
   std::mt19937 rng(uint32_t(config.training.seed));
   for (int m = 0; m < train_step.micro_batches(); ++m)
-    for (const Tensor& t : {train_step.inputs()[size_t(m)], train_step.targets()[size_t(m)]})
-      for (int64_t i = 0; i < t.numel(); ++i)
-        t.i32()[i] = int32_t(rng() % uint32_t(model_config.vocab_size));
+    for (const Tensor& t : {train_step.inputs()[size_t(m)], train_step.targets()[size_t(m)]}) {
+      std::vector<int32_t> tokens(size_t(t.numel()));
+      for (int32_t& id : tokens) id = int32_t(rng() % uint32_t(model_config.vocab_size));
+      be->from_host(t, tokens.data());
+    }
   const int stages = int(c.parallel.pp);
   std::vector<double> step_ms, bubble;
   int64_t dp_elements = 0;

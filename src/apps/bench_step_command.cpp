@@ -195,8 +195,8 @@ Command add_bench_step_command(CLI::App& app) {
       std::vector<int32_t> stream(size_t(n + 1));
       for (size_t i = 0; i < stream.size(); ++i)
         stream[i] = int32_t((i * 2654435761u) % uint64_t(config.vocab_size));
-      std::copy(stream.begin(), stream.end() - 1, train_step.inputs()[0].i32());
-      std::copy(stream.begin() + 1, stream.end(), train_step.targets()[0].i32());
+      be->from_host(train_step.inputs()[0], stream.data());
+      be->from_host(train_step.targets()[0], stream.data() + 1);
       std::vector<double> ms;
       StepResult last;
       for (int64_t step = 0; step < o->warmup + o->steps; ++step) {

@@ -170,9 +170,11 @@ class ModeRun {
     train_step_->allocate_activations();
     // Random tokens, the same on every rank: the inputs [B, S], then the targets [B, S].
     std::mt19937 rng(uint32_t(config.training.seed));
-    for (const Tensor& t : {train_step_->inputs()[0], train_step_->targets()[0]})
-      for (int64_t i = 0; i < t.numel(); ++i)
-        t.i32()[i] = int32_t(rng() % uint32_t(model_config.vocab_size));
+    for (const Tensor& t : {train_step_->inputs()[0], train_step_->targets()[0]}) {
+      std::vector<int32_t> tokens(size_t(t.numel()));
+      for (int32_t& id : tokens) id = int32_t(rng() % uint32_t(model_config.vocab_size));
+      be_->from_host(t, tokens.data());
+    }
     result_.variant = variant;
     result_.mode = variant.mode;
     result_.kind = model_config.bottleneck;

@@ -93,7 +93,7 @@ Command add_eval_command(CLI::App& app) {
     check_parameter_memory(c, false, p.tp * p.pp, 1, world, what, advice);
     check_available_memory(plan_model_memory(c, tp, o->batch, seq, false, stage), world, what,
                            advice);
-    LlamaModel model(c, tp, 1, stage);
+    LlamaModel model(c, tp, 1, stage, /*reserve_only=*/false, *be);
     load_model_weights(model, o->checkpoint);
     TokenLoader loader(o->data, o->batch, seq, 0, groups.dp_rank, p.dp, /*shuffle=*/false);
     const int64_t available = int64_t(loader.windows_per_epoch());
@@ -102,18 +102,20 @@ Command add_eval_command(CLI::App& app) {
                  "{}: the shards hold {} full batch(es) of {} x {} (+1) tokens; {} requested",
                  o->data, available, o->batch, seq, batches);
     model.allocate_activations(o->batch, seq);
-    Arena arena(MemoryTag::workspace);
+    Arena arena(MemoryTag::workspace, *be);
     std::vector<Tensor> inputs{arena.alloc({o->batch, seq}, DType::i32)},
         targets{arena.alloc({o->batch, seq}, DType::i32)};
     double mine = 0.0;
     for (int64_t k = groups.dp_rank; k < batches; k += p.dp) {
-      loader.next(inputs[0].i32(), targets[0].i32());
+      loader.next(*be, inputs[0], targets[0]);
       // Token ids must fit the model; the error names the shard rather than a kernel.
       for (const Tensor& t : {inputs[0], targets[0]})
-        for (int64_t i = 0; i < t.numel(); ++i)
-          BOTTLE_CHECK(t.i32()[i] >= 0 && t.i32()[i] < c.vocab_size,
-                       "{}: token id {} is outside the vocabulary [0, {}) of the model in {}",
-                       loader.last_file(), t.i32()[i], c.vocab_size, o->checkpoint);
+        if (const int64_t i = be->first_outside(t, 0, c.vocab_size); i >= 0) {
+          int32_t id = 0;
+          be->to_host(&id, t.view(i, {1}));
+          fail("{}: token id {} is outside the vocabulary [0, {}) of the model in {}",
+               loader.last_file(), id, c.vocab_size, o->checkpoint);
+        }
       mine += eval_step(*be, model, groups.pp.get(), inputs, targets);
     }
     // The last stage holds the losses, alike on its TP ranks: one of them counts.

@@ -105,8 +105,8 @@ Command add_sample_command(CLI::App& app) {
     model->allocate_activations(1, window);
     Arena arena(MemoryTag::workspace, *be);
     const Tensor input = arena.alloc({1, window}, DType::i32);  // [1, window]
-    std::vector<int32_t> staged(size_t(window));                // the window, on the host
-    std::vector<float> last(size_t(vocab));  // the last position's logits, on the host
+    std::vector<int32_t> staged(static_cast<size_t>(window));   // the window, on the host
+    std::vector<float> last(static_cast<size_t>(vocab));  // the last position's logits, on the host
     std::mt19937_64 rng(o->seed);
     std::fwrite(o->prompt.data(), 1, o->prompt.size(), stdout);
     for (int64_t i = 0; i < o->tokens; ++i) {

@@ -165,6 +165,17 @@ void TokenLoader::next(int32_t* inputs, int32_t* targets) {
   cursor_ %= total_windows_;
 }
 
+void TokenLoader::next(Backend& be, Tensor inputs, Tensor targets) {
+  BOTTLE_CHECK(inputs.numel() == tokens_per_batch() && targets.numel() == tokens_per_batch(),
+               "{}: a batch of {} x {} tokens does not fill tensors {} and {}", pattern_, batch_,
+               seq_, inputs.shape.str(), targets.shape.str());
+  staged_inputs_.resize(size_t(tokens_per_batch()));
+  staged_targets_.resize(size_t(tokens_per_batch()));
+  next(staged_inputs_.data(), staged_targets_.data());
+  be.from_host(inputs, staged_inputs_.data());
+  be.from_host(targets, staged_targets_.data());
+}
+
 LoaderPosition TokenLoader::position() const {
   const Slot s = locate(epoch_, cursor_);
   return LoaderPosition{s.epoch, s.shard_index, s.window_index};

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
+
 namespace bottle {
 
 // Where the loader stands: `shard_index` indexes the epoch's shard order and
@@ -45,6 +47,8 @@ class TokenLoader {
   // Fills batch·seq inputs and the targets (the inputs shifted by one token), row-major
   // [batch, seq], then advances by one round of `world` windows.
   void next(int32_t* inputs, int32_t* targets);
+  // The same into i32 [batch, seq] tensors of `be`, staged through host buffers.
+  void next(Backend& be, Tensor inputs, Tensor targets);
 
   LoaderPosition position() const;
   // Restores a position from position(); errors when it does not fit these shards.
@@ -68,7 +72,8 @@ class TokenLoader {
   std::vector<uint64_t> window_order(uint64_t epoch, uint64_t file) const;
 
  private:
-  struct Slot {  // one stream element: a window of a file
+  std::vector<int32_t> staged_inputs_, staged_targets_;  // [batch · seq] each, host staging
+  struct Slot {                                          // one stream element: a window of a file
     uint64_t epoch, shard_index, window_index;
   };
   // Stream element g of `epoch` (g may run past the epoch into the following ones).

@@ -80,7 +80,8 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
   // The micro-batches of a step (gradient accumulation) go through the pipeline schedule.
   actions_ = pipeline_schedule(p.schedule, stage.stages, stage.stage, micro_batches_);
   slots_ = peak_in_flight(actions_);
-  model_ = std::make_unique<LlamaModel>(config.model, tp, p.zero ? p.dp : 1, stage);
+  model_ = std::make_unique<LlamaModel>(config.model, tp, p.zero ? p.dp : 1, stage,
+                                        /*reserve_only=*/false, be);
   // Tied embeddings: the first and the last stage each hold the table (every pp rank joins
   // the split; the others' group goes unused).
   if (config.model.tie_embeddings && stage.stages > 1)

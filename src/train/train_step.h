@@ -41,7 +41,7 @@ struct StepResult {
 double eval_step(Backend& be, LlamaModel& model, Communicator* pp,
                  const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
 
-// The global gradient norm (DESIGN §4): each parameter counted once over the TP, PP and
+// The global gradient norm (docs/design.md §9): each parameter counted once over the TP, PP and
 // DP groups (with ZeRO-1, each DP rank's shard). The only one the step and its callers use.
 double global_grad_norm(Backend& be, const LlamaModel& model, const DataParallel& data_parallel,
                         Communicator* pp);
@@ -116,7 +116,7 @@ class TrainStep {
   std::unique_ptr<DataParallel> data_parallel_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;
-  Arena batch_arena_{MemoryTag::workspace};
+  Arena batch_arena_{MemoryTag::workspace, be_};
   std::vector<Tensor> inputs_, targets_;  // per micro-batch [B, S] i32
 };
 

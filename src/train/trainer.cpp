@@ -133,11 +133,13 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
 }
 
 // Token ids must fit the model; the error names the data rather than a kernel.
-void check_vocabulary(Tensor tokens, int64_t vocab, const std::string& data) {
-  for (int64_t i = 0; i < tokens.numel(); ++i)
-    BOTTLE_CHECK(tokens.i32()[i] >= 0 && tokens.i32()[i] < vocab,
-                 "{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)",
-                 data, tokens.i32()[i], vocab);
+void check_vocabulary(Backend& be, Tensor tokens, int64_t vocab, const std::string& data) {
+  if (const int64_t i = be.first_outside(tokens, 0, vocab); i >= 0) {
+    int32_t id = 0;
+    be.to_host(&id, tokens.view(i, {1}));
+    fail("{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)", data, id,
+         vocab);
+  }
 }
 
 // Peak bytes per tag, one entry per world rank: {"weights": [r0, r1, ...], ..., "total": [...]}.
@@ -433,9 +435,9 @@ void Trainer::read_batch() {
   for (int m = 0; m < train_step_->micro_batches(); ++m) {
     const Tensor inputs = train_step_->inputs()[size_t(m)],
                  targets = train_step_->targets()[size_t(m)];
-    loader_->next(inputs.i32(), targets.i32());
-    check_vocabulary(inputs, config_.model.vocab_size, loader_->last_file());
-    check_vocabulary(targets, config_.model.vocab_size, loader_->last_file());
+    loader_->next(*be_, inputs, targets);
+    check_vocabulary(*be_, inputs, config_.model.vocab_size, loader_->last_file());
+    check_vocabulary(*be_, targets, config_.model.vocab_size, loader_->last_file());
   }
 }
 
@@ -471,9 +473,9 @@ double Trainer::evaluate() {
   const Tensor inputs = train_step_->inputs()[0], targets = train_step_->targets()[0];
   double total = 0.0;
   for (int64_t i = 0; i < tc_.eval_batches; ++i) {
-    val_->next(inputs.i32(), targets.i32());
-    check_vocabulary(inputs, config_.model.vocab_size, val_->last_file());
-    check_vocabulary(targets, config_.model.vocab_size, val_->last_file());
+    val_->next(*be_, inputs, targets);
+    check_vocabulary(*be_, inputs, config_.model.vocab_size, val_->last_file());
+    check_vocabulary(*be_, targets, config_.model.vocab_size, val_->last_file());
     total += train_step_->eval_step();
   }
   return reduce_scalar(groups_.pp.get(), total, ReduceOp::sum, "pp.eval_loss") /
