@@ -42,7 +42,9 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
                        PipelineSchedule schedule, ProcessGroups& groups, int steps, int warmup) {
   const auto& p = config.parallel;
   const PipelineStage stage{int(p.pp), groups.pp_rank};
-  const TpMode mode = model_config.bottleneck == BottleneckKind::none ? TpMode::full : p.tp_mode;
+  // The full-rank model of the comparison runs in its own default mode.
+  const TpLayout* mode =
+      model_config.bottleneck == BottleneckKind::none ? default_tp_mode(model_config) : p.tp_mode;
   LlamaModel model(model_config, TensorParallel{mode, groups.tp.get(), p.grouping},
                    p.zero ? int(p.dp) : 1, stage);
   model.init_weights(uint64_t(config.training.seed));

@@ -80,7 +80,7 @@ Command add_bench_step_command(CLI::App& app) {
     int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
     int threads = 2;
     // What a configuration sets; without one, these fixed settings.
-    AdamWConfig adamw;
+    AdamWConfig adamw = OptimizerConfig{}.adamw();
     float lr = 1e-3f;
     double max_norm = 1.0;
     uint64_t seed = 1234;
