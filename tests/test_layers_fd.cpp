@@ -298,6 +298,7 @@ TEST_P(LayersFd, RMSNorm) {
   const int64_t n = 6, cols = 8;
   Arena weights(MemoryTag::weights), act(MemoryTag::activations);
   RMSNorm norm;
+  norm.eps = 1e-5f;
   norm.weight = make_param(weights, {cols});
   fill_normal(norm.weight.value, rng_, 1.0f, 0.3f);
   norm.allocate_activations(act, n, cols);

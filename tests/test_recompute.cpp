@@ -10,6 +10,7 @@
 #include "comm/communicator.h"
 #include "model/llama.h"
 #include "test_util.h"
+#include "train/train_config.h"
 
 namespace bottle {
 namespace {
@@ -21,7 +22,7 @@ Communicator& world() { return world_communicator(); }
 
 struct Case {
   BottleneckKind kind;
-  TpMode mode;
+  const TpLayout* mode;
   Recompute policy;
   bool grouping = true;
 };
@@ -113,14 +114,14 @@ TEST_P(Recomputation, CountsTheCollectivesItReRuns) {
 
 std::vector<Case> cases() {
   using B = BottleneckKind;
-  std::vector<Case> all{{B::none, TpMode::full, Recompute::block}};
+  std::vector<Case> all{{B::none, &tp_layout("full"), Recompute::block}};
   for (B kind : {B::svd, B::cola, B::lax}) {
-    all.push_back({kind, TpMode::vanilla, Recompute::block});
-    all.push_back({kind, TpMode::btp, Recompute::block});
-    all.push_back({kind, TpMode::btp, Recompute::lowrank});
+    all.push_back({kind, &tp_layout("vanilla"), Recompute::block});
+    all.push_back({kind, &tp_layout("btp"), Recompute::block});
+    all.push_back({kind, &tp_layout("btp"), Recompute::lowrank});
   }
-  all.push_back({B::cola, TpMode::vanilla, Recompute::block, false});
-  all.push_back({B::cola, TpMode::btp, Recompute::lowrank, false});
+  all.push_back({B::cola, &tp_layout("vanilla"), Recompute::block, false});
+  all.push_back({B::cola, &tp_layout("btp"), Recompute::lowrank, false});
   return all;
 }
 
@@ -128,7 +129,7 @@ INSTANTIATE_TEST_SUITE_P(Policies, Recomputation, ::testing::ValuesIn(cases()), 
 
 // lowrank keeps less than none and more than block, under btp at this TP degree.
 TEST(RecomputeMemory, LowrankKeepsBetweenBlockAndEverything) {
-  const Case c{BottleneckKind::cola, TpMode::btp, Recompute::lowrank};
+  const Case c{BottleneckKind::cola, &tp_layout("btp"), Recompute::lowrank};
   const size_t none = run(c, Recompute::none, &world()).activation_bytes;
   const size_t lowrank = run(c, Recompute::lowrank, &world()).activation_bytes;
   const size_t block = run(c, Recompute::block, &world()).activation_bytes;
@@ -138,21 +139,24 @@ TEST(RecomputeMemory, LowrankKeepsBetweenBlockAndEverything) {
 
 TEST(RecomputeMemory, RefusesPoliciesThatDoNotFit) {
   const ModelConfig cola = config_for(BottleneckKind::cola);
-  LlamaModel vanilla(cola, TensorParallel{TpMode::vanilla, &world()});
+  LlamaModel vanilla(cola, TensorParallel{&tp_layout("vanilla"), &world()});
   EXPECT_THROW(
       {
         try {
           vanilla.allocate_activations(1, 8, 1, Recompute::lowrank);
-        } catch (const Error& e) {
-          EXPECT_NE(std::string(e.what()).find("training.recompute = \"lowrank\" needs "
-                                               "parallel.tp_mode = \"btp\""),
+        } catch (const SettingError& e) {
+          // The model names the policy as wrong; train/ names it by its key.
+          EXPECT_EQ(e.setting(), Setting::recompute);
+          const std::string message = describe_setting_error(e);
+          EXPECT_NE(message.find("training.recompute = \"lowrank\" needs "
+                                 "parallel.tp_mode = \"btp\""),
                     std::string::npos)
-              << e.what();
+              << message;
           throw;
         }
       },
       Error);
-  LlamaModel full(config_for(BottleneckKind::none), TensorParallel{TpMode::full, &world()});
+  LlamaModel full(config_for(BottleneckKind::none), TensorParallel{&tp_layout("full"), &world()});
   EXPECT_THROW(full.allocate_activations(1, 8, 1, Recompute::lowrank), Error);
 }
 
@@ -161,7 +165,7 @@ TEST(MemoryPlan, ReserveOnlyMatchesTheRealFootprint) {
   for (Recompute policy : {Recompute::none, Recompute::block, Recompute::lowrank})
     for (BottleneckKind kind : {BottleneckKind::cola, BottleneckKind::lax}) {
       const ModelConfig config = config_for(kind);
-      const TensorParallel tp{TpMode::btp, &world()};
+      const TensorParallel tp{&tp_layout("btp"), &world()};
       LlamaModel plan(config, tp, 1, {}, true);
       plan.allocate_activations(2, 16, 2, policy);
       const size_t live_before = MemoryStats::global().live_total();

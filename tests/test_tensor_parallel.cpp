@@ -11,6 +11,7 @@
 #include "parallel/online_rmsnorm_check.h"
 #include "test_util.h"
 #include "train/adamw.h"
+#include "train/train_config.h"
 
 namespace bottle {
 namespace {
@@ -29,7 +30,7 @@ std::vector<int32_t> random_tokens(int64_t count, int64_t vocab, uint32_t seed) 
 
 struct Case {
   BottleneckKind kind;
-  TpMode mode;
+  const TpLayout* mode;
   int64_t kv_heads;
   bool tied;
   bool grouping;
@@ -127,7 +128,7 @@ TEST_P(TpTraining, TwentyStepsMatchOneRank) {
     LlamaModel model(config, TensorParallel{c.mode, comm, c.grouping});
     model.init_weights(5);
     model.allocate_activations(batch, seq);
-    AdamWConfig opt;
+    AdamWConfig opt = OptimizerConfig{}.adamw();
     opt.lr = 1e-3f;
     AdamW adamw(model.parameters(), opt);
     std::vector<float> losses;
@@ -162,10 +163,10 @@ TEST_P(TpTraining, TwentyStepsMatchOneRank) {
 }
 
 std::vector<Case> parity_cases() {
-  std::vector<Case> cases{{BottleneckKind::none, TpMode::full, 8, false, true},
-                          {BottleneckKind::none, TpMode::full, 4, true, true}};
+  std::vector<Case> cases{{BottleneckKind::none, &tp_layout("full"), 8, false, true},
+                          {BottleneckKind::none, &tp_layout("full"), 4, true, true}};
   for (auto kind : {BottleneckKind::svd, BottleneckKind::cola, BottleneckKind::lax})
-    for (auto mode : {TpMode::vanilla, TpMode::btp}) {
+    for (const TpLayout* mode : {&tp_layout("vanilla"), &tp_layout("btp")}) {
       cases.push_back({kind, mode, 8, false, true});
       cases.push_back({kind, mode, 4, true, true});    // GQA, tied embeddings
       cases.push_back({kind, mode, 8, false, false});  // grouping off
@@ -187,7 +188,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, TpTraining, ::testing::ValuesIn(training_cases()
 // --- The communicator's counters against docs/design.md §4's per-block volumes.
 struct CountCase {
   BottleneckKind kind;
-  TpMode mode;
+  const TpLayout* mode;
   bool grouping;
   NormStatistic statistic = NormStatistic::from_latent;
 };
@@ -220,24 +221,22 @@ TEST_P(TpVolumes, PerBlockAndPassMatchTheFormulas) {
   const CommCounter lax_bwd = stats.with_prefix(prefix + ".bwd.lax_gather");
   // Per block, per token (MHA).
   int64_t fwd_elems = 0, bwd_elems = 0, fwd_calls = 0, bwd_calls = 0, lax_extra = 0;
-  switch (c.mode) {
-    case TpMode::full:
-      fwd_elems = bwd_elems = 2 * d;
-      fwd_calls = bwd_calls = 2;
-      break;
-    case TpMode::vanilla:
-      fwd_elems = 5 * d + 2 * dff;
-      bwd_elems = c.grouping ? 3 * d + dff : 6 * d + dff;
-      fwd_calls = bwd_calls = c.grouping ? 4 : 7;
-      // LaX: each projection all-gathers its latent slice, each way.
-      if (c.kind == BottleneckKind::lax) lax_extra = 7 * r;
-      break;
-    case TpMode::btp:
-      fwd_elems = 7 * r + 2;  // + the two RMSNorm statistics, in the same collectives
-      bwd_elems = 7 * r + (c.statistic == NormStatistic::all_reduce ? 2 : 0);
-      fwd_calls = bwd_calls = c.grouping ? 4 : 7;
-      if (c.statistic == NormStatistic::all_reduce) bwd_calls += 2;
-      break;
+  if (prefix == "full") {
+    fwd_elems = bwd_elems = 2 * d;
+    fwd_calls = bwd_calls = 2;
+  } else if (prefix == "vanilla") {
+    fwd_elems = 5 * d + 2 * dff;
+    bwd_elems = c.grouping ? 3 * d + dff : 6 * d + dff;
+    fwd_calls = bwd_calls = c.grouping ? 4 : 7;
+    // LaX: each projection all-gathers its latent slice, each way.
+    if (c.kind == BottleneckKind::lax) lax_extra = 7 * r;
+  } else if (prefix == "btp") {
+    fwd_elems = 7 * r + 2;  // + the two RMSNorm statistics, in the same collectives
+    bwd_elems = 7 * r + (c.statistic == NormStatistic::all_reduce ? 2 : 0);
+    fwd_calls = bwd_calls = c.grouping ? 4 : 7;
+    if (c.statistic == NormStatistic::all_reduce) bwd_calls += 2;
+  } else {
+    FAIL() << "no volume formula for mode " << prefix;
   }
   EXPECT_EQ(fwd.elements, L * n * (fwd_elems + lax_extra));
   EXPECT_EQ(bwd.elements, L * n * (bwd_elems + lax_extra));
@@ -249,11 +248,11 @@ TEST_P(TpVolumes, PerBlockAndPassMatchTheFormulas) {
 }
 
 std::vector<CountCase> count_cases() {
-  std::vector<CountCase> cases{{BottleneckKind::none, TpMode::full, true}};
+  std::vector<CountCase> cases{{BottleneckKind::none, &tp_layout("full"), true}};
   for (auto kind : {BottleneckKind::svd, BottleneckKind::cola, BottleneckKind::lax})
-    for (auto mode : {TpMode::vanilla, TpMode::btp})
+    for (const TpLayout* mode : {&tp_layout("vanilla"), &tp_layout("btp")})
       for (bool grouping : {true, false}) cases.push_back({kind, mode, grouping});
-  cases.push_back({BottleneckKind::cola, TpMode::btp, true, NormStatistic::all_reduce});
+  cases.push_back({BottleneckKind::cola, &tp_layout("btp"), true, NormStatistic::all_reduce});
   return cases;
 }
 
@@ -283,7 +282,7 @@ TEST_P(OnlineNorm, MatchesRmsNormAndLinearOnOneRank) {
   auto be = make_backend(oc.backend);
   // The paper's setting: a row-split linear layer with LLaMA's init N(0, 0.02²) behind
   // RMSNorm, on inputs of unit scale (the problem's defaults).
-  TensorParallel tp{TpMode::btp, &world()};
+  TensorParallel tp{.comm = &world()};
   tp.norm_backward = oc.statistic;
   const OnlineNormDiffs diffs = compare_online_rmsnorm(*be, tp, OnlineNormProblem{});
   EXPECT_LE(diffs.output.max, oc.bound) << "forward";

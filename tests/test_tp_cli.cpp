@@ -97,7 +97,7 @@ INSTANTIATE_TEST_SUITE_P(
         BadLayout{"lowrank_under_vanilla", 2,
                   "--set parallel.tp=2 --set parallel.tp_mode=vanilla --set "
                   "training.recompute=lowrank",
-                  "training.recompute = \"lowrank\" needs parallel.tp_mode = \"btp\""}),
+                  "key 'training.recompute' = \"lowrank\" needs parallel.tp_mode = \"btp\""}),
     [](const auto& info) { return std::string(info.param.name); });
 
 double json_loss(const CommandResult& r) {

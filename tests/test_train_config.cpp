@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "parallel/tp_layouts.h"
 #include "train/train_config.h"
 
 namespace bottle {
@@ -69,11 +70,14 @@ TEST(TrainConfig, Defaults) {
   EXPECT_EQ(c.parallel.tp, 1);
   EXPECT_EQ(c.parallel.pp, 1);
   EXPECT_EQ(c.parallel.dp, 1);
-  EXPECT_EQ(c.parallel.tp_mode, TpMode::full);
+  EXPECT_EQ(c.parallel.tp_mode, &tp_layout("full"));
   EXPECT_EQ(c.parallel.schedule, PipelineSchedule::one_f_one_b);
   EXPECT_EQ(c.parallel.zero, 0);
   EXPECT_TRUE(c.parallel.grouping);
-  EXPECT_EQ(c, TrainConfig{});
+  // The struct's defaults, with the one that depends on the model (tp_mode) resolved.
+  TrainConfig defaults;
+  defaults.parallel.tp_mode = default_tp_mode(defaults.model);
+  EXPECT_EQ(c, defaults);
   const AdamWConfig a = c.adamw();
   EXPECT_FLOAT_EQ(a.lr, 3e-4f);
   EXPECT_FLOAT_EQ(a.beta2, 0.95f);
@@ -197,7 +201,7 @@ TEST(TrainConfig, FullFile) {
   EXPECT_EQ(c.parallel.tp, 2);
   EXPECT_EQ(c.parallel.pp, 2);
   EXPECT_EQ(c.parallel.dp, 1);
-  EXPECT_EQ(c.parallel.tp_mode, TpMode::vanilla);
+  EXPECT_EQ(c.parallel.tp_mode, &tp_layout("vanilla"));
   EXPECT_EQ(c.parallel.schedule, PipelineSchedule::gpipe);
   EXPECT_EQ(c.parallel.zero, 1);
   EXPECT_FALSE(c.parallel.grouping);
@@ -209,12 +213,12 @@ TEST(TrainConfig, FullFile) {
 
 TEST(TrainConfig, ResolvedDefaults) {
   // tp_mode: full for a full-rank model, btp for a bottleneck model, unless given.
-  EXPECT_EQ(parse("[model]\nbottleneck = \"cola\"").parallel.tp_mode, TpMode::btp);
-  EXPECT_EQ(parse("[model]\nbottleneck = \"none\"").parallel.tp_mode, TpMode::full);
-  EXPECT_EQ(parse("", {"model.bottleneck=svd"}).parallel.tp_mode, TpMode::btp);
+  EXPECT_EQ(parse("[model]\nbottleneck = \"cola\"").parallel.tp_mode, &tp_layout("btp"));
+  EXPECT_EQ(parse("[model]\nbottleneck = \"none\"").parallel.tp_mode, &tp_layout("full"));
+  EXPECT_EQ(parse("", {"model.bottleneck=svd"}).parallel.tp_mode, &tp_layout("btp"));
   EXPECT_EQ(
       parse("[model]\nbottleneck = \"cola\"\n[parallel]\ntp_mode = \"vanilla\"").parallel.tp_mode,
-      TpMode::vanilla);
+      &tp_layout("vanilla"));
   // num_kv_heads follows num_heads unless given, also when num_heads comes from --set.
   EXPECT_EQ(parse("[model]\nnum_heads = 4").model.num_kv_heads, 4);
   EXPECT_EQ(parse("", {"model.num_heads=2"}).model.num_kv_heads, 2);
@@ -327,11 +331,12 @@ TEST(TrainConfig, MemoryLimitTakesBytesOrUnits) {
 }
 
 TEST(TrainConfig, RecomputeMustFitTheMode) {
-  EXPECT_EQ(error_of("[model]\nbottleneck = \"cola\"\n[parallel]\ntp_mode = \"vanilla\"\n"
-                     "[training]\nrecompute = \"lowrank\"\n"),
-            "test.toml: training.recompute = \"lowrank\" needs parallel.tp_mode = \"btp\" (the "
-            "default for a bottleneck model, on one rank too): under \"vanilla\" the chunk "
-            "boundaries are full-width and rebuilding them re-runs all-reduces; use \"block\"");
+  EXPECT_EQ(
+      error_of("[model]\nbottleneck = \"cola\"\n[parallel]\ntp_mode = \"vanilla\"\n"
+               "[training]\nrecompute = \"lowrank\"\n"),
+      "test.toml: key 'training.recompute' = \"lowrank\" needs parallel.tp_mode = \"btp\" (the "
+      "default for a bottleneck model, on one rank too): under \"vanilla\" the chunk "
+      "boundaries are full-width and rebuilding them re-runs all-reduces; use \"block\"");
   EXPECT_CONTAINS(error_of("[training]\nrecompute = \"lowrank\"\n"),
                   "but model.bottleneck is \"none\"");
   EXPECT_EQ(parse("[training]\nrecompute = \"block\"\n").training.recompute, Recompute::block);
@@ -455,7 +460,7 @@ TEST(TrainConfig, EveryFileInConfigsParses) {
   const TrainConfig tiny = load_train_config((dir / "tiny.toml").string(), {});
   EXPECT_EQ(tiny.model.bottleneck, BottleneckKind::cola);
   EXPECT_EQ(tiny.model.rank, 32);
-  EXPECT_EQ(tiny.parallel.tp_mode, TpMode::btp);
+  EXPECT_EQ(tiny.parallel.tp_mode, &tp_layout("btp"));
 }
 
 }  // namespace

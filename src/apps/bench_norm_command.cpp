@@ -57,7 +57,7 @@ Command add_bench_norm_command(CLI::App& app) {
     problem.seed = o->seed;
     auto be = make_backend(o->backend);
     const OnlineNormDiffs diffs =
-        compare_online_rmsnorm(*be, TensorParallel{TpMode::btp, &world}, problem);
+        compare_online_rmsnorm(*be, TensorParallel{.comm = &world}, problem);
     if (world.rank() != 0) return 0;
     if (o->json) {
       const nlohmann::ordered_json j{{"tp", t},

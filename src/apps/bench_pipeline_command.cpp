@@ -44,7 +44,8 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
   // for the full-rank one) and schedule.
   TrainConfig c = bench_step_config(config);
   c.model = model_config;
-  if (model_config.bottleneck == BottleneckKind::none) c.parallel.tp_mode = TpMode::full;
+  if (model_config.bottleneck == BottleneckKind::none)
+    c.parallel.tp_mode = default_tp_mode(model_config);
   c.parallel.schedule = schedule;
   auto be = make_backend("cpu");
   TrainStep train_step(c, *be, tensor_parallel_of(c, groups.tp.get()), groups.pp.get(),

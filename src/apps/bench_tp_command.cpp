@@ -43,8 +43,14 @@ const CommandKeys kBenchTpKeys{
     "vanilla and btp side by side) on one TP group at the constant rate optimizer.lr, and plans "
     "memory with --fit"};
 
+// The modes bench tp compares side by side, as the paper does: Megatron TP on the full-rank
+// model, vanilla and bottleneck-aware TP on the configuration's bottleneck model.
+const TpLayout* full_mode() { return &tp_layout("full"); }
+const TpLayout* vanilla_mode() { return &tp_layout("vanilla"); }
+const TpLayout* btp_mode() { return &tp_layout("btp"); }
+
 struct Variant {
-  TpMode mode;
+  const TpLayout* mode;
   bool grouping;
   NormStatistic statistic = NormStatistic::from_latent;
   Recompute recompute = Recompute::none;
@@ -63,9 +69,9 @@ struct Variant {
 };
 
 // The full-rank model of the same widths, for `full`.
-ModelConfig model_for(const ModelConfig& config, TpMode mode) {
+ModelConfig model_for(const ModelConfig& config, const TpLayout* mode) {
   ModelConfig m = config;
-  if (mode == TpMode::full) {
+  if (mode == full_mode()) {
     m.bottleneck = BottleneckKind::none;
     m.rank = 0;
     m.ranks = {};
@@ -75,8 +81,8 @@ ModelConfig model_for(const ModelConfig& config, TpMode mode) {
 }
 
 // The policies worth measuring per mode: block for all, lowrank where it applies (btp).
-std::vector<Recompute> recompute_policies(TpMode mode) {
-  if (mode == TpMode::btp) return {Recompute::none, Recompute::block, Recompute::lowrank};
+std::vector<Recompute> recompute_policies(const TpLayout* mode) {
+  if (mode == btp_mode()) return {Recompute::none, Recompute::block, Recompute::lowrank};
   return {Recompute::none, Recompute::block};
 }
 
@@ -104,13 +110,13 @@ const std::array<Component, 2> kComponents{Component{"qkv", {"q", "k", "v"}},
 // communicator prefixes recomputation's sites with kRecomputePhase. Vanilla's LaX
 // all-gathers serve every projection alike and belong to no component. None under full,
 // whose blocks time no component.
-std::vector<std::string> component_sites(TpMode mode, const Component& c) {
+std::vector<std::string> component_sites(const TpLayout* mode, const Component& c) {
   std::vector<std::string> sites;
-  if (mode == TpMode::full) return sites;
+  if (mode == full_mode()) return sites;
   std::vector<const char*> names{c.name};
   names.insert(names.end(), c.members.begin(), c.members.end());
   for (const char* name : names) {
-    if (mode == TpMode::btp) {
+    if (mode == btp_mode()) {
       sites.push_back(fmt::format("btp.fwd.{}", name));
       sites.push_back(fmt::format("btp.bwd.{}", name));
     } else {
@@ -127,7 +133,7 @@ struct ComponentResult {
 
 struct ModeResult {
   Variant variant;
-  TpMode mode = TpMode::full;
+  const TpLayout* mode = nullptr;
   BottleneckKind kind = BottleneckKind::none;
   int64_t blocks = 0, tokens = 0;
   CommCounter fwd{}, bwd{};      // the mode's block sites, the last recorded step
@@ -216,7 +222,7 @@ class ModeRun {
     block_comm_.push_back((result_.fwd.seconds + result_.bwd.seconds) * 1e3 /
                           double(2 * result_.blocks));
     comm_.push_back((stats.total().seconds - stats.with_prefix("bench.").seconds) * 1e3);
-    if (components_ && variant_.mode != TpMode::full) record_components(stats);
+    if (components_ && variant_.mode != full_mode()) record_components(stats);
   }
 
   // Medians, minima and maxima over the recorded steps.
@@ -308,9 +314,9 @@ void print_fit_table(const TrainConfig& config, const std::string& path, Communi
         (long long)config.training.seq_len, format_bytes(size_t(limit)).c_str(),
         (long long)max_batch, "mode", "max batch", "weights", "gradients", "optimizer",
         "act+buffers", "total");
-  std::vector<TpMode> modes{TpMode::full};
-  if (m.bottleneck != BottleneckKind::none) modes = {TpMode::full, TpMode::vanilla, TpMode::btp};
-  for (TpMode mode : modes)
+  std::vector<const TpLayout*> modes{full_mode()};
+  if (m.bottleneck != BottleneckKind::none) modes = {full_mode(), vanilla_mode(), btp_mode()};
+  for (const TpLayout* mode : modes)
     for (Recompute policy : recompute_policies(mode)) {
       const Variant v{mode, config.parallel.grouping, NormStatistic::from_latent, policy};
       const Fit fit = largest_fitting_batch(config, v, tp, world, limit, max_batch);
@@ -404,10 +410,10 @@ Command add_bench_tp_command(CLI::App& app) {
     const bool grouping = config.parallel.grouping;
     // The policy every mode runs under; each mode must take it.
     const Recompute base = config.training.recompute;
-    std::vector<TpMode> modes{TpMode::full};
+    std::vector<const TpLayout*> modes{full_mode()};
     if (config.model.bottleneck != BottleneckKind::none)
-      modes = {TpMode::full, TpMode::vanilla, TpMode::btp};
-    for (TpMode mode : modes) {
+      modes = {full_mode(), vanilla_mode(), btp_mode()};
+    for (const TpLayout* mode : modes) {
       const auto policies = recompute_policies(mode);
       BOTTLE_CHECK(std::find(policies.begin(), policies.end(), base) != policies.end(),
                    "{}: key 'training.recompute' = \"{}\" applies to btp only, and bench tp "
@@ -417,12 +423,12 @@ Command add_bench_tp_command(CLI::App& app) {
                    recompute_name(base), tp_mode_name(mode));
     }
     std::vector<Variant> variants;
-    for (TpMode mode : modes)
+    for (const TpLayout* mode : modes)
       variants.push_back({mode, grouping, NormStatistic::from_latent, base});
     if (config.model.bottleneck != BottleneckKind::none && o->variants) {
-      variants.push_back({TpMode::vanilla, !grouping, NormStatistic::from_latent, base});
-      variants.push_back({TpMode::btp, !grouping, NormStatistic::from_latent, base});
-      variants.push_back({TpMode::btp, grouping, NormStatistic::all_reduce, base});
+      variants.push_back({vanilla_mode(), !grouping, NormStatistic::from_latent, base});
+      variants.push_back({btp_mode(), !grouping, NormStatistic::from_latent, base});
+      variants.push_back({btp_mode(), grouping, NormStatistic::all_reduce, base});
     }
     if (o->recompute) {
       const std::vector<Variant> kept = variants;
@@ -559,15 +565,15 @@ Command add_bench_tp_command(CLI::App& app) {
       }
       std::fflush(stdout);
     }
-    auto find = [&](TpMode mode, Recompute policy) -> const ModeResult* {
+    auto find = [&](const TpLayout* mode, Recompute policy) -> const ModeResult* {
       for (const ModeResult& r : results)
         if (r.mode == mode && r.variant.grouping == grouping &&
             r.variant.statistic == NormStatistic::from_latent && r.variant.recompute == policy)
           return &r;
       return nullptr;
     };
-    const ModeResult *full = find(TpMode::full, base), *vanilla = find(TpMode::vanilla, base),
-                     *btp = find(TpMode::btp, base);
+    const ModeResult *full = find(full_mode(), base), *vanilla = find(vanilla_mode(), base),
+                     *btp = find(btp_mode(), base);
     if (leader && !o->json && vanilla && btp) {
       std::printf(
           "  forward volume vs full-rank TP: vanilla %.3fx, btp %.3fx | btp iteration speedup: "
@@ -584,8 +590,8 @@ Command add_bench_tp_command(CLI::App& app) {
           "0.72x)\n",
           recompute_name(base), format_bytes(size_t(buffers(btp))).c_str(),
           format_bytes(size_t(buffers(vanilla))).c_str(), buffers(btp) / buffers(vanilla));
-      const ModeResult *lowrank = find(TpMode::btp, Recompute::lowrank),
-                       *vanilla_block = find(TpMode::vanilla, Recompute::block);
+      const ModeResult *lowrank = find(btp_mode(), Recompute::lowrank),
+                       *vanilla_block = find(vanilla_mode(), Recompute::block);
       if (lowrank && vanilla_block)
         std::printf(
             "  recomputation: btp lowrank %.1f MB/ms vs vanilla block %.1f MB/ms = %.2fx (paper, "
@@ -596,7 +602,7 @@ Command add_bench_tp_command(CLI::App& app) {
       for (const ModeResult& r : results) {
         if (r.variant.recompute != base) continue;
         if (r.variant.grouping != grouping)
-          (r.mode == TpMode::vanilla ? vanilla_ungrouped : btp_ungrouped) = &r;
+          (r.mode == vanilla_mode() ? vanilla_ungrouped : btp_ungrouped) = &r;
         if (r.variant.statistic == NormStatistic::all_reduce) stat = &r;
       }
       if (vanilla_ungrouped && btp_ungrouped && stat)

@@ -13,6 +13,7 @@
 #include "comm/communicator.h"
 #include "core/error.h"
 #include "train/memory_plan.h"
+#include "train/train_config.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"bottle: a trainer for low-rank bottleneck LLaMA models"};
@@ -78,6 +79,10 @@ int main(int argc, char** argv) {
       throw std::bad_alloc();
     for (auto& [sub, run] : commands)
       if (sub->parsed()) return run();
+  } catch (const bottle::SettingError& e) {
+    // A setting found wrong below src/train: named by its configuration key.
+    report("error", bottle::describe_setting_error(e).c_str());
+    return 1;
   } catch (const bottle::Error& e) {
     report("error", e.what());
     return 1;

@@ -1,18 +1,20 @@
 #include "comm/process_groups.h"
 
-#include "core/error.h"
+#include "core/setting_error.h"
 
 namespace bottle {
 
 ProcessGroups ProcessGroups::create(Communicator& world, ParallelLayout layout) {
   // Checked from values every rank has, so every rank fails alike before any collective.
-  BOTTLE_CHECK(layout.tp >= 1 && layout.pp >= 1 && layout.dp >= 1,
-               "parallel.tp, parallel.pp and parallel.dp must be at least 1, not {}, {} and {}",
-               layout.tp, layout.pp, layout.dp);
-  BOTTLE_CHECK(world.size() == layout.world_size(),
-               "world size {} does not equal parallel.tp × parallel.pp × parallel.dp = {} × {} × "
-               "{} = {}",
-               world.size(), layout.tp, layout.pp, layout.dp, layout.world_size());
+  const std::string tp = mention(Setting::tp), pp = mention(Setting::pp), dp = mention(Setting::dp);
+  if (layout.tp < 1 || layout.pp < 1 || layout.dp < 1)
+    fail_setting(Setting::tp, "{}, {} and {} must be at least 1, not {}, {} and {}", tp, pp, dp,
+                 layout.tp, layout.pp, layout.dp);
+  // The job was launched with another number of ranks than the layout needs: the degrees are
+  // what the message blames, the first of them standing for all three.
+  if (world.size() != layout.world_size())
+    fail_setting(Setting::tp, "world size {} does not equal {} × {} × {} = {} × {} × {} = {}",
+                 world.size(), tp, pp, dp, layout.tp, layout.pp, layout.dp, layout.world_size());
 
   ProcessGroups g;
   g.layout = layout;

@@ -15,30 +15,22 @@ int64_t ModelConfig::rank_of(ProjectionId p) const {
   return rank != 0 ? rank : hidden_size / 4;
 }
 
-int64_t ModelConfig::d_in(ProjectionId p) const {
-  switch (p) {
-    case ProjectionId::o:
-      return num_heads * head_dim();
-    case ProjectionId::down:
-      return intermediate_size;
-    default:
-      return hidden_size;
-  }
-}
+int64_t ModelConfig::d_in(ProjectionId p) const { return shape().d_in(p); }
 
-int64_t ModelConfig::d_out(ProjectionId p) const {
-  switch (p) {
-    case ProjectionId::q:
-      return num_heads * head_dim();
-    case ProjectionId::k:
-    case ProjectionId::v:
-      return num_kv_heads * head_dim();
-    case ProjectionId::gate:
-    case ProjectionId::up:
-      return intermediate_size;
-    default:
-      return hidden_size;
-  }
+int64_t ModelConfig::d_out(ProjectionId p) const { return shape().d_out(p); }
+
+ModelShape ModelConfig::shape() const {
+  ModelShape s;
+  s.vocab = vocab_size;
+  s.hidden = hidden_size;
+  s.ffn = intermediate_size;
+  s.heads = num_heads;
+  s.kv_heads = num_kv_heads;
+  s.bottleneck = bottleneck;
+  if (bottleneck != BottleneckKind::none)
+    for (int i = 0; i < kNumProjections; ++i) s.ranks[size_t(i)] = rank_of(ProjectionId(i));
+  s.tied_embeddings = tie_embeddings;
+  return s;
 }
 
 int64_t ModelConfig::parameter_count() const {

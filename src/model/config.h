@@ -6,6 +6,7 @@
 #include <string>
 #include <string_view>
 
+#include "nn/model_shape.h"
 #include "nn/projection.h"
 
 namespace bottle {
@@ -32,6 +33,8 @@ struct ModelConfig {
   int64_t d_in(ProjectionId p) const;
   int64_t d_out(ProjectionId p) const;
   int64_t parameter_count() const;
+  // The shapes a tensor-parallel layout splits (parallel/tp_layout.h).
+  ModelShape shape() const;
 
   // Throws one error naming `source` and the offending key when the shape is impossible.
   // `hf_keys` picks config.json key names, otherwise the TOML [model] names.

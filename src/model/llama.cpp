@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <stdexcept>
 
 #include "nn/linear.h"
 #include "parallel/mappings.h"
@@ -24,73 +25,37 @@ constexpr std::array<std::array<ProjectionId, 3>, 4> kGroups = {
     {{P::q, P::k, P::v}, {P::o, P::o, P::o}, {P::gate, P::up, P::up}, {P::down, P::down, P::down}}};
 constexpr std::array<size_t, 4> kGroupSizes = {3, 1, 2, 1};
 
-// Does the projection's input (output) side split across TP ranks? (The side that is not
-// split is whole on every rank.)
-bool input_split(TpMode mode, ProjectionId p) {
-  if (mode == TpMode::btp) return true;
-  if (mode == TpMode::full) return p == P::o || p == P::down;
-  return false;
-}
-bool output_split(TpMode mode, ProjectionId p) {
-  if (mode == TpMode::btp) return true;
-  if (mode == TpMode::full) return !(p == P::o || p == P::down);
-  return false;
+const TpLayout& layout_of(const TensorParallel& tp) {
+  if (!tp.layout) throw std::invalid_argument("a model needs a TP layout (TensorParallel::layout)");
+  return *tp.layout;
 }
 
 }  // namespace
 
-TpMode default_tp_mode(const ModelConfig& config) {
-  return config.bottleneck == BottleneckKind::none ? TpMode::full : TpMode::btp;
-}
-
-void validate_tensor_parallel(const ModelConfig& c, int t, TpMode mode,
-                              const std::string& key_prefix) {
-  // A quote closes the key in "FILE: key 'parallel.tp'"; plain "parallel.tp" has none.
-  const std::string close = key_prefix.find('\'') != std::string::npos ? "'" : "";
-  const std::string tp_key = key_prefix + "tp" + close, mode_key = key_prefix + "tp_mode" + close;
-  if (c.bottleneck == BottleneckKind::none)
-    BOTTLE_CHECK(mode == TpMode::full,
-                 "{} is \"{}\", which needs a bottleneck model (model.bottleneck is \"none\"); "
-                 "use \"full\"",
-                 mode_key, tp_mode_name(mode));
-  else
-    BOTTLE_CHECK(mode != TpMode::full,
-                 "{} is \"full\", which is for a full-rank model (model.bottleneck is \"{}\"); "
-                 "use \"btp\" or \"vanilla\"",
-                 mode_key, bottleneck_kind_name(c.bottleneck));
-  auto divides = [&](int64_t value, const char* name) {
-    BOTTLE_CHECK(value % t == 0, "{} ({}) must divide {} ({})", tp_key, t, name, value);
-  };
-  divides(c.vocab_size, "model.vocab_size");  // every mode splits the vocabulary
-  if (mode != TpMode::vanilla) {              // vanilla splits only the bottleneck (below)
-    divides(c.hidden_size, "model.hidden_size");
-    divides(c.intermediate_size, "model.intermediate_size");
-    divides(c.num_heads, "model.num_heads");
-    divides(c.num_kv_heads, "model.num_kv_heads");
-  }
-  if (mode == TpMode::vanilla)
-    for (int i = 0; i < kNumProjections; ++i)
-      BOTTLE_CHECK(c.rank_of(ProjectionId(i)) % t == 0,
-                   "{} ({}) must divide the rank of the {} projection ({}) under tp_mode "
-                   "\"vanilla\"",
-                   tp_key, t, kProjectionNames[i], c.rank_of(ProjectionId(i)));
+void validate_pipeline_stages(int stages, int64_t layers) {
+  if (stages < 1 || stages > layers)
+    fail_setting(Setting::pp, "{} must be between 1 and {} ({}), got {}", mention(Setting::pp),
+                 mention(Setting::num_layers), layers, stages);
 }
 
 LlamaModel::LlamaModel(const ModelConfig& config)
-    : LlamaModel(config, TensorParallel{default_tp_mode(config)}) {}
+    : LlamaModel(config, TensorParallel{&default_tp_layout(config.shape())}) {}
 
 LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to,
                        PipelineStage stage, bool reserve_only, Backend& memory)
-    : config_(config), tp_(tp), stage_(stage), reserve_only_(reserve_only), memory_(&memory) {
+    : config_(config),
+      tp_(tp),
+      layout_(layout_of(tp)),
+      stage_(stage),
+      reserve_only_(reserve_only),
+      memory_(&memory) {
   config_.validate("model config", false);
-  validate_tensor_parallel(config_, tp_.size(), tp_.mode, "parallel.");
+  validate_layout(layout_, config_.shape(), tp_.size());
   const int layers = int(config_.num_layers);
-  BOTTLE_CHECK(stage_.stages >= 1 && stage_.stages <= layers,
-               "parallel.pp ({}) must be between 1 and model.num_layers ({})", stage_.stages,
-               layers);
+  validate_pipeline_stages(stage_.stages, layers);
   first_layer_ = stage_.first_layer(layers);
   end_layer_ = stage_.end_layer(layers);
-  embedding_hidden_split_ = tp_.mode == TpMode::btp && !config_.tie_embeddings;
+  ends_ = layout_.ends(config_.shape());
   declare_parameters();
   params_.allocate(memory, pad_parameters_to, reserve_only_);
   bind_parameters();
@@ -99,7 +64,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad
 void LlamaModel::declare_parameters() {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, t = tp_.size();
-  // Declares `spec` split along `dim` (-1: whole on every rank).
+  // Declares `spec` split along `dim` (kWhole: whole on every rank).
   auto declare = [&](ParamSpec spec, int dim) {
     spec.full_shape = spec.shape;
     if (dim >= 0 && t > 1) {
@@ -109,25 +74,23 @@ void LlamaModel::declare_parameters() {
     }
     params_.declare(std::move(spec));
   };
-  const TpMode mode = tp_.mode;
+  const ParameterSplits split = layout_.parameter_splits(c.shape());
   if (stage_.first())
     declare({"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false},
-            embedding_hidden_split_ ? 1 : 0);
-  const int norm_dim = mode == TpMode::btp ? 0 : -1;
+            split.embedding);
   for (int l = first_layer_; l < end_layer_; ++l) {
     declare({layer_prefix(l) + ".input_layernorm.weight", {d}, ParamInit::ones, 0, false},
-            norm_dim);
+            split.block_norm);
     declare({layer_prefix(l) + ".post_attention_layernorm.weight", {d}, ParamInit::ones, 0, false},
-            norm_dim);
+            split.block_norm);
     for (size_t gi = 0; gi < kGroups.size(); ++gi) {
       const auto group = std::span(kGroups[gi]).first(kGroupSizes[gi]);
       if (c.bottleneck == BottleneckKind::none) {
         for (P p : group)
           declare({projection_prefix(l, p) + ".weight", {c.d_out(p), c.d_in(p)}},
-                  output_split(mode, p) ? 0 : (input_split(mode, p) ? 1 : -1));
+                  split.weight[size_t(p)]);
         continue;
       }
-      // A [r, d_in]: btp splits d_in, vanilla r. B [d_out, r]: btp splits d_out, vanilla r.
       auto factor_std = [&](P p) {
         return std::pow(float(c.rank_of(p)), -0.25f) *
                std::pow(float(c.d_in(p) + c.d_out(p)), -0.25f);
@@ -137,35 +100,36 @@ void LlamaModel::declare_parameters() {
                  {c.rank_of(p), c.d_in(p)},
                  ParamInit::normal,
                  factor_std(p)},
-                mode == TpMode::btp ? 1 : 0);
+                split.A[size_t(p)]);
       for (P p : group)
         declare({projection_prefix(l, p) + ".B.weight",
                  {c.d_out(p), c.rank_of(p)},
                  ParamInit::normal,
                  factor_std(p)},
-                mode == TpMode::btp ? 0 : 1);
+                split.B[size_t(p)]);
       if (c.bottleneck == BottleneckKind::lax && l > 0)
         for (P p : group) {
           const std::string prefix = projection_prefix(l, p);
           const int64_t r = c.rank_of(p);
-          declare({prefix + ".G.weight", {r, r}, ParamInit::normal, 0.02f}, -1);
-          declare({prefix + ".ln.weight", {r}, ParamInit::ones, 0, false}, -1);
-          declare({prefix + ".ln.bias", {r}, ParamInit::zeros, 0, false}, -1);
+          declare({prefix + ".G.weight", {r, r}, ParamInit::normal, 0.02f}, split.lax_crossing);
+          declare({prefix + ".ln.weight", {r}, ParamInit::ones, 0, false}, split.lax_crossing);
+          declare({prefix + ".ln.bias", {r}, ParamInit::zeros, 0, false}, split.lax_crossing);
         }
     }
   }
   if (!stage_.last()) return;
-  declare({"model.norm.weight", {d}, ParamInit::ones, 0, false}, -1);
+  declare({"model.norm.weight", {d}, ParamInit::ones, 0, false}, split.final_norm);
   if (!c.tie_embeddings)
-    declare({"lm_head.weight", {c.vocab_size, d}}, 0);
+    declare({"lm_head.weight", {c.vocab_size, d}}, split.lm_head);
   else if (!stage_.first())  // the last stage's copy of the tied table (Megatron's way)
-    declare({"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false}, 0);
+    declare({"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false},
+            split.lm_head);
 }
 
 void LlamaModel::bind_parameters() {
   const ModelConfig& c = config_;
-  const TpMode mode = tp_.mode;
-  const int64_t t = tp_.size();
+  const ModelShape shape = c.shape();
+  const int t = tp_.size();
   if (stage_.first()) embedding_ = params_.get("model.embed_tokens.weight");
   if (stage_.last()) {
     final_norm_weight_ = params_.get("model.norm.weight");
@@ -173,50 +137,34 @@ void LlamaModel::bind_parameters() {
     final_norm_.weight = final_norm_weight_;
     final_norm_.eps = c.rms_norm_eps;
   }
-  const bool heads_split = mode != TpMode::vanilla;
-  BlockDims dims;
-  dims.d = c.hidden_size;
-  dims.d_res = mode == TpMode::btp ? c.hidden_size / t : c.hidden_size;
-  dims.heads = heads_split ? c.num_heads / t : c.num_heads;
-  dims.kv_heads = heads_split ? c.num_kv_heads / t : c.num_kv_heads;
-  dims.head_dim = c.head_dim();
-  dims.dq = dims.heads * dims.head_dim;
-  dims.dkv = dims.kv_heads * dims.head_dim;
-  dims.dff = heads_split ? c.intermediate_size / t : c.intermediate_size;
+  BlockDims dims = layout_.block_dims(shape, t);
   dims.rope_theta = c.rope_theta;
   dims.gate_act = c.gate_act();
-  blocks_.resize(size_t(end_layer_ - first_layer_));
+  blocks_.clear();
   for (int l = first_layer_; l < end_layer_; ++l) {
-    TpBlock& b = blocks_[size_t(l - first_layer_)];
+    TpBlock& b = *blocks_.emplace_back(layout_.make_block());
     b.dims = dims;
-    const Param norm1 = params_.get(layer_prefix(l) + ".input_layernorm.weight");
-    const Param norm2 = params_.get(layer_prefix(l) + ".post_attention_layernorm.weight");
-    b.norm1.weight = b.online1.weight = norm1;
-    b.norm2.weight = b.online2.weight = norm2;
-    b.norm1.eps = b.norm2.eps = b.online1.eps = b.online2.eps = c.rms_norm_eps;
+    b.norm1_weight = params_.get(layer_prefix(l) + ".input_layernorm.weight");
+    b.norm2_weight = params_.get(layer_prefix(l) + ".post_attention_layernorm.weight");
+    b.norm_eps = c.rms_norm_eps;
     for (int i = 0; i < kNumProjections; ++i) {
       const auto p = ProjectionId(i);
       const std::string prefix = projection_prefix(l, p);
+      const ProjectionDims widths = layout_.projection_dims(shape, p, t, tp_.rank());
       Projection& proj = b[p];
       proj.kind = c.bottleneck;
-      proj.d_in = input_split(mode, p) ? c.d_in(p) / t : c.d_in(p);
-      proj.d_out = output_split(mode, p) ? c.d_out(p) / t : c.d_out(p);
+      proj.d_in = widths.d_in;
+      proj.d_out = widths.d_out;
       if (c.bottleneck == BottleneckKind::none) {
         proj.weight = params_.get(prefix + ".weight");
         continue;
       }
-      const int64_t r = c.rank_of(p);
       proj.A = params_.get(prefix + ".A.weight");
       proj.B = params_.get(prefix + ".B.weight");
       proj.crossing = c.bottleneck == BottleneckKind::lax && l > 0;
-      proj.rank = r;
-      if (mode == TpMode::vanilla) {
-        // σ is elementwise, so svd and cola run on the r/t slice; LaX's crossing and LN_r
-        // need the whole latent, gathered.
-        proj.shard_rank = r / t;
-        proj.shard_offset = r / t * tp_.rank();
-        if (c.bottleneck != BottleneckKind::lax) proj.rank = r / t, proj.shard_offset = 0;
-      }
+      proj.rank = widths.rank;
+      proj.shard_rank = widths.shard_rank;
+      proj.shard_offset = widths.shard_offset;
       if (proj.crossing) {
         proj.G = params_.get(prefix + ".G.weight");
         proj.ln_w = params_.get(prefix + ".ln.weight");
@@ -232,7 +180,7 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   BOTTLE_CHECK(seq <= c.max_seq_len, "sequence length {} exceeds the model's max_seq_len {}", seq,
                c.max_seq_len);
   BOTTLE_CHECK(slots >= 1, "{} micro-batch slots", slots);
-  validate_recompute(policy, tp_.mode, c.bottleneck != BottleneckKind::none);
+  validate_recompute(policy, layout_, c.shape());
   batch_ = batch;
   seq_ = seq;
   recompute_ = policy;
@@ -240,10 +188,10 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   comm_ = std::make_unique<Arena>(MemoryTag::comm, *memory_, reserve_only_);
   Arena& a = *activations_;
   const int64_t n = batch * seq, d = c.hidden_size, v_local = c.vocab_size / tp_.size();
-  const int64_t d_res = tp_.mode == TpMode::btp ? d / tp_.size() : d;
-  for (TpBlock& b : blocks_) {
-    b.dims.batch = batch;
-    b.dims.seq = seq;
+  const int64_t d_res = layout_.block_dims(c.shape(), tp_.size()).d_res;
+  for (const std::unique_ptr<TpBlock>& b : blocks_) {
+    b->dims.batch = batch;
+    b->dims.seq = seq;
   }
   // Blocks share what they do not keep, one block at a time: lay out the widest block (the
   // last: LaX's first block has no crossing) in reserve to size the shared regions.
@@ -251,10 +199,10 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   if (!blocks_.empty()) {
     Arena plan_kept(MemoryTag::activations, true), plan_recomputed(MemoryTag::activations, true),
         plan_grads(MemoryTag::activations, true), plan_comm(MemoryTag::comm, true);
-    TpBlock widest = blocks_.back();
-    allocate_block(
+    const std::unique_ptr<TpBlock> widest = blocks_.back()->clone();
+    layout_.allocate_block(
         {plan_kept, policy == Recompute::none ? plan_kept : plan_recomputed, plan_grads, plan_comm},
-        tp_, policy, widest);
+        policy, *widest);
     auto region = [](Arena& arena, const Arena& plan, const char* what) {
       return RegionAllocator(arena.alloc({int64_t(plan.bytes() / sizeof(float))}), what);
     };
@@ -263,17 +211,19 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
     comm = region(*comm_, plan_comm, "block communication scratch");
   }
   Allocator& recomputed_from = policy == Recompute::none ? static_cast<Allocator&>(a) : recomputed;
-  slots_.assign(size_t(slots), Slot{});
+  slots_.clear();
+  slots_.resize(size_t(slots));
   for (Slot& slot : slots_) {
-    slot.blocks = blocks_;  // shares the parameters; the activations are the slot's own
+    // Each slot's blocks share the parameters; the activations are the slot's own.
+    for (const std::unique_ptr<TpBlock>& b : blocks_) slot.blocks.push_back(b->clone());
     for (size_t i = 0; i <= blocks_.size(); ++i) slot.residual.push_back(a.alloc({n, d_res}));
-    for (TpBlock& b : slot.blocks) {
+    for (const std::unique_ptr<TpBlock>& b : slot.blocks) {
       recomputed.rewind();
       grads.rewind();
       comm.rewind();
-      allocate_block({a, recomputed_from, grads, comm}, tp_, policy, b);
+      layout_.allocate_block({a, recomputed_from, grads, comm}, policy, *b);
     }
-    if (tp_.mode == TpMode::btp && (stage_.first() || stage_.last())) slot.whole = a.alloc({n, d});
+    if (ends_.sharded_residual && (stage_.first() || stage_.last())) slot.whole = a.alloc({n, d});
     if (stage_.last()) {
       slot.final_norm = final_norm_;
       slot.final_norm.allocate_activations(a, n, d);
@@ -284,7 +234,7 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
     }
     if (!stage_.first()) slot.input_grad = a.alloc({n, d_res});
     if (crosses_boundaries()) {
-      const TpBlock& edge = blocks_.front();  // the ranks of the latents that cross
+      const TpBlock& edge = *blocks_.front();  // the ranks of the latents that cross
       for (int i = 0; i < kNumProjections; ++i) {
         const int64_t r = edge.proj[size_t(i)].rank;
         if (!stage_.first()) {
@@ -296,14 +246,14 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
     }
   }
   if (policy == Recompute::block) recompute_out_ = a.alloc({n, d_res});
-  if (tp_.mode == TpMode::btp) gather_scratch_ = comm_->alloc({n * d});
-  if (!blocks_.empty())
-    allocate_block_gradients({a, a, a, *comm_}, tp_, slots_[0].blocks[0], grad_);
+  if (ends_.sharded_residual) gather_scratch_ = comm_->alloc({n * d});
+  grad_ = layout_.make_gradients();
+  if (!blocks_.empty()) layout_.allocate_gradients({a, a, a, *comm_}, *slots_[0].blocks[0], *grad_);
   if (stage_.last()) {
     dlogits_ = a.alloc({n, v_local});
     dfinal_ = a.alloc({n, d});
     whole_grad_ = a.alloc({n, d});
-  } else if (stage_.first() && tp_.mode == TpMode::btp) {
+  } else if (stage_.first() && ends_.sharded_residual) {
     whole_grad_ = a.alloc({n, d});
   }
 }
@@ -343,7 +293,7 @@ std::vector<Tensor> LlamaModel::stage_output(int slot) const {
   const Slot& s = slots_[size_t(slot)];
   std::vector<Tensor> parts{s.residual.back()};
   if (crosses_boundaries())
-    for (const Projection& p : s.blocks.back().proj) parts.push_back(p.u);
+    for (const Projection& p : s.blocks.back()->proj) parts.push_back(p.u);
   return parts;
 }
 
@@ -374,9 +324,9 @@ float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   const int64_t first = vocab_first();
   if (stage_.first()) {
     check_tokens(be, tokens, "tokens");
-    if (embedding_hidden_split_) {
+    if (ends_.hidden_split_embedding) {
       be.embedding_forward(s.residual[0], tokens, embedding_.value);  // [N, d/t], no comm
-    } else if (tp_.mode == TpMode::btp) {
+    } else if (ends_.sharded_residual) {
       vocab_parallel_embedding_forward(be, tp_, s.whole, tokens, embedding_.value, first,
                                        "vocab.fwd.embedding");
       scatter_last_dim(be, tp_, s.residual[0], s.whole);
@@ -387,11 +337,11 @@ float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   }
   const TpBlock* before = crosses_boundaries() && !stage_.first() ? &s.boundary : nullptr;
   for (size_t i = 0; i < s.blocks.size(); ++i)
-    block_forward(be, tp_, s.blocks[i], i ? &s.blocks[i - 1] : before, s.residual[i],
-                  s.residual[i + 1]);
+    layout_.forward(be, tp_, *s.blocks[i], i ? s.blocks[i - 1].get() : before, s.residual[i],
+                    s.residual[i + 1]);
   if (!stage_.last()) return 0.0f;
   Tensor last = s.residual.back();
-  if (tp_.mode == TpMode::btp) {
+  if (ends_.sharded_residual) {
     // The residual stream is gathered once, at the end of the model.
     gather_last_dim(be, tp_, s.whole, last, gather_scratch_, "model.fwd.final_gather");
     last = s.whole;
@@ -415,46 +365,46 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
     linear_backward(be, dfinal_, lm_head_.grad, dlogits_, s.final_norm.out, lm_head_.value,
                     /*accumulate_dx=*/false);
     copy_to_backward(tp_, dfinal_, "vocab.bwd.lm_head_in");
-    Tensor last = tp_.mode == TpMode::btp ? s.whole : s.residual.back();
+    Tensor last = ends_.sharded_residual ? s.whole : s.residual.back();
     be.fill_zero(whole_grad_);
     s.final_norm.backward(be, whole_grad_, dfinal_, last);
-    if (tp_.mode == TpMode::btp)
-      scatter_last_dim(be, tp_, grad_.residual, whole_grad_);
+    if (ends_.sharded_residual)
+      scatter_last_dim(be, tp_, grad_->residual, whole_grad_);
     else
-      be.copy(grad_.residual, whole_grad_);
+      be.copy(grad_->residual, whole_grad_);
   } else {
-    be.copy(grad_.residual, s.output_grad);
+    be.copy(grad_->residual, s.output_grad);
     // The next stage's first block crossed with our last latents: its share of their
     // gradients joins theirs before our last block's backward.
     if (crosses_boundaries())
       for (size_t i = 0; i < s.latent_grad_in.size(); ++i)
-        be.accumulate(s.blocks.back().proj[i].du, s.latent_grad_in[i]);
+        be.accumulate(s.blocks.back()->proj[i].du, s.latent_grad_in[i]);
   }
   TpBlock* before = crosses_boundaries() && !stage_.first() ? &s.boundary : nullptr;
   if (before)
     for (Projection& p : before->proj) be.fill_zero(p.du);
   for (size_t i = s.blocks.size(); i-- > 0;) {
-    TpBlock* prev = i ? &s.blocks[i - 1] : before;
+    TpBlock* prev = i ? s.blocks[i - 1].get() : before;
     if (recompute_ != Recompute::none) {
       const auto start = std::chrono::steady_clock::now();
-      block_recompute(be, tp_, recompute_, s.blocks[i], prev, s.residual[i], recompute_out_);
+      layout_.recompute(be, tp_, recompute_, *s.blocks[i], prev, s.residual[i], recompute_out_);
       recompute_seconds_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    block_backward(be, tp_, s.blocks[i], prev, s.residual[i], grad_);
+    layout_.backward(be, tp_, *s.blocks[i], prev, s.residual[i], *grad_);
   }
   if (!stage_.first()) {
-    be.copy(s.input_grad, grad_.residual);
+    be.copy(s.input_grad, grad_->residual);
     return;
   }
-  if (embedding_hidden_split_) {
-    be.embedding_backward(embedding_.grad, tokens, grad_.residual);
-  } else if (tp_.mode == TpMode::btp) {
-    gather_last_dim(be, tp_, whole_grad_, grad_.residual, gather_scratch_,
+  if (ends_.hidden_split_embedding) {
+    be.embedding_backward(embedding_.grad, tokens, grad_->residual);
+  } else if (ends_.sharded_residual) {
+    gather_last_dim(be, tp_, whole_grad_, grad_->residual, gather_scratch_,
                     "model.bwd.embedding_gather");
     vocab_parallel_embedding_backward(be, embedding_.grad, tokens, whole_grad_, first);
   } else {
-    vocab_parallel_embedding_backward(be, embedding_.grad, tokens, grad_.residual, first);
+    vocab_parallel_embedding_backward(be, embedding_.grad, tokens, grad_->residual, first);
   }
 }
 

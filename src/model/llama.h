@@ -3,8 +3,10 @@
 // stage), its contiguous share of the L blocks, final RMSNorm, LM head and loss (last
 // stage), with explicit forward and backward over activation buffers allocated once per
 // micro-batch shape, one set per micro-batch a schedule keeps in flight. With one rank it
-// is the serial model; with t TP ranks each holds the slices its TP mode gives it
-// (parallel/tp_block.h) and the collectives run inside.
+// is the serial model; with t TP ranks each holds the slices its TP layout gives it
+// (parallel/tp_layout.h) and the collectives run inside. The model asks the layout what to
+// split, how wide each buffer is and how the embedding and LM head meet the blocks; it never
+// asks which mode it runs.
 #include <memory>
 #include <vector>
 
@@ -14,13 +16,11 @@
 #include "model/parameters.h"
 #include "nn/rmsnorm.h"
 #include "parallel/tensor_parallel.h"
-#include "parallel/tp_block.h"
+#include "parallel/tp_layout.h"
+#include "parallel/tp_layouts.h"
 #include "parallel/vocab_parallel.h"
 
 namespace bottle {
-
-// full for a full-rank model, else btp.
-TpMode default_tp_mode(const ModelConfig& config);
 
 // This rank's pipeline stage: blocks [first_layer, end_layer) of the balanced split of L
 // blocks over `stages` (docs/design.md §8).
@@ -31,16 +31,13 @@ struct PipelineStage {
   int first_layer(int layers) const { return layers * stage / stages; }
   int end_layer(int layers) const { return layers * (stage + 1) / stages; }
 };
-// Fails, naming the key, when `mode` does not fit the model or `tp` does not divide a
-// dimension the mode splits. `key_prefix` + "tp" or "tp_mode" names the key ("parallel.",
-// or "FILE: key 'parallel." from a configuration file).
-void validate_tensor_parallel(const ModelConfig& config, int tp, TpMode mode,
-                              const std::string& key_prefix);
+// Throws SettingError(Setting::pp) unless 1 <= stages <= layers (every stage holds a block).
+void validate_pipeline_stages(int stages, int64_t layers);
 
 class LlamaModel {
  public:
-  // tp.comm null: one rank. Fails naming the problem when tp.mode does not fit the model or
-  // tp's size does not divide a dimension it splits.
+  // tp.comm null: one rank. Throws SettingError when tp.layout does not fit the model, tp's
+  // size does not divide a dimension it splits, or the stages are not 1 to L.
   // pad_parameters_to: the flat parameter buffers' size is a multiple of it (ZeRO-1 shards).
   // stage: this rank's share of a pipeline (the whole model by default).
   // reserve_only: a plan of the rank's footprint (memory()) that holds no memory; it can
@@ -50,6 +47,7 @@ class LlamaModel {
   explicit LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to = 1,
                       PipelineStage stage = {}, bool reserve_only = false,
                       Backend& memory = host_backend());
+  // One rank, in the model's default layout.
   explicit LlamaModel(const ModelConfig& config);
 
   const ModelConfig& config() const { return config_; }
@@ -61,8 +59,8 @@ class LlamaModel {
   const PipelineStage& stage() const { return stage_; }
 
   // Buffers for `slots` micro-batches in flight of `batch` rows of `seq` tokens, keeping
-  // what `policy` keeps (parallel/recompute.h); fails naming training.recompute when the
-  // policy does not fit the model or TP mode.
+  // what `policy` keeps (parallel/recompute.h); throws SettingError(Setting::recompute) when
+  // the policy does not fit the model or TP layout.
   void allocate_activations(int64_t batch, int64_t seq, int slots = 1,
                             Recompute policy = Recompute::none);
   Recompute recompute() const { return recompute_; }
@@ -125,9 +123,10 @@ class LlamaModel {
 
   // The activations of one micro-batch in flight.
   struct Slot {
-    std::vector<TpBlock> blocks;     // this stage's blocks, bound to the shared parameters
+    // This stage's blocks, of the layout's type, bound to the shared parameters.
+    std::vector<std::unique_ptr<TpBlock>> blocks;
     std::vector<Tensor> residual;    // blocks+1 x [N, d_res]: each block's input, then output
-    Tensor whole;                    // [N, d] btp: the gathered residual (embedding, final norm)
+    Tensor whole;                    // [N, d] sharded residual: whole rows at the model's ends
     RMSNorm final_norm;              // last stage
     Tensor logits;                   // [N, V/t] last stage
     VocabParallelCrossEntropy loss;  // last stage
@@ -143,12 +142,14 @@ class LlamaModel {
 
   ModelConfig config_;
   TensorParallel tp_;
+  const TpLayout& layout_;  // *tp_.layout
+  ModelEnds ends_;          // how the embedding and the LM head meet the blocks
   PipelineStage stage_;
   int first_layer_ = 0, end_layer_ = 0;
   ParameterStore params_;
   Param embedding_, final_norm_weight_, lm_head_;
-  bool embedding_hidden_split_ = false;  // btp, untied: [V, d/t], no communication
-  std::vector<TpBlock> blocks_;          // bound to the parameters; copied into each slot
+  // Bound to the parameters; cloned into each slot.
+  std::vector<std::unique_ptr<TpBlock>> blocks_;
   RMSNorm final_norm_;
 
   bool reserve_only_ = false;
@@ -160,8 +161,9 @@ class LlamaModel {
   Tensor recompute_out_;  // [N, d_res] block: a recomputed block's output, discarded
   std::vector<Slot> slots_;
   Tensor whole_grad_;      // [N, d] ∂/∂(final norm input, whole)
-  Tensor gather_scratch_;  // [N·d] btp, communication
-  BlockGradients grad_;
+  Tensor gather_scratch_;  // [N·d] sharded residual: the ends' all-gathers (communication)
+  // The layout's block gradients, shared by all blocks (one block's backward at a time).
+  std::unique_ptr<BlockGradients> grad_;
   Tensor dlogits_;  // [N, V/t]
   Tensor dfinal_;   // [N, d] ∂/∂(final norm output)
 };

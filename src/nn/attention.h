@@ -8,9 +8,9 @@ namespace bottle {
 
 struct Attention {
   int64_t batch = 0, seq = 0, heads = 0, kv_heads = 0, head_dim = 0;
-  float rope_theta = 10000.0f;
-  Tensor out;  // [B, S, H, hd]
-  Tensor lse;  // [B, H, S] log-sum-exp of each query's scores, for backward
+  float rope_theta{};  // model.rope_theta: whoever builds the block sets it
+  Tensor out;          // [B, S, H, hd]
+  Tensor lse;          // [B, H, S] log-sum-exp of each query's scores, for backward
 
   void allocate_activations(Allocator& arena);
   Shape q_shape() const { return {batch, seq, heads, head_dim}; }

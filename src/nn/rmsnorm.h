@@ -8,9 +8,9 @@ namespace bottle {
 
 struct RMSNorm {
   Param weight;  // γ [C]
-  float eps = 1e-5f;
-  Tensor out;   // [N, C]
-  Tensor rstd;  // [N]
+  float eps{};   // model.rms_norm_eps: whoever binds the weight sets it (no second default)
+  Tensor out;    // [N, C]
+  Tensor rstd;   // [N]
 
   void allocate_activations(Allocator& arena, int64_t rows, int64_t cols);
   void forward(Backend& be, Tensor x) { be.rmsnorm_forward(out, rstd, x, weight.value, eps); }

@@ -26,8 +26,8 @@
 namespace bottle {
 
 struct OnlineRMSNorm {
-  Param weight;  // γ_i [d/t]
-  float eps = 1e-5f;
+  Param weight;      // γ_i [d/t]
+  float eps{};       // model.rms_norm_eps: whoever binds the weight sets it
   int64_t d = 0;     // the whole hidden width
   Tensor out;        // [N, d/t] x ⊙ γ / rms_i for the GEMM; after finish() x ⊙ γ / rms
   Tensor rms_local;  // [N]

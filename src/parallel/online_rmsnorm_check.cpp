@@ -108,6 +108,7 @@ OnlineNormDiffs compare_online_rmsnorm(Backend& be, const TensorParallel& tp,
   OnlineRMSNorm norm;
   norm.weight =
       Param{staged(be, arena, {dl}, columns(gamma, 1, d, me * dl, dl)), arena.alloc({dl})};
+  norm.eps = problem.eps;
   norm.d = d;
   norm.allocate_activations(arena, n, dl);
   const Tensor slab = arena.alloc({n * r + n});  // [z | S]: one all-reduce, as in btp

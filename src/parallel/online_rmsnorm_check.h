@@ -15,6 +15,7 @@ struct OnlineNormProblem {
   float weight_std = 0.02f;                     // A ~ N(0, weight_std²)
   float gamma_spread = 0.1f;                    // γ = 1 + gamma_spread · N(0, 1)
   uint32_t seed = 3;                            // x and ∂z ~ N(0, 1)
+  float eps = 1e-5f;                            // RMSNorm's ε (LLaMA's)
 };
 
 struct AbsDiff {

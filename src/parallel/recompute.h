@@ -20,6 +20,18 @@ namespace bottle {
 enum class Recompute { none, block, lowrank };
 inline constexpr std::array<const char*, 3> kRecomputeNames = {"none", "block", "lowrank"};
 inline const char* recompute_name(Recompute policy) { return kRecomputeNames[int(policy)]; }
+// What a policy keeps, completing "\"lowrank\" keeps …": a model without it cannot use it.
+inline const char* recompute_keeps(Recompute policy) {
+  switch (policy) {
+    case Recompute::none:
+      return "every activation";
+    case Recompute::block:
+      return "each block's input";
+    case Recompute::lowrank:
+      return "the r-wide latents of a bottleneck model";
+  }
+  return "";
+}
 
 // Collectives issued while a block is recomputed count under this site prefix.
 inline constexpr const char* kRecomputePhase = "recompute.";

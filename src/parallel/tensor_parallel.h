@@ -1,17 +1,9 @@
 #pragma once
-// The tensor-parallel group a model runs in and the way it splits the model (docs/design.md §4):
-//   full     Megatron TP on a full-rank model
-//   vanilla  Megatron TP applied to each bottleneck pair (A split along r, B along r)
-//   btp      bottleneck-aware TP: chunks end at the r-wide latent, residual stream sharded
-#include <array>
-
+// The tensor-parallel group a model runs in and the TP mode's layout that splits the model
+// over it (docs/design.md §4; the modes are registered in tp_layouts.cpp).
 #include "comm/communicator.h"
 
 namespace bottle {
-
-enum class TpMode { full, vanilla, btp };
-inline constexpr std::array<const char*, 3> kTpModeNames = {"full", "vanilla", "btp"};
-inline const char* tp_mode_name(TpMode mode) { return kTpModeNames[int(mode)]; }
 
 // How online RMSNorm's backward gets Σ over the whole hidden of γ ⊙ ∂n ⊙ x per token
 // (docs/design.md §5): its own all-reduce of b·s values, or from the chunk's latent, which the
@@ -19,11 +11,16 @@ inline const char* tp_mode_name(TpMode mode) { return kTpModeNames[int(mode)]; }
 enum class NormStatistic { from_latent, all_reduce };
 
 class ComponentTimes;
+class TpLayout;
 
 struct TensorParallel {
-  TpMode mode = TpMode::vanilla;
+  // The TP mode: how the model is split (tp_layout.h). No default: a model needs one, and
+  // parallel.tp_mode's default depends on the model (default_tp_layout in tp_layouts.h).
+  const TpLayout* layout = nullptr;
   Communicator* comm = nullptr;  // the TP group; null when the model runs on one rank
-  bool grouping = true;          // A_q,A_k,A_v (A_gate,A_up) as one GEMM and one collective
+  // A_q,A_k,A_v (A_gate,A_up) as one GEMM and one collective. The one default of
+  // parallel.grouping (train/train_config.h takes it from here).
+  bool grouping = true;
   NormStatistic norm_backward = NormStatistic::from_latent;
   // Where vanilla and btp add the compute time of their q/k/v and gate/up groups
   // (component_times.h); null: nothing is timed.

@@ -11,15 +11,30 @@
 // 7·r (the B's copy_to: ∂u is summed over ranks), + 2 more when the RMSNorm statistic is
 // all-reduced instead of taken from the latent. 4 collectives each way; 7 without grouping.
 // The latent stage (σ, LaX's crossing and LN_r) runs replicated on the whole latent.
+// Embedding and LM head: the LM head is split by vocabulary rows. An untied table is split by
+// hidden columns, so each rank looks up its own residual shard without communication; a tied
+// one by vocabulary rows like the head, its rows summed by an all-reduce of N·d, each rank
+// keeping its columns. The last residual is all-gathered (N·d) before the final norm.
+#include <algorithm>
+
 #include "parallel/component_times.h"
 #include "parallel/mappings.h"
+#include "parallel/online_rmsnorm.h"
 #include "parallel/projection_group.h"
-#include "parallel/tp_block.h"
+#include "parallel/tp_layout.h"
 
 namespace bottle {
 namespace {
 
 using P = ProjectionId;
+
+struct BtpBlock : TpBlockOf<BtpBlock> {
+  OnlineRMSNorm online1, online2;  // this rank's d/t columns
+};
+
+struct BtpGradients : BlockGradients {
+  Tensor latent_part;  // [N·Σr] B's partial latent gradients before their all-reduce (comm)
+};
 
 struct Group {
   std::array<Projection*, 3> members{};
@@ -90,7 +105,7 @@ void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
 // The chunk's start in backward: B's (column-parallel) latent gradient is a partial sum;
 // copy_to's backward all-reduces it, then the latent stage runs on the whole latent.
 void chunk_start_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev,
-                          BlockGradients& grads, const Group& g, std::span<const Tensor> dys,
+                          BtpGradients& grads, const Group& g, std::span<const Tensor> dys,
                           const char* group_site) {
   std::array<Tensor, 3> parts{};
   int64_t offset = 0;
@@ -139,9 +154,7 @@ void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, T
   norm->backward(be, tp, dx, dn, residual_in, stat_site);
 }
 
-}  // namespace
-
-void btp_block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
+void btp_block_forward(Backend& be, const TensorParallel& tp, BtpBlock& b, const TpBlock* prev,
                        Tensor x, Tensor out) {
   const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
       gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
@@ -169,8 +182,8 @@ void btp_block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
   be.add(out, out, b.h);
 }
 
-void btp_block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev, Tensor x,
-                        BlockGradients& g) {
+void btp_block_backward(Backend& be, const TensorParallel& tp, BtpBlock& b, TpBlock* prev, Tensor x,
+                        BtpGradients& g) {
   const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
       gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
   const std::array<Tensor, 1> d_res{g.residual};
@@ -193,7 +206,7 @@ void btp_block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlo
 
 // The chunks' insides from what lowrank keeps: the latents z after each all-reduce (ΣS in
 // their slabs' tails), x and h; every step below is local to this rank.
-void btp_block_recompute_lowrank(Backend& be, const TensorParallel& tp, TpBlock& b,
+void btp_block_recompute_lowrank(Backend& be, const TensorParallel& tp, BtpBlock& b,
                                  const TpBlock* prev, Tensor x) {
   const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
       gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
@@ -216,6 +229,107 @@ void btp_block_recompute_lowrank(Backend& be, const TensorParallel& tp, TpBlock&
   }
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
   latents_forward(be, tp, b, prev, down);
+}
+
+class BtpLayout final : public TpLayout {
+ public:
+  const char* name() const override { return "btp"; }
+
+  bool fits(BottleneckKind kind) const override { return kind != BottleneckKind::none; }
+  const char* requirement() const override { return "needs a bottleneck model"; }
+  void check_divisible(const ModelShape& m, int t) const override {
+    require_divides(t, m.vocab, Setting::vocab_size);
+    require_divides(t, m.hidden, Setting::hidden_size);
+    require_divides(t, m.ffn, Setting::intermediate_size);
+    require_divides(t, m.heads, Setting::num_heads);
+    require_divides(t, m.kv_heads, Setting::num_kv_heads);  // no replication of kv heads
+  }
+  // lowrank keeps the chunk boundaries, the r-wide latents: rebuilding the insides is local.
+  bool supports(Recompute policy, const ModelShape& m) const override {
+    return policy != Recompute::lowrank || m.low_rank();
+  }
+  const char* why_not(Recompute) const override { return "the model has no latents to keep"; }
+
+  // Every A by its input columns, every B by its output rows; the norms by d/t.
+  ParameterSplits parameter_splits(const ModelShape& m) const override {
+    ParameterSplits s;
+    s.embedding = ends(m).hidden_split_embedding ? 1 : 0;
+    s.block_norm = 0;
+    s.A.fill(1);
+    s.B.fill(0);
+    s.lm_head = 0;
+    return s;
+  }
+  ModelEnds ends(const ModelShape& m) const override {
+    return {.sharded_residual = true, .hidden_split_embedding = !m.tied_embeddings};
+  }
+  BlockDims block_dims(const ModelShape& m, int t) const override {
+    BlockDims d;
+    d.d = m.hidden;
+    d.d_res = m.hidden / t;
+    d.heads = m.heads / t;
+    d.kv_heads = m.kv_heads / t;
+    d.head_dim = m.head_dim();
+    d.dq = d.heads * d.head_dim;
+    d.dkv = d.kv_heads * d.head_dim;
+    d.dff = m.ffn / t;
+    return d;
+  }
+  ProjectionDims projection_dims(const ModelShape& m, ProjectionId p, int t, int) const override {
+    return {.d_in = m.d_in(p) / t, .d_out = m.d_out(p) / t, .rank = m.rank_of(p)};
+  }
+
+  std::unique_ptr<TpBlock> make_block() const override { return std::make_unique<BtpBlock>(); }
+  std::unique_ptr<BlockGradients> make_gradients() const override {
+    return std::make_unique<BtpGradients>();
+  }
+  void allocate_block(const BlockAllocators& a, Recompute policy, TpBlock& block) const override {
+    BtpBlock& b = block_of<BtpBlock>(block);
+    const int64_t n = b.dims.rows();
+    b.online1.weight = b.norm1_weight;
+    b.online2.weight = b.norm2_weight;
+    for (OnlineRMSNorm* norm : {&b.online1, &b.online2}) {
+      norm->eps = b.norm_eps;
+      norm->d = b.dims.d;
+      norm->allocate_activations(a.recomputed, n, b.dims.d_res);
+    }
+    // Each RMSNorm's statistic (N values) rides in its grouped A's all-reduce.
+    allocate_block_buffers(a, policy, n, b);
+  }
+  void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
+                          BlockGradients& gradients) const override {
+    BtpGradients& g = gradients_of<BtpGradients>(gradients);
+    allocate_block_gradient_buffers(a, b, g);
+    if (!b.bottleneck()) return;
+    int64_t widest_group = 0;
+    for (const auto& slabs : {b.qkv_latent, b.gate_up_latent})
+      widest_group = std::max(widest_group, slabs.du.numel());
+    for (const Projection& p : b.proj) widest_group = std::max(widest_group, p.du.numel());
+    g.latent_part = a.comm.alloc({widest_group});
+  }
+
+  void forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev, Tensor x,
+               Tensor out) const override {
+    btp_block_forward(be, tp, block_of<BtpBlock>(b), prev, x, out);
+  }
+  void backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev, Tensor x,
+                BlockGradients& g) const override {
+    btp_block_backward(be, tp, block_of<BtpBlock>(b), prev, x, gradients_of<BtpGradients>(g));
+  }
+  // lowrank: each chunk's inside from the kept latents, h and x; no collective.
+  void recompute(Backend& be, const TensorParallel& tp, Recompute policy, TpBlock& b,
+                 const TpBlock* prev, Tensor x, Tensor out) const override {
+    if (policy != Recompute::lowrank) return TpLayout::recompute(be, tp, policy, b, prev, x, out);
+    const CommPhase phase(tp.comm, kRecomputePhase);
+    btp_block_recompute_lowrank(be, tp, block_of<BtpBlock>(b), prev, x);
+  }
+};
+
+}  // namespace
+
+const TpLayout& btp_tp_layout() {
+  static const BtpLayout layout;
+  return layout;
 }
 
 }  // namespace bottle

@@ -2,50 +2,137 @@
 // d_ff), Wo and Wdown by rows; the block input is replicated.
 // Per block and pass, per token:  forward 2·d (reduce_from after Wo and after Wdown),
 // backward 2·d (copy_to in front of q/k/v and in front of gate/up). 2 collectives each way.
+// Embedding and LM head: both split by vocabulary rows; the embedding's rows are summed by one
+// all-reduce of N·d, and the residual reaches the final norm whole.
+#include "nn/rmsnorm.h"
 #include "parallel/mappings.h"
-#include "parallel/tp_block.h"
+#include "parallel/tp_layout.h"
 
 namespace bottle {
+namespace {
 
-void full_block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, Tensor x, Tensor out) {
-  using P = ProjectionId;
-  b.norm1.forward(be, x);
-  // copy_to(n1): forward identity.
-  b[P::q].forward(be, b.q, b.norm1.out, {});
-  b[P::k].forward(be, b.k, b.norm1.out, {});
-  b[P::v].forward(be, b.v, b.norm1.out, {});
-  b.attention.forward(be, b.q, b.k, b.v);
-  b[P::o].forward(be, b.h, attention_output(b), {});
-  reduce_from_forward(tp, b.h, "full.fwd.attn_out");  // N·d
-  be.add(b.h, b.h, x);
-  b.norm2.forward(be, b.h);
-  b[P::gate].forward(be, b.gate, b.norm2.out, {});
-  b[P::up].forward(be, b.up, b.norm2.out, {});
-  be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
-  b[P::down].forward(be, out, b.gated, {});
-  reduce_from_forward(tp, out, "full.fwd.mlp_out");  // N·d
-  be.add(out, out, b.h);
-}
+using P = ProjectionId;
 
-void full_block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, Tensor x,
-                         BlockGradients& g) {
-  using P = ProjectionId;
-  // reduce_from's backward is the identity: g.residual is whole on every rank.
-  b[P::down].backward(be, g.gated, g.residual, b.gated, {}, {}, false);
-  be.fill_zero(g.gate_up);
-  be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
-  b[P::gate].backward(be, g.normed, g.gate, b.norm2.out, {}, {}, false);
-  b[P::up].backward(be, g.normed, g.up, b.norm2.out, {}, {});
-  copy_to_backward(tp, g.normed, "full.bwd.mlp_in");  // N·d
-  b.norm2.backward(be, g.residual, g.normed, b.h);
-  b[P::o].backward(be, g.attn, g.residual, attention_output(b), {}, {}, false);
-  be.fill_zero(g.qkv);
-  b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
-  b[P::q].backward(be, g.normed, g.q, b.norm1.out, {}, {}, false);
-  b[P::k].backward(be, g.normed, g.k, b.norm1.out, {}, {});
-  b[P::v].backward(be, g.normed, g.v, b.norm1.out, {}, {});
-  copy_to_backward(tp, g.normed, "full.bwd.attn_in");  // N·d
-  b.norm1.backward(be, g.residual, g.normed, x);
+// Split by their inputs (rows of W's input side): the second of each pair of Megatron layers.
+bool row_parallel(ProjectionId p) { return p == P::o || p == P::down; }
+
+struct FullBlock : TpBlockOf<FullBlock> {
+  RMSNorm norm1, norm2;  // whole rows, replicated
+};
+
+class FullLayout final : public TpLayout {
+ public:
+  const char* name() const override { return "full"; }
+
+  bool fits(BottleneckKind kind) const override { return kind == BottleneckKind::none; }
+  const char* requirement() const override { return "is for a full-rank model"; }
+  void check_divisible(const ModelShape& m, int t) const override {
+    require_divides(t, m.vocab, Setting::vocab_size);
+    require_divides(t, m.hidden, Setting::hidden_size);
+    require_divides(t, m.ffn, Setting::intermediate_size);
+    require_divides(t, m.heads, Setting::num_heads);
+    require_divides(t, m.kv_heads, Setting::num_kv_heads);  // no replication of kv heads
+  }
+  bool supports(Recompute policy, const ModelShape&) const override {
+    return policy != Recompute::lowrank;
+  }
+  const char* why_not(Recompute) const override {
+    return "the chunk boundaries are full-width and rebuilding them re-runs all-reduces";
+  }
+
+  ParameterSplits parameter_splits(const ModelShape&) const override {
+    ParameterSplits s;
+    s.embedding = 0;
+    for (int i = 0; i < kNumProjections; ++i) s.weight[size_t(i)] = row_parallel(P(i)) ? 1 : 0;
+    s.lm_head = 0;
+    return s;
+  }
+  ModelEnds ends(const ModelShape&) const override { return {}; }
+  BlockDims block_dims(const ModelShape& m, int t) const override {
+    BlockDims d;
+    d.d = d.d_res = m.hidden;
+    d.heads = m.heads / t;
+    d.kv_heads = m.kv_heads / t;
+    d.head_dim = m.head_dim();
+    d.dq = d.heads * d.head_dim;
+    d.dkv = d.kv_heads * d.head_dim;
+    d.dff = m.ffn / t;
+    return d;
+  }
+  ProjectionDims projection_dims(const ModelShape& m, ProjectionId p, int t, int) const override {
+    ProjectionDims d;
+    d.d_in = row_parallel(p) ? m.d_in(p) / t : m.d_in(p);
+    d.d_out = row_parallel(p) ? m.d_out(p) : m.d_out(p) / t;
+    return d;
+  }
+
+  std::unique_ptr<TpBlock> make_block() const override { return std::make_unique<FullBlock>(); }
+  std::unique_ptr<BlockGradients> make_gradients() const override {
+    return std::make_unique<BlockGradients>();
+  }
+  void allocate_block(const BlockAllocators& a, Recompute policy, TpBlock& block) const override {
+    FullBlock& b = block_of<FullBlock>(block);
+    const int64_t n = b.dims.rows();
+    b.norm1.weight = b.norm1_weight;
+    b.norm2.weight = b.norm2_weight;
+    b.norm1.eps = b.norm2.eps = b.norm_eps;
+    b.norm1.allocate_activations(a.recomputed, n, b.dims.d);
+    b.norm2.allocate_activations(a.recomputed, n, b.dims.d);
+    allocate_block_buffers(a, policy, 0, b);
+  }
+  void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
+                          BlockGradients& g) const override {
+    allocate_block_gradient_buffers(a, b, g);
+  }
+
+  void forward(Backend& be, const TensorParallel& tp, TpBlock& block, const TpBlock*, Tensor x,
+               Tensor out) const override {
+    FullBlock& b = block_of<FullBlock>(block);
+    b.norm1.forward(be, x);
+    // copy_to(n1): forward identity.
+    b[P::q].forward(be, b.q, b.norm1.out, {});
+    b[P::k].forward(be, b.k, b.norm1.out, {});
+    b[P::v].forward(be, b.v, b.norm1.out, {});
+    b.attention.forward(be, b.q, b.k, b.v);
+    b[P::o].forward(be, b.h, attention_output(b), {});
+    reduce_from_forward(tp, b.h, "full.fwd.attn_out");  // N·d
+    be.add(b.h, b.h, x);
+    b.norm2.forward(be, b.h);
+    b[P::gate].forward(be, b.gate, b.norm2.out, {});
+    b[P::up].forward(be, b.up, b.norm2.out, {});
+    be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
+    b[P::down].forward(be, out, b.gated, {});
+    reduce_from_forward(tp, out, "full.fwd.mlp_out");  // N·d
+    be.add(out, out, b.h);
+  }
+
+  void backward(Backend& be, const TensorParallel& tp, TpBlock& block, TpBlock*, Tensor x,
+                BlockGradients& g) const override {
+    FullBlock& b = block_of<FullBlock>(block);
+    // reduce_from's backward is the identity: g.residual is whole on every rank.
+    b[P::down].backward(be, g.gated, g.residual, b.gated, {}, {}, false);
+    be.fill_zero(g.gate_up);
+    be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
+    b[P::gate].backward(be, g.normed, g.gate, b.norm2.out, {}, {}, false);
+    b[P::up].backward(be, g.normed, g.up, b.norm2.out, {}, {});
+    copy_to_backward(tp, g.normed, "full.bwd.mlp_in");  // N·d
+    b.norm2.backward(be, g.residual, g.normed, b.h);
+    b[P::o].backward(be, g.attn, g.residual, attention_output(b), {}, {}, false);
+    be.fill_zero(g.qkv);
+    b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
+    b[P::q].backward(be, g.normed, g.q, b.norm1.out, {}, {}, false);
+    b[P::k].backward(be, g.normed, g.k, b.norm1.out, {}, {});
+    b[P::v].backward(be, g.normed, g.v, b.norm1.out, {}, {});
+    copy_to_backward(tp, g.normed, "full.bwd.attn_in");  // N·d
+    b.norm1.backward(be, g.residual, g.normed, x);
+  }
+};
+
+}  // namespace
+
+const TpLayout& full_tp_layout() {
+  static const FullLayout layout;
+  return layout;
 }
 
 }  // namespace bottle

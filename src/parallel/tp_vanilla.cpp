@@ -9,15 +9,28 @@
 //   collectives: 7 each way; with grouping 4.
 // LaX: its crossing needs the whole latent, so each projection all-gathers its r/t slice
 // of z (forward) and of ∂u (backward): + 7·r per pass (7 more all-gathers each way).
+// Embedding and LM head: both split by vocabulary rows; the embedding's rows are summed by one
+// all-reduce of N·d, and the residual reaches the final norm whole.
+#include "nn/rmsnorm.h"
 #include "parallel/component_times.h"
 #include "parallel/mappings.h"
 #include "parallel/projection_group.h"
-#include "parallel/tp_block.h"
+#include "parallel/tp_layout.h"
 
 namespace bottle {
 namespace {
 
 using P = ProjectionId;
+
+struct VanillaBlock : TpBlockOf<VanillaBlock> {
+  RMSNorm norm1, norm2;  // whole rows, replicated
+  Tensor gather;         // [2·N·r] LaX: the all-gather's scratch of a latent (comm)
+};
+
+struct VanillaGradients : BlockGradients {
+  Tensor normed_part;  // [N, d] one projection's input gradient before its own all-reduce
+  Tensor gather;       // [2·N·r] LaX: the all-gather's scratch, then the gathered ∂u (comm)
+};
 
 struct Chunk {
   std::array<Projection*, 3> members;
@@ -26,7 +39,7 @@ struct Chunk {
 };
 
 // The latent stage of each member, after gathering LaX's sharded latents.
-void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
+void latents_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b, const TpBlock* prev,
                      ProjectionSpan group, std::span<const ProjectionId> ids,
                      const char* component) {
   for (size_t i = 0; i < group.size(); ++i) {
@@ -37,8 +50,8 @@ void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const Tp
   }
 }
 
-void latents_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev,
-                      BlockGradients& g, ProjectionSpan group, std::span<const ProjectionId> ids,
+void latents_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b, TpBlock* prev,
+                      VanillaGradients& g, ProjectionSpan group, std::span<const ProjectionId> ids,
                       const char* component) {
   for (size_t i = 0; i < group.size(); ++i) {
     Projection& p = *group[i];
@@ -56,7 +69,7 @@ void latents_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock
 
 // outputs_p = chunk_p(x), then reduce_from: one all-reduce over the contiguous outputs
 // with grouping, else one per projection.
-void chunks_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
+void chunks_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b, const TpBlock* prev,
                     std::span<const ProjectionId> ids, Tensor x, std::span<const Tensor> outputs,
                     Tensor outputs_slab, const char* group_site, const char* component) {
   std::array<Projection*, 3> members{};
@@ -83,8 +96,8 @@ void chunks_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpB
 
 // dx = Σ_p ∂/∂x of chunk_p given dys; copy_to's backward all-reduces the input gradient:
 // once for the sum with grouping, else once per projection.
-void chunks_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev,
-                     BlockGradients& g, std::span<const ProjectionId> ids, Tensor x,
+void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b, TpBlock* prev,
+                     VanillaGradients& g, std::span<const ProjectionId> ids, Tensor x,
                      std::span<const Tensor> dys, Tensor dx, const char* group_site,
                      const char* component) {
   std::array<Projection*, 3> members{};
@@ -129,46 +142,138 @@ constexpr std::array<ProjectionId, 2> kGateUp{P::gate, P::up};
 constexpr std::array<ProjectionId, 1> kO{P::o};
 constexpr std::array<ProjectionId, 1> kDown{P::down};
 
+class VanillaLayout final : public TpLayout {
+ public:
+  const char* name() const override { return "vanilla"; }
+
+  bool fits(BottleneckKind kind) const override { return kind != BottleneckKind::none; }
+  const char* requirement() const override { return "needs a bottleneck model"; }
+  // Only the bottleneck is split: heads, d_ff and the residual stay whole on every rank.
+  void check_divisible(const ModelShape& m, int t) const override {
+    require_divides(t, m.vocab, Setting::vocab_size);
+    for (int i = 0; i < kNumProjections; ++i)
+      if (m.rank_of(P(i)) % t != 0)
+        fail_setting(Setting::tp,
+                     "{} ({}) must divide the rank of the {} projection ({}) under {} = \"{}\"",
+                     mention(Setting::tp), t, kProjectionNames[size_t(i)], m.rank_of(P(i)),
+                     mention(Setting::tp_mode), name());
+  }
+  bool supports(Recompute policy, const ModelShape&) const override {
+    return policy != Recompute::lowrank;
+  }
+  const char* why_not(Recompute) const override {
+    return "the chunk boundaries are full-width and rebuilding them re-runs all-reduces";
+  }
+
+  // Every A by its r rows, every B by its r columns; the rest whole.
+  ParameterSplits parameter_splits(const ModelShape&) const override {
+    ParameterSplits s;
+    s.embedding = 0;
+    s.A.fill(0);
+    s.B.fill(1);
+    s.lm_head = 0;
+    return s;
+  }
+  ModelEnds ends(const ModelShape&) const override { return {}; }
+  BlockDims block_dims(const ModelShape& m, int) const override {
+    BlockDims d;
+    d.d = d.d_res = m.hidden;
+    d.heads = m.heads;
+    d.kv_heads = m.kv_heads;
+    d.head_dim = m.head_dim();
+    d.dq = d.heads * d.head_dim;
+    d.dkv = d.kv_heads * d.head_dim;
+    d.dff = m.ffn;
+    return d;
+  }
+  // σ is elementwise, so svd and cola run their latent stage on the r/t slice; LaX's
+  // crossing and LN_r need the whole latent, which each projection gathers.
+  ProjectionDims projection_dims(const ModelShape& m, ProjectionId p, int t,
+                                 int tp_rank) const override {
+    const int64_t r = m.rank_of(p);
+    const bool gathered = m.bottleneck == BottleneckKind::lax;
+    ProjectionDims d;
+    d.d_in = m.d_in(p);
+    d.d_out = m.d_out(p);
+    d.rank = gathered ? r : r / t;
+    d.shard_rank = r / t;
+    d.shard_offset = gathered ? r / t * tp_rank : 0;
+    return d;
+  }
+
+  std::unique_ptr<TpBlock> make_block() const override { return std::make_unique<VanillaBlock>(); }
+  std::unique_ptr<BlockGradients> make_gradients() const override {
+    return std::make_unique<VanillaGradients>();
+  }
+  void allocate_block(const BlockAllocators& a, Recompute policy, TpBlock& block) const override {
+    VanillaBlock& b = block_of<VanillaBlock>(block);
+    const int64_t n = b.dims.rows();
+    b.norm1.weight = b.norm1_weight;
+    b.norm2.weight = b.norm2_weight;
+    b.norm1.eps = b.norm2.eps = b.norm_eps;
+    b.norm1.allocate_activations(a.recomputed, n, b.dims.d);
+    b.norm2.allocate_activations(a.recomputed, n, b.dims.d);
+    allocate_block_buffers(a, policy, 0, b);
+    if (const int64_t widest = widest_sharded_rank(b)) b.gather = a.comm.alloc({2 * n * widest});
+  }
+  void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
+                          BlockGradients& gradients) const override {
+    VanillaGradients& g = gradients_of<VanillaGradients>(gradients);
+    const int64_t n = b.dims.rows();
+    allocate_block_gradient_buffers(a, b, g);
+    g.normed_part = a.grads.alloc({n, b.dims.d_res});
+    if (const int64_t widest = widest_sharded_rank(b)) g.gather = a.comm.alloc({2 * n * widest});
+  }
+
+  void forward(Backend& be, const TensorParallel& tp, TpBlock& block, const TpBlock* prev, Tensor x,
+               Tensor out) const override {
+    VanillaBlock& b = block_of<VanillaBlock>(block);
+    b.norm1.forward(be, x);
+    const std::array<Tensor, 3> qkv{b.q, b.k, b.v};
+    chunks_forward(be, tp, b, prev, kQkv, b.norm1.out, qkv, b.qkv, "vanilla.fwd.qkv_out", "qkv");
+    b.attention.forward(be, b.q, b.k, b.v);
+    const std::array<Tensor, 1> h{b.h};
+    chunks_forward(be, tp, b, prev, kO, attention_output(b), h, b.h, "vanilla.fwd.o_out", nullptr);
+    be.add(b.h, b.h, x);
+    b.norm2.forward(be, b.h);
+    const std::array<Tensor, 2> gate_up{b.gate, b.up};
+    chunks_forward(be, tp, b, prev, kGateUp, b.norm2.out, gate_up, b.gate_up,
+                   "vanilla.fwd.gate_up_out", "gate_up");
+    be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
+    const std::array<Tensor, 1> o{out};
+    chunks_forward(be, tp, b, prev, kDown, b.gated, o, out, "vanilla.fwd.down_out", nullptr);
+    be.add(out, out, b.h);
+  }
+
+  void backward(Backend& be, const TensorParallel& tp, TpBlock& block, TpBlock* prev, Tensor x,
+                BlockGradients& gradients) const override {
+    VanillaBlock& b = block_of<VanillaBlock>(block);
+    VanillaGradients& g = gradients_of<VanillaGradients>(gradients);
+    const std::array<Tensor, 1> d_out{g.residual};
+    chunks_backward(be, tp, b, prev, g, kDown, b.gated, d_out, g.gated, "vanilla.bwd.down_in",
+                    nullptr);
+    be.fill_zero(g.gate_up);
+    be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
+    const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
+    chunks_backward(be, tp, b, prev, g, kGateUp, b.norm2.out, d_gate_up, g.normed,
+                    "vanilla.bwd.gate_up_in", "gate_up");
+    b.norm2.backward(be, g.residual, g.normed, b.h);
+    chunks_backward(be, tp, b, prev, g, kO, attention_output(b), d_out, g.attn, "vanilla.bwd.o_in",
+                    nullptr);
+    be.fill_zero(g.qkv);
+    b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
+    const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
+    chunks_backward(be, tp, b, prev, g, kQkv, b.norm1.out, d_qkv, g.normed, "vanilla.bwd.qkv_in",
+                    "qkv");
+    b.norm1.backward(be, g.residual, g.normed, x);
+  }
+};
+
 }  // namespace
 
-void vanilla_block_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
-                           Tensor x, Tensor out) {
-  b.norm1.forward(be, x);
-  const std::array<Tensor, 3> qkv{b.q, b.k, b.v};
-  chunks_forward(be, tp, b, prev, kQkv, b.norm1.out, qkv, b.qkv, "vanilla.fwd.qkv_out", "qkv");
-  b.attention.forward(be, b.q, b.k, b.v);
-  const std::array<Tensor, 1> h{b.h};
-  chunks_forward(be, tp, b, prev, kO, attention_output(b), h, b.h, "vanilla.fwd.o_out", nullptr);
-  be.add(b.h, b.h, x);
-  b.norm2.forward(be, b.h);
-  const std::array<Tensor, 2> gate_up{b.gate, b.up};
-  chunks_forward(be, tp, b, prev, kGateUp, b.norm2.out, gate_up, b.gate_up,
-                 "vanilla.fwd.gate_up_out", "gate_up");
-  be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
-  const std::array<Tensor, 1> o{out};
-  chunks_forward(be, tp, b, prev, kDown, b.gated, o, out, "vanilla.fwd.down_out", nullptr);
-  be.add(out, out, b.h);
-}
-
-void vanilla_block_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev,
-                            Tensor x, BlockGradients& g) {
-  const std::array<Tensor, 1> d_out{g.residual};
-  chunks_backward(be, tp, b, prev, g, kDown, b.gated, d_out, g.gated, "vanilla.bwd.down_in",
-                  nullptr);
-  be.fill_zero(g.gate_up);
-  be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
-  const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
-  chunks_backward(be, tp, b, prev, g, kGateUp, b.norm2.out, d_gate_up, g.normed,
-                  "vanilla.bwd.gate_up_in", "gate_up");
-  b.norm2.backward(be, g.residual, g.normed, b.h);
-  chunks_backward(be, tp, b, prev, g, kO, attention_output(b), d_out, g.attn, "vanilla.bwd.o_in",
-                  nullptr);
-  be.fill_zero(g.qkv);
-  b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
-  const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
-  chunks_backward(be, tp, b, prev, g, kQkv, b.norm1.out, d_qkv, g.normed, "vanilla.bwd.qkv_in",
-                  "qkv");
-  b.norm1.backward(be, g.residual, g.normed, x);
+const TpLayout& vanilla_tp_layout() {
+  static const VanillaLayout layout;
+  return layout;
 }
 
 }  // namespace bottle

@@ -11,10 +11,12 @@
 
 namespace bottle {
 
+// The optimizer.* keys' values (TrainConfig::adamw()); their defaults are the configuration's
+// (train/train_config.h), so none here.
 struct AdamWConfig {
-  float lr = 3e-4f;
-  float beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f;
-  float weight_decay = 0.1f;
+  float lr{};
+  float beta1{}, beta2{}, eps{};
+  float weight_decay{};
 };
 
 class AdamW {

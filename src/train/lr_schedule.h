@@ -6,12 +6,14 @@
 
 namespace bottle {
 
+// From optimizer.lr, lr_scheduler.* and training.steps; their defaults are the
+// configuration's (train/train_config.h), so none here.
 struct LrSchedule {
-  float lr = 3e-4f;
-  int64_t warmup_steps = 0;
-  int64_t total_steps = 1;
-  std::string decay = "cosine";  // cosine | linear | constant
-  float min_lr_ratio = 0.1f;
+  float lr{};
+  int64_t warmup_steps{};
+  int64_t total_steps{};
+  std::string decay;  // cosine | linear | constant
+  float min_lr_ratio{};
 
   // step is 0-based: the rate used for the update that ends step `step` + 1.
   float at(int64_t step) const;

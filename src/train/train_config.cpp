@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "model/llama.h"
+#include "parallel/tp_layouts.h"
 #include "train/memory_plan.h"
 
 namespace bottle {
@@ -36,8 +37,49 @@ const char* enum_name(Recompute value) { return kRecomputeNames[int(value)]; }
 const char* enum_name(Precision value) { return kPrecisionNames[int(value)]; }
 const char* enum_name(OnNonfinite value) { return kOnNonfiniteNames[int(value)]; }
 const char* enum_name(LrDecay value) { return kLrDecayNames[int(value)]; }
-const char* enum_name(TpMode value) { return kTpModeNames[int(value)]; }
 const char* enum_name(PipelineSchedule value) { return kScheduleNames[int(value)]; }
+
+const TpLayout* default_tp_mode(const ModelConfig& model) {
+  return &default_tp_layout(model.shape());
+}
+
+const char* config_key(Setting setting) {
+  switch (setting) {
+    case Setting::tp:
+      return "parallel.tp";
+    case Setting::pp:
+      return "parallel.pp";
+    case Setting::dp:
+      return "parallel.dp";
+    case Setting::tp_mode:
+      return "parallel.tp_mode";
+    case Setting::recompute:
+      return "training.recompute";
+    case Setting::vocab_size:
+      return "model.vocab_size";
+    case Setting::hidden_size:
+      return "model.hidden_size";
+    case Setting::intermediate_size:
+      return "model.intermediate_size";
+    case Setting::num_heads:
+      return "model.num_heads";
+    case Setting::num_kv_heads:
+      return "model.num_kv_heads";
+    case Setting::num_layers:
+      return "model.num_layers";
+    case Setting::bottleneck:
+      return "model.bottleneck";
+  }
+  return "?";
+}
+
+std::string describe_setting_error(const SettingError& error, const std::string& source) {
+  const std::string text = error.render([&](Setting setting, bool wrong) {
+    if (wrong && !source.empty()) return fmt::format("key '{}'", config_key(setting));
+    return std::string(config_key(setting));
+  });
+  return source.empty() ? text : fmt::format("{}: {}", source, text);
+}
 
 AdamWConfig OptimizerConfig::adamw() const {
   AdamWConfig c;
@@ -213,6 +255,26 @@ ConfigKey choice_key(std::string path, F field, const std::array<const char*, N>
   return k;
 }
 
+// parallel.tp_mode: a TP mode's layout, spelled by its name; the choices are the registered
+// modes (parallel/tp_layouts.h). Unset (null) until the configuration is resolved.
+ConfigKey tp_mode_key(std::string path, std::string doc, std::string default_note) {
+  ConfigKey k;
+  k.path = std::move(path);
+  k.type = KeyType::choice;
+  for (const char* name : tp_mode_names()) k.choices.emplace_back(name);
+  k.optional = true;
+  k.doc = std::move(doc);
+  k.default_note = std::move(default_note);
+  k.get = [](const TrainConfig& c) -> Value {
+    if (!c.parallel.tp_mode) return std::monostate{};
+    return std::string(c.parallel.tp_mode->name());
+  };
+  k.set = [](TrainConfig& c, const Value& v) {
+    c.parallel.tp_mode = find_tp_layout(std::get<std::string>(v));
+  };
+  return k;
+}
+
 // A reference to a member of TrainConfig, for a const or non-const config.
 #define FIELD(member) \
   [](auto& c) -> auto& { return c.member; }
@@ -330,10 +392,10 @@ std::vector<ConfigKey> build_schema() {
   s.push_back(integer_key("parallel.tp", FIELD(parallel.tp), greater(0), "tensor-parallel ranks"));
   s.push_back(integer_key("parallel.pp", FIELD(parallel.pp), greater(0), "pipeline stages"));
   s.push_back(integer_key("parallel.dp", FIELD(parallel.dp), greater(0), "data-parallel ranks"));
-  s.push_back(choice_key("parallel.tp_mode", FIELD(parallel.tp_mode), kTpModeNames,
-                         "full (Megatron TP, full-rank model), vanilla (Megatron TP on a "
-                         "bottleneck model), btp (bottleneck-aware TP)",
-                         "full for a full-rank model, btp for a bottleneck model"));
+  s.push_back(tp_mode_key("parallel.tp_mode",
+                          "full (Megatron TP, full-rank model), vanilla (Megatron TP on a "
+                          "bottleneck model), btp (bottleneck-aware TP)",
+                          "full for a full-rank model, btp for a bottleneck model"));
   s.push_back(choice_key("parallel.schedule", FIELD(parallel.schedule), kScheduleNames,
                          "pipeline schedule: 1f1b or gpipe"));
   s.push_back(integer_key("parallel.zero", FIELD(parallel.zero), closed(0, 1),
@@ -350,6 +412,9 @@ const std::vector<ConfigKey>& schema() {
     std::set<std::string> seen;
     for (const auto& key : k)
       if (!seen.insert(key.path).second) std::abort();  // a key listed twice
+    // Every setting that code below src/train may name is a key of the schema.
+    for (int i = 0; i <= int(Setting::bottleneck); ++i)
+      if (!seen.count(config_key(Setting(i)))) std::abort();
     return k;
   }();
   return keys;
@@ -712,22 +777,20 @@ struct Loader {
     auto& m = config.model;
     const auto& p = config.parallel;
     if (!given.count("model.num_kv_heads")) m.num_kv_heads = m.num_heads;
-    if (!given.count("parallel.tp_mode"))
-      config.parallel.tp_mode = m.bottleneck == BottleneckKind::none ? TpMode::full : TpMode::btp;
+    if (!given.count("parallel.tp_mode")) config.parallel.tp_mode = default_tp_mode(m);
     m.validate(source, false);
     BOTTLE_CHECK(config.training.seq_len <= m.max_seq_len,
                  "{}: key 'training.seq_len' must be <= model.max_seq_len ({}), got {}", source,
                  m.max_seq_len, config.training.seq_len);
-    validate_tensor_parallel(m, int(p.tp), p.tp_mode, fmt::format("{}: key 'parallel.", source));
+    // The layout, recomputation and pipeline checks of src/parallel and src/model, which name
+    // settings by their keys here.
     try {
-      validate_recompute(config.training.recompute, p.tp_mode,
-                         m.bottleneck != BottleneckKind::none);
-    } catch (const Error& e) {
-      fail("{}: {}", source, e.what());
+      validate_layout(*p.tp_mode, m.shape(), int(p.tp));
+      validate_recompute(config.training.recompute, *p.tp_mode, m.shape());
+      validate_pipeline_stages(p.pp, m.num_layers);
+    } catch (const SettingError& e) {
+      fail("{}", describe_setting_error(e, source));
     }
-    BOTTLE_CHECK(p.pp <= m.num_layers,
-                 "{}: key 'parallel.pp' must be <= model.num_layers ({}), got {}", source,
-                 m.num_layers, p.pp);
     const auto& t = config.training;
     check_batch_shape(m, t.micro_batch_size, t.seq_len, source + ": key",
                       "'training.micro_batch_size'", "'training.seq_len'");
@@ -793,8 +856,7 @@ void check_honoured_keys(const TrainConfig& config, const ConfigKeysGiven& given
   // Defaults as resolution gives them for this model.
   TrainConfig defaults;
   defaults.model.num_kv_heads = config.model.num_heads;
-  defaults.parallel.tp_mode =
-      config.model.bottleneck == BottleneckKind::none ? TpMode::full : TpMode::btp;
+  defaults.parallel.tp_mode = default_tp_mode(config.model);
   for (const auto& key : schema()) {
     if (!given.file.count(key.path) || listed(keys.honoured, key.path) ||
         listed(keys.run_keys, key.path))

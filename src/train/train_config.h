@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
+#include "core/setting_error.h"
 #include "model/config.h"
 #include "parallel/recompute.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/tp_layout.h"
 #include "pipeline/schedule.h"  // PipelineSchedule; TOML: "1f1b", "gpipe"
 #include "train/adamw.h"
 
@@ -25,7 +27,6 @@ const char* enum_name(Recompute value);
 const char* enum_name(Precision value);
 const char* enum_name(OnNonfinite value);
 const char* enum_name(LrDecay value);
-const char* enum_name(TpMode value);
 const char* enum_name(PipelineSchedule value);
 
 struct TrainingConfig {
@@ -78,10 +79,12 @@ struct MetricsConfig {
 
 struct ParallelConfig {
   int tp = 1, pp = 1, dp = 1;
-  TpMode tp_mode = TpMode::full;  // when not given: full for a full-rank model, else btp
+  // The TP mode's layout (parallel/tp_layouts.h). Null until the configuration is resolved,
+  // which gives default_tp_mode(model) when the key is not set.
+  const TpLayout* tp_mode = nullptr;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
-  int zero = 0;  // ZeRO stage, 0 or 1
-  bool grouping = true;
+  int zero = 0;                               // ZeRO stage, 0 or 1
+  bool grouping = TensorParallel{}.grouping;  // its one default is the mechanism's
 };
 
 struct TrainConfig {
@@ -100,6 +103,17 @@ struct TrainConfig {
     return training.micro_batch_size * training.seq_len * training.grad_accum_steps * parallel.dp;
   }
 };
+
+// parallel.tp_mode's default for this model (its one source: default_tp_layout).
+const TpLayout* default_tp_mode(const ModelConfig& model);
+
+// The configuration key of a setting that code below src/train names (core/setting_error.h):
+// "parallel.tp".
+const char* config_key(Setting setting);
+// A SettingError as the user reads it: every setting named by its key. With `source` (a file,
+// or "--set", where the value came from), the message starts with it and names the wrong
+// setting as key '...', as every other configuration error does.
+std::string describe_setting_error(const SettingError& error, const std::string& source = {});
 
 // Compares every key of the schema; config_difference names the first key that differs
 // ("training.steps: 10 vs 20"), or returns "" when the two are equal.

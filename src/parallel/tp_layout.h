@@ -1,0 +1,139 @@
+#pragma once
+// A tensor-parallel mode's layout (docs/design.md §4, §17), as Megatron's layer specs and
+// TorchTitan's sharding plans state one: which dimension of every parameter it splits, the
+// widths a rank holds, how the embedding and the LM head meet the blocks, the buffers it needs,
+// what the model must satisfy, which recomputation policies apply, and its block's forward,
+// backward and recomputation with every collective they issue. Each mode is one subclass in
+// its own file, beside its communication: tp_full.cpp, tp_vanilla.cpp, tp_btp.cpp. The
+// registry (tp_layouts.h) maps a mode's name to its layout; src/model asks the layout and never
+// the mode's name.
+#include <array>
+#include <memory>
+
+#include "core/backend.h"
+#include "core/setting_error.h"
+#include "nn/model_shape.h"
+#include "parallel/recompute.h"
+#include "parallel/tensor_parallel.h"
+#include "parallel/tp_block.h"
+
+namespace bottle {
+
+// The dimension of each parameter a layout splits evenly over the TP group (a rank holds
+// [i·e/t, (i+1)·e/t) of it); kWhole: the whole parameter on every rank.
+inline constexpr int kWhole = -1;
+constexpr std::array<int, kNumProjections> whole_projections() {
+  std::array<int, kNumProjections> dims{};
+  dims.fill(kWhole);
+  return dims;
+}
+struct ParameterSplits {
+  // The first stage's table [V, d]: 0 vocabulary rows, 1 hidden columns (exactly when
+  // ModelEnds::hidden_split_embedding).
+  int embedding = kWhole;
+  int block_norm = kWhole;  // RMSNorm₁'s and RMSNorm₂'s γ [d]
+  std::array<int, kNumProjections> weight = whole_projections();  // full-rank W [d_out, d_in]
+  std::array<int, kNumProjections> A = whole_projections();       // bottleneck A [r, d_in]
+  std::array<int, kNumProjections> B = whole_projections();       // and B [d_out, r]
+  int lax_crossing = kWhole;  // LaX's G [r, r] and LN_r's weight and bias [r]
+  int final_norm = kWhole;    // [d]
+  // [V, d], also the last stage's copy of a tied table. The loss is vocabulary-parallel
+  // (vocab_parallel.h): 0, whatever the mode.
+  int lm_head = kWhole;
+};
+
+// How the model's ends meet the blocks (docs/design.md §4 "Embedding, LM head and loss").
+struct ModelEnds {
+  // The blocks read and leave the residual split by hidden columns ([N, d/t] per rank): the
+  // last stage all-gathers whole rows [N, d] before the final norm (and scatters their
+  // gradient back), and a first stage whose table is split by vocabulary rows keeps its own
+  // columns of the embedding's whole rows (and all-gathers their gradient).
+  bool sharded_residual = false;
+  // The first stage's table is split by hidden columns [V, d/t]: each rank looks up its own
+  // residual shard, no communication either way. Otherwise by vocabulary rows [V/t, d]: each
+  // rank looks up the rows it holds and one all-reduce of N·d sums them.
+  bool hidden_split_embedding = false;
+};
+
+// The widths of one projection on this rank (nn/projection.h).
+struct ProjectionDims {
+  int64_t d_in = 0, d_out = 0;               // this rank's input and output widths
+  int64_t rank = 0;                          // the latent the latent stage runs on
+  int64_t shard_rank = 0, shard_offset = 0;  // latent columns A and B hold (0: all of it)
+};
+
+class TpLayout {
+ public:
+  virtual ~TpLayout() = default;
+
+  // parallel.tp_mode's value: "full", "vanilla", "btp".
+  virtual const char* name() const = 0;
+
+  // --- What the model must satisfy.
+  // Whether the layout splits models of this bottleneck kind.
+  virtual bool fits(BottleneckKind kind) const = 0;
+  // What fits() asks, completing "tp_mode is \"x\", which …": "needs a bottleneck model".
+  virtual const char* requirement() const = 0;
+  // Throws SettingError(Setting::tp) when `t` does not divide a dimension this layout splits.
+  virtual void check_divisible(const ModelShape& model, int t) const = 0;
+  // Whether the recomputation policy applies to this layout and model (recompute.h).
+  virtual bool supports(Recompute policy, const ModelShape& model) const = 0;
+  // Why a policy that supports() refuses does not apply, completing "under \"x\" …".
+  virtual const char* why_not(Recompute policy) const = 0;
+
+  // --- How the model is split over t ranks.
+  virtual ParameterSplits parameter_splits(const ModelShape& model) const = 0;
+  virtual ModelEnds ends(const ModelShape& model) const = 0;
+  // The TP widths of a block on each of t ranks: d, d_res, heads, kv_heads, head_dim, dq,
+  // dkv, dff (the model adds batch, seq, rope_theta and gate_act).
+  virtual BlockDims block_dims(const ModelShape& model, int t) const = 0;
+  virtual ProjectionDims projection_dims(const ModelShape& model, ProjectionId p, int t,
+                                         int tp_rank) const = 0;
+
+  // --- The block.
+  // A block of this layout's type, its widths and parameters still to be bound.
+  virtual std::unique_ptr<TpBlock> make_block() const = 0;
+  virtual std::unique_ptr<BlockGradients> make_gradients() const = 0;
+  // Buffers of one block (made by make_block, widths and parameters bound), those `policy`
+  // keeps from a.kept.
+  virtual void allocate_block(const BlockAllocators& a, Recompute policy, TpBlock& b) const = 0;
+  // The gradients all blocks share (from a.grads; communication scratch from a.comm).
+  virtual void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
+                                  BlockGradients& g) const = 0;
+  // prev: the block before (LaX crossing), else null. out = the block's output [N, d_res].
+  virtual void forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
+                       Tensor x, Tensor out) const = 0;
+  // On entry g.residual = ∂loss/∂out; on exit ∂loss/∂x. Parameter gradients +=.
+  virtual void backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev, Tensor x,
+                        BlockGradients& g) const = 0;
+  // Rebuilds what backward reads that `policy` did not keep (recompute.h). `out` [N, d_res]
+  // takes the block's output again where the policy re-runs the whole block. Collectives
+  // issued count under kRecomputePhase. Here: none and block; a layout adds its own.
+  virtual void recompute(Backend& be, const TensorParallel& tp, Recompute policy, TpBlock& b,
+                         const TpBlock* prev, Tensor x, Tensor out) const;
+};
+
+// Throws SettingError: naming the TP mode when `layout` does not fit the model, the TP degree
+// when t does not divide a dimension it splits.
+void validate_layout(const TpLayout& layout, const ModelShape& model, int t);
+// Throws SettingError naming the recomputation policy when it does not apply to the layout
+// and model.
+void validate_recompute(Recompute policy, const TpLayout& layout, const ModelShape& model);
+
+// Throws SettingError(Setting::tp) naming `what` unless t divides `value`.
+void require_divides(int t, int64_t value, Setting what);
+
+// The mode's name ("btp"), as parallel.tp_mode spells it.
+inline const char* tp_mode_name(const TpLayout* layout) { return layout->name(); }
+
+// A layout's own block type from a block it made (make_block); std::bad_cast otherwise.
+template <typename Block>
+Block& block_of(TpBlock& b) {
+  return dynamic_cast<Block&>(b);
+}
+template <typename Gradients>
+Gradients& gradients_of(BlockGradients& g) {
+  return dynamic_cast<Gradients&>(g);
+}
+
+}  // namespace bottle
