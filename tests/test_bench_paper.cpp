@@ -228,6 +228,10 @@ TEST(PaperFigures, BadEntriesNameTheFileAndTheEntry) {
       {"[a.c]\nvalue = 1\nunit = \"s\"\nsource = \"x\"\n", "figures.toml: no entry 'a.b'"},
       {"[a.b]\nvalue = [1, 2]\nunit = \"s\"\nsource = \"x\"\n",
        "figures.toml: 'a.b' must be a single number"},
+      {"[a.b]\nvalue = inf\nunit = \"s\"\nsource = \"x\"\n",
+       "figures.toml: 'a.b.value' must hold finite numbers"},
+      {"[a.b]\nrange = [1, nan]\nunit = \"s\"\nsource = \"x\"\n",
+       "figures.toml: 'a.b.range' must hold finite numbers"},
       {"stray = 1\n", "figures.toml: 'stray' stands outside any entry"},
       {"[a.b\nvalue = 1\n", "figures.toml:1:"},
   };

@@ -203,13 +203,13 @@ class ModeRun {
     double ms = r.seconds * 1e3;
     if (tp_ && tp_->size() > 1) {  // the slowest rank sets the pace
       float slowest = float(ms);
-      tp_->all_reduce(Tensor{&slowest, {1}}, ReduceOp::max, "bench.time");
+      tp_->all_reduce(host_tensor(std::span(&slowest, 1)), ReduceOp::max, "bench.time");
       ms = slowest;
     }
     double recompute_ms = model.recompute_seconds() * 1e3;
     if (tp_ && tp_->size() > 1) {
       float slowest = float(recompute_ms);
-      tp_->all_reduce(Tensor{&slowest, {1}}, ReduceOp::max, "bench.time");
+      tp_->all_reduce(host_tensor(std::span(&slowest, 1)), ReduceOp::max, "bench.time");
       recompute_ms = slowest;
     }
     if (!record) return;

@@ -97,7 +97,11 @@ PaperFigures::PaperFigures(std::string_view toml_text, std::string file_name)
             const std::string name(k.str());
             auto number = [&](const toml::node& n) {
               BOTTLE_CHECK(n.is_number(), "{}: '{}.{}' must hold numbers", file_name_, id, name);
-              return n.value<double>().value();
+              const double v = n.value<double>().value();
+              // TOML reads inf and nan as numbers; no figure of the paper is one.
+              BOTTLE_CHECK(std::isfinite(v), "{}: '{}.{}' must hold finite numbers, got {}",
+                           file_name_, id, name, v);
+              return v;
             };
             if (name == "source" || name == "unit" || name == "text") {
               const auto s = v.value<std::string>();

@@ -58,7 +58,8 @@ class Backend {
   // Host staging: dst/src are host memory of src.nbytes() / dst.nbytes() bytes.
   virtual void to_host(void* dst, Tensor src) = 0;
   virtual void from_host(Tensor dst, const void* src) = 0;
-  // dst = src, element for element (same dtype and element count, shapes may differ).
+  // dst = src, element for element (same dtype and element count, shapes may differ; the two
+  // must not overlap).
   virtual void copy(Tensor dst, Tensor src) = 0;
   // dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols] for every row:
   // a strided slice out of, or into, a row-major matrix (dst.rows() == src.rows()).
@@ -114,7 +115,7 @@ class Backend {
   virtual void accumulate(Tensor dst, Tensor src) = 0;
   virtual void fill_zero(Tensor x) = 0;
   virtual void scale(Tensor x, float factor) = 0;
-  // Scalar reductions, accumulated in double in index order (deterministic whatever the
+  // Scalar reductions, accumulated in double in a fixed order (the same bits whatever the
   // thread count: losses, gradient norms and non-finite checks decide clipping and skips).
   virtual double sum_squares(Tensor x) = 0;
   virtual double sum(Tensor x) = 0;

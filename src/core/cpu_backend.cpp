@@ -424,11 +424,21 @@ class CpuBackend final : public HostBackend {
 
   double sum_squares(Tensor x) override {
     require_f32("sum_squares", {x});
-    const int64_t n = x.numel();
+    // Chunks of a fixed size, each summed in order, and the chunks' sums added in order: the
+    // same bits whatever the thread count (a gradient norm decides clipping).
+    constexpr int64_t kChunk = 1 << 14;
+    const int64_t n = x.numel(), chunks = (n + kChunk - 1) / kChunk;
     const float* s = x.f32();
+    std::vector<double> partial(size_t(chunks), 0.0);
+#pragma omp parallel for schedule(static)
+    for (int64_t c = 0; c < chunks; ++c) {
+      double sum = 0.0;
+      for (int64_t i = c * kChunk; i < std::min(n, (c + 1) * kChunk); ++i)
+        sum += double(s[i]) * s[i];
+      partial[size_t(c)] = sum;
+    }
     double total = 0.0;
-#pragma omp parallel for reduction(+ : total) schedule(static)
-    for (int64_t i = 0; i < n; ++i) total += double(s[i]) * s[i];
+    for (const double p : partial) total += p;
     return total;
   }
 
@@ -538,7 +548,7 @@ class CpuBackend final : public HostBackend {
       const size_t nt = omp_get_num_threads(), t = omp_get_thread_num();
       const size_t begin = bytes * t / nt / 64 * 64,
                    end = t + 1 == nt ? bytes : bytes * (t + 1) / nt / 64 * 64;
-      if (end > begin) std::memmove(o + begin, s + begin, end - begin);
+      if (end > begin) std::memcpy(o + begin, s + begin, end - begin);
     }
   }
 

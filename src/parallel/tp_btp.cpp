@@ -73,10 +73,11 @@ void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64
     copy_to_backward(tp, slab, g.size == 1 ? site(pass, g, 0) : std::string(group_site));
     return;
   }
+  int64_t offset = 0;  // of member i's latent in the slab
   for (size_t i = 0; i < g.size; ++i) {
-    Tensor z = i == 0 ? g[i].z : g[i].z.reshaped({g[i].z.numel()});
-    if (i + 1 == g.size) z = Tensor{z.data, {z.numel() + tail}};
-    copy_to_backward(tp, z, site(pass, g, i));
+    const int64_t count = g[i].z.numel() + (i + 1 == g.size ? tail : 0);
+    copy_to_backward(tp, slab.view(offset, {count}), site(pass, g, i));
+    offset += g[i].z.numel();
   }
 }
 

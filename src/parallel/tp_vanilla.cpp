@@ -124,7 +124,7 @@ void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b, TpB
     return;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
-    Tensor part = i == 0 ? dx : Tensor{g.normed_part.data, dx.shape};
+    Tensor part = i == 0 ? dx : g.normed_part.reshaped(dx.shape);
     {
       const ComponentTimer timer(tp, component);
       group_down_backward(be, group.subspan(i, 1), part, x, false, false);

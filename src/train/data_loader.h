@@ -72,10 +72,10 @@ class TokenLoader {
   std::vector<uint64_t> window_order(uint64_t epoch, uint64_t file) const;
 
  private:
-  std::vector<int32_t> staged_inputs_, staged_targets_;  // [batch · seq] each, host staging
-  struct Slot {                                          // one stream element: a window of a file
+  struct Slot {  // one stream element: a window of a file
     uint64_t epoch, shard_index, window_index;
   };
+  std::vector<int32_t> staged_inputs_, staged_targets_;  // [batch · seq] each, host staging
   // Stream element g of `epoch` (g may run past the epoch into the following ones).
   Slot locate(uint64_t epoch, uint64_t g) const;
   void use_epoch(uint64_t epoch) const;  // fills the order caches for `epoch`

@@ -487,7 +487,7 @@ double Trainer::evaluate() {
 StopRequest Trainer::agree_on_stop(const StopSignals& signals) {
   int32_t flags[2] = {signals.requested(), metrics_ && !metrics_->write_error().empty()};
   if (world_.size() > 1)
-    world_.all_reduce(Tensor{flags, {2}, DType::i32}, ReduceOp::max, "train.stop");
+    world_.all_reduce(host_tensor(std::span(flags)), ReduceOp::max, "train.stop");
   return StopRequest{flags[0], flags[1] != 0};
 }
 
