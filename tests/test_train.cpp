@@ -626,8 +626,7 @@ TEST_F(Train, BenchStepTakesTrainsStepBitForBit) {
   // max_norm 0.5 clips every step of both (checked below).
   const std::string clip = "--set training.max_norm=0.5";
   const CommandResult b =
-      run(fmt::format("{} bench step {} {} --steps 2 --warmup 0 --threads 1 --torch false --json "
-                      "--save {}",
+      run(fmt::format("{} bench step {} {} --steps 2 --warmup 0 --torch false --json --save {}",
                       bottle_binary(), dir / "tiny.toml", clip, bench));
   ASSERT_EQ(b.status, 0) << b.output;
   const nlohmann::json row = last_json_line(b.output);
