@@ -78,4 +78,27 @@ int64_t widest_sharded_rank(const TpBlock& b) {
   return widest;
 }
 
+void allocate_replicated_norms(const BlockAllocators& a, const TpBlock& b, RMSNorm& norm1,
+                               RMSNorm& norm2) {
+  const int64_t n = b.dims.rows();
+  norm1.weight = b.norm1_weight;
+  norm2.weight = b.norm2_weight;
+  norm1.eps = norm2.eps = b.norm_eps;
+  norm1.allocate_activations(a.recomputed, n, b.dims.d);
+  norm2.allocate_activations(a.recomputed, n, b.dims.d);
+}
+
+BlockDims head_split_dims(const ModelShape& m, int t, int64_t d_res) {
+  BlockDims d;
+  d.d = m.hidden;
+  d.d_res = d_res;
+  d.heads = m.heads / t;
+  d.kv_heads = m.kv_heads / t;
+  d.head_dim = m.head_dim();
+  d.dq = d.heads * d.head_dim;
+  d.dkv = d.kv_heads * d.head_dim;
+  d.dff = m.ffn / t;
+  return d;
+}
+
 }  // namespace bottle

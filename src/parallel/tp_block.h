@@ -10,8 +10,10 @@
 #include "core/arena.h"
 #include "core/backend.h"
 #include "nn/attention.h"
+#include "nn/model_shape.h"
 #include "nn/param.h"
 #include "nn/projection.h"
+#include "nn/rmsnorm.h"
 #include "parallel/recompute.h"
 
 namespace bottle {
@@ -96,6 +98,13 @@ struct BlockAllocators {
 // outputs get `slab_tail` more elements (btp's RMSNorm statistics).
 void allocate_block_buffers(const BlockAllocators& a, Recompute policy, int64_t slab_tail,
                             TpBlock& block);
+// full and vanilla: the two whole-row RMSNorms (replicated on every rank), bound to the
+// block's norm weights and allocated from a.recomputed.
+void allocate_replicated_norms(const BlockAllocators& a, const TpBlock& block, RMSNorm& norm1,
+                               RMSNorm& norm2);
+// The widths of a rank that holds heads/t heads and d_ff/t of the MLP (full and btp), with a
+// residual stream of d_res.
+BlockDims head_split_dims(const ModelShape& m, int t, int64_t d_res);
 // The gradients every layout has (from a.grads).
 void allocate_block_gradient_buffers(const BlockAllocators& a, const TpBlock& block,
                                      BlockGradients& g);

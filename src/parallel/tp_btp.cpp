@@ -265,16 +265,7 @@ class BtpLayout final : public TpLayout {
     return {.sharded_residual = true, .hidden_split_embedding = !m.tied_embeddings};
   }
   BlockDims block_dims(const ModelShape& m, int t) const override {
-    BlockDims d;
-    d.d = m.hidden;
-    d.d_res = m.hidden / t;
-    d.heads = m.heads / t;
-    d.kv_heads = m.kv_heads / t;
-    d.head_dim = m.head_dim();
-    d.dq = d.heads * d.head_dim;
-    d.dkv = d.kv_heads * d.head_dim;
-    d.dff = m.ffn / t;
-    return d;
+    return head_split_dims(m, t, /*d_res=*/m.hidden / t);
   }
   ProjectionDims projection_dims(const ModelShape& m, ProjectionId p, int t, int) const override {
     return {.d_in = m.d_in(p) / t, .d_out = m.d_out(p) / t, .rank = m.rank_of(p)};

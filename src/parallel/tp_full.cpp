@@ -49,15 +49,7 @@ class FullLayout final : public TpLayout {
   }
   ModelEnds ends(const ModelShape&) const override { return {}; }
   BlockDims block_dims(const ModelShape& m, int t) const override {
-    BlockDims d;
-    d.d = d.d_res = m.hidden;
-    d.heads = m.heads / t;
-    d.kv_heads = m.kv_heads / t;
-    d.head_dim = m.head_dim();
-    d.dq = d.heads * d.head_dim;
-    d.dkv = d.kv_heads * d.head_dim;
-    d.dff = m.ffn / t;
-    return d;
+    return head_split_dims(m, t, /*d_res=*/m.hidden);
   }
   ProjectionDims projection_dims(const ModelShape& m, ProjectionId p, int t, int) const override {
     ProjectionDims d;
@@ -72,12 +64,7 @@ class FullLayout final : public TpLayout {
   }
   void allocate_block(const BlockAllocators& a, Recompute policy, TpBlock& block) const override {
     FullBlock& b = block_of<FullBlock>(block);
-    const int64_t n = b.dims.rows();
-    b.norm1.weight = b.norm1_weight;
-    b.norm2.weight = b.norm2_weight;
-    b.norm1.eps = b.norm2.eps = b.norm_eps;
-    b.norm1.allocate_activations(a.recomputed, n, b.dims.d);
-    b.norm2.allocate_activations(a.recomputed, n, b.dims.d);
+    allocate_replicated_norms(a, b, b.norm1, b.norm2);
     allocate_block_buffers(a, policy, 0, b);
   }
   void allocate_gradients(const BlockAllocators& a, const TpBlock& b,

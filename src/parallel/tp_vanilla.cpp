@@ -207,13 +207,9 @@ class VanillaLayout final : public TpLayout {
   }
   void allocate_block(const BlockAllocators& a, Recompute policy, TpBlock& block) const override {
     VanillaBlock& b = block_of<VanillaBlock>(block);
-    const int64_t n = b.dims.rows();
-    b.norm1.weight = b.norm1_weight;
-    b.norm2.weight = b.norm2_weight;
-    b.norm1.eps = b.norm2.eps = b.norm_eps;
-    b.norm1.allocate_activations(a.recomputed, n, b.dims.d);
-    b.norm2.allocate_activations(a.recomputed, n, b.dims.d);
+    allocate_replicated_norms(a, b, b.norm1, b.norm2);
     allocate_block_buffers(a, policy, 0, b);
+    const int64_t n = b.dims.rows();
     if (const int64_t widest = widest_sharded_rank(b)) b.gather = a.comm.alloc({2 * n * widest});
   }
   void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
