@@ -7,7 +7,8 @@ namespace bottle {
 
 // The best fp32 GEMM rate (GFLOP/s) this backend gives on this machine now, in the calling
 // thread's OpenMP setting: the best of repeated runs of large square products (each shape
-// repeated for a quarter of a second), the denominator of MFU.
+// repeated for about a quarter of a second; the larger one only where it takes well under
+// that), the denominator of MFU.
 double measure_gemm_peak_gflops(Backend& be);
 
 // MFU's denominator, kept honest. A busy machine during the measurement gives a low peak and
