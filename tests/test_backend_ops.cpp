@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -19,6 +20,8 @@
 
 #include "core/arena.h"
 #include "core/backend.h"
+#include "core/bf16.h"
+#include "core/cpu_backend.h"
 #include "core/gemm_peak.h"
 #include "core/profiling_backend.h"
 #include "core/reference_backend.h"
@@ -820,11 +823,15 @@ TEST_F(AddsConvention, ReferenceBackwardKernelsAdd) {
   }
 }
 
-TEST_F(BackendOps, RejectsBf16) {
+// The backends' own kernels are fp32: bf16 reaches them only through the widening backend
+// (make_backend wraps them in it), and each says so.
+TEST_F(BackendOps, RawBackendsRejectBf16) {
   Tensor bf_x = arena.alloc({4, 8}, DType::bf16), bf_out = arena.alloc({4, 8}, DType::bf16);
   Tensor x = randn({4, 8}), out = nans({4, 8}), w = randn({8}), rstd = nans({4});
-  for (Backend* be : {cpu.get(), ref.get()}) {
+  const std::unique_ptr<Backend> raw_cpu = make_cpu_backend();
+  for (Backend* be : {raw_cpu.get(), ref.get()}) {
     SCOPED_TRACE(be->name());
+    EXPECT_FALSE(be->bf16_unsupported().empty());
     EXPECT_THROW(be->silu_forward(bf_out, bf_x), Error);
     EXPECT_THROW(be->silu_forward(out, bf_x), Error);
     EXPECT_THROW(be->silu_forward(bf_out, x), Error);
@@ -839,6 +846,154 @@ TEST_F(BackendOps, RejectsBf16) {
     EXPECT_NE(std::string(e.what()).find("bf16"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("silu_forward"), std::string::npos) << e.what();
   }
+  for (const char* name : {"cpu", "reference"})
+    EXPECT_EQ(make_backend(name)->bf16_unsupported(), "") << name;
+}
+
+// Round to nearest, ties to even; NaN stays NaN; overflow rounds to infinity.
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(bf16_from_float(1.0f), 0x3f80);
+  // 1 + 2^-8 is half-way between 1 and 1 + 2^-7: to the even one, 1.
+  EXPECT_EQ(bf16_from_float(1.0f + 0x1p-8f), 0x3f80);
+  // 1 + 3·2^-8 is half-way between 1 + 2^-7 (odd) and 1 + 2^-6: up to the even one.
+  EXPECT_EQ(bf16_from_float(1.0f + 3 * 0x1p-8f), 0x3f82);
+  EXPECT_EQ(bf16_from_float(1.0f + 0x1p-8f + 0x1p-20f), 0x3f81);  // just above half: up
+  EXPECT_EQ(bf16_from_float(-2.5f), 0xc020);
+  EXPECT_EQ(bf16_from_float(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_EQ(bf16_from_float(std::numeric_limits<float>::max()), 0x7f80);
+  EXPECT_TRUE(std::isnan(round_to_bf16(kNaN)));
+  EXPECT_TRUE(std::isnan(bf16_to_float(bf16_from_float(std::bit_cast<float>(0x7f800001u)))));
+  EXPECT_EQ(round_to_bf16(0x1p-130f), 0x1p-130f);  // subnormals keep their top bits
+  for (float f : {0.1f, -3.14159f, 1e-20f, 6.5e4f}) {
+    const float r = round_to_bf16(f);
+    EXPECT_LE(std::fabs(r - f), std::fabs(f) * 0x1p-8f) << f;
+  }
+}
+
+// The bf16 run of a kernel through the widening backend is the fp32 kernel on the
+// bf16-rounded inputs with its output rounded: on the reference backend exactly, and the cpu
+// backend stays within its fp32 tolerance of that.
+class WideningOps : public BackendOps {
+ protected:
+  std::unique_ptr<Backend> wide_ref = make_backend("reference");
+  Tensor to_bf16(const Tensor& t) {
+    Tensor b = arena.alloc(t.shape, DType::bf16);
+    for (int64_t i = 0; i < t.numel(); ++i) b.bf16()[i] = bf16_from_float(t.f32()[i]);
+    return b;
+  }
+  Tensor rounded(const Tensor& t) {
+    Tensor r = clone(t);
+    for (int64_t i = 0; i < t.numel(); ++i) r.f32()[i] = round_to_bf16(t.f32()[i]);
+    return r;
+  }
+  Tensor widened(const Tensor& b) {
+    Tensor t = arena.alloc(b.shape);
+    for (int64_t i = 0; i < b.numel(); ++i) t.f32()[i] = bf16_to_float(b.bf16()[i]);
+    return t;
+  }
+};
+
+TEST_F(WideningOps, CopyConvertsBothWays) {
+  Tensor x = randn({5, 7});
+  for (Backend* be : {cpu.get(), wide_ref.get()}) {
+    Tensor b = arena.alloc(x.shape, DType::bf16), back = nans(x.shape);
+    be->copy(b, x);
+    be->copy(back, b);
+    EXPECT_TRUE(all_close(back.f32(), rounded(x).f32(), x.numel(), 0.0, 0.0)) << be->name();
+  }
+  EXPECT_THROW(cpu->copy(arena.alloc({3}, DType::bf16), arena.alloc({3}, DType::i32)), Error);
+}
+
+TEST_F(WideningOps, ElementwiseAndNormKernelsRoundOnce) {
+  Tensor x = randn({6, 16}), y = randn({6, 16}), w = randn({16}, 0.5f, 1.0f);
+  const Tensor xb = to_bf16(x), yb = to_bf16(y);
+  Tensor out_b = arena.alloc(x.shape, DType::bf16), rstd_b = nans({6});
+  Tensor out = nans(x.shape), rstd = nans({6});
+  // add
+  wide_ref->add(out_b, xb, yb);
+  ref->add(out, rounded(x), rounded(y));
+  EXPECT_TRUE(all_close(widened(out_b).f32(), rounded(out).f32(), out.numel(), 0.0, 0.0));
+  // add in place (out aliases a)
+  Tensor acc_b = clone(xb);
+  wide_ref->add(acc_b, acc_b, yb);
+  EXPECT_TRUE(all_close(widened(acc_b).f32(), rounded(out).f32(), out.numel(), 0.0, 0.0));
+  // rmsnorm: bf16 x and out, fp32 statistic and weight
+  wide_ref->rmsnorm_forward(out_b, rstd_b, xb, w, 1e-5f);
+  ref->rmsnorm_forward(out, rstd, rounded(x), w, 1e-5f);
+  EXPECT_TRUE(all_close(widened(out_b).f32(), rounded(out).f32(), out.numel(), 0.0, 0.0));
+  EXPECT_TRUE(all_close(rstd_b.f32(), rstd.f32(), 6, 0.0, 0.0));
+  // The cpu backend: the same within fp32 tolerance plus one bf16 rounding.
+  Tensor cpu_out = arena.alloc(x.shape, DType::bf16), cpu_rstd = nans({6});
+  cpu->rmsnorm_forward(cpu_out, cpu_rstd, xb, w, 1e-5f);
+  EXPECT_TRUE(all_close(widened(cpu_out).f32(), widened(out_b).f32(), out.numel(), 1e-6, 8e-3));
+  // Backward adds into a bf16 gradient: widened, added in fp32, rounded once.
+  Tensor dout = randn(x.shape), dx_b = to_bf16(randn(x.shape)), dw = randn({16});
+  Tensor dx = widened(dx_b), dw_ref = clone(dw);
+  wide_ref->rmsnorm_backward(dx_b, dw, to_bf16(dout), xb, w, rstd_b);
+  ref->rmsnorm_backward(dx, dw_ref, rounded(dout), rounded(x), w, rstd);
+  EXPECT_TRUE(all_close(widened(dx_b).f32(), rounded(dx).f32(), dx.numel(), 0.0, 0.0));
+  EXPECT_TRUE(all_close(dw.f32(), dw_ref.f32(), 16, 0.0, 0.0));
+}
+
+TEST_F(WideningOps, AttentionTakesBf16) {
+  Tensor q = randn({2, 5, 4, 8}), k = randn({2, 5, 2, 8}), v = randn({2, 5, 2, 8});
+  Tensor out_b = arena.alloc(q.shape, DType::bf16), lse = nans({2, 4, 5});
+  Tensor out = nans(q.shape), lse_ref = nans({2, 4, 5});
+  wide_ref->attention_forward(out_b, lse, to_bf16(q), to_bf16(k), to_bf16(v));
+  ref->attention_forward(out, lse_ref, rounded(q), rounded(k), rounded(v));
+  EXPECT_TRUE(all_close(widened(out_b).f32(), rounded(out).f32(), out.numel(), 0.0, 0.0));
+  EXPECT_TRUE(all_close(lse.f32(), lse_ref.f32(), lse.numel(), 0.0, 0.0));
+  Tensor cpu_out = arena.alloc(q.shape, DType::bf16), cpu_lse = nans({2, 4, 5});
+  cpu->attention_forward(cpu_out, cpu_lse, to_bf16(q), to_bf16(k), to_bf16(v));
+  EXPECT_TRUE(all_close(widened(cpu_out).f32(), widened(out_b).f32(), out.numel(), 1e-5, 8e-3));
+}
+
+// GEMMs with bf16 operands: transposed, strided (a view's columns), batched with a broadcast
+// operand and gaps between the batch's outputs (grouped projections: other tensors live
+// there, untouched), accumulating into fp32 (a parameter gradient) or into bf16.
+TEST_F(WideningOps, GemmOperandsOfEitherDtype) {
+  const int64_t m = 5, n = 6, k = 7, batch = 3, gap = 3;
+  Tensor a = randn({batch, k, m + 2}), b = randn({n, k}), c = randn({batch, m * n + gap});
+  for (bool c_bf16 : {false, true})
+    for (float beta : {0.0f, 1.0f}) {
+      SCOPED_TRACE(fmt::format("c {} beta {}", c_bf16 ? "bf16" : "f32", beta));
+      GemmArgs g;
+      g.trans_a = true, g.trans_b = true;
+      g.m = m, g.n = n, g.k = k, g.beta = beta, g.batch = batch;
+      g.lda = m + 2, g.stride_a = k * (m + 2);
+      g.ldb = k, g.stride_b = 0;  // one B for the whole batch
+      g.ldc = n, g.stride_c = m * n + gap;
+      // The oracle: fp32 on the rounded operands (C rounded when it is bf16).
+      Tensor want = c_bf16 ? rounded(c) : clone(c);
+      GemmArgs f = g;
+      f.a = rounded(a).data, f.b = rounded(b).data, f.c = want.data;
+      ref->gemm(f);
+      if (c_bf16) want = rounded(want);
+      for (Backend* be : {wide_ref.get(), cpu.get()}) {
+        SCOPED_TRACE(be->name());
+        Tensor ab = to_bf16(a), bb = to_bf16(b), cc = c_bf16 ? to_bf16(c) : clone(c);
+        GemmArgs h = g;
+        h.a = ab.data, h.b = bb.data, h.c = cc.data;
+        h.dtypes_of(ab, bb, cc);
+        be->gemm(h);
+        const Tensor got = c_bf16 ? widened(cc) : cc;
+        for (int64_t i = 0; i < batch; ++i)
+          for (int64_t j = m * n; j < m * n + gap; ++j) {
+            const int64_t at = i * (m * n + gap) + j;
+            EXPECT_EQ(got.f32()[at], c_bf16 ? round_to_bf16(c.f32()[at]) : c.f32()[at]) << at;
+          }
+        const bool exact = be == wide_ref.get();
+        EXPECT_TRUE(all_close(got.f32(), want.f32(), want.numel(), exact ? 0.0 : 1e-5,
+                              exact ? 0.0 : (c_bf16 ? 8e-3 : 1e-5)));
+      }
+    }
+}
+
+TEST_F(WideningOps, SaysHowGemmsRun) {
+  const std::string path = cpu->bf16_gemm_path();
+  EXPECT_NE(path, "none");
+  EXPECT_NE(wide_ref->bf16_gemm_path().find("widened"), std::string::npos);
+  std::printf("cpu bf16 GEMMs: %s\n", path.c_str());
 }
 
 TEST_F(BackendOps, Names) {

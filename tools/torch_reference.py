@@ -7,6 +7,7 @@ llm.c-shard readers, no third-party package beyond torch and numpy. Run it with
 
   --checkpoint DIR --data SHARD --batch B --seq S --dump OUT.safetensors [--dtype f64]
       batch 0: forward + backward; writes loss [1], logits [B,S,V] and grad/<param> (F32)
+      --dtype autocast-bf16: fp32 weights, forward under torch.autocast("cpu", bfloat16)
   --checkpoint DIR --data SHARD --batch B --seq S --eval --batches N
       prints {"loss": mean cross-entropy over the N batches, "tokens": B*S*N}
   --create DIR --hidden D --intermediate F --layers L --heads H [--kv-heads K] --vocab V
@@ -271,7 +272,10 @@ class Model:
         if kind == "svd":
             return F.linear(z, w["B"])
         if kind == "lax" and i > 0:  # latent crossing from the same position in block i-1
-            z = F.layer_norm(z + F.linear(lat[p], w["G"]), (z.shape[-1],), w["lnw"], w["lnb"], LAX_LN_EPS)
+            # In the weights' dtype: CPU autocast leaves layer_norm to its inputs' dtypes and
+            # refuses bf16 input with fp32 weights (CUDA autocast runs it in fp32).
+            zc = (z + F.linear(lat[p], w["G"])).to(w["lnw"].dtype)
+            z = F.layer_norm(zc, (z.shape[-1],), w["lnw"], w["lnb"], LAX_LN_EPS)
         u = F.silu(z)
         lat[p] = u
         return F.linear(u, w["B"])
@@ -347,10 +351,11 @@ def mode_dump(a, dtype):
     c, params = load_checkpoint(a.checkpoint, dtype)
     model = Model(c, params, a.seq, dtype)
     x, y = get_batch(read_shard(a.data), 0, a.batch, a.seq, c.V, a.data)
-    logits = model.forward(x)
-    loss = model.loss(logits, y)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=a.dtype == "autocast-bf16"):
+        logits = model.forward(x)
+        loss = model.loss(logits, y)
     loss.backward()
-    out = {"loss": loss.detach().reshape(1), "logits": logits.detach()}
+    out = {"loss": loss.detach().float().reshape(1), "logits": logits.detach().float()}
     out.update({"grad/" + n: p.grad for n, p in params.items()})
     write_safetensors(a.dump, out, {"dtype": a.dtype, "batch": a.batch, "seq": a.seq})
 
@@ -461,7 +466,7 @@ def main():
     ap.error = lambda msg: (print(f"torch_reference: {msg}", file=sys.stderr), sys.exit(1))
     ap.add_argument("--checkpoint"), ap.add_argument("--data")
     ap.add_argument("--batch", type=int, default=4), ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--dtype", choices=("f32", "f64"), default="f32")
+    ap.add_argument("--dtype", choices=("f32", "f64", "autocast-bf16"), default="f32")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dump", metavar="OUT")
     ap.add_argument("--eval", action="store_true"), ap.add_argument("--batches", type=int, default=1)

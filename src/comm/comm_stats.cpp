@@ -27,13 +27,15 @@ namespace {
 void add(CommCounter& to, const CommCounter& from) {
   to.calls += from.calls;
   to.elements += from.elements;
+  to.bytes += from.bytes;
   to.seconds += from.seconds;
 }
 
 }  // namespace
 
-void CommStats::record(Collective kind, std::string_view site, int64_t elements, double seconds) {
-  const CommCounter one{1, elements, seconds};
+void CommStats::record(Collective kind, std::string_view site, int64_t elements,
+                       size_t element_bytes, double seconds) {
+  const CommCounter one{1, elements, elements * int64_t(element_bytes), seconds};
   if (!phase_.empty()) {
     phased_site_.assign(phase_).append(site);
     site = phased_site_;

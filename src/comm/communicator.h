@@ -3,7 +3,8 @@
 // reduce_scatter, broadcast, send/recv, barrier and split. Implemented on Open MPI (host
 // memory); NCCL (device memory) later. Every call names its call site ("btp.fwd.qkv",
 // "dp.grads", ...) and is counted: calls, elements and wall time, per site and per kind of
-// collective, so that a bench can print exactly what each TP mode moves per block.
+// collective, so that a bench can print exactly what each TP mode moves per block, in
+// elements (the formulas) and in bytes (half as many in bf16).
 //
 // Elements counted per call: all_reduce and broadcast the buffer's size; all_gather the
 // gathered result (size × input); reduce_scatter the input (size × output); send/recv the
@@ -27,13 +28,15 @@ const char* collective_name(Collective c);
 struct CommCounter {
   int64_t calls = 0;
   int64_t elements = 0;
+  int64_t bytes = 0;
   double seconds = 0;
 };
 
 class CommStats {
  public:
   // Counted under phase() + site.
-  void record(Collective kind, std::string_view site, int64_t elements, double seconds);
+  void record(Collective kind, std::string_view site, int64_t elements, size_t element_bytes,
+              double seconds);
   void reset();
   const std::map<std::string, CommCounter, std::less<>>& by_site() const { return by_site_; }
   const CommCounter& by_kind(Collective kind) const { return by_kind_[int(kind)]; }

@@ -10,6 +10,8 @@
 #include <cstring>
 #include <thread>
 
+#include "core/bf16.h"
+
 namespace bottle {
 
 namespace {
@@ -20,7 +22,8 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-// Element types for moving data; bf16 only travels (MPI has no bf16 arithmetic).
+// Element types for moving data; bf16 travels as 16-bit patterns and is reduced by
+// bf16_sum / bf16_max (MPI has no bf16 arithmetic).
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
     case DType::f32:
@@ -33,7 +36,34 @@ MPI_Datatype mpi_type(DType t) {
   return MPI_DATATYPE_NULL;
 }
 
-bool reducible(DType t) { return t == DType::f32 || t == DType::i32; }
+bool reducible(DType t) { return t == DType::f32 || t == DType::i32 || t == DType::bf16; }
+
+// bf16 partials meet in fp32 and the result is rounded to nearest even: a + b == b + a,
+// so every rank of the recursive doubling still ends with the same bits.
+void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = bf16_from_float(bf16_to_float(a[i]) + bf16_to_float(b[i]));
+}
+void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const uint16_t*>(in);
+  auto* b = static_cast<uint16_t*>(inout);
+  for (int i = 0; i < *len; ++i)
+    if (bf16_to_float(a[i]) > bf16_to_float(b[i])) b[i] = a[i];
+}
+
+MPI_Op mpi_reduce_op(ReduceOp op, DType t) {
+  if (t != DType::bf16) return op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+  // Created once, after MPI_Init (the first bf16 reduction), and never freed: MPI_Finalize
+  // releases them.
+  static const std::pair<MPI_Op, MPI_Op> ops = [] {
+    MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL;
+    MPI_Op_create(&bf16_sum, 1, &sum);
+    MPI_Op_create(&bf16_max, 1, &max);
+    return std::pair{sum, max};
+  }();
+  return op == ReduceOp::sum ? ops.first : ops.second;
+}
 
 }  // namespace
 
@@ -110,12 +140,13 @@ int checked_count(const Tensor& t, const char* what, std::string_view site,
 }  // namespace
 
 void MpiCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {
-  BOTTLE_CHECK(reducible(x.dtype), "all_reduce at '{}' on the '{}' group: dtype {} (f32 or i32)",
-               site, name_, dtype_name(x.dtype));
+  BOTTLE_CHECK(reducible(x.dtype),
+               "all_reduce at '{}' on the '{}' group: dtype {} (f32, bf16 or i32)", site, name_,
+               dtype_name(x.dtype));
   const int count = checked_count(x, "all_reduce", site, name_);
   if (size_ == 1) return;
   const auto start = Clock::now();
-  const MPI_Op mpi_op = op == ReduceOp::sum ? MPI_SUM : MPI_MAX;
+  const MPI_Op mpi_op = mpi_reduce_op(op, x.dtype);
   if ((size_ & (size_ - 1)) == 0) {
     // Recursive doubling over point-to-point messages, each waited for by wait(): as fast as
     // Open MPI's blocking all-reduce, which busy-polls, and its non-blocking one (libnbc) is
@@ -147,7 +178,7 @@ void MpiCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {
           "MPI_Iallreduce", site);
     wait(1, &request, MPI_STATUS_IGNORE, "MPI_Iallreduce", site);
   }
-  stats_.record(Collective::all_reduce, site, x.numel(), seconds_since(start));
+  stats_.record(Collective::all_reduce, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
 void MpiCommunicator::all_gather(Tensor out, Tensor in, std::string_view site) {
@@ -169,7 +200,8 @@ void MpiCommunicator::all_gather(Tensor out, Tensor in, std::string_view site) {
   check(MPI_Iallgather(in.data, count, type, out.data, count, type, comm_, &request),
         "MPI_Iallgather", site);
   wait(1, &request, MPI_STATUS_IGNORE, "MPI_Iallgather", site);
-  stats_.record(Collective::all_gather, site, out.numel(), seconds_since(start));
+  stats_.record(Collective::all_gather, site, out.numel(), dtype_size(out.dtype),
+                seconds_since(start));
 }
 
 void MpiCommunicator::reduce_scatter(Tensor out, Tensor in, std::string_view site) {
@@ -192,11 +224,12 @@ void MpiCommunicator::reduce_scatter(Tensor out, Tensor in, std::string_view sit
   }
   const auto start = Clock::now();
   MPI_Request request;
-  check(MPI_Ireduce_scatter_block(in.data, out.data, count, mpi_type(in.dtype), MPI_SUM, comm_,
-                                  &request),
+  check(MPI_Ireduce_scatter_block(in.data, out.data, count, mpi_type(in.dtype),
+                                  mpi_reduce_op(ReduceOp::sum, in.dtype), comm_, &request),
         "MPI_Ireduce_scatter_block", site);
   wait(1, &request, MPI_STATUS_IGNORE, "MPI_Ireduce_scatter_block", site);
-  stats_.record(Collective::reduce_scatter, site, in.numel(), seconds_since(start));
+  stats_.record(Collective::reduce_scatter, site, in.numel(), dtype_size(in.dtype),
+                seconds_since(start));
 }
 
 void MpiCommunicator::broadcast(Tensor x, int root, std::string_view site) {
@@ -209,7 +242,7 @@ void MpiCommunicator::broadcast(Tensor x, int root, std::string_view site) {
   MPI_Request request;
   check(MPI_Ibcast(x.data, count, mpi_type(x.dtype), root, comm_, &request), "MPI_Ibcast", site);
   wait(1, &request, MPI_STATUS_IGNORE, "MPI_Ibcast", site);
-  stats_.record(Collective::broadcast, site, x.numel(), seconds_since(start));
+  stats_.record(Collective::broadcast, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
 void MpiCommunicator::send(Tensor x, int dest, int tag, std::string_view site) {
@@ -226,7 +259,7 @@ void MpiCommunicator::send(Tensor x, int dest, int tag, std::string_view site) {
   MPI_Request request;
   check(MPI_Isend(x.data, count, mpi_type(x.dtype), dest, tag, comm_, &request), "MPI_Isend", site);
   wait(1, &request, MPI_STATUS_IGNORE, "MPI_Isend", site);
-  stats_.record(Collective::send, site, x.numel(), seconds_since(start));
+  stats_.record(Collective::send, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
 void MpiCommunicator::recv(Tensor x, int source, int tag, std::string_view site) {
@@ -249,7 +282,7 @@ void MpiCommunicator::recv(Tensor x, int source, int tag, std::string_view site)
   BOTTLE_CHECK(received == count,
                "recv at '{}' on the '{}' group: got {} elements from rank {}, expected {}", site,
                name_, received, source, count);
-  stats_.record(Collective::recv, site, x.numel(), seconds_since(start));
+  stats_.record(Collective::recv, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
 void MpiCommunicator::send_async(Tensor x, int dest, int tag, std::string_view site) {
@@ -266,7 +299,7 @@ void MpiCommunicator::send_async(Tensor x, int dest, int tag, std::string_view s
                   &request),
         "MPI_Isend", site);
   pending_sends_.push_back(request);
-  stats_.record(Collective::send, site, x.numel(), seconds_since(start));
+  stats_.record(Collective::send, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
 void MpiCommunicator::wait_sends() {
@@ -284,7 +317,7 @@ void MpiCommunicator::barrier() {
   MPI_Request request;
   check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier", "barrier");
   wait(1, &request, MPI_STATUS_IGNORE, "MPI_Ibarrier", "barrier");
-  stats_.record(Collective::barrier, "barrier", 0, seconds_since(start));
+  stats_.record(Collective::barrier, "barrier", 0, 0, seconds_since(start));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {

@@ -58,10 +58,20 @@ std::optional<int64_t> parse_byte_size(std::string_view text);
 std::string format_bytes(size_t bytes);
 
 // Where a layer's buffers come from: an Arena, or a region several layers share.
+// Activations (what layers save for backward, their gradients, what TP collectives move)
+// come from alloc_act in the run's activation dtype (bf16 under training.precision = "bf16");
+// statistics that stay fp32 whatever the precision (norms' rstd, softmax's log-sum-exp, the
+// loss) from alloc.
 class Allocator {
  public:
   virtual ~Allocator() = default;
   virtual Tensor alloc(Shape shape, DType dtype = DType::f32) = 0;
+  Tensor alloc_act(Shape shape) { return alloc(shape, act_dtype_); }
+  DType act_dtype() const { return act_dtype_; }
+  void set_act_dtype(DType dtype) { act_dtype_ = dtype; }
+
+ private:
+  DType act_dtype_ = DType::f32;
 };
 
 // Every allocation is rounded up to this, so that views stay aligned for SIMD.
@@ -85,7 +95,8 @@ class Arena final : public Allocator {
   Arena& operator=(const Arena&) = delete;
   // The moved-from arena holds nothing, so that only one of the two un-counts the bytes.
   Arena(Arena&& other) noexcept
-      : tag_(other.tag_),
+      : Allocator(other),
+        tag_(other.tag_),
         backend_(other.backend_),
         reserve_only_(other.reserve_only_),
         bytes_(std::exchange(other.bytes_, 0)),

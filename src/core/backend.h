@@ -25,6 +25,8 @@ namespace bottle {
 // C[i] = alpha * op(A[i]) * op(B[i]) + beta * C[i], i < batch, row-major.
 // op(A) is m x k, op(B) is k x n, C is m x n. lda/ldb/ldc are row strides of the stored
 // matrices (A stored k x m when trans_a); stride_* are batch strides, in elements.
+// Each operand has its dtype: bf16 operands are multiplied exactly and summed in fp32, and a
+// bf16 C receives the fp32 result rounded to nearest even (docs/design.md, mixed precision).
 struct GemmArgs {
   bool trans_a = false, trans_b = false;
   int64_t m = 0, n = 0, k = 0;
@@ -36,7 +38,14 @@ struct GemmArgs {
   void* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
   int64_t batch = 1;
-  DType dtype = DType::f32;
+  DType a_dtype = DType::f32, b_dtype = DType::f32, c_dtype = DType::f32;
+  // The operands' dtypes from the tensors they come from.
+  void dtypes_of(const Tensor& a, const Tensor& b, const Tensor& c) {
+    a_dtype = a.dtype, b_dtype = b.dtype, c_dtype = c.dtype;
+  }
+  bool any_bf16() const {
+    return a_dtype == DType::bf16 || b_dtype == DType::bf16 || c_dtype == DType::bf16;
+  }
 };
 
 struct AdamWArgs {
@@ -50,6 +59,12 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
 
+  // --- bf16 (training.precision = "bf16"). Every kernel below takes bf16 tensors for its
+  // activations where this is empty; else it is the reason the backend cannot.
+  virtual std::string bf16_unsupported() const { return "it has no bf16 kernels"; }
+  // How bf16 GEMMs run, for `bench step`, e.g. "oneDNN bf16 matmul (avx512_core_amx)".
+  virtual std::string bf16_gemm_path() const { return "none"; }
+
   // --- Memory.
   virtual Device device() const = 0;
   // `bytes` of zeroed memory aligned to kAllocationAlignment; fails naming `what` and the size.
@@ -58,8 +73,8 @@ class Backend {
   // Host staging: dst/src are host memory of src.nbytes() / dst.nbytes() bytes.
   virtual void to_host(void* dst, Tensor src) = 0;
   virtual void from_host(Tensor dst, const void* src) = 0;
-  // dst = src, element for element (same dtype and element count, shapes may differ; the two
-  // must not overlap).
+  // dst = src, element for element (same element count, shapes may differ; the two must not
+  // overlap). Between f32 and bf16 it converts, rounding to nearest even.
   virtual void copy(Tensor dst, Tensor src) = 0;
   // dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols] for every row:
   // a strided slice out of, or into, a row-major matrix (dst.rows() == src.rows()).
@@ -177,7 +192,8 @@ class Backend {
                             const AdamWArgs& args) = 0;
 };
 
-// "cpu" or "reference" (and any optional backend compiled in).
+// "cpu" or "reference" (and any optional backend compiled in). The host backends come
+// wrapped to take bf16 tensors (core/widening_backend.h).
 std::unique_ptr<Backend> make_backend(std::string_view name);
 // The process's host-memory backend ("cpu"): arenas that are not given a backend (host
 // workspaces, tests, tools) allocate from it. A device run passes its backend explicitly.

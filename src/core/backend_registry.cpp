@@ -5,17 +5,18 @@
 
 #include "core/cpu_backend.h"
 #include "core/reference_backend.h"
+#include "core/widening_backend.h"
 
 namespace bottle {
 
 std::unique_ptr<Backend> make_backend(std::string_view name) {
-  if (name == "cpu") return make_cpu_backend();
-  if (name == "reference") return make_reference_backend();
+  if (name == "cpu") return std::make_unique<WideningBackend>(make_cpu_backend());
+  if (name == "reference") return std::make_unique<WideningBackend>(make_reference_backend());
   fail("unknown backend '{}' (available: cpu, reference)", name);
 }
 
 Backend& host_backend() {
-  static const std::unique_ptr<Backend> host = make_cpu_backend();
+  static const std::unique_ptr<Backend> host = make_backend("cpu");
   return *host;
 }
 

@@ -9,7 +9,7 @@ namespace bottle {
 namespace {
 
 using Key = std::tuple<bool, bool, int64_t, int64_t, int64_t, float, float, int64_t, int64_t,
-                       int64_t, int64_t, int64_t, int64_t, int64_t, int>;
+                       int64_t, int64_t, int64_t, int64_t, int64_t, int, int, int>;
 
 struct Cached {
   dnnl::memory::desc a, b, c;
@@ -34,7 +34,6 @@ dnnl::memory::data_type to_dnnl(DType t) {
 
 Cached make(const GemmArgs& g) {
   using dims = dnnl::memory::dims;
-  const auto dt = to_dnnl(g.dtype);
   // op(A) is m x k: element (i, p) lives at i*lda + p, or p*lda + i when transposed.
   dims a_strides = g.trans_a ? dims{g.stride_a, 1, g.lda} : dims{g.stride_a, g.lda, 1};
   dims b_strides = g.trans_b ? dims{g.stride_b, 1, g.ldb} : dims{g.stride_b, g.ldb, 1};
@@ -52,9 +51,9 @@ Cached make(const GemmArgs& g) {
   const int64_t a_batch = g.stride_a == 0 ? 1 : g.batch;
   if (a_batch == 1) a_strides[0] = g.m * g.k;
   Cached out;
-  out.a = dnnl::memory::desc({a_batch, g.m, g.k}, dt, a_strides);
-  out.b = dnnl::memory::desc({b_batch, g.k, g.n}, dt, b_strides);
-  out.c = dnnl::memory::desc({g.batch, g.m, g.n}, dnnl::memory::data_type::f32, c_strides);
+  out.a = dnnl::memory::desc({a_batch, g.m, g.k}, to_dnnl(g.a_dtype), a_strides);
+  out.b = dnnl::memory::desc({b_batch, g.k, g.n}, to_dnnl(g.b_dtype), b_strides);
+  out.c = dnnl::memory::desc({g.batch, g.m, g.n}, to_dnnl(g.c_dtype), c_strides);
   dnnl::primitive_attr attr;
   if (g.alpha != 1.0f) attr.set_output_scales(0, {g.alpha});
   if (g.beta != 0.0f) {
@@ -70,12 +69,31 @@ Cached make(const GemmArgs& g) {
 
 }  // namespace
 
+std::string dnnl_bf16_matmul() {
+  // oneDNN answers a bf16 matmul on any CPU with some implementation; only a jit one (not
+  // "ref", a plain loop far slower than widening to fp32) runs on bf16 instructions.
+  try {
+    using dt = dnnl::memory::data_type;
+    using tag = dnnl::memory::format_tag;
+    const dnnl::memory::desc a({64, 64}, dt::bf16, tag::ab), b({64, 64}, dt::bf16, tag::ab),
+        c({64, 64}, dt::f32, tag::ab);
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), engine().engine);
+    const std::string impl = pd.impl_info_str();
+    if (impl.find("ref") != std::string::npos) return {};
+    return impl;
+  } catch (const dnnl::error&) {
+    return {};
+  }
+}
+
 void dnnl_gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0 || g.batch == 0) return;
   BOTTLE_CHECK(g.k > 0, "gemm with k = 0");
   Engine& e = engine();
-  const Key key{g.trans_a,  g.trans_b, g.m,        g.n,   g.k,        g.alpha, g.beta,      g.lda,
-                g.stride_a, g.ldb,     g.stride_b, g.ldc, g.stride_c, g.batch, int(g.dtype)};
+  const Key key{g.trans_a,      g.trans_b,     g.m,        g.n,        g.k,
+                g.alpha,        g.beta,        g.lda,      g.stride_a, g.ldb,
+                g.stride_b,     g.ldc,         g.stride_c, g.batch,    int(g.a_dtype),
+                int(g.b_dtype), int(g.c_dtype)};
   const Cached* cached;
   {
     std::lock_guard lock(e.mutex);

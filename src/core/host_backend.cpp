@@ -31,10 +31,12 @@ void HostBackend::from_host(Tensor dst, const void* src) {
 
 void check_copy_columns(const char* backend, Tensor dst, int64_t dst_col, Tensor src,
                         int64_t src_col, int64_t cols) {
-  BOTTLE_CHECK(dst.dtype == src.dtype && dst.rows() == src.rows() && cols >= 0 && dst_col >= 0 &&
-                   src_col >= 0 && dst_col + cols <= dst.cols() && src_col + cols <= src.cols(),
-               "{} backend: copy_columns of {} columns from column {} of {} into column {} of {}",
-               backend, cols, src_col, src.shape.str(), dst_col, dst.shape.str());
+  BOTTLE_CHECK(
+      dst.dtype == src.dtype && dst.rows() == src.rows() && cols >= 0 && dst_col >= 0 &&
+          src_col >= 0 && dst_col + cols <= dst.cols() && src_col + cols <= src.cols(),
+      "{} backend: copy_columns of {} columns from column {} of {} {} into column {} of {} {}",
+      backend, cols, src_col, dtype_name(src.dtype), src.shape.str(), dst_col,
+      dtype_name(dst.dtype), dst.shape.str());
 }
 
 }  // namespace bottle

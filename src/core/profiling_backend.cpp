@@ -67,9 +67,9 @@ void ProfilingBackend::cross_entropy_shard_losses(Tensor losses, Tensor sumexp, 
 }
 
 void ProfilingBackend::gemm(const GemmArgs& a) {
-  const std::string key =
-      fmt::format("gemm {}x{}x{} {}{}{}", a.m, a.n, a.k, a.trans_a ? 'T' : 'N',
-                  a.trans_b ? 'T' : 'N', a.batch > 1 ? fmt::format(" x{}", a.batch) : "");
+  const std::string key = fmt::format(
+      "gemm {}x{}x{} {}{}{}{}", a.m, a.n, a.k, a.trans_a ? 'T' : 'N', a.trans_b ? 'T' : 'N',
+      a.batch > 1 ? fmt::format(" x{}", a.batch) : "", a.any_bf16() ? " bf16" : "");
   timed(
       key, [&] { inner_->gemm(a); },
       2.0 * double(a.m) * double(a.n) * double(a.k) * double(a.batch));

@@ -19,6 +19,8 @@ class ProfilingBackend final : public Backend {
  public:
   explicit ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
   std::string_view name() const override { return inner_->name(); }
+  std::string bf16_unsupported() const override { return inner_->bf16_unsupported(); }
+  std::string bf16_gemm_path() const override { return inner_->bf16_gemm_path(); }
   // Per kernel; GEMMs per shape, as "gemm m x n x k [NT]".
   const std::map<std::string, KernelTime>& times() const { return times_; }
   void reset() { times_.clear(); }

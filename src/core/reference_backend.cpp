@@ -84,9 +84,7 @@ class ReferenceBackend final : public HostBackend {
   std::string_view name() const override { return "reference"; }
 
   void gemm(const GemmArgs& g) override {
-    if (g.dtype != DType::f32) {
-      fail("reference backend: {} does not support dtype {}", "gemm", dtype_name(g.dtype));
-    }
+    if (g.any_bf16()) fail("reference backend: {} does not support dtype {}", "gemm", "bf16");
     BOTTLE_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0,
                  "reference backend: gemm: negative size m={} n={} k={} batch={}", g.m, g.n, g.k,
                  g.batch);

@@ -63,6 +63,7 @@ struct Tensor {
   // (tools/check_device_clean.sh enforces it); layers pass tensors to Backend kernels.
   float* f32() const { return static_cast<float*>(data); }
   int32_t* i32() const { return static_cast<int32_t*>(data); }
+  uint16_t* bf16() const { return static_cast<uint16_t*>(data); }  // bit patterns (core/bf16.h)
   // Rows = all leading dims flattened; cols = the last dim.
   int64_t cols() const { return shape.rank ? shape[shape.rank - 1] : 1; }
   int64_t rows() const { return cols() ? numel() / cols() : 0; }

@@ -230,6 +230,7 @@ void load_model_weights(LlamaModel& model, const std::string& dir) {
         read_parameter_slice(files.reader_for(name), name, params.specs()[i]);
     params.backend().from_host(params.at(i).value, slice.data());
   }
+  params.refresh_compute(params.backend());
 }
 
 std::unique_ptr<LlamaModel> load_model(const std::string& dir) {

@@ -42,13 +42,14 @@ LlamaModel::LlamaModel(const ModelConfig& config)
     : LlamaModel(config, TensorParallel{&default_tp_layout(config.shape())}) {}
 
 LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to,
-                       PipelineStage stage, bool reserve_only, Backend& memory)
+                       PipelineStage stage, bool reserve_only, Backend& memory, DType compute)
     : config_(config),
       tp_(tp),
       layout_(layout_of(tp)),
       stage_(stage),
       reserve_only_(reserve_only),
-      memory_(&memory) {
+      memory_(&memory),
+      compute_(compute) {
   config_.validate("model config", false);
   validate_layout(layout_, config_.shape(), tp_.size());
   const int layers = int(config_.num_layers);
@@ -57,7 +58,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad
   end_layer_ = stage_.end_layer(layers);
   ends_ = layout_.ends(config_.shape());
   declare_parameters();
-  params_.allocate(memory, pad_parameters_to, reserve_only_);
+  params_.allocate(memory, pad_parameters_to, reserve_only_, compute_);
   bind_parameters();
 }
 
@@ -186,6 +187,8 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   recompute_ = policy;
   activations_ = std::make_unique<Arena>(MemoryTag::activations, *memory_, reserve_only_);
   comm_ = std::make_unique<Arena>(MemoryTag::comm, *memory_, reserve_only_);
+  activations_->set_act_dtype(compute_);
+  comm_->set_act_dtype(compute_);
   Arena& a = *activations_;
   const int64_t n = batch * seq, d = c.hidden_size, v_local = c.vocab_size / tp_.size();
   const int64_t d_res = layout_.block_dims(c.shape(), tp_.size()).d_res;
@@ -199,12 +202,16 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   if (!blocks_.empty()) {
     Arena plan_kept(MemoryTag::activations, true), plan_recomputed(MemoryTag::activations, true),
         plan_grads(MemoryTag::activations, true), plan_comm(MemoryTag::comm, true);
+    for (Arena* plan : {&plan_kept, &plan_recomputed, &plan_grads, &plan_comm})
+      plan->set_act_dtype(compute_);
     const std::unique_ptr<TpBlock> widest = blocks_.back()->clone();
     layout_.allocate_block(
         {plan_kept, policy == Recompute::none ? plan_kept : plan_recomputed, plan_grads, plan_comm},
         policy, *widest);
-    auto region = [](Arena& arena, const Arena& plan, const char* what) {
-      return RegionAllocator(arena.alloc({int64_t(plan.bytes() / sizeof(float))}), what);
+    auto region = [&](Arena& arena, const Arena& plan, const char* what) {
+      RegionAllocator r(arena.alloc({int64_t(plan.bytes() / sizeof(float))}), what);
+      r.set_act_dtype(compute_);
+      return r;
     };
     recomputed = region(a, plan_recomputed, "recomputed block activations");
     grads = region(a, plan_grads, "block latent gradients");
@@ -216,45 +223,46 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   for (Slot& slot : slots_) {
     // Each slot's blocks share the parameters; the activations are the slot's own.
     for (const std::unique_ptr<TpBlock>& b : blocks_) slot.blocks.push_back(b->clone());
-    for (size_t i = 0; i <= blocks_.size(); ++i) slot.residual.push_back(a.alloc({n, d_res}));
+    for (size_t i = 0; i <= blocks_.size(); ++i) slot.residual.push_back(a.alloc_act({n, d_res}));
     for (const std::unique_ptr<TpBlock>& b : slot.blocks) {
       recomputed.rewind();
       grads.rewind();
       comm.rewind();
       layout_.allocate_block({a, recomputed_from, grads, comm}, policy, *b);
     }
-    if (ends_.sharded_residual && (stage_.first() || stage_.last())) slot.whole = a.alloc({n, d});
+    if (ends_.sharded_residual && (stage_.first() || stage_.last()))
+      slot.whole = a.alloc_act({n, d});
     if (stage_.last()) {
       slot.final_norm = final_norm_;
       slot.final_norm.allocate_activations(a, n, d);
-      slot.logits = a.alloc({n, v_local});
+      slot.logits = a.alloc_act({n, v_local});
       slot.loss.allocate_activations(a, n);
     } else {
-      slot.output_grad = a.alloc({n, d_res});
+      slot.output_grad = a.alloc_act({n, d_res});
     }
-    if (!stage_.first()) slot.input_grad = a.alloc({n, d_res});
+    if (!stage_.first()) slot.input_grad = a.alloc_act({n, d_res});
     if (crosses_boundaries()) {
       const TpBlock& edge = *blocks_.front();  // the ranks of the latents that cross
       for (int i = 0; i < kNumProjections; ++i) {
         const int64_t r = edge.proj[size_t(i)].rank;
         if (!stage_.first()) {
-          slot.boundary.proj[size_t(i)].u = a.alloc({n, r});
-          slot.boundary.proj[size_t(i)].du = a.alloc({n, r});
+          slot.boundary.proj[size_t(i)].u = a.alloc_act({n, r});
+          slot.boundary.proj[size_t(i)].du = a.alloc_act({n, r});
         }
-        if (!stage_.last()) slot.latent_grad_in[size_t(i)] = a.alloc({n, r});
+        if (!stage_.last()) slot.latent_grad_in[size_t(i)] = a.alloc_act({n, r});
       }
     }
   }
-  if (policy == Recompute::block) recompute_out_ = a.alloc({n, d_res});
-  if (ends_.sharded_residual) gather_scratch_ = comm_->alloc({n * d});
+  if (policy == Recompute::block) recompute_out_ = a.alloc_act({n, d_res});
+  if (ends_.sharded_residual) gather_scratch_ = comm_->alloc_act({n * d});
   grad_ = layout_.make_gradients();
   if (!blocks_.empty()) layout_.allocate_gradients({a, a, a, *comm_}, *slots_[0].blocks[0], *grad_);
   if (stage_.last()) {
-    dlogits_ = a.alloc({n, v_local});
-    dfinal_ = a.alloc({n, d});
-    whole_grad_ = a.alloc({n, d});
+    dlogits_ = a.alloc_act({n, v_local});
+    dfinal_ = a.alloc_act({n, d});
+    whole_grad_ = a.alloc_act({n, d});
   } else if (stage_.first() && ends_.sharded_residual) {
-    whole_grad_ = a.alloc({n, d});
+    whole_grad_ = a.alloc_act({n, d});
   }
 }
 
@@ -348,7 +356,7 @@ float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   }
   s.final_norm.forward(be, last);
   // copy_to(final norm output): forward identity; the LM head is split by vocabulary.
-  linear_forward(be, s.logits, s.final_norm.out, lm_head_.value);
+  linear_forward(be, s.logits, s.final_norm.out, lm_head_.compute);
   if (targets.empty()) return 0.0f;
   check_tokens(be, targets, "targets");
   return s.loss.forward(be, tp_, s.logits, targets, first);
@@ -362,7 +370,7 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   if (stage_.last()) {
     be.fill_zero(dlogits_);
     s.loss.backward(be, dlogits_, s.logits, targets, first, loss_scale / float(n));
-    linear_backward(be, dfinal_, lm_head_.grad, dlogits_, s.final_norm.out, lm_head_.value,
+    linear_backward(be, dfinal_, lm_head_.grad, dlogits_, s.final_norm.out, lm_head_.compute,
                     /*accumulate_dx=*/false);
     copy_to_backward(tp_, dfinal_, "vocab.bwd.lm_head_in");
     Tensor last = ends_.sharded_residual ? s.whole : s.residual.back();

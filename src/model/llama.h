@@ -44,9 +44,11 @@ class LlamaModel {
   // lay out buffers but not run.
   // memory: the backend whose memory holds the parameters and activations; forward and
   // backward then run on a backend of the same device.
+  // compute: f32, or bf16 for mixed precision (docs/design.md): GEMMs read bf16 copies of
+  // the fp32 master weights, and activations are stored in bf16.
   explicit LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to = 1,
                       PipelineStage stage = {}, bool reserve_only = false,
-                      Backend& memory = host_backend());
+                      Backend& memory = host_backend(), DType compute = DType::f32);
   // One rank, in the model's default layout.
   explicit LlamaModel(const ModelConfig& config);
 
@@ -153,7 +155,8 @@ class LlamaModel {
   RMSNorm final_norm_;
 
   bool reserve_only_ = false;
-  Backend* memory_ = nullptr;  // where parameters and activations live
+  Backend* memory_ = nullptr;   // where parameters and activations live
+  DType compute_ = DType::f32;  // of the weights GEMMs read and of the activations
   int64_t batch_ = 0, seq_ = 0;
   Recompute recompute_ = Recompute::none;
   double recompute_seconds_ = 0;

@@ -56,12 +56,25 @@ void ParameterStore::declare(ParamSpec spec) {
   specs_.push_back(std::move(spec));
 }
 
-void ParameterStore::allocate(Backend& memory, int64_t multiple, bool reserve_only) {
+void ParameterStore::allocate(Backend& memory, int64_t multiple, bool reserve_only, DType compute) {
+  BOTTLE_CHECK(compute == DType::f32 || compute == DType::bf16,
+               "parameters: compute dtype {} (f32 or bf16)", dtype_name(compute));
   value_arena_ = std::make_unique<Arena>(MemoryTag::weights, memory, reserve_only);
   grad_arena_ = std::make_unique<Arena>(MemoryTag::gradients, memory, reserve_only);
   const int64_t padded = (count_ + multiple - 1) / multiple * multiple;
   values_ = value_arena_->alloc({padded});
   grads_ = grad_arena_->alloc({padded});
+  compute_ = values_;
+  if (compute != DType::f32) {
+    compute_arena_ = std::make_unique<Arena>(MemoryTag::weights, memory, reserve_only);
+    compute_ = compute_arena_->alloc({padded}, compute);
+  }
+}
+
+void ParameterStore::refresh_compute(Backend& be, int64_t begin, int64_t end) const {
+  if (!mixed_precision()) return;
+  if (end < 0) end = values_.numel();
+  be.copy(compute_.view(begin, {end - begin}), values_.view(begin, {end - begin}));
 }
 
 Param ParameterStore::at(size_t i) const {
@@ -69,6 +82,7 @@ Param ParameterStore::at(size_t i) const {
   Param p;
   p.value = values_.view(s.offset, s.shape);
   p.grad = grads_.view(s.offset, s.shape);
+  p.compute = compute_.view(s.offset, s.shape);
   return p;
 }
 
@@ -93,6 +107,7 @@ void ParameterStore::initialize(uint64_t seed) {
     }
     backend().from_host(at(i).value, host.data());
   }
+  refresh_compute(backend());
 }
 
 }  // namespace bottle

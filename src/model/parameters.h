@@ -42,8 +42,10 @@ class ParameterStore {
   // to a multiple of `multiple` elements (ZeRO-1 cuts them into equal shards).
   void declare(ParamSpec spec);
   // The buffers come from `memory` (the backend that runs the model); reserve_only: plans
-  // the footprint without using memory (Arena's reserve mode).
-  void allocate(Backend& memory, int64_t multiple = 1, bool reserve_only = false);
+  // the footprint without using memory (Arena's reserve mode). compute: the dtype of the
+  // weights GEMMs read; bf16 adds a bf16 copy of the values (refresh_compute() fills it).
+  void allocate(Backend& memory, int64_t multiple = 1, bool reserve_only = false,
+                DType compute = DType::f32);
   // The backend the buffers belong to (it stages them to and from the host).
   Backend& backend() const { return value_arena_->backend(); }
 
@@ -51,9 +53,14 @@ class ParameterStore {
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   Param at(size_t i) const;
-  Tensor values() const { return values_; }  // [padded count]
-  Tensor grads() const { return grads_; }    // [padded count]
-  int64_t count() const { return count_; }   // elements up to the last parameter's end
+  Tensor values() const { return values_; }           // [padded count]
+  Tensor grads() const { return grads_; }             // [padded count]
+  Tensor compute_values() const { return compute_; }  // [padded count]: values_ or bf16
+  bool mixed_precision() const { return compute_.dtype != values_.dtype; }
+  // The compute copy of values [begin, end) (end < 0: to the end) after an update or a load;
+  // a no-op without mixed precision.
+  void refresh_compute(Backend& be, int64_t begin = 0, int64_t end = -1) const;
+  int64_t count() const { return count_; }  // elements up to the last parameter's end
   size_t bytes() const { return value_arena_ ? value_arena_->bytes() : 0; }  // values (= grads)
 
   // Each parameter from a seed derived from (seed, its name), element by element, so that
@@ -64,8 +71,8 @@ class ParameterStore {
   std::vector<ParamSpec> specs_;
   std::map<std::string, size_t> index_;
   int64_t count_ = 0;
-  std::unique_ptr<Arena> value_arena_, grad_arena_;
-  Tensor values_, grads_;
+  std::unique_ptr<Arena> value_arena_, grad_arena_, compute_arena_;
+  Tensor values_, grads_, compute_;
 };
 
 // A standard normal for element `index` of the stream `key` (counter-based, stateless).

@@ -11,7 +11,7 @@ Tensor reshaped(Tensor t, Shape shape) {
 }  // namespace
 
 void Attention::allocate_activations(Allocator& arena) {
-  out = arena.alloc(q_shape());
+  out = arena.alloc_act(q_shape());
   lse = arena.alloc({batch, heads, seq});
 }
 

@@ -14,6 +14,7 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, bool accumulate) 
   g.b = w.data, g.ldb = in;
   g.c = y.data, g.ldc = out;
   g.beta = accumulate ? 1.0f : 0.0f;
+  g.dtypes_of(x, w, y);
   be.gemm(g);
 }
 
@@ -27,6 +28,7 @@ void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Ten
     g.b = w.data, g.ldb = in;
     g.c = dx.data, g.ldc = in;
     g.beta = accumulate_dx ? 1.0f : 0.0f;
+    g.dtypes_of(dy, w, dx);
     be.gemm(g);
   }
   GemmArgs g;  // dW[out,in] += dyᵀ[out,N] · x[N,in]
@@ -36,27 +38,29 @@ void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Ten
   g.b = x.data, g.ldb = in;
   g.c = dw.data, g.ldc = in;
   g.beta = 1.0f;
+  g.dtypes_of(dy, x, dw);
   be.gemm(g);
 }
 
 void gemm_grouped(Backend& be, GemmArgs shape, const std::vector<GemmOperands>& items) {
-  auto spacing = [](const void* x, const void* y) {
-    return (static_cast<const char*>(y) - static_cast<const char*>(x)) / int64_t(sizeof(float));
+  // In elements of the operand's dtype.
+  auto spacing = [](const void* x, const void* y, DType dtype) {
+    return (static_cast<const char*>(y) - static_cast<const char*>(x)) / int64_t(dtype_size(dtype));
   };
   size_t i = 0;
   while (i < items.size()) {
     size_t j = i + 1;
     int64_t sa = 0, sb = 0, sc = 0;
     if (j < items.size()) {
-      sa = spacing(items[i].a, items[j].a);
-      sb = spacing(items[i].b, items[j].b);
-      sc = spacing(items[i].c, items[j].c);
+      sa = spacing(items[i].a, items[j].a, shape.a_dtype);
+      sb = spacing(items[i].b, items[j].b, shape.b_dtype);
+      sc = spacing(items[i].c, items[j].c, shape.c_dtype);
       // The outputs must not overlap (a zero or small spacing would race).
       const bool ok = sc >= shape.m * shape.ldc && sa >= 0 && sb >= 0;
       if (ok)
-        while (j < items.size() && spacing(items[j - 1].a, items[j].a) == sa &&
-               spacing(items[j - 1].b, items[j].b) == sb &&
-               spacing(items[j - 1].c, items[j].c) == sc)
+        while (j < items.size() && spacing(items[j - 1].a, items[j].a, shape.a_dtype) == sa &&
+               spacing(items[j - 1].b, items[j].b, shape.b_dtype) == sb &&
+               spacing(items[j - 1].c, items[j].c, shape.c_dtype) == sc)
           ++j;
       else
         j = i + 1;

@@ -14,6 +14,7 @@ void strided_forward(Backend& be, Tensor y, Tensor x, int64_t offset, Tensor w, 
   g.b = w.data, g.ldb = w.cols();
   g.c = y.data, g.ldc = y.cols();
   g.beta = accumulate ? 1.0f : 0.0f;
+  g.dtypes_of(x, w, y);
   be.gemm(g);
 }
 
@@ -28,6 +29,7 @@ void strided_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, int64_t offs
     g.b = w.data, g.ldb = in;
     g.c = dx.data, g.ldc = in;
     g.beta = accumulate_dx ? 1.0f : 0.0f;
+    g.dtypes_of(dy, w, dx);
     be.gemm(g);
   }
   GemmArgs g;
@@ -37,6 +39,7 @@ void strided_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, int64_t offs
   g.b = x.data, g.ldb = in;
   g.c = dw.data, g.ldc = in;
   g.beta = 1.0f;
+  g.dtypes_of(dy, x, dw);
   be.gemm(g);
 }
 
@@ -57,15 +60,15 @@ namespace {
 // The buffers every bottleneck projection has besides z, u, du, dz.
 void allocate_private(Projection& p, const ProjectionAllocators& from, int64_t rows) {
   if (p.sharded()) {
-    p.z_shard = from.inside.alloc({rows, p.shard_rank});
-    p.du_shard = from.grads.alloc({rows, p.shard_rank});
+    p.z_shard = from.inside.alloc_act({rows, p.shard_rank});
+    p.du_shard = from.grads.alloc_act({rows, p.shard_rank});
   }
   if (p.crossing) {
-    p.zc = from.inside.alloc({rows, p.rank});
-    p.zn = from.inside.alloc({rows, p.rank});
+    p.zc = from.inside.alloc_act({rows, p.rank});
+    p.zn = from.inside.alloc_act({rows, p.rank});
     p.ln_mean = from.inside.alloc({rows});
     p.ln_rstd = from.inside.alloc({rows});
-    p.dzn = from.grads.alloc({rows, p.rank});
+    p.dzn = from.grads.alloc_act({rows, p.rank});
   }
 }
 
@@ -74,14 +77,14 @@ void allocate_private(Projection& p, const ProjectionAllocators& from, int64_t r
 void Projection::allocate_activations(const ProjectionAllocators& from, int64_t rows) {
   if (!bottleneck()) return;
   if (shard_rank == 0) shard_rank = rank;
-  z = from.z.alloc({rows, rank});
-  du = from.du.alloc({rows, rank});
+  z = from.z.alloc_act({rows, rank});
+  du = from.du.alloc_act({rows, rank});
   if (kind == BottleneckKind::svd) {
     u = z;
     dz = du;
   } else {
-    u = from.u.alloc({rows, rank});
-    dz = from.grads.alloc({rows, rank});
+    u = from.u.alloc_act({rows, rank});
+    dz = from.grads.alloc_act({rows, rank});
   }
   allocate_private(*this, from, rows);
 }
@@ -95,11 +98,11 @@ ProjectionSlabs allocate_grouped_activations(const ProjectionAllocators& from, i
     total += rows * p->rank;
   }
   ProjectionSlabs slabs;
-  slabs.z = from.z.alloc({total + z_tail});
-  slabs.du = from.du.alloc({total});
+  slabs.z = from.z.alloc_act({total + z_tail});
+  slabs.du = from.du.alloc_act({total});
   const bool svd = group.front()->kind == BottleneckKind::svd;
-  Tensor u_slab = svd ? slabs.z : from.u.alloc({total});
-  Tensor dz_slab = svd ? slabs.du : from.grads.alloc({total});
+  Tensor u_slab = svd ? slabs.z : from.u.alloc_act({total});
+  Tensor dz_slab = svd ? slabs.du : from.grads.alloc_act({total});
   int64_t offset = 0;
   for (Projection* p : group) {
     auto view = [&](Tensor slab) { return slab.view(offset, {rows, p->rank}); };
@@ -114,7 +117,7 @@ ProjectionSlabs allocate_grouped_activations(const ProjectionAllocators& from, i
 }
 
 void Projection::forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool accumulate) {
-  if (!bottleneck()) return linear_forward(be, y, x, weight.value, accumulate);
+  if (!bottleneck()) return linear_forward(be, y, x, weight.compute, accumulate);
   BOTTLE_CHECK(!sharded(), "a sharded projection needs its latent gathered between stages");
   down_forward(be, x);
   latent_forward(be, u_prev);
@@ -124,14 +127,14 @@ void Projection::forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool ac
 void Projection::backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_prev,
                           Tensor du_prev, bool accumulate_dx) {
   if (!bottleneck())
-    return linear_backward(be, dx, weight.grad, dy, x, weight.value, accumulate_dx);
+    return linear_backward(be, dx, weight.grad, dy, x, weight.compute, accumulate_dx);
   up_backward(be, dy);
   latent_backward(be, u_prev, du_prev);
   down_backward(be, dx, x, accumulate_dx);
 }
 
 void Projection::down_forward(Backend& be, Tensor x) {
-  linear_forward(be, sharded() ? z_shard : z, x, A.value);
+  linear_forward(be, sharded() ? z_shard : z, x, A.compute);
 }
 
 void Projection::latent_forward(Backend& be, Tensor u_prev) {
@@ -140,8 +143,8 @@ void Projection::latent_forward(Backend& be, Tensor u_prev) {
   if (crossing) {
     BOTTLE_CHECK(!u_prev.empty(),
                  "lax projection with a crossing needs the previous block's latent");
-    linear_forward(be, zc, u_prev, G.value);  // zc = u_prev Gᵀ
-    be.accumulate(zc, z);                     // zc += z
+    linear_forward(be, zc, u_prev, G.compute);  // zc = u_prev Gᵀ
+    be.accumulate(zc, z);                       // zc += z
     be.layernorm_forward(zn, ln_mean, ln_rstd, zc, ln_w.value, ln_b.value, ln_eps);
     pre = zn;
   }
@@ -149,19 +152,20 @@ void Projection::latent_forward(Backend& be, Tensor u_prev) {
 }
 
 void Projection::up_forward(Backend& be, Tensor y, bool accumulate) {
-  strided_forward(be, y, u, sharded() ? shard_offset : 0, B.value, accumulate);
+  strided_forward(be, y, u, sharded() ? shard_offset : 0, B.compute, accumulate);
 }
 
 void Projection::up_backward(Backend& be, Tensor dy) {
   if (!sharded()) {
-    linear_backward(be, du, B.grad, dy, u, B.value);  // du += dy B; dB += dyᵀ u
+    linear_backward(be, du, B.grad, dy, u, B.compute);  // du += dy B; dB += dyᵀ u
     return;
   }
   GemmArgs g;  // du_shard = dy B
   g.m = dy.rows(), g.n = shard_rank, g.k = d_out;
   g.a = dy.data, g.lda = d_out;
-  g.b = B.value.data, g.ldb = shard_rank;
+  g.b = B.compute.data, g.ldb = shard_rank;
   g.c = du_shard.data, g.ldc = shard_rank;
+  g.dtypes_of(dy, B.compute, du_shard);
   be.gemm(g);
   GemmArgs w;  // dB += dyᵀ u[:, shard]
   w.trans_a = true;
@@ -170,6 +174,7 @@ void Projection::up_backward(Backend& be, Tensor dy) {
   w.b = u.at(shard_offset), w.ldb = rank;
   w.c = B.grad.data, w.ldc = shard_rank;
   w.beta = 1.0f;
+  w.dtypes_of(dy, u, B.grad);
   be.gemm(w);
 }
 
@@ -183,11 +188,11 @@ void Projection::latent_backward(Backend& be, Tensor u_prev, Tensor du_prev) {
   be.fill_zero(dzn);
   be.silu_backward(dzn, du, zn);
   be.layernorm_backward(dz, ln_w.grad, ln_b.grad, dzn, zc, ln_w.value, ln_mean, ln_rstd);
-  linear_backward(be, du_prev, G.grad, dz, u_prev, G.value);  // du_prev += dz G; dG += dzᵀ u_prev
+  linear_backward(be, du_prev, G.grad, dz, u_prev, G.compute);  // du_prev += dz G; dG += dzᵀ u_prev
 }
 
 void Projection::down_backward(Backend& be, Tensor dx, Tensor x, bool accumulate_dx) {
-  strided_backward(be, dx, A.grad, dz, sharded() ? shard_offset : 0, x, A.value, accumulate_dx);
+  strided_backward(be, dx, A.grad, dz, sharded() ? shard_offset : 0, x, A.compute, accumulate_dx);
   be.fill_zero(du);
 }
 

@@ -3,7 +3,7 @@
 namespace bottle {
 
 void RMSNorm::allocate_activations(Allocator& arena, int64_t rows, int64_t cols) {
-  out = arena.alloc({rows, cols});
+  out = arena.alloc_act({rows, cols});
   rstd = arena.alloc({rows});
 }
 

@@ -5,7 +5,7 @@
 namespace bottle {
 
 void OnlineRMSNorm::allocate_activations(Allocator& arena, int64_t rows, int64_t cols) {
-  out = arena.alloc({rows, cols});
+  out = arena.alloc_act({rows, cols});
   rms_local = arena.alloc({rows});
   rstd = arena.alloc({rows});
   factor = arena.alloc({rows});

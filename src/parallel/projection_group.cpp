@@ -42,11 +42,12 @@ void group_down_forward(Backend& be, ProjectionSpan group, Tensor x, bool groupi
         g.trans_b = true;
         g.m = x.rows(), g.n = held(p), g.k = p.d_in;
         g.lda = p.d_in, g.ldb = p.d_in, g.ldc = held(p);
+        g.dtypes_of(x, p.A.compute, p.z);
         return g;
       },
       [&](size_t i) {
         Projection& p = *group[i];
-        return GemmOperands{x.data, p.A.value.data, (p.sharded() ? p.z_shard : p.z).data};
+        return GemmOperands{x.data, p.A.compute.data, (p.sharded() ? p.z_shard : p.z).data};
       });
 }
 
@@ -59,11 +60,12 @@ void group_up_forward(Backend& be, ProjectionSpan group, std::span<const Tensor>
         g.trans_b = true;
         g.m = p.u.rows(), g.n = p.d_out, g.k = held(p);
         g.lda = p.rank, g.ldb = held(p), g.ldc = p.d_out;
+        g.dtypes_of(p.u, p.B.compute, ys[0]);
         return g;
       },
       [&](size_t i) {
         Projection& p = *group[i];
-        return GemmOperands{p.u.at(held_offset(p)), p.B.value.data, ys[i].data};
+        return GemmOperands{p.u.at(held_offset(p)), p.B.compute.data, ys[i].data};
       });
 }
 
@@ -76,10 +78,11 @@ void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor
         g.m = p.u.rows(), g.n = held(p), g.k = p.d_out;
         g.lda = p.d_out, g.ldb = held(p), g.ldc = held(p);
         g.beta = accumulate ? 1.0f : 0.0f;
+        g.dtypes_of(dys[0], p.B.compute, du_out[0]);
         return g;
       },
       [&](size_t i) {
-        return GemmOperands{dys[i].data, group[i]->B.value.data, du_out[i].data};
+        return GemmOperands{dys[i].data, group[i]->B.compute.data, du_out[i].data};
       });
   for_runs(  // dB += dyᵀ u
       be, group, grouping,
@@ -89,6 +92,7 @@ void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor
         g.m = p.d_out, g.n = held(p), g.k = p.u.rows();
         g.lda = p.d_out, g.ldb = p.rank, g.ldc = held(p);
         g.beta = 1.0f;
+        g.dtypes_of(dys[0], p.u, p.B.grad);
         return g;
       },
       [&](size_t i) {
@@ -105,9 +109,10 @@ void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x,
     GemmArgs g;
     g.m = x.rows(), g.n = p.d_in, g.k = held(p);
     g.a = p.dz.at(held_offset(p)), g.lda = p.rank;
-    g.b = p.A.value.data, g.ldb = p.d_in;
+    g.b = p.A.compute.data, g.ldb = p.d_in;
     g.c = dx.data, g.ldc = p.d_in;
     g.beta = accumulate_dx || i > 0 ? 1.0f : 0.0f;
+    g.dtypes_of(p.dz, p.A.compute, dx);
     be.gemm(g);
   }
   for_runs(  // dA += dzᵀ x
@@ -118,6 +123,7 @@ void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x,
         g.m = held(p), g.n = p.d_in, g.k = x.rows();
         g.lda = p.rank, g.ldb = p.d_in, g.ldc = p.d_in;
         g.beta = 1.0f;
+        g.dtypes_of(p.dz, x, p.A.grad);
         return g;
       },
       [&](size_t i) {

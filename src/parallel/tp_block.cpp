@@ -32,15 +32,15 @@ void allocate_block_buffers(const BlockAllocators& a, Recompute policy, int64_t 
   att.head_dim = d.head_dim;
   att.rope_theta = d.rope_theta;
   att.allocate_activations(rest);
-  b.qkv = rest.alloc({n * (d.dq + 2 * d.dkv)});
+  b.qkv = rest.alloc_act({n * (d.dq + 2 * d.dkv)});
   b.q = b.qkv.view(0, {n, d.dq});
   b.k = b.qkv.view(n * d.dq, {n, d.dkv});
   b.v = b.qkv.view(n * (d.dq + d.dkv), {n, d.dkv});
-  b.h = (policy == Recompute::lowrank ? a.kept : rest).alloc({n, d.d_res});
-  b.gate_up = rest.alloc({2 * n * d.dff});
+  b.h = (policy == Recompute::lowrank ? a.kept : rest).alloc_act({n, d.d_res});
+  b.gate_up = rest.alloc_act({2 * n * d.dff});
   b.gate = b.gate_up.view(0, {n, d.dff});
   b.up = b.gate_up.view(n * d.dff, {n, d.dff});
-  b.gated = rest.alloc({n, d.dff});
+  b.gated = rest.alloc_act({n, d.dff});
 }
 
 void allocate_block_gradient_buffers(const BlockAllocators& a, const TpBlock& b,
@@ -48,17 +48,17 @@ void allocate_block_gradient_buffers(const BlockAllocators& a, const TpBlock& b,
   const BlockDims& d = b.dims;
   const int64_t n = d.rows();
   Allocator& grads = a.grads;
-  g.residual = grads.alloc({n, d.d_res});
-  g.normed = grads.alloc({n, d.d_res});
-  g.attn = grads.alloc({n, d.dq});
-  g.qkv = grads.alloc({n * (d.dq + 2 * d.dkv)});
+  g.residual = grads.alloc_act({n, d.d_res});
+  g.normed = grads.alloc_act({n, d.d_res});
+  g.attn = grads.alloc_act({n, d.dq});
+  g.qkv = grads.alloc_act({n * (d.dq + 2 * d.dkv)});
   g.q = g.qkv.view(0, {n, d.dq});
   g.k = g.qkv.view(n * d.dq, {n, d.dkv});
   g.v = g.qkv.view(n * (d.dq + d.dkv), {n, d.dkv});
-  g.gate_up = grads.alloc({2 * n * d.dff});
+  g.gate_up = grads.alloc_act({2 * n * d.dff});
   g.gate = g.gate_up.view(0, {n, d.dff});
   g.up = g.gate_up.view(n * d.dff, {n, d.dff});
-  g.gated = grads.alloc({n, d.dff});
+  g.gated = grads.alloc_act({n, d.dff});
 }
 
 Tensor prev_latent(const TpBlock* prev, const TpBlock& b, ProjectionId p) {

@@ -10,6 +10,8 @@
 // Per block and pass, per token: forward 7·r + 2 (the two RMSNorm statistics), backward
 // 7·r (the B's copy_to: ∂u is summed over ranks), + 2 more when the RMSNorm statistic is
 // all-reduced instead of taken from the latent. 4 collectives each way; 7 without grouping.
+// In bf16 the latents travel in bf16 and each RMSNorm statistic, which stays fp32, in an
+// all-reduce of its own (the same elements, 2 more collectives forward).
 // The latent stage (σ, LaX's crossing and LN_r) runs replicated on the whole latent.
 // Embedding and LM head: the LM head is split by vocabulary rows. An untied table is split by
 // hidden columns, so each rank looks up its own residual shard without communication; a tied
@@ -30,6 +32,7 @@ using P = ProjectionId;
 
 struct BtpBlock : TpBlockOf<BtpBlock> {
   OnlineRMSNorm online1, online2;  // this rank's d/t columns
+  Tensor sumsq1, sumsq2;           // [N] fp32 ΣS of each norm when the latent slabs are bf16
 };
 
 struct BtpGradients : BlockGradients {
@@ -56,8 +59,11 @@ std::string site(const char* pass, const Group& g, size_t i) {
   return fmt::format("btp.{}.{}", pass, kProjectionNames[int(g.ids[i])]);
 }
 
-// The RMSNorm statistic ΣS travels after a group's latents in its all-reduce slab.
-Tensor slab_statistic(Tensor slab, int64_t rows) { return slab.view(slab.numel() - rows, {rows}); }
+// The RMSNorm statistic ΣS travels after a group's latents in its all-reduce slab, or in a
+// buffer of its own (`own`) where the slab is bf16.
+Tensor norm_statistic(Tensor slab, Tensor own, int64_t rows) {
+  return own.empty() ? slab.view(slab.numel() - rows, {rows}) : own;
+}
 
 void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
                      const Group& g) {
@@ -84,9 +90,9 @@ void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64
 // A (row-parallel) → all-reduce → latent stage; `norm` (btp's online RMSNorm) wraps the
 // GEMM when the chunk starts at a norm.
 void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
-                       const Group& g, Tensor x, OnlineRMSNorm* norm, Tensor slab,
+                       const Group& g, Tensor x, OnlineRMSNorm* norm, Tensor slab, Tensor own_sumsq,
                        const char* group_site) {
-  Tensor sumsq = norm ? slab_statistic(slab, x.rows()) : Tensor{};
+  const Tensor sumsq = norm ? norm_statistic(slab, own_sumsq, x.rows()) : Tensor{};
   if (norm) {
     norm->forward_local(be, x, sumsq);
     x = norm->out;
@@ -98,7 +104,9 @@ void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
   std::array<Tensor, 3> z{};
   for (size_t i = 0; i < g.size && i < z.size(); ++i) z[i] = g[i].z;
   if (norm) norm->scale_partials(be, {z.data(), g.size}, sumsq);
-  reduce_latents(tp, g, slab, norm ? sumsq.numel() : 0, "fwd", group_site);
+  const bool stat_in_slab = norm && own_sumsq.empty();
+  reduce_latents(tp, g, slab, stat_in_slab ? sumsq.numel() : 0, "fwd", group_site);
+  if (norm && !stat_in_slab) copy_to_backward(tp, sumsq, std::string(group_site) + ".stat");
   if (norm) norm->finish(be, {z.data(), g.size}, sumsq);
   latents_forward(be, tp, b, prev, g);
 }
@@ -159,7 +167,7 @@ void btp_block_forward(Backend& be, const TensorParallel& tp, BtpBlock& b, const
                        Tensor x, Tensor out) {
   const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
       gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
-  chunk_end_forward(be, tp, b, prev, qkv, x, &b.online1, b.qkv_latent.z, "btp.fwd.qkv");
+  chunk_end_forward(be, tp, b, prev, qkv, x, &b.online1, b.qkv_latent.z, b.sumsq1, "btp.fwd.qkv");
   // B's are column-parallel: copy_to's forward is the identity on the whole latent.
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
   {
@@ -167,10 +175,10 @@ void btp_block_forward(Backend& be, const TensorParallel& tp, BtpBlock& b, const
     group_up_forward(be, qkv.span(), qkv_out, tp.grouping);
   }
   b.attention.forward(be, b.q, b.k, b.v);
-  chunk_end_forward(be, tp, b, prev, o, attention_output(b), nullptr, b[P::o].z, "");
+  chunk_end_forward(be, tp, b, prev, o, attention_output(b), nullptr, b[P::o].z, {}, "");
   b[P::o].up_forward(be, b.h, false);
   be.add(b.h, b.h, x);
-  chunk_end_forward(be, tp, b, prev, gate_up, b.h, &b.online2, b.gate_up_latent.z,
+  chunk_end_forward(be, tp, b, prev, gate_up, b.h, &b.online2, b.gate_up_latent.z, b.sumsq2,
                     "btp.fwd.gate_up");
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
   {
@@ -178,7 +186,7 @@ void btp_block_forward(Backend& be, const TensorParallel& tp, BtpBlock& b, const
     group_up_forward(be, gate_up.span(), gate_up_out, tp.grouping);
   }
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
-  chunk_end_forward(be, tp, b, prev, down, b.gated, nullptr, b[P::down].z, "");
+  chunk_end_forward(be, tp, b, prev, down, b.gated, nullptr, b[P::down].z, {}, "");
   b[P::down].up_forward(be, out, false);
   be.add(out, out, b.h);
 }
@@ -212,7 +220,7 @@ void btp_block_recompute_lowrank(Backend& be, const TensorParallel& tp, BtpBlock
   const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
       gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
   const int64_t n = x.rows();
-  b.online1.recompute(be, x, slab_statistic(b.qkv_latent.z, n));
+  b.online1.recompute(be, x, norm_statistic(b.qkv_latent.z, b.sumsq1, n));
   latents_forward(be, tp, b, prev, qkv);
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
   {
@@ -221,7 +229,7 @@ void btp_block_recompute_lowrank(Backend& be, const TensorParallel& tp, BtpBlock
   }
   b.attention.forward(be, b.q, b.k, b.v);
   latents_forward(be, tp, b, prev, o);
-  b.online2.recompute(be, b.h, slab_statistic(b.gate_up_latent.z, n));
+  b.online2.recompute(be, b.h, norm_statistic(b.gate_up_latent.z, b.sumsq2, n));
   latents_forward(be, tp, b, prev, gate_up);
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
   {
@@ -285,8 +293,14 @@ class BtpLayout final : public TpLayout {
       norm->d = b.dims.d;
       norm->allocate_activations(a.recomputed, n, b.dims.d_res);
     }
-    // Each RMSNorm's statistic (N values) rides in its grouped A's all-reduce.
-    allocate_block_buffers(a, policy, n, b);
+    // Each RMSNorm's statistic (N values) rides in its grouped A's all-reduce, unless the
+    // latents are bf16: the statistic stays fp32, in a buffer kept like the latents.
+    const bool own_statistic = a.kept.act_dtype() != DType::f32;
+    allocate_block_buffers(a, policy, own_statistic ? 0 : n, b);
+    if (own_statistic) {
+      b.sumsq1 = a.kept.alloc({n});
+      b.sumsq2 = a.kept.alloc({n});
+    }
   }
   void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
                           BlockGradients& gradients) const override {
@@ -297,7 +311,7 @@ class BtpLayout final : public TpLayout {
     for (const auto& slabs : {b.qkv_latent, b.gate_up_latent})
       widest_group = std::max(widest_group, slabs.du.numel());
     for (const Projection& p : b.proj) widest_group = std::max(widest_group, p.du.numel());
-    g.latent_part = a.comm.alloc({widest_group});
+    g.latent_part = a.comm.alloc_act({widest_group});
   }
 
   void forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev, Tensor x,

@@ -210,15 +210,17 @@ class VanillaLayout final : public TpLayout {
     allocate_replicated_norms(a, b, b.norm1, b.norm2);
     allocate_block_buffers(a, policy, 0, b);
     const int64_t n = b.dims.rows();
-    if (const int64_t widest = widest_sharded_rank(b)) b.gather = a.comm.alloc({2 * n * widest});
+    if (const int64_t widest = widest_sharded_rank(b))
+      b.gather = a.comm.alloc_act({2 * n * widest});
   }
   void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
                           BlockGradients& gradients) const override {
     VanillaGradients& g = gradients_of<VanillaGradients>(gradients);
     const int64_t n = b.dims.rows();
     allocate_block_gradient_buffers(a, b, g);
-    g.normed_part = a.grads.alloc({n, b.dims.d_res});
-    if (const int64_t widest = widest_sharded_rank(b)) g.gather = a.comm.alloc({2 * n * widest});
+    g.normed_part = a.grads.alloc_act({n, b.dims.d_res});
+    if (const int64_t widest = widest_sharded_rank(b))
+      g.gather = a.comm.alloc_act({2 * n * widest});
   }
 
   void forward(Backend& be, const TensorParallel& tp, TpBlock& block, const TpBlock* prev, Tensor x,

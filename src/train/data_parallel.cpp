@@ -22,6 +22,8 @@ DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, int z
   begin_ = shard * dp_->rank();
   end_ = begin_ + shard;
   scratch_ = scratch_arena_.alloc({shard});
+  if (params.mixed_precision())
+    scratch_compute_ = scratch_arena_.alloc({shard}, params.compute_values().dtype);
 }
 
 void DataParallel::reduce_gradients(Backend& be) {
@@ -42,7 +44,16 @@ void DataParallel::reduce_gradients(Backend& be) {
   }
 }
 
-void DataParallel::gather_parameters() {
+void DataParallel::gather_parameters(Backend& be) {
+  if (!zero()) return params_.refresh_compute(be);
+  if (!params_.mixed_precision()) return gather_masters();
+  params_.refresh_compute(be, begin_, end_);
+  const Tensor compute = params_.compute_values();
+  be.copy(scratch_compute_, compute.view(begin_, scratch_compute_.shape));
+  dp_->all_gather(compute, scratch_compute_, "dp.params.all_gather");
+}
+
+void DataParallel::gather_masters() {
   if (!zero()) return;
   const Tensor values = params_.values();
   params_.backend().copy(scratch_, values.view(begin_, scratch_.shape));

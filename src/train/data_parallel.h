@@ -4,7 +4,9 @@
 // each: no full-model scratch buffer, and the count of collectives says how the traffic
 // was cut). With ZeRO-1 each rank owns 1/dp of the flat parameter buffer: the gradients
 // are reduce-scattered to their owners, AdamW updates (and keeps moments for) only the
-// owned range, and the updated parameters are all-gathered.
+// owned range, and the updated parameters are all-gathered. Under mixed precision each rank
+// casts its own range to bf16 and the all-gather moves bf16 compute weights; the fp32 masters
+// of the other ranks' ranges are gathered only when a checkpoint needs them.
 #include <cstdint>
 
 #include "comm/communicator.h"
@@ -29,8 +31,12 @@ class DataParallel {
 
   // grads = mean over the DP ranks (on [begin, end) with ZeRO).
   void reduce_gradients(Backend& be);
-  // ZeRO-1: every rank gets the others' updated ranges. No-op otherwise.
-  void gather_parameters();
+  // After an update: the compute weights (bf16 under mixed precision) of every range on every
+  // rank; with ZeRO-1 and fp32, the values themselves.
+  void gather_parameters(Backend& be);
+  // ZeRO-1 under mixed precision: every rank's fp32 masters whole again (for a checkpoint).
+  // No-op otherwise.
+  void gather_masters();
   // Sum of a per-rank partial over the DP group (a ZeRO norm, a loss to log).
   double sum(double local, std::string_view site) const;
 
@@ -40,8 +46,9 @@ class DataParallel {
   int zero_;
   int64_t bucket_elems_;
   int64_t begin_ = 0, end_ = 0;
-  Arena scratch_arena_;  // comm, on the parameters' backend
-  Tensor scratch_;       // [shard] ZeRO: the reduce-scatter output / all-gather input
+  Arena scratch_arena_;     // comm, on the parameters' backend
+  Tensor scratch_;          // [shard] ZeRO: the reduce-scatter output / all-gather input
+  Tensor scratch_compute_;  // [shard] bf16 ZeRO under mixed precision: the all-gather input
 };
 
 }  // namespace bottle

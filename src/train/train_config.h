@@ -28,6 +28,8 @@ const char* enum_name(Precision value);
 const char* enum_name(OnNonfinite value);
 const char* enum_name(LrDecay value);
 const char* enum_name(PipelineSchedule value);
+// The dtype of the weights GEMMs read and of the activations: bf16 under mixed precision.
+inline DType compute_dtype(Precision p) { return p == Precision::bf16 ? DType::bf16 : DType::f32; }
 
 struct TrainingConfig {
   int64_t steps = 1000;

@@ -80,8 +80,12 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
   // The micro-batches of a step (gradient accumulation) go through the pipeline schedule.
   actions_ = pipeline_schedule(p.schedule, stage.stages, stage.stage, micro_batches_);
   slots_ = peak_in_flight(actions_);
+  BOTTLE_CHECK(config.training.precision == Precision::fp32 || be.bf16_unsupported().empty(),
+               "training.precision = \"bf16\" on the {} backend: {}", be.name(),
+               be.bf16_unsupported());
   model_ = std::make_unique<LlamaModel>(config.model, tp, p.zero ? p.dp : 1, stage,
-                                        /*reserve_only=*/false, be);
+                                        /*reserve_only=*/false, be,
+                                        compute_dtype(config.training.precision));
   // Tied embeddings: the first and the last stage each hold the table (every pp rank joins
   // the split; the others' group goes unused).
   if (config.model.tie_embeddings && stage.stages > 1)
@@ -129,7 +133,7 @@ StepResult TrainStep::step(int64_t step) {
   if (finite) {
     r.clip = clip_factor(r.grad_norm, config_.training.max_norm);
     optimizer_->step(be_, model_->parameters(), r.lr, r.clip);
-    data_parallel_->gather_parameters();
+    data_parallel_->gather_parameters(be_);
   }
   r.seconds = seconds_since(t0);
   return r;

@@ -82,6 +82,7 @@ class TrainStep {
   const LlamaModel& model() const { return *model_; }
   AdamW& optimizer() { return *optimizer_; }
   const DataParallel& data_parallel() const { return *data_parallel_; }
+  DataParallel& data_parallel() { return *data_parallel_; }
   int micro_batches() const { return micro_batches_; }
   int slots() const { return slots_; }  // micro-batches the schedule keeps in flight
 

@@ -230,9 +230,6 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
     : config_(config), tc_(config.training), options_(options), world_(world_communicator()) {
   BOTTLE_CHECK(!config.data.train.empty(),
                "{}: data.train is not set (a token shard, directory or glob)", options.config_path);
-  BOTTLE_CHECK(tc_.precision == Precision::fp32,
-               "{}: training.precision = \"bf16\" is not available on the cpu backend yet",
-               options.config_path);
   // Every rank checks the layout before any work, so a bad one fails everywhere at once.
   groups_ = ProcessGroups::create(
       world_, {int(config.parallel.tp), int(config.parallel.pp), int(config.parallel.dp)});
@@ -498,6 +495,7 @@ bool Trainer::checkpoint_due() const {
 
 // Every rank takes part; rank 0 writes.
 std::string Trainer::save_checkpoint() {
+  train_step_->data_parallel().gather_masters();
   const std::string dir = store_->save(train_step_->model(), train_step_->optimizer(), state_json(),
                                        step_, groups_.dp.get(), &world_);
   last_saved_ = step_;

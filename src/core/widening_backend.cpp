@@ -1,0 +1,351 @@
+#include "core/widening_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <exception>
+
+#include "core/arena.h"
+#include "core/bf16.h"
+
+namespace bottle {
+namespace {
+
+void widen(float* dst, const uint16_t* src, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
+}
+
+void narrow(uint16_t* dst, const float* src, int64_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_from_float(src[i]);
+}
+
+// A GEMM operand in memory: `batch` matrices (one when the batch stride is 0) of `rows` rows
+// of `cols` elements, row stride `ld`, batch stride `stride`. Its fp32 stand-in is compact
+// (row stride cols, batch stride rows·cols): the gaps between rows and between a batch's
+// matrices may be other tensors', which must be neither read nor written.
+struct Strided {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  int64_t rows = 0, cols = 0, ld = 0, batch = 1, stride = 0;
+  int64_t elements() const { return batch * rows * cols; }
+  uint16_t* row(int64_t r) const {  // r < batch·rows
+    return static_cast<uint16_t*>(data) + (r / rows) * stride + (r % rows) * ld;
+  }
+};
+
+Strided operand(const void* data, DType dtype, int64_t rows, int64_t cols, int64_t ld,
+                int64_t batch, int64_t stride) {
+  return {const_cast<void*>(data), dtype, rows, cols, ld, stride == 0 ? 1 : batch, stride};
+}
+
+void widen(float* dst, const Strided& m) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < m.batch * m.rows; ++r) {
+    const uint16_t* src = m.row(r);
+    for (int64_t j = 0; j < m.cols; ++j) dst[r * m.cols + j] = bf16_to_float(src[j]);
+  }
+}
+
+void narrow(const Strided& m, const float* src) {
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < m.batch * m.rows; ++r) {
+    uint16_t* dst = m.row(r);
+    for (int64_t j = 0; j < m.cols; ++j) dst[j] = bf16_from_float(src[r * m.cols + j]);
+  }
+}
+
+}  // namespace
+
+// The fp32 stand-ins of one kernel call's bf16 tensors; outputs are rounded back into their
+// bf16 tensors when the call returns (not when it throws: its outputs are then undefined,
+// as a failed kernel's are).
+class WideningBackend::Widened {
+ public:
+  explicit Widened(WideningBackend& be)
+      : be_(be), first_(be.scratch_in_use_), exceptions_(std::uncaught_exceptions()) {}
+  Widened(const Widened&) = delete;
+  Widened& operator=(const Widened&) = delete;
+  ~Widened() {
+    if (std::uncaught_exceptions() == exceptions_)
+      for (const auto& [bf16, wide] : outputs_) narrow(bf16, wide);
+    be_.scratch_in_use_ = first_;
+  }
+  // An input: its values in fp32.
+  Tensor in(Tensor t) { return wide(t, true, false); }
+  // An output the kernel overwrites.
+  Tensor out(Tensor t) { return wide(t, false, true); }
+  // An output the kernel adds into (or updates in place).
+  Tensor inout(Tensor t) { return wide(t, true, true); }
+  // A GEMM operand: its compact fp32 stand-in (the operand itself when it is fp32).
+  float* matrix(const Strided& m, bool read, bool write) {
+    if (m.dtype != DType::bf16) return static_cast<float*>(m.data);
+    float* w = be_.scratch(be_.scratch_in_use_++, size_t(m.elements())).data();
+    if (read) widen(w, m);
+    if (write) outputs_.emplace_back(m, w);
+    return w;
+  }
+
+ private:
+  Tensor wide(Tensor t, bool read, bool write) {
+    if (t.dtype != DType::bf16) return t;
+    const Strided whole{t.data, t.dtype, 1, t.numel(), t.numel(), 1, 0};
+    return Tensor{matrix(whole, read, write), t.shape, DType::f32, t.device};
+  }
+  WideningBackend& be_;
+  size_t first_;
+  int exceptions_;
+  std::vector<std::pair<Strided, float*>> outputs_;  // (a bf16 output, its fp32 stand-in)
+};
+
+WideningBackend::WideningBackend(std::unique_ptr<Backend> inner)
+    : inner_(std::move(inner)), native_gemm_(inner_->bf16_gemm_path() != "none") {
+  BOTTLE_CHECK(inner_->device() == Device::cpu,
+               "the widening backend runs host backends only, not '{}'", inner_->name());
+}
+
+WideningBackend::~WideningBackend() {
+  for (const auto& b : scratch_)
+    MemoryStats::global().sub(MemoryTag::workspace, b.capacity() * sizeof(float));
+}
+
+std::vector<float>& WideningBackend::scratch(size_t index, size_t elements) {
+  if (index >= scratch_.size()) scratch_.resize(index + 1);
+  std::vector<float>& b = scratch_[index];
+  if (b.capacity() < elements) {
+    MemoryStats::global().sub(MemoryTag::workspace, b.capacity() * sizeof(float));
+    b = std::vector<float>(elements);
+    MemoryStats::global().add(MemoryTag::workspace, b.capacity() * sizeof(float));
+  }
+  return b;
+}
+
+std::string WideningBackend::bf16_gemm_path() const {
+  if (native_gemm_) return inner_->bf16_gemm_path();
+  return fmt::format(
+      "bf16 operands widened to fp32 for the {} backend's fp32 GEMM (it has no "
+      "bf16 GEMM on this CPU)",
+      inner_->name());
+}
+
+void WideningBackend::copy(Tensor dst, Tensor src) {
+  if (dst.dtype == src.dtype) return inner_->copy(dst, src);
+  BOTTLE_CHECK(dst.numel() == src.numel() &&
+                   (dst.dtype == DType::f32 || dst.dtype == DType::bf16) &&
+                   (src.dtype == DType::f32 || src.dtype == DType::bf16),
+               "{} backend: copy of {} {} into {} {}", name(), dtype_name(src.dtype),
+               src.shape.str(), dtype_name(dst.dtype), dst.shape.str());
+  if (dst.dtype == DType::bf16)
+    narrow(dst.bf16(), src.f32(), src.numel());
+  else
+    widen(dst.f32(), src.bf16(), src.numel());
+}
+
+void WideningBackend::copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+                                   int64_t cols) {
+  if (dst.dtype == src.dtype) return inner_->copy_columns(dst, dst_col, src, src_col, cols);
+  Widened w(*this);
+  inner_->copy_columns(w.inout(dst), dst_col, w.in(src), src_col, cols);
+}
+
+void WideningBackend::gemm(const GemmArgs& g) {
+  if (!g.any_bf16() || (native_gemm_ && g.a_dtype == DType::bf16 && g.b_dtype == DType::bf16))
+    return inner_->gemm(g);
+  if (g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0) return inner_->gemm(g);
+  Widened w(*this);
+  GemmArgs f = g;
+  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+  const Strided a = operand(g.a, g.a_dtype, a_rows, a_cols, g.lda, g.batch, g.stride_a);
+  const Strided b = operand(g.b, g.b_dtype, b_rows, b_cols, g.ldb, g.batch, g.stride_b);
+  const Strided c = operand(g.c, g.c_dtype, g.m, g.n, g.ldc, g.batch, g.stride_c);
+  // Each widened operand takes its compact layout's strides.
+  auto place = [&](const Strided& m, bool read, bool write, const void*& data, int64_t& ld,
+                   int64_t& stride) {
+    data = w.matrix(m, read, write);
+    if (m.dtype != DType::bf16) return;
+    ld = m.cols;
+    stride = m.stride == 0 ? 0 : m.rows * m.cols;
+  };
+  place(a, true, false, f.a, f.lda, f.stride_a);
+  place(b, true, false, f.b, f.ldb, f.stride_b);
+  const void* c_data = nullptr;
+  place(c, g.beta != 0.0f, true, c_data, f.ldc, f.stride_c);
+  f.c = const_cast<void*>(c_data);
+  f.a_dtype = f.b_dtype = f.c_dtype = DType::f32;
+  inner_->gemm(f);
+}
+
+void WideningBackend::embedding_forward(Tensor out, Tensor tokens, Tensor table) {
+  Widened w(*this);
+  inner_->embedding_forward(w.out(out), tokens, w.in(table));
+}
+void WideningBackend::embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) {
+  Widened w(*this);
+  inner_->embedding_backward(w.inout(dtable), tokens, w.in(dout));
+}
+void WideningBackend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
+  Widened w(*this);
+  inner_->rmsnorm_forward(w.out(out), w.out(rstd), w.in(x), w.in(weight), eps);
+}
+void WideningBackend::rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
+                                       Tensor weight, Tensor rstd) {
+  Widened w(*this);
+  inner_->rmsnorm_backward(w.inout(dx), w.inout(dweight), w.in(dout), w.in(x), w.in(weight),
+                           w.in(rstd));
+}
+void WideningBackend::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x,
+                                        Tensor weight, Tensor bias, float eps) {
+  Widened w(*this);
+  inner_->layernorm_forward(w.out(out), w.out(mean), w.out(rstd), w.in(x), w.in(weight), w.in(bias),
+                            eps);
+}
+void WideningBackend::layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout,
+                                         Tensor x, Tensor weight, Tensor mean, Tensor rstd) {
+  Widened w(*this);
+  inner_->layernorm_backward(w.inout(dx), w.inout(dweight), w.inout(dbias), w.in(dout), w.in(x),
+                             w.in(weight), w.in(mean), w.in(rstd));
+}
+void WideningBackend::rope_forward(Tensor x, float theta) {
+  Widened w(*this);
+  inner_->rope_forward(w.inout(x), theta);
+}
+void WideningBackend::rope_backward(Tensor dx, float theta) {
+  Widened w(*this);
+  inner_->rope_backward(w.inout(dx), theta);
+}
+void WideningBackend::attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
+  Widened w(*this);
+  inner_->attention_forward(w.out(out), w.out(lse), w.in(q), w.in(k), w.in(v));
+}
+void WideningBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
+                                         Tensor lse, Tensor q, Tensor k, Tensor v) {
+  Widened w(*this);
+  inner_->attention_backward(w.inout(dq), w.inout(dk), w.inout(dv), w.in(dout), w.in(out),
+                             w.in(lse), w.in(q), w.in(k), w.in(v));
+}
+void WideningBackend::silu_forward(Tensor out, Tensor x) {
+  Widened w(*this);
+  inner_->silu_forward(w.out(out), w.in(x));
+}
+void WideningBackend::silu_backward(Tensor dx, Tensor dout, Tensor x) {
+  Widened w(*this);
+  inner_->silu_backward(w.inout(dx), w.in(dout), w.in(x));
+}
+void WideningBackend::swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) {
+  Widened w(*this);
+  inner_->swiglu_forward(w.out(out), w.in(gate), w.in(up), gate_act);
+}
+void WideningBackend::swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+                                      bool gate_act) {
+  Widened w(*this);
+  inner_->swiglu_backward(w.inout(dgate), w.inout(dup), w.in(dout), w.in(gate), w.in(up), gate_act);
+}
+void WideningBackend::add(Tensor out, Tensor a, Tensor b) {
+  Widened w(*this);
+  inner_->add(w.out(out), w.in(a), w.in(b));
+}
+void WideningBackend::accumulate(Tensor dst, Tensor src) {
+  Widened w(*this);
+  inner_->accumulate(w.inout(dst), w.in(src));
+}
+void WideningBackend::fill_zero(Tensor x) {
+  if (x.dtype != DType::bf16) return inner_->fill_zero(x);
+  std::memset(x.data, 0, x.nbytes());  // +0 is all zero bits in bf16 as in fp32
+}
+void WideningBackend::scale(Tensor x, float factor) {
+  Widened w(*this);
+  inner_->scale(w.inout(x), factor);
+}
+double WideningBackend::sum_squares(Tensor x) {
+  Widened w(*this);
+  return inner_->sum_squares(w.in(x));
+}
+double WideningBackend::sum(Tensor x) {
+  Widened w(*this);
+  return inner_->sum(w.in(x));
+}
+void WideningBackend::multiply(Tensor out, Tensor a, Tensor b) {
+  Widened w(*this);
+  inner_->multiply(w.out(out), w.in(a), w.in(b));
+}
+void WideningBackend::divide(Tensor out, Tensor a, Tensor b) {
+  Widened w(*this);
+  inner_->divide(w.out(out), w.in(a), w.in(b));
+}
+void WideningBackend::rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+                                           bool reciprocal) {
+  Widened w(*this);
+  inner_->rms_from_sum_squares(w.out(out), w.in(sumsq), count, eps, reciprocal);
+}
+void WideningBackend::cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
+                                            Tensor targets) {
+  Widened w(*this);
+  inner_->cross_entropy_forward(w.out(losses), w.out(probs), w.in(logits), targets);
+}
+void WideningBackend::cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
+                                             float scale) {
+  Widened w(*this);
+  inner_->cross_entropy_backward(w.inout(dlogits), w.in(probs), targets, scale);
+}
+void WideningBackend::embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
+                                              int64_t first) {
+  Widened w(*this);
+  inner_->embedding_shard_forward(w.out(out), tokens, w.in(table), first);
+}
+void WideningBackend::embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
+                                               int64_t first) {
+  Widened w(*this);
+  inner_->embedding_shard_backward(w.inout(dtable), tokens, w.in(dout), first);
+}
+void WideningBackend::logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) {
+  Widened w(*this);
+  inner_->logits_row_stats(w.out(max), w.out(sumexp), w.in(logits));
+}
+void WideningBackend::cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max,
+                                                   Tensor sumexp, Tensor targets, int64_t first,
+                                                   float scale) {
+  Widened w(*this);
+  inner_->cross_entropy_shard_backward(w.inout(dlogits), w.in(logits), w.in(max), w.in(sumexp),
+                                       targets, first, scale);
+}
+void WideningBackend::rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+                                            float eps) {
+  Widened w(*this);
+  inner_->rmsnorm_shard_forward(w.out(out), w.out(sumsq), w.in(x), w.in(weight), eps);
+}
+void WideningBackend::rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
+                                             Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
+  Widened w(*this);
+  inner_->rmsnorm_shard_backward(w.inout(dx), w.inout(dweight), w.in(dout), w.in(x), w.in(weight),
+                                 w.in(rstd), w.in(dot), d);
+}
+void WideningBackend::cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit,
+                                                   Tensor local_sumexp, Tensor local_max,
+                                                   Tensor max, Tensor logits, Tensor targets,
+                                                   int64_t first) {
+  Widened w(*this);
+  // sumexp may alias local_max: both are statistics, fp32 (never widened apart).
+  inner_->cross_entropy_shard_partials(w.out(sumexp), w.out(target_logit), w.in(local_sumexp),
+                                       w.in(local_max), w.in(max), w.in(logits), targets, first);
+}
+void WideningBackend::cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+                                                 Tensor max) {
+  Widened w(*this);
+  inner_->cross_entropy_shard_losses(w.out(losses), w.in(sumexp), w.in(target_logit), w.in(max));
+}
+void WideningBackend::scale_rows(Tensor out, Tensor x, Tensor factor) {
+  Widened w(*this);
+  inner_->scale_rows(w.out(out), w.in(x), w.in(factor));
+}
+void WideningBackend::row_dot(Tensor out, Tensor a, Tensor b) {
+  Widened w(*this);
+  inner_->row_dot(w.out(out), w.in(a), w.in(b));
+}
+void WideningBackend::adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v,
+                                   const AdamWArgs& args) {
+  // The optimizer's state is fp32 by the mixed-precision policy: nothing to widen.
+  inner_->adamw_update(param, grad, m, v, args);
+}
+
+}  // namespace bottle

@@ -1,0 +1,99 @@
+#pragma once
+// bf16 storage on a host backend whose kernels compute in fp32: each kernel's bf16 tensors
+// are widened into fp32 scratch (exactly: a bf16 value is an fp32 value), the fp32 kernel
+// runs, and its bf16 outputs are rounded back to nearest even. So a bf16 run stores what a
+// native bf16 kernel that computes in fp32 would store, and on the reference backend this is
+// the exact oracle of it. GEMMs go to the wrapped backend as bf16 where it runs them on bf16
+// instructions (bf16_gemm_path()), else widened the same way.
+//
+// The scratch lives as long as one kernel call; it grows to the largest call's operands and
+// is counted as workspace memory.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+
+namespace bottle {
+
+class WideningBackend final : public Backend {
+ public:
+  explicit WideningBackend(std::unique_ptr<Backend> inner);
+  ~WideningBackend() override;
+  std::string_view name() const override { return inner_->name(); }
+  std::string bf16_unsupported() const override { return {}; }
+  std::string bf16_gemm_path() const override;
+
+  Device device() const override { return inner_->device(); }
+  void* allocate(size_t bytes, const char* what) override { return inner_->allocate(bytes, what); }
+  void deallocate(void* p, size_t bytes) override { inner_->deallocate(p, bytes); }
+  void to_host(void* dst, Tensor src) override { inner_->to_host(dst, src); }
+  void from_host(Tensor dst, const void* src) override { inner_->from_host(dst, src); }
+  void copy(Tensor dst, Tensor src) override;
+  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+                    int64_t cols) override;
+  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) override {
+    return inner_->first_outside(ids, lo, hi);
+  }
+
+  void gemm(const GemmArgs& args) override;
+  void embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
+  void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override;
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
+  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                        Tensor rstd) override;
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
+                         float eps) override;
+  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
+                          Tensor weight, Tensor mean, Tensor rstd) override;
+  void rope_forward(Tensor x, float theta) override;
+  void rope_backward(Tensor dx, float theta) override;
+  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+                          Tensor q, Tensor k, Tensor v) override;
+  void silu_forward(Tensor out, Tensor x) override;
+  void silu_backward(Tensor dx, Tensor dout, Tensor x) override;
+  void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override;
+  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+                       bool gate_act) override;
+  void add(Tensor out, Tensor a, Tensor b) override;
+  void accumulate(Tensor dst, Tensor src) override;
+  void fill_zero(Tensor x) override;
+  void scale(Tensor x, float factor) override;
+  double sum_squares(Tensor x) override;
+  double sum(Tensor x) override;
+  void multiply(Tensor out, Tensor a, Tensor b) override;
+  void divide(Tensor out, Tensor a, Tensor b) override;
+  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+                            bool reciprocal) override;
+  void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override;
+  void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override;
+  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override;
+  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override;
+  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override;
+  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
+                                    Tensor targets, int64_t first, float scale) override;
+  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight, float eps) override;
+  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                              Tensor rstd, Tensor dot, int64_t d) override;
+  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
+                                    int64_t first) override;
+  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+                                  Tensor max) override;
+  void scale_rows(Tensor out, Tensor x, Tensor factor) override;
+  void row_dot(Tensor out, Tensor a, Tensor b) override;
+  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& args) override;
+
+ private:
+  class Widened;
+  std::vector<float>& scratch(size_t index, size_t elements);
+
+  std::unique_ptr<Backend> inner_;
+  bool native_gemm_ = false;
+  // One buffer per tensor widened within a kernel call, reused by the next call.
+  std::vector<std::vector<float>> scratch_;
+  size_t scratch_in_use_ = 0;
+};
+
+}  // namespace bottle
