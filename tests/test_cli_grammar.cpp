@@ -24,7 +24,7 @@ class CliGrammar : public ::testing::Test {
     write_random_shard(*dir_ / "val.bin", 8 * 2 * 16 + 1, 64, 2);
     write_config("tiny.toml", "");
     write_config("tiny_block.toml", "recompute = \"block\"\n");
-    write_config("tiny_bf16.toml", "precision = \"bf16\"\n");
+    write_config("tiny_accum.toml", "grad_accum_steps = 2\n");
   }
   static void TearDownTestSuite() { dir_.reset(); }
 
@@ -170,13 +170,15 @@ INSTANTIATE_TEST_SUITE_P(
         Hostile{"sample_tp_text", with(kSample, "--set parallel.tp=abc"),
                 "--set: key 'parallel.tp' must be an integer, got 'abc'"},
         Hostile{"bench_tp_data", "bench tp {dir}/tiny.toml --set data.train=x.bin",
-                "--set: bench tp does not read key 'data.train': it times one fp32 training "
-                "step"},
+                "--set: bench tp does not read key 'data.train': it times one training step"},
         Hostile{"bench_tp_tp_mode", "bench tp {dir}/tiny.toml --set parallel.tp_mode=vanilla",
                 "--set: bench tp does not read key 'parallel.tp_mode'"},
-        Hostile{"bench_tp_file_precision", "bench tp {dir}/tiny_bf16.toml",
-                "tiny_bf16.toml: bench tp does not read key 'training.precision' (set to "
-                "\"bf16\"; its default is \"fp32\")"},
+        Hostile{
+            "bench_tp_file_accum", "bench tp {dir}/tiny_accum.toml",
+            "tiny_accum.toml: bench tp does not read key 'training.grad_accum_steps' (set to 2; "
+            "its default is 1)"},
+        Hostile{"bench_step_precision", "bench step --precision fp32,fp16 --torch false",
+                "--precision: 'fp16' is not a precision (fp32 or bf16)"},
         Hostile{"bench_tp_lowrank", "bench tp {dir}/tiny.toml --set training.recompute=lowrank",
                 "key 'training.recompute' = \"lowrank\" applies to btp only"},
         Hostile{"bench_pipeline_schedule",

@@ -103,6 +103,30 @@ TEST(Plot, GnuplotStringsDoubleTheirQuotes) {
   EXPECT_NE(error.find("the path holds a line break"), std::string::npos) << error;
 }
 
+// Several runs in one plot (fp32 against bf16, say): each run named after its folder, a
+// quote in a folder name included; the scratch files of every run are gone afterwards.
+TEST(Plot, SeveralRunsInOnePng) {
+  TempDir dir;
+  const fs::path a = fs::path(dir.str()) / "fp32", b = fs::path(dir.str()) / "bf16 'x'";
+  fs::create_directories(a);
+  fs::create_directories(b);
+  write_metrics(a / "metrics.jsonl");
+  write_metrics(b / "metrics.jsonl");
+  const fs::path png = fs::path(dir.str()) / "both.png";
+  const CommandResult r = run(fmt::format(
+      "{} plot {} {} --out {}", bottle_binary(), sh_quote((a / "metrics.jsonl").string()),
+      sh_quote((b / "metrics.jsonl").string()), sh_quote(png.string())));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_TRUE(is_png(png));
+  size_t files = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator(dir.str())) ++files;
+  EXPECT_EQ(files, 3u);  // the two run folders and the plot
+  const std::string missing = error_of([&] {
+    plot_metrics({(a / "metrics.jsonl").string(), (b / "none.jsonl").string()}, png.string());
+  });
+  EXPECT_NE(missing.find("none.jsonl"), std::string::npos) << missing;
+}
+
 TEST(Plot, PathWithASpaceAndAQuote) {
   TempDir dir;
   const fs::path folder = fs::path(dir.str()) / "it's a run";

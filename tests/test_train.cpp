@@ -12,7 +12,11 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "core/bf16.h"
+#include "core/cpu_backend.h"
+#include "core/safetensors.h"
 #include "test_util.h"
+#include "train/train_step.h"
 
 namespace bottle::testing {
 namespace {
@@ -285,6 +289,58 @@ TEST_F(Train, LossFallsAndResumeIsBitExact) {
   for (int i = 0; i < 5; ++i)
     first += m.steps[size_t(i)].loss / 5, last += m.steps[m.steps.size() - 1 - size_t(i)].loss / 5;
   EXPECT_LT(last, first - 0.5) << "the loss did not fall: " << first << " -> " << last;
+}
+
+// bf16: the checkpoint holds the fp32 masters (F32 in the file, torch_dtype float32), and the
+// bf16 compute weights rebuilt from them on resume give the uninterrupted run's bits.
+TEST_F(Train, ResumeIsBitExactInBf16) {
+  ASSERT_NO_FATAL_FAILURE(
+      resume_matches(*this, dir / "a", dir / "b",
+                     "--set lr_scheduler.decay=constant --set training.precision=bf16", 6, 12));
+  const SafeTensorsReader weights(dir / "b/step_00000006/model.safetensors");
+  for (const auto& [name, entry] : weights.entries()) EXPECT_EQ(entry.dtype, "F32") << name;
+  std::ifstream config(dir / "b/step_00000006/config.json");
+  const std::string text((std::istreambuf_iterator<char>(config)), {});
+  EXPECT_NE(text.find("\"torch_dtype\": \"float32\""), std::string::npos) << text;
+  // bf16 for inference: half the bytes, torch_dtype bfloat16, each value the master rounded.
+  const CommandResult exported =
+      run(fmt::format("{} export --checkpoint {} --out {} --dtype bf16", bottle_binary(),
+                      dir / "b/step_00000006", dir / "bf16"));
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  const SafeTensorsReader half(dir / "bf16/model.safetensors");
+  for (const auto& [name, entry] : weights.entries()) {
+    const SafeTensorEntry& h = half.entry(name);
+    EXPECT_EQ(h.dtype, "BF16") << name;
+    EXPECT_EQ(2 * (h.end - h.begin), entry.end - entry.begin) << name;
+    std::vector<float> master(size_t(entry.numel())), rounded(size_t(entry.numel()));
+    weights.read_f32(name, master);
+    half.read_f32(name, rounded);
+    for (size_t i = 0; i < master.size(); ++i)
+      ASSERT_EQ(rounded[i], round_to_bf16(master[i])) << name << "[" << i << "]";
+  }
+  std::ifstream half_config(dir / "bf16/config.json");
+  const std::string half_text((std::istreambuf_iterator<char>(half_config)), {});
+  EXPECT_NE(half_text.find("\"torch_dtype\": \"bfloat16\""), std::string::npos) << half_text;
+}
+
+// A backend without bf16 kernels (the cpu backend's own, unwrapped) is refused with its
+// reason, never run in fp32.
+TEST_F(Train, Bf16OnABackendWithoutItIsRefused) {
+  TrainConfig config;
+  config.model = tiny_config(BottleneckKind::cola);
+  config.training.micro_batch_size = 2;
+  config.training.seq_len = 16;
+  config.training.precision = Precision::bf16;
+  const std::unique_ptr<Backend> raw = make_cpu_backend();
+  try {
+    TrainStep step(config, *raw, tensor_parallel_of(config, nullptr), nullptr, nullptr);
+    FAIL() << "bf16 ran on a backend without bf16 kernels";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("training.precision = \"bf16\" on the cpu backend: it "
+                                         "has no bf16 kernels"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 TEST_F(Train, ResumeIsBitExactWithGradientAccumulation) {

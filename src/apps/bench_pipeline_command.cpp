@@ -26,11 +26,12 @@ const CommandKeys kBenchPipelineKeys{
     "bench pipeline",
     {"model.", "training.micro_batch_size", "training.seq_len", "training.grad_accum_steps",
      "training.seed", "training.recompute", "training.max_norm", "training.on_nonfinite",
-     "optimizer.", "parallel.tp", "parallel.pp", "parallel.dp", "parallel.tp_mode", "parallel.zero",
-     "parallel.grouping"},
+     "training.precision", "optimizer.", "parallel.tp", "parallel.pp", "parallel.dp",
+     "parallel.tp_mode", "parallel.zero", "parallel.grouping"},
     {"training.steps", "training.eval_interval", "training.eval_batches", "lr_scheduler.", "data.",
      "checkpoint.", "metrics."},
-    "it times one fp32 training step on random tokens under both pipeline schedules at the "
+    "it times one training step (in training.precision) on random tokens under both pipeline "
+    "schedules at the "
     "constant rate optimizer.lr"};
 
 struct PipelineResult {

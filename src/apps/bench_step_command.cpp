@@ -58,11 +58,11 @@ void print_profile(const ProfilingBackend& profiler, int64_t steps) {
 const CommandKeys kBenchStepKeys{
     "bench step",
     {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
-     "training.max_norm", "training.on_nonfinite", "optimizer."},
+     "training.max_norm", "training.on_nonfinite", "training.precision", "optimizer."},
     {"training.steps", "training.eval_interval", "training.eval_batches", "lr_scheduler.", "data.",
      "checkpoint.", "metrics."},
-    "it times one fp32 training step of one micro-batch on one process, keeping every "
-    "activation, per model kind, at the constant rate optimizer.lr"};
+    "it times one training step of one micro-batch on one process, keeping every activation, "
+    "per model kind and precision, at the constant rate optimizer.lr"};
 
 Command add_bench_step_command(CLI::App& app) {
   struct Options {
@@ -70,6 +70,7 @@ Command add_bench_step_command(CLI::App& app) {
     std::vector<std::string> overrides;
     ModelConfig model;
     std::string kinds = "none,cola";
+    std::string precisions = "fp32";
     int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
     int threads = 2;
     std::string save;  // --save: a folder for each kind's model after its steps
@@ -97,6 +98,10 @@ Command add_bench_step_command(CLI::App& app) {
   CLI::Option* kinds = app.add_option(
       "--kinds", o->kinds,
       "comma-separated model kinds: none, svd, cola, lax (default: none,cola, or the config's)");
+  CLI::Option* precisions = app.add_option(
+      "--precision", o->precisions,
+      "comma-separated: fp32, bf16 (\"fp32,bf16\": side by side; default: fp32, or the "
+      "config's training.precision)");
   app.add_option("--steps", o->steps, "timed steps")->check(integer_in(1, INT32_MAX));
   app.add_option("--warmup", o->warmup, "untimed steps first")->check(integer_in(0, INT32_MAX));
   app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike")
@@ -109,7 +114,7 @@ Command add_bench_step_command(CLI::App& app) {
                  "write each kind's model after its steps and the tokens it stepped on to "
                  "DIR/KIND (config.json, model.safetensors, tokens.bin: a shard of that one "
                  "batch that `bottle train` reads)");
-  return [o, config, kv_heads, kinds] {
+  return [o, config, kv_heads, kinds, precisions] {
     omp_set_num_threads(o->threads);
     // The step's settings: a configuration's, or without one these fixed ones (TrainConfig's
     // defaults: seed 1234, max_norm 1.0, AdamW betas 0.9 and 0.95, weight decay 0.1) at lr 1e-3.
@@ -123,6 +128,7 @@ Command add_bench_step_command(CLI::App& app) {
       o->batch = base.training.micro_batch_size;
       o->seq = base.training.seq_len;
       if (!kinds->count()) o->kinds = bottleneck_kind_name(base.model.bottleneck);
+      if (!precisions->count()) o->precisions = enum_name(base.training.precision);
     } else if (!kv_heads->count()) {
       o->model.num_kv_heads = o->model.num_heads;
     }
@@ -134,6 +140,16 @@ Command add_bench_step_command(CLI::App& app) {
                         "'training.micro_batch_size'", "'training.seq_len'");
     else
       check_batch_shape(o->model, o->batch, o->seq, "bench step:", "--batch", "--seq");
+    std::vector<Precision> precision_list;
+    {
+      std::stringstream list(o->precisions);
+      for (std::string name; std::getline(list, name, ',');) {
+        BOTTLE_CHECK(name == "fp32" || name == "bf16",
+                     "--precision: '{}' is not a precision (fp32 or bf16)", name);
+        precision_list.push_back(name == "bf16" ? Precision::bf16 : Precision::fp32);
+      }
+      BOTTLE_CHECK(!precision_list.empty(), "--precision: no precision given");
+    }
     std::unique_ptr<Backend> be = make_backend("cpu");
     // Measured on the unwrapped backend, so the profile counts the step's kernels alone.
     GemmPeak peak(*be);
@@ -145,12 +161,14 @@ Command add_bench_step_command(CLI::App& app) {
     }
     if (!o->json)
       std::printf(
-          "bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld fp32, %d threads; GEMM "
-          "peak %.0f GFLOP/s\nCPU: %s\n",
+          "bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld %s, %d threads; GEMM "
+          "peak %.0f GFLOP/s (fp32)\nCPU: %s\n",
           (long long)o->model.vocab_size, (long long)o->model.hidden_size,
           (long long)o->model.intermediate_size, (long long)o->model.num_layers,
-          (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch, o->threads,
-          peak.gflops(), cpu_summary().c_str());
+          (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch,
+          o->precisions.c_str(), o->threads, peak.gflops(), cpu_summary().c_str());
+    const bool any_bf16 = std::count(precision_list.begin(), precision_list.end(), Precision::bf16);
+    if (!o->json && any_bf16) std::printf("bf16 GEMMs: %s\n", be->bf16_gemm_path().c_str());
     if (!o->save.empty()) {
       std::error_code ec;
       fs::create_directories(o->save, ec);
@@ -162,111 +180,132 @@ Command add_bench_step_command(CLI::App& app) {
     std::string kind;
     double baseline_ms = 0.0;
     while (std::getline(kinds, kind, ',')) {
-      // The step of `bottle train` on one process, at the constant rate optimizer.lr.
-      TrainConfig train_config = bench_step_config(base);
-      train_config.model = o->model;
-      train_config.model.bottleneck = parse_bottleneck_kind(kind);
-      train_config.parallel.tp_mode = default_tp_mode(train_config.model);
-      const ModelConfig& config = train_config.model;
-      // A folder --save cannot write into is refused before any step.
-      if (!o->save.empty()) {
-        try {
-          check_new_model_directory((fs::path(o->save) / kind).string());
-        } catch (const Error& e) {
-          fail("--save: {}", e.what());
+      double first_precision_ms = 0.0;
+      for (const Precision precision : precision_list) {
+        // The step of `bottle train` on one process, at the constant rate optimizer.lr.
+        TrainConfig train_config = bench_step_config(base);
+        train_config.training.precision = precision;
+        train_config.model = o->model;
+        train_config.model.bottleneck = parse_bottleneck_kind(kind);
+        train_config.parallel.tp_mode = default_tp_mode(train_config.model);
+        const ModelConfig& config = train_config.model;
+        // A folder --save cannot write into is refused before any step.
+        if (!o->save.empty()) {
+          try {
+            check_new_model_directory((fs::path(o->save) / kind).string());
+          } catch (const Error& e) {
+            fail("--save: {}", e.what());
+          }
         }
+        {
+          const std::string what = fmt::format("bench step: the {} model", kind),
+                            advice = "lower --batch, --seq or the model's size";
+          check_parameter_memory(config, true, 1, 1, world_communicator(), what, advice);
+          check_available_memory(
+              plan_rank_memory(train_config, tensor_parallel_of(train_config, nullptr), {}, 1),
+              world_communicator(), what, advice);
+        }
+        TrainStep train_step(train_config, *be, tensor_parallel_of(train_config, nullptr), nullptr,
+                             nullptr);
+        LlamaModel& model = train_step.model();
+        model.init_weights(uint64_t(train_config.training.seed));
+        train_step.allocate_activations();
+        // One batch of b rows of s tokens, stepped on every step: rows of a fixed stream, the
+        // targets the inputs shifted by one, as a token shard's window gives them.
+        const int64_t n = o->batch * o->seq;
+        std::vector<int32_t> stream(size_t(n + 1));
+        for (size_t i = 0; i < stream.size(); ++i)
+          stream[i] = int32_t((i * 2654435761u) % uint64_t(config.vocab_size));
+        be->from_host(train_step.inputs()[0], stream.data());
+        be->from_host(train_step.targets()[0], stream.data() + 1);
+        std::vector<double> ms;
+        StepResult last;
+        for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
+          if (profiler && step == o->warmup) profiler->reset();
+          last = train_step.step(step);
+          if (step >= o->warmup) ms.push_back(last.seconds * 1e3);
+        }
+        const Timing t = summarize(ms);
+        const double flops = model.flops_per_step(n, o->seq);
+        const double gflops = flops / (t.median * 1e6);
+        const std::optional<double> mfu = peak.utilization(gflops);
+        if (config.bottleneck == BottleneckKind::none && precision == precision_list.front())
+          baseline_ms = t.median;
+        if (precision == precision_list.front()) first_precision_ms = t.median;
+        nlohmann::ordered_json row{
+            {"kind", kind},
+            {"precision", enum_name(precision)},
+            {"rank",
+             config.bottleneck == BottleneckKind::none ? 0 : config.rank_of(ProjectionId::q)},
+            {"params", config.parameter_count()},
+            {"ms_per_step", t.median},
+            {"ms_min", t.min},
+            {"ms_max", t.max},
+            {"tokens_per_s", double(n) / (t.median / 1e3)},
+            {"gflops", gflops},
+            {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
+            {"gemm_peak_gflops", peak.gflops()},
+            {"cpu", cpu_model()},
+            {"onednn_isa", onednn_isa()},
+            {"loss", last.loss},
+            {"grad_norm", last.grad_norm},
+            {"lr", last.lr},
+            {"peak_bytes", MemoryStats::global().peak_total()}};
+        if (precision == Precision::bf16) row["bf16_gemm_path"] = be->bf16_gemm_path();
+        if (config.bottleneck != BottleneckKind::none && baseline_ms > 0 &&
+            precision == precision_list.front())
+          row["speedup_vs_full_rank"] = baseline_ms / t.median;
+        if (precision != precision_list.front())
+          row[fmt::format("speedup_vs_{}", enum_name(precision_list.front()))] =
+              first_precision_ms / t.median;
+        if (!o->save.empty() && precision == precision_list.front()) {
+          const fs::path dir = fs::path(o->save) / kind;
+          save_model(model, dir.string());
+          write_token_shard((dir / "tokens.bin").string(), stream);
+        }
+        // The PyTorch peer runs fp32 (CPU autocast is not the peer we time against).
+        if (o->torch && precision == Precision::fp32) {
+          const fs::path dir = scratch / kind;
+          save_model(model, dir.string());
+          write_token_shard((dir / "tokens.bin").string(), stream);
+          const TorchStep torch =
+              run_torch_bench(dir.string(), (dir / "tokens.bin").string(), o->batch, o->seq,
+                              o->steps, o->warmup, o->threads);
+          row["torch_ms_per_step"] = torch.ms_median;
+          row["torch_ms_min"] = torch.ms_min;
+          row["torch_ms_max"] = torch.ms_max;
+          row["torch_version"] = torch.version;
+          row["torch_blas_core"] = torch.blas_core;
+          row["torch_blas_core_source"] = torch.blas_core_source;
+          row["speedup_vs_torch"] = torch.ms_median / t.median;
+        }
+        if (o->json) {
+          std::printf("%s\n", row.dump().c_str());
+        } else {
+          std::printf(
+              "%-5s %-4s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU "
+              "%s",
+              kind.c_str(), enum_name(precision), (long long)config.parameter_count(), t.median,
+              t.min, t.max, double(n) / (t.median / 1e3), gflops,
+              mfu ? fmt::format("{:.1f}%", 100.0 * *mfu).c_str()
+                  : "n/a (peak measured while busy)");
+          if (row.contains("speedup_vs_full_rank"))
+            std::printf("  %.2fx vs full-rank", row["speedup_vs_full_rank"].get<double>());
+          for (const char* other : {"fp32", "bf16"})
+            if (row.contains(fmt::format("speedup_vs_{}", other)))
+              std::printf("  %.2fx vs %s", row[fmt::format("speedup_vs_{}", other)].get<double>(),
+                          other);
+          if (row.contains("torch_ms_per_step"))
+            std::printf("  | PyTorch %s (OpenBLAS %s) %.1f ms/step [%.1f-%.1f]: bottle %.2fx",
+                        row["torch_version"].get<std::string>().c_str(),
+                        row["torch_blas_core"].get<std::string>().c_str(),
+                        row["torch_ms_per_step"].get<double>(), row["torch_ms_min"].get<double>(),
+                        row["torch_ms_max"].get<double>(), row["speedup_vs_torch"].get<double>());
+          std::printf("\n");
+        }
+        if (profiler) print_profile(*profiler, o->steps);
+        std::fflush(stdout);
       }
-      {
-        const std::string what = fmt::format("bench step: the {} model", kind),
-                          advice = "lower --batch, --seq or the model's size";
-        check_parameter_memory(config, true, 1, 1, world_communicator(), what, advice);
-        check_available_memory(plan_model_memory(config, tensor_parallel_of(train_config, nullptr),
-                                                 o->batch, o->seq, true),
-                               world_communicator(), what, advice);
-      }
-      TrainStep train_step(train_config, *be, tensor_parallel_of(train_config, nullptr), nullptr,
-                           nullptr);
-      LlamaModel& model = train_step.model();
-      model.init_weights(uint64_t(train_config.training.seed));
-      train_step.allocate_activations();
-      // One batch of b rows of s tokens, stepped on every step: rows of a fixed stream, the
-      // targets the inputs shifted by one, as a token shard's window gives them.
-      const int64_t n = o->batch * o->seq;
-      std::vector<int32_t> stream(size_t(n + 1));
-      for (size_t i = 0; i < stream.size(); ++i)
-        stream[i] = int32_t((i * 2654435761u) % uint64_t(config.vocab_size));
-      be->from_host(train_step.inputs()[0], stream.data());
-      be->from_host(train_step.targets()[0], stream.data() + 1);
-      std::vector<double> ms;
-      StepResult last;
-      for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
-        if (profiler && step == o->warmup) profiler->reset();
-        last = train_step.step(step);
-        if (step >= o->warmup) ms.push_back(last.seconds * 1e3);
-      }
-      const Timing t = summarize(ms);
-      const double flops = model.flops_per_step(n, o->seq);
-      const double gflops = flops / (t.median * 1e6);
-      const std::optional<double> mfu = peak.utilization(gflops);
-      if (config.bottleneck == BottleneckKind::none) baseline_ms = t.median;
-      nlohmann::ordered_json row{
-          {"kind", kind},
-          {"rank", config.bottleneck == BottleneckKind::none ? 0 : config.rank_of(ProjectionId::q)},
-          {"params", config.parameter_count()},
-          {"ms_per_step", t.median},
-          {"ms_min", t.min},
-          {"ms_max", t.max},
-          {"tokens_per_s", double(n) / (t.median / 1e3)},
-          {"gflops", gflops},
-          {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
-          {"gemm_peak_gflops", peak.gflops()},
-          {"cpu", cpu_model()},
-          {"onednn_isa", onednn_isa()},
-          {"loss", last.loss},
-          {"grad_norm", last.grad_norm},
-          {"lr", last.lr},
-          {"peak_bytes", MemoryStats::global().peak_total()}};
-      if (config.bottleneck != BottleneckKind::none && baseline_ms > 0)
-        row["speedup_vs_full_rank"] = baseline_ms / t.median;
-      if (!o->save.empty()) {
-        const fs::path dir = fs::path(o->save) / kind;
-        save_model(model, dir.string());
-        write_token_shard((dir / "tokens.bin").string(), stream);
-      }
-      if (o->torch) {
-        const fs::path dir = scratch / kind;
-        save_model(model, dir.string());
-        write_token_shard((dir / "tokens.bin").string(), stream);
-        const TorchStep torch = run_torch_bench(dir.string(), (dir / "tokens.bin").string(),
-                                                o->batch, o->seq, o->steps, o->warmup, o->threads);
-        row["torch_ms_per_step"] = torch.ms_median;
-        row["torch_ms_min"] = torch.ms_min;
-        row["torch_ms_max"] = torch.ms_max;
-        row["torch_version"] = torch.version;
-        row["torch_blas_core"] = torch.blas_core;
-        row["torch_blas_core_source"] = torch.blas_core_source;
-        row["speedup_vs_torch"] = torch.ms_median / t.median;
-      }
-      if (o->json) {
-        std::printf("%s\n", row.dump().c_str());
-      } else {
-        std::printf(
-            "%-5s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU %s",
-            kind.c_str(), (long long)config.parameter_count(), t.median, t.min, t.max,
-            double(n) / (t.median / 1e3), gflops,
-            mfu ? fmt::format("{:.1f}%", 100.0 * *mfu).c_str() : "n/a (peak measured while busy)");
-        if (row.contains("speedup_vs_full_rank"))
-          std::printf("  %.2fx vs full-rank", row["speedup_vs_full_rank"].get<double>());
-        if (o->torch)
-          std::printf("  | PyTorch %s (OpenBLAS %s) %.1f ms/step [%.1f-%.1f]: bottle %.2fx",
-                      row["torch_version"].get<std::string>().c_str(),
-                      row["torch_blas_core"].get<std::string>().c_str(),
-                      row["torch_ms_per_step"].get<double>(), row["torch_ms_min"].get<double>(),
-                      row["torch_ms_max"].get<double>(), row["speedup_vs_torch"].get<double>());
-        std::printf("\n");
-      }
-      if (profiler) print_profile(*profiler, o->steps);
-      std::fflush(stdout);
     }
     fs::remove_all(scratch);
     return 0;

@@ -35,11 +35,12 @@ namespace {
 const CommandKeys kBenchTpKeys{
     "bench tp",
     {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
-     "training.recompute", "training.max_norm", "training.on_nonfinite", "optimizer.",
-     "parallel.tp", "parallel.pp", "parallel.dp", "parallel.grouping"},
+     "training.recompute", "training.max_norm", "training.on_nonfinite", "training.precision",
+     "optimizer.", "parallel.tp", "parallel.pp", "parallel.dp", "parallel.grouping"},
     {"training.steps", "training.eval_interval", "training.eval_batches", "lr_scheduler.", "data.",
      "checkpoint.", "metrics."},
-    "it times one fp32 training step of one micro-batch of random tokens per TP mode (full, "
+    "it times one training step (in training.precision) of one micro-batch of random tokens per "
+    "TP mode (full, "
     "vanilla and btp side by side) on one TP group at the constant rate optimizer.lr, and plans "
     "memory with --fit"};
 
@@ -151,6 +152,9 @@ struct ModeResult {
   size_t buffer_bytes() const { return memory[MemoryTag::comm]; }
   double fwd_per_token_block() const { return double(fwd.elements) / double(blocks * tokens); }
   double bwd_per_token_block() const { return double(bwd.elements) / double(blocks * tokens); }
+  // Bytes: the elements' own (2 each in bf16, 4 in fp32, whatever statistics stay fp32).
+  double fwd_bytes_per_token_block() const { return double(fwd.bytes) / double(blocks * tokens); }
+  double bwd_bytes_per_token_block() const { return double(bwd.bytes) / double(blocks * tokens); }
 };
 
 // One variant's training step and timings. The variants' steps are interleaved (one step of
@@ -305,15 +309,15 @@ void print_fit_table(const TrainConfig& config, const std::string& path, Communi
   if (leader && !json)
     std::printf(
         "bench tp --fit: %s, tp %lld, %s model d=%lld d_ff=%lld H=%lld r=%lld L=%lld V=%lld, "
-        "sequence %lld, fp32; planned per rank (weights, gradients, AdamW moments, activations "
+        "sequence %lld, %s; planned per rank (weights, gradients, AdamW moments, activations "
         "and buffers) under %s, micro-batches 1..%lld\n"
         "  %-28s %10s %12s %12s %12s %12s %12s\n",
         path.c_str(), (long long)config.parallel.tp, bottleneck_kind_name(m.bottleneck),
         (long long)m.hidden_size, (long long)m.intermediate_size, (long long)m.num_heads,
         (long long)m.rank, (long long)m.num_layers, (long long)m.vocab_size,
-        (long long)config.training.seq_len, format_bytes(size_t(limit)).c_str(),
-        (long long)max_batch, "mode", "max batch", "weights", "gradients", "optimizer",
-        "act+buffers", "total");
+        (long long)config.training.seq_len, enum_name(config.training.precision),
+        format_bytes(size_t(limit)).c_str(), (long long)max_batch, "mode", "max batch", "weights",
+        "gradients", "optimizer", "act+buffers", "total");
   std::vector<const TpLayout*> modes{full_mode()};
   if (m.bottleneck != BottleneckKind::none) modes = {full_mode(), vanilla_mode(), btp_mode()};
   for (const TpLayout* mode : modes)
@@ -442,13 +446,13 @@ Command add_bench_tp_command(CLI::App& app) {
     if (leader && !o->json)
       std::printf(
           "bench tp: %s, %d rank(s), %s model d=%lld d_ff=%lld H=%lld r=%lld L=%lld, "
-          "b=%lld s=%lld, grouping %s, recompute \"%s\", %d thread(s) per rank; full = the "
+          "b=%lld s=%lld, %s, grouping %s, recompute \"%s\", %d thread(s) per rank; full = the "
           "full-rank model of the same widths\n",
           o->config.c_str(), world.size(), bottleneck_kind_name(m.bottleneck),
           (long long)m.hidden_size, (long long)m.intermediate_size, (long long)m.num_heads,
           (long long)m.rank, (long long)m.num_layers, (long long)config.training.micro_batch_size,
-          (long long)config.training.seq_len, config.parallel.grouping ? "on" : "off",
-          recompute_name(base), omp_get_max_threads());
+          (long long)config.training.seq_len, enum_name(config.training.precision),
+          config.parallel.grouping ? "on" : "off", recompute_name(base), omp_get_max_threads());
     std::vector<std::unique_ptr<ModeRun>> runs;
     for (const Variant& variant : variants) {
       runs.push_back(std::make_unique<ModeRun>(config, variant, groups.tp.get(), o->components));
@@ -489,10 +493,13 @@ Command add_bench_tp_command(CLI::App& app) {
             {"model", bottleneck_kind_name(r.kind)},
             {"tp", world.size()},
             {"recompute", recompute_name(r.variant.recompute)},
+            {"precision", enum_name(config.training.precision)},
             {"fwd_elems_per_block", double(r.fwd.elements) / blocks},
             {"bwd_elems_per_block", double(r.bwd.elements) / blocks},
             {"fwd_elems_per_token_block", r.fwd_per_token_block()},
             {"bwd_elems_per_token_block", r.bwd_per_token_block()},
+            {"fwd_bytes_per_token_block", r.fwd_bytes_per_token_block()},
+            {"bwd_bytes_per_token_block", r.bwd_bytes_per_token_block()},
             {"collectives_per_block", double(r.fwd.calls) / blocks},
             {"bwd_collectives_per_block", double(r.bwd.calls) / blocks},
             {"recompute_collectives", double(r.recompute_comm.calls) / blocks},
@@ -544,11 +551,13 @@ Command add_bench_tp_command(CLI::App& app) {
         std::printf("%s\n", j.dump().c_str());
       } else {
         std::printf(
-            "  %-34s %-5s fwd %9.0f bwd %9.0f elements per token and block (%4.1f + %4.1f "
-            "collectives, %4.1f recomputed) | iter %8.1f ms (comm %6.1f, compute %8.1f, "
+            "  %-34s %-5s fwd %9.0f bwd %9.0f elements (%9.0f + %9.0f bytes) per token and block "
+            "(%4.1f + %4.1f collectives, %4.1f recomputed) | iter %8.1f ms (comm %6.1f, compute "
+            "%8.1f, "
             "recompute %6.1f) %8.0f tokens/s | total %9s, activations %9s, buffers %9s",
             r.variant.label().c_str(), bottleneck_kind_name(r.kind), r.fwd_per_token_block(),
-            r.bwd_per_token_block(), double(r.fwd.calls) / blocks, double(r.bwd.calls) / blocks,
+            r.bwd_per_token_block(), r.fwd_bytes_per_token_block(), r.bwd_bytes_per_token_block(),
+            double(r.fwd.calls) / blocks, double(r.bwd.calls) / blocks,
             double(r.recompute_comm.calls) / blocks, r.iter_ms(), r.comm_ms(),
             r.iter_ms() - r.comm_ms(), r.recompute_ms(), double(r.tokens) / (r.iter_ms() / 1e3),
             format_bytes(r.memory.total()).c_str(), format_bytes(r.activation_bytes()).c_str(),

@@ -12,11 +12,15 @@ namespace bottle {
 
 Command add_export_command(CLI::App& app) {
   struct Options {
-    std::string checkpoint, out;
+    std::string checkpoint, out, dtype = "f32";
   };
   auto o = std::make_shared<Options>();
   app.add_option("--checkpoint", o->checkpoint, "checkpoint directory (any layout)")->required();
   app.add_option("--out", o->out, "directory to write config.json + model.safetensors")->required();
+  app.add_option("--dtype", o->dtype,
+                 "the weights' dtype in the file: f32 (as trained), or bf16 (rounded to nearest "
+                 "even: half the bytes, for inference)")
+      ->check(CLI::IsMember({"f32", "bf16"}));
   return [o] {
     namespace fs = std::filesystem;
     BOTTLE_CHECK(fs::weakly_canonical(o->out) != fs::weakly_canonical(o->checkpoint),
@@ -26,9 +30,9 @@ Command add_export_command(CLI::App& app) {
                  world_communicator().size());
     check_new_model_directory(o->out);  // before the work of loading
     auto model = load_model(o->checkpoint);
-    save_model(*model, o->out);
-    std::printf("exported %s (%lld parameters) to %s\n", o->checkpoint.c_str(),
-                (long long)model->config().parameter_count(), o->out.c_str());
+    save_model(*model, o->out, o->dtype == "bf16" ? DType::bf16 : DType::f32);
+    std::printf("exported %s (%lld parameters, %s) to %s\n", o->checkpoint.c_str(),
+                (long long)model->config().parameter_count(), o->dtype.c_str(), o->out.c_str());
     return 0;
   };
 }

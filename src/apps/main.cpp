@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
       "export", "any checkpoint (sharded by a pipeline too) as one HF model directory");
   commands[export_] = bottle::add_export_command(*export_);
   CLI::App* plot =
-      app.add_subcommand("plot", "draw loss and learning rate of a metrics.jsonl as a PNG");
+      app.add_subcommand("plot", "draw loss and learning rate of metrics.jsonl files as a PNG");
   commands[plot] = bottle::add_plot_command(*plot);
   CLI::App* bench = app.add_subcommand("bench", "benchmarks");
   bench->require_subcommand(1);

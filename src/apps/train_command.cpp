@@ -47,15 +47,19 @@ Command add_train_command(CLI::App& app) {
 
 Command add_plot_command(CLI::App& app) {
   struct Options {
-    std::string metrics, out;
+    std::vector<std::string> metrics;
+    std::string out;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("metrics", o->metrics, "metrics.jsonl written by bottle train")->required();
-  app.add_option("--out", o->out, "PNG to write (default: beside the metrics, loss.png)");
+  app.add_option("metrics", o->metrics,
+                 "metrics.jsonl written by bottle train; several: their runs in one plot")
+      ->required();
+  app.add_option("--out", o->out, "PNG to write (default: beside the first metrics, loss.png)");
   return [o] {
     const std::string out =
-        o->out.empty() ? (std::filesystem::path(o->metrics).parent_path() / "loss.png").string()
-                       : o->out;
+        o->out.empty()
+            ? (std::filesystem::path(o->metrics.front()).parent_path() / "loss.png").string()
+            : o->out;
     plot_metrics(o->metrics, out);
     std::printf("%s\n", out.c_str());
     return 0;

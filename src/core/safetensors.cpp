@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/bf16.h"
 #include "core/json_io.h"
 
 namespace bottle {
@@ -200,16 +201,20 @@ void SafeTensorsReader::check_finite(const std::string& name, std::span<const fl
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, DType stored) {
+  BOTTLE_CHECK(stored == DType::f32 || stored == DType::bf16,
+               "{}: tensors are written as f32 or bf16, not {}", path, dtype_name(stored));
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     BOTTLE_CHECK(t.dtype == DType::f32, "{}: tensor '{}' must be f32 to be written", path, name);
     std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.shape.rank);
-    header[name] = {
-        {"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + t.nbytes()}}};
-    offset += t.nbytes();
+    const uint64_t bytes = uint64_t(t.numel()) * dtype_size(stored);
+    header[name] = {{"dtype", stored == DType::bf16 ? "BF16" : "F32"},
+                    {"shape", shape},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
@@ -218,8 +223,17 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   const uint64_t len = text.size();
   out.write(reinterpret_cast<const char*>(&len), 8);
   out.write(text.data(), std::streamsize(text.size()));
-  for (const auto& nt : tensors)
-    out.write(static_cast<const char*>(nt.tensor.data), std::streamsize(nt.tensor.nbytes()));
+  std::vector<uint16_t> narrowed;
+  for (const auto& nt : tensors) {
+    if (stored == DType::f32) {
+      out.write(static_cast<const char*>(nt.tensor.data), std::streamsize(nt.tensor.nbytes()));
+      continue;
+    }
+    narrowed.resize(size_t(nt.tensor.numel()));
+    for (size_t i = 0; i < narrowed.size(); ++i) narrowed[i] = bf16_from_float(nt.tensor.f32()[i]);
+    out.write(reinterpret_cast<const char*>(narrowed.data()),
+              std::streamsize(narrowed.size() * sizeof(uint16_t)));
+  }
   out.flush();
   BOTTLE_CHECK(out, "{}: write failed (disk full?)", path);
 }

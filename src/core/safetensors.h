@@ -57,9 +57,11 @@ struct NamedTensor {
   Tensor tensor;  // f32 host memory
 };
 
-// Writes f32 tensors. Written to `path` directly: callers that need atomicity write into a
-// temporary directory and rename it.
+// Writes f32 tensors, stored as F32, or as BF16 (rounded to nearest even) when `stored` is
+// bf16. Written to `path` directly: callers that need atomicity write into a temporary
+// directory and rename it.
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       DType stored = DType::f32);
 
 }  // namespace bottle

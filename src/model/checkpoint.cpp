@@ -53,7 +53,8 @@ namespace {
 template <typename Owner>
 void write_owned(const std::string& path, const ParameterStore& params, Communicator* tp,
                  const std::vector<std::pair<std::string, Tensor>>& sources,
-                 const std::map<std::string, std::string>& metadata, Owner owner) {
+                 const std::map<std::string, std::string>& metadata, Owner owner,
+                 DType stored = DType::f32) {
   const int rank = tp ? tp->rank() : 0;
   std::vector<std::vector<float>> kept;
   std::vector<std::pair<std::string, Shape>> names;
@@ -71,15 +72,16 @@ void write_owned(const std::string& path, const ParameterStore& params, Communic
   std::vector<NamedTensor> tensors;
   for (size_t i = 0; i < kept.size(); ++i)
     tensors.push_back({names[i].first, host_tensor(std::span(kept[i])).reshaped(names[i].second)});
-  write_safetensors(path, tensors, metadata);
+  write_safetensors(path, tensors, metadata, stored);
 }
 
 }  // namespace
 
 void write_gathered(const std::string& path, const ParameterStore& params, Communicator* tp,
                     const std::vector<std::pair<std::string, Tensor>>& sources,
-                    const std::map<std::string, std::string>& metadata) {
-  write_owned(path, params, tp, sources, metadata, [](int) { return 0; });
+                    const std::map<std::string, std::string>& metadata, DType stored) {
+  write_owned(
+      path, params, tp, sources, metadata, [](int) { return 0; }, stored);
 }
 
 void write_shard(const std::string& dir, const std::string& stem, const ParameterStore& params,
@@ -188,7 +190,7 @@ void check_new_model_directory(const std::string& dir) {
                dir, fs::exists(fs::path(dir) / kConfigFile, ec) ? " (it holds a model)" : "");
 }
 
-void save_model(const LlamaModel& model, const std::string& dir) {
+void save_model(const LlamaModel& model, const std::string& dir, DType stored) {
   BOTTLE_CHECK(model.stage().stages == 1,
                "save_model writes a whole model; a pipeline stage writes its shard "
                "(CheckpointStore)");
@@ -200,10 +202,10 @@ void save_model(const LlamaModel& model, const std::string& dir) {
     } catch (const fs::filesystem_error& e) {
       fail("{}: cannot create the model directory: {}", dir, e.code().message());
     }
-    write_hf_config(model.config(), (fs::path(dir) / kConfigFile).string());
+    write_hf_config(model.config(), (fs::path(dir) / kConfigFile).string(), stored);
   }
   write_gathered((fs::path(dir) / kWeightsFile).string(), model.parameters(), tp,
-                 {{"", model.parameters().values()}}, {{"format", "pt"}});
+                 {{"", model.parameters().values()}}, {{"format", "pt"}}, stored);
 }
 
 ModelConfig read_model_config(const std::string& dir) {

@@ -20,8 +20,9 @@ inline constexpr const char* kWeightsFile = "model.safetensors";
 void check_new_model_directory(const std::string& dir);
 // Writes both files into `dir` (created if missing, else empty; see above). Under tensor
 // parallelism every rank of the group calls it; the slices are gathered and the TP group's rank 0
-// writes the single model, the same files a one-rank run writes.
-void save_model(const LlamaModel& model, const std::string& dir);
+// writes the single model, the same files a one-rank run writes. `stored`: the weights'
+// dtype in the file (bf16: rounded to nearest even, for inference; torch_dtype says so).
+void save_model(const LlamaModel& model, const std::string& dir, DType stored = DType::f32);
 // Reads config.json of `dir`; errors name the file and key.
 ModelConfig read_model_config(const std::string& dir);
 // Loads every parameter of `model` from dir/model.safetensors, each rank its own slice.
@@ -36,7 +37,7 @@ std::unique_ptr<LlamaModel> load_model(const std::string& dir);
 // TP group. Every rank of the TP group calls it; its rank 0 writes `path`.
 void write_gathered(const std::string& path, const ParameterStore& params, Communicator* tp,
                     const std::vector<std::pair<std::string, Tensor>>& sources,
-                    const std::map<std::string, std::string>& metadata);
+                    const std::map<std::string, std::string>& metadata, DType stored = DType::f32);
 // The same for a checkpoint written by every rank that owns a part of it: the stage's
 // tensors are dealt out round-robin over its TP ranks, each gathered to its owner, and
 // each TP rank writes its own file in `dir`: STEM.safetensors when the model is on one

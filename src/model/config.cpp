@@ -317,7 +317,7 @@ ModelConfig parse_hf_config(std::string_view text, const std::string& path) {
   return c;
 }
 
-void write_hf_config(const ModelConfig& c, const std::string& path) {
+void write_hf_config(const ModelConfig& c, const std::string& path, DType stored) {
   nlohmann::ordered_json j;
   j["architectures"] = {"LlamaForCausalLM"};
   j["model_type"] = "llama";
@@ -332,7 +332,7 @@ void write_hf_config(const ModelConfig& c, const std::string& path) {
   j["rope_theta"] = c.rope_theta;
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["hidden_act"] = "silu";
-  j["torch_dtype"] = "float32";
+  j["torch_dtype"] = stored == DType::bf16 ? "bfloat16" : "float32";
   if (c.bottleneck != BottleneckKind::none) {
     nlohmann::ordered_json b;
     b["kind"] = bottleneck_kind_name(c.bottleneck);

@@ -51,6 +51,7 @@ std::string model_config_difference(const ModelConfig& a, const ModelConfig& b);
 ModelConfig read_hf_config(const std::string& path);
 // The same from the file's text, named `path` in errors (what a fuzzer drives).
 ModelConfig parse_hf_config(std::string_view text, const std::string& path);
-void write_hf_config(const ModelConfig& config, const std::string& path);
+// torch_dtype is the dtype the weights file stores: "float32", or "bfloat16" for a bf16 export.
+void write_hf_config(const ModelConfig& config, const std::string& path, DType stored = DType::f32);
 
 }  // namespace bottle

@@ -268,7 +268,7 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
 
 MemoryBreakdown LlamaModel::memory() const {
   MemoryBreakdown m;
-  m[MemoryTag::weights] = params_.bytes();
+  m[MemoryTag::weights] = params_.bytes() + params_.compute_bytes();
   m[MemoryTag::gradients] = params_.bytes();
   m[MemoryTag::activations] = activations_ ? activations_->bytes() : 0;
   m[MemoryTag::comm] = comm_ ? comm_->bytes() : 0;

@@ -62,6 +62,8 @@ class ParameterStore {
   void refresh_compute(Backend& be, int64_t begin = 0, int64_t end = -1) const;
   int64_t count() const { return count_; }  // elements up to the last parameter's end
   size_t bytes() const { return value_arena_ ? value_arena_->bytes() : 0; }  // values (= grads)
+  // The bf16 compute copy (0 without mixed precision).
+  size_t compute_bytes() const { return compute_arena_ ? compute_arena_->bytes() : 0; }
 
   // Each parameter from a seed derived from (seed, its name), element by element, so that
   // any slice of it is the same whatever the layout that asks for it.

@@ -147,70 +147,111 @@ void run_gnuplot(const fs::path& script, const fs::path& png) {
 }
 
 void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
-  // A device (/dev/full, /dev/zero) or a FIFO would be read without end.
+  plot_metrics(std::vector<std::string>{jsonl_path}, png_path);
+}
+
+void plot_metrics(const std::vector<std::string>& jsonl_paths, const std::string& png_path) {
+  BOTTLE_CHECK(!jsonl_paths.empty(), "{}: no metrics to plot", png_path);
   std::error_code ec;
-  BOTTLE_CHECK(fs::is_regular_file(jsonl_path, ec),
-               "{}: the metrics to plot must be a regular file (not a device, FIFO or directory)",
-               jsonl_path);
-  std::ifstream in(jsonl_path);
-  BOTTLE_CHECK(in, "{}: cannot open", jsonl_path);
   const fs::path out_dir = fs::path(png_path).parent_path();
   BOTTLE_CHECK(out_dir.empty() || fs::is_directory(out_dir), "{}: folder {} does not exist",
                png_path, out_dir.string());
-  const fs::path train_dat = png_path + ".train.dat", val_dat = png_path + ".val.dat",
-                 script = png_path + ".gp";
-  // The plot and its scratch files replace what they name: never the metrics themselves.
-  for (const fs::path& out : {fs::path(png_path), train_dat, val_dat, script}) {
-    BOTTLE_CHECK(!fs::exists(out, ec) || fs::is_regular_file(out, ec),
-                 "{}: the plot must be written to a regular file (not a device, FIFO or "
+  const size_t runs = jsonl_paths.size();
+  const fs::path script = png_path + ".gp";
+  std::vector<fs::path> outputs{fs::path(png_path), script};
+  // Run i's data: PNG.train.dat and PNG.val.dat for one run, PNG.<i>.train.dat for several.
+  auto data_file = [&](size_t i, const char* what) {
+    return fs::path(runs == 1 ? fmt::format("{}.{}.dat", png_path, what)
+                              : fmt::format("{}.{}.{}.dat", png_path, i, what));
+  };
+  for (size_t i = 0; i < runs; ++i)
+    for (const char* what : {"train", "val"}) outputs.push_back(data_file(i, what));
+  for (const std::string& jsonl_path : jsonl_paths) {
+    // A device (/dev/full, /dev/zero) or a FIFO would be read without end.
+    BOTTLE_CHECK(fs::is_regular_file(jsonl_path, ec),
+                 "{}: the metrics to plot must be a regular file (not a device, FIFO or "
                  "directory)",
-                 out.string());
-    BOTTLE_CHECK(!fs::exists(out, ec) || !fs::equivalent(out, jsonl_path, ec),
-                 "{}: the plot would overwrite the metrics it draws ({})", out.string(),
                  jsonl_path);
+    // The plot and its scratch files replace what they name: never the metrics themselves.
+    for (const fs::path& out : outputs) {
+      BOTTLE_CHECK(!fs::exists(out, ec) || fs::is_regular_file(out, ec),
+                   "{}: the plot must be written to a regular file (not a device, FIFO or "
+                   "directory)",
+                   out.string());
+      BOTTLE_CHECK(!fs::exists(out, ec) || !fs::equivalent(out, jsonl_path, ec),
+                   "{}: the plot would overwrite the metrics it draws ({})", out.string(),
+                   jsonl_path);
+    }
   }
-  // Quoted before anything is written: a path gnuplot cannot read fails here, cleanly.
+  // Quoted before anything is written: a path gnuplot cannot read fails here, cleanly. With
+  // several runs each curve is named after its run's folder.
+  auto label = [&](size_t i) {
+    const fs::path p(jsonl_paths[i]);
+    return p.parent_path().filename().empty() ? p.filename().string()
+                                              : p.parent_path().filename().string();
+  };
   const std::string png_in_script = gnuplot_png_preamble(png_path, 1000, 600),
-                    train_in_script = gnuplot_path(train_dat),
-                    val_in_script = gnuplot_path(val_dat),
-                    title = gnuplot_string("bottle: " + fs::path(jsonl_path).filename().string(),
-                                           "the metrics' file name");
+                    title = gnuplot_string(
+                        runs == 1 ? "bottle: " + fs::path(jsonl_paths[0]).filename().string()
+                                  : fmt::format("bottle: {} runs", runs),
+                        "the metrics' file name");
   ScratchFiles scratch;
-  scratch.paths = {train_dat, val_dat, script};
-  std::ofstream train(train_dat), val(val_dat);
-  int64_t rows = 0, val_rows = 0, line_no = 0;
-  for (std::string line; std::getline(in, line);) {
-    ++line_no;
-    if (line.empty()) continue;
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    BOTTLE_CHECK(!j.is_discarded() && j.is_object() && is_number(j, "step"),
-                 "{}:{}: not a metrics line", jsonl_path, line_no);
-    // A skipped step's non-finite loss is null in JSON: it has no point on the curve.
-    if (is_number(j, "loss") && is_number(j, "lr")) {
-      train << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << " "
-            << j["lr"].get<double>() << "\n";
-      ++rows;
+  scratch.paths = {outputs.begin() + 1, outputs.end()};
+  std::vector<std::string> curves;
+  std::string lr_curve;
+  for (size_t i = 0; i < runs; ++i) {
+    const std::string& jsonl_path = jsonl_paths[i];
+    std::ifstream in(jsonl_path);
+    BOTTLE_CHECK(in, "{}: cannot open", jsonl_path);
+    const fs::path train_dat = data_file(i, "train"), val_dat = data_file(i, "val");
+    const std::string train_in_script = gnuplot_path(train_dat),
+                      val_in_script = gnuplot_path(val_dat),
+                      name = runs == 1 ? "" : gnuplot_string(label(i), "the run's folder name");
+    std::ofstream train(train_dat), val(val_dat);
+    int64_t rows = 0, val_rows = 0, line_no = 0;
+    for (std::string line; std::getline(in, line);) {
+      ++line_no;
+      if (line.empty()) continue;
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      BOTTLE_CHECK(!j.is_discarded() && j.is_object() && is_number(j, "step"),
+                   "{}:{}: not a metrics line", jsonl_path, line_no);
+      // A skipped step's non-finite loss is null in JSON: it has no point on the curve.
+      if (is_number(j, "loss") && is_number(j, "lr")) {
+        train << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << " "
+              << j["lr"].get<double>() << "\n";
+        ++rows;
+      }
+      if (is_number(j, "val_loss")) {
+        val << j["step"].get<int64_t>() << " " << j["val_loss"].get<double>() << "\n";
+        ++val_rows;
+      }
     }
-    if (is_number(j, "val_loss")) {
-      val << j["step"].get<int64_t>() << " " << j["val_loss"].get<double>() << "\n";
-      ++val_rows;
-    }
+    train.close();
+    val.close();
+    BOTTLE_CHECK(train && val, "{}: cannot write the plot's data beside it (disk full?)", png_path);
+    BOTTLE_CHECK(rows > 0, "{}: no training steps to plot", jsonl_path);
+    // gnuplot joins string literals with '.'; one run keeps the plain titles.
+    auto titled = [&](const char* what) {
+      return runs == 1 ? fmt::format("'{}'", what) : fmt::format("{}.' {}'", name, what);
+    };
+    curves.push_back(fmt::format("{} using 1:2 with lines lw 1.5 title {}", train_in_script,
+                                 titled("train loss")));
+    if (val_rows > 0)
+      curves.push_back(fmt::format("{} using 1:2 with linespoints lw 2 pt 7 title {}",
+                                   val_in_script, titled("val loss")));
+    if (i == 0)
+      lr_curve = fmt::format("{} using 1:3 axes x1y2 with lines dt 2 lc rgb 'gray40' title {}",
+                             train_in_script, titled("lr"));
   }
-  train.close();
-  val.close();
-  BOTTLE_CHECK(train && val, "{}: cannot write the plot's data beside it (disk full?)", png_path);
-  BOTTLE_CHECK(rows > 0, "{}: no training steps to plot", jsonl_path);
+  curves.push_back(lr_curve);
   {
     std::ofstream gp(script);
     // noenhanced: a file name is text, not gnuplot's markup for sub- and superscripts.
     gp << png_in_script << "set title " << title << " noenhanced\n"
        << "set xlabel 'step'\nset ylabel 'loss (nats)'\nset y2label 'learning rate'\n"
-       << "set ytics nomirror\nset y2tics\nset grid\nset key top right\n"
-       << "plot " << train_in_script << " using 1:2 with lines lw 1.5 title 'train loss'";
-    if (val_rows > 0)
-      gp << ", " << val_in_script << " using 1:2 with linespoints lw 2 pt 7 title 'val loss'";
-    gp << ", " << train_in_script
-       << " using 1:3 axes x1y2 with lines dt 2 lc rgb 'gray40' title 'lr'\n";
+       << "set ytics nomirror\nset y2tics\nset grid\nset key top right noenhanced\nplot ";
+    for (size_t i = 0; i < curves.size(); ++i) gp << (i ? ", " : "") << curves[i];
+    gp << "\n";
     gp.close();
     BOTTLE_CHECK(gp, "{}: cannot write the plot's script (disk full?)", script.string());
   }

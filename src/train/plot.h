@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace bottle {
 
@@ -30,5 +31,8 @@ void run_gnuplot(const std::filesystem::path& script, const std::filesystem::pat
 // into a PNG. Its data and script are scratch files beside the PNG (PNG.train.dat,
 // PNG.val.dat, PNG.gp), removed when it ends. Errors name the file.
 void plot_metrics(const std::string& jsonl_path, const std::string& png_path);
+// Several runs in one PNG (e.g. fp32 and bf16 from the same seed): each run's losses, named
+// after its folder, and the first run's learning rate. Scratch files PNG.<i>.train.dat etc.
+void plot_metrics(const std::vector<std::string>& jsonl_paths, const std::string& png_path);
 
 }  // namespace bottle
