@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -151,8 +152,16 @@ Command add_bench_step_command(CLI::App& app) {
       BOTTLE_CHECK(!precision_list.empty(), "--precision: no precision given");
     }
     std::unique_ptr<Backend> be = make_backend("cpu");
-    // Measured on the unwrapped backend, so the profile counts the step's kernels alone.
-    GemmPeak peak(*be);
+    // Measured before the profiler wraps the backend, so the profile counts the step's kernels
+    // alone; each precision's MFU against its own GEMMs' peak.
+    std::map<Precision, std::unique_ptr<GemmPeak>> peaks;
+    for (const Precision precision : precision_list)
+      if (!peaks.count(precision))
+        peaks[precision] = std::make_unique<GemmPeak>(*be, compute_dtype(precision));
+    std::string peak_text;
+    for (const auto& [precision, peak] : peaks)
+      peak_text += fmt::format("{}{:.0f} GFLOP/s ({})", peak_text.empty() ? "" : ", ",
+                               peak->gflops(), enum_name(precision));
     ProfilingBackend* profiler = nullptr;
     if (o->profile) {
       auto wrapped = std::make_unique<ProfilingBackend>(std::move(be));
@@ -162,11 +171,11 @@ Command add_bench_step_command(CLI::App& app) {
     if (!o->json)
       std::printf(
           "bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld %s, %d threads; GEMM "
-          "peak %.0f GFLOP/s (fp32)\nCPU: %s\n",
+          "peak %s\nCPU: %s\n",
           (long long)o->model.vocab_size, (long long)o->model.hidden_size,
           (long long)o->model.intermediate_size, (long long)o->model.num_layers,
           (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch,
-          o->precisions.c_str(), o->threads, peak.gflops(), cpu_summary().c_str());
+          o->precisions.c_str(), o->threads, peak_text.c_str(), cpu_summary().c_str());
     const bool any_bf16 = std::count(precision_list.begin(), precision_list.end(), Precision::bf16);
     if (!o->json && any_bf16) std::printf("bf16 GEMMs: %s\n", be->bf16_gemm_path().c_str());
     if (!o->save.empty()) {
@@ -228,6 +237,7 @@ Command add_bench_step_command(CLI::App& app) {
         const Timing t = summarize(ms);
         const double flops = model.flops_per_step(n, o->seq);
         const double gflops = flops / (t.median * 1e6);
+        GemmPeak& peak = *peaks.at(precision);
         const std::optional<double> mfu = peak.utilization(gflops);
         if (config.bottleneck == BottleneckKind::none && precision == precision_list.front())
           baseline_ms = t.median;

@@ -8,7 +8,7 @@
 
 namespace bottle {
 
-double measure_gemm_peak_gflops(Backend& be) {
+double measure_gemm_peak_gflops(Backend& be, DType dtype) {
   using Clock = std::chrono::steady_clock;
   constexpr double kSecondsPerShape = 0.25;
   constexpr int kMaxRuns = 50;
@@ -20,15 +20,20 @@ double measure_gemm_peak_gflops(Backend& be) {
     // Every run starts the trainer: on a slow or busy machine the larger shape (8x the work)
     // would cost seconds and, where it matters at all, adds little to the smaller's peak.
     if (best > 0.0 && flops / (best * 1e9) > kSecondsPerShape / 2) break;
-    Tensor a = arena.alloc({n, n}), b = arena.alloc({n, n}), c = arena.alloc({n, n});
-    // Finite operands of one value (GEMM time does not depend on them), staged to the device.
+    Tensor a = arena.alloc({n, n}, dtype), b = arena.alloc({n, n}, dtype), c = arena.alloc({n, n});
+    // Finite operands of one value (GEMM time does not depend on them), staged to the device
+    // and converted there.
+    Tensor staging = arena.alloc({n, n});
     const std::vector<float> a_host(size_t(a.numel()), 0.01f), b_host(size_t(b.numel()), 0.02f);
-    be.from_host(a, a_host.data());
-    be.from_host(b, b_host.data());
+    be.from_host(staging, a_host.data());
+    be.copy(a, staging);
+    be.from_host(staging, b_host.data());
+    be.copy(b, staging);
     GemmArgs g;
     g.m = g.n = g.k = n;
     g.a = a.data, g.b = b.data, g.c = c.data;
     g.lda = g.ldb = g.ldc = n;
+    g.dtypes_of(a, b, c);
     be.gemm(g);  // creates the primitive
     const auto start = Clock::now();
     for (int run = 0; run < kMaxRuns; ++run) {
@@ -47,7 +52,7 @@ std::optional<double> GemmPeak::utilization(double achieved_gflops) {
   // Twice per run at most: a machine that stays busy must not pay for it at every step.
   while (achieved_gflops > gflops_ && remeasured_ < 2) {
     ++remeasured_;
-    gflops_ = std::max(gflops_, measure_gemm_peak_gflops(be_));
+    gflops_ = std::max(gflops_, measure_gemm_peak_gflops(be_, dtype_));
   }
   if (gflops_ <= 0.0 || achieved_gflops > gflops_) return std::nullopt;
   return achieved_gflops / gflops_;

@@ -369,7 +369,7 @@ void Trainer::open_logs() {
     out.close();
     BOTTLE_CHECK(out, "{}: write failed (disk full or read-only?)", resolved.string());
   }
-  peak_ = std::make_unique<GemmPeak>(*be_);
+  peak_ = std::make_unique<GemmPeak>(*be_, compute_dtype(tc_.precision));
   // The probe's matrices are gone: peaks count training alone.
   MemoryStats::global().reset_peaks();
   // The whole job's model FLOPs: every DP replica's micro-batches.
@@ -378,13 +378,16 @@ void Trainer::open_logs() {
       double(tc_.grad_accum_steps) * double(config_.parallel.dp);
   message(fmt::format(
       "training {} ({} parameters, {} bottleneck) for {} steps of {} tokens on {} rank(s) (tp {} "
-      "\"{}\") x {} threads; GEMM peak {:.0f} GFLOP/s per rank; recompute \"{}\"; planned "
+      "\"{}\") x {} threads, {}; GEMM peak {:.0f} GFLOP/s per rank; recompute \"{}\"; planned "
       "memory of rank 0: {} ({})",
       options_.config_path, config_.model.parameter_count(),
       bottleneck_kind_name(config_.model.bottleneck), tc_.steps, config_.tokens_per_step(),
       world_.size(), config_.parallel.tp, tp_mode_name(config_.parallel.tp_mode),
-      omp_get_max_threads(), peak_->gflops(), recompute_name(tc_.recompute),
-      format_bytes(plan_.total()), describe_memory(plan_)));
+      omp_get_max_threads(),
+      tc_.precision == Precision::bf16 ? fmt::format("bf16 (GEMMs: {})", be_->bf16_gemm_path())
+                                       : std::string("fp32"),
+      peak_->gflops(), recompute_name(tc_.recompute), format_bytes(plan_.total()),
+      describe_memory(plan_)));
 }
 
 TrainResult Trainer::run() {
