@@ -116,6 +116,37 @@ TEST_P(TpParity, LossAndEveryGradientMatchOneRank) {
   EXPECT_LE(std::fabs(tp_norm - serial_norm), 1e-5 * serial_norm);
 }
 
+// `steps` AdamW steps at lr 1e-3, clipped at global gradient norm 1, on a learnable stream
+// (each token the previous one plus 1 or 2), from the seed-5 weights: the losses.
+std::vector<float> train_steps(Backend& be, const ModelConfig& config, TensorParallel tp, int steps,
+                               DType compute = DType::f32) {
+  const int64_t batch = 2, seq = 16, n = batch * seq;
+  LlamaModel model(config, tp, 1, {}, false, be, compute);
+  model.init_weights(5);
+  model.allocate_activations(batch, seq);
+  AdamWConfig opt = OptimizerConfig{}.adamw();
+  opt.lr = 1e-3f;
+  AdamW adamw(model.parameters(), opt);
+  std::vector<float> losses;
+  for (int step = 0; step < steps; ++step) {
+    std::vector<int32_t> tokens(size_t(n + 1));
+    std::mt19937 rng(100 + step);
+    tokens[0] = int32_t(rng() % uint32_t(config.vocab_size));
+    for (size_t i = 1; i < tokens.size(); ++i)
+      tokens[i] = int32_t((tokens[i - 1] + 1 + rng() % 2) % config.vocab_size);
+    std::vector<int32_t> in(tokens.begin(), tokens.end() - 1),
+        out(tokens.begin() + 1, tokens.end());
+    Tensor tok{in.data(), {batch, seq}, DType::i32}, tgt{out.data(), {batch, seq}, DType::i32};
+    model.zero_grad(be);
+    losses.push_back(model.forward(be, tok, tgt));
+    model.backward(be, tok, tgt);
+    const double norm = std::sqrt(model.grad_sum_squares(be));
+    adamw.step(be, model.parameters(), opt.lr, norm > 1.0 ? float(1.0 / norm) : 1.0f);
+    model.parameters().refresh_compute(be);
+  }
+  return losses;
+}
+
 // 20 AdamW steps with clipping on the global gradient norm: the same losses as one rank.
 class TpTraining : public ::testing::TestWithParam<Case> {};
 
@@ -123,34 +154,8 @@ TEST_P(TpTraining, TwentyStepsMatchOneRank) {
   const Case c = GetParam();
   const ModelConfig config = parity_config(c);
   auto be = make_backend("cpu");
-  const int64_t batch = 2, seq = 16, n = batch * seq;
-  auto run = [&](Communicator* comm) {
-    LlamaModel model(config, TensorParallel{c.mode, comm, c.grouping});
-    model.init_weights(5);
-    model.allocate_activations(batch, seq);
-    AdamWConfig opt = OptimizerConfig{}.adamw();
-    opt.lr = 1e-3f;
-    AdamW adamw(model.parameters(), opt);
-    std::vector<float> losses;
-    for (int step = 0; step < 20; ++step) {
-      // A learnable stream: each token is the previous one plus a small step.
-      std::vector<int32_t> tokens(size_t(n + 1));
-      std::mt19937 rng(100 + step);
-      tokens[0] = int32_t(rng() % uint32_t(config.vocab_size));
-      for (size_t i = 1; i < tokens.size(); ++i)
-        tokens[i] = int32_t((tokens[i - 1] + 1 + rng() % 2) % config.vocab_size);
-      std::vector<int32_t> in(tokens.begin(), tokens.end() - 1),
-          out(tokens.begin() + 1, tokens.end());
-      Tensor tok{in.data(), {batch, seq}, DType::i32}, tgt{out.data(), {batch, seq}, DType::i32};
-      model.zero_grad(*be);
-      losses.push_back(model.forward(*be, tok, tgt));
-      model.backward(*be, tok, tgt);
-      const double norm = std::sqrt(model.grad_sum_squares(*be));
-      adamw.step(*be, model.parameters(), opt.lr, norm > 1.0 ? float(1.0 / norm) : 1.0f);
-    }
-    return losses;
-  };
-  const auto serial = run(nullptr), tp = run(&world());
+  const auto serial = train_steps(*be, config, TensorParallel{c.mode, nullptr, c.grouping}, 20),
+             tp = train_steps(*be, config, TensorParallel{c.mode, &world(), c.grouping}, 20);
   double worst = 0;
   for (int step = 0; step < 20; ++step) {
     EXPECT_NEAR(tp[step], serial[step], 1e-4) << "step " << step;
@@ -194,45 +199,21 @@ TEST_P(TpTrainingBf16, TenStepsMatchOneRankAndHalveTheBytes) {
   const Case c = GetParam();
   const ModelConfig config = parity_config(c);
   auto be = make_backend("cpu");
-  const int64_t batch = 2, seq = 16, n = batch * seq;
-  CommCounter fp32_volume, bf16_volume;
-  auto run = [&](Communicator* comm, DType compute, int steps) {
-    LlamaModel model(config, TensorParallel{c.mode, comm, c.grouping}, 1, {}, false, *be, compute);
-    model.init_weights(5);
-    model.allocate_activations(batch, seq);
-    AdamWConfig opt = OptimizerConfig{}.adamw();
-    opt.lr = 1e-3f;
-    AdamW adamw(model.parameters(), opt);
-    std::vector<float> losses;
-    if (comm) comm->stats().reset();
-    for (int step = 0; step < steps; ++step) {
-      std::vector<int32_t> tokens(size_t(n + 1));
-      std::mt19937 rng(100 + step);
-      tokens[0] = int32_t(rng() % uint32_t(config.vocab_size));
-      for (size_t i = 1; i < tokens.size(); ++i)
-        tokens[i] = int32_t((tokens[i - 1] + 1 + rng() % 2) % config.vocab_size);
-      std::vector<int32_t> in(tokens.begin(), tokens.end() - 1),
-          out(tokens.begin() + 1, tokens.end());
-      Tensor tok{in.data(), {batch, seq}, DType::i32}, tgt{out.data(), {batch, seq}, DType::i32};
-      model.zero_grad(*be);
-      losses.push_back(model.forward(*be, tok, tgt));
-      model.backward(*be, tok, tgt);
-      const double norm = std::sqrt(model.grad_sum_squares(*be));
-      adamw.step(*be, model.parameters(), opt.lr, norm > 1.0 ? float(1.0 / norm) : 1.0f);
-      model.parameters().refresh_compute(*be);
-    }
-    if (comm) (compute == DType::bf16 ? bf16_volume : fp32_volume) = comm->stats().total();
-    return losses;
-  };
-  const auto serial = run(nullptr, DType::bf16, 10), tp = run(&world(), DType::bf16, 10);
+  const TensorParallel one{c.mode, nullptr, c.grouping}, tp{c.mode, &world(), c.grouping};
+  const auto serial = train_steps(*be, config, one, 10, DType::bf16);
+  world().stats().reset();
+  const auto losses = train_steps(*be, config, tp, 10, DType::bf16);
+  const CommCounter bf16_volume = world().stats().total();
+  world().stats().reset();
+  train_steps(*be, config, tp, 10, DType::f32);
+  const CommCounter fp32_volume = world().stats().total();
   double worst = 0;
   for (int step = 0; step < 10; ++step) {
-    const double rel = std::fabs(tp[step] - serial[step]) / std::fabs(serial[step]);
-    EXPECT_LE(rel, 1e-2) << "step " << step << ": " << tp[step] << " vs " << serial[step];
+    const double rel = std::fabs(losses[step] - serial[step]) / std::fabs(serial[step]);
+    EXPECT_LE(rel, 1e-2) << "step " << step << ": " << losses[step] << " vs " << serial[step];
     worst = std::max(worst, rel);
   }
   EXPECT_LT(serial.back(), serial.front());  // it trains
-  run(&world(), DType::f32, 10);
   EXPECT_EQ(bf16_volume.elements, fp32_volume.elements);
   EXPECT_EQ(fp32_volume.bytes, 4 * fp32_volume.elements);
   const double byte_ratio = double(bf16_volume.bytes) / double(fp32_volume.bytes);

@@ -38,6 +38,18 @@ double relative_max_error(const float* a, const std::vector<float>& b) {
   return err / std::max(scale, 1e-30);
 }
 
+// The first batch of a token stream: tokens [batch, seq] and their targets (shifted by one).
+struct Batch {
+  Arena arena{MemoryTag::workspace};
+  Tensor tokens, targets;
+  Batch(const std::vector<int32_t>& stream, int64_t batch, int64_t seq)
+      : tokens(arena.alloc({batch, seq}, DType::i32)),
+        targets(arena.alloc({batch, seq}, DType::i32)) {
+    std::copy(stream.begin(), stream.begin() + batch * seq, tokens.i32());
+    std::copy(stream.begin() + 1, stream.begin() + 1 + batch * seq, targets.i32());
+  }
+};
+
 class TorchParity : public ::testing::TestWithParam<ParityCase> {};
 
 TEST_P(TorchParity, LossLogitsAndEveryGradientMatch) {
@@ -60,11 +72,8 @@ TEST_P(TorchParity, LossLogitsAndEveryGradientMatch) {
 
   auto be = make_backend("cpu");
   const std::vector<int32_t> stream = read_token_shard(dir / "tokens.bin");
-  Arena arena(MemoryTag::workspace);
-  Tensor tokens = arena.alloc({batch, seq}, DType::i32),
-         targets = arena.alloc({batch, seq}, DType::i32);
-  std::copy(stream.begin(), stream.begin() + batch * seq, tokens.i32());
-  std::copy(stream.begin() + 1, stream.begin() + 1 + batch * seq, targets.i32());
+  const Batch b(stream, batch, seq);
+  const Tensor tokens = b.tokens, targets = b.targets;
   model.allocate_activations(batch, seq);
   model.zero_grad(*be);
   const float loss = model.forward(*be, tokens, targets);
@@ -145,11 +154,8 @@ TEST_P(TorchAutocastParity, Bf16LossAndGradientsMatchAutocast) {
     LlamaModel model(config, TensorParallel{&default_tp_layout(config.shape())}, 1, {}, false, *be,
                      DType::bf16);
     load_model_weights(model, dir / "model");
-    Arena arena(MemoryTag::workspace);
-    Tensor tokens = arena.alloc({batch, seq}, DType::i32),
-           targets = arena.alloc({batch, seq}, DType::i32);
-    std::copy(stream.begin(), stream.begin() + batch * seq, tokens.i32());
-    std::copy(stream.begin() + 1, stream.begin() + 1 + batch * seq, targets.i32());
+    const Batch b(stream, batch, seq);
+    const Tensor tokens = b.tokens, targets = b.targets;
     model.allocate_activations(batch, seq);
     ASSERT_EQ(model.logits().dtype, DType::bf16);
     model.zero_grad(*be);
