@@ -214,7 +214,8 @@ void btp_block_backward(Backend& be, const TensorParallel& tp, BtpBlock& b, TpBl
 }
 
 // The chunks' insides from what lowrank keeps: the latents z after each all-reduce (ΣS in
-// their slabs' tails), x and h; every step below is local to this rank.
+// their slabs' tails, or in buffers of their own in bf16), x and h; every step below is local
+// to this rank.
 void btp_block_recompute_lowrank(Backend& be, const TensorParallel& tp, BtpBlock& b,
                                  const TpBlock* prev, Tensor x) {
   const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
