@@ -133,7 +133,7 @@ TEST_P(TorchAutocastParity, Bf16LossAndGradientsMatchAutocast) {
   // more weight than any real model does (autocast itself is then at cosine 0.995 of fp32).
   const int64_t batch = 2, seq = 32;
   ModelConfig config = tiny_config(pc.kind, pc.kv_heads, pc.tied);
-  config.hidden_size = 64, config.intermediate_size = 128, config.rank = 16;
+  config.hidden_size = 128, config.intermediate_size = 256, config.rank = 32;
   {
     LlamaModel model(config);
     init_for_test(model, 7);
