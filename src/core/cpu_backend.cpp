@@ -119,6 +119,12 @@ struct RopeTable {
   std::vector<float> cos, sin;
 };
 
+// oneDNN's bf16 matmul on this CPU ("" where it has none), asked once.
+const std::string& bf16_matmul() {
+  static const std::string impl = dnnl_bf16_matmul();
+  return impl;
+}
+
 class CpuBackend final : public HostBackend {
  public:
   std::string_view name() const override { return "cpu"; }
@@ -126,12 +132,11 @@ class CpuBackend final : public HostBackend {
   // bf16 operands only where oneDNN runs them on this CPU's bf16 instructions; elsewhere
   // the widening backend (widening_backend.h) hands this backend fp32.
   std::string bf16_gemm_path() const override {
-    static const std::string impl = dnnl_bf16_matmul();
-    return impl.empty() ? "none" : fmt::format("oneDNN bf16 matmul ({})", impl);
+    return bf16_matmul().empty() ? "none" : fmt::format("oneDNN bf16 matmul ({})", bf16_matmul());
   }
 
   void gemm(const GemmArgs& args) override {
-    BOTTLE_CHECK(!args.any_bf16() || (bf16_gemm_path() != "none" && args.a_dtype == DType::bf16 &&
+    BOTTLE_CHECK(!args.any_bf16() || (!bf16_matmul().empty() && args.a_dtype == DType::bf16 &&
                                       args.b_dtype == DType::bf16),
                  "cpu backend: gemm of {} x {} -> {} (bf16 GEMMs: {})", dtype_name(args.a_dtype),
                  dtype_name(args.b_dtype), dtype_name(args.c_dtype), bf16_gemm_path());
