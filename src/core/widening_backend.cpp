@@ -29,6 +29,10 @@ struct Strided {
   DType dtype = DType::f32;
   int64_t rows = 0, cols = 0, ld = 0, batch = 1, stride = 0;
   int64_t elements() const { return batch * rows * cols; }
+  // One run of elements (a whole tensor, a dense matrix): converted in parallel chunks.
+  bool contiguous() const {
+    return (rows == 1 || ld == cols) && (batch == 1 || stride == rows * cols);
+  }
   uint16_t* row(int64_t r) const {  // r < batch·rows
     return static_cast<uint16_t*>(data) + (r / rows) * stride + (r % rows) * ld;
   }
@@ -40,6 +44,7 @@ Strided operand(const void* data, DType dtype, int64_t rows, int64_t cols, int64
 }
 
 void widen(float* dst, const Strided& m) {
+  if (m.contiguous()) return widen(dst, static_cast<const uint16_t*>(m.data), m.elements());
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < m.batch * m.rows; ++r) {
     const uint16_t* src = m.row(r);
@@ -48,6 +53,7 @@ void widen(float* dst, const Strided& m) {
 }
 
 void narrow(const Strided& m, const float* src) {
+  if (m.contiguous()) return narrow(static_cast<uint16_t*>(m.data), src, m.elements());
 #pragma omp parallel for schedule(static)
   for (int64_t r = 0; r < m.batch * m.rows; ++r) {
     uint16_t* dst = m.row(r);
