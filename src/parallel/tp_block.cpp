@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "parallel/tp_layout.h"
+
 namespace bottle {
 
 void allocate_block_buffers(const BlockAllocators& a, Recompute policy, int64_t slab_tail,
@@ -99,6 +101,14 @@ BlockDims head_split_dims(const ModelShape& m, int t, int64_t d_res) {
   d.dkv = d.kv_heads * d.head_dim;
   d.dff = m.ffn / t;
   return d;
+}
+
+void check_head_split_divisible(const ModelShape& m, int t) {
+  require_divides(t, m.vocab, Setting::vocab_size);
+  require_divides(t, m.hidden, Setting::hidden_size);
+  require_divides(t, m.ffn, Setting::intermediate_size);
+  require_divides(t, m.heads, Setting::num_heads);
+  require_divides(t, m.kv_heads, Setting::num_kv_heads);
 }
 
 }  // namespace bottle

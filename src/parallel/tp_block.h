@@ -105,6 +105,9 @@ void allocate_replicated_norms(const BlockAllocators& a, const TpBlock& block, R
 // The widths of a rank that holds heads/t heads and d_ff/t of the MLP (full and btp), with a
 // residual stream of d_res.
 BlockDims head_split_dims(const ModelShape& m, int t, int64_t d_res);
+// Throws SettingError naming the key unless t divides what such a rank splits: the
+// vocabulary, d, d_ff and both head counts (kv heads are never replicated).
+void check_head_split_divisible(const ModelShape& m, int t);
 // The gradients every layout has (from a.grads).
 void allocate_block_gradient_buffers(const BlockAllocators& a, const TpBlock& block,
                                      BlockGradients& g);

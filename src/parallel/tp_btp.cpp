@@ -248,11 +248,7 @@ class BtpLayout final : public TpLayout {
   bool fits(BottleneckKind kind) const override { return kind != BottleneckKind::none; }
   const char* requirement() const override { return "needs a bottleneck model"; }
   void check_divisible(const ModelShape& m, int t) const override {
-    require_divides(t, m.vocab, Setting::vocab_size);
-    require_divides(t, m.hidden, Setting::hidden_size);
-    require_divides(t, m.ffn, Setting::intermediate_size);
-    require_divides(t, m.heads, Setting::num_heads);
-    require_divides(t, m.kv_heads, Setting::num_kv_heads);  // no replication of kv heads
+    check_head_split_divisible(m, t);
   }
   // lowrank keeps the chunk boundaries, the r-wide latents: rebuilding the insides is local.
   bool supports(Recompute policy, const ModelShape& m) const override {

@@ -27,11 +27,7 @@ class FullLayout final : public TpLayout {
   bool fits(BottleneckKind kind) const override { return kind == BottleneckKind::none; }
   const char* requirement() const override { return "is for a full-rank model"; }
   void check_divisible(const ModelShape& m, int t) const override {
-    require_divides(t, m.vocab, Setting::vocab_size);
-    require_divides(t, m.hidden, Setting::hidden_size);
-    require_divides(t, m.ffn, Setting::intermediate_size);
-    require_divides(t, m.heads, Setting::num_heads);
-    require_divides(t, m.kv_heads, Setting::num_kv_heads);  // no replication of kv heads
+    check_head_split_divisible(m, t);
   }
   bool supports(Recompute policy, const ModelShape&) const override {
     return policy != Recompute::lowrank;
