@@ -8,19 +8,11 @@
 #include <span>
 #include <string>
 
+#include "core/dtype.h"
 #include "core/error.h"
 
 namespace bottle {
 
-enum class DType : uint8_t { f32, bf16, i32 };
-// Where a tensor's bytes live: the backend that allocated them says (Backend::device()).
-enum class Device : uint8_t { cpu };
-inline const char* device_name(Device) { return "cpu"; }
-
-inline size_t dtype_size(DType t) { return t == DType::bf16 ? 2 : 4; }
-inline const char* dtype_name(DType t) {
-  return t == DType::f32 ? "f32" : t == DType::bf16 ? "bf16" : "i32";
-}
 
 struct Shape {
   static constexpr int kMaxRank = 4;
