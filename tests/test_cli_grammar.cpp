@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/backend.h"
 #include "test_util.h"
 
 namespace bottle::testing {
@@ -128,6 +129,12 @@ INSTANTIATE_TEST_SUITE_P(
                 "--steps: must be an integer in [1, "},
         Hostile{"bench_step_warmup_negative", "bench step --warmup -1 --torch false",
                 "--warmup: must be an integer in [0, "},
+        Hostile{"bench_step_backend_unknown", "bench step --backend tpu --torch false",
+                "--backend: tpu not in {cpu,reference,cuda}"},
+        Hostile{"bench_step_peak_tflops_0", "bench step --peak-tflops 0 --torch false",
+                "--peak-tflops: must be a finite number in [1e-06, "},
+        Hostile{"bench_step_peak_tflops_nan", "bench step --peak-tflops nan --torch false",
+                "--peak-tflops: must be a finite number"},
         Hostile{"bench_tp_steps_0", "bench tp {dir}/tiny.toml --steps 0",
                 "--steps: must be an integer in [1, "},
         Hostile{"bench_tp_threads_negative", "bench tp {dir}/tiny.toml --threads -1",
@@ -279,6 +286,42 @@ TEST_F(CliGrammar, BenchTpHonoursRecompute) {
     }
   }
   for (const auto& [mode, row] : none) EXPECT_EQ(row.at("recompute"), "none") << mode;
+}
+
+nlohmann::json last_json(const CommandResult& r) {
+  const size_t brace = r.output.rfind('{');
+  if (brace == std::string::npos) return nlohmann::json::object();
+  return nlohmann::json::parse(r.output.substr(brace), nullptr, false);
+}
+
+// bench step runs on --backend, else on the file's training.backend; MFU against a nominal
+// peak comes with --peak-tflops; a backend that cannot run here is refused naming where the
+// choice came from and why (backend_unavailable).
+TEST_F(CliGrammar, BenchStepBackendAndNominalPeak) {
+  const std::string step = "bench step {dir}/tiny.toml --steps 1 --warmup 0 --torch false --json";
+  const CommandResult ref =
+      bottle(step + " --set training.backend=reference --peak-tflops 2", "", kWorkTimeoutS);
+  ASSERT_EQ(ref.status, 0) << ref.output;
+  const nlohmann::json row = last_json(ref);
+  EXPECT_EQ(row.value("backend", ""), "reference") << ref.output;
+  EXPECT_EQ(row.value("nominal_peak_tflops", 0.0), 2.0) << ref.output;
+  EXPECT_DOUBLE_EQ(row.value("mfu_nominal", 0.0), row.value("gflops", -1.0) / 2000.0) << ref.output;
+  const CommandResult cpu =
+      bottle(step + " --set training.backend=reference --backend cpu", "", kWorkTimeoutS);
+  ASSERT_EQ(cpu.status, 0) << cpu.output;
+  EXPECT_EQ(last_json(cpu).value("backend", ""), "cpu") << cpu.output;
+  EXPECT_FALSE(last_json(cpu).contains("mfu_nominal")) << cpu.output;
+  const std::string why = backend_unavailable("cuda");
+  if (why.empty()) GTEST_SKIP() << "a GPU is visible here: --backend cuda runs";
+  const CommandResult flag = bottle(step + " --backend cuda");
+  EXPECT_EQ(flag.status, 1) << flag.output;
+  EXPECT_NE(flag.output.find("bottle: error: bench step: --backend cuda: " + why),
+            std::string::npos)
+      << flag.output;
+  const CommandResult file = bottle(step + " --set training.backend=cuda");
+  EXPECT_EQ(file.status, 1) << file.output;
+  EXPECT_NE(file.output.find("tiny.toml: training.backend = \"cuda\": " + why), std::string::npos)
+      << file.output;
 }
 
 // eval on the layouts a run trains on gives one process's loss (up to rounding).

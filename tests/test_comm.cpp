@@ -1,14 +1,18 @@
 // The comm layer under mpirun (2 and 4 ranks): exact results of every collective, the
-// counters of the header's definition, and the rank layout of ProcessGroups.
+// counters of the header's definition, the rank layout of ProcessGroups, and device tensors
+// staged through the host communicator (make_group_communicator).
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <cstring>
 #include <numeric>
 #include <string>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "comm/process_groups.h"
+#include "comm/staged_communicator.h"
+#include "core/backend.h"
 #include "core/bf16.h"
 
 namespace bottle {
@@ -380,6 +384,513 @@ TEST(ProcessGroups, WrongLayoutNamesTheWorldSize) {
               std::string::npos)
         << m;
   }
+}
+
+// --- Device tensors through the host communicator (StagedCommunicator), no GPU needed.
+
+// A stand-in for a GPU: its tensors say Device::cuda and keep their bytes inverted, so that a
+// communicator that handed their memory to MPI instead of staging it through to_host /
+// from_host would get every sum wrong. It counts the staging copies and has no kernels.
+class FakeDevice final : public Backend {
+ public:
+  static void invert(void* dst, const void* src, size_t bytes) {
+    auto* d = static_cast<unsigned char*>(dst);
+    const auto* s = static_cast<const unsigned char*>(src);
+    for (size_t i = 0; i < bytes; ++i) d[i] = static_cast<unsigned char>(~s[i]);
+  }
+
+  std::string_view name() const override { return "fake-device"; }
+  Device device() const override { return Device::cuda; }
+  void* allocate(size_t, const char*) override { no_kernel(); }
+  void deallocate(void*, size_t) override {}
+  void to_host(void* dst, Tensor src) override {
+    EXPECT_EQ(src.device, Device::cuda);
+    ++to_host_calls;
+    invert(dst, src.data, src.nbytes());
+  }
+  void from_host(Tensor dst, const void* src) override {
+    EXPECT_EQ(dst.device, Device::cuda);
+    ++from_host_calls;
+    invert(dst.data, src, dst.nbytes());
+  }
+  // Same dtype only: all that a group of one asks for.
+  void copy(Tensor dst, Tensor src) override {
+    EXPECT_TRUE(dst.device == Device::cuda && src.device == Device::cuda);
+    ASSERT_EQ(dst.dtype, src.dtype);
+    ASSERT_EQ(dst.numel(), src.numel());
+    std::memcpy(dst.data, src.data, src.nbytes());
+    ++copies;
+  }
+  void copy_columns(Tensor, int64_t, Tensor, int64_t, int64_t) override { no_kernel(); }
+  int64_t first_outside(Tensor, int64_t, int64_t) override { no_kernel(); }
+  void gemm(const GemmArgs&) override { no_kernel(); }
+  void embedding_forward(Tensor, Tensor, Tensor) override { no_kernel(); }
+  void embedding_backward(Tensor, Tensor, Tensor) override { no_kernel(); }
+  void rmsnorm_forward(Tensor, Tensor, Tensor, Tensor, float) override { no_kernel(); }
+  void rmsnorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override { no_kernel(); }
+  void layernorm_forward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float) override {
+    no_kernel();
+  }
+  void layernorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override {
+    no_kernel();
+  }
+  void rope_forward(Tensor, float) override { no_kernel(); }
+  void rope_backward(Tensor, float) override { no_kernel(); }
+  void attention_forward(Tensor, Tensor, Tensor, Tensor, Tensor) override { no_kernel(); }
+  void attention_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                          Tensor) override {
+    no_kernel();
+  }
+  void silu_forward(Tensor, Tensor) override { no_kernel(); }
+  void silu_backward(Tensor, Tensor, Tensor) override { no_kernel(); }
+  void swiglu_forward(Tensor, Tensor, Tensor, bool) override { no_kernel(); }
+  void swiglu_backward(Tensor, Tensor, Tensor, Tensor, Tensor, bool) override { no_kernel(); }
+  void add(Tensor, Tensor, Tensor) override { no_kernel(); }
+  void accumulate(Tensor, Tensor) override { no_kernel(); }
+  void fill_zero(Tensor) override { no_kernel(); }
+  void scale(Tensor, float) override { no_kernel(); }
+  double sum_squares(Tensor) override { no_kernel(); }
+  double sum(Tensor) override { no_kernel(); }
+  void multiply(Tensor, Tensor, Tensor) override { no_kernel(); }
+  void divide(Tensor, Tensor, Tensor) override { no_kernel(); }
+  void rms_from_sum_squares(Tensor, Tensor, float, float, bool) override { no_kernel(); }
+  void cross_entropy_forward(Tensor, Tensor, Tensor, Tensor) override { no_kernel(); }
+  void cross_entropy_backward(Tensor, Tensor, Tensor, float) override { no_kernel(); }
+  void embedding_shard_forward(Tensor, Tensor, Tensor, int64_t) override { no_kernel(); }
+  void embedding_shard_backward(Tensor, Tensor, Tensor, int64_t) override { no_kernel(); }
+  void logits_row_stats(Tensor, Tensor, Tensor) override { no_kernel(); }
+  void cross_entropy_shard_backward(Tensor, Tensor, Tensor, Tensor, Tensor, int64_t,
+                                    float) override {
+    no_kernel();
+  }
+  void rmsnorm_shard_forward(Tensor, Tensor, Tensor, Tensor, float) override { no_kernel(); }
+  void rmsnorm_shard_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                              int64_t) override {
+    no_kernel();
+  }
+  void cross_entropy_shard_partials(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
+                                    int64_t) override {
+    no_kernel();
+  }
+  void cross_entropy_shard_losses(Tensor, Tensor, Tensor, Tensor) override { no_kernel(); }
+  void scale_rows(Tensor, Tensor, Tensor) override { no_kernel(); }
+  void row_dot(Tensor, Tensor, Tensor) override { no_kernel(); }
+  void adamw_update(Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override { no_kernel(); }
+
+  int to_host_calls = 0, from_host_calls = 0, copies = 0;
+
+ private:
+  [[noreturn]] static void no_kernel() { fail("the fake device has no kernels"); }
+};
+
+template <typename T>
+DType dtype_of();
+template <>
+DType dtype_of<float>() {
+  return DType::f32;
+}
+template <>
+DType dtype_of<int32_t>() {
+  return DType::i32;
+}
+template <>
+DType dtype_of<uint16_t>() {
+  return DType::bf16;
+}
+
+// A vector on the fake device.
+template <typename T>
+class OnDevice {
+ public:
+  explicit OnDevice(std::vector<T> values) : stored_(std::move(values)) {
+    FakeDevice::invert(stored_.data(), stored_.data(), stored_.size() * sizeof(T));
+  }
+  Tensor tensor() {
+    return Tensor{stored_.data(), Shape{int64_t(stored_.size())}, dtype_of<T>(), Device::cuda};
+  }
+  std::vector<T> values() const {
+    std::vector<T> v = stored_;
+    FakeDevice::invert(v.data(), v.data(), v.size() * sizeof(T));
+    return v;
+  }
+
+ private:
+  std::vector<T> stored_;
+};
+
+// A copy of the world staged through `device`, whose counters start from zero.
+std::unique_ptr<Communicator> staged_world(FakeDevice& device, std::string name = "staged") {
+  std::unique_ptr<Communicator> c =
+      make_group_communicator(world().split(0, world().rank(), std::move(name)), {"mpi", &device});
+  EXPECT_NE(dynamic_cast<StagedCommunicator*>(c.get()), nullptr);
+  return c;
+}
+
+void expect_same_counters(const CommStats& staged, const CommStats& mpi) {
+  ASSERT_EQ(staged.by_site().size(), mpi.by_site().size());
+  for (const auto& [site, m] : mpi.by_site()) {
+    ASSERT_EQ(staged.by_site().count(site), 1u) << site;
+    const CommCounter& s = staged.by_site().at(site);
+    EXPECT_EQ(s.calls, m.calls) << site;
+    EXPECT_EQ(s.elements, m.elements) << site;
+    EXPECT_EQ(s.bytes, m.bytes) << site;
+    EXPECT_GE(s.seconds, 0.0) << site;
+  }
+  for (Collective kind :
+       {Collective::all_reduce, Collective::all_gather, Collective::reduce_scatter,
+        Collective::broadcast, Collective::send, Collective::recv, Collective::barrier}) {
+    EXPECT_EQ(staged.by_kind(kind).calls, mpi.by_kind(kind).calls) << collective_name(kind);
+    EXPECT_EQ(staged.by_kind(kind).elements, mpi.by_kind(kind).elements) << collective_name(kind);
+    EXPECT_EQ(staged.by_kind(kind).bytes, mpi.by_kind(kind).bytes) << collective_name(kind);
+  }
+}
+
+// Every collective on device tensors gives the MPI communicator's bits on host copies of the
+// same values, and counts what it counts.
+TEST(Staged, SameResultsAndCountersAsMpi) {
+  const int r = world().rank(), n = world().size();
+  FakeDevice device;
+  std::unique_ptr<Communicator> staged = staged_world(device, "g");
+  std::unique_ptr<Communicator> mpi = world().split(0, r, "g");
+  EXPECT_EQ(staged->name(), "g");
+  EXPECT_EQ(staged->rank(), r);
+  EXPECT_EQ(staged->size(), n);
+
+  // Runs `call` on the MPI communicator over `host` and on the staged one over a device copy
+  // of it, and compares the results.
+  auto same = [&](auto host, auto&& call, const char* what) {
+    OnDevice<typename decltype(host)::value_type> dev(host);
+    call(*mpi, view(host));
+    call(*staged, dev.tensor());
+    EXPECT_EQ(dev.values(), host) << what;
+  };
+  std::vector<float> f(7);
+  for (int i = 0; i < 7; ++i) f[i] = 0.25f * float(r) + float(i) - 3.5f * float(r % 2);
+  const std::vector<int32_t> ints{r, -r, 7, 1 << r};
+  const std::vector<uint16_t> bits{bf16_from_float(1.0f + 0.25f * float(r)),
+                                   bf16_from_float(-0.5f * float(r)), bf16_from_float(float(r))};
+  for (ReduceOp op : {ReduceOp::sum, ReduceOp::max}) {
+    auto reduce = [op](Communicator& c, Tensor x) { c.all_reduce(x, op, "t.reduce"); };
+    same(f, reduce, "all_reduce f32");
+    same(ints, reduce, "all_reduce i32");
+    same(bits, reduce, "all_reduce bf16");
+  }
+  auto from_last = [n](Communicator& c, Tensor x) { c.broadcast(x, n - 1, "t.bcast"); };
+  same(f, from_last, "broadcast f32");
+  same(bits, from_last, "broadcast bf16");
+
+  // all_gather and reduce_scatter: a device input and output each.
+  auto gather_and_scatter = [&](auto in, const char* what) {
+    using T = typename decltype(in)::value_type;
+    std::vector<T> gathered(in.size() * size_t(n)), scattered(in.size() / size_t(n));
+    OnDevice<T> dev_in(in), dev_gathered(gathered), dev_scattered(scattered);
+    mpi->all_gather(view(gathered), view(in), "t.gather");
+    staged->all_gather(dev_gathered.tensor(), dev_in.tensor(), "t.gather");
+    EXPECT_EQ(dev_gathered.values(), gathered) << what;
+    if (in.size() % size_t(n)) return;
+    mpi->reduce_scatter(view(scattered), view(in), "t.scatter");
+    staged->reduce_scatter(dev_scattered.tensor(), dev_in.tensor(), "t.scatter");
+    EXPECT_EQ(dev_scattered.values(), scattered) << what;
+  };
+  std::vector<float> f4n(4 * size_t(n));
+  std::vector<int32_t> i2n(2 * size_t(n));
+  std::vector<uint16_t> b2n(2 * size_t(n));
+  for (size_t k = 0; k < f4n.size(); ++k) f4n[k] = float(r) * 0.5f + float(k);
+  for (size_t k = 0; k < i2n.size(); ++k) i2n[k] = 100 * r + int(k);
+  for (size_t k = 0; k < b2n.size(); ++k) b2n[k] = bf16_from_float(0.25f * float(k + r));
+  gather_and_scatter(f4n, "f32");
+  gather_and_scatter(i2n, "i32");
+  gather_and_scatter(b2n, "bf16");
+  gather_and_scatter(f, "f32, 7 elements");
+
+  // Point-to-point: a ring of blocking messages (even sizes) and one of sends that return at
+  // once, each rank receiving from the previous one.
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  if (n % 2 == 0 && n > 1) {
+    std::vector<int32_t> mpi_in(4, -1);
+    OnDevice<int32_t> dev_out(ints), dev_in(std::vector<int32_t>(4, -1));
+    for (Communicator* c : {mpi.get(), staged.get()}) {
+      const bool on_device = c == staged.get();
+      std::vector<int32_t> out = ints;
+      const Tensor o = on_device ? dev_out.tensor() : view(out);
+      const Tensor i = on_device ? dev_in.tensor() : view(mpi_in);
+      if (r % 2 == 0) {
+        c->send(o, next, 3, "t.ring");
+        c->recv(i, prev, 3, "t.ring");
+      } else {
+        c->recv(i, prev, 3, "t.ring");
+        c->send(o, next, 3, "t.ring");
+      }
+    }
+    EXPECT_EQ(dev_in.values(), mpi_in);
+    EXPECT_EQ(mpi_in, (std::vector<int32_t>{prev, -prev, 7, 1 << prev}));
+  }
+  if (n > 1) {
+    std::vector<float> mpi_in(f.size(), -1.0f);
+    OnDevice<float> dev_out(f), dev_in(std::vector<float>(f.size(), -1.0f));
+    mpi->send_async(view(f), next, 5, "t.async");
+    staged->send_async(dev_out.tensor(), next, 5, "t.async");
+    mpi->recv(view(mpi_in), prev, 5, "t.async");
+    staged->recv(dev_in.tensor(), prev, 5, "t.async");
+    mpi->wait_sends();
+    staged->wait_sends();
+    EXPECT_EQ(dev_in.values(), mpi_in);
+  }
+  mpi->barrier();
+  staged->barrier();
+
+  expect_same_counters(staged->stats(), mpi->stats());
+  EXPECT_EQ(staged->stats().total().calls, n > 1 ? mpi->stats().total().calls : 0);
+  if (n > 1) {
+    EXPECT_GT(staged->stats().total().calls, 10);
+  }
+  // Every device tensor went through the host; nothing was computed on the device.
+  EXPECT_GT(device.to_host_calls, 0);
+  EXPECT_GT(device.from_host_calls, 0);
+  EXPECT_EQ(device.copies, 0);
+}
+
+// Host tensors (reduce_scalar's, checkpoint gathers) go to the host communicator as they are,
+// and are counted by the staged one all the same.
+TEST(Staged, HostTensorsPassStraightThrough) {
+  const int r = world().rank(), n = world().size();
+  FakeDevice device;
+  std::unique_ptr<Communicator> staged = staged_world(device);
+  std::vector<float> x{float(r), 1.0f};
+  staged->all_reduce(view(x), ReduceOp::sum, "host.sum");
+  EXPECT_EQ(x, (std::vector<float>{float(n * (n - 1) / 2), float(n)}));
+  std::vector<int32_t> mine{r}, all(n, -1);
+  staged->all_gather(view(all), view(mine), "host.gather");
+  std::vector<int32_t> ranks(n);
+  std::iota(ranks.begin(), ranks.end(), 0);
+  EXPECT_EQ(all, ranks);
+  EXPECT_EQ(reduce_scalar(staged.get(), 1.5, ReduceOp::sum, "host.scalar"), 1.5 * n);
+  EXPECT_EQ(device.to_host_calls, 0);
+  EXPECT_EQ(device.from_host_calls, 0);
+
+  const auto& sites = staged->stats().by_site();
+  if (n > 1) {
+    EXPECT_EQ(sites.at("host.sum").elements, 2);
+    EXPECT_EQ(sites.at("host.gather").elements, n);
+    EXPECT_EQ(sites.at("host.scalar").calls, 1);
+  } else {
+    EXPECT_TRUE(sites.empty());
+  }
+}
+
+TEST(Staged, SplitStagesTheNewGroup) {
+  const int r = world().rank(), n = world().size();
+  if (n < 2) GTEST_SKIP();
+  FakeDevice device;
+  std::unique_ptr<Communicator> staged = staged_world(device);
+  std::unique_ptr<Communicator> half = staged->split(r % 2, -r, "half");
+  ASSERT_NE(dynamic_cast<StagedCommunicator*>(half.get()), nullptr);
+  EXPECT_EQ(half->name(), "half");
+  std::vector<int32_t> expected;
+  for (int q = n - 1; q >= 0; --q)
+    if (q % 2 == r % 2) expected.push_back(q);
+  ASSERT_EQ(half->size(), int(expected.size()));
+
+  OnDevice<int32_t> mine(std::vector<int32_t>{r}), all(std::vector<int32_t>(expected.size(), -1));
+  half->all_gather(all.tensor(), mine.tensor(), "half.members");
+  EXPECT_EQ(all.values(), expected);
+  half->all_reduce(mine.tensor(), ReduceOp::sum, "half.sum");
+  EXPECT_EQ(mine.values()[0], std::accumulate(expected.begin(), expected.end(), 0));
+  // Halves of two ranks are groups of one, which stage nothing.
+  EXPECT_EQ(device.to_host_calls > 0, n > 2);
+  // The new group's counters are its own.
+  EXPECT_EQ(half->stats().by_site().count("half.sum"), n > 2 ? 1u : 0u);
+  EXPECT_EQ(staged->stats().by_site().count("half.sum"), 0u);
+}
+
+// CommPhase on the staged communicator prefixes its own counters.
+TEST(Staged, PhasesCountApart) {
+  const int n = world().size();
+  if (n < 2) GTEST_SKIP();
+  FakeDevice device;
+  std::unique_ptr<Communicator> staged = staged_world(device);
+  OnDevice<float> x(std::vector<float>{1.0f, 2.0f});
+  {
+    CommPhase phase(staged.get(), "recompute.");
+    staged->all_reduce(x.tensor(), ReduceOp::sum, "blk.a");
+  }
+  staged->all_reduce(x.tensor(), ReduceOp::sum, "blk.a");
+  EXPECT_EQ(staged->stats().by_site().at("recompute.blk.a").calls, 1);
+  EXPECT_EQ(staged->stats().by_site().at("blk.a").calls, 1);
+  EXPECT_EQ(x.values(), (std::vector<float>{float(n * n), 2.0f * float(n * n)}));
+}
+
+// A group of one moves and counts nothing; all_gather and reduce_scatter copy on the device,
+// without staging.
+TEST(Staged, GroupOfOneStagesNothing) {
+  const int r = world().rank();
+  FakeDevice device;
+  std::unique_ptr<Communicator> alone =
+      make_group_communicator(world().split(r, 0, "alone"), {"mpi", &device});
+  ASSERT_EQ(alone->size(), 1);
+  OnDevice<float> x(std::vector<float>{1.0f, float(r)}), out(std::vector<float>(2, -1.0f));
+  alone->all_reduce(x.tensor(), ReduceOp::sum, "s.reduce");
+  alone->broadcast(x.tensor(), 0, "s.bcast");
+  alone->send(x.tensor(), 0, 0, "s.send");
+  alone->recv(x.tensor(), 0, 0, "s.recv");
+  alone->barrier();
+  EXPECT_EQ(x.values(), (std::vector<float>{1.0f, float(r)}));
+  alone->all_gather(out.tensor(), x.tensor(), "s.gather");
+  EXPECT_EQ(out.values(), x.values());
+  OnDevice<float> scattered(std::vector<float>(2, -1.0f));
+  alone->reduce_scatter(scattered.tensor(), x.tensor(), "s.scatter");
+  EXPECT_EQ(scattered.values(), x.values());
+  EXPECT_EQ(device.copies, 2);
+  EXPECT_EQ(device.to_host_calls, 0);
+  EXPECT_EQ(device.from_host_calls, 0);
+  EXPECT_TRUE(alone->stats().by_site().empty());
+  // Still checked: a root that is not in the group, an output of the wrong size.
+  try {
+    alone->broadcast(x.tensor(), 1, "s.root");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("s.root"), std::string::npos) << e.what();
+  }
+  OnDevice<float> three(std::vector<float>(3));
+  EXPECT_THROW(alone->all_gather(three.tensor(), x.tensor(), "s.wrong"), Error);
+}
+
+std::string group_error(const GroupTransport& transport) {
+  try {
+    make_group_communicator(world().split(0, world().rank(), "g"), transport);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+TEST(GroupTransport, HostBackendsKeepTheHostGroup) {
+  std::unique_ptr<Backend> cpu = make_backend("cpu");
+  for (Backend* backend : {static_cast<Backend*>(nullptr), cpu.get()}) {
+    std::unique_ptr<Communicator> group = world().split(0, world().rank(), "g");
+    Communicator* host = group.get();
+    std::unique_ptr<Communicator> same =
+        make_group_communicator(std::move(group), {"mpi", backend});
+    EXPECT_EQ(same.get(), host);
+  }
+  std::unique_ptr<Communicator> group = world().split(0, world().rank(), "g");
+  Communicator* host = group.get();
+  EXPECT_EQ(make_group_communicator(std::move(group), {}).get(), host);
+}
+
+TEST(GroupTransport, RefusalsSayWhatToChange) {
+  std::unique_ptr<Backend> cpu = make_backend("cpu");
+  FakeDevice device;
+  // NCCL moves device memory only, whether or not this build has it.
+  for (Backend* backend : {cpu.get(), static_cast<Backend*>(nullptr)}) {
+    const std::string m = group_error({"nccl", backend});
+    EXPECT_NE(m.find("parallel.comm = \"nccl\" needs a GPU backend"), std::string::npos) << m;
+    EXPECT_NE(m.find("training.backend = \"cuda\""), std::string::npos) << m;
+    EXPECT_NE(m.find("not \"cpu\""), std::string::npos) << m;
+  }
+  // A build without NCCL says so for a GPU backend (with NCCL, the fake device would start it).
+  bool have_nccl = false;
+  for (const std::string& line : comm_backends()) have_nccl |= line.starts_with("nccl: ");
+  if (!have_nccl) {
+    const std::string m = group_error({"nccl", &device});
+    EXPECT_NE(m.find("parallel.comm = \"nccl\": this build has no NCCL"), std::string::npos) << m;
+  }
+  for (Backend* backend : {static_cast<Backend*>(cpu.get()), static_cast<Backend*>(&device)}) {
+    for (const char* comm : {"gloo", "", "MPI"}) {
+      const std::string m = group_error({comm, backend});
+      EXPECT_NE(m.find(fmt::format("parallel.comm = \"{}\": unknown", comm)), std::string::npos)
+          << m;
+      EXPECT_NE(m.find("\"mpi\""), std::string::npos) << m;
+      EXPECT_NE(m.find("\"nccl\""), std::string::npos) << m;
+    }
+  }
+}
+
+// ProcessGroups moves tp, dp and pp as the transport says; the world stays as it is.
+TEST(ProcessGroups, TransportStagesTheGroups) {
+  const int n = world().size(), r = world().rank();
+  FakeDevice device;
+  ProcessGroups g = ProcessGroups::create(world(), {n, 1, 1}, {"mpi", &device});
+  EXPECT_EQ(g.world, &world());
+  for (Communicator* c : {g.tp.get(), g.dp.get(), g.pp.get()})
+    EXPECT_NE(dynamic_cast<StagedCommunicator*>(c), nullptr) << c->name();
+  EXPECT_EQ(g.tp->name(), "tp");
+  OnDevice<int32_t> x(std::vector<int32_t>{r});
+  g.tp->all_reduce(x.tensor(), ReduceOp::sum, "tp.sum");
+  EXPECT_EQ(x.values()[0], n * (n - 1) / 2);
+
+  ProcessGroups host = ProcessGroups::create(world(), {n, 1, 1});
+  EXPECT_EQ(dynamic_cast<StagedCommunicator*>(host.tp.get()), nullptr);
+}
+
+// --- NCCL, where this build and machine have it (it skips, saying why, elsewhere).
+
+bool have_nccl() {
+  for (const std::string& line : comm_backends())
+    if (line.starts_with("nccl: ")) return true;
+  return false;
+}
+
+// Device memory of a backend for the scope.
+class DeviceBuffer {
+ public:
+  DeviceBuffer(Backend& backend, int64_t elements)
+      : backend_(backend),
+        bytes_(size_t(elements) * sizeof(float)),
+        data_(backend.allocate(bytes_, "test")),
+        tensor_{data_, Shape{elements}, DType::f32, backend.device()} {}
+  ~DeviceBuffer() { backend_.deallocate(data_, bytes_); }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  Tensor tensor() const { return tensor_; }
+  void set(std::vector<float> values) { backend_.from_host(tensor_, values.data()); }
+  std::vector<float> get() const {
+    std::vector<float> values(size_t(tensor_.numel()));
+    backend_.to_host(values.data(), tensor_);
+    return values;
+  }
+
+ private:
+  Backend& backend_;
+  size_t bytes_;
+  void* data_;
+  Tensor tensor_;
+};
+
+// Every rank alone in its group: ranks of a test job may share one GPU, which a NCCL group of
+// several refuses. Starts NCCL, moves and counts nothing, copies all_gather / reduce_scatter
+// on the device, and passes host tensors to the host communicator.
+TEST(Nccl, GroupOfOneOnTheGpu) {
+  if (std::string why = backend_unavailable("cuda"); !why.empty()) GTEST_SKIP() << why;
+  if (!have_nccl()) GTEST_SKIP() << "this build has no NCCL";
+  const int r = world().rank();
+  std::unique_ptr<Backend> gpu = make_backend("cuda");
+  std::unique_ptr<Communicator> alone =
+      make_group_communicator(world().split(r, 0, "alone"), {"nccl", gpu.get()});
+  ASSERT_EQ(alone->size(), 1);
+  EXPECT_EQ(alone->name(), "alone");
+  EXPECT_EQ(dynamic_cast<StagedCommunicator*>(alone.get()), nullptr);
+
+  const std::vector<float> values{1.0f, float(r), -2.5f};
+  DeviceBuffer x(*gpu, 3), gathered(*gpu, 3), scattered(*gpu, 3);
+  x.set(values);
+  alone->all_reduce(x.tensor(), ReduceOp::sum, "n.reduce");
+  alone->broadcast(x.tensor(), 0, "n.bcast");
+  alone->all_gather(gathered.tensor(), x.tensor(), "n.gather");
+  alone->reduce_scatter(scattered.tensor(), x.tensor(), "n.scatter");
+  alone->barrier();
+  EXPECT_EQ(x.get(), values);
+  EXPECT_EQ(gathered.get(), values);
+  EXPECT_EQ(scattered.get(), values);
+  std::vector<float> host{float(r)};
+  alone->all_reduce(view(host), ReduceOp::sum, "n.host");
+  EXPECT_EQ(host[0], float(r));
+  EXPECT_TRUE(alone->stats().by_site().empty());
+
+  std::unique_ptr<Communicator> again = alone->split(0, 0, "again");
+  EXPECT_EQ(again->size(), 1);
+  EXPECT_EQ(again->name(), "again");
 }
 
 }  // namespace

@@ -9,7 +9,7 @@ seconds=${1:-60}
 targets=(safetensors hf_config token_shard train_config)
 # -O1 without NDEBUG: fast enough to fuzz, and nlohmann-json's own assertions stay on. (No
 # ccache: clang 14 behind it failed on this build with garbled built-in macros.)
-cmake -S . -B build-fuzz -DBOTTLE_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Fuzz \
+cmake -S . -B build-fuzz -DBOTTLE_FUZZ=ON -DBOTTLE_CUDA=OFF -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Fuzz \
   -DCMAKE_CXX_FLAGS="-O1 -g -Wno-pass-failed" >/dev/null
 cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]/#/fuzz_}"
 for t in "${targets[@]}"; do

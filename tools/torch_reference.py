@@ -15,10 +15,19 @@ llm.c-shard readers, no third-party package beyond torch and numpy. Run it with
            [--bf16] [--mlp-gate-act true|false]
       writes a random checkpoint (config.json + model.safetensors)
   --checkpoint DIR --data SHARD --batch B --seq S --bench --steps N --warmup W --threads T
-      times AdamW training steps; prints one JSON line
+           [--device cpu|cuda] [--dtype f32|autocast-bf16] [--compile]
+      times training steps (forward + backward, the global grad norm and clipping at 1.0,
+      AdamW); prints one JSON line. --device cuda: the model on the GPU, each timed step
+      between torch.cuda.synchronize() calls, attention by scaled_dot_product_attention
+      (causal), the fused AdamW; fails with "CUDA is not available" without a GPU.
+      --dtype autocast-bf16: fp32 master weights, the forward and loss under
+      torch.autocast(DEVICE, bfloat16), the backward and AdamW step as in f32. --compile:
+      the forward and loss through torch.compile, compiled in an untimed first step; if
+      compiling fails, the JSON says compile_failed and compile_error (its first line) and
+      the times are eager ones.
 Errors print one line on stderr, naming the file at fault, and exit 1.
 """
-import argparse, ctypes, json, math, os, statistics, struct, sys, time
+import argparse, ctypes, inspect, json, math, os, statistics, struct, sys, time
 from types import SimpleNamespace
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -236,10 +245,10 @@ def load_checkpoint(ckpt, dtype):
 
 # ---------------------------------------------------------------- model
 class Model:
-    def __init__(self, c, params, seq, dtype):
+    def __init__(self, c, params, seq, dtype, device="cpu", sdpa=False):
         if seq > c.max_pos:
             raise RefError(f"{c.path}: seq {seq} exceeds max_position_embeddings {c.max_pos}")
-        self.c = c
+        self.c, self.sdpa = c, sdpa
         # Resolve names once so the step loop does no string formatting.
         self.blocks = []
         for i in range(c.L):
@@ -257,9 +266,9 @@ class Model:
         inv = c.theta ** (-torch.arange(0, c.hd, 2, dtype=torch.float64) / c.hd)
         ang = torch.arange(seq, dtype=torch.float64)[:, None] * inv[None, :]
         ang = torch.cat([ang, ang], dim=-1)
-        self.cos, self.sin = ang.cos().to(dtype), ang.sin().to(dtype)
+        self.cos, self.sin = ang.cos().to(device, dtype), ang.sin().to(device, dtype)
         # Additive causal mask, fused into the score matmul by baddbmm.
-        self.mask = torch.full((seq, seq), -math.inf, dtype=dtype).triu(1)
+        self.mask = torch.full((seq, seq), -math.inf, dtype=dtype).triu(1).to(device)
 
     def rms(self, x, g):
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.c.eps) * g
@@ -292,6 +301,9 @@ class Model:
         if c.Hkv != c.H:  # query head h reads kv head h // (H / Hkv)
             k = k.repeat_interleave(c.H // c.Hkv, dim=1)
             v = v.repeat_interleave(c.H // c.Hkv, dim=1)
+        if self.sdpa:  # the fused kernels (flash or memory-efficient) a GPU run would use
+            o = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            return self.proj(i, "o", o.transpose(1, 2).reshape(B, S, c.H * c.hd), lat)
         q, k, v = (t.reshape(B * c.H, S, c.hd) for t in (q, k, v))
         s = torch.baddbmm(self.mask[:S, :S], q, k.transpose(1, 2), alpha=1.0 / math.sqrt(c.hd))
         o = torch.bmm(s.softmax(-1), v).view(B, c.H, S, c.hd).transpose(1, 2).reshape(B, S, c.H * c.hd)
@@ -395,26 +407,101 @@ def set_threads(n):
     return ",".join(libs) or "unknown"
 
 
+def bench_device(a):
+    """The torch.device --device names; fails cleanly where it cannot run."""
+    if a.device == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise RefError(f"--device cuda: CUDA is not available (torch {torch.__version__}, "
+                       f"built for CUDA {torch.version.cuda or 'none'})")
+    return torch.device("cuda")
+
+
+def first_line(e):
+    text = f"{type(e).__name__}: {e}".strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
 def mode_bench(a, dtype):
+    device = bench_device(a)
+    cuda = device.type == "cuda"
+    if cuda:  # fp32 is fp32, as bottle's cuBLASLt GEMMs (CUBLAS_COMPUTE_32F) are
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
     c, params = load_checkpoint(a.checkpoint, dtype)
-    model, tokens = Model(c, params, a.seq, dtype), read_shard(a.data)
+    params = {n: p.detach().to(device).requires_grad_() for n, p in params.items()}
+    model, tokens = Model(c, params, a.seq, dtype, device, sdpa=cuda), read_shard(a.data)
     nb = (len(tokens) - 1) // (a.batch * a.seq)
-    batches = [get_batch(tokens, k, a.batch, a.seq, c.V, a.data) for k in range(min(max(nb, 1), 8))]
-    opt = torch.optim.AdamW(list(params.values()), lr=1e-3, foreach=True)
-    times = []
-    for step in range(a.warmup + a.steps):
-        x, y = batches[step % len(batches)]
-        t0 = time.perf_counter()
-        model.loss(model.forward(x), y).backward()
+    batches = [tuple(t.to(device) for t in get_batch(tokens, k, a.batch, a.seq, c.V, a.data))
+               for k in range(min(max(nb, 1), 8))]
+    plist = list(params.values())
+    # bottle's step: betas 0.9/0.95, weight decay 0.1, clipping at global norm 1.0.
+    fused = cuda
+    opt = torch.optim.AdamW(plist, lr=1e-3, betas=(0.9, 0.95), weight_decay=0.1,
+                            **({"fused": True} if fused else {"foreach": True}))
+    autocast = a.dtype == "autocast-bf16"
+    clip = torch.nn.utils.clip_grad_norm_
+    clip_args = {"foreach": True} if "foreach" in inspect.signature(clip).parameters else {}
+
+    def forward_loss(x, y):
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            return model.loss(model.forward(x), y)
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def step(fn, x, y):
+        loss = fn(x, y)
+        loss.backward()
+        clip(plist, 1.0, **clip_args)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if step >= a.warmup:
+        return loss
+
+    fn, compile_failed, compile_error, compile_s = forward_loss, False, None, None
+    if a.compile:
+        # Compiled on its first call: an untimed step of its own, before the warm-up.
+        x, y = batches[0]
+        sync()
+        t0 = time.perf_counter()
+        try:
+            compiled = torch.compile(forward_loss)
+            step(compiled, x, y)
+            sync()
+            fn, compile_s = compiled, time.perf_counter() - t0
+        except Exception as e:  # noqa: BLE001 (any failure to compile falls back to eager)
+            compile_failed, compile_error = True, first_line(e)
+            opt.zero_grad(set_to_none=True)
+            sync()
+    times, loss = [], None
+    for i in range(a.warmup + a.steps):
+        x, y = batches[i % len(batches)]
+        sync()
+        t0 = time.perf_counter()
+        loss = step(fn, x, y)
+        sync()
+        if i >= a.warmup:
             times.append((time.perf_counter() - t0) * 1e3)
     med = statistics.median(times)
-    print(json.dumps({"ms_per_step_median": med, "ms_per_step_min": min(times), "ms_per_step_max": max(times),
-                      "tokens_per_s": a.batch * a.seq / (med / 1e3), "threads": a.threads,
-                      "torch": torch.__version__, "blas": a.blas, "blas_core": BLAS_CORE,
-                      "blas_core_source": BLAS_CORE_SOURCE}))
+    out = {"ms_per_step_median": med, "ms_per_step_min": min(times), "ms_per_step_max": max(times),
+           "tokens_per_s": a.batch * a.seq / (med / 1e3), "threads": a.threads,
+           "torch": torch.__version__, "blas": a.blas, "blas_core": BLAS_CORE,
+           "blas_core_source": BLAS_CORE_SOURCE, "device": a.device, "dtype": a.dtype,
+           "attention": "sdpa" if model.sdpa else "baddbmm+softmax+bmm",
+           "adamw": "fused" if fused else "foreach", "loss": float(loss),
+           "compile": a.compile}
+    if cuda:
+        out["gpu"] = torch.cuda.get_device_name(device)
+        out["cuda"] = torch.version.cuda
+        out["peak_memory_bytes"] = torch.cuda.max_memory_allocated(device)
+    if a.compile:
+        out["compile_failed"] = compile_failed
+        if compile_failed:
+            out["compile_error"] = compile_error
+        else:
+            out["compile_seconds"] = compile_s
+    print(json.dumps(out))
 
 
 def mode_create(a):
@@ -466,7 +553,9 @@ def main():
     ap.error = lambda msg: (print(f"torch_reference: {msg}", file=sys.stderr), sys.exit(1))
     ap.add_argument("--checkpoint"), ap.add_argument("--data")
     ap.add_argument("--batch", type=int, default=4), ap.add_argument("--seq", type=int, default=64)
-    ap.add_argument("--dtype", choices=("f32", "f64", "autocast-bf16"), default="f32")
+    ap.add_argument("--dtype", choices=("f32", "fp32", "f64", "autocast-bf16"), default="f32")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--compile", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--dump", metavar="OUT")
     ap.add_argument("--eval", action="store_true"), ap.add_argument("--batches", type=int, default=1)
@@ -495,6 +584,8 @@ def main():
             ap.error("--checkpoint and --data are required")
         if min(a.batch, a.seq, a.batches, a.steps) <= 0 or a.warmup < 0:
             ap.error("--batch, --seq, --batches and --steps must be positive")
+        if (a.device != "cpu" or a.compile) and not a.bench:
+            ap.error("--device and --compile apply to --bench only")
         (mode_dump if a.dump else mode_eval if a.eval else mode_bench)(a, dtype)
     except RefError as e:
         print(f"torch_reference: {e}", file=sys.stderr)

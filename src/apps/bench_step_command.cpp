@@ -1,12 +1,16 @@
 // `bottle bench step`: the training step of `bottle train` (train/train_step.h: forward +
 // backward, the global gradient norm, clipping, AdamW) timed on one process for each model
-// kind, next to the same step in PyTorch run in the same invocation, with achieved GFLOP/s and
-// MFU against a GEMM peak measured here and now.
+// kind, on the cpu, reference or cuda backend, next to the same step in PyTorch run in the same
+// invocation (on the CPU, or on the same GPU: eager, and torch.compile'd with
+// --torch-compile), with achieved GFLOP/s and MFU against a GEMM peak measured here and now
+// (and against a nominal peak given with --peak-tflops).
 #include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -15,6 +19,7 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/torch_peer.h"
+#include "core/arena.h"
 #include "core/gemm_peak.h"
 #include "core/profiling_backend.h"
 #include "core/system_info.h"
@@ -52,6 +57,86 @@ void print_profile(const ProfilingBackend& profiler, int64_t steps) {
   std::printf("  %-40s %8s %9.2f\n", "total in kernels", "", total / double(steps));
 }
 
+// Waits for the backend's queued kernels: a device backend runs them asynchronously, and only
+// a read back to the host (of `probe`, a tensor it holds) waits for them. Host backends'
+// kernels have finished when they return.
+void synchronize(Backend& be, Tensor probe) {
+  if (be.device() == Device::cpu) return;
+  alignas(8) char byte[8];
+  be.to_host(byte, probe.view(0, {1}));
+}
+
+// The best rate (GFLOP/s) of large square products with operands of `dtype` on a device
+// backend: GemmPeak times each product alone, which on a GPU is the launch, not the work,
+// and its shapes are too small to fill one. Here n = 8192, in runs of 10 products between
+// synchronizations, after two untimed ones, on data of many values (a GPU multiplies
+// constant data faster than it does real weights).
+double measure_device_gemm_peak_gflops(Backend& be, DType dtype) {
+  using Clock = std::chrono::steady_clock;
+  constexpr int64_t n = 8192;
+  constexpr int kRuns = 10, kRounds = 3;
+  Arena arena(MemoryTag::workspace, be);
+  Tensor a = arena.alloc({n, n}, dtype), b = arena.alloc({n, n}, dtype), c = arena.alloc({n, n});
+  {
+    std::vector<float> host(size_t(n * n));
+    uint32_t x = 12345;
+    for (float& v : host) {
+      x = x * 1664525u + 1013904223u;
+      v = float(int32_t(x >> 8) - (1 << 23)) * (1.0f / float(1 << 23));
+    }
+    be.from_host(c, host.data());
+    be.copy(a, c);
+    be.copy(b, c);
+  }
+  GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.a = a.data, g.b = b.data, g.c = c.data;
+  g.lda = g.ldb = g.ldc = n;
+  g.dtypes_of(a, b, c);
+  be.gemm(g);
+  be.gemm(g);
+  synchronize(be, c);
+  const double flops = 2.0 * double(n) * double(n) * double(n) * kRuns;
+  double best = 0.0;
+  for (int round = 0; round < kRounds; ++round) {
+    const auto t0 = Clock::now();
+    for (int run = 0; run < kRuns; ++run) be.gemm(g);
+    synchronize(be, c);
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+    best = std::max(best, flops / (ms * 1e6));
+  }
+  return best;
+}
+
+// MFU's denominator for one precision: GemmPeak on the host; on a device, its own
+// measurement, and no figure for a step that seems to beat it.
+class StepPeak {
+ public:
+  StepPeak(Backend& be, DType dtype) {
+    if (be.device() == Device::cpu)
+      host_ = std::make_unique<GemmPeak>(be, dtype);
+    else
+      device_gflops_ = measure_device_gemm_peak_gflops(be, dtype);
+  }
+  double gflops() const { return host_ ? host_->gflops() : device_gflops_; }
+  std::optional<double> utilization(double achieved_gflops) {
+    if (host_) return host_->utilization(achieved_gflops);
+    if (device_gflops_ <= 0.0 || achieved_gflops > device_gflops_) return std::nullopt;
+    return achieved_gflops / device_gflops_;
+  }
+
+ private:
+  std::unique_ptr<GemmPeak> host_;
+  double device_gflops_ = 0.0;
+};
+
+// The line of backend_names() that describes `name`, e.g. "cuda: CUDA runtime 13.0, ...".
+std::string backend_description(const std::string& name) {
+  for (const std::string& line : backend_names())
+    if (line.starts_with(name + ":")) return line;
+  return name;
+}
+
 }  // namespace
 
 // What bench step reads of a training configuration; a file's other training-run keys
@@ -59,7 +144,8 @@ void print_profile(const ProfilingBackend& profiler, int64_t steps) {
 const CommandKeys kBenchStepKeys{
     "bench step",
     {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
-     "training.max_norm", "training.on_nonfinite", "training.precision", "optimizer."},
+     "training.max_norm", "training.on_nonfinite", "training.precision", "training.backend",
+     "optimizer."},
     {"training.steps", "training.eval_interval", "training.eval_batches", "lr_scheduler.", "data.",
      "checkpoint.", "metrics."},
     "it times one training step of one micro-batch on one process, keeping every activation, "
@@ -74,8 +160,10 @@ Command add_bench_step_command(CLI::App& app) {
     std::string precisions = "fp32";
     int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
     int threads = 2;
-    std::string save;  // --save: a folder for each kind's model after its steps
-    bool torch = true, json = false, profile = false;
+    std::string save;        // --save: a folder for each kind's model after its steps
+    std::string backend;     // --backend; empty: the config's training.backend, else cpu
+    double peak_tflops = 0;  // --peak-tflops; 0: none given
+    bool torch = true, torch_compile = false, json = false, profile = false;
   };
   auto o = std::make_shared<Options>();
   o->model.rank = 64;
@@ -107,7 +195,20 @@ Command add_bench_step_command(CLI::App& app) {
   app.add_option("--warmup", o->warmup, "untimed steps first")->check(integer_in(0, INT32_MAX));
   app.add_option("--threads", o->threads, "threads for bottle and PyTorch alike")
       ->check(integer_in(1, kMaxThreads));
-  app.add_option("--torch", o->torch, "also time the PyTorch peer (true/false)");
+  CLI::Option* backend =
+      app.add_option("--backend", o->backend,
+                     "kernel backend: cpu, reference or cuda (default: the config's "
+                     "training.backend, else cpu)")
+          ->check(CLI::IsMember({"cpu", "reference", "cuda"}));
+  app.add_option("--peak-tflops", o->peak_tflops,
+                 "a nominal dense peak in TFLOP/s (e.g. 989 for an H200's bf16): MFU is also "
+                 "given against it")
+      ->check(finite_in(1e-6, 1e9));
+  app.add_option("--torch", o->torch,
+                 "also time the PyTorch peer (true/false): on the CPU backends in fp32 rows, on "
+                 "cuda on the same GPU in fp32 and bf16 (autocast) rows");
+  app.add_flag("--torch-compile", o->torch_compile,
+               "also time the PyTorch peer under torch.compile (next to eager)");
   app.add_flag("--json", o->json, "one JSON object per kind");
   app.add_flag("--profile", o->profile,
                "also print the time per kernel (GEMMs per shape) of the timed steps");
@@ -115,7 +216,7 @@ Command add_bench_step_command(CLI::App& app) {
                  "write each kind's model after its steps and the tokens it stepped on to "
                  "DIR/KIND (config.json, model.safetensors, tokens.bin: a shard of that one "
                  "batch that `bottle train` reads)");
-  return [o, config, kv_heads, kinds, precisions] {
+  return [o, config, kv_heads, kinds, precisions, backend] {
     omp_set_num_threads(o->threads);
     // The step's settings: a configuration's, or without one these fixed ones (TrainConfig's
     // defaults: seed 1234, max_norm 1.0, AdamW betas 0.9 and 0.95, weight decay 0.1) at lr 1e-3.
@@ -130,6 +231,7 @@ Command add_bench_step_command(CLI::App& app) {
       o->seq = base.training.seq_len;
       if (!kinds->count()) o->kinds = bottleneck_kind_name(base.model.bottleneck);
       if (!precisions->count()) o->precisions = enum_name(base.training.precision);
+      if (!backend->count()) o->backend = enum_name(base.training.backend);
     } else if (!kv_heads->count()) {
       o->model.num_kv_heads = o->model.num_heads;
     }
@@ -151,17 +253,29 @@ Command add_bench_step_command(CLI::App& app) {
       }
       BOTTLE_CHECK(!precision_list.empty(), "--precision: no precision given");
     }
-    std::unique_ptr<Backend> be = make_backend("cpu");
+    if (o->backend.empty()) o->backend = "cpu";
+    if (const std::string why = backend_unavailable(o->backend); !why.empty()) {
+      if (backend->count() || !config->count())
+        fail("bench step: --backend {}: {}", o->backend, why);
+      fail("{}: training.backend = \"{}\": {} (choose another with --backend)", o->config,
+           o->backend, why);
+    }
+    // A device backend's kernels are asynchronous: a profile times them one by one, each
+    // waited for (the cuda backend's BOTTLE_CUDA_SYNC), which slows the step it times.
+    if (o->profile && o->backend == "cuda") ::setenv("BOTTLE_CUDA_SYNC", "1", 1);
+    std::unique_ptr<Backend> be = make_backend(o->backend);
+    const bool on_device = be->device() != Device::cpu;
     // Measured before the profiler wraps the backend, so the profile counts the step's kernels
     // alone; each precision's MFU against its own GEMMs' peak.
-    std::map<Precision, std::unique_ptr<GemmPeak>> peaks;
+    std::map<Precision, std::unique_ptr<StepPeak>> peaks;
     for (const Precision precision : precision_list)
       if (!peaks.count(precision))
-        peaks[precision] = std::make_unique<GemmPeak>(*be, compute_dtype(precision));
+        peaks[precision] = std::make_unique<StepPeak>(*be, compute_dtype(precision));
     std::string peak_text;
     for (const auto& [precision, peak] : peaks)
       peak_text += fmt::format("{}{:.0f} GFLOP/s ({})", peak_text.empty() ? "" : ", ",
                                peak->gflops(), enum_name(precision));
+    if (o->peak_tflops > 0) peak_text += fmt::format("; nominal peak {:g} TFLOP/s", o->peak_tflops);
     ProfilingBackend* profiler = nullptr;
     if (o->profile) {
       auto wrapped = std::make_unique<ProfilingBackend>(std::move(be));
@@ -176,6 +290,12 @@ Command add_bench_step_command(CLI::App& app) {
           (long long)o->model.intermediate_size, (long long)o->model.num_layers,
           (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch,
           o->precisions.c_str(), o->threads, peak_text.c_str(), cpu_summary().c_str());
+    if (!o->json && o->backend != "cpu")
+      std::printf("backend: %s\n", backend_description(o->backend).c_str());
+    if (!o->json && profiler && on_device)
+      std::printf(
+          "--profile: every kernel waited for (BOTTLE_CUDA_SYNC), so the steps run "
+          "slower than without it\n");
     const bool any_bf16 = std::count(precision_list.begin(), precision_list.end(), Precision::bf16);
     if (!o->json && any_bf16) std::printf("bf16 GEMMs: %s\n", be->bf16_gemm_path().c_str());
     if (!o->save.empty()) {
@@ -206,7 +326,9 @@ Command add_bench_step_command(CLI::App& app) {
             fail("--save: {}", e.what());
           }
         }
-        {
+        // The host's memory bounds a host backend's run; a device's allocator refuses what
+        // does not fit it, naming its free memory.
+        if (!on_device) {
           const std::string what = fmt::format("bench step: the {} model", kind),
                             advice = "lower --batch, --seq or the model's size";
           check_parameter_memory(config, true, 1, 1, world_communicator(), what, advice);
@@ -214,53 +336,84 @@ Command add_bench_step_command(CLI::App& app) {
               plan_rank_memory(train_config, tensor_parallel_of(train_config, nullptr), {}, 1),
               world_communicator(), what, advice);
         }
-        TrainStep train_step(train_config, *be, tensor_parallel_of(train_config, nullptr), nullptr,
-                             nullptr);
-        LlamaModel& model = train_step.model();
-        model.init_weights(uint64_t(train_config.training.seed));
-        train_step.allocate_activations();
+        const int64_t n = o->batch * o->seq;
         // One batch of b rows of s tokens, stepped on every step: rows of a fixed stream, the
         // targets the inputs shifted by one, as a token shard's window gives them.
-        const int64_t n = o->batch * o->seq;
         std::vector<int32_t> stream(size_t(n + 1));
         for (size_t i = 0; i < stream.size(); ++i)
           stream[i] = int32_t((i * 2654435761u) % uint64_t(config.vocab_size));
-        be->from_host(train_step.inputs()[0], stream.data());
-        be->from_host(train_step.targets()[0], stream.data() + 1);
-        std::vector<double> ms;
+        // The peer's copy of the model after the steps, written while the model lives; the
+        // peer runs once bottle's model has given its memory back (on a GPU they share it).
+        const bool torch_row =
+            o->torch && (on_device ? o->backend == "cuda" : precision == Precision::fp32);
+        const fs::path peer_dir = scratch / fmt::format("{}-{}", kind, enum_name(precision));
+        nlohmann::ordered_json row;
+        Timing t;
         StepResult last;
-        for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
-          if (profiler && step == o->warmup) profiler->reset();
-          last = train_step.step(step);
-          if (step >= o->warmup) ms.push_back(last.seconds * 1e3);
+        double flops = 0;
+        {
+          TrainStep train_step(train_config, *be, tensor_parallel_of(train_config, nullptr),
+                               nullptr, nullptr);
+          LlamaModel& model = train_step.model();
+          model.init_weights(uint64_t(train_config.training.seed));
+          train_step.allocate_activations();
+          be->from_host(train_step.inputs()[0], stream.data());
+          be->from_host(train_step.targets()[0], stream.data() + 1);
+          // Each step from its start to its last kernel's end (on a device, waited for).
+          using Clock = std::chrono::steady_clock;
+          std::vector<double> ms;
+          for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
+            if (profiler && step == o->warmup) profiler->reset();
+            const auto t0 = Clock::now();
+            last = train_step.step(step);
+            synchronize(*be, train_step.targets()[0]);
+            if (step >= o->warmup)
+              ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+          }
+          t = summarize(ms);
+          flops = model.flops_per_step(n, o->seq);
+          if (!o->save.empty() && precision == precision_list.front()) {
+            const fs::path dir = fs::path(o->save) / kind;
+            save_model(model, dir.string());
+            write_token_shard((dir / "tokens.bin").string(), stream);
+          }
+          if (torch_row) {
+            save_model(model, peer_dir.string());
+            write_token_shard((peer_dir / "tokens.bin").string(), stream);
+          }
         }
-        const Timing t = summarize(ms);
-        const double flops = model.flops_per_step(n, o->seq);
         const double gflops = flops / (t.median * 1e6);
-        GemmPeak& peak = *peaks.at(precision);
+        StepPeak& peak = *peaks.at(precision);
         const std::optional<double> mfu = peak.utilization(gflops);
+        // Against --peak-tflops (GFLOP/s over TFLOP/s · 1000); 0 when none is given.
+        const double mfu_nominal = o->peak_tflops > 0 ? gflops / (o->peak_tflops * 1e3) : 0.0;
         if (config.bottleneck == BottleneckKind::none && precision == precision_list.front())
           baseline_ms = t.median;
         if (precision == precision_list.front()) first_precision_ms = t.median;
-        nlohmann::ordered_json row{
-            {"kind", kind},
-            {"precision", enum_name(precision)},
-            {"rank",
-             config.bottleneck == BottleneckKind::none ? 0 : config.rank_of(ProjectionId::q)},
-            {"params", config.parameter_count()},
-            {"ms_per_step", t.median},
-            {"ms_min", t.min},
-            {"ms_max", t.max},
-            {"tokens_per_s", double(n) / (t.median / 1e3)},
-            {"gflops", gflops},
-            {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
-            {"gemm_peak_gflops", peak.gflops()},
-            {"cpu", cpu_model()},
-            {"onednn_isa", onednn_isa()},
-            {"loss", last.loss},
-            {"grad_norm", last.grad_norm},
-            {"lr", last.lr},
-            {"peak_bytes", MemoryStats::global().peak_total()}};
+        row = {{"kind", kind},
+               {"precision", enum_name(precision)},
+               {"backend", o->backend},
+               {"rank",
+                config.bottleneck == BottleneckKind::none ? 0 : config.rank_of(ProjectionId::q)},
+               {"params", config.parameter_count()},
+               {"ms_per_step", t.median},
+               {"ms_min", t.min},
+               {"ms_max", t.max},
+               {"tokens_per_s", double(n) / (t.median / 1e3)},
+               {"gflops", gflops},
+               {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
+               {"gemm_peak_gflops", peak.gflops()}};
+        if (o->peak_tflops > 0) {
+          row["mfu_nominal"] = mfu_nominal;
+          row["nominal_peak_tflops"] = o->peak_tflops;
+        }
+        if (o->backend != "cpu") row["device"] = backend_description(o->backend);
+        row["cpu"] = cpu_model();
+        row["onednn_isa"] = onednn_isa();
+        row["loss"] = last.loss;
+        row["grad_norm"] = last.grad_norm;
+        row["lr"] = last.lr;
+        row["peak_bytes"] = MemoryStats::global().peak_total();
         if (precision == Precision::bf16) row["bf16_gemm_path"] = be->bf16_gemm_path();
         if (config.bottleneck != BottleneckKind::none && baseline_ms > 0 &&
             precision == precision_list.front())
@@ -268,50 +421,98 @@ Command add_bench_step_command(CLI::App& app) {
         if (precision != precision_list.front())
           row[fmt::format("speedup_vs_{}", enum_name(precision_list.front()))] =
               first_precision_ms / t.median;
-        if (!o->save.empty() && precision == precision_list.front()) {
-          const fs::path dir = fs::path(o->save) / kind;
-          save_model(model, dir.string());
-          write_token_shard((dir / "tokens.bin").string(), stream);
-        }
-        // The PyTorch peer runs fp32 (CPU autocast is not the peer we time against).
-        if (o->torch && precision == Precision::fp32) {
-          const fs::path dir = scratch / kind;
-          save_model(model, dir.string());
-          write_token_shard((dir / "tokens.bin").string(), stream);
-          const TorchStep torch =
-              run_torch_bench(dir.string(), (dir / "tokens.bin").string(), o->batch, o->seq,
-                              o->steps, o->warmup, o->threads);
-          row["torch_ms_per_step"] = torch.ms_median;
-          row["torch_ms_min"] = torch.ms_min;
-          row["torch_ms_max"] = torch.ms_max;
-          row["torch_version"] = torch.version;
-          row["torch_blas_core"] = torch.blas_core;
-          row["torch_blas_core_source"] = torch.blas_core_source;
-          row["speedup_vs_torch"] = torch.ms_median / t.median;
+        // The PyTorch peer: on the CPU in fp32 (CPU autocast is not the peer we time against);
+        // on a GPU on the same GPU, fp32 as fp32 and bf16 as autocast-bf16 over fp32 weights.
+        // A GPU run goes on when the peer fails (no CUDA PyTorch there, say), saying why.
+        std::string peer_text;
+        if (torch_row) {
+          TorchBenchMode mode;
+          mode.device = on_device ? "cuda" : "cpu";
+          mode.dtype = precision == Precision::bf16 ? "autocast-bf16" : "f32";
+          auto run_peer = [&](bool compile) -> std::optional<TorchStep> {
+            mode.compile = compile;
+            try {
+              return run_torch_bench(peer_dir.string(), (peer_dir / "tokens.bin").string(),
+                                     o->batch, o->seq, o->steps, o->warmup, o->threads, mode);
+            } catch (const Error& e) {
+              if (!on_device && !compile) throw;
+              const std::string what = e.what();
+              row[compile ? "torch_compile_error" : "torch_error"] =
+                  what.substr(0, what.find('\n'));
+              if (compile) row["torch_compile_failed"] = true;
+              return std::nullopt;
+            }
+          };
+          if (const std::optional<TorchStep> torch = run_peer(false)) {
+            row["torch_ms_per_step"] = torch->ms_median;
+            row["torch_ms_min"] = torch->ms_min;
+            row["torch_ms_max"] = torch->ms_max;
+            row["torch_version"] = torch->version;
+            row["torch_blas_core"] = torch->blas_core;
+            row["torch_blas_core_source"] = torch->blas_core_source;
+            row["torch_device"] = torch->device;
+            row["torch_dtype"] = torch->dtype;
+            row["torch_attention"] = torch->attention;
+            if (!torch->gpu.empty()) row["torch_gpu"] = torch->gpu;
+            row["speedup_vs_torch"] = torch->ms_median / t.median;
+            peer_text += on_device
+                             ? fmt::format(
+                                   "  | PyTorch {} eager ({}, {}) {:.1f} ms/step "
+                                   "[{:.1f}-{:.1f}]: bottle {:.2f}x",
+                                   torch->version, torch->dtype, torch->attention, torch->ms_median,
+                                   torch->ms_min, torch->ms_max, torch->ms_median / t.median)
+                             : fmt::format(
+                                   "  | PyTorch {} (OpenBLAS {}) {:.1f} ms/step "
+                                   "[{:.1f}-{:.1f}]: bottle {:.2f}x",
+                                   torch->version, torch->blas_core, torch->ms_median,
+                                   torch->ms_min, torch->ms_max, torch->ms_median / t.median);
+          } else {
+            peer_text += fmt::format("  | PyTorch: {}", row["torch_error"].get<std::string>());
+          }
+          if (o->torch_compile) {
+            const std::optional<TorchStep> compiled = run_peer(true);
+            if (compiled && !compiled->compile_failed) {
+              row["torch_compile_ms_per_step"] = compiled->ms_median;
+              row["torch_compile_ms_min"] = compiled->ms_min;
+              row["torch_compile_ms_max"] = compiled->ms_max;
+              row["speedup_vs_torch_compile"] = compiled->ms_median / t.median;
+              peer_text += fmt::format(
+                  "  | torch.compile {:.1f} ms/step [{:.1f}-{:.1f}]: bottle "
+                  "{:.2f}x",
+                  compiled->ms_median, compiled->ms_min, compiled->ms_max,
+                  compiled->ms_median / t.median);
+            } else {
+              if (compiled) {
+                row["torch_compile_failed"] = true;
+                row["torch_compile_error"] = compiled->compile_error;
+              }
+              peer_text += fmt::format("  | torch.compile failed: {}",
+                                       row["torch_compile_error"].get<std::string>());
+            }
+          }
+          fs::remove_all(peer_dir);
         }
         if (o->json) {
           std::printf("%s\n", row.dump().c_str());
         } else {
+          std::string mfu_text = mfu ? fmt::format("{:.1f}%", 100.0 * *mfu)
+                                     : std::string(on_device ? "n/a (above the measured peak)"
+                                                             : "n/a (peak measured while busy)");
+          if (o->peak_tflops > 0)
+            mfu_text += fmt::format(" of measured GEMM peak, {:.1f}% of {:g} TFLOP/s nominal",
+                                    100.0 * mfu_nominal, o->peak_tflops);
           std::printf(
               "%-5s %-4s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU "
               "%s",
               kind.c_str(), enum_name(precision), (long long)config.parameter_count(), t.median,
-              t.min, t.max, double(n) / (t.median / 1e3), gflops,
-              mfu ? fmt::format("{:.1f}%", 100.0 * *mfu).c_str()
-                  : "n/a (peak measured while busy)");
+              t.min, t.max, double(n) / (t.median / 1e3), gflops, mfu_text.c_str());
           if (row.contains("speedup_vs_full_rank"))
             std::printf("  %.2fx vs full-rank", row["speedup_vs_full_rank"].get<double>());
           for (const char* other : {"fp32", "bf16"})
             if (row.contains(fmt::format("speedup_vs_{}", other)))
               std::printf("  %.2fx vs %s", row[fmt::format("speedup_vs_{}", other)].get<double>(),
                           other);
-          if (row.contains("torch_ms_per_step"))
-            std::printf("  | PyTorch %s (OpenBLAS %s) %.1f ms/step [%.1f-%.1f]: bottle %.2fx",
-                        row["torch_version"].get<std::string>().c_str(),
-                        row["torch_blas_core"].get<std::string>().c_str(),
-                        row["torch_ms_per_step"].get<double>(), row["torch_ms_min"].get<double>(),
-                        row["torch_ms_max"].get<double>(), row["speedup_vs_torch"].get<double>());
-          std::printf("\n");
+          std::printf("%s\n", peer_text.c_str());
         }
         if (profiler) print_profile(*profiler, o->steps);
         std::fflush(stdout);

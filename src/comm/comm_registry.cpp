@@ -1,5 +1,6 @@
-// The one place that chooses the comm backend. Only Open MPI exists so far; a NCCL backend
-// would be chosen here too, so nothing above comm/ names a backend.
+// The one place that chooses the comm backend: Open MPI for the world and host groups, Open
+// MPI staged through the host or NCCL for groups that move device tensors, so that nothing
+// above comm/ names a backend. NCCL is optional (BOTTLE_HAVE_NCCL); only this file asks.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -12,6 +13,11 @@
 
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
+#include "comm/staged_communicator.h"
+#include "core/backend.h"
+#ifdef BOTTLE_HAVE_NCCL
+#include "comm/nccl_communicator.h"
+#endif
 
 namespace bottle {
 
@@ -75,7 +81,50 @@ std::vector<std::string> comm_backends() {
   std::string mpi(version, size_t(std::max(length, 0)));
   // Open MPI's string goes on with its repository and release date after the first comma.
   mpi = mpi.substr(0, mpi.find_first_of(",\n"));
-  return {"mpi: " + mpi};
+  std::vector<std::string> lines{"mpi: " + mpi};
+#ifdef BOTTLE_HAVE_NCCL
+  // The library loaded at run time, which may be newer than the headers built against.
+  int code = 0;
+  if (ncclGetVersion(&code) == ncclSuccess) {
+    // NCCL_VERSION_CODE: major·1000 + minor·100 + patch up to 2.8, major·10000 + ... since.
+    const int major = code >= 10000 ? code / 10000 : code / 1000;
+    const int minor = code >= 10000 ? code % 10000 / 100 : code % 1000 / 100;
+    lines.push_back(fmt::format("nccl: NCCL {}.{}.{}", major, minor, code % 100));
+  } else {
+    lines.push_back("nccl: NCCL (version unknown)");
+  }
+#endif
+  return lines;
+}
+
+std::unique_ptr<Communicator> make_group_communicator(std::unique_ptr<Communicator> host_group,
+                                                      const GroupTransport& transport) {
+  BOTTLE_CHECK(host_group != nullptr, "make_group_communicator: no host group");
+  const std::string& comm = transport.comm;
+  Backend* backend = transport.backend;
+  const bool device = backend && backend->device() != Device::cpu;
+  if (comm == "mpi") {
+    if (!device) return host_group;
+    return std::make_unique<StagedCommunicator>(std::move(host_group), *backend);
+  }
+  if (comm == "nccl") {
+    if (!device)
+      fail(
+          "parallel.comm = \"nccl\" needs a GPU backend (training.backend = \"cuda\"), not "
+          "\"{}\"",
+          backend ? backend->name() : std::string_view("cpu"));
+#ifdef BOTTLE_HAVE_NCCL
+    return std::make_unique<NcclCommunicator>(std::move(host_group), *backend);
+#else
+    fail(
+        "parallel.comm = \"nccl\": this build has no NCCL (build with BOTTLE_CUDA=ON where the "
+        "CUDA toolkit and NCCL are installed, or use parallel.comm = \"mpi\")");
+#endif
+  }
+  fail(
+      "parallel.comm = \"{}\": unknown; the choices are \"mpi\" (through the host) and "
+      "\"nccl\" (GPU to GPU)",
+      comm);
 }
 
 void report_fatal_error(const char* kind, const char* message) {

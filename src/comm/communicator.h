@@ -1,7 +1,8 @@
 #pragma once
 // One interface for every collective bottle issues (docs/design.md §11): all_reduce, all_gather,
 // reduce_scatter, broadcast, send/recv, barrier and split. Implemented on Open MPI (host
-// memory); NCCL (device memory) later. Every call names its call site ("btp.fwd.qkv",
+// memory), on Open MPI with device tensors staged through the host, and on NCCL (device
+// memory); make_group_communicator chooses. Every call names its call site ("btp.fwd.qkv",
 // "dp.grads", ...) and is counted: calls, elements and wall time, per site and per kind of
 // collective, so that a bench can print exactly what each TP mode moves per block, in
 // elements (the formulas) and in bytes (half as many in bf16).
@@ -106,6 +107,23 @@ class CommPhase {
 // A scalar reduced over a group (null or one rank: the value itself), in f32 like every
 // collective here: for losses, norms and timings.
 double reduce_scalar(Communicator* group, double value, ReduceOp op, std::string_view site);
+
+class Backend;
+
+// How a process group moves device tensors. `comm` is parallel.comm: "mpi" (through the
+// host: device tensors are staged through host memory, so that ranks may share a GPU) or
+// "nccl" (GPU to GPU, one GPU per rank). `backend` is the backend whose tensors the group
+// moves; null or a host backend: host memory, where "mpi" moves them as they are.
+struct GroupTransport {
+  std::string comm = "mpi";
+  Backend* backend = nullptr;
+};
+
+// The communicator a group of `host_group`'s ranks uses for `transport` (collective over
+// those ranks when it is NCCL's). Fails, on every rank alike, for an unknown comm, for "nccl"
+// with a host backend and for "nccl" in a build without NCCL.
+std::unique_ptr<Communicator> make_group_communicator(std::unique_ptr<Communicator> host_group,
+                                                      const GroupTransport& transport);
 
 // The world: every process of the job (a single process when not launched by mpirun).
 // Initialises the message-passing runtime on the first call; it is finalised at exit.

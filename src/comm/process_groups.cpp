@@ -4,7 +4,8 @@
 
 namespace bottle {
 
-ProcessGroups ProcessGroups::create(Communicator& world, ParallelLayout layout) {
+ProcessGroups ProcessGroups::create(Communicator& world, ParallelLayout layout,
+                                    const GroupTransport& transport) {
   // Checked from values every rank has, so every rank fails alike before any collective.
   const std::string tp = mention(Setting::tp), pp = mention(Setting::pp), dp = mention(Setting::dp);
   if (layout.tp < 1 || layout.pp < 1 || layout.dp < 1)
@@ -25,9 +26,18 @@ ProcessGroups ProcessGroups::create(Communicator& world, ParallelLayout layout) 
   g.pp_rank = g.world_rank / (layout.tp * layout.dp);
 
   // Each group holds the ranks that agree on the two other coordinates, ordered by its own.
-  g.tp = world.split(g.dp_rank + layout.dp * g.pp_rank, g.tp_rank, "tp");
-  g.dp = world.split(g.tp_rank + layout.tp * g.pp_rank, g.dp_rank, "dp");
-  g.pp = world.split(g.tp_rank + layout.tp * g.dp_rank, g.pp_rank, "pp");
+  g.tp = make_group_communicator(world.split(g.dp_rank + layout.dp * g.pp_rank, g.tp_rank, "tp"),
+                                 transport);
+  g.dp = make_group_communicator(world.split(g.tp_rank + layout.tp * g.pp_rank, g.dp_rank, "dp"),
+                                 transport);
+  // The pipeline's point-to-point messages stay on MPI (staged through the host for a device
+  // backend) even under NCCL: NCCL matches sends to receives by issue order alone, with no
+  // tags, and 1F1B lets two neighbouring stages each send before they receive, which NCCL's
+  // in-order streams would deadlock on. Only TP and DP collectives use NCCL.
+  GroupTransport pp_transport = transport;
+  if (pp_transport.comm == "nccl") pp_transport.comm = "mpi";
+  g.pp = make_group_communicator(world.split(g.tp_rank + layout.tp * g.dp_rank, g.pp_rank, "pp"),
+                                 pp_transport);
   return g;
 }
 

@@ -20,8 +20,11 @@ struct ProcessGroups {
   std::unique_ptr<Communicator> tp, dp, pp;
 
   // Splits `world` into the three groups. Fails (same message on every rank, before any
-  // collective) when world.size() != tp·pp·dp, naming both numbers.
-  static ProcessGroups create(Communicator& world, ParallelLayout layout);
+  // collective) when world.size() != tp·pp·dp, naming both numbers. tp, dp and pp move
+  // device tensors as `transport` says (make_group_communicator); the world stays on the
+  // host communicator.
+  static ProcessGroups create(Communicator& world, ParallelLayout layout,
+                              const GroupTransport& transport = {});
 };
 
 }  // namespace bottle

@@ -1,7 +1,7 @@
 #pragma once
 // The kernel interface every layer calls. Layer code never knows which backend runs it:
 // `cpu` (oneDNN GEMMs + OpenMP loops), `reference` (naive loops, used by tests as the
-// oracle), later `cuda`. Tensors carry their dtype; a backend rejects dtypes it lacks.
+// oracle), `cuda` (kernels of src/core/cuda, cuBLASLt GEMMs). Tensors carry their dtype; a backend rejects dtypes it lacks.
 //
 // The backend owns memory: arenas ask it for their blocks, and only backends read or write
 // tensor data. Layers, the model and the trainer move data with copy / copy_columns, reduce
@@ -67,6 +67,10 @@ class Backend {
 
   // --- Memory.
   virtual Device device() const = 0;
+  // The device stream this backend's kernels run on, as its native handle (a cudaStream_t for
+  // cuda), so that a device communicator orders its own stream against it; null for the host
+  // backends, whose kernels finish before they return.
+  virtual void* native_stream() const { return nullptr; }
   // `bytes` of zeroed memory aligned to kAllocationAlignment; fails naming `what` and the size.
   virtual void* allocate(size_t bytes, const char* what) = 0;
   virtual void deallocate(void* p, size_t bytes) = 0;
@@ -192,9 +196,12 @@ class Backend {
                             const AdamWArgs& args) = 0;
 };
 
-// "cpu" or "reference" (and any optional backend compiled in). The host backends come
+// "cpu", "reference" or "cuda" (when compiled in and a GPU is visible). The host backends come
 // wrapped to take bf16 tensors (core/widening_backend.h).
 std::unique_ptr<Backend> make_backend(std::string_view name);
+// Why make_backend(name) would fail on this machine ("no CUDA device is visible", "this build
+// has no CUDA backend ..."), or empty when it would not: GPU tests skip with this reason.
+std::string backend_unavailable(std::string_view name);
 // The process's host-memory backend ("cpu"): arenas that are not given a backend (host
 // workspaces, tests, tools) allocate from it. A device run passes its backend explicitly.
 Backend& host_backend();

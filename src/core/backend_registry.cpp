@@ -6,13 +6,36 @@
 #include "core/cpu_backend.h"
 #include "core/reference_backend.h"
 #include "core/widening_backend.h"
+#ifdef BOTTLE_HAVE_CUDA
+#include "core/cuda/cuda_backend.h"
+#endif
 
 namespace bottle {
 
 std::unique_ptr<Backend> make_backend(std::string_view name) {
   if (name == "cpu") return std::make_unique<WideningBackend>(make_cpu_backend());
   if (name == "reference") return std::make_unique<WideningBackend>(make_reference_backend());
-  fail("unknown backend '{}' (available: cpu, reference)", name);
+  if (name == "cuda") {
+#ifdef BOTTLE_HAVE_CUDA
+    return make_cuda_backend();
+#else
+    fail("backend 'cuda': {}", backend_unavailable("cuda"));
+#endif
+  }
+  fail("unknown backend '{}' (available: cpu, reference, cuda)", name);
+}
+
+std::string backend_unavailable(std::string_view name) {
+  if (name == "cpu" || name == "reference") return {};
+  if (name == "cuda") {
+#ifdef BOTTLE_HAVE_CUDA
+    return cuda_unavailable();
+#else
+    return "this build has no CUDA backend (configured with BOTTLE_CUDA=OFF, or no CUDA toolkit "
+           "with NCCL was found)";
+#endif
+  }
+  return fmt::format("unknown backend '{}' (available: cpu, reference, cuda)", name);
 }
 
 Backend& host_backend() {
@@ -22,9 +45,13 @@ Backend& host_backend() {
 
 std::vector<std::string> backend_names() {
   const dnnl_version_t* dnnl = dnnl_version();
-  return {fmt::format("cpu: oneDNN {}.{}.{} GEMMs + OpenMP {}", dnnl->major, dnnl->minor,
-                      dnnl->patch, _OPENMP),
-          "reference: naive loops (the test oracle)"};
+  std::vector<std::string> names{fmt::format("cpu: oneDNN {}.{}.{} GEMMs + OpenMP {}", dnnl->major,
+                                             dnnl->minor, dnnl->patch, _OPENMP),
+                                 "reference: naive loops (the test oracle)"};
+#ifdef BOTTLE_HAVE_CUDA
+  names.push_back(cuda_description());
+#endif
+  return names;
 }
 
 }  // namespace bottle

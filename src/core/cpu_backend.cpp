@@ -15,6 +15,7 @@
 #include "core/arena.h"
 #include "core/dnnl_gemm.h"
 #include "core/host_backend.h"
+#include "core/kernel_math.h"
 
 namespace bottle {
 namespace {
@@ -66,8 +67,8 @@ inline void sgemm(char ta, char tb, int64_t m, int64_t n, int64_t k, float alpha
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
-// out[0, n) = softmax(x[0, n)) (out may alias x); returns log Σ exp(x).
-inline float softmax_in_place(float* out, const float* x, int64_t n) {
+// out[0, n) = softmax(x[0, n)) (out may alias x); returns the row's max and Σ exp(x - max).
+inline kmath::SoftmaxState softmax_in_place(float* out, const float* x, int64_t n) {
   float mx = x[0];
 #pragma omp simd reduction(max : mx)
   for (int64_t j = 1; j < n; ++j) mx = std::max(mx, x[j]);
@@ -80,8 +81,11 @@ inline float softmax_in_place(float* out, const float* x, int64_t n) {
   const float inv = 1.0f / sum;
 #pragma omp simd
   for (int64_t j = 0; j < n; ++j) out[j] *= inv;
-  return mx + std::log(sum);
+  return {mx, sum};
 }
+
+// log Σ exp(x) of a row from its softmax statistics.
+inline float log_sum_exp(const kmath::SoftmaxState& s) { return s.max + std::log(s.sumexp); }
 
 // Runs body(i) for i in [0, n), split into one contiguous range per thread; the body is
 // inlined into a plain loop that the compiler vectorizes ("omp parallel for simd" over
@@ -211,7 +215,7 @@ class CpuBackend final : public HostBackend {
       float v = 0.0f;
 #pragma omp simd reduction(+ : v)
       for (int64_t j = 0; j < c; ++j) v += (xi[j] - mu) * (xi[j] - mu);
-      const float r = 1.0f / std::sqrt(v / float(c) + eps);
+      const float r = kmath::rstd_from_sum_squares(v, float(c), eps);
       mean.f32()[i] = mu;
       rstd.f32()[i] = r;
       float* oi = out.f32() + i * c;
@@ -249,7 +253,7 @@ class CpuBackend final : public HostBackend {
 #pragma omp simd
         for (int64_t j = 0; j < c; ++j) {
           const float xhat = (xi[j] - mu) * r;
-          dxi[j] += r * (gi[j] * weight.f32()[j] - sum_g - xhat * sum_gx);
+          dxi[j] += kmath::layernorm_dx(gi[j] * weight.f32()[j], xhat, r, sum_g, sum_gx);
           dw[j] += gi[j] * xhat;
           db[j] += gi[j];
         }
@@ -291,7 +295,7 @@ class CpuBackend final : public HostBackend {
         for (int64_t t = 0; t < rows; ++t) {
           float* row = sc + t * keys;
           const int64_t valid = r0 + t + 1;
-          L[r0 + t] = softmax_in_place(row, row, valid);
+          L[r0 + t] = log_sum_exp(softmax_in_place(row, row, valid));
           for (int64_t j = valid; j < keys; ++j) row[j] = 0.0f;
         }
         sgemm('N', 'N', rows, d.hd, keys, 1.0f, sc, keys, V, ldk, 0.0f, O + r0 * ldq, ldq);
@@ -355,7 +359,7 @@ class CpuBackend final : public HostBackend {
     const int64_t n = x.numel();
     const float* xs = x.f32();
     float* os = out.f32();
-    parallel_elementwise(n, [=](int64_t i) { os[i] = xs[i] * sigmoid(xs[i]); });
+    parallel_elementwise(n, [=](int64_t i) { os[i] = kmath::silu(xs[i], sigmoid(xs[i])); });
   }
 
   void silu_backward(Tensor dx, Tensor dout, Tensor x) override {
@@ -363,10 +367,8 @@ class CpuBackend final : public HostBackend {
     const int64_t n = x.numel();
     const float *xs = x.f32(), *gs = dout.f32();
     float* ds = dx.f32();
-    parallel_elementwise(n, [=](int64_t i) {
-      const float s = sigmoid(xs[i]);
-      ds[i] += gs[i] * s * (1.0f + xs[i] * (1.0f - s));
-    });
+    parallel_elementwise(n,
+                         [=](int64_t i) { ds[i] += kmath::silu_dx(gs[i], xs[i], sigmoid(xs[i])); });
   }
 
   void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override {
@@ -374,10 +376,12 @@ class CpuBackend final : public HostBackend {
     const int64_t n = gate.numel();
     const float *g = gate.f32(), *u = up.f32();
     float* o = out.f32();
+    // One loop per gate_act, so that the identity gate never computes a sigmoid.
     if (gate_act) {
-      parallel_elementwise(n, [=](int64_t i) { o[i] = g[i] * sigmoid(g[i]) * u[i]; });
+      parallel_elementwise(
+          n, [=](int64_t i) { o[i] = kmath::swiglu(g[i], u[i], sigmoid(g[i]), true); });
     } else {
-      parallel_elementwise(n, [=](int64_t i) { o[i] = g[i] * u[i]; });
+      parallel_elementwise(n, [=](int64_t i) { o[i] = kmath::swiglu(g[i], u[i], 0.0f, false); });
     }
   }
 
@@ -390,13 +394,13 @@ class CpuBackend final : public HostBackend {
     if (gate_act) {
       parallel_elementwise(n, [=](int64_t i) {
         const float s = sigmoid(g[i]);
-        du[i] += d[i] * g[i] * s;
-        dg[i] += d[i] * u[i] * s * (1.0f + g[i] * (1.0f - s));
+        du[i] += kmath::swiglu_dup(d[i], g[i], s, true);
+        dg[i] += kmath::swiglu_dgate(d[i], g[i], u[i], s, true);
       });
     } else {
       parallel_elementwise(n, [=](int64_t i) {
-        du[i] += d[i] * g[i];
-        dg[i] += d[i] * u[i];
+        du[i] += kmath::swiglu_dup(d[i], g[i], 0.0f, false);
+        dg[i] += kmath::swiglu_dgate(d[i], g[i], u[i], 0.0f, false);
       });
     }
   }
@@ -464,7 +468,8 @@ class CpuBackend final : public HostBackend {
     for (int64_t i = 0; i < n; ++i) {
       const float* li = logits.f32() + i * v;
       float* pi = probs.f32() + i * v;
-      losses.f32()[i] = softmax_in_place(pi, li, v) - li[targets.i32()[i]];
+      const kmath::SoftmaxState st = softmax_in_place(pi, li, v);
+      losses.f32()[i] = kmath::cross_entropy_loss(st.sumexp, st.max, li[targets.i32()[i]]);
     }
   }
 
@@ -476,8 +481,15 @@ class CpuBackend final : public HostBackend {
     for (int64_t i = 0; i < n; ++i) {
       const float* pi = probs.f32() + i * v;
       float* di = dlogits.f32() + i * v;
-      for (int64_t j = 0; j < v; ++j) di[j] += scale * pi[j];
-      di[targets.i32()[i]] -= scale;
+      const int64_t target = targets.i32()[i];
+      const bool has_target = target >= 0 && target < v;
+      const float p_target = has_target ? pi[target] : 0.0f;
+      const float d_target = has_target ? di[target] : 0.0f;
+      // Every element as a non-target one (a comparison with the target in the loop keeps
+      // GCC from vectorising it), then the target's from its values before the loop.
+#pragma omp simd
+      for (int64_t j = 0; j < v; ++j) di[j] += kmath::cross_entropy_dlogit(pi[j], false, scale);
+      if (has_target) di[target] = d_target + kmath::cross_entropy_dlogit(p_target, true, scale);
     }
   }
 
@@ -542,11 +554,16 @@ class CpuBackend final : public HostBackend {
     for (int64_t i = 0; i < n; ++i) {
       const float* li = logits.f32() + i * v;
       float* di = dlogits.f32() + i * v;
-      const float mx = max.f32()[i], k = scale / sumexp.f32()[i];
+      const float mx = max.f32()[i], inv_sumexp = 1.0f / sumexp.f32()[i];
+      const int64_t target = int64_t(targets.i32()[i]) - first;  // may lie outside [0, v)
+      const bool has_target = target >= 0 && target < v;
+      const float p_target = has_target ? fast_exp(li[target] - mx) * inv_sumexp : 0.0f;
+      const float d_target = has_target ? di[target] : 0.0f;
+      // As in cross_entropy_backward: the loop without the target, which is done after it.
 #pragma omp simd
-      for (int64_t j = 0; j < v; ++j) di[j] += k * fast_exp(li[j] - mx);
-      const int64_t target = int64_t(targets.i32()[i]) - first;
-      if (target >= 0 && target < v) di[target] -= scale;
+      for (int64_t j = 0; j < v; ++j)
+        di[j] += kmath::cross_entropy_dlogit(fast_exp(li[j] - mx) * inv_sumexp, false, scale);
+      if (has_target) di[target] = d_target + kmath::cross_entropy_dlogit(p_target, true, scale);
     }
   }
 
@@ -612,10 +629,8 @@ class CpuBackend final : public HostBackend {
     require_f32("rms_from_sum_squares", {out, sumsq});
     const float* s = sumsq.f32();
     float* o = out.f32();
-    for (int64_t i = 0; i < out.numel(); ++i) {
-      const float rms = std::sqrt(s[i] / count + eps);
-      o[i] = reciprocal ? 1.0f / rms : rms;
-    }
+    for (int64_t i = 0; i < out.numel(); ++i)
+      o[i] = kmath::rms_from_sum_squares(s[i], count, eps, reciprocal);
   }
 
   void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
@@ -626,7 +641,8 @@ class CpuBackend final : public HostBackend {
     require_i32("cross_entropy_shard_partials", targets);
     const int64_t n = logits.rows(), v = logits.cols();
     for (int64_t i = 0; i < n; ++i) {
-      sumexp.f32()[i] = local_sumexp.f32()[i] * std::exp(local_max.f32()[i] - max.f32()[i]);
+      sumexp.f32()[i] = kmath::rescaled_sumexp(local_sumexp.f32()[i], local_max.f32()[i],
+                                               max.f32()[i], [](float x) { return std::exp(x); });
       const int64_t t = int64_t(targets.i32()[i]) - first;
       target_logit.f32()[i] = t >= 0 && t < v ? logits.f32()[i * v + t] : 0.0f;
     }
@@ -636,7 +652,8 @@ class CpuBackend final : public HostBackend {
                                   Tensor max) override {
     require_f32("cross_entropy_shard_losses", {losses, sumexp, target_logit, max});
     for (int64_t i = 0; i < losses.numel(); ++i)
-      losses.f32()[i] = std::log(sumexp.f32()[i]) + max.f32()[i] - target_logit.f32()[i];
+      losses.f32()[i] =
+          kmath::cross_entropy_loss(sumexp.f32()[i], max.f32()[i], target_logit.f32()[i]);
   }
 
   void scale_rows(Tensor out, Tensor x, Tensor factor) override {
@@ -670,15 +687,15 @@ class CpuBackend final : public HostBackend {
     require_f32("adamw_update", {param, grad, m, v});
     const int64_t n = param.numel();
     float *p = param.f32(), *g = grad.f32(), *ms = m.f32(), *vs = v.f32();
-    const float c1 = 1.0f / (1.0f - std::pow(a.beta1, float(a.step)));
-    const float c2 = 1.0f / (1.0f - std::pow(a.beta2, float(a.step)));
-    parallel_elementwise(n, [=](int64_t i) {
-      const float gi = g[i] * a.grad_scale;
-      ms[i] = a.beta1 * ms[i] + (1.0f - a.beta1) * gi;
-      vs[i] = a.beta2 * vs[i] + (1.0f - a.beta2) * gi * gi;
-      const float update = (ms[i] * c1) / (std::sqrt(vs[i] * c2) + a.eps);
-      p[i] -= a.lr * (update + a.weight_decay * p[i]);
-    });
+    const kmath::AdamWScalars s{a.lr,
+                                a.beta1,
+                                a.beta2,
+                                a.eps,
+                                a.weight_decay,
+                                a.grad_scale,
+                                kmath::adamw_bias_correction(a.beta1, a.step),
+                                kmath::adamw_bias_correction(a.beta2, a.step)};
+    parallel_elementwise(n, [=](int64_t i) { kmath::adamw_step(p[i], g[i], ms[i], vs[i], s); });
   }
 
  private:
@@ -692,7 +709,7 @@ class CpuBackend final : public HostBackend {
       float ss = 0.0f;
 #pragma omp simd reduction(+ : ss)
       for (int64_t j = 0; j < c; ++j) ss += xi[j] * xi[j];
-      const float r = 1.0f / std::sqrt(ss / float(c) + eps);
+      const float r = kmath::rstd_from_sum_squares(ss, float(c), eps);
       if (rstd) rstd[i] = r;
       if (sumsq) sumsq[i] = ss;
       float* oi = out.f32() + i * c;
@@ -725,10 +742,10 @@ class CpuBackend final : public HostBackend {
 #pragma omp simd reduction(+ : row_dot)
           for (int64_t j = 0; j < c; ++j) row_dot += gi[j] * weight.f32()[j] * xi[j];
         }
-        const float k = row_dot * r * r * r / float(d);
+        const float k = kmath::rmsnorm_dx_row_factor(r, row_dot, float(d));
 #pragma omp simd
         for (int64_t j = 0; j < c; ++j) {
-          dxi[j] += gi[j] * weight.f32()[j] * r - xi[j] * k;
+          dxi[j] += kmath::rmsnorm_dx_from_factor(gi[j], xi[j], weight.f32()[j], r, k);
           dw[j] += gi[j] * xi[j] * r;
         }
       }
@@ -766,7 +783,7 @@ class CpuBackend final : public HostBackend {
     for (int64_t s = 0; s < S; ++s)
       for (int64_t i = 0; i < half; ++i) {
         // Same expression as HF: inv_freq in fp32, then the product in fp32.
-        const float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(hd));
+        const float inv_freq = kmath::rope_inv_freq(i, hd, theta);
         const float angle = float(s) * inv_freq;
         t.cos[s * half + i] = std::cos(angle);
         t.sin[s * half + i] = std::sin(angle);
@@ -790,9 +807,10 @@ class CpuBackend final : public HostBackend {
         float* v = x.f32() + (bs * heads + h) * hd;
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
-          const float x1 = v[i], x2 = v[i + half], sin = direction * sn[i];
-          v[i] = x1 * cs[i] - x2 * sin;
-          v[i + half] = x2 * cs[i] + x1 * sin;
+          float x1 = v[i], x2 = v[i + half];
+          kmath::rope_rotate(x1, x2, cs[i], direction * sn[i]);
+          v[i] = x1;
+          v[i + half] = x2;
         }
       }
     }

@@ -45,6 +45,9 @@ BOTTLE_HD float bf16_to_float(uint16_t h) { return float_of_bits(uint32_t(h) << 
 BOTTLE_HD float silu(float x, float s) { return x * s; }
 // d silu(x) / dx = s + x s (1 - s).
 BOTTLE_HD float silu_grad(float x, float s) { return s * (1.0f + x * (1.0f - s)); }
+// SiLU backward of one element: dout · silu'(x), rounded as (dout s) (1 + x (1 - s)) (not
+// dout · silu_grad, whose last bit can differ): the kernels' backward uses this one.
+BOTTLE_HD float silu_dx(float dout, float x, float s) { return dout * s * (1.0f + x * (1.0f - s)); }
 // SwiGLU out = act(g) * u; its two gradients, given dout and s = sigmoid(g).
 BOTTLE_HD float swiglu(float g, float u, float s, bool gate_act) {
   return gate_act ? g * s * u : g * u;
@@ -53,11 +56,12 @@ BOTTLE_HD float swiglu_dup(float dout, float g, float s, bool gate_act) {
   return gate_act ? dout * g * s : dout * g;
 }
 BOTTLE_HD float swiglu_dgate(float dout, float g, float u, float s, bool gate_act) {
-  return gate_act ? dout * u * silu_grad(g, s) : dout * u;
+  return gate_act ? silu_dx(dout * u, g, s) : dout * u;
 }
 
 // --- Norms.
-// 1 / sqrt(Σx² / count + eps): RMSNorm's rstd from a row's sum of squares.
+// 1 / sqrt(Σx² / count + eps): RMSNorm's rstd from a row's sum of squares (LayerNorm's from
+// the row's sum of squared deviations from its mean).
 BOTTLE_HD float rstd_from_sum_squares(float sumsq, float count, float eps) {
   return 1.0f / sqrtf(sumsq / count + eps);
 }
@@ -66,9 +70,17 @@ BOTTLE_HD float rms_from_sum_squares(float sumsq, float count, float eps, bool r
   return reciprocal ? 1.0f / rms : rms;
 }
 // RMSNorm backward of one element, given the row's rstd and dot = Σ_j weight_j dout_j x_j
-// over the whole row of d columns: dx = rstd (w dout - x rstd² dot / d).
+// over the whole row of d columns: dx = rstd (w dout - x rstd² dot / d). The part that is
+// the same for the whole row, rstd³ dot / d, is rmsnorm_dx_row_factor; a loop over a row
+// computes it once and calls rmsnorm_dx_from_factor per element, with the same result.
+BOTTLE_HD float rmsnorm_dx_row_factor(float rstd, float dot, float d) {
+  return dot * rstd * rstd * rstd / d;
+}
+BOTTLE_HD float rmsnorm_dx_from_factor(float dout, float x, float w, float rstd, float row_factor) {
+  return dout * w * rstd - x * row_factor;
+}
 BOTTLE_HD float rmsnorm_dx(float dout, float x, float w, float rstd, float dot, float d) {
-  return rstd * w * dout - x * rstd * rstd * rstd * dot / d;
+  return rmsnorm_dx_from_factor(dout, x, w, rstd, rmsnorm_dx_row_factor(rstd, dot, d));
 }
 // LayerNorm backward of one element: xhat = (x - mean) rstd; mean_g = mean_j(g w),
 // mean_gx = mean_j(g w xhat): dx = rstd (g w - mean_g - xhat mean_gx).

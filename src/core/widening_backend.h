@@ -25,6 +25,7 @@ class WideningBackend final : public Backend {
   std::string bf16_gemm_path() const override;
 
   Device device() const override { return inner_->device(); }
+  void* native_stream() const override { return inner_->native_stream(); }
   void* allocate(size_t bytes, const char* what) override { return inner_->allocate(bytes, what); }
   void deallocate(void* p, size_t bytes) override { inner_->deallocate(p, bytes); }
   void to_host(void* dst, Tensor src) override { inner_->to_host(dst, src); }

@@ -27,6 +27,8 @@ namespace bottle {
 namespace {
 
 constexpr std::array<const char*, 2> kPrecisionNames = {"fp32", "bf16"};
+constexpr std::array<const char*, 3> kBackendNames = {"cpu", "reference", "cuda"};
+constexpr std::array<const char*, 3> kCommNames = {"auto", "mpi", "nccl"};
 constexpr std::array<const char*, 2> kOnNonfiniteNames = {"stop", "skip"};
 constexpr std::array<const char*, 3> kLrDecayNames = {"cosine", "linear", "constant"};
 constexpr std::array<const char*, 2> kScheduleNames = {"1f1b", "gpipe"};
@@ -35,6 +37,12 @@ constexpr std::array<const char*, 2> kScheduleNames = {"1f1b", "gpipe"};
 
 const char* enum_name(Recompute value) { return kRecomputeNames[int(value)]; }
 const char* enum_name(Precision value) { return kPrecisionNames[int(value)]; }
+const char* enum_name(BackendKind value) { return kBackendNames[int(value)]; }
+const char* enum_name(CommKind value) { return kCommNames[int(value)]; }
+const char* comm_name(CommKind comm, BackendKind backend) {
+  if (comm == CommKind::automatic) return backend == BackendKind::cuda ? "nccl" : "mpi";
+  return enum_name(comm);
+}
 const char* enum_name(OnNonfinite value) { return kOnNonfiniteNames[int(value)]; }
 const char* enum_name(LrDecay value) { return kLrDecayNames[int(value)]; }
 const char* enum_name(PipelineSchedule value) { return kScheduleNames[int(value)]; }
@@ -341,6 +349,9 @@ std::vector<ConfigKey> build_schema() {
                         "no limit"));
   s.push_back(choice_key("training.precision", FIELD(training.precision), kPrecisionNames,
                          "compute precision: fp32 or bf16"));
+  s.push_back(choice_key("training.backend", FIELD(training.backend), kBackendNames,
+                         "kernel backend: cpu (oneDNN + OpenMP), reference (naive loops, the "
+                         "test oracle) or cuda (one GPU per rank, from the node-local rank)"));
   s.push_back(choice_key("training.on_nonfinite", FIELD(training.on_nonfinite), kOnNonfiniteNames,
                          "on a NaN/inf loss or gradient norm: stop, or skip the update"));
   s.push_back(integer_key("training.eval_interval", FIELD(training.eval_interval), at_least(0),
@@ -402,6 +413,10 @@ std::vector<ConfigKey> build_schema() {
                           "ZeRO stage: 0 (replicated AdamW state) or 1 (sharded)"));
   s.push_back(bool_key("parallel.grouping", FIELD(parallel.grouping),
                        "one GEMM for projections reading the same input (q,k,v; gate,up)"));
+  s.push_back(choice_key("parallel.comm", FIELD(parallel.comm), kCommNames,
+                         "collectives of the TP, PP and DP groups: nccl (GPU memory, one rank "
+                         "per GPU), mpi (host memory; with cuda, staged through the host so "
+                         "ranks may share a GPU) or auto (nccl on cuda, else mpi)"));
   return s;
 }
 #undef FIELD
@@ -792,6 +807,10 @@ struct Loader {
       fail("{}", describe_setting_error(e, source));
     }
     const auto& t = config.training;
+    BOTTLE_CHECK(p.comm != CommKind::nccl || t.backend == BackendKind::cuda,
+                 "{}: key 'parallel.comm' = \"nccl\" moves GPU memory: it needs "
+                 "training.backend = \"cuda\", not \"{}\"",
+                 source, enum_name(t.backend));
     check_batch_shape(m, t.micro_batch_size, t.seq_len, source + ": key",
                       "'training.micro_batch_size'", "'training.seq_len'");
     // Tokens per step (b·s·accum·dp) count the whole job's work: they must fit too.

@@ -19,12 +19,22 @@
 namespace bottle {
 
 enum class Precision { fp32, bf16 };
+// The kernel backend a run computes on (training.backend).
+enum class BackendKind { cpu, reference, cuda };
+// How process groups move device tensors (parallel.comm): auto is nccl for the cuda backend
+// and mpi otherwise; mpi with the cuda backend stages through host memory, so several ranks
+// may share one GPU.
+enum class CommKind { automatic, mpi, nccl };
 enum class OnNonfinite { stop, skip };
 enum class LrDecay { cosine, linear, constant };
 
 // The TOML spelling of each value.
 const char* enum_name(Recompute value);
 const char* enum_name(Precision value);
+const char* enum_name(BackendKind value);
+const char* enum_name(CommKind value);
+// parallel.comm resolved for a backend: "mpi" or "nccl".
+const char* comm_name(CommKind comm, BackendKind backend);
 const char* enum_name(OnNonfinite value);
 const char* enum_name(LrDecay value);
 const char* enum_name(PipelineSchedule value);
@@ -41,6 +51,7 @@ struct TrainingConfig {
   Recompute recompute = Recompute::none;
   int64_t memory_limit = 0;  // bytes per rank; 0: no limit
   Precision precision = Precision::fp32;
+  BackendKind backend = BackendKind::cpu;
   OnNonfinite on_nonfinite = OnNonfinite::stop;
   int64_t eval_interval = 100;  // steps between validation evals; 0: never
   int64_t eval_batches = 8;
@@ -87,6 +98,7 @@ struct ParallelConfig {
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int zero = 0;                               // ZeRO stage, 0 or 1
   bool grouping = TensorParallel{}.grouping;  // its one default is the mechanism's
+  CommKind comm = CommKind::automatic;
 };
 
 struct TrainConfig {

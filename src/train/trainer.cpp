@@ -230,11 +230,17 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
     : config_(config), tc_(config.training), options_(options), world_(world_communicator()) {
   BOTTLE_CHECK(!config.data.train.empty(),
                "{}: data.train is not set (a token shard, directory or glob)", options.config_path);
+  // The backend first: NCCL groups are built on its GPU and stream. Every rank of a job runs
+  // the same backend, so a machine without one fails on every rank alike.
+  const char* backend = enum_name(config.training.backend);
+  if (std::string why = backend_unavailable(backend); !why.empty())
+    fail("{}: training.backend = \"{}\": {}", options.config_path, backend, why);
+  be_ = make_backend(backend);
   // Every rank checks the layout before any work, so a bad one fails everywhere at once.
   groups_ = ProcessGroups::create(
-      world_, {int(config.parallel.tp), int(config.parallel.pp), int(config.parallel.dp)});
+      world_, {int(config.parallel.tp), int(config.parallel.pp), int(config.parallel.dp)},
+      GroupTransport{comm_name(config.parallel.comm, config.training.backend), be_.get()});
   leader_ = world_.rank() == 0;
-  be_ = make_backend("cpu");
   set_up_model();
   open_data();
   store_ = std::make_unique<CheckpointStore>(config.checkpoint.folder, int(config.checkpoint.keep));
@@ -379,7 +385,7 @@ void Trainer::open_logs() {
   message(fmt::format(
       "training {} ({} parameters, {} bottleneck) for {} steps of {} tokens on {} rank(s) (tp {} "
       "\"{}\") x {} threads, {}; GEMM peak {:.0f} GFLOP/s per rank; recompute \"{}\"; planned "
-      "memory of rank 0: {} ({})",
+      "memory of rank 0: {} ({}); backend {}, comm {}",
       options_.config_path, config_.model.parameter_count(),
       bottleneck_kind_name(config_.model.bottleneck), tc_.steps, config_.tokens_per_step(),
       world_.size(), config_.parallel.tp, tp_mode_name(config_.parallel.tp_mode),
@@ -387,7 +393,7 @@ void Trainer::open_logs() {
       tc_.precision == Precision::bf16 ? fmt::format("bf16 (GEMMs: {})", be_->bf16_gemm_path())
                                        : std::string("fp32"),
       peak_->gflops(), recompute_name(tc_.recompute), format_bytes(plan_.total()),
-      describe_memory(plan_)));
+      describe_memory(plan_), be_->name(), comm_name(config_.parallel.comm, tc_.backend)));
 }
 
 TrainResult Trainer::run() {

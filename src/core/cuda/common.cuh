@@ -17,6 +17,8 @@ __device__ __forceinline__ float load(ConstArray a, int64_t i) {
   if (a.dtype == DType::bf16) return __bfloat162float(static_cast<const __nv_bfloat16*>(a.data)[i]);
   return static_cast<const float*>(a.data)[i];
 }
+// An output read back (the += of backward kernels).
+__device__ __forceinline__ float load(Array a, int64_t i) { return load(ConstArray(a), i); }
 // Stores v rounded once to the array's dtype (nearest even, as kmath::bf16_from_float).
 __device__ __forceinline__ void store(Array a, int64_t i, float v) {
   if (a.dtype == DType::bf16)
@@ -28,11 +30,13 @@ __device__ __forceinline__ void store(Array a, int64_t i, float v) {
 constexpr int kWarp = 32;
 
 __device__ __forceinline__ float warp_sum(float v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 __device__ __forceinline__ double warp_sum(double v) {
-  for (int offset = kWarp / 2; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+  for (int offset = kWarp / 2; offset > 0; offset /= 2)
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
   return v;
 }
 __device__ __forceinline__ float warp_max(float v) {

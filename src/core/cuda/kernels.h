@@ -28,9 +28,10 @@ struct Array {
 struct ConstArray {
   const void* data = nullptr;
   DType dtype = DType::f32;
-  ConstArray() = default;
-  ConstArray(const void* d, DType t) : data(d), dtype(t) {}
-  ConstArray(Array a) : data(a.data), dtype(a.dtype) {}  // NOLINT: an output read as input
+  // constexpr, so that device code (nvcc --expt-relaxed-constexpr) converts too.
+  constexpr ConstArray() = default;
+  constexpr ConstArray(const void* d, DType t) : data(d), dtype(t) {}
+  constexpr ConstArray(Array a) : data(a.data), dtype(a.dtype) {}  // NOLINT: an output read back
 };
 
 // --- Conversions and indices (elementwise.cu).
@@ -39,10 +40,9 @@ void convert(cudaStream_t stream, Array dst, ConstArray src, int64_t n);
 // dst[r, dst_col + j] = src[r, src_col + j] for j < cols, converting dtypes (same-dtype
 // slices are cudaMemcpy2D in the backend).
 void convert_columns(cudaStream_t stream, Array dst, int64_t dst_cols, int64_t dst_col,
-                     ConstArray src, int64_t src_cols, int64_t src_col, int64_t rows,
-                     int64_t cols);
-// *result = the smallest i with ids[i] outside [lo, hi), or n when there is none.
-// `result` is device memory.
+                     ConstArray src, int64_t src_cols, int64_t src_col, int64_t rows, int64_t cols);
+// *result = min(*result, the smallest i with ids[i] outside [lo, hi)): the caller sets
+// *result = n first, so n means there is none. `result` is device memory.
 void first_outside(cudaStream_t stream, const int32_t* ids, int64_t n, int64_t lo, int64_t hi,
                    unsigned long long* result);
 
@@ -53,8 +53,8 @@ void scale(cudaStream_t stream, Array x, float factor, int64_t n);
 void multiply(cudaStream_t stream, Array out, ConstArray a, ConstArray b, int64_t n);
 void divide(cudaStream_t stream, Array out, ConstArray a, ConstArray b, int64_t n);
 // out[i] = sqrt(sumsq[i] / count + eps) (or its reciprocal).
-void rms_from_sum_squares(cudaStream_t stream, Array out, ConstArray sumsq, int64_t n,
-                          float count, float eps, bool reciprocal);
+void rms_from_sum_squares(cudaStream_t stream, Array out, ConstArray sumsq, int64_t n, float count,
+                          float eps, bool reciprocal);
 // out[r, :] = x[r, :] * factor[r].
 void scale_rows(cudaStream_t stream, Array out, ConstArray x, ConstArray factor, int64_t rows,
                 int64_t cols);
@@ -65,8 +65,8 @@ void silu_forward(cudaStream_t stream, Array out, ConstArray x, int64_t n);
 void silu_backward(cudaStream_t stream, Array dx, ConstArray dout, ConstArray x, int64_t n);
 void swiglu_forward(cudaStream_t stream, Array out, ConstArray gate, ConstArray up, int64_t n,
                     bool gate_act);
-void swiglu_backward(cudaStream_t stream, Array dgate, Array dup, ConstArray dout,
-                     ConstArray gate, ConstArray up, int64_t n, bool gate_act);
+void swiglu_backward(cudaStream_t stream, Array dgate, Array dup, ConstArray dout, ConstArray gate,
+                     ConstArray up, int64_t n, bool gate_act);
 
 // --- Reductions to one scalar (reduce.cu): Σ x[i] or Σ x[i]², accumulated in double in an
 // order fixed by n. `partials` is device scratch of reduce_partials_count() doubles;
@@ -95,15 +95,14 @@ void rmsnorm_forward(cudaStream_t stream, Array out, Array rstd, Array sumsq, Co
 // dx += rstd w dout - x rstd³ dot / d, with dot[r] = Σ_j w dout x over the whole row of d
 // columns (for a plain RMSNorm the caller passes dot = null: it is computed here over the
 // cols, and d = cols); dweight += Σ_r dout x rstd.
-void rmsnorm_backward(cudaStream_t stream, Array dx, Array dweight, ConstArray dout,
-                      ConstArray x, ConstArray weight, ConstArray rstd, ConstArray dot,
-                      int64_t rows, int64_t cols, int64_t d);
+void rmsnorm_backward(cudaStream_t stream, Array dx, Array dweight, ConstArray dout, ConstArray x,
+                      ConstArray weight, ConstArray rstd, ConstArray dot, int64_t rows,
+                      int64_t cols, int64_t d);
 void layernorm_forward(cudaStream_t stream, Array out, Array mean, Array rstd, ConstArray x,
-                       ConstArray weight, ConstArray bias, int64_t rows, int64_t cols,
-                       float eps);
-void layernorm_backward(cudaStream_t stream, Array dx, Array dweight, Array dbias,
-                        ConstArray dout, ConstArray x, ConstArray weight, ConstArray mean,
-                        ConstArray rstd, int64_t rows, int64_t cols);
+                       ConstArray weight, ConstArray bias, int64_t rows, int64_t cols, float eps);
+void layernorm_backward(cudaStream_t stream, Array dx, Array dweight, Array dbias, ConstArray dout,
+                        ConstArray x, ConstArray weight, ConstArray mean, ConstArray rstd,
+                        int64_t rows, int64_t cols);
 
 // --- Attention (attention.cu): causal, GQA, FlashAttention-2 tiling with an online softmax;
 // only the log-sum-exp lse [B, H, S] (f32) is kept. q, out [B, S, H, hd]; k, v [B, S, Hkv, hd].
@@ -113,8 +112,8 @@ void attention_forward(cudaStream_t stream, Array out, Array lse, ConstArray q, 
                        int64_t hd);
 // dq, dk, dv += the gradients (they accumulate, like every backward kernel). `scratch` is
 // device memory of attention_backward_scratch_bytes(...) bytes.
-size_t attention_backward_scratch_bytes(int64_t batch, int64_t seq, int64_t heads,
-                                        int64_t kv_heads, int64_t hd);
+size_t attention_backward_scratch_bytes(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                        int64_t hd);
 void attention_backward(cudaStream_t stream, Array dq, Array dk, Array dv, ConstArray dout,
                         ConstArray out, ConstArray lse, ConstArray q, ConstArray k, ConstArray v,
                         int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads, int64_t hd,
@@ -129,8 +128,8 @@ void cross_entropy_forward(cudaStream_t stream, Array losses, Array probs, Const
 void cross_entropy_backward(cudaStream_t stream, Array dlogits, ConstArray probs,
                             const int32_t* targets, int64_t rows, int64_t v, float scale);
 // max[r] = max_j logits[r, j]; sumexp[r] = Σ_j exp(logits[r, j] - max[r]).
-void logits_row_stats(cudaStream_t stream, Array max, Array sumexp, ConstArray logits,
-                      int64_t rows, int64_t v);
+void logits_row_stats(cudaStream_t stream, Array max, Array sumexp, ConstArray logits, int64_t rows,
+                      int64_t v);
 // dlogits[r, j] += scale (exp(logits[r, j] - max[r]) / sumexp[r] - [first + j == targets[r]]).
 void cross_entropy_shard_backward(cudaStream_t stream, Array dlogits, ConstArray logits,
                                   ConstArray max, ConstArray sumexp, const int32_t* targets,

@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds bottle with the cuda backend on this (Debian 12) machine and packs what
+# scripts/gpu_check.sh needs on a GPU machine whose image has the CUDA 13 toolkit and PyTorch
+# but none of bottle's Debian libraries (oneDNN, Open MPI, fmt, toml++):
+#   bin/   bottle and the GPU test programs
+#   lib/   every shared library they (and Open MPI's runtime) load, except glibc's and CUDA's:
+#          the GPU machine's own driver, CUDA runtime, cuBLASLt and NCCL are used
+#   ompi/  Open MPI's runtime (mpirun, orted, plugins, help files) at its Debian paths, which
+#          OPAL_PREFIX relocates there
+# Then packs the folder into BUNDLE.tar.xz (libdnnl alone is 40 MB: compressed, the whole
+# bundle fits the device tool's 64 MiB carry).
+#   scripts/gpu_bundle.sh [BUNDLE]        (default: gpu-bundle, ignored by git)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bundle=${1:-gpu-bundle}
+build=build-cuda
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBOTTLE_NATIVE=OFF -DBOTTLE_CUDA=ON >/dev/null
+cmake --build "$build" -j"$(nproc)" --target bottle test_device_ops test_model_backends
+
+rm -rf "$bundle" "$bundle.tar.xz"
+mkdir -p "$bundle"/{bin,lib,ompi}
+cp "$build/bottle" "$build/tests/test_device_ops" "$build/tests/test_model_backends" "$bundle/bin/"
+
+# Open MPI's runtime at the paths `ompi_info --path all` reports (prefix /usr): OPAL_PREFIX
+# moves every prefix-relative one, OPAL_SYSCONFDIR the configuration.
+for path in /usr/bin/orterun /usr/bin/orted /usr/lib/x86_64-linux-gnu/openmpi /usr/share/openmpi \
+  /etc/openmpi; do
+  mkdir -p "$bundle/ompi$(dirname "$path")"
+  cp -a "$path" "$bundle/ompi$path"
+done
+ln -s orterun "$bundle/ompi/usr/bin/mpirun"
+ln -s orterun "$bundle/ompi/usr/bin/mpiexec"
+
+# Shared libraries: glibc's and the dynamic loader stay the machine's own (the GPU machine's
+# glibc is newer, and binaries built against an older one run there); CUDA's come from the
+# GPU machine's toolkit, which must match the driver.
+system='^(linux-vdso|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|ld-linux|libcuda\.so|libcudart\.so|libcublas|libcublasLt|libnccl|libnvidia|libresolv\.so|libutil\.so)'
+mapfile -t objects < <(find "$bundle/bin" "$bundle/ompi" -type f \( -perm -u+x -o -name '*.so*' \))
+for object in "${objects[@]}"; do
+  ldd "$object" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' || true
+done | sort -u | while read -r name path; do
+  [[ $name =~ $system ]] || cp -nL "$path" "$bundle/lib/$name"
+done
+
+tar -C "$(dirname "$bundle")" -cJf "$bundle.tar.xz" "$(basename "$bundle")"
+echo "gpu bundle: $(du -sh "$bundle" | cut -f1) in $bundle, $(du -sh "$bundle.tar.xz" | cut -f1) packed in $bundle.tar.xz"

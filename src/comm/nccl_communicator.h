@@ -1,0 +1,115 @@
+#pragma once
+// The NCCL backend of Communicator: device tensors, moved GPU to GPU. Internal to the comm
+// layer (it exposes nccl.h and cuda_runtime.h); comm_registry.cpp builds it for
+// parallel.comm = "nccl", and nothing else names it.
+//
+// A group is bootstrapped over a host communicator (MPI) of the same ranks, which also
+// carries what is not on the device: host tensors (reduce_scalar's, checkpoint gathers) go
+// to it unchanged. Every rank must sit on its own GPU (NCCL refuses two ranks of a group on
+// one device; parallel.comm = "mpi" stages through the host for that).
+//
+// Streams: collectives run on a stream of their own, ordered against the backend's compute
+// stream by events both ways, so that the compute after a collective sees its result and the
+// comm stream can later overlap with compute. For now every call also waits for its end
+// (correctness first, overlap later); send_async alone returns before its data has moved.
+//
+// Point-to-point: NCCL has no tags. Sends and receives between two ranks match in the order
+// they are issued, so the tag is checked but not used, and a schedule must issue a pair's
+// receives in the order of its sends. Sends are stream-ordered: a send_async queued on this
+// rank holds back this communicator's later calls until its receiver takes it, so two ranks
+// that both send to each other before either receives (messages larger than NCCL's buffers)
+// wait for ever; MPI has no such limit.
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "core/backend.h"
+
+namespace bottle {
+
+class NcclCommunicator final : public Communicator {
+ public:
+  // Collective over `bootstrap`'s ranks: creates the NCCL communicator on the current CUDA
+  // device (the backend chose it). `backend` (which must outlive this) gives the compute
+  // stream the collectives are ordered against.
+  NcclCommunicator(std::unique_ptr<Communicator> bootstrap, Backend& backend);
+  // Destroys the NCCL communicator; never throws.
+  ~NcclCommunicator() override;
+  NcclCommunicator(const NcclCommunicator&) = delete;
+  NcclCommunicator& operator=(const NcclCommunicator&) = delete;
+
+  int rank() const override { return bootstrap_->rank(); }
+  int size() const override { return bootstrap_->size(); }
+  const std::string& name() const override { return bootstrap_->name(); }
+
+  // f32, bf16 or i32; sum or max.
+  void all_reduce(Tensor x, ReduceOp op, std::string_view site) override;
+  void all_gather(Tensor out, Tensor in, std::string_view site) override;
+  void reduce_scatter(Tensor out, Tensor in, std::string_view site) override;
+  void broadcast(Tensor x, int root, std::string_view site) override;
+  void send(Tensor x, int dest, int tag, std::string_view site) override;
+  void recv(Tensor x, int source, int tag, std::string_view site) override;
+  void send_async(Tensor x, int dest, int tag, std::string_view site) override;
+  void wait_sends() override;
+  void barrier() override;
+  // Splits the bootstrap group and creates a NCCL communicator over each part.
+  std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
+
+ private:
+  struct StreamDeleter {
+    void operator()(cudaStream_t s) const noexcept;
+  };
+  struct EventDeleter {
+    void operator()(cudaEvent_t e) const noexcept;
+  };
+  struct CommDeleter {
+    void operator()(ncclComm_t c) const noexcept;
+  };
+  using Stream = std::unique_ptr<std::remove_pointer_t<cudaStream_t>, StreamDeleter>;
+  using Event = std::unique_ptr<std::remove_pointer_t<cudaEvent_t>, EventDeleter>;
+  using Comm = std::unique_ptr<std::remove_pointer_t<ncclComm_t>, CommDeleter>;
+
+  // A send_async's copy of its tensor, in device memory.
+  struct SendBuffer {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+
+  // Fail naming the call, the group and the site; a failure aborts the NCCL communicator
+  // first, so that this rank never waits in it again (a failing peer's own error then ends
+  // the job through report_fatal_error).
+  void check(ncclResult_t rc, const char* call, std::string_view site, std::string_view hint = {});
+  void check(cudaError_t rc, const char* call, std::string_view site);
+  // Fails unless the communicator is still usable (an error aborted it).
+  void check_usable(std::string_view site) const;
+  void abort() noexcept;
+
+  // Orders the comm stream after the compute stream's work so far.
+  void after_compute(std::string_view site);
+  // Runs `enqueue` (NCCL calls on the comm stream) between the timing events, makes the
+  // compute stream wait for it, waits for its end and returns its seconds.
+  template <typename Enqueue>
+  double run(const char* call, std::string_view site, Enqueue&& enqueue);
+  // Until `event` completes: polls, then sleeps between polls (see MpiCommunicator::wait),
+  // checking NCCL's asynchronous errors so that a broken peer ends the wait with an error.
+  void wait(cudaEvent_t event, const char* call, std::string_view site);
+
+  std::unique_ptr<Communicator> bootstrap_;
+  Backend& backend_;
+  cudaStream_t compute_ = nullptr;  // the backend's; not ours to destroy
+  int device_ = 0;
+  // Declared before comm_, so destroyed after it: NCCL finishes its work on them first.
+  Stream stream_;
+  Event ready_;  // the compute stream's work so far (no timing)
+  Event start_, stop_;
+  Comm comm_;
+  std::vector<SendBuffer> pending_sends_;  // send_async's copies still in flight
+  std::vector<SendBuffer> free_buffers_;   // copies whose sends completed, for reuse
+};
+
+}  // namespace bottle

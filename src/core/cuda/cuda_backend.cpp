@@ -1,0 +1,830 @@
+// The cuda backend's host side: device selection, memory, staging, the checks every op makes
+// before it launches (shapes, dtypes, that each tensor lives on this GPU), cuBLASLt GEMMs, and
+// the launches of the kernels of src/core/cuda/*.cu. Compiled by the host compiler; only the
+// kernels are nvcc's.
+#include "core/cuda/cuda_backend.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <tuple>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/cuda/kernels.h"
+
+namespace bottle {
+namespace {
+
+void check_cuda(cudaError_t status, std::string_view what) {
+  if (status != cudaSuccess)
+    fail("cuda backend: {}: {} ({})", what, cudaGetErrorString(status), cudaGetErrorName(status));
+}
+
+void check_cublas(cublasStatus_t status, std::string_view what) {
+  if (status != CUBLAS_STATUS_SUCCESS)
+    fail("cuda backend: {}: cuBLASLt error {} ({})", what, int(status),
+         cublasLtGetStatusString(status));
+}
+
+int local_rank() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
+    if (const char* v = std::getenv(name)) return std::atoi(v);
+  }
+  return 0;
+}
+
+cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+// The largest power of two, up to 256, that divides every address a GEMM operand takes:
+// cuBLASLt assumes 256-byte alignment unless told, and views into arenas, column slices and
+// batch strides are often less aligned.
+uint32_t alignment_of(const void* p, int64_t stride_bytes, int64_t batch) {
+  uint64_t bits = reinterpret_cast<uintptr_t>(p) | 256u;
+  if (batch > 1 && stride_bytes) bits |= uint64_t(stride_bytes);
+  return uint32_t(bits & (~bits + 1));
+}
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend() {
+    if (std::string why = cuda_unavailable(); !why.empty()) fail("cuda backend: {}", why);
+    int devices = 0;
+    check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
+    device_ = local_rank() % devices;
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check_cublas(cublasLtCreate(&lt_), "cublasLtCreate");
+    check_cuda(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes), "cudaMalloc (GEMM workspace)");
+    check_cuda(cudaMalloc(&reduce_partials_, sizeof(double) * cuda::reduce_partials_count() + 16),
+               "cudaMalloc (reduction partials)");
+    check_cuda(cudaMallocHost(&pinned_, kPinnedBytes), "cudaMallocHost");
+    sync_each_op_ = std::getenv("BOTTLE_CUDA_SYNC") != nullptr;
+  }
+
+  ~CudaBackend() override {
+    cudaStreamSynchronize(stream_);
+    for (auto& [key, layout] : layouts_) layout.destroy();
+    if (scratch_) cudaFree(scratch_);
+    cudaFree(gemm_workspace_);
+    cudaFree(reduce_partials_);
+    cudaFreeHost(pinned_);
+    cublasLtDestroy(lt_);
+    cudaStreamDestroy(stream_);
+  }
+
+  std::string_view name() const override { return "cuda"; }
+  std::string bf16_unsupported() const override { return {}; }
+  std::string bf16_gemm_path() const override {
+    return "cuBLASLt bf16 tensor cores, fp32 accumulation";
+  }
+  Device device() const override { return Device::cuda; }
+  void* native_stream() const override { return stream_; }
+
+  // --- Memory.
+  void* allocate(size_t bytes, const char* what) override {
+    const size_t rounded = aligned_size(bytes);
+    void* p = nullptr;
+    if (cudaMalloc(&p, rounded) != cudaSuccess) {
+      cudaGetLastError();  // clear the sticky-free error so later calls are unaffected
+      size_t free = 0, total = 0;
+      cudaMemGetInfo(&free, &total);
+      fail("out of GPU memory allocating {} for {} on GPU {} ({} free of {})",
+           format_bytes(rounded), what, device_, format_bytes(free), format_bytes(total));
+    }
+    check_cuda(cudaMemsetAsync(p, 0, rounded, stream_), "cudaMemset");
+    return p;
+  }
+  void deallocate(void* p, size_t) override {
+    cudaStreamSynchronize(stream_);
+    cudaFree(p);
+  }
+
+  void to_host(void* dst, Tensor src) override {
+    on_device("to_host", {src});
+    if (!src.nbytes()) return;
+    check_cuda(cudaMemcpyAsync(dst, src.data, src.nbytes(), cudaMemcpyDeviceToHost, stream_),
+               "to_host");
+    sync("to_host");
+  }
+  void from_host(Tensor dst, const void* src) override {
+    on_device("from_host", {dst});
+    if (!dst.nbytes()) return;
+    check_cuda(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
+               "from_host");
+    // The caller may free or reuse `src` as soon as this returns.
+    sync("from_host");
+  }
+
+  void copy(Tensor dst, Tensor src) override {
+    on_device("copy", {dst, src});
+    BOTTLE_CHECK(dst.numel() == src.numel(),
+                 "cuda backend: copy of {} elements {} into {} elements {}", src.numel(),
+                 src.shape.str(), dst.numel(), dst.shape.str());
+    if (!dst.numel()) return;
+    if (dst.dtype == src.dtype) {
+      check_cuda(
+          cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice, stream_),
+          "copy");
+    } else {
+      floats("copy", {dst, src});
+      cuda::convert(stream_, arr(dst), carr(src), dst.numel());
+    }
+    launched("copy");
+  }
+
+  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+                    int64_t cols) override {
+    on_device("copy_columns", {dst, src});
+    BOTTLE_CHECK(dst.rows() == src.rows() && cols >= 0 && dst_col >= 0 && src_col >= 0 &&
+                     dst_col + cols <= dst.cols() && src_col + cols <= src.cols(),
+                 "cuda backend: copy_columns of {} columns from column {} of {} {} into column "
+                 "{} of {} {}",
+                 cols, src_col, dtype_name(src.dtype), src.shape.str(), dst_col,
+                 dtype_name(dst.dtype), dst.shape.str());
+    if (!cols || !dst.rows()) return;
+    if (dst.dtype == src.dtype) {
+      const size_t e = dtype_size(dst.dtype);
+      check_cuda(cudaMemcpy2DAsync(dst.at(dst_col), dst.cols() * e, src.at(src_col), src.cols() * e,
+                                   cols * e, dst.rows(), cudaMemcpyDeviceToDevice, stream_),
+                 "copy_columns");
+    } else {
+      floats("copy_columns", {dst, src});
+      cuda::convert_columns(stream_, arr(dst), dst.cols(), dst_col, carr(src), src.cols(), src_col,
+                            dst.rows(), cols);
+    }
+    launched("copy_columns");
+  }
+
+  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) override {
+    on_device("first_outside", {ids});
+    ints("first_outside", ids);
+    const int64_t n = ids.numel();
+    if (!n) return -1;
+    auto* result = static_cast<unsigned long long*>(reduce_partials_);
+    const unsigned long long none = n;
+    check_cuda(cudaMemcpyAsync(result, &none, sizeof none, cudaMemcpyHostToDevice, stream_),
+               "first_outside");
+    cuda::first_outside(stream_, static_cast<const int32_t*>(ids.data), n, lo, hi, result);
+    launched("first_outside");
+    unsigned long long found = 0;
+    check_cuda(cudaMemcpyAsync(pinned_, result, sizeof found, cudaMemcpyDeviceToHost, stream_),
+               "first_outside");
+    sync("first_outside");
+    std::memcpy(&found, pinned_, sizeof found);
+    return found == none ? -1 : int64_t(found);
+  }
+
+  // --- GEMM: row-major C = alpha op(A) op(B) + beta C is, read column-major, Cᵀ = op(B)ᵀ
+  // op(A)ᵀ, so cuBLASLt (column-major) multiplies B by A with the same transposes and m, n
+  // swapped. cuBLASLt takes f32 × f32 → f32 and bf16 × bf16 → bf16 or f32 with fp32 compute;
+  // another mix (an f32 operand against a bf16 one) is widened to f32 first, exactly.
+  void gemm(const GemmArgs& g) override {
+    BOTTLE_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1,
+                 "cuda backend: gemm with m {} n {} k {} batch {}", g.m, g.n, g.k, g.batch);
+    if (!g.m || !g.n) return;
+    const bool native =
+        (g.a_dtype == g.b_dtype) && (g.a_dtype == DType::bf16 || g.c_dtype == DType::f32);
+    if (!native) return gemm_widened(g);
+    if (!g.k) return scale_c(g);  // cuBLASLt wants k >= 1
+    gemm_lt(g);
+  }
+
+  // --- Layer kernels.
+  void embedding_forward(Tensor out, Tensor tokens, Tensor table) override {
+    check_tokens("embedding_forward", tokens, 0, table.rows());
+    embedding_shard_forward(out, tokens, table, 0);
+  }
+  void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override {
+    check_tokens("embedding_backward", tokens, 0, dtable.rows());
+    embedding_shard_backward(dtable, tokens, dout, 0);
+  }
+  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override {
+    const char* k = "embedding_forward";
+    on_device(k, {out, tokens, table});
+    floats(k, {out, table});
+    ints(k, tokens);
+    numel(k, out, tokens.numel() * table.cols(), "out");
+    cuda::embedding_forward(stream_, arr(out), ids(tokens), tokens.numel(), carr(table),
+                            table.rows(), table.cols(), first);
+    launched(k);
+  }
+  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override {
+    const char* k = "embedding_backward";
+    on_device(k, {dtable, tokens, dout});
+    floats(k, {dtable, dout});
+    ints(k, tokens);
+    numel(k, dout, tokens.numel() * dtable.cols(), "dout");
+    cuda::embedding_backward(stream_, arr(dtable), ids(tokens), tokens.numel(), carr(dout),
+                             dtable.rows(), dtable.cols(), first);
+    launched(k);
+  }
+
+  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override {
+    norm_forward("rmsnorm_forward", out, rstd, Tensor{}, x, weight, eps);
+  }
+  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+                             float eps) override {
+    norm_forward("rmsnorm_shard_forward", out, Tensor{}, sumsq, x, weight, eps);
+  }
+  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                        Tensor rstd) override {
+    norm_backward("rmsnorm_backward", dx, dweight, dout, x, weight, rstd, Tensor{}, x.cols());
+  }
+  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                              Tensor rstd, Tensor dot, int64_t d) override {
+    norm_backward("rmsnorm_shard_backward", dx, dweight, dout, x, weight, rstd, dot, d);
+  }
+
+  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
+                         float eps) override {
+    const char* k = "layernorm_forward";
+    on_device(k, {out, mean, rstd, x, weight, bias});
+    floats(k, {out, mean, rstd, x, weight, bias});
+    const int64_t n = x.rows(), c = x.cols();
+    numel(k, out, n * c, "out");
+    numel(k, mean, n, "mean");
+    numel(k, rstd, n, "rstd");
+    numel(k, weight, c, "weight");
+    numel(k, bias, c, "bias");
+    cuda::layernorm_forward(stream_, arr(out), arr(mean), arr(rstd), carr(x), carr(weight),
+                            carr(bias), n, c, eps);
+    launched(k);
+  }
+  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
+                          Tensor weight, Tensor mean, Tensor rstd) override {
+    const char* k = "layernorm_backward";
+    on_device(k, {dx, dweight, dbias, dout, x, weight, mean, rstd});
+    floats(k, {dx, dweight, dbias, dout, x, weight, mean, rstd});
+    const int64_t n = x.rows(), c = x.cols();
+    numel(k, dx, n * c, "dx");
+    numel(k, dout, n * c, "dout");
+    numel(k, dweight, c, "dweight");
+    numel(k, dbias, c, "dbias");
+    numel(k, weight, c, "weight");
+    numel(k, mean, n, "mean");
+    numel(k, rstd, n, "rstd");
+    cuda::layernorm_backward(stream_, arr(dx), arr(dweight), arr(dbias), carr(dout), carr(x),
+                             carr(weight), carr(mean), carr(rstd), n, c);
+    launched(k);
+  }
+
+  void rope_forward(Tensor x, float theta) override { rope("rope_forward", x, theta, 1.0f); }
+  void rope_backward(Tensor dx, float theta) override { rope("rope_backward", dx, theta, -1.0f); }
+
+  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override {
+    const char* name = "attention_forward";
+    on_device(name, {out, lse, q, k, v});
+    floats(name, {out, lse, q, k, v});
+    const AttentionShape s = attention_shape(name, q, k, v);
+    numel(name, out, q.numel(), "out");
+    numel(name, lse, s.b * s.h * s.s, "lse");
+    cuda::attention_forward(stream_, arr(out), arr(lse), carr(q), carr(k), carr(v), s.b, s.s, s.h,
+                            s.hkv, s.hd);
+    launched(name);
+  }
+  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+                          Tensor q, Tensor k, Tensor v) override {
+    const char* name = "attention_backward";
+    on_device(name, {dq, dk, dv, dout, out, lse, q, k, v});
+    floats(name, {dq, dk, dv, dout, out, lse, q, k, v});
+    const AttentionShape s = attention_shape(name, q, k, v);
+    numel(name, dq, q.numel(), "dq");
+    numel(name, dout, q.numel(), "dout");
+    numel(name, out, q.numel(), "out");
+    numel(name, dk, k.numel(), "dk");
+    numel(name, dv, v.numel(), "dv");
+    numel(name, lse, s.b * s.h * s.s, "lse");
+    void* scratch = this->scratch(
+        cuda::attention_backward_scratch_bytes(s.b, s.s, s.h, s.hkv, s.hd), "attention scratch");
+    cuda::attention_backward(stream_, arr(dq), arr(dk), arr(dv), carr(dout), carr(out), carr(lse),
+                             carr(q), carr(k), carr(v), s.b, s.s, s.h, s.hkv, s.hd, scratch);
+    launched(name);
+  }
+
+  void silu_forward(Tensor out, Tensor x) override {
+    elementwise("silu_forward", {out, x});
+    cuda::silu_forward(stream_, arr(out), carr(x), x.numel());
+    launched("silu_forward");
+  }
+  void silu_backward(Tensor dx, Tensor dout, Tensor x) override {
+    elementwise("silu_backward", {dx, dout, x});
+    cuda::silu_backward(stream_, arr(dx), carr(dout), carr(x), x.numel());
+    launched("silu_backward");
+  }
+  void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override {
+    elementwise("swiglu_forward", {out, gate, up});
+    cuda::swiglu_forward(stream_, arr(out), carr(gate), carr(up), gate.numel(), gate_act);
+    launched("swiglu_forward");
+  }
+  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+                       bool gate_act) override {
+    elementwise("swiglu_backward", {dgate, dup, dout, gate, up});
+    cuda::swiglu_backward(stream_, arr(dgate), arr(dup), carr(dout), carr(gate), carr(up),
+                          gate.numel(), gate_act);
+    launched("swiglu_backward");
+  }
+
+  void add(Tensor out, Tensor a, Tensor b) override {
+    elementwise("add", {out, a, b});
+    cuda::add(stream_, arr(out), carr(a), carr(b), out.numel());
+    launched("add");
+  }
+  void accumulate(Tensor dst, Tensor src) override {
+    elementwise("accumulate", {dst, src});
+    cuda::accumulate(stream_, arr(dst), carr(src), dst.numel());
+    launched("accumulate");
+  }
+  void fill_zero(Tensor x) override {
+    on_device("fill_zero", {x});
+    if (x.nbytes()) check_cuda(cudaMemsetAsync(x.data, 0, x.nbytes(), stream_), "fill_zero");
+  }
+  void scale(Tensor x, float factor) override {
+    elementwise("scale", {x});
+    cuda::scale(stream_, arr(x), factor, x.numel());
+    launched("scale");
+  }
+  double sum_squares(Tensor x) override { return reduce("sum_squares", x, true); }
+  double sum(Tensor x) override { return reduce("sum", x, false); }
+  void multiply(Tensor out, Tensor a, Tensor b) override {
+    elementwise("multiply", {out, a, b});
+    cuda::multiply(stream_, arr(out), carr(a), carr(b), out.numel());
+    launched("multiply");
+  }
+  void divide(Tensor out, Tensor a, Tensor b) override {
+    elementwise("divide", {out, a, b});
+    cuda::divide(stream_, arr(out), carr(a), carr(b), out.numel());
+    launched("divide");
+  }
+  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+                            bool reciprocal) override {
+    elementwise("rms_from_sum_squares", {out, sumsq});
+    cuda::rms_from_sum_squares(stream_, arr(out), carr(sumsq), out.numel(), count, eps, reciprocal);
+    launched("rms_from_sum_squares");
+  }
+
+  void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override {
+    const char* k = "cross_entropy_forward";
+    on_device(k, {losses, probs, logits, targets});
+    floats(k, {losses, probs, logits});
+    ints(k, targets);
+    const int64_t n = logits.rows(), v = logits.cols();
+    numel(k, losses, n, "losses");
+    numel(k, probs, n * v, "probs");
+    numel(k, targets, n, "targets");
+    check_tokens(k, targets, 0, v);
+    cuda::cross_entropy_forward(stream_, arr(losses), arr(probs), carr(logits), ids(targets), n, v);
+    launched(k);
+  }
+  void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override {
+    const char* k = "cross_entropy_backward";
+    on_device(k, {dlogits, probs, targets});
+    floats(k, {dlogits, probs});
+    ints(k, targets);
+    const int64_t n = probs.rows(), v = probs.cols();
+    numel(k, dlogits, n * v, "dlogits");
+    numel(k, targets, n, "targets");
+    cuda::cross_entropy_backward(stream_, arr(dlogits), carr(probs), ids(targets), n, v, scale);
+    launched(k);
+  }
+
+  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override {
+    const char* k = "logits_row_stats";
+    on_device(k, {max, sumexp, logits});
+    floats(k, {max, sumexp, logits});
+    numel(k, max, logits.rows(), "max");
+    numel(k, sumexp, logits.rows(), "sumexp");
+    cuda::logits_row_stats(stream_, arr(max), arr(sumexp), carr(logits), logits.rows(),
+                           logits.cols());
+    launched(k);
+  }
+  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
+                                    Tensor targets, int64_t first, float scale) override {
+    const char* k = "cross_entropy_shard_backward";
+    on_device(k, {dlogits, logits, max, sumexp, targets});
+    floats(k, {dlogits, logits, max, sumexp});
+    ints(k, targets);
+    const int64_t n = logits.rows(), v = logits.cols();
+    numel(k, dlogits, n * v, "dlogits");
+    numel(k, max, n, "max");
+    numel(k, sumexp, n, "sumexp");
+    numel(k, targets, n, "targets");
+    cuda::cross_entropy_shard_backward(stream_, arr(dlogits), carr(logits), carr(max), carr(sumexp),
+                                       ids(targets), n, v, first, scale);
+    launched(k);
+  }
+  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
+                                    int64_t first) override {
+    const char* k = "cross_entropy_shard_partials";
+    on_device(k, {sumexp, target_logit, local_sumexp, local_max, max, logits, targets});
+    floats(k, {sumexp, target_logit, local_sumexp, local_max, max, logits});
+    ints(k, targets);
+    const int64_t n = logits.rows();
+    for (const Tensor* t : {&sumexp, &target_logit, &local_sumexp, &local_max, &max, &targets})
+      numel(k, *t, n, "a row statistic");
+    cuda::cross_entropy_shard_partials(stream_, arr(sumexp), arr(target_logit), carr(local_sumexp),
+                                       carr(local_max), carr(max), carr(logits), ids(targets), n,
+                                       logits.cols(), first);
+    launched(k);
+  }
+  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+                                  Tensor max) override {
+    elementwise("cross_entropy_shard_losses", {losses, sumexp, target_logit, max});
+    cuda::cross_entropy_shard_losses(stream_, arr(losses), carr(sumexp), carr(target_logit),
+                                     carr(max), losses.numel());
+    launched("cross_entropy_shard_losses");
+  }
+
+  void scale_rows(Tensor out, Tensor x, Tensor factor) override {
+    const char* k = "scale_rows";
+    on_device(k, {out, x, factor});
+    floats(k, {out, x, factor});
+    numel(k, out, x.numel(), "out");
+    numel(k, factor, x.rows(), "factor");
+    cuda::scale_rows(stream_, arr(out), carr(x), carr(factor), x.rows(), x.cols());
+    launched(k);
+  }
+  void row_dot(Tensor out, Tensor a, Tensor b) override {
+    const char* k = "row_dot";
+    on_device(k, {out, a, b});
+    floats(k, {out, a, b});
+    numel(k, b, a.numel(), "b");
+    numel(k, out, a.rows(), "out");
+    cuda::row_dot(stream_, arr(out), carr(a), carr(b), a.rows(), a.cols());
+    launched(k);
+  }
+
+  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override {
+    const char* k = "adamw_update";
+    on_device(k, {param, grad, m, v});
+    for (const Tensor* t : {&param, &grad, &m, &v}) {
+      BOTTLE_CHECK(t->dtype == DType::f32,
+                   "cuda backend: {} takes fp32 masters, gradients and "
+                   "moments, not {}",
+                   k, dtype_name(t->dtype));
+      numel(k, *t, param.numel(), "an optimizer buffer");
+    }
+    cuda::adamw_update(stream_, param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(),
+                       {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step});
+    launched(k);
+  }
+
+ private:
+  static constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's Hopper advice
+  static constexpr size_t kPinnedBytes = 4096;
+
+  struct AttentionShape {
+    int64_t b, s, h, hkv, hd;
+  };
+
+  static cuda::Array arr(const Tensor& t) { return {t.data, t.dtype}; }
+  static cuda::ConstArray carr(const Tensor& t) { return {t.data, t.dtype}; }
+  static const int32_t* ids(const Tensor& t) { return static_cast<const int32_t*>(t.data); }
+
+  // A host tensor reaching a device kernel is a bug in the caller (every tensor of a cuda run
+  // comes from an arena of this backend): named, not a crash inside a kernel.
+  void on_device(std::string_view kernel, std::initializer_list<Tensor> ts) const {
+    for (const Tensor& t : ts) {
+      BOTTLE_CHECK(t.device == Device::cuda || t.numel() == 0,
+                   "cuda backend: {} got a {} tensor {} (host memory): only tensors this "
+                   "backend allocated can reach its kernels",
+                   kernel, device_name(t.device), t.shape.str());
+      BOTTLE_CHECK(t.data != nullptr || t.numel() == 0, "cuda backend: {}: null tensor data",
+                   kernel);
+    }
+  }
+  static void floats(std::string_view kernel, std::initializer_list<Tensor> ts) {
+    for (const Tensor& t : ts)
+      BOTTLE_CHECK(t.dtype == DType::f32 || t.dtype == DType::bf16,
+                   "cuda backend: {} takes f32 or bf16 tensors, not {} {}", kernel,
+                   dtype_name(t.dtype), t.shape.str());
+  }
+  static void ints(std::string_view kernel, const Tensor& t) {
+    BOTTLE_CHECK(t.dtype == DType::i32, "cuda backend: {} takes i32 ids, not {} {}", kernel,
+                 dtype_name(t.dtype), t.shape.str());
+  }
+  static void numel(std::string_view kernel, const Tensor& t, int64_t n, const char* what) {
+    BOTTLE_CHECK(t.numel() == n, "cuda backend: {}: {} has {} elements {}, expected {}", kernel,
+                 what, t.numel(), t.shape.str(), n);
+  }
+  // Same element count everywhere (an elementwise op).
+  void elementwise(std::string_view kernel, std::initializer_list<Tensor> ts) const {
+    on_device(kernel, ts);
+    floats(kernel, ts);
+    for (const Tensor& t : ts) numel(kernel, t, ts.begin()->numel(), "an operand");
+  }
+  // Token ids must lie in [lo, hi): one small reduction and a 8-byte read before the kernel.
+  void check_tokens(std::string_view kernel, Tensor tokens, int64_t lo, int64_t hi) {
+    const int64_t bad = first_outside(tokens, lo, hi);
+    if (bad < 0) return;
+    int32_t id = 0;
+    check_cuda(cudaMemcpyAsync(pinned_, tokens.at(bad), sizeof id, cudaMemcpyDeviceToHost, stream_),
+               kernel);
+    sync(kernel);
+    std::memcpy(&id, pinned_, sizeof id);
+    fail("cuda backend: {}: token {} out of range [{}, {})", kernel, id, lo, hi);
+  }
+
+  // Every launch is checked at once: a bad configuration names its kernel. With
+  // BOTTLE_CUDA_SYNC set, the stream is also drained, so that a fault inside a kernel is
+  // reported by the op that caused it (slow; for debugging and the GPU check).
+  void launched(std::string_view kernel) {
+    check_cuda(cudaGetLastError(), kernel);
+    if (sync_each_op_) sync(kernel);
+  }
+  void sync(std::string_view what) { check_cuda(cudaStreamSynchronize(stream_), what); }
+
+  // Device scratch that grows and is reused; stream order keeps earlier users safe.
+  void* scratch(size_t bytes, const char* what) {
+    if (bytes > scratch_bytes_) {
+      if (scratch_) {
+        sync(what);
+        cudaFree(scratch_);
+        scratch_ = nullptr;
+      }
+      scratch_bytes_ = aligned_size(bytes);
+      check_cuda(cudaMalloc(&scratch_, scratch_bytes_), what);
+    }
+    return scratch_;
+  }
+
+  void norm_forward(const char* k, Tensor out, Tensor rstd, Tensor sumsq, Tensor x, Tensor weight,
+                    float eps) {
+    on_device(k, {out, rstd, sumsq, x, weight});
+    floats(k, {out, x, weight});
+    const int64_t n = x.rows(), c = x.cols();
+    numel(k, out, n * c, "out");
+    numel(k, weight, c, "weight");
+    if (!rstd.empty()) floats(k, {rstd}), numel(k, rstd, n, "rstd");
+    if (!sumsq.empty()) floats(k, {sumsq}), numel(k, sumsq, n, "sumsq");
+    cuda::rmsnorm_forward(stream_, arr(out), arr(rstd), arr(sumsq), carr(x), carr(weight), n, c,
+                          eps);
+    launched(k);
+  }
+  void norm_backward(const char* k, Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                     Tensor rstd, Tensor dot, int64_t d) {
+    on_device(k, {dx, dweight, dout, x, weight, rstd, dot});
+    floats(k, {dx, dweight, dout, x, weight, rstd});
+    const int64_t n = x.rows(), c = x.cols();
+    numel(k, dx, n * c, "dx");
+    numel(k, dout, n * c, "dout");
+    numel(k, dweight, c, "dweight");
+    numel(k, weight, c, "weight");
+    numel(k, rstd, n, "rstd");
+    if (!dot.empty()) floats(k, {dot}), numel(k, dot, n, "dot");
+    cuda::rmsnorm_backward(stream_, arr(dx), arr(dweight), carr(dout), carr(x), carr(weight),
+                           carr(rstd), carr(dot), n, c, d);
+    launched(k);
+  }
+
+  void rope(const char* k, Tensor x, float theta, float direction) {
+    on_device(k, {x});
+    floats(k, {x});
+    BOTTLE_CHECK(x.shape.rank == 4 && x.shape[3] % 2 == 0,
+                 "cuda backend: {} takes [B, S, heads, head_dim] with an even head_dim, not {}", k,
+                 x.shape.str());
+    cuda::rope(stream_, arr(x), x.shape[0], x.shape[1], x.shape[2], x.shape[3], theta, direction);
+    launched(k);
+  }
+
+  static AttentionShape attention_shape(const char* k, const Tensor& q, const Tensor& kt,
+                                        const Tensor& v) {
+    BOTTLE_CHECK(q.shape.rank == 4 && kt.shape.rank == 4 && kt.shape == v.shape &&
+                     q.shape[0] == kt.shape[0] && q.shape[1] == kt.shape[1] &&
+                     q.shape[3] == kt.shape[3] && kt.shape[2] > 0 &&
+                     q.shape[2] % kt.shape[2] == 0 && q.shape[3] <= 256,
+                 "cuda backend: {}: q {} with k {} and v {} (want [B, S, H, hd] and "
+                 "[B, S, Hkv, hd], H a multiple of Hkv, hd <= 256)",
+                 k, q.shape.str(), kt.shape.str(), v.shape.str());
+    return {q.shape[0], q.shape[1], q.shape[2], kt.shape[2], q.shape[3]};
+  }
+
+  double reduce(const char* k, Tensor x, bool squares) {
+    on_device(k, {x});
+    floats(k, {x});
+    if (!x.numel()) return 0.0;
+    auto* partials = static_cast<double*>(reduce_partials_);
+    double* result = partials + cuda::reduce_partials_count();
+    cuda::reduce_sum(stream_, carr(x), x.numel(), squares, partials, result);
+    launched(k);
+    check_cuda(cudaMemcpyAsync(pinned_, result, sizeof(double), cudaMemcpyDeviceToHost, stream_),
+               k);
+    sync(k);
+    double value = 0.0;
+    std::memcpy(&value, pinned_, sizeof value);
+    return value;
+  }
+
+  // One cuBLASLt layout per distinct (rows, cols, ld, dtype, batch, stride), kept for the
+  // run: a training step repeats the same few shapes.
+  struct Layout {
+    cublasLtMatrixLayout_t handle = nullptr;
+    void destroy() {
+      if (handle) cublasLtMatrixLayoutDestroy(handle);
+    }
+  };
+  cublasLtMatrixLayout_t layout(DType t, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
+                                int64_t stride) {
+    auto key = std::make_tuple(int(t), rows, cols, ld, batch, stride);
+    auto it = layouts_.find(key);
+    if (it != layouts_.end()) return it->second.handle;
+    Layout l;
+    check_cublas(
+        cublasLtMatrixLayoutCreate(&l.handle, cuda_type(t), uint64_t(rows), uint64_t(cols), ld),
+        "cublasLtMatrixLayoutCreate");
+    if (batch > 1) {
+      const int32_t count = int32_t(batch);
+      check_cublas(cublasLtMatrixLayoutSetAttribute(l.handle, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
+                                                    &count, sizeof count),
+                   "batch count");
+      check_cublas(
+          cublasLtMatrixLayoutSetAttribute(l.handle, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                           &stride, sizeof stride),
+          "batch stride");
+    }
+    layouts_.emplace(key, l);
+    return l.handle;
+  }
+
+  // The algorithm cuBLASLt's heuristic picks for a problem, asked once per problem.
+  using GemmKey =
+      std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                 int64_t, int64_t, int, int, int, uint32_t, uint32_t, uint32_t>;
+  struct GemmPlan {
+    cublasLtMatmulDesc_t desc = nullptr;
+    cublasLtMatmulAlgo_t algo{};
+  };
+
+  void gemm_lt(const GemmArgs& g) {
+    // cuBLASLt's problem: (n × m) = op(B') (n × k) · op(A') (k × m), where B' is B's storage
+    // read column-major and A' is A's.
+    const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const int64_t b_rows = g.trans_b ? g.k : g.n, b_cols = g.trans_b ? g.n : g.k;
+    const int64_t a_rows = g.trans_a ? g.m : g.k, a_cols = g.trans_a ? g.k : g.m;
+    const size_t ea = dtype_size(g.a_dtype), eb = dtype_size(g.b_dtype), ec = dtype_size(g.c_dtype);
+    const uint32_t align_a = alignment_of(g.a, g.stride_a * int64_t(ea), g.batch),
+                   align_b = alignment_of(g.b, g.stride_b * int64_t(eb), g.batch),
+                   align_c = alignment_of(g.c, g.stride_c * int64_t(ec), g.batch);
+    cublasLtMatrixLayout_t lb = layout(g.b_dtype, b_rows, b_cols, g.ldb, g.batch, g.stride_b);
+    cublasLtMatrixLayout_t la = layout(g.a_dtype, a_rows, a_cols, g.lda, g.batch, g.stride_a);
+    cublasLtMatrixLayout_t lc = layout(g.c_dtype, g.n, g.m, g.ldc, g.batch, g.stride_c);
+
+    const GemmKey key{
+        g.trans_a,      g.trans_b,  g.m,        g.n,        g.k,     g.lda,          g.ldb,
+        g.ldc,          g.stride_a, g.stride_b, g.stride_c, g.batch, int(g.a_dtype), int(g.b_dtype),
+        int(g.c_dtype), align_a,    align_b,    align_c};
+    auto it = plans_.find(key);
+    if (it == plans_.end()) {
+      GemmPlan plan;
+      check_cublas(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                   "cublasLtMatmulDescCreate");
+      check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b,
+                                                  sizeof op_b),
+                   "transa");
+      check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a,
+                                                  sizeof op_a),
+                   "transb");
+      cublasLtMatmulPreference_t pref = nullptr;
+      check_cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+      const uint64_t workspace = kGemmWorkspaceBytes;
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                           &workspace, sizeof workspace);
+      // cuBLASLt's A is our B and its B our A.
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                           &align_b, sizeof align_b);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                           &align_a, sizeof align_a);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                           &align_c, sizeof align_c);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                           &align_c, sizeof align_c);
+      cublasLtMatmulHeuristicResult_t result{};
+      int found = 0;
+      const cublasStatus_t status =
+          cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, lb, la, lc, lc, pref, 1, &result, &found);
+      cublasLtMatmulPreferenceDestroy(pref);
+      if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
+        cublasLtMatmulDescDestroy(plan.desc);
+        fail(
+            "cuda backend: cuBLASLt has no algorithm for a {}{} GEMM m {} n {} k {} batch {} "
+            "(lda {} ldb {} ldc {}; {} × {} → {}; alignment {} {} {} bytes): {}",
+            g.trans_a ? "T" : "N", g.trans_b ? "T" : "N", g.m, g.n, g.k, g.batch, g.lda, g.ldb,
+            g.ldc, dtype_name(g.a_dtype), dtype_name(g.b_dtype), dtype_name(g.c_dtype), align_a,
+            align_b, align_c, cublasLtGetStatusString(status));
+      }
+      plan.algo = result.algo;
+      it = plans_.emplace(key, plan).first;
+    }
+    check_cublas(
+        cublasLtMatmul(lt_, it->second.desc, &g.alpha, g.b, lb, g.a, la, &g.beta, g.c, lc, g.c, lc,
+                       &it->second.algo, gemm_workspace_, kGemmWorkspaceBytes, stream_),
+        "cublasLtMatmul");
+    launched("gemm");
+  }
+
+  // C = beta C, an empty sum (k = 0): zeros when beta is 0, whatever C held.
+  void scale_c(const GemmArgs& g) {
+    const size_t e = dtype_size(g.c_dtype);
+    for (int64_t i = 0; i < g.batch; ++i) {
+      char* c = static_cast<char*>(g.c) + i * g.stride_c * int64_t(e);
+      if (g.beta == 0.0f) {
+        check_cuda(cudaMemset2DAsync(c, g.ldc * e, 0, g.n * e, g.m, stream_), "gemm (k = 0)");
+      } else {
+        for (int64_t r = 0; r < g.m; ++r)
+          cuda::scale(stream_, {c + r * g.ldc * int64_t(e), g.c_dtype}, g.beta, g.n);
+      }
+    }
+    launched("gemm (k = 0)");
+  }
+
+  // A mix cuBLASLt does not take: every bf16 operand is widened into fp32 scratch (exact), the
+  // GEMM runs in fp32, and a bf16 C is rounded back once. Each operand's whole span is
+  // converted, batch gaps included: reading a gap is harmless and keeps the strides.
+  void gemm_widened(const GemmArgs& g) {
+    auto span = [&](int64_t rows, int64_t ld, int64_t cols, int64_t stride) {
+      return (g.batch - 1) * stride + (rows - 1) * ld + cols;
+    };
+    const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+    const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+    const int64_t na = g.a_dtype == DType::bf16 ? span(a_rows, g.lda, a_cols, g.stride_a) : 0;
+    const int64_t nb = g.b_dtype == DType::bf16 ? span(b_rows, g.ldb, b_cols, g.stride_b) : 0;
+    const int64_t nc = g.c_dtype == DType::bf16 ? span(g.m, g.ldc, g.n, g.stride_c) : 0;
+    const size_t bytes =
+        aligned_size(4 * size_t(na)) + aligned_size(4 * size_t(nb)) + aligned_size(4 * size_t(nc));
+    char* base = static_cast<char*>(scratch(bytes, "widened GEMM operands"));
+    float* wa = reinterpret_cast<float*>(base);
+    float* wb = reinterpret_cast<float*>(base + aligned_size(4 * size_t(na)));
+    float* wc = reinterpret_cast<float*>(base + aligned_size(4 * size_t(na)) +
+                                         aligned_size(4 * size_t(nb)));
+    GemmArgs f = g;
+    f.a_dtype = f.b_dtype = f.c_dtype = DType::f32;
+    if (na) cuda::convert(stream_, {wa, DType::f32}, {g.a, DType::bf16}, na), f.a = wa;
+    if (nb) cuda::convert(stream_, {wb, DType::f32}, {g.b, DType::bf16}, nb), f.b = wb;
+    if (nc) {
+      if (g.beta != 0.0f) cuda::convert(stream_, {wc, DType::f32}, {g.c, DType::bf16}, nc);
+      f.c = wc;
+    }
+    launched("gemm (widening)");
+    gemm_lt(f);
+    // Only the m × n entries of each batch item are C's; the gaps between them belong to
+    // other tensors and must not be written.
+    if (nc) {
+      for (int64_t i = 0; i < g.batch; ++i)
+        cuda::convert_columns(stream_, {static_cast<char*>(g.c) + 2 * i * g.stride_c, DType::bf16},
+                              g.ldc, 0, {wc + i * g.stride_c, DType::f32}, g.ldc, 0, g.m, g.n);
+      launched("gemm (narrowing)");
+    }
+  }
+
+  int device_ = 0;
+  cudaStream_t stream_ = nullptr;
+  cublasLtHandle_t lt_ = nullptr;
+  void* gemm_workspace_ = nullptr;
+  void* reduce_partials_ = nullptr;  // reduce_partials_count() doubles, then the result
+  void* pinned_ = nullptr;           // small device → host reads
+  void* scratch_ = nullptr;
+  size_t scratch_bytes_ = 0;
+  bool sync_each_op_ = false;
+  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, Layout> layouts_;
+  std::map<GemmKey, GemmPlan> plans_;
+};
+
+}  // namespace
+
+std::string cuda_unavailable() {
+  int devices = 0;
+  const cudaError_t status = cudaGetDeviceCount(&devices);
+  if (status != cudaSuccess)
+    return fmt::format("no CUDA device is usable (cudaGetDeviceCount: {})",
+                       cudaGetErrorString(status));
+  if (devices == 0) return "no CUDA device is visible";
+  return {};
+}
+
+std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+
+std::string cuda_description() {
+  int runtime = 0;
+  cudaRuntimeGetVersion(&runtime);
+  const size_t lt = cublasLtGetVersion();
+  std::string s =
+      fmt::format("cuda: CUDA runtime {}.{}, cuBLASLt {}.{}.{} GEMMs + own kernels", runtime / 1000,
+                  runtime % 1000 / 10, lt / 10000, lt / 100 % 100, lt % 100);
+  if (std::string why = cuda_unavailable(); !why.empty()) return s + " (" + why + ")";
+  int device = 0;
+  cudaGetDevice(&device);
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
+    s += fmt::format("; {} (sm_{}{}, {})", prop.name, prop.major, prop.minor,
+                     format_bytes(prop.totalGlobalMem));
+  return s;
+}
+
+}  // namespace bottle

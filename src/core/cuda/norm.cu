@@ -1,0 +1,212 @@
+// RMSNorm and LayerNorm, forward and backward. Row statistics come from one block per row;
+// the parameter gradients (dweight, dbias) from a second kernel in which each block owns a
+// tile of columns and sums over every row in an order fixed by the shape, which keeps them
+// deterministic without atomics or a scratch buffer.
+#include "core/cuda/common.cuh"
+
+namespace bottle::cuda {
+namespace {
+
+constexpr int kMaxRowThreads = 256;
+// The parameter-gradient kernel's block: kTileCols adjacent columns (one warp reads them
+// coalesced) by kRowGroups warps that take every kRowGroups-th row.
+constexpr int kTileCols = kWarp;
+constexpr int kRowGroups = 32;
+constexpr int kParamThreads = kTileCols * kRowGroups;
+
+// An output read back to accumulate into it. kernels.h's Array-to-ConstArray conversion is a
+// host function, so the device code copies the fields.
+__device__ __forceinline__ float load_out(Array a, int64_t i) {
+  ConstArray c;
+  c.data = a.data;
+  c.dtype = a.dtype;
+  return load(c, i);
+}
+
+// A row kernel's block: one thread per column up to kMaxRowThreads, so a narrow row leaves
+// no warp idle. Depends on cols alone, hence so does the order of the block's sums.
+int row_threads(int64_t cols) {
+  const int64_t rounded = (cols + kWarp - 1) / kWarp * kWarp;
+  return int(rounded < kWarp ? kWarp : rounded > kMaxRowThreads ? kMaxRowThreads : rounded);
+}
+
+__global__ void __launch_bounds__(kMaxRowThreads)
+    rmsnorm_forward_kernel(Array out, Array rstd, Array sumsq, ConstArray x, ConstArray weight,
+                           int64_t cols, float eps) {
+  __shared__ float shared[kWarp];
+  const int64_t r = blockIdx.x, row = r * cols;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float v = load(x, row + j);
+    ss += v * v;
+  }
+  ss = block_sum(ss, shared);
+  const float rs = kmath::rstd_from_sum_squares(ss, float(cols), eps);
+  if (threadIdx.x == 0) {
+    if (rstd.data != nullptr) store(rstd, r, rs);
+    if (sumsq.data != nullptr) store(sumsq, r, ss);
+  }
+  // Every thread has read its x before the block sum's barrier, so out may alias x.
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+    store(out, row + j, load(x, row + j) * rs * load(weight, j));
+}
+
+__global__ void __launch_bounds__(kMaxRowThreads)
+    rmsnorm_backward_dx_kernel(Array dx, ConstArray dout, ConstArray x, ConstArray weight,
+                               ConstArray rstd, ConstArray dot, int64_t cols, float d) {
+  __shared__ float shared[kWarp];
+  const int64_t r = blockIdx.x, row = r * cols;
+  const float rs = load(rstd, r);
+  float row_dot;
+  if (dot.data != nullptr) {
+    row_dot = load(dot, r);
+  } else {
+    row_dot = 0.0f;
+    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+      row_dot += load(dout, row + j) * load(weight, j) * load(x, row + j);
+    row_dot = block_sum(row_dot, shared);
+  }
+  const float factor = kmath::rmsnorm_dx_row_factor(rs, row_dot, d);
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const int64_t i = row + j;
+    const float g = load(dout, i), w = load(weight, j);
+    store(dx, i, load_out(dx, i) + kmath::rmsnorm_dx_from_factor(g, load(x, i), w, rs, factor));
+  }
+}
+
+__global__ void __launch_bounds__(kMaxRowThreads)
+    layernorm_forward_kernel(Array out, Array mean, Array rstd, ConstArray x, ConstArray weight,
+                             ConstArray bias, int64_t cols, float eps) {
+  __shared__ float shared[kWarp];
+  const int64_t r = blockIdx.x, row = r * cols;
+  float s = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) s += load(x, row + j);
+  const float mu = block_sum(s, shared) / float(cols);
+  // The variance from deviations, not E[x²] - mean², which cancels when |mean| >> std.
+  float var = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float dev = load(x, row + j) - mu;
+    var += dev * dev;
+  }
+  const float rs = kmath::rstd_from_sum_squares(block_sum(var, shared), float(cols), eps);
+  if (threadIdx.x == 0) {
+    store(mean, r, mu);
+    store(rstd, r, rs);
+  }
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+    store(out, row + j, (load(x, row + j) - mu) * rs * load(weight, j) + load(bias, j));
+}
+
+__global__ void __launch_bounds__(kMaxRowThreads)
+    layernorm_backward_dx_kernel(Array dx, ConstArray dout, ConstArray x, ConstArray weight,
+                                 ConstArray mean, ConstArray rstd, int64_t cols) {
+  __shared__ float shared[kWarp];
+  const int64_t r = blockIdx.x, row = r * cols;
+  const float mu = load(mean, r), rs = load(rstd, r);
+  float sum_g = 0.0f, sum_gx = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float gw = load(dout, row + j) * load(weight, j);
+    sum_g += gw;
+    sum_gx += gw * ((load(x, row + j) - mu) * rs);
+  }
+  const float mean_g = block_sum(sum_g, shared) / float(cols);
+  const float mean_gx = block_sum(sum_gx, shared) / float(cols);
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const int64_t i = row + j;
+    const float gw = load(dout, i) * load(weight, j);
+    const float xhat = (load(x, i) - mu) * rs;
+    store(dx, i, load_out(dx, i) + kmath::layernorm_dx(gw, xhat, rs, mean_g, mean_gx));
+  }
+}
+
+// The per-element terms of the parameter gradients, summed over the rows by
+// param_grad_kernel: add(acc, r, i) adds element i's (in row r) term of output k to acc[k].
+struct RmsnormParamTerms {
+  static constexpr int kCount = 1;
+  ConstArray dout, x, rstd;
+  __device__ __forceinline__ void add(float* acc, int64_t r, int64_t i) const {
+    acc[0] += load(dout, i) * load(x, i) * load(rstd, r);
+  }
+};
+struct LayernormParamTerms {
+  static constexpr int kCount = 2;  // dweight, dbias
+  ConstArray dout, x, mean, rstd;
+  __device__ __forceinline__ void add(float* acc, int64_t r, int64_t i) const {
+    const float g = load(dout, i);
+    acc[0] += g * ((load(x, i) - load(mean, r)) * load(rstd, r));
+    acc[1] += g;
+  }
+};
+
+// out_k[j] += Σ_r term_k(r, j) for the block's tile of columns. Thread (tx, ty) sums rows
+// ty, ty + kRowGroups, ... of column tile + tx in order; the row groups' partial sums are then
+// added in the order of ty. Both orders depend on the shape alone.
+template <typename Terms>
+__global__ void __launch_bounds__(kParamThreads)
+    param_grad_kernel(Array out0, Array out1, Terms terms, int64_t rows, int64_t cols) {
+  __shared__ float partial[Terms::kCount][kRowGroups][kTileCols];
+  const int64_t j = int64_t(blockIdx.x) * kTileCols + threadIdx.x;
+  float acc[Terms::kCount] = {};
+  if (j < cols) {
+#pragma unroll 4
+    for (int64_t r = threadIdx.y; r < rows; r += kRowGroups) terms.add(acc, r, r * cols + j);
+  }
+#pragma unroll
+  for (int k = 0; k < Terms::kCount; ++k) partial[k][threadIdx.y][threadIdx.x] = acc[k];
+  __syncthreads();
+  if (threadIdx.y != 0 || j >= cols) return;
+#pragma unroll
+  for (int k = 0; k < Terms::kCount; ++k) {
+    float s = 0.0f;
+    for (int g = 0; g < kRowGroups; ++g) s += partial[k][g][threadIdx.x];
+    const Array out = k == 0 ? out0 : out1;
+    store(out, j, load_out(out, j) + s);
+  }
+}
+
+template <typename Terms>
+void launch_param_grad(cudaStream_t stream, Array out0, Array out1, const Terms& terms,
+                       int64_t rows, int64_t cols) {
+  if (cols == 0) return;
+  const unsigned tiles = unsigned((cols + kTileCols - 1) / kTileCols);
+  param_grad_kernel<Terms>
+      <<<tiles, dim3(kTileCols, kRowGroups), 0, stream>>>(out0, out1, terms, rows, cols);
+}
+
+}  // namespace
+
+void rmsnorm_forward(cudaStream_t stream, Array out, Array rstd, Array sumsq, ConstArray x,
+                     ConstArray weight, int64_t rows, int64_t cols, float eps) {
+  if (rows == 0) return;
+  rmsnorm_forward_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(out, rstd, sumsq, x,
+                                                                           weight, cols, eps);
+}
+
+void rmsnorm_backward(cudaStream_t stream, Array dx, Array dweight, ConstArray dout, ConstArray x,
+                      ConstArray weight, ConstArray rstd, ConstArray dot, int64_t rows,
+                      int64_t cols, int64_t d) {
+  if (rows == 0) return;
+  // Without a given dot the row is the whole normalised vector, whatever d says.
+  const float width = float(dot.data == nullptr ? cols : d);
+  rmsnorm_backward_dx_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(
+      dx, dout, x, weight, rstd, dot, cols, width);
+  launch_param_grad(stream, dweight, Array{}, RmsnormParamTerms{dout, x, rstd}, rows, cols);
+}
+
+void layernorm_forward(cudaStream_t stream, Array out, Array mean, Array rstd, ConstArray x,
+                       ConstArray weight, ConstArray bias, int64_t rows, int64_t cols, float eps) {
+  if (rows == 0) return;
+  layernorm_forward_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(
+      out, mean, rstd, x, weight, bias, cols, eps);
+}
+
+void layernorm_backward(cudaStream_t stream, Array dx, Array dweight, Array dbias, ConstArray dout,
+                        ConstArray x, ConstArray weight, ConstArray mean, ConstArray rstd,
+                        int64_t rows, int64_t cols) {
+  if (rows == 0) return;
+  layernorm_backward_dx_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(
+      dx, dout, x, weight, mean, rstd, cols);
+  launch_param_grad(stream, dweight, dbias, LayernormParamTerms{dout, x, mean, rstd}, rows, cols);
+}
+
+}  // namespace bottle::cuda
