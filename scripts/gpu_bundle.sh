@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bundle=${1:-gpu-bundle}
-build=build-cuda
+build=${BOTTLE_GPU_BUILD:-build-cuda}  # an existing CUDA build may be reused
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBOTTLE_NATIVE=OFF -DBOTTLE_CUDA=ON >/dev/null
 cmake --build "$build" -j"$(nproc)" --target bottle test_device_ops test_model_backends
 
@@ -23,8 +23,9 @@ cp "$build/bottle" "$build/tests/test_device_ops" "$build/tests/test_model_backe
 
 # Open MPI's runtime at the paths `ompi_info --path all` reports (prefix /usr): OPAL_PREFIX
 # moves every prefix-relative one, OPAL_SYSCONFDIR the configuration.
+# PMIx's plugins and help files likewise (PMIX_INSTALL_PREFIX).
 for path in /usr/bin/orterun /usr/bin/orted /usr/lib/x86_64-linux-gnu/openmpi /usr/share/openmpi \
-  /etc/openmpi; do
+  /etc/openmpi /usr/lib/x86_64-linux-gnu/pmix2; do
   mkdir -p "$bundle/ompi$(dirname "$path")"
   cp -a "$path" "$bundle/ompi$path"
 done

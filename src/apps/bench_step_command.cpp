@@ -57,79 +57,6 @@ void print_profile(const ProfilingBackend& profiler, int64_t steps) {
   std::printf("  %-40s %8s %9.2f\n", "total in kernels", "", total / double(steps));
 }
 
-// Waits for the backend's queued kernels: a device backend runs them asynchronously, and only
-// a read back to the host (of `probe`, a tensor it holds) waits for them. Host backends'
-// kernels have finished when they return.
-void synchronize(Backend& be, Tensor probe) {
-  if (be.device() == Device::cpu) return;
-  alignas(8) char byte[8];
-  be.to_host(byte, probe.view(0, {1}));
-}
-
-// The best rate (GFLOP/s) of large square products with operands of `dtype` on a device
-// backend: GemmPeak times each product alone, which on a GPU is the launch, not the work,
-// and its shapes are too small to fill one. Here n = 8192, in runs of 10 products between
-// synchronizations, after two untimed ones, on data of many values (a GPU multiplies
-// constant data faster than it does real weights).
-double measure_device_gemm_peak_gflops(Backend& be, DType dtype) {
-  using Clock = std::chrono::steady_clock;
-  constexpr int64_t n = 8192;
-  constexpr int kRuns = 10, kRounds = 3;
-  Arena arena(MemoryTag::workspace, be);
-  Tensor a = arena.alloc({n, n}, dtype), b = arena.alloc({n, n}, dtype), c = arena.alloc({n, n});
-  {
-    std::vector<float> host(size_t(n * n));
-    uint32_t x = 12345;
-    for (float& v : host) {
-      x = x * 1664525u + 1013904223u;
-      v = float(int32_t(x >> 8) - (1 << 23)) * (1.0f / float(1 << 23));
-    }
-    be.from_host(c, host.data());
-    be.copy(a, c);
-    be.copy(b, c);
-  }
-  GemmArgs g;
-  g.m = g.n = g.k = n;
-  g.a = a.data, g.b = b.data, g.c = c.data;
-  g.lda = g.ldb = g.ldc = n;
-  g.dtypes_of(a, b, c);
-  be.gemm(g);
-  be.gemm(g);
-  synchronize(be, c);
-  const double flops = 2.0 * double(n) * double(n) * double(n) * kRuns;
-  double best = 0.0;
-  for (int round = 0; round < kRounds; ++round) {
-    const auto t0 = Clock::now();
-    for (int run = 0; run < kRuns; ++run) be.gemm(g);
-    synchronize(be, c);
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-    best = std::max(best, flops / (ms * 1e6));
-  }
-  return best;
-}
-
-// MFU's denominator for one precision: GemmPeak on the host; on a device, its own
-// measurement, and no figure for a step that seems to beat it.
-class StepPeak {
- public:
-  StepPeak(Backend& be, DType dtype) {
-    if (be.device() == Device::cpu)
-      host_ = std::make_unique<GemmPeak>(be, dtype);
-    else
-      device_gflops_ = measure_device_gemm_peak_gflops(be, dtype);
-  }
-  double gflops() const { return host_ ? host_->gflops() : device_gflops_; }
-  std::optional<double> utilization(double achieved_gflops) {
-    if (host_) return host_->utilization(achieved_gflops);
-    if (device_gflops_ <= 0.0 || achieved_gflops > device_gflops_) return std::nullopt;
-    return achieved_gflops / device_gflops_;
-  }
-
- private:
-  std::unique_ptr<GemmPeak> host_;
-  double device_gflops_ = 0.0;
-};
-
 // The line of backend_names() that describes `name`, e.g. "cuda: CUDA runtime 13.0, ...".
 std::string backend_description(const std::string& name) {
   for (const std::string& line : backend_names())
@@ -267,10 +194,10 @@ Command add_bench_step_command(CLI::App& app) {
     const bool on_device = be->device() != Device::cpu;
     // Measured before the profiler wraps the backend, so the profile counts the step's kernels
     // alone; each precision's MFU against its own GEMMs' peak.
-    std::map<Precision, std::unique_ptr<StepPeak>> peaks;
+    std::map<Precision, std::unique_ptr<GemmPeak>> peaks;
     for (const Precision precision : precision_list)
       if (!peaks.count(precision))
-        peaks[precision] = std::make_unique<StepPeak>(*be, compute_dtype(precision));
+        peaks[precision] = std::make_unique<GemmPeak>(*be, compute_dtype(precision));
     std::string peak_text;
     for (const auto& [precision, peak] : peaks)
       peak_text += fmt::format("{}{:.0f} GFLOP/s ({})", peak_text.empty() ? "" : ", ",
@@ -359,16 +286,12 @@ Command add_bench_step_command(CLI::App& app) {
           train_step.allocate_activations();
           be->from_host(train_step.inputs()[0], stream.data());
           be->from_host(train_step.targets()[0], stream.data() + 1);
-          // Each step from its start to its last kernel's end (on a device, waited for).
-          using Clock = std::chrono::steady_clock;
+          // TrainStep times each step to its last kernel's end (a device backend's waited for).
           std::vector<double> ms;
           for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
             if (profiler && step == o->warmup) profiler->reset();
-            const auto t0 = Clock::now();
             last = train_step.step(step);
-            synchronize(*be, train_step.targets()[0]);
-            if (step >= o->warmup)
-              ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+            if (step >= o->warmup) ms.push_back(last.seconds * 1e3);
           }
           t = summarize(ms);
           flops = model.flops_per_step(n, o->seq);
@@ -383,7 +306,7 @@ Command add_bench_step_command(CLI::App& app) {
           }
         }
         const double gflops = flops / (t.median * 1e6);
-        StepPeak& peak = *peaks.at(precision);
+        GemmPeak& peak = *peaks.at(precision);
         const std::optional<double> mfu = peak.utilization(gflops);
         // Against --peak-tflops (GFLOP/s over TFLOP/s · 1000); 0 when none is given.
         const double mfu_nominal = o->peak_tflops > 0 ? gflops / (o->peak_tflops * 1e3) : 0.0;

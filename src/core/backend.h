@@ -1,7 +1,8 @@
 #pragma once
 // The kernel interface every layer calls. Layer code never knows which backend runs it:
 // `cpu` (oneDNN GEMMs + OpenMP loops), `reference` (naive loops, used by tests as the
-// oracle), `cuda` (kernels of src/core/cuda, cuBLASLt GEMMs). Tensors carry their dtype; a backend rejects dtypes it lacks.
+// oracle), `cuda` (kernels of src/core/cuda, cuBLASLt GEMMs). Tensors carry their dtype; a backend
+// rejects dtypes it lacks.
 //
 // The backend owns memory: arenas ask it for their blocks, and only backends read or write
 // tensor data. Layers, the model and the trainer move data with copy / copy_columns, reduce
@@ -71,6 +72,12 @@ class Backend {
   // cuda), so that a device communicator orders its own stream against it; null for the host
   // backends, whose kernels finish before they return.
   virtual void* native_stream() const { return nullptr; }
+  // Waits until every kernel issued so far has finished: a device backend runs them
+  // asynchronously (timings, MFU); a host backend's kernels finish before they return.
+  virtual void synchronize() {}
+  // Bytes of the backend's device memory free now; 0 for the host backends, whose memory is
+  // the machine's (train/memory_plan.h reads that).
+  virtual size_t device_memory_free() { return 0; }
   // `bytes` of zeroed memory aligned to kAllocationAlignment; fails naming `what` and the size.
   virtual void* allocate(size_t bytes, const char* what) = 0;
   virtual void deallocate(void* p, size_t bytes) = 0;

@@ -26,6 +26,8 @@ class WideningBackend final : public Backend {
 
   Device device() const override { return inner_->device(); }
   void* native_stream() const override { return inner_->native_stream(); }
+  void synchronize() override { inner_->synchronize(); }
+  size_t device_memory_free() override { return inner_->device_memory_free(); }
   void* allocate(size_t bytes, const char* what) override { return inner_->allocate(bytes, what); }
   void deallocate(void* p, size_t bytes) override { inner_->deallocate(p, bytes); }
   void to_host(void* dst, Tensor src) override { inner_->to_host(dst, src); }

@@ -135,6 +135,8 @@ StepResult TrainStep::step(int64_t step) {
     optimizer_->step(be_, model_->parameters(), r.lr, r.clip);
     data_parallel_->gather_parameters(be_);
   }
+  // The step ends when its last kernel does (a device backend's run asynchronously).
+  be_.synchronize();
   r.seconds = seconds_since(t0);
   return r;
 }

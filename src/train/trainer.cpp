@@ -255,12 +255,30 @@ void Trainer::set_up_model() {
   const std::string advice =
       "lower training.micro_batch_size or the model's size, set training.recompute, or spread "
       "the model over more ranks (parallel.tp, parallel.pp) and machines";
-  check_parameter_memory(config_.model, true, config_.parallel.tp * config_.parallel.pp,
-                         config_.parallel.zero ? config_.parallel.dp : 1, world_,
-                         options_.config_path, advice);
+  const bool on_device = be_->device() != Device::cpu;
+  // The host's memory holds a host backend's model; a device's is checked against its own.
+  if (!on_device)
+    check_parameter_memory(config_.model, true, config_.parallel.tp * config_.parallel.pp,
+                           config_.parallel.zero ? config_.parallel.dp : 1, world_,
+                           options_.config_path, advice);
   plan_ = plan_rank_memory(config_, tp, stage, pipeline_slots(config_, stage.stage));
   check_memory_limit(config_, plan_, world_, options_.config_path);
-  check_available_memory(plan_, world_, options_.config_path, advice);
+  if (!on_device) {
+    check_available_memory(plan_, world_, options_.config_path, advice);
+  } else {
+    // Each rank against its GPU's free memory (ranks sharing a GPU under parallel.comm =
+    // "mpi" each see what the others have not taken yet).
+    const size_t free = be_->device_memory_free();
+    const double short_ranks =
+        reduce_scalar(&world_, plan_.total() > free ? 1.0 : 0.0, ReduceOp::sum, "memory.check");
+    if (plan_.total() > free)
+      fail("{}: the planned memory of this rank is {} ({}), but its GPU has only {} free; {}",
+           options_.config_path, format_bytes(plan_.total()), describe_memory(plan_),
+           format_bytes(free), advice);
+    if (short_ranks > 0)
+      fail("{}: {:.0f} rank(s) plan more memory than their GPU has free; {}", options_.config_path,
+           short_ranks, advice);
+  }
   train_step_ = std::make_unique<TrainStep>(config_, *be_, tp, groups_.pp.get(), groups_.dp.get());
 }
 

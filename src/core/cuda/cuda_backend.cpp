@@ -85,6 +85,12 @@ class CudaBackend final : public Backend {
   }
   Device device() const override { return Device::cuda; }
   void* native_stream() const override { return stream_; }
+  void synchronize() override { sync("synchronize"); }
+  size_t device_memory_free() override {
+    size_t free = 0, total = 0;
+    check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+    return free;
+  }
 
   // --- Memory.
   void* allocate(size_t bytes, const char* what) override {
