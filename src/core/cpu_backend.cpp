@@ -87,6 +87,20 @@ inline kmath::SoftmaxState softmax_in_place(float* out, const float* x, int64_t 
 // log Σ exp(x) of a row from its softmax statistics.
 inline float log_sum_exp(const kmath::SoftmaxState& s) { return s.max + std::log(s.sumexp); }
 
+// Runs body(j, j == target) for j in [0, n): the target's element between two loops that
+// compare nothing, so that both vectorise (a comparison with the target inside the loop keeps
+// GCC from vectorising it), and each element is done in order, while its row is in cache.
+// A target outside [0, n) leaves every element a non-target one.
+template <typename Body>
+inline void for_row_with_target(int64_t n, int64_t target, Body body) {
+  const int64_t split = target >= 0 && target < n ? target : n;
+#pragma omp simd
+  for (int64_t j = 0; j < split; ++j) body(j, false);
+  if (split < n) body(split, true);
+#pragma omp simd
+  for (int64_t j = split + 1; j < n; ++j) body(j, false);
+}
+
 // Runs body(i) for i in [0, n), split into one contiguous range per thread; the body is
 // inlined into a plain loop that the compiler vectorizes ("omp parallel for simd" over
 // captured pointers does not vectorize in GCC 12).
@@ -481,15 +495,9 @@ class CpuBackend final : public HostBackend {
     for (int64_t i = 0; i < n; ++i) {
       const float* pi = probs.f32() + i * v;
       float* di = dlogits.f32() + i * v;
-      const int64_t target = targets.i32()[i];
-      const bool has_target = target >= 0 && target < v;
-      const float p_target = has_target ? pi[target] : 0.0f;
-      const float d_target = has_target ? di[target] : 0.0f;
-      // Every element as a non-target one (a comparison with the target in the loop keeps
-      // GCC from vectorising it), then the target's from its values before the loop.
-#pragma omp simd
-      for (int64_t j = 0; j < v; ++j) di[j] += kmath::cross_entropy_dlogit(pi[j], false, scale);
-      if (has_target) di[target] = d_target + kmath::cross_entropy_dlogit(p_target, true, scale);
+      for_row_with_target(v, targets.i32()[i], [=](int64_t j, bool is_target) {
+        di[j] += kmath::cross_entropy_dlogit(pi[j], is_target, scale);
+      });
     }
   }
 
@@ -555,15 +563,10 @@ class CpuBackend final : public HostBackend {
       const float* li = logits.f32() + i * v;
       float* di = dlogits.f32() + i * v;
       const float mx = max.f32()[i], inv_sumexp = 1.0f / sumexp.f32()[i];
-      const int64_t target = int64_t(targets.i32()[i]) - first;  // may lie outside [0, v)
-      const bool has_target = target >= 0 && target < v;
-      const float p_target = has_target ? fast_exp(li[target] - mx) * inv_sumexp : 0.0f;
-      const float d_target = has_target ? di[target] : 0.0f;
-      // As in cross_entropy_backward: the loop without the target, which is done after it.
-#pragma omp simd
-      for (int64_t j = 0; j < v; ++j)
-        di[j] += kmath::cross_entropy_dlogit(fast_exp(li[j] - mx) * inv_sumexp, false, scale);
-      if (has_target) di[target] = d_target + kmath::cross_entropy_dlogit(p_target, true, scale);
+      // The target may lie in another rank's shard, outside [0, v).
+      for_row_with_target(v, int64_t(targets.i32()[i]) - first, [=](int64_t j, bool is_target) {
+        di[j] += kmath::cross_entropy_dlogit(fast_exp(li[j] - mx) * inv_sumexp, is_target, scale);
+      });
     }
   }
 

@@ -70,6 +70,7 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     for (auto& [key, layout] : layouts_) layout.destroy();
+    for (auto& [key, plan] : plans_) cublasLtMatmulDescDestroy(plan.desc);
     if (scratch_) cudaFree(scratch_);
     cudaFree(gemm_workspace_);
     cudaFree(reduce_partials_);
@@ -196,8 +197,8 @@ class CudaBackend final : public Backend {
     if (!g.m || !g.n) return;
     const bool native =
         (g.a_dtype == g.b_dtype) && (g.a_dtype == DType::bf16 || g.c_dtype == DType::f32);
+    if (!g.k) return scale_c(g);  // cuBLASLt wants k >= 1, widened or not
     if (!native) return gemm_widened(g);
-    if (!g.k) return scale_c(g);  // cuBLASLt wants k >= 1
     gemm_lt(g);
   }
 
@@ -562,20 +563,22 @@ class CudaBackend final : public Backend {
 
   void norm_forward(const char* k, Tensor out, Tensor rstd, Tensor sumsq, Tensor x, Tensor weight,
                     float eps) {
-    on_device(k, {out, rstd, sumsq, x, weight});
+    // rstd and sumsq are optional: an absent one is Tensor{} (a rank-0 host "scalar" with no
+    // data), which on_device would refuse.
+    on_device(k, {out, x, weight});
     floats(k, {out, x, weight});
     const int64_t n = x.rows(), c = x.cols();
     numel(k, out, n * c, "out");
     numel(k, weight, c, "weight");
-    if (!rstd.empty()) floats(k, {rstd}), numel(k, rstd, n, "rstd");
-    if (!sumsq.empty()) floats(k, {sumsq}), numel(k, sumsq, n, "sumsq");
+    if (!rstd.empty()) on_device(k, {rstd}), floats(k, {rstd}), numel(k, rstd, n, "rstd");
+    if (!sumsq.empty()) on_device(k, {sumsq}), floats(k, {sumsq}), numel(k, sumsq, n, "sumsq");
     cuda::rmsnorm_forward(stream_, arr(out), arr(rstd), arr(sumsq), carr(x), carr(weight), n, c,
                           eps);
     launched(k);
   }
   void norm_backward(const char* k, Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                      Tensor rstd, Tensor dot, int64_t d) {
-    on_device(k, {dx, dweight, dout, x, weight, rstd, dot});
+    on_device(k, {dx, dweight, dout, x, weight, rstd});  // dot is optional, as in norm_forward
     floats(k, {dx, dweight, dout, x, weight, rstd});
     const int64_t n = x.rows(), c = x.cols();
     numel(k, dx, n * c, "dx");
@@ -583,7 +586,7 @@ class CudaBackend final : public Backend {
     numel(k, dweight, c, "dweight");
     numel(k, weight, c, "weight");
     numel(k, rstd, n, "rstd");
-    if (!dot.empty()) floats(k, {dot}), numel(k, dot, n, "dot");
+    if (!dot.empty()) on_device(k, {dot}), floats(k, {dot}), numel(k, dot, n, "dot");
     cuda::rmsnorm_backward(stream_, arr(dx), arr(dweight), carr(dout), carr(x), carr(weight),
                            carr(rstd), carr(dot), n, c, d);
     launched(k);
