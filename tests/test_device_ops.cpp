@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "backend_test_main.h"
 #include "core/arena.h"
 #include "core/backend.h"
 #include "core/bf16.h"
@@ -659,11 +660,5 @@ TEST_F(DeviceGradcheck, SwigluAndCrossEntropy) {
 }  // namespace bottle
 
 int main(int argc, char** argv) {
-  ::testing::InitGoogleTest(&argc, argv);
-  if (argc > 1) bottle::g_backend = argv[1];
-  if (std::string why = bottle::backend_unavailable(bottle::g_backend); !why.empty()) {
-    std::printf("SKIPPED: backend '%s': %s\n", bottle::g_backend.c_str(), why.c_str());
-    return 77;
-  }
-  return RUN_ALL_TESTS();
+  return bottle::testing::run_on_backend(argc, argv, bottle::g_backend);
 }
