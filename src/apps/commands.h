@@ -12,11 +12,13 @@ Command add_eval_command(CLI::App& app);
 Command add_plot_command(CLI::App& app);
 Command add_sample_command(CLI::App& app);
 Command add_prepare_command(CLI::App& app);
+Command add_tokenize_command(CLI::App& app);
 Command add_bench_step_command(CLI::App& bench);
 Command add_bench_tp_command(CLI::App& bench);
 Command add_bench_norm_command(CLI::App& bench);
 Command add_bench_paper_command(CLI::App& bench);
 Command add_export_command(CLI::App& app);
 Command add_bench_pipeline_command(CLI::App& bench);
+Command add_bench_tokenize_command(CLI::App& bench);
 
 }  // namespace bottle

@@ -10,13 +10,16 @@
 #include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/process_groups.h"
+#include "data/shard_meta.h"
 #include "model/checkpoint.h"
 #include "train/data_loader.h"
 #include "train/memory_plan.h"
+#include "train/run_tokenizer.h"
 #include "train/train_config.h"
 #include "train/train_step.h"
 
@@ -93,6 +96,7 @@ Command add_eval_command(CLI::App& app) {
     check_parameter_memory(c, false, p.tp * p.pp, 1, world, what, advice);
     check_available_memory(plan_model_memory(c, tp, o->batch, seq, false, stage), world, what,
                            advice);
+    checkpoint_tokenizer(o->checkpoint, c);  // a checkpoint that disagrees with itself
     LlamaModel model(c, tp, 1, stage, /*reserve_only=*/false, *be);
     load_model_weights(model, o->checkpoint);
     TokenLoader loader(o->data, o->batch, seq, 0, groups.dp_rank, p.dp, /*shuffle=*/false);
@@ -129,16 +133,26 @@ Command add_eval_command(CLI::App& app) {
     const double loss = total / double(batches);
     const int64_t count = batches * per_batch;
     if (world.rank() != 0) return 0;  // every rank holds the same loss
+    // Bits per byte compares models across tokenizers: known when `bottle prepare` recorded
+    // the bytes of the shards' split (the ratio of the whole split, which the batches sample).
+    const std::optional<double> bytes_per_token_ = bytes_per_token(loader.files());
+    std::optional<double> bits_per_byte;
+    if (bytes_per_token_) bits_per_byte = loss / std::log(2.0) / *bytes_per_token_;
     if (o->json) {
       nlohmann::ordered_json j{{"loss", loss},       {"tokens", count},
                                {"batches", batches}, {"batch", o->batch},
                                {"seq", seq},         {"perplexity", std::exp(loss)}};
+      j["bits_per_byte"] = bits_per_byte ? nlohmann::ordered_json(*bits_per_byte) : nullptr;
       std::printf("%s\n", j.dump().c_str());
     } else {
+      const std::string per_byte =
+          bits_per_byte ? fmt::format("; {:.4f} bits per byte ({:.3f} bytes per token)",
+                                      *bits_per_byte, *bytes_per_token_)
+                        : std::string();
       std::printf(
-          "loss %.6f nats (perplexity %.3f) over %lld tokens (%lld batches of %lld x %lld)\n", loss,
-          std::exp(loss), (long long)count, (long long)batches, (long long)o->batch,
-          (long long)seq);
+          "loss %.6f nats (perplexity %.3f) over %lld tokens (%lld batches of %lld x %lld)%s\n",
+          loss, std::exp(loss), (long long)count, (long long)batches, (long long)o->batch,
+          (long long)seq, per_byte.c_str());
     }
     return 0;
   };

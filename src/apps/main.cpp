@@ -24,8 +24,11 @@ int main(int argc, char** argv) {
   commands[train] = bottle::add_train_command(*train);
   CLI::App* eval = app.add_subcommand("eval", "mean cross-entropy of a checkpoint on token shards");
   commands[eval] = bottle::add_eval_command(*eval);
-  CLI::App* prepare = app.add_subcommand("prepare", "text files -> byte-level llm.c token shards");
+  CLI::App* prepare = app.add_subcommand("prepare", "text or JSONL -> llm.c token shards, with a tokenizer");
   commands[prepare] = bottle::add_prepare_command(*prepare);
+  CLI::App* tokenize =
+      app.add_subcommand("tokenize", "text -> token ids (JSON) with a tokenizer, or back");
+  commands[tokenize] = bottle::add_tokenize_command(*tokenize);
   CLI::App* sample = app.add_subcommand("sample", "generate text from a model directory");
   commands[sample] = bottle::add_sample_command(*sample);
   CLI::App* export_ = app.add_subcommand(
@@ -51,6 +54,9 @@ int main(int argc, char** argv) {
   CLI::App* bench_pipeline = bench->add_subcommand(
       "pipeline", "pipeline bubble per schedule and DP gradient traffic (under mpirun)");
   commands[bench_pipeline] = bottle::add_bench_pipeline_command(*bench_pipeline);
+  CLI::App* bench_tokenize = bench->add_subcommand(
+      "tokenize", "encoding MB/s of a tokenizer on 1 and more threads, with the HF tokenizers peer");
+  commands[bench_tokenize] = bottle::add_bench_tokenize_command(*bench_tokenize);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

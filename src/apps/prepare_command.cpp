@@ -1,70 +1,297 @@
-// `bottle prepare`: text → llm.c token shards with the byte-level tokenizer (vocabulary 256,
-// token = byte value). The inputs are read in order and concatenated (standard input for `-`
-// or when no --input is given); the last --val-fraction of the bytes becomes
-// DIR/<prefix>_val_NNNNNN.bin, the rest DIR/<prefix>_train_NNNNNN.bin, each split into
-// near-equal shards of at most --shard-tokens tokens. Prints the counts and the byte-unigram
-// entropy of the train split (nats per token): the loss of the best context-free model, which
-// a trained model should beat.
+// `bottle prepare`: documents → llm.c token shards (docs/design.md §12, §13).
+//
+// Inputs are files, directories, globs or `-` (standard input; also when no --input is given),
+// as text (a file is one document) or JSONL (a line is one), gzip / zstd compressed or not
+// (data/text_source.h). Documents are numbered in input order from 0; document i goes to the
+// validation split iff floor((i+1)·f) > floor(i·f) for f = --val-fraction, which spreads
+// ⌊D·f⌋ validation documents evenly over the input, streaming, with no shuffle to seed.
+//
+// Without --tokenizer the tokens are bottle's byte-level ones (V = 256, token = byte value):
+// the shards hold the input bytes concatenated, losslessly (no UTF-8 repair, and no delimiter,
+// for which 256 has no room). With a tokenizer each document becomes valid UTF-8
+// (utf8_replace_invalid, as the reference libraries see text) and is encoded after the
+// tokenizer's document delimiter (BOS, else EOS: llm.c's order); the tokenizer is saved to
+// DIR/tokenizer, so that train finds it beside the data. A directory holds one tokenizer: a
+// byte-level run removes a DIR/tokenizer left by an earlier one.
+//
+// Encoding runs on --threads workers, batch by batch, while the main thread reads the next
+// batch and appends the previous one in document order: the shards are byte-identical for any
+// thread count. Shards are fixed-size (data/shard_writer.h) and appear under their names only
+// once the whole input is read and the splits are checked, so a failed run (a bad JSONL line,
+// too few documents) leaves an earlier data set as it was.
 #include <fmt/ranges.h>
+#include <unistd.h>
 
+#include <array>
+#include <atomic>
+#include <chrono>
 #include <climits>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
+#include <exception>
 #include <filesystem>
-#include <fstream>
-#include <iostream>
-#include <iterator>
+#include <mutex>
+#include <optional>
 #include <regex>
+#include <thread>
+#include <utility>
 
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
+#include "apps/tokenizer_options.h"
 #include "core/error.h"
-#include "core/token_shard.h"
-#include "train/byte_tokenizer.h"
+#include "data/byte_tokenizer.h"
+#include "data/shard_writer.h"
+#include "data/text_source.h"
+#include "data/tokenizer.h"
+#include "data/utf8.h"
 
 namespace bottle {
 
 namespace {
 
 namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
 
-std::string read_input(const std::string& path) {
-  if (path == "-") {
-    std::ios::sync_with_stdio(false);
-    return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
-  }
-  BOTTLE_CHECK(!fs::is_directory(path), "{}: input is a directory, not a text file", path);
-  std::ifstream in(path, std::ios::binary);
-  BOTTLE_CHECK(in, "{}: cannot open input file", path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  BOTTLE_CHECK(!in.bad(), "{}: read failed", path);
-  return text;
+// A batch ends at whichever comes first: enough documents to spread over the workers, enough
+// text to amortise a hand-over, little enough memory for two batches in flight.
+constexpr size_t kBatchDocuments = 1024;
+constexpr uint64_t kBatchBytes = uint64_t(8) << 20;
+// A document's token vector keeps its capacity for the next batch, unless it grew past this
+// (one huge document must not pin its memory for the rest of the run).
+constexpr size_t kKeepTokenCapacity = size_t(1) << 22;
+
+bool is_validation(uint64_t i, double f) {
+  return std::floor(double(i + 1) * f) > std::floor(double(i) * f);
 }
 
-// Writes `text` as near-equal shards DIR/<prefix>_<split>_NNNNNN.bin of at most `max_tokens`
-// tokens, removes stale shards of the same split with higher numbers (left by an earlier run)
-// and returns the number of shards.
-size_t write_split(std::string_view text, const std::string& dir, const std::string& prefix,
-                   const std::string& split, int64_t max_tokens) {
-  const size_t n = text.size();
-  const size_t shards = n == 0 ? 0 : (n + size_t(max_tokens) - 1) / size_t(max_tokens);
-  for (size_t i = 0, begin = 0; i < shards; ++i) {
-    const size_t size = n / shards + (i < n % shards ? 1 : 0);
-    const std::string path = fmt::format("{}/{}_{}_{:06d}.bin", dir, prefix, split, i);
-    write_token_shard(path, byte_encode(text.substr(begin, size)));
-    std::printf("wrote %s (%zu tokens)\n", path.c_str(), size);
-    begin += size;
+// How many documents an input needs for --val-fraction `f` > 0 to give one validation
+// document: the least n with floor(n·f) >= 1.
+uint64_t documents_for_one_validation(double f) {
+  const double guess = std::ceil(1.0 / f);
+  if (guess > 1e18) return uint64_t(1e18);
+  auto n = uint64_t(guess);
+  // 1/f rounds: step to the exact boundary of the rule as is_validation evaluates it.
+  while (std::floor(double(n) * f) < 1) ++n;
+  while (n > 1 && std::floor(double(n - 1) * f) >= 1) --n;
+  return n;
+}
+
+// Documents read together and encoded together. `docs`, `tokens` and `bytes` keep their
+// allocations from batch to batch; only the first `size` entries are this batch's.
+struct Batch {
+  std::vector<Document> docs;
+  std::vector<std::vector<int32_t>> tokens;  // per document, the delimiter first
+  std::vector<uint64_t> bytes;               // per document, after U+FFFD replacement
+  size_t size = 0;
+};
+
+// Fills `batch` from `reader`; false when the input is exhausted and the batch is empty.
+bool read_batch(DocumentReader& reader, Batch& batch) {
+  batch.size = 0;
+  uint64_t text_bytes = 0;
+  while (batch.size < kBatchDocuments && text_bytes < kBatchBytes) {
+    if (batch.size == batch.docs.size()) batch.docs.emplace_back();
+    Document& doc = batch.docs[batch.size];
+    if (!reader.next(doc)) break;
+    text_bytes += doc.text.size();
+    ++batch.size;
   }
-  const std::regex name(prefix + "_" + split + "_([0-9]{6})\\.bin");
-  for (const auto& e : fs::directory_iterator(dir)) {
-    std::smatch m;
-    const std::string file = e.path().filename().string();
-    if (std::regex_match(file, m, name) && std::stoul(m[1].str()) >= shards) {
-      fs::remove(e.path());
-      std::printf("removed stale shard %s\n", e.path().string().c_str());
+  if (batch.tokens.size() < batch.size) batch.tokens.resize(batch.size);
+  if (batch.bytes.size() < batch.size) batch.bytes.resize(batch.size);
+  return batch.size > 0;
+}
+
+// `threads` workers encoding one batch at a time, each document by whichever worker claims it
+// first. Every worker checks in for every batch before wait() returns, so none can still be
+// reading a batch that the main thread has moved on from.
+class EncodePool {
+ public:
+  EncodePool(const Tokenizer& tokenizer, int threads)
+      : tokenizer_(tokenizer), delimiter_(tokenizer.document_delimiter()), threads_(threads) {
+    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
+  }
+  ~EncodePool() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    start_.notify_all();
+    // workers_ joins them as it is destroyed.
+  }
+  EncodePool(const EncodePool&) = delete;
+  EncodePool& operator=(const EncodePool&) = delete;
+
+  // The workers begin encoding `batch`, which must stay untouched until wait() returns.
+  void start(Batch& batch) {
+    {
+      std::lock_guard lock(mutex_);
+      batch_ = &batch;
+      next_ = 0;
+      checked_in_ = 0;
+      ++generation_;
+    }
+    start_.notify_all();
+  }
+
+  // Until the batch is encoded; rethrows the first error a worker met.
+  void wait() {
+    std::unique_lock lock(mutex_);
+    done_.wait(lock, [&] { return checked_in_ == threads_; });
+    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+  }
+
+ private:
+  void work() {
+    uint64_t seen = 0;
+    for (;;) {
+      Batch* batch = nullptr;
+      {
+        std::unique_lock lock(mutex_);
+        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
+        if (stop_) return;
+        seen = generation_;
+        batch = batch_;
+      }
+      for (size_t i; !stop_.load(std::memory_order_relaxed) && (i = next_++) < batch->size;) {
+        try {
+          encode(*batch, i);
+        } catch (...) {
+          std::lock_guard lock(mutex_);
+          if (!error_) error_ = std::current_exception();
+          next_ = batch->size;  // the run fails: no need to encode the rest
+        }
+      }
+      {
+        std::lock_guard lock(mutex_);
+        ++checked_in_;
+      }
+      done_.notify_one();
     }
   }
-  return shards;
+
+  void encode(Batch& batch, size_t i) const {
+    const Document& doc = batch.docs[i];
+    std::string repaired;
+    std::string_view text = doc.text;
+    if (!utf8_valid(text)) text = repaired = utf8_replace_invalid(text);
+    std::vector<int32_t>& out = batch.tokens[i];
+    if (out.capacity() > kKeepTokenCapacity) std::vector<int32_t>().swap(out);
+    out.clear();
+    if (delimiter_) out.push_back(*delimiter_);
+    try {
+      tokenizer_.encode(text, out);
+    } catch (const Error& e) {
+      fail("{}: {}", doc.origin, e.what());
+    }
+    batch.bytes[i] = text.size();
+  }
+
+  const Tokenizer& tokenizer_;
+  const std::optional<int32_t> delimiter_;
+  const int threads_;
+  std::mutex mutex_;
+  std::condition_variable start_, done_;
+  Batch* batch_ = nullptr;    // guarded by mutex_
+  uint64_t generation_ = 0;   // guarded by mutex_: one per start()
+  int checked_in_ = 0;        // guarded by mutex_: workers done with this generation
+  std::exception_ptr error_;  // guarded by mutex_
+  std::atomic<bool> stop_ = false;
+  std::atomic<size_t> next_ = 0;       // the next document to claim
+  std::vector<std::jthread> workers_;  // last: joined before the members they use go away
+};
+
+// One line on stderr, rewritten about four times a second: share of the input read (when its
+// size is known), text MB/s, tokens/s and the time left.
+class Progress {
+ public:
+  explicit Progress(bool enabled) : enabled_(enabled), begin_(Clock::now()), last_(begin_) {}
+  ~Progress() { end(); }
+
+  // `last`: the final state, shown whatever the time since the previous line.
+  void update(const DocumentReader& reader, uint64_t bytes, uint64_t tokens, uint64_t documents,
+              bool last = false) {
+    if (!enabled_) return;
+    const auto now = Clock::now();
+    if (!last && now - last_ < std::chrono::milliseconds(250)) return;
+    last_ = now;
+    const double s = std::max(std::chrono::duration<double>(now - begin_).count(), 1e-6);
+    std::string line;
+    if (reader.bytes_total() > 0) {
+      const double p = double(reader.bytes_read()) / double(reader.bytes_total());
+      line = fmt::format("{:5.1f}% | ", 100.0 * p);
+      if (p > 0) {
+        const auto left = int64_t(s * (1.0 - p) / p);
+        line += fmt::format("ETA {}:{:02d}:{:02d} | ", left / 3600, left / 60 % 60, left % 60);
+      }
+    }
+    line += fmt::format("{} docs | {:.1f} MB/s | {:.2f} M tokens/s", documents,
+                        double(bytes) / 1e6 / s, double(tokens) / 1e6 / s);
+    std::fprintf(stderr, "\r%-*s", int(width_), line.c_str());
+    width_ = std::max(width_, line.size());
+    std::fflush(stderr);
+    open_ = true;
+  }
+
+  void end() {
+    if (open_) std::fprintf(stderr, "\n");
+    open_ = false;
+  }
+
+ private:
+  bool enabled_, open_ = false;
+  Clock::time_point begin_, last_;
+  size_t width_ = 0;
+};
+
+// Appends documents to the train or validation writer by their number.
+struct Splits {
+  ShardWriter train, val;
+  double val_fraction;
+  std::array<uint64_t, 256> train_byte_counts{};  // the byte-level run's entropy line
+  uint64_t next = 0;                              // the next document's number
+
+  ShardWriter& writer_for_next() { return is_validation(next++, val_fraction) ? val : train; }
+  uint64_t documents() const { return train.documents() + val.documents(); }
+  uint64_t bytes() const { return train.bytes() + val.bytes(); }
+  uint64_t tokens() const { return train.tokens() + val.tokens(); }
+};
+
+void prepare_bytes(DocumentReader& reader, Splits& splits, Progress& progress) {
+  for (Document doc; reader.next(doc);) {
+    ShardWriter& w = splits.writer_for_next();
+    if (&w == &splits.train)
+      for (unsigned char c : doc.text) ++splits.train_byte_counts[c];
+    w.append_bytes(doc.text);
+    progress.update(reader, splits.bytes(), splits.tokens(), splits.documents());
+  }
+  progress.update(reader, splits.bytes(), splits.tokens(), splits.documents(), /*last=*/true);
+}
+
+void prepare_tokens(DocumentReader& reader, const Tokenizer& tokenizer, int threads, Splits& splits,
+                    Progress& progress) {
+  // Two batches: the workers encode one while the main thread reads the other, then appends
+  // it while the workers encode the next. The batches outlive the pool.
+  Batch a, b;
+  Batch* encoding = &a;
+  Batch* reading = &b;
+  EncodePool pool(tokenizer, threads);
+  if (!read_batch(reader, *encoding)) return;
+  pool.start(*encoding);
+  for (;;) {
+    const bool more = read_batch(reader, *reading);
+    pool.wait();
+    Batch& done = *encoding;
+    if (more) {
+      std::swap(encoding, reading);
+      pool.start(*encoding);
+    }
+    for (size_t i = 0; i < done.size; ++i)
+      splits.writer_for_next().append(done.tokens[i], done.bytes[i]);
+    progress.update(reader, splits.bytes(), splits.tokens(), splits.documents(), !more);
+    if (!more) return;
+  }
 }
 
 }  // namespace
@@ -72,60 +299,143 @@ size_t write_split(std::string_view text, const std::string& dir, const std::str
 Command add_prepare_command(CLI::App& app) {
   struct Options {
     std::vector<std::string> inputs;
-    std::string output, prefix = "data";
+    std::string output, prefix = "data", format = "auto", text_field = "text";
+    TokenizerOptions tokenizer;
     double val_fraction = 0.05;
     int64_t shard_tokens = 100'000'000;
+    int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+    bool progress = false, no_progress = false;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--input", o->inputs, "text files, concatenated in order ('-' or none: stdin)");
+  app.add_option("--input", o->inputs,
+                 "text / JSONL files, directories, globs or '-' (none: standard input); .gz and "
+                 ".zst are read as such");
   app.add_option("--output", o->output, "directory for the shards (created if missing)")
       ->required();
+  add_tokenizer_options(app, o->tokenizer, /*required=*/false);
+  app.add_option("--format", o->format,
+                 "auto (.jsonl / .ndjson names are JSONL), text (a file is one document) or jsonl "
+                 "(a line is one)")
+      ->check(CLI::IsMember({"auto", "text", "jsonl"}));
+  app.add_option("--text-field", o->text_field, "the JSONL field holding a document's text");
   app.add_option("--val-fraction", o->val_fraction,
-                 "fraction of the bytes, from the end, for validation (0 <= f < 1)")
+                 "fraction of the documents, spread evenly, for validation (0 <= f < 1)")
       ->check(finite_in(0, 1, /*hi_open=*/true));
-  app.add_option("--shard-tokens", o->shard_tokens, "at most this many tokens per shard")
+  app.add_option("--shard-tokens", o->shard_tokens,
+                 "tokens per shard (the last one of a split holds the rest)")
       ->check(integer_in(1, INT32_MAX));
   app.add_option("--prefix", o->prefix, "shard name prefix: <prefix>_train_000000.bin, ...");
+  app.add_option("--threads", o->threads, "encoding threads (default: the machine's cores)")
+      ->check(integer_in(1, kMaxThreads));
+  CLI::Option* progress =
+      app.add_flag("--progress", o->progress, "a progress line on stderr even when not a terminal");
+  app.add_flag("--no-progress", o->no_progress, "no progress line (default: on a terminal)")
+      ->excludes(progress);
   return [o] {
-    BOTTLE_CHECK(!o->prefix.empty() && o->prefix.find('/') == std::string::npos &&
-                     std::regex_match(o->prefix, std::regex("[A-Za-z0-9._-]+")),
+    BOTTLE_CHECK(!o->prefix.empty() && std::regex_match(o->prefix, std::regex("[A-Za-z0-9._-]+")),
                  "--prefix '{}': use letters, digits, '.', '_' or '-'", o->prefix);
     BOTTLE_CHECK(o->val_fraction >= 0.0 && o->val_fraction < 1.0,
                  "--val-fraction {}: must be at least 0 and below 1", o->val_fraction);
-    if (o->inputs.empty()) o->inputs.push_back("-");
-    std::string text;
-    for (const std::string& input : o->inputs) text += read_input(input);
-    const std::string names = fmt::format("{}", fmt::join(o->inputs, ", "));
+    BOTTLE_CHECK(!o->text_field.empty(), "--text-field: must not be empty");
+    const auto begin = Clock::now();
 
-    const size_t n = text.size();
-    const size_t val = size_t(std::floor(double(n) * o->val_fraction));
-    const size_t train = n - val;
-    // A training window needs at least 2 tokens (an input and its target); so does a
-    // validation split when one is asked for.
-    BOTTLE_CHECK(train >= 2 && (o->val_fraction == 0.0 || val >= 2),
-                 "{}: {} bytes of input are too few to split into train ({} bytes) and validation "
-                 "({} bytes, val-fraction {}); each needs at least 2",
-                 names, n, train, val, o->val_fraction);
+    const std::unique_ptr<Tokenizer> tokenizer = open_tokenizer(o->tokenizer);
+    const bool bytes = tokenizer->kind() == "bytes";
+
+    if (o->inputs.empty()) o->inputs.push_back("-");
+    const std::vector<std::string> files = expand_inputs(o->inputs);
+    const std::string names = fmt::format("{}", fmt::join(o->inputs, ", "));
+    TextSourceOptions source;
+    source.format = o->format == "text"    ? TextFormat::text
+                    : o->format == "jsonl" ? TextFormat::jsonl
+                                           : TextFormat::auto_detect;
+    source.text_field = o->text_field;
+    DocumentReader reader(files, source);
 
     std::error_code ec;
     fs::create_directories(o->output, ec);
     BOTTLE_CHECK(fs::is_directory(o->output), "{}: cannot create output directory{}", o->output,
                  ec ? ": " + ec.message() : "");
-    const std::string_view all(text);
-    const size_t train_shards =
-        write_split(all.substr(0, train), o->output, o->prefix, "train", o->shard_tokens);
-    const size_t val_shards =
-        write_split(all.substr(train), o->output, o->prefix, "val", o->shard_tokens);
+    const fs::path out(o->output);
+    Splits splits{ShardWriter(out, o->prefix, "train", o->shard_tokens, tokenizer->vocab_size()),
+                  ShardWriter(out, o->prefix, "val", o->shard_tokens, tokenizer->vocab_size()),
+                  o->val_fraction};
+    {
+      Progress progress(o->no_progress ? false : o->progress || ::isatty(STDERR_FILENO));
+      if (bytes)
+        prepare_bytes(reader, splits, progress);
+      else
+        prepare_tokens(reader, *tokenizer, int(o->threads), splits, progress);
+    }
 
-    const double entropy = byte_unigram_entropy(all.substr(0, train));
-    std::printf("input: %zu file(s), %zu bytes\n", o->inputs.size(), n);
-    std::printf("train: %zu tokens in %zu shard(s)\n", train, train_shards);
-    std::printf("val: %zu tokens in %zu shard(s)\n", val, val_shards);
-    std::printf("vocabulary: %d (byte-level: token = byte value)\n", kByteVocabSize);
-    std::printf("train byte-unigram entropy: %.6f nats/token (%.4f bits)\n", entropy,
-                entropy / std::log(2.0));
+    // Checked before any shard gets its name: a run refused here changes nothing on disk.
+    // A training window needs at least 2 tokens (an input and its target); so does a
+    // validation split when one is asked for.
+    const ShardWriter& train = splits.train;
+    const ShardWriter& val = splits.val;
+    const bool want_val = o->val_fraction > 0;
+    if (want_val && val.documents() == 0)
+      fail(
+          "{}: {} document(s) are too few for --val-fraction {}: it takes {} for one validation "
+          "document (a text file is one document, a JSONL line one)",
+          names, splits.documents(), o->val_fraction,
+          documents_for_one_validation(o->val_fraction));
+    BOTTLE_CHECK(train.tokens() >= 2 && (!want_val || val.tokens() >= 2),
+                 "{}: too few tokens to split: train has {} token(s) in {} document(s), "
+                 "validation {} token(s) in {} document(s) (--val-fraction {}); each needs at "
+                 "least 2",
+                 names, train.tokens(), train.documents(), val.tokens(), val.documents(),
+                 o->val_fraction);
+
+    const std::string kind(tokenizer->kind());
+    const std::string description = tokenizer->describe();
+    const SplitMeta train_meta = splits.train.finish(kind, description);
+    const SplitMeta val_meta = splits.val.finish(kind, description);
+    for (const ShardWriter* w : {&splits.train, &splits.val}) {
+      const auto paths = w->shard_paths();
+      const SplitMeta& meta = w == &splits.train ? train_meta : val_meta;
+      for (size_t i = 0; i < paths.size(); ++i)
+        std::printf("wrote %s (%llu tokens)\n", paths[i].c_str(),
+                    (unsigned long long)meta.shards[i].tokens);
+      for (const fs::path& p : w->removed()) std::printf("removed stale %s\n", p.c_str());
+    }
+    // The tokenizer travels with the data; a stale one of another kind must not.
+    const fs::path tokenizer_dir = out / "tokenizer";
+    if (fs::exists(tokenizer_dir)) {
+      fs::remove_all(tokenizer_dir, ec);
+      BOTTLE_CHECK(!ec, "{}: cannot remove the earlier tokenizer: {}", tokenizer_dir.string(),
+                   ec.message());
+      if (bytes) std::printf("removed stale %s\n", tokenizer_dir.c_str());
+    }
+    if (!bytes) {
+      fs::create_directories(tokenizer_dir);
+      tokenizer->save(tokenizer_dir);
+    }
+
+    const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
+    const uint64_t text_bytes = splits.bytes(), tokens = splits.tokens();
+    std::printf("input: %zu file(s), %llu bytes, %llu document(s) (train %llu, val %llu)\n",
+                files.size(), (unsigned long long)text_bytes,
+                (unsigned long long)splits.documents(), (unsigned long long)train.documents(),
+                (unsigned long long)val.documents());
+    std::printf("train: %llu tokens in %zu shard(s)\n", (unsigned long long)train.tokens(),
+                train_meta.shards.size());
+    std::printf("val: %llu tokens in %zu shard(s)\n", (unsigned long long)val.tokens(),
+                val_meta.shards.size());
+    std::printf("bytes per token: %.4f\n", double(text_bytes) / double(tokens));
+    std::printf("vocabulary: %lld\n", (long long)tokenizer->vocab_size());
+    std::printf("tokenizer: %s\n", description.c_str());
+    if (bytes) {
+      const double entropy = unigram_entropy(splits.train_byte_counts);
+      std::printf("train byte-unigram entropy: %.6f nats/token (%.4f bits)\n", entropy,
+                  entropy / std::log(2.0));
+    }
+    if (!bytes) std::printf("tokenizer saved to %s\n", tokenizer_dir.c_str());
+    std::printf("elapsed: %.2f s (%.1f MB/s of text)\n", seconds,
+                double(text_bytes) / 1e6 / std::max(seconds, 1e-9));
     std::string data = fmt::format("[data] train = \"{}/{}_train_*.bin\"", o->output, o->prefix);
-    if (val_shards > 0) data += fmt::format(", val = \"{}/{}_val_*.bin\"", o->output, o->prefix);
+    if (!val_meta.shards.empty())
+      data += fmt::format(", val = \"{}/{}_val_*.bin\"", o->output, o->prefix);
     std::printf("%s\n", data.c_str());
     return 0;
   };

@@ -1,5 +1,6 @@
 // `bottle sample --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K]
-// [--seed S]`: byte-level generation from a model directory.
+// [--seed S]`: generation from a model directory with the tokenizer saved in it (byte-level
+// when it holds none). The text streams out as it is made, never cutting a UTF-8 character.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -9,8 +10,9 @@
 #include "apps/commands.h"
 #include "comm/communicator.h"
 #include "model/checkpoint.h"
-#include "train/byte_tokenizer.h"
+#include "data/utf8.h"
 #include "train/memory_plan.h"
+#include "train/run_tokenizer.h"
 #include "train/train_config.h"
 
 namespace bottle {
@@ -48,6 +50,33 @@ int32_t draw(const float* logits, int64_t vocab, float temperature, int64_t top_
   return ids[keep - 1];
 }
 
+// Prints a growing decoded text as it becomes final: a trailing incomplete UTF-8 character,
+// or a U+FFFD that the next token may still turn into one, waits for the next token.
+class TextStream {
+ public:
+  void update(const std::string& text, bool last) {
+    // A decoder may rewrite what it gave before (SentencePiece's spaces); then wait for the
+    // end, which prints whatever still extends the printed text.
+    if (text.compare(0, printed_, text, 0, printed_) != 0 || text.size() < printed_) return;
+    size_t end = text.size();
+    if (!last) {
+      end = utf8_complete_prefix(text);
+      static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
+      while (end >= printed_ + kReplacement.size() &&
+             std::string_view(text).substr(end - kReplacement.size(), kReplacement.size()) ==
+                 kReplacement)
+        end -= kReplacement.size();
+    }
+    if (end <= printed_) return;
+    std::fwrite(text.data() + printed_, 1, end - printed_, stdout);
+    std::fflush(stdout);
+    printed_ = end;
+  }
+
+ private:
+  size_t printed_ = 0;
+};
+
 }  // namespace
 
 Command add_sample_command(CLI::App& app) {
@@ -61,7 +90,8 @@ Command add_sample_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   app.add_option("--checkpoint", o->checkpoint, "model directory (config.json + model.safetensors)")
       ->required();
-  app.add_option("--prompt", o->prompt, "text to continue (byte-level tokens)")->required();
+  app.add_option("--prompt", o->prompt, "text to continue (encoded with the checkpoint's tokenizer)")
+      ->required();
   app.add_option("--tokens", o->tokens, "tokens to generate")->check(integer_in(0));
   // A float: above its largest finite value the temperature would read as infinite.
   app.add_option("--temperature", o->temperature, "softmax temperature; 0 = greedy")
@@ -93,22 +123,36 @@ Command add_sample_command(CLI::App& app) {
     const TrainConfig config = apply_config_overrides(model->config(), o->overrides, &given);
     check_honoured_keys(config, given, "--set", kSampleKeys);
     auto be = make_backend("cpu");
-    const int64_t vocab = model->config().vocab_size;
-    std::vector<int32_t> tokens = byte_encode(o->prompt);
+    const ModelConfig& c = model->config();
+    std::unique_ptr<Tokenizer> tokenizer = checkpoint_tokenizer(o->checkpoint, c);
+    if (!tokenizer) tokenizer = make_byte_tokenizer();
+    // Only ids the tokenizer can decode are drawn: a model may have more rows than that.
+    const int64_t vocab = c.vocab_size, drawable = std::min(vocab, tokenizer->vocab_size());
+    const std::string prompt =
+        tokenizer->kind() == "bytes" ? o->prompt : utf8_replace_invalid(o->prompt);
+    std::vector<int32_t> tokens = tokenizer->encode(prompt);
     BOTTLE_CHECK(!tokens.empty(), "sample: --prompt is empty");
     for (int32_t t : tokens)
-      BOTTLE_CHECK(t < vocab, "sample: prompt byte {} is outside the model's vocabulary of {}", t,
+      BOTTLE_CHECK(t < vocab, "sample: prompt token {} is outside the model's vocabulary of {}", t,
                    vocab);
+    const size_t prompt_tokens = tokens.size();
     // One fixed window; the causal mask makes the positions after the last token irrelevant.
-    const int64_t window =
-        std::min<int64_t>(model->config().max_seq_len, int64_t(tokens.size()) + o->tokens);
+    const int64_t window = std::min<int64_t>(c.max_seq_len, int64_t(tokens.size()) + o->tokens);
     model->allocate_activations(1, window);
     Arena arena(MemoryTag::workspace, *be);
     const Tensor input = arena.alloc({1, window}, DType::i32);  // [1, window]
     std::vector<int32_t> staged(static_cast<size_t>(window));   // the window, on the host
     std::vector<float> last(static_cast<size_t>(vocab));  // the last position's logits, on the host
     std::mt19937_64 rng(o->seed);
+    // The prompt as given, then what the model adds: the decoded continuation beyond the
+    // decoded prompt (a tokenizer need not give the prompt's bytes back exactly).
     std::fwrite(o->prompt.data(), 1, o->prompt.size(), stdout);
+    const std::string decoded_prompt = tokenizer->decode(tokens);
+    TextStream stream;
+    auto continuation = [&] {
+      const std::string all = tokenizer->decode(tokens);
+      return all.starts_with(decoded_prompt) ? all.substr(decoded_prompt.size()) : all;
+    };
     for (int64_t i = 0; i < o->tokens; ++i) {
       const int64_t start = std::max<int64_t>(0, int64_t(tokens.size()) - window);
       const int64_t used = int64_t(tokens.size()) - start;
@@ -121,11 +165,10 @@ Command add_sample_command(CLI::App& app) {
                    "{}: the model gives non-finite logits after {} tokens; its weights are "
                    "damaged",
                    o->checkpoint, tokens.size());
-      const int32_t next = draw(last.data(), vocab, o->temperature, o->top_k, rng);
-      tokens.push_back(next);
-      std::fputc(next < 256 ? byte_decode(next) : '?', stdout);
-      std::fflush(stdout);
+      tokens.push_back(draw(last.data(), drawable, o->temperature, o->top_k, rng));
+      stream.update(continuation(), /*last=*/false);
     }
+    if (tokens.size() > prompt_tokens) stream.update(continuation(), /*last=*/true);
     std::fputc('\n', stdout);
     return 0;
   };

@@ -1,5 +1,6 @@
 #include "core/token_shard.h"
 
+#include <climits>
 #include <fstream>
 
 #include "core/error.h"
@@ -67,17 +68,27 @@ std::vector<int32_t> read_token_shard(const std::string& path) {
   return read_token_shard(in, size, path);
 }
 
-void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens) {
-  bool fits16 = true;
-  for (int32_t t : tokens) fits16 &= (t >= 0 && t < 65536);
-  int32_t header[256] = {};
-  header[0] = fits16 ? kShardMagicU16 : kShardMagicU32;
-  header[1] = fits16 ? kShardVersionU16 : kShardVersionU32;
-  header[2] = int32_t(tokens.size());
+std::array<int32_t, 256> token_shard_header(uint64_t count, int width) {
+  BOTTLE_CHECK(width == 2 || width == 4, "token shard width {} (expected 2 or 4 bytes)", width);
+  BOTTLE_CHECK(count <= uint64_t(INT32_MAX),
+               "{} tokens do not fit one token shard (its header counts at most {})", count,
+               INT32_MAX);
+  std::array<int32_t, 256> header{};
+  header[0] = width == 2 ? kShardMagicU16 : kShardMagicU32;
+  header[1] = width == 2 ? kShardVersionU16 : kShardVersionU32;
+  header[2] = int32_t(count);
+  return header;
+}
+
+void write_token_shard(const std::string& path, std::span<const int32_t> tokens, int width) {
+  const auto header = token_shard_header(tokens.size(), width);
+  if (width == 2)
+    for (int32_t t : tokens)
+      BOTTLE_CHECK(t >= 0 && t < 65536, "{}: token {} does not fit a 16-bit token shard", path, t);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   BOTTLE_CHECK(out, "{}: cannot open for writing", path);
-  out.write(reinterpret_cast<const char*>(header), sizeof(header));
-  if (fits16) {
+  out.write(reinterpret_cast<const char*>(header.data()), sizeof(header));
+  if (width == 2) {
     std::vector<uint16_t> raw(tokens.begin(), tokens.end());
     out.write(reinterpret_cast<const char*>(raw.data()), std::streamsize(raw.size() * 2));
   } else {
@@ -85,6 +96,12 @@ void write_token_shard(const std::string& path, const std::vector<int32_t>& toke
   }
   out.flush();
   BOTTLE_CHECK(out, "{}: write failed", path);
+}
+
+void write_token_shard(const std::string& path, const std::vector<int32_t>& tokens) {
+  bool fits16 = true;
+  for (int32_t t : tokens) fits16 &= (t >= 0 && t < 65536);
+  write_token_shard(path, tokens, fits16 ? 2 : 4);
 }
 
 }  // namespace bottle

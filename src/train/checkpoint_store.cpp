@@ -116,6 +116,7 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
     fs::create_directories(temp);
     write_hf_config(model.config(), (temp / kConfigFile).string());
     fsync_path(temp / kConfigFile);
+    if (tokenizer_) tokenizer_->save(temp);
   }
   barrier();
   // Each pipeline stage writes its own shard: the TP slices are gathered to the stage's TP

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "data/tokenizer.h"
 #include "model/llama.h"
 #include "train/adamw.h"
 
@@ -35,6 +36,9 @@ class CheckpointStore {
   // step_* directories without trainer_state.json (a foreign or damaged write), oldest first.
   std::vector<std::string> incomplete() const;
   std::optional<std::string> latest() const;
+  // The tokenizer saved into every checkpoint (as HF lays it out beside config.json); none
+  // for byte-level data. Not owned: the trainer keeps it.
+  void set_tokenizer(const Tokenizer* tokenizer) { tokenizer_ = tokenizer; }
 
   // Loads weights, moments and returns the trainer state; errors name the file.
   static nlohmann::json load(const std::string& dir, LlamaModel& model, AdamW& optimizer);
@@ -47,6 +51,7 @@ class CheckpointStore {
 
   std::string folder_;
   int keep_;
+  const Tokenizer* tokenizer_ = nullptr;
 };
 
 // dir/trainer_state.json, each field checked (type, range, the step against the directory's

@@ -384,6 +384,10 @@ std::vector<ConfigKey> build_schema() {
                          "train)"));
   s.push_back(string_key("data.val", FIELD(data.val),
                          "validation tokens: a shard file, a directory or a glob; empty = none"));
+  s.push_back(string_key("data.tokenizer", FIELD(data.tokenizer),
+                         "the tokenizer saved with every checkpoint: a SentencePiece .model, a "
+                         "tokenizer.json, a .tiktoken file or a directory; empty = the one "
+                         "`bottle prepare` saved beside data.train's shards, if any"));
   // [checkpoint]
   s.push_back(string_key("checkpoint.folder", FIELD(checkpoint.folder),
                          "directory of the run: checkpoints, metrics, plots"));

@@ -76,6 +76,9 @@ struct LrSchedulerConfig {
 struct DataConfig {
   std::string train;  // a shard file, a directory or a glob; the trainer requires it
   std::string val;    // empty: no validation
+  // A tokenizer file or directory; empty: the one `bottle prepare` saved beside the training
+  // shards (DIR/tokenizer), else none (byte-level data). It travels into every checkpoint.
+  std::string tokenizer;
 };
 
 struct CheckpointConfig {

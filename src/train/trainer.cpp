@@ -19,6 +19,7 @@
 #include "model/checkpoint.h"
 #include "train/checkpoint_store.h"
 #include "train/data_loader.h"
+#include "train/run_tokenizer.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/plot.h"
@@ -219,6 +220,7 @@ class Trainer {
   std::unique_ptr<TrainStep> train_step_;
   std::unique_ptr<TokenLoader> loader_, val_;
   std::unique_ptr<CheckpointStore> store_;
+  std::unique_ptr<Tokenizer> tokenizer_;  // null for byte-level data
   std::unique_ptr<MetricsLogger> metrics_;  // rank 0
   std::unique_ptr<GemmPeak> peak_;
   double flops_per_step_ = 0.0;  // the whole job's model FLOPs per step
@@ -244,6 +246,11 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   set_up_model();
   open_data();
   store_ = std::make_unique<CheckpointStore>(config.checkpoint.folder, int(config.checkpoint.keep));
+  // The tokenizer goes into the run's folder and every checkpoint, so that each is a
+  // self-contained model for sample, eval and transformers.
+  tokenizer_ = find_run_tokenizer(config.data.tokenizer, loader_->files(),
+                                  config.model.vocab_size, options.config_path);
+  store_->set_tokenizer(tokenizer_.get());
 }
 
 // The layout's memory is checked before any is used; then the step's model, optimizer and
@@ -316,6 +323,7 @@ std::optional<TrainResult> Trainer::start() {
     BOTTLE_CHECK(diff.empty(),
                  "--init-from: {} holds another model than {} describes ({}: checkpoint vs config)",
                  options_.init_from, options_.config_path, diff);
+    checkpoint_tokenizer(options_.init_from, saved);
     load_model_weights(train_step_->model(), options_.init_from);
   } else {
     train_step_->model().init_weights(uint64_t(tc_.seed));
@@ -346,6 +354,7 @@ std::optional<TrainResult> Trainer::resume() {
                "--resume: the checkpoint {} holds another model than {} describes ({}: "
                "checkpoint vs config)",
                *latest, options_.config_path, diff);
+  checkpoint_tokenizer(*latest, saved);
   const nlohmann::json state =
       CheckpointStore::load(*latest, train_step_->model(), train_step_->optimizer());
   try {
@@ -392,6 +401,7 @@ void Trainer::open_logs() {
     out << to_toml(config_);
     out.close();
     BOTTLE_CHECK(out, "{}: write failed (disk full or read-only?)", resolved.string());
+    if (tokenizer_) tokenizer_->save(config_.checkpoint.folder);
   }
   peak_ = std::make_unique<GemmPeak>(*be_, compute_dtype(tc_.precision));
   // The probe's matrices are gone: peaks count training alone.
@@ -412,6 +422,8 @@ void Trainer::open_logs() {
                                        : std::string("fp32"),
       peak_->gflops(), recompute_name(tc_.recompute), format_bytes(plan_.total()),
       describe_memory(plan_), be_->name(), comm_name(config_.parallel.comm, tc_.backend)));
+  message(tokenizer_ ? fmt::format("tokenizer: {} (saved with every checkpoint)", tokenizer_->describe())
+                     : std::string("tokenizer: none (byte-level data; token = byte value)"));
 }
 
 TrainResult Trainer::run() {

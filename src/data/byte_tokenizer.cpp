@@ -1,4 +1,4 @@
-#include "train/byte_tokenizer.h"
+#include "data/byte_tokenizer.h"
 
 #include <cmath>
 

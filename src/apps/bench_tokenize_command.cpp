@@ -1,0 +1,174 @@
+// `bottle bench tokenize --tokenizer PATH --input FILE`: encoding throughput of a tokenizer on
+// one text, on 1 and more threads, beside the Hugging Face tokenizers library on one thread
+// (tools/hf_tokenize_peer.py, for a tokenizer.json) on the same documents. Both sides time the
+// best of --repeat passes over all documents, reading and splitting excluded; both count the
+// documents' UTF-8 bytes, and the token counts must agree.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "apps/cli_checks.h"
+#include "apps/commands.h"
+#include "apps/subprocess.h"
+#include "apps/tokenizer_options.h"
+#include "core/error.h"
+#include "core/system_info.h"
+#include "data/tokenizer_files.h"
+#include "data/utf8.h"
+
+namespace bottle {
+
+namespace {
+
+struct Pass {
+  double seconds = 0;
+  uint64_t tokens = 0;
+};
+
+// Encodes every document on `threads` threads (document i on thread i mod threads).
+Pass encode_all(const Tokenizer& tokenizer, const std::vector<std::string>& docs, int threads) {
+  std::vector<uint64_t> counts(size_t(threads), 0);
+  const auto start = std::chrono::steady_clock::now();
+  {
+    std::vector<std::jthread> pool;
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        std::vector<int32_t> ids;
+        for (size_t i = size_t(t); i < docs.size(); i += size_t(threads)) {
+          ids.clear();
+          tokenizer.encode(docs[i], ids);
+          counts[size_t(t)] += ids.size();
+        }
+      });
+  }
+  Pass pass;
+  pass.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  for (uint64_t c : counts) pass.tokens += c;
+  return pass;
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+}  // namespace
+
+Command add_bench_tokenize_command(CLI::App& app) {
+  struct Options {
+    TokenizerOptions tokenizer;
+    std::string input, documents = "lines", peer = "auto";
+    std::vector<int> threads{1, 2};
+    int repeat = 3;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  add_tokenizer_options(app, o->tokenizer, /*required=*/true);
+  app.add_option("--input", o->input, "a text file (UTF-8; invalid bytes become U+FFFD)")
+      ->required();
+  app.add_option("--documents", o->documents, "how the file splits into documents: lines | file")
+      ->check(CLI::IsMember({"lines", "file"}));
+  app.add_option("--threads", o->threads, "thread counts to time (the first is the baseline)")
+      ->delimiter(',')
+      ->check(integer_in(1, kMaxThreads));
+  app.add_option("--repeat", o->repeat, "passes per measurement; the best counts")
+      ->check(integer_in(1, 1000));
+  app.add_option("--peer", o->peer,
+                 "the HF tokenizers peer: auto (run it for a tokenizer.json when .venv has it), "
+                 "none, or the python to run it with");
+  app.add_flag("--json", o->json, "one JSON object per measurement");
+  return [o] {
+    const auto tokenizer = open_tokenizer(o->tokenizer);
+    const std::string text = utf8_replace_invalid(read_file_bytes(o->input));
+    std::vector<std::string> docs;
+    if (o->documents == "file") {
+      docs.push_back(text);
+    } else {
+      for (size_t pos = 0; pos < text.size();) {
+        size_t end = text.find('\n', pos);
+        if (end == std::string::npos) end = text.size();
+        if (end > pos) docs.push_back(text.substr(pos, end - pos));
+        pos = end + 1;
+      }
+    }
+    uint64_t bytes = 0;
+    for (const std::string& d : docs) bytes += d.size();
+    BOTTLE_CHECK(bytes > 0, "{}: no text to encode", o->input);
+    const double mb = double(bytes) / 1e6;
+    std::vector<nlohmann::ordered_json> rows;
+    double baseline = 0;
+    uint64_t tokens = 0;
+    for (int threads : o->threads) {
+      Pass best;
+      for (int r = 0; r < o->repeat; ++r) {
+        const Pass pass = encode_all(*tokenizer, docs, threads);
+        if (r == 0 || pass.seconds < best.seconds) best = pass;
+      }
+      tokens = best.tokens;
+      const double rate = mb / best.seconds;
+      if (baseline == 0) baseline = rate;
+      rows.push_back({{"engine", "bottle"},
+                      {"threads", threads},
+                      {"mb_per_s", rate},
+                      {"tokens_per_s", double(best.tokens) / best.seconds},
+                      {"tokens", best.tokens},
+                      {"speedup", rate / baseline}});
+    }
+    std::string peer = o->peer;
+    std::string peer_note;
+    const bool tokenizer_json = tokenizer->kind() == "bpe";
+    if (peer == "auto") {
+      const std::string venv = BOTTLE_SOURCE_DIR "/.venv/bin/python";
+      if (!tokenizer_json) peer = "none", peer_note = "the HF peer reads a tokenizer.json only";
+      else if (!std::filesystem::exists(venv))
+        peer = "none", peer_note = venv + " is missing: run scripts/setup.sh";
+      else peer = venv;
+    }
+    if (peer != "none") {
+      BOTTLE_CHECK(tokenizer_json, "--peer: the HF tokenizers peer reads a tokenizer.json, not {}",
+                   tokenizer->describe());
+      const std::string path = std::filesystem::is_directory(o->tokenizer.path)
+                                   ? o->tokenizer.path + "/tokenizer.json"
+                                   : o->tokenizer.path;
+      const std::string out = run_command(fmt::format(
+          "{} {} --tokenizer {} --input {} --documents {} --repeat {}", shell_quote(peer),
+          shell_quote(BOTTLE_SOURCE_DIR "/tools/hf_tokenize_peer.py"), shell_quote(path),
+          shell_quote(o->input), o->documents, o->repeat));
+      const nlohmann::json j = nlohmann::json::parse(out.substr(out.rfind('{')));
+      const double rate = j.at("mb_per_s").get<double>();
+      BOTTLE_CHECK(j.at("tokens").get<uint64_t>() == tokens && j.at("bytes").get<uint64_t>() == bytes,
+                   "bench tokenize: the HF peer made {} tokens of {} bytes, bottle {} of {}: they "
+                   "do not encode the same documents alike",
+                   j.at("tokens").get<uint64_t>(), j.at("bytes").get<uint64_t>(), tokens, bytes);
+      rows.push_back({{"engine", "hf-tokenizers"},
+                      {"threads", 1},
+                      {"mb_per_s", rate},
+                      {"tokens_per_s", double(tokens) * rate / mb},
+                      {"tokens", tokens},
+                      {"speedup", rate / baseline}});
+    }
+    if (o->json) {
+      for (const auto& row : rows) std::printf("%s\n", row.dump().c_str());
+      return 0;
+    }
+    std::printf("%s\n%s: %zu documents, %.2f MB, %llu tokens (%.3f bytes per token)\n",
+                tokenizer->describe().c_str(), o->input.c_str(), docs.size(), mb,
+                (unsigned long long)tokens, double(bytes) / double(tokens));
+    std::printf("CPU: %s\n", cpu_summary().c_str());
+    std::printf("%-14s %7s %9s %12s %9s\n", "engine", "threads", "MB/s", "tokens/s", "vs first");
+    for (const auto& row : rows)
+      std::printf("%-14s %7d %9.2f %12.0f %8.2fx\n", row["engine"].get<std::string>().c_str(),
+                  row["threads"].get<int>(), row["mb_per_s"].get<double>(),
+                  row["tokens_per_s"].get<double>(), row["speedup"].get<double>());
+    if (!peer_note.empty()) std::printf("HF peer not run: %s\n", peer_note.c_str());
+    return 0;
+  };
+}
+
+}  // namespace bottle

@@ -1,0 +1,72 @@
+// `bottle tokenize --tokenizer PATH [--input FILE]`: text → one JSON array of ids on stdout;
+// with --decode, a JSON array of ids → the text. What the exactness tests compare with the
+// reference libraries, and a way to look at what a tokenizer does to a text.
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+
+#include "apps/commands.h"
+#include "apps/tokenizer_options.h"
+#include "core/error.h"
+#include "core/json_io.h"
+#include "data/utf8.h"
+
+namespace bottle {
+
+namespace {
+
+std::string read_all(const std::string& path) {
+  if (path == "-") {
+    std::ios::sync_with_stdio(false);
+    return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
+  }
+  std::ifstream in(path, std::ios::binary);
+  BOTTLE_CHECK(in, "{}: cannot open input file", path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  BOTTLE_CHECK(!in.bad(), "{}: read failed", path);
+  return text;
+}
+
+}  // namespace
+
+Command add_tokenize_command(CLI::App& app) {
+  struct Options {
+    TokenizerOptions tokenizer;
+    std::string input = "-";
+    bool decode = false;
+  };
+  auto o = std::make_shared<Options>();
+  add_tokenizer_options(app, o->tokenizer, /*required=*/false);
+  app.add_option("--input", o->input, "the text (or, with --decode, a JSON array of ids); '-': stdin");
+  app.add_flag("--decode", o->decode, "ids → text instead of text → ids");
+  return [o] {
+    const auto tokenizer = open_tokenizer(o->tokenizer);
+    const std::string input = read_all(o->input);
+    if (o->decode) {
+      const nlohmann::json ids = parse_json_text(input, o->input);
+      BOTTLE_CHECK(ids.is_array(), "{}: expected a JSON array of token ids", o->input);
+      std::vector<int32_t> tokens;
+      for (const auto& id : ids) {
+        BOTTLE_CHECK(id.is_number_integer() && id.get<int64_t>() >= INT32_MIN &&
+                         id.get<int64_t>() <= INT32_MAX,
+                     "{}: {} is not a token id", o->input, id.dump());
+        tokens.push_back(int32_t(id.get<int64_t>()));
+      }
+      const std::string text = tokenizer->decode(tokens);
+      std::fwrite(text.data(), 1, text.size(), stdout);
+      return 0;
+    }
+    // Text tokenizers see Unicode, as their reference libraries do: invalid UTF-8 becomes
+    // U+FFFD first. Bytes are bytes.
+    const std::string text = tokenizer->kind() == "bytes" ? input : utf8_replace_invalid(input);
+    const std::vector<int32_t> ids = tokenizer->encode(text);
+    std::string out = "[";
+    for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
+    out += "]\n";
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    return 0;
+  };
+}
+
+}  // namespace bottle

@@ -1,0 +1,217 @@
+#include "data/shard_writer.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/token_shard.h"
+
+namespace bottle {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Tokens converted per fwrite: 64 Ki tokens, at most 256 KiB of staging.
+constexpr size_t kStagingTokens = size_t(1) << 16;
+
+// Flushes the directory `path` to the disk, so that the renames and removals in it survive a
+// power cut.
+void fsync_directory(const fs::path& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY);
+  BOTTLE_CHECK(fd >= 0, "{}: cannot open to sync: {}", path.string(), std::strerror(errno));
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  BOTTLE_CHECK(rc == 0, "{}: fsync failed: {}", path.string(), std::strerror(errno));
+}
+
+// The shard number of `name` when it is <stem>NNNNNN<ext> (six digits or more), else -1.
+int64_t shard_number(std::string_view name, std::string_view stem, std::string_view ext) {
+  if (!name.starts_with(stem) || !name.ends_with(ext)) return -1;
+  const std::string_view digits = name.substr(stem.size(), name.size() - stem.size() - ext.size());
+  if (digits.size() < 6 || digits.size() > 12 ||
+      !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+    return -1;
+  return std::stoll(std::string(digits));
+}
+
+}  // namespace
+
+ShardWriter::ShardWriter(fs::path dir, std::string prefix, std::string split, int64_t max_tokens,
+                         int64_t vocab_size)
+    : dir_(std::move(dir)), prefix_(std::move(prefix)), split_(std::move(split)) {
+  BOTTLE_CHECK(max_tokens >= 1 && max_tokens <= INT32_MAX,
+               "{} tokens per shard: must be in [1, {}] (the shard header counts in int32)",
+               max_tokens, INT32_MAX);
+  BOTTLE_CHECK(vocab_size >= 1 && vocab_size <= int64_t(INT32_MAX) + 1,
+               "vocabulary of {} ids: token shards hold ids in [0, 2^31)", vocab_size);
+  BOTTLE_CHECK(!prefix_.empty() && !split_.empty(), "a shard name needs a prefix and a split");
+  BOTTLE_CHECK(fs::is_directory(dir_), "{}: not a directory", dir_.string());
+  max_tokens_ = uint64_t(max_tokens);
+  width_ = shard_token_width(vocab_size);
+  meta_.split = split_;
+  meta_.vocab_size = vocab_size;
+}
+
+ShardWriter::~ShardWriter() {
+  if (finished_) return;
+  file_.reset();
+  // An unfinished split leaves nothing behind: its shards never got their real names.
+  std::error_code ec;
+  for (size_t i = 0; i <= meta_.shards.size(); ++i) fs::remove(temp_path(i), ec);
+}
+
+fs::path ShardWriter::shard_path(size_t index) const {
+  return dir_ / fmt::format("{}_{}_{:06d}.bin", prefix_, split_, index);
+}
+
+fs::path ShardWriter::temp_path(size_t index) const {
+  fs::path p = shard_path(index);
+  p += ".tmp";
+  return p;
+}
+
+std::vector<fs::path> ShardWriter::shard_paths() const {
+  std::vector<fs::path> paths;
+  for (size_t i = 0; i < meta_.shards.size(); ++i) paths.push_back(shard_path(i));
+  return paths;
+}
+
+uint64_t ShardWriter::room() {
+  if (file_ && in_shard_ == max_tokens_) close_shard();
+  if (!file_) {
+    const fs::path path = temp_path(meta_.shards.size());
+    file_.reset(std::fopen(path.c_str(), "wb"));
+    BOTTLE_CHECK(file_, "{}: cannot open for writing: {}", path.string(), std::strerror(errno));
+    // The count is not known yet: close_shard() writes the header again.
+    const auto header = token_shard_header(0, width_);
+    BOTTLE_CHECK(std::fwrite(header.data(), sizeof(header), 1, file_.get()) == 1,
+                 "{}: write failed: {}", path.string(), std::strerror(errno));
+    in_shard_ = 0;
+  }
+  return max_tokens_ - in_shard_;
+}
+
+void ShardWriter::close_shard() {
+  const fs::path path = temp_path(meta_.shards.size());
+  const auto header = token_shard_header(in_shard_, width_);
+  std::FILE* f = file_.get();
+  BOTTLE_CHECK(std::fseek(f, 0, SEEK_SET) == 0 &&
+                   std::fwrite(header.data(), sizeof(header), 1, f) == 1 && std::fflush(f) == 0,
+               "{}: write failed: {}", path.string(), std::strerror(errno));
+  BOTTLE_CHECK(::fsync(::fileno(f)) == 0, "{}: fsync failed: {}", path.string(),
+               std::strerror(errno));
+  BOTTLE_CHECK(std::fclose(file_.release()) == 0, "{}: write failed: {}", path.string(),
+               std::strerror(errno));
+  meta_.shards.push_back({shard_path(meta_.shards.size()).filename().string(), in_shard_});
+  in_shard_ = 0;
+}
+
+template <typename Id>
+void ShardWriter::write_tokens(std::span<const Id> tokens) {
+  staging_.resize(kStagingTokens * size_t(width_));
+  for (size_t at = 0; at < tokens.size(); at += kStagingTokens) {
+    const size_t n = std::min(kStagingTokens, tokens.size() - at);
+    // Host order is the format's little-endian order on every machine bottle runs on (x86-64,
+    // aarch64), as for the header.
+    if (width_ == 2) {
+      for (size_t i = 0; i < n; ++i) {
+        const auto t = uint16_t(tokens[at + i]);
+        std::memcpy(staging_.data() + 2 * i, &t, 2);
+      }
+    } else {
+      for (size_t i = 0; i < n; ++i) {
+        const auto t = uint32_t(tokens[at + i]);
+        std::memcpy(staging_.data() + 4 * i, &t, 4);
+      }
+    }
+    BOTTLE_CHECK(std::fwrite(staging_.data(), size_t(width_), n, file_.get()) == n,
+                 "{}: write failed: {}", temp_path(meta_.shards.size()).string(),
+                 std::strerror(errno));
+  }
+}
+
+void ShardWriter::append(std::span<const int32_t> tokens, uint64_t bytes) {
+  BOTTLE_CHECK(!finished_, "{}_{}: append after finish", prefix_, split_);
+  for (int32_t t : tokens)
+    BOTTLE_CHECK(t >= 0 && t < meta_.vocab_size,
+                 "token {} is outside the vocabulary of {} ids (writing {}_{} shards)", t,
+                 meta_.vocab_size, prefix_, split_);
+  meta_.tokens += tokens.size();
+  while (!tokens.empty()) {
+    const size_t n = size_t(std::min<uint64_t>(room(), tokens.size()));
+    write_tokens(tokens.first(n));
+    in_shard_ += n;
+    tokens = tokens.subspan(n);
+  }
+  ++meta_.documents;
+  meta_.bytes += bytes;
+}
+
+void ShardWriter::append_bytes(std::string_view text) {
+  BOTTLE_CHECK(!finished_, "{}_{}: append after finish", prefix_, split_);
+  BOTTLE_CHECK(meta_.vocab_size >= 256, "byte tokens need a vocabulary of 256, not {}",
+               meta_.vocab_size);
+  std::span<const unsigned char> bytes(reinterpret_cast<const unsigned char*>(text.data()),
+                                       text.size());
+  meta_.tokens += bytes.size();
+  while (!bytes.empty()) {
+    const size_t n = size_t(std::min<uint64_t>(room(), bytes.size()));
+    write_tokens(bytes.first(n));
+    in_shard_ += n;
+    bytes = bytes.subspan(n);
+  }
+  ++meta_.documents;
+  meta_.bytes += text.size();
+}
+
+const SplitMeta& ShardWriter::finish(std::string tokenizer_kind,
+                                     std::string tokenizer_description) {
+  BOTTLE_CHECK(!finished_, "{}_{}: finish called twice", prefix_, split_);
+  if (file_) close_shard();
+  meta_.tokenizer_kind = std::move(tokenizer_kind);
+  meta_.tokenizer = std::move(tokenizer_description);
+
+  for (size_t i = 0; i < meta_.shards.size(); ++i) {
+    std::error_code ec;
+    fs::rename(temp_path(i), shard_path(i), ec);
+    BOTTLE_CHECK(!ec, "{}: cannot rename to {}: {}", temp_path(i).string(), shard_path(i).string(),
+                 ec.message());
+  }
+  finished_ = true;
+  // Stale shards beyond this run's last one (an earlier, larger run) would be read along with
+  // the new ones by a glob; a .tmp is a crashed run's.
+  const std::string stem = fmt::format("{}_{}_", prefix_, split_);
+  std::vector<fs::path> stale;
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    const std::string name = e.path().filename().string();
+    const int64_t shard = shard_number(name, stem, ".bin");
+    if ((shard >= 0 && uint64_t(shard) >= meta_.shards.size()) ||
+        shard_number(name, stem, ".bin.tmp") >= 0)
+      stale.push_back(e.path());
+  }
+  std::sort(stale.begin(), stale.end());
+  for (const fs::path& p : stale) {
+    std::error_code ec;
+    fs::remove(p, ec);
+    BOTTLE_CHECK(!ec, "{}: cannot remove stale shard: {}", p.string(), ec.message());
+    removed_.push_back(p);
+  }
+
+  const fs::path meta = split_meta_path(dir_, prefix_, split_);
+  if (meta_.shards.empty()) {
+    std::error_code ec;
+    if (fs::remove(meta, ec)) removed_.push_back(meta);
+  } else {
+    write_split_meta(meta, meta_);
+    meta_path_ = meta;
+  }
+  fsync_directory(dir_);
+  return meta_;
+}
+
+}  // namespace bottle

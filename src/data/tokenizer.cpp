@@ -1,0 +1,128 @@
+#include "data/tokenizer.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <iterator>
+
+#include "core/error.h"
+#include "core/json_io.h"
+#include "data/byte_tokenizer.h"
+#include "data/tokenizer_files.h"
+
+namespace bottle {
+
+namespace {
+
+using nlohmann::json;
+
+class ByteTokenizer final : public Tokenizer {
+ public:
+  std::string_view kind() const override { return "bytes"; }
+  std::string describe() const override {
+    return fmt::format("byte-level, vocabulary {} (token = byte value)", kByteVocabSize);
+  }
+  int64_t vocab_size() const override { return kByteVocabSize; }
+  void encode(std::string_view text, std::vector<int32_t>& out) const override {
+    for (char c : text) out.push_back(static_cast<unsigned char>(c));
+  }
+  std::string decode(std::span<const int32_t> ids) const override { return byte_decode(ids); }
+  void save(const fs::path&) const override {}
+};
+
+// The file names save() writes, in the order a directory is searched.
+constexpr const char* kTokenizerJson = "tokenizer.json";
+constexpr const char* kSentencePieceModel = "tokenizer.model";
+constexpr const char* kTiktokenRanks = "tokenizer.tiktoken";
+
+std::optional<std::string> name_of(const json& config, const char* key) {
+  if (!config.contains(key) || config[key].is_null()) return std::nullopt;
+  const json& v = config[key];
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_object() && v.contains("content") && v["content"].is_string())
+    return v["content"].get<std::string>();
+  return std::nullopt;
+}
+
+bool ends_with(const fs::path& path, std::string_view suffix) {
+  return path.filename().string().ends_with(suffix);
+}
+
+}  // namespace
+
+std::string read_file_bytes(const fs::path& path) {
+  BOTTLE_CHECK(fs::is_regular_file(path), "{}: no such file", path.string());
+  std::ifstream in(path, std::ios::binary);
+  BOTTLE_CHECK(in, "{}: cannot open", path.string());
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  BOTTLE_CHECK(!in.bad(), "{}: read failed", path.string());
+  return bytes;
+}
+
+void write_file_atomically(const fs::path& path, std::string_view bytes) {
+  const fs::path partial = path.string() + ".partial";
+  {
+    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
+    BOTTLE_CHECK(out, "{}: cannot open for writing", partial.string());
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+    out.close();
+    BOTTLE_CHECK(out, "{}: write failed (disk full?)", partial.string());
+  }
+  std::error_code ec;
+  fs::rename(partial, path, ec);
+  BOTTLE_CHECK(!ec, "{}: cannot rename into place: {}", path.string(), ec.message());
+}
+
+SpecialTokenNames read_special_token_names(const fs::path& dir) {
+  const fs::path file = dir / "tokenizer_config.json";
+  if (!fs::exists(file)) return {};
+  const json config = read_json_file(file.string());
+  BOTTLE_CHECK(config.is_object(), "{}: not a JSON object", file.string());
+  return {name_of(config, "bos_token"), name_of(config, "eos_token"),
+          name_of(config, "unk_token")};
+}
+
+void write_hf_tokenizer_config(const fs::path& dir, const std::string& tokenizer_class,
+                               const SpecialTokenNames& names, const json& extra) {
+  json config = {{"tokenizer_class", tokenizer_class}};
+  json special = json::object();
+  for (const auto& [key, name] : {std::pair{"bos_token", names.bos}, std::pair{"eos_token", names.eos},
+                                  std::pair{"unk_token", names.unk}}) {
+    config[key] = name ? json(*name) : json();
+    if (name) special[key] = *name;
+  }
+  config.update(extra);
+  write_file_atomically(dir / "tokenizer_config.json", config.dump(2) + "\n");
+  write_file_atomically(dir / "special_tokens_map.json", special.dump(2) + "\n");
+}
+
+std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
+
+std::unique_ptr<Tokenizer> find_tokenizer(const fs::path& dir) {
+  if (fs::is_regular_file(dir / kTokenizerJson))
+    return make_hf_bpe_tokenizer(dir / kTokenizerJson, read_special_token_names(dir));
+  if (fs::is_regular_file(dir / kSentencePieceModel))
+    return make_sentencepiece_tokenizer(dir / kSentencePieceModel);
+  if (fs::is_regular_file(dir / kTiktokenRanks))
+    return load_tiktoken(dir / kTiktokenRanks, read_tiktoken_options(dir));
+  return nullptr;
+}
+
+std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& path) {
+  if (fs::is_directory(path)) {
+    auto tokenizer = find_tokenizer(path);
+    BOTTLE_CHECK(tokenizer, "{}: no tokenizer in this directory (expected {}, {} or {})",
+                 path.string(), kTokenizerJson, kSentencePieceModel, kTiktokenRanks);
+    return tokenizer;
+  }
+  BOTTLE_CHECK(fs::exists(path), "{}: no such tokenizer file", path.string());
+  if (ends_with(path, ".json"))
+    return make_hf_bpe_tokenizer(path, read_special_token_names(path.parent_path()));
+  if (ends_with(path, ".model")) return make_sentencepiece_tokenizer(path);
+  if (ends_with(path, ".tiktoken")) return load_tiktoken(path, TiktokenOptions{});
+  fail("{}: unknown tokenizer file: expected a SentencePiece .model, an HF tokenizer.json or a "
+       "tiktoken .tiktoken rank file",
+       path.string());
+}
+
+}  // namespace bottle

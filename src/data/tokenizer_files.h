@@ -1,0 +1,40 @@
+#pragma once
+// Inside the data layer: the constructors of each tokenizer kind, and the Hugging Face files
+// that sit beside a tokenizer in a model directory.
+#include <filesystem>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "data/tokenizer.h"
+
+namespace bottle {
+
+namespace fs = std::filesystem;
+
+// What tokenizer_config.json says of the special tokens (HF's keys), when it is present.
+struct SpecialTokenNames {
+  std::optional<std::string> bos, eos, unk;
+};
+// Reads bos_token / eos_token / unk_token (strings, or HF's {"content": ...} objects) from
+// `dir`/tokenizer_config.json; all empty when there is no such file.
+SpecialTokenNames read_special_token_names(const fs::path& dir);
+
+// Writes tokenizer_config.json (with `extra` merged in) and special_tokens_map.json into
+// `dir`, as transformers' save_pretrained does.
+void write_hf_tokenizer_config(const fs::path& dir, const std::string& tokenizer_class,
+                               const SpecialTokenNames& names, const nlohmann::json& extra);
+// Writes `bytes` to `path` through a temporary name; errors name the path.
+void write_file_atomically(const fs::path& path, std::string_view bytes);
+// The whole file; errors name it.
+std::string read_file_bytes(const fs::path& path);
+
+std::unique_ptr<Tokenizer> make_hf_bpe_tokenizer(const fs::path& path,
+                                                 const SpecialTokenNames& names);
+std::unique_ptr<Tokenizer> make_sentencepiece_tokenizer(const fs::path& path);
+// The pattern and special tokens a saved tiktoken tokenizer keeps in `dir`/tokenizer_config.json
+// (the defaults when it has none).
+TiktokenOptions read_tiktoken_options(const fs::path& dir);
+
+}  // namespace bottle
