@@ -125,10 +125,12 @@ Command add_bench_tokenize_command(CLI::App& app) {
     const bool tokenizer_json = tokenizer->kind() == "bpe";
     if (peer == "auto") {
       const std::string venv = BOTTLE_SOURCE_DIR "/.venv/bin/python";
-      if (!tokenizer_json) peer = "none", peer_note = "the HF peer reads a tokenizer.json only";
+      if (!tokenizer_json)
+        peer = "none", peer_note = "the HF peer reads a tokenizer.json only";
       else if (!std::filesystem::exists(venv))
         peer = "none", peer_note = venv + " is missing: run scripts/setup.sh";
-      else peer = venv;
+      else
+        peer = venv;
     }
     if (peer != "none") {
       BOTTLE_CHECK(tokenizer_json, "--peer: the HF tokenizers peer reads a tokenizer.json, not {}",
@@ -142,10 +144,11 @@ Command add_bench_tokenize_command(CLI::App& app) {
           shell_quote(o->input), o->documents, o->repeat));
       const nlohmann::json j = nlohmann::json::parse(out.substr(out.rfind('{')));
       const double rate = j.at("mb_per_s").get<double>();
-      BOTTLE_CHECK(j.at("tokens").get<uint64_t>() == tokens && j.at("bytes").get<uint64_t>() == bytes,
-                   "bench tokenize: the HF peer made {} tokens of {} bytes, bottle {} of {}: they "
-                   "do not encode the same documents alike",
-                   j.at("tokens").get<uint64_t>(), j.at("bytes").get<uint64_t>(), tokens, bytes);
+      BOTTLE_CHECK(
+          j.at("tokens").get<uint64_t>() == tokens && j.at("bytes").get<uint64_t>() == bytes,
+          "bench tokenize: the HF peer made {} tokens of {} bytes, bottle {} of {}: they "
+          "do not encode the same documents alike",
+          j.at("tokens").get<uint64_t>(), j.at("bytes").get<uint64_t>(), tokens, bytes);
       rows.push_back({{"engine", "hf-tokenizers"},
                       {"threads", 1},
                       {"mb_per_s", rate},

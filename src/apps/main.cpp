@@ -24,7 +24,8 @@ int main(int argc, char** argv) {
   commands[train] = bottle::add_train_command(*train);
   CLI::App* eval = app.add_subcommand("eval", "mean cross-entropy of a checkpoint on token shards");
   commands[eval] = bottle::add_eval_command(*eval);
-  CLI::App* prepare = app.add_subcommand("prepare", "text or JSONL -> llm.c token shards, with a tokenizer");
+  CLI::App* prepare =
+      app.add_subcommand("prepare", "text or JSONL -> llm.c token shards, with a tokenizer");
   commands[prepare] = bottle::add_prepare_command(*prepare);
   CLI::App* tokenize =
       app.add_subcommand("tokenize", "text -> token ids (JSON) with a tokenizer, or back");
@@ -55,7 +56,8 @@ int main(int argc, char** argv) {
       "pipeline", "pipeline bubble per schedule and DP gradient traffic (under mpirun)");
   commands[bench_pipeline] = bottle::add_bench_pipeline_command(*bench_pipeline);
   CLI::App* bench_tokenize = bench->add_subcommand(
-      "tokenize", "encoding MB/s of a tokenizer on 1 and more threads, with the HF tokenizers peer");
+      "tokenize",
+      "encoding MB/s of a tokenizer on 1 and more threads, with the HF tokenizers peer");
   commands[bench_tokenize] = bottle::add_bench_tokenize_command(*bench_tokenize);
   try {
     app.parse(argc, argv);
@@ -66,10 +68,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bottle: error: %s (see --help)\n", e.what());
     return 1;
   }
-  // A launcher runs mpirun itself: it never joins an MPI job of its own.
+  // A launcher runs mpirun itself, and the text tools (prepare, tokenize, bench tokenize) are
+  // one process's work on files: none joins an MPI job (nor pays for starting one).
   const bool launcher = bench_paper->parsed();
+  const bool text_tool = prepare->parsed() || tokenize->parsed() || bench_tokenize->parsed();
   auto report = [&](const char* kind, const char* message) {
-    if (launcher)
+    if (launcher || text_tool)
       std::fprintf(stderr, "bottle: %s: %s\n", kind, message);
     else
       bottle::report_fatal_error(kind, message);
@@ -77,7 +81,16 @@ int main(int argc, char** argv) {
   try {
     // Every rank joins the job before any check, so that an error found by all of them
     // (a bad configuration) is printed by all of them before the job ends.
-    if (!launcher) bottle::world_communicator();
+    if (!launcher && !text_tool) bottle::world_communicator();
+    // Two ranks of a text tool would write the same files at once.
+    if (text_tool)
+      if (const char* ranks = std::getenv("OMPI_COMM_WORLD_SIZE");
+          ranks && std::string(ranks) != "1")
+        bottle::fail("{} runs as one process; run it without mpirun (the job has {} ranks)",
+                     tokenize->parsed()  ? "tokenize"
+                     : prepare->parsed() ? "prepare"
+                                         : "bench tokenize",
+                     ranks);
     // Test failpoint: BOTTLE_FAILPOINT=bad_alloc fails an allocation on every rank, as the
     // machine's limit would after the plans let a run start (tests the handler below).
     if (const char* spec = std::getenv("BOTTLE_FAILPOINT");

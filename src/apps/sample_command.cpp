@@ -9,8 +9,8 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/communicator.h"
-#include "model/checkpoint.h"
 #include "data/utf8.h"
+#include "model/checkpoint.h"
 #include "train/memory_plan.h"
 #include "train/run_tokenizer.h"
 #include "train/train_config.h"
@@ -90,7 +90,8 @@ Command add_sample_command(CLI::App& app) {
   auto o = std::make_shared<Options>();
   app.add_option("--checkpoint", o->checkpoint, "model directory (config.json + model.safetensors)")
       ->required();
-  app.add_option("--prompt", o->prompt, "text to continue (encoded with the checkpoint's tokenizer)")
+  app.add_option("--prompt", o->prompt,
+                 "text to continue (encoded with the checkpoint's tokenizer)")
       ->required();
   app.add_option("--tokens", o->tokens, "tokens to generate")->check(integer_in(0));
   // A float: above its largest finite value the temperature would read as infinite.

@@ -38,7 +38,8 @@ Command add_tokenize_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   add_tokenizer_options(app, o->tokenizer, /*required=*/false);
-  app.add_option("--input", o->input, "the text (or, with --decode, a JSON array of ids); '-': stdin");
+  app.add_option("--input", o->input,
+                 "the text (or, with --decode, a JSON array of ids); '-': stdin");
   app.add_flag("--decode", o->decode, "ids → text instead of text → ids");
   return [o] {
     const auto tokenizer = open_tokenizer(o->tokenizer);

@@ -193,9 +193,9 @@ class HfBpeTokenizer final : public Tokenizer {
     if (unk_) names.unk = id_to_token_[size_t(*unk_)];
     json added = json::object();
     for (const json& t : added_tokens_) added[std::to_string(t["id"].get<int64_t>())] = t;
-    write_hf_tokenizer_config(dir, "PreTrainedTokenizerFast", names,
-                              {{"added_tokens_decoder", added},
-                               {"clean_up_tokenization_spaces", false}});
+    write_hf_tokenizer_config(
+        dir, "PreTrainedTokenizerFast", names,
+        {{"added_tokens_decoder", added}, {"clean_up_tokenization_spaces", false}});
   }
 
  private:
@@ -215,8 +215,8 @@ class HfBpeTokenizer final : public Tokenizer {
     byte_fallback_ = flag(model, "byte_fallback", false);
     fuse_unk_ = flag(model, "fuse_unk", false);
     ignore_merges_ = flag(model, "ignore_merges", false);
-    BOTTLE_CHECK(model.contains("vocab") && model["vocab"].is_object(),
-                 "{}: no \"vocab\" object", where);
+    BOTTLE_CHECK(model.contains("vocab") && model["vocab"].is_object(), "{}: no \"vocab\" object",
+                 where);
     for (const auto& [token, id] : model["vocab"].items()) {
       BOTTLE_CHECK(id.is_number_integer() && id.get<int64_t>() >= 0 &&
                        id.get<int64_t>() < (int64_t(1) << 31),
@@ -229,8 +229,8 @@ class HfBpeTokenizer final : public Tokenizer {
                    unk.get<std::string>());
       unk_ = it->second;
     }
-    BOTTLE_CHECK(model.contains("merges") && model["merges"].is_array(),
-                 "{}: no \"merges\" array", where);
+    BOTTLE_CHECK(model.contains("merges") && model["merges"].is_array(), "{}: no \"merges\" array",
+                 where);
     uint32_t rank = 0;
     for (const json& m : model["merges"]) {
       std::string left, right;
@@ -274,8 +274,10 @@ class HfBpeTokenizer final : public Tokenizer {
                    "implemented",
                    where, content);
       set_token(int32_t(id), content, where, /*added=*/true);
-      if (!special) matched_added_.emplace_back(content, int32_t(id));
-      else special_.push_back(int32_t(id));
+      if (!special)
+        matched_added_.emplace_back(content, int32_t(id));
+      else
+        special_.push_back(int32_t(id));
       added_tokens_.push_back(t);
     }
   }
@@ -317,18 +319,20 @@ class HfBpeTokenizer final : public Tokenizer {
         BOTTLE_CHECK(step.value("replacement", std::string(kMetaspace)) == kMetaspace,
                      "{}: Metaspace with a replacement other than U+2581 is not implemented",
                      where);
-        const std::string scheme = step.contains("prepend_scheme")
-                                       ? step["prepend_scheme"].get<std::string>()
-                                       : (flag(step, "add_prefix_space", true) ? "always" : "never");
+        const std::string scheme =
+            step.contains("prepend_scheme")
+                ? step["prepend_scheme"].get<std::string>()
+                : (flag(step, "add_prefix_space", true) ? "always" : "never");
         BOTTLE_CHECK(scheme == "always" || scheme == "first" || scheme == "never",
                      "{}: Metaspace prepend_scheme {:?} is unknown", where, scheme);
         s.prepend = scheme != "never";
         s.prepend_first_only = scheme == "first";
         s.split_on_replacement = flag(step, "split", true);
       } else {
-        fail("{}: the {} pre-tokenizer is not implemented (bottle implements Split with a regex, "
-             "ByteLevel and Metaspace)",
-             where, type);
+        fail(
+            "{}: the {} pre-tokenizer is not implemented (bottle implements Split with a regex, "
+            "ByteLevel and Metaspace)",
+            where, type);
       }
       pre_.push_back(std::move(s));
     }
@@ -339,7 +343,8 @@ class HfBpeTokenizer final : public Tokenizer {
       const std::string type = type_of(step, where);
       DecoderStep d{};
       if (type == "Replace") {
-        d = {DecoderStep::replace, string_pattern(step, where), step.at("content").get<std::string>()};
+        d = {DecoderStep::replace, string_pattern(step, where),
+             step.at("content").get<std::string>()};
       } else if (type == "ByteFallback") {
         d.kind = DecoderStep::byte_fallback;
       } else if (type == "Fuse") {
@@ -353,14 +358,16 @@ class HfBpeTokenizer final : public Tokenizer {
         d.kind = DecoderStep::byte_level;
       } else if (type == "Metaspace") {
         d.kind = DecoderStep::metaspace;
-        const std::string scheme = step.contains("prepend_scheme")
-                                       ? step["prepend_scheme"].get<std::string>()
-                                       : (flag(step, "add_prefix_space", true) ? "always" : "never");
+        const std::string scheme =
+            step.contains("prepend_scheme")
+                ? step["prepend_scheme"].get<std::string>()
+                : (flag(step, "add_prefix_space", true) ? "always" : "never");
         d.prepend = scheme != "never";
       } else {
-        fail("{}: the {} decoder is not implemented (bottle implements ByteLevel, Metaspace, "
-             "Replace, ByteFallback, Fuse and Strip)",
-             where, type);
+        fail(
+            "{}: the {} decoder is not implemented (bottle implements ByteLevel, Metaspace, "
+            "Replace, ByteFallback, Fuse and Strip)",
+            where, type);
       }
       decoder_.push_back(std::move(d));
     }
@@ -388,8 +395,10 @@ class HfBpeTokenizer final : public Tokenizer {
                       std::initializer_list<std::string_view> usual) -> std::optional<int32_t> {
       if (name) {
         const auto it = vocab_.find(*name);
-        BOTTLE_CHECK(it != vocab_.end(), "{}: tokenizer_config.json names {:?}, which is not in "
-                     "its vocabulary", path_.string(), *name);
+        BOTTLE_CHECK(it != vocab_.end(),
+                     "{}: tokenizer_config.json names {:?}, which is not in "
+                     "its vocabulary",
+                     path_.string(), *name);
         return it->second;
       }
       for (std::string_view u : usual)
@@ -402,7 +411,9 @@ class HfBpeTokenizer final : public Tokenizer {
     if (!unk_ && names.unk) unk_ = lookup(names.unk, {});
   }
 
-  static uint64_t pair_key(int32_t a, int32_t b) { return (uint64_t(uint32_t(a)) << 32) | uint32_t(b); }
+  static uint64_t pair_key(int32_t a, int32_t b) {
+    return (uint64_t(uint32_t(a)) << 32) | uint32_t(b);
+  }
 
   // Normalize, pre-tokenize and BPE one stretch of text between added tokens.
   void encode_segment(std::string_view segment, bool at_start, std::vector<int32_t>& out) const {
@@ -493,8 +504,10 @@ class HfBpeTokenizer final : public Tokenizer {
         }
       }
       for (unsigned char b : piece) {
-        if (byte_ids_[b] >= 0) symbols.push_back({byte_ids_[b], 0, 0});
-        else if (unk_) push_unk(symbols);
+        if (byte_ids_[b] >= 0)
+          symbols.push_back({byte_ids_[b], 0, 0});
+        else if (unk_)
+          push_unk(symbols);
         // else the library drops a character it has no token for; so does bottle.
       }
     } else {
@@ -504,13 +517,15 @@ class HfBpeTokenizer final : public Tokenizer {
           return;
         }
       for (size_t i = 0; i < piece.size();) {
-        const size_t len = std::min(utf8_length(static_cast<unsigned char>(piece[i])), piece.size() - i);
+        const size_t len =
+            std::min(utf8_length(static_cast<unsigned char>(piece[i])), piece.size() - i);
         const auto it = vocab_.find(piece.substr(i, len));
         if (it != vocab_.end()) {
           symbols.push_back({it->second, 0, 0});
         } else if (byte_fallback_ &&
-                   std::all_of(piece.begin() + i, piece.begin() + i + len,
-                               [&](char c) { return byte_ids_[static_cast<unsigned char>(c)] >= 0; })) {
+                   std::all_of(piece.begin() + i, piece.begin() + i + len, [&](char c) {
+                     return byte_ids_[static_cast<unsigned char>(c)] >= 0;
+                   })) {
           for (size_t k = i; k < i + len; ++k)
             symbols.push_back({byte_ids_[static_cast<unsigned char>(piece[k])], 0, 0});
         } else if (unk_) {
@@ -546,12 +561,14 @@ class HfBpeTokenizer final : public Tokenizer {
       case DecoderStep::strip:
         for (std::string& t : tokens) {
           size_t begin = 0, end = t.size();
-          for (size_t k = 0; k < step.start && t.compare(begin, step.content.size(), step.content) == 0 &&
-                             begin < end;
+          for (size_t k = 0;
+               k < step.start && t.compare(begin, step.content.size(), step.content) == 0 &&
+               begin < end;
                ++k)
             begin += step.content.size();
-          for (size_t k = 0; k < step.stop && end >= begin + step.content.size() &&
-                             t.compare(end - step.content.size(), step.content.size(), step.content) == 0;
+          for (size_t k = 0;
+               k < step.stop && end >= begin + step.content.size() &&
+               t.compare(end - step.content.size(), step.content.size(), step.content) == 0;
                ++k)
             end -= step.content.size();
           t = t.substr(begin, end - begin);
@@ -565,7 +582,8 @@ class HfBpeTokenizer final : public Tokenizer {
         size_t run = 0;
         auto flush = [&] {
           if (run == 0) return;
-          if (utf8_valid(bytes)) result.push_back(bytes);
+          if (utf8_valid(bytes))
+            result.push_back(bytes);
           else
             for (size_t k = 0; k < run; ++k) result.emplace_back("\xEF\xBF\xBD");
           bytes.clear();
@@ -592,7 +610,8 @@ class HfBpeTokenizer final : public Tokenizer {
         // alphabet (an added token) is taken as its own UTF-8.
         static const std::unordered_map<std::string, unsigned char> byte_of = [] {
           std::unordered_map<std::string, unsigned char> m;
-          for (int b = 0; b < 256; ++b) m.emplace(byte_level_chars()[b], static_cast<unsigned char>(b));
+          for (int b = 0; b < 256; ++b)
+            m.emplace(byte_level_chars()[b], static_cast<unsigned char>(b));
           return m;
         }();
         std::string bytes;
@@ -600,10 +619,13 @@ class HfBpeTokenizer final : public Tokenizer {
           std::string own;
           bool mapped = true;
           for (size_t i = 0; i < t.size() && mapped;) {
-            const size_t len = std::min(utf8_length(static_cast<unsigned char>(t[i])), t.size() - i);
+            const size_t len =
+                std::min(utf8_length(static_cast<unsigned char>(t[i])), t.size() - i);
             const auto it = byte_of.find(t.substr(i, len));
-            if (it == byte_of.end()) mapped = false;
-            else own += char(it->second);
+            if (it == byte_of.end())
+              mapped = false;
+            else
+              own += char(it->second);
             i += len;
           }
           bytes += mapped ? own : t;
@@ -622,10 +644,10 @@ class HfBpeTokenizer final : public Tokenizer {
   }
 
   fs::path path_;
-  std::string raw_;                                  // the file, saved verbatim
-  std::unordered_map<std::string, int32_t> vocab_;   // token string → id (added tokens too)
-  std::vector<std::string> id_to_token_;             // id → token string ("" for a hole)
-  std::unordered_map<uint64_t, BpeMerge> merges_;    // (left id, right id) → rank, merged id
+  std::string raw_;                                 // the file, saved verbatim
+  std::unordered_map<std::string, int32_t> vocab_;  // token string → id (added tokens too)
+  std::vector<std::string> id_to_token_;            // id → token string ("" for a hole)
+  std::unordered_map<uint64_t, BpeMerge> merges_;   // (left id, right id) → rank, merged id
   std::vector<std::pair<std::string, int32_t>> matched_added_;  // non-special added tokens
   std::vector<int32_t> special_;
   std::vector<json> added_tokens_;

@@ -1,9 +1,8 @@
 // A SentencePiece model (BPE or unigram) through libsentencepiece, the library the model was
 // trained with, so ids are the library's by construction; bottle adds the checks and the HF
 // files that go beside it.
-#include <sentencepiece_processor.h>
-
 #include <fmt/format.h>
+#include <sentencepiece_processor.h>
 
 #include "core/error.h"
 #include "data/tokenizer_files.h"

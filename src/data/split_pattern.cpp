@@ -33,10 +33,10 @@ SplitPattern::SplitPattern(const std::string& pattern, const std::string& where)
   // UCP: \s, \d, \w and case folding by Unicode properties, as the Rust engines do. The input
   // is valid UTF-8 (the caller replaced the rest), so the match need not check it again.
   compiled_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
-                                  PCRE2_UTF | PCRE2_UCP, &error, &offset,
-                                  nullptr);
-  BOTTLE_CHECK(compiled_->code != nullptr, "{}: split pattern {:?} does not compile at offset {}: {}",
-               where, pattern, offset, pcre2_message(error));
+                                  PCRE2_UTF | PCRE2_UCP, &error, &offset, nullptr);
+  BOTTLE_CHECK(compiled_->code != nullptr,
+               "{}: split pattern {:?} does not compile at offset {}: {}", where, pattern, offset,
+               pcre2_message(error));
   // Without the JIT (a platform that lacks it) matching is slower but the same.
   pcre2_jit_compile(compiled_->code, PCRE2_JIT_COMPLETE);
 }

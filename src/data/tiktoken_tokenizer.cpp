@@ -66,7 +66,8 @@ std::optional<std::string> base64_decode(std::string_view in) {
       }
       if (pad > 0 || (v[k] = value(c)) < 0) return std::nullopt;
     }
-    const uint32_t n = (uint32_t(v[0]) << 18) | (uint32_t(v[1]) << 12) | (uint32_t(v[2]) << 6) | uint32_t(v[3]);
+    const uint32_t n =
+        (uint32_t(v[0]) << 18) | (uint32_t(v[1]) << 12) | (uint32_t(v[2]) << 6) | uint32_t(v[3]);
     out += char(n >> 16);
     if (pad < 2) out += char((n >> 8) & 0xFF);
     if (pad < 1) out += char(n & 0xFF);
@@ -82,7 +83,8 @@ struct StringHash {
 class TiktokenTokenizer final : public Tokenizer {
  public:
   TiktokenTokenizer(const fs::path& path, const TiktokenOptions& options)
-      : path_(path), raw_(read_file_bytes(path)),
+      : path_(path),
+        raw_(read_file_bytes(path)),
         pattern_(resolve_pattern(options.pattern), path.string() + ": pattern") {
     const std::string where = path.string();
     size_t line_no = 0;
@@ -105,8 +107,8 @@ class TiktokenTokenizer final : public Tokenizer {
       BOTTLE_CHECK(rank_ok && token,
                    "{}:{}: not a tiktoken rank line (expected \"<base64 token> <rank>\")", where,
                    line_no);
-      BOTTLE_CHECK(ranks_.emplace(*token, int32_t(rank)).second, "{}:{}: token listed twice",
-                   where, line_no);
+      BOTTLE_CHECK(ranks_.emplace(*token, int32_t(rank)).second, "{}:{}: token listed twice", where,
+                   line_no);
       if (size_t(rank) >= bytes_of_.size()) bytes_of_.resize(size_t(rank) + 1);
       BOTTLE_CHECK(!bytes_of_[size_t(rank)], "{}:{}: rank {} given to two tokens", where, line_no,
                    rank);
@@ -168,8 +170,7 @@ class TiktokenTokenizer final : public Tokenizer {
       } else if (const auto it = special_text_.find(id); it != special_text_.end()) {
         bytes += it->second;
       } else {
-        fail("token {} is not in the vocabulary of {} ({} ids)", id, path_.string(),
-             vocab_size());
+        fail("token {} is not in the vocabulary of {} ({} ids)", id, path_.string(), vocab_size());
       }
     }
     return utf8_replace_invalid(bytes);
@@ -184,9 +185,9 @@ class TiktokenTokenizer final : public Tokenizer {
     for (const auto& [text, id] : specials_) specials[text] = id;
     // transformers has no class for a bare rank file; the pattern and special tokens that
     // tiktoken keeps in code are kept here.
-    write_hf_tokenizer_config(dir, "TiktokenTokenizer", names,
-                              {{"tiktoken", {{"pattern", pattern_.pattern()},
-                                             {"special_tokens", specials}}}});
+    write_hf_tokenizer_config(
+        dir, "TiktokenTokenizer", names,
+        {{"tiktoken", {{"pattern", pattern_.pattern()}, {"special_tokens", specials}}}});
   }
 
  private:

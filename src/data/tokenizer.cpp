@@ -78,16 +78,16 @@ SpecialTokenNames read_special_token_names(const fs::path& dir) {
   if (!fs::exists(file)) return {};
   const json config = read_json_file(file.string());
   BOTTLE_CHECK(config.is_object(), "{}: not a JSON object", file.string());
-  return {name_of(config, "bos_token"), name_of(config, "eos_token"),
-          name_of(config, "unk_token")};
+  return {name_of(config, "bos_token"), name_of(config, "eos_token"), name_of(config, "unk_token")};
 }
 
 void write_hf_tokenizer_config(const fs::path& dir, const std::string& tokenizer_class,
                                const SpecialTokenNames& names, const json& extra) {
   json config = {{"tokenizer_class", tokenizer_class}};
   json special = json::object();
-  for (const auto& [key, name] : {std::pair{"bos_token", names.bos}, std::pair{"eos_token", names.eos},
-                                  std::pair{"unk_token", names.unk}}) {
+  for (const auto& [key, name] :
+       {std::pair{"bos_token", names.bos}, std::pair{"eos_token", names.eos},
+        std::pair{"unk_token", names.unk}}) {
     config[key] = name ? json(*name) : json();
     if (name) special[key] = *name;
   }
@@ -120,9 +120,10 @@ std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& path) {
     return make_hf_bpe_tokenizer(path, read_special_token_names(path.parent_path()));
   if (ends_with(path, ".model")) return make_sentencepiece_tokenizer(path);
   if (ends_with(path, ".tiktoken")) return load_tiktoken(path, TiktokenOptions{});
-  fail("{}: unknown tokenizer file: expected a SentencePiece .model, an HF tokenizer.json or a "
-       "tiktoken .tiktoken rank file",
-       path.string());
+  fail(
+      "{}: unknown tokenizer file: expected a SentencePiece .model, an HF tokenizer.json or a "
+      "tiktoken .tiktoken rank file",
+      path.string());
 }
 
 }  // namespace bottle

@@ -19,10 +19,10 @@
 #include "model/checkpoint.h"
 #include "train/checkpoint_store.h"
 #include "train/data_loader.h"
-#include "train/run_tokenizer.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/plot.h"
+#include "train/run_tokenizer.h"
 #include "train/train_step.h"
 
 namespace bottle {
@@ -220,7 +220,7 @@ class Trainer {
   std::unique_ptr<TrainStep> train_step_;
   std::unique_ptr<TokenLoader> loader_, val_;
   std::unique_ptr<CheckpointStore> store_;
-  std::unique_ptr<Tokenizer> tokenizer_;  // null for byte-level data
+  std::unique_ptr<Tokenizer> tokenizer_;    // null for byte-level data
   std::unique_ptr<MetricsLogger> metrics_;  // rank 0
   std::unique_ptr<GemmPeak> peak_;
   double flops_per_step_ = 0.0;  // the whole job's model FLOPs per step
@@ -248,8 +248,8 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   store_ = std::make_unique<CheckpointStore>(config.checkpoint.folder, int(config.checkpoint.keep));
   // The tokenizer goes into the run's folder and every checkpoint, so that each is a
   // self-contained model for sample, eval and transformers.
-  tokenizer_ = find_run_tokenizer(config.data.tokenizer, loader_->files(),
-                                  config.model.vocab_size, options.config_path);
+  tokenizer_ = find_run_tokenizer(config.data.tokenizer, loader_->files(), config.model.vocab_size,
+                                  options.config_path);
   store_->set_tokenizer(tokenizer_.get());
 }
 
@@ -422,8 +422,9 @@ void Trainer::open_logs() {
                                        : std::string("fp32"),
       peak_->gflops(), recompute_name(tc_.recompute), format_bytes(plan_.total()),
       describe_memory(plan_), be_->name(), comm_name(config_.parallel.comm, tc_.backend)));
-  message(tokenizer_ ? fmt::format("tokenizer: {} (saved with every checkpoint)", tokenizer_->describe())
-                     : std::string("tokenizer: none (byte-level data; token = byte value)"));
+  message(tokenizer_
+              ? fmt::format("tokenizer: {} (saved with every checkpoint)", tokenizer_->describe())
+              : std::string("tokenizer: none (byte-level data; token = byte value)"));
 }
 
 TrainResult Trainer::run() {
