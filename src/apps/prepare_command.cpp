@@ -22,6 +22,7 @@
 #include <fmt/ranges.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -345,6 +346,18 @@ Command add_prepare_command(CLI::App& app) {
     if (o->inputs.empty()) o->inputs.push_back("-");
     const std::vector<std::string> files = expand_inputs(o->inputs);
     const std::string names = fmt::format("{}", fmt::join(o->inputs, ", "));
+    // An input directory around the output would read this run's (or an earlier run's)
+    // shards back as text.
+    const fs::path out_dir = fs::weakly_canonical(o->output);
+    for (const std::string& file : files) {
+      if (file == "-") continue;
+      const fs::path in = fs::weakly_canonical(file);
+      const auto [end, _] = std::mismatch(out_dir.begin(), out_dir.end(), in.begin(), in.end());
+      BOTTLE_CHECK(end != out_dir.end(),
+                   "{}: this input is inside --output {}; move the output "
+                   "out of the input directories",
+                   file, o->output);
+    }
     TextSourceOptions source;
     source.format = o->format == "text"    ? TextFormat::text
                     : o->format == "jsonl" ? TextFormat::jsonl
