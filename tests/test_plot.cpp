@@ -27,17 +27,6 @@ void write_metrics(const fs::path& path) {
   }
 }
 
-// The message of the bottle::Error that `f` throws ("" when it throws none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 // Sets an environment variable for one scope and puts the old value back.
 class ScopedEnv {
  public:

@@ -63,21 +63,6 @@ std::string jsonl_line(const std::string& text) {
   return nlohmann::json{{"text", text}}.dump() + "\n";
 }
 
-std::string base64(std::string_view bytes) {
-  static const char* digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < bytes.size(); i += 3) {
-    uint32_t n = uint32_t(uint8_t(bytes[i])) << 16;
-    if (i + 1 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 1])) << 8;
-    if (i + 2 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 2]));
-    out += digits[(n >> 18) & 63];
-    out += digits[(n >> 12) & 63];
-    out += i + 1 < bytes.size() ? digits[(n >> 6) & 63] : '=';
-    out += i + 2 < bytes.size() ? digits[n & 63] : '=';
-  }
-  return out;
-}
-
 // A small tiktoken rank file: every byte, then a few English merges (ranks 256...), so that
 // tokens are not bytes and the default <|endoftext|> delimiter lands after them.
 std::string write_tiktoken(const TempDir& dir) {

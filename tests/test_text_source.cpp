@@ -166,16 +166,6 @@ std::vector<std::string> texts_of(const std::vector<Document>& docs) {
   return t;
 }
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 // Whether `message` starts with `prefix`, printed when it does not.
 ::testing::AssertionResult starts_with(const std::string& message, const std::string& prefix) {
   if (message.starts_with(prefix)) return ::testing::AssertionSuccess();

@@ -38,17 +38,6 @@ std::string read_bytes(const std::string& path) {
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
-// The message of the Error that `f` throws ("" when none).
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
-
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
@@ -165,21 +154,6 @@ std::string write_json(const TempDir& dir, const std::string& name, const json& 
   fs::create_directories(path.parent_path());
   write_text(path.string(), j.dump(2));
   return path.string();
-}
-
-std::string base64(std::string_view bytes) {
-  static const char* digits = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  for (size_t i = 0; i < bytes.size(); i += 3) {
-    uint32_t n = uint32_t(uint8_t(bytes[i])) << 16;
-    if (i + 1 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 1])) << 8;
-    if (i + 2 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 2]));
-    out += digits[(n >> 18) & 63];
-    out += digits[(n >> 12) & 63];
-    out += i + 1 < bytes.size() ? digits[(n >> 6) & 63] : '=';
-    out += i + 2 < bytes.size() ? digits[n & 63] : '=';
-  }
-  return out;
 }
 
 // A tiktoken rank file: the bytes at ranks 0..255, then "aa" 256, "th" 257, "he" 258, "the" 259,
@@ -489,7 +463,6 @@ TEST(SaveAndFind, TiktokenKeepsItsPatternAndSpecials) {
 // Bad input through the binary: exit status 1, one message naming the file.
 
 void expect_one_error(const CommandResult& r, const std::vector<std::string>& needles) {
-  if (getenv("SHOW")) printf("[%d] %s", r.status, r.output.c_str());
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_EQ(count_occurrences(r.output, "bottle: error:"), 1) << r.output;
   for (const std::string& needle : needles)
@@ -595,17 +568,10 @@ std::string sentences(int seed, int count) {
 // A tiny CoLA model on `data`'s shards; vocab_size as given.
 void write_train_config(const std::string& path, int64_t vocab, const std::string& data,
                         const std::string& folder) {
-  std::ofstream(path) << fmt::format(R"([model]
-vocab_size = {}
-hidden_size = 32
-intermediate_size = 48
-num_layers = 2
-num_heads = 4
-bottleneck = "cola"
-rank = 8
-max_seq_len = 64
-
-[training]
+  std::string model = kTinyColaModelToml;
+  model.replace(model.find("vocab_size = 64"), 15, fmt::format("vocab_size = {}", vocab));
+  std::ofstream(path) << model
+                      << fmt::format(R"([training]
 steps = 3
 micro_batch_size = 2
 seq_len = 16
@@ -626,7 +592,7 @@ folder = "{}"
 interval = 0
 keep = 1
 )",
-                                     vocab, data, folder);
+                                     data, folder);
 }
 
 // The step directory the run left in `folder`.

@@ -201,10 +201,12 @@ class HfBpeTokenizer final : public Tokenizer {
  private:
   void read_model(const json& model, const std::string& where) {
     const std::string type = type_of(model, where);
-    BOTTLE_CHECK(type == "BPE",
-                 "{}: a {} model is not implemented: bottle reads BPE tokenizer.json files only "
-                 "(use the SentencePiece .model for a unigram tokenizer)",
-                 where, type);
+    BOTTLE_CHECK(
+        type == "BPE",
+        "{}: a {} model is not implemented: bottle reads BPE tokenizer.json files "
+        "only{}",
+        where, type,
+        type == "Unigram" ? " (a SentencePiece unigram model reads from its .model file)" : "");
     BOTTLE_CHECK(model.value("dropout", json()).is_null(),
                  "{}: BPE dropout is not implemented (it makes encoding random)", where);
     for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
