@@ -89,10 +89,10 @@ step "3. bottle train on the GPU"
 data=/tmp/gpu-check-data
 rm -rf "$data" /tmp/gpu-check-runs
 mkdir -p "$data"
-# Any text will do: the Python standard library's sources, byte-level tokens.
-find /usr/lib/python3* -name '*.py' -size -64k 2>/dev/null | sort | head -n 600 |
-  xargs cat >"$data/corpus.txt"
-"$bin/bottle" prepare --input "$data/corpus.txt" --output "$data" >"$out/prepare.log" 2>&1 ||
+# Any text will do: the Python standard library's sources (a file is a document), byte-level
+# tokens.
+mapfile -t corpus < <(find /usr/lib/python3* -name '*.py' -size -64k 2>/dev/null | sort | head -n 600)
+"$bin/bottle" prepare --input "${corpus[@]}" --output "$data" >"$out/prepare.log" 2>&1 ||
   failed+=(prepare)
 run_train() {  # run_train NAME NP BACKEND COMM TP
   local name=$1 np=$2 backend=$3 comm=$4 tp=$5

@@ -377,9 +377,10 @@ Command add_bench_paper_command(CLI::App& app) {
     // Loss curves: btp at TP 2 against one rank, on a real corpus.
     std::string inputs;
     for (const std::string& f : o->corpus) inputs += " " + shell_quote(f);
-    launcher.run(
-        "prepare", 0,
-        fmt::format("prepare --input{} --output {}", inputs, shell_quote((out / "data").string())));
+    launcher.run("prepare", 0,
+                 // The curves are training losses: every document goes to the train split.
+                 fmt::format("prepare --input{} --output {} --val-fraction 0", inputs,
+                             shell_quote((out / "data").string())));
     for (int t : {1, 2}) {
       const fs::path folder = out / "runs" / fmt::format("tp{}", t);
       fs::remove_all(folder);
