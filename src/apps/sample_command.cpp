@@ -57,24 +57,24 @@ class TextStream {
   void update(const std::string& text, bool last) {
     // A decoder may rewrite what it gave before (SentencePiece's spaces); then wait for the
     // end, which prints whatever still extends the printed text.
-    if (text.compare(0, printed_, text, 0, printed_) != 0 || text.size() < printed_) return;
+    if (!text.starts_with(printed_)) return;
     size_t end = text.size();
     if (!last) {
       end = utf8_complete_prefix(text);
       static constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
-      while (end >= printed_ + kReplacement.size() &&
+      while (end >= printed_.size() + kReplacement.size() &&
              std::string_view(text).substr(end - kReplacement.size(), kReplacement.size()) ==
                  kReplacement)
         end -= kReplacement.size();
     }
-    if (end <= printed_) return;
-    std::fwrite(text.data() + printed_, 1, end - printed_, stdout);
+    if (end <= printed_.size()) return;
+    std::fwrite(text.data() + printed_.size(), 1, end - printed_.size(), stdout);
     std::fflush(stdout);
-    printed_ = end;
+    printed_.assign(text, 0, end);
   }
 
  private:
-  size_t printed_ = 0;
+  std::string printed_;  // what went to stdout so far
 };
 
 }  // namespace
