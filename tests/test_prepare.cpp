@@ -77,18 +77,11 @@ std::string write_tiktoken(const TempDir& dir) {
 }
 
 std::string sentences(int seed, int count) {
-  static const char* words[] = {"the",   "quick", "brown", "fox",   "jumps",
-                                "over",  "lazy",  "dog",   "and",   "then",
-                                "rests", "in",    "shade", "there", "under",
-                                "green", "trees", "near",  "river", "\xc3\xa9t\xc3\xa9"};
-  std::string text;
-  uint32_t x = uint32_t(seed) * 2654435761u + 1;
-  for (int i = 0; i < count; ++i) {
-    x = x * 1664525u + 1013904223u;
-    text += words[(x >> 16) % 20];
-    text += (x >> 8) % 9 == 0 ? ".\n" : " ";
-  }
-  return text;
+  return sentences_of({"the",   "quick", "brown", "fox",   "jumps",
+                       "over",  "lazy",  "dog",   "and",   "then",
+                       "rests", "in",    "shade", "there", "under",
+                       "green", "trees", "near",  "river", "\xc3\xa9t\xc3\xa9"},
+                      seed, count);
 }
 
 TEST(Prepare, TextToByteShards) {

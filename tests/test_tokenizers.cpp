@@ -552,17 +552,9 @@ TEST(BadTokenizer, PrepareNamesTheJsonlLine) {
 // The round trip: prepare with a tokenizer, train, eval, sample.
 
 std::string sentences(int seed, int count) {
-  static const char* words[] = {
-      "the", "then", "aaa",   "abc",   "brown", "fox",  "over",  "lazy",
-      "dog", "and",  "shade", "there", "tree",  "near", "river", "\xc3\xa9t\xc3\xa9"};
-  std::string text;
-  uint32_t x = uint32_t(seed) * 2654435761u + 1;
-  for (int i = 0; i < count; ++i) {
-    x = x * 1664525u + 1013904223u;
-    text += words[(x >> 16) % 16];
-    text += (x >> 8) % 9 == 0 ? ".\n" : " ";
-  }
-  return text;
+  return sentences_of({"the", "then", "aaa", "abc", "brown", "fox", "over", "lazy", "dog", "and",
+                       "shade", "there", "tree", "near", "river", "\xc3\xa9t\xc3\xa9"},
+                      seed, count);
 }
 
 // A tiny CoLA model on `data`'s shards; vocab_size as given.

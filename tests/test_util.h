@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
@@ -100,6 +101,19 @@ inline std::string base64(std::string_view bytes) {
     out += i + 2 < bytes.size() ? digits[n & 63] : '=';
   }
   return out;
+}
+
+// `count` words drawn from `words` by a fixed generator seeded with `seed`, in sentences of a
+// few words ending ".\n": text with repeats, the same on every machine.
+inline std::string sentences_of(const std::vector<std::string>& words, int seed, int count) {
+  std::string text;
+  uint32_t x = uint32_t(seed) * 2654435761u + 1;
+  for (int i = 0; i < count; ++i) {
+    x = x * 1664525u + 1013904223u;
+    text += words[(x >> 16) % words.size()];
+    text += (x >> 8) % 9 == 0 ? ".\n" : " ";
+  }
+  return text;
 }
 
 // How often `part` occurs in `text`.
