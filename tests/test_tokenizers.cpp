@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 #include "data/bpe_merges.h"
@@ -753,5 +754,36 @@ TEST(ByteLevelRoundTrip, BitsPerByteIsLossOverLn2) {
   EXPECT_EQ(j["bits_per_byte"].get<double>(), j["loss"].get<double>() / std::log(2.0)) << output;
 }
 
+// bench tokenize runs (its figures are for benchmarks, not tests): every thread count encodes
+// the same tokens, and a thread count of 0 is refused.
+TEST(BenchTokenize, ThreadCountsAgreeOnTheTokens) {
+  TempDir dir;
+  const std::string tokenizer = write_json(dir, "tokenizer.json", byte_level_json());
+  std::ofstream(dir / "text.txt") << sentences(3, 2000);
+  const CommandResult r =
+      run(fmt::format("{} bench tokenize --tokenizer {} --input {} --threads 1,2,3 --repeat 2 "
+                      "--peer none --json",
+                      bottle_binary(), tokenizer, dir / "text.txt"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<json> rows;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) rows.push_back(json::parse(line));
+  ASSERT_EQ(rows.size(), 3u) << r.output;
+  for (const json& row : rows) {
+    EXPECT_EQ(row["tokens"], rows[0]["tokens"]) << r.output;
+    EXPECT_GT(row["mb_per_s"].get<double>(), 0.0);
+  }
+  // A line is a document: the count is the tokenizer's over the lines.
+  const auto t = load_tokenizer(tokenizer);
+  uint64_t expected = 0;
+  std::istringstream text(sentences(3, 2000));
+  for (std::string line; std::getline(text, line);)
+    if (!line.empty()) expected += t->encode(line).size();
+  EXPECT_EQ(rows[0]["tokens"].get<uint64_t>(), expected);
+  const CommandResult zero =
+      run(fmt::format("{} bench tokenize --tokenizer {} --input {} --threads 0 --peer none",
+                      bottle_binary(), tokenizer, dir / "text.txt"));
+  EXPECT_EQ(zero.status, 1) << zero.output;
+}
 }  // namespace
 }  // namespace bottle::testing
