@@ -131,13 +131,6 @@ log_freq = 1
                      s.loss_steps, (data / "data_train_000000.bin").string(), folder.string());
 }
 
-// One word for a POSIX shell, whatever it holds.
-std::string shell_quote(const std::string& s) {
-  std::string out = "'";
-  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  return out + "'";
-}
-
 // Runs bottle commands (alone or under mpirun), each logged in DIR/logs/NAME.log; a command
 // that fails ends the report with its name, status and last lines.
 class Launcher {

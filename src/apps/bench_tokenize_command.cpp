@@ -69,12 +69,6 @@ Pass fastest_pass(const Tokenizer& tokenizer, const std::vector<std::string>& do
   return best;
 }
 
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
-
 }  // namespace
 
 Command add_bench_tokenize_command(CLI::App& app) {

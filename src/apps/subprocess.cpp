@@ -7,6 +7,12 @@
 
 namespace bottle {
 
+std::string shell_quote(const std::string& s) {
+  std::string out = "'";
+  for (char ch : s) out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+  return out + "'";
+}
+
 ShellResult run_shell(const std::string& command) {
   std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
   BOTTLE_CHECK(pipe, "cannot run: {}", command);

@@ -12,6 +12,9 @@ struct ShellResult {
 // Runs `command` with /bin/sh and collects its output; throws when it cannot start.
 ShellResult run_shell(const std::string& command);
 
+// One word for a POSIX shell, whatever `s` holds.
+std::string shell_quote(const std::string& s);
+
 // Runs a shell command, returns its stdout and stderr; throws with their tail when it fails.
 std::string run_command(const std::string& command);
 
