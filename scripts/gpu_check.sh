@@ -27,10 +27,10 @@ bench=1
 start=$SECONDS
 failed=()
 step() { echo; echo "== [$((SECONDS - start)) s] $*"; }
-check() {  # check NAME COMMAND...: runs it, logs it, records a failure
+check() {  # check NAME COMMAND...: runs it (at most $GPU_CHECK_STEP_S seconds), logs it, records a failure
   local name=$1
   shift
-  if "$@" >"$out/$name.log" 2>&1; then
+  if timeout "${GPU_CHECK_STEP_S:-300}" "$@" >"$out/$name.log" 2>&1; then
     echo "ok: $name"
   else
     local rc=$?
@@ -47,6 +47,14 @@ if [ -f gpu-bundle.tar.xz ]; then
     python3 -c 'import tarfile; tarfile.open("gpu-bundle.tar.xz").extractall("/tmp")'
   b=/tmp/gpu-bundle
   bin=$b/bin tests=$b/bin libs=$b/lib
+  # The C++ runtime: the machine's own when it is at least Debian 12's (GCC 12), since its CUDA
+  # libraries may need a newer one than the bundle's; the bundle's otherwise.
+  for dir in /usr/lib/x86_64-linux-gnu /usr/lib64; do
+    if [ -f "$dir/libstdc++.so.6" ] && grep -qa GLIBCXX_3.4.30 "$dir/libstdc++.so.6"; then
+      rm -f "$libs/libstdc++.so.6" "$libs/libgcc_s.so.1"
+      break
+    fi
+  done
   # Open MPI and PMIx relocated from their Debian paths; mpirun starts local ranks only, so
   # no ssh is needed (a container has none, and Open MPI looks for one at start).
   export PATH=$b/ompi/usr/bin:$PATH OPAL_PREFIX=$b/ompi/usr OPAL_SYSCONFDIR=$b/ompi/etc/openmpi \

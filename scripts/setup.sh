@@ -17,6 +17,7 @@ packages=(
   libpcre2-dev                     # the tokenizers' split regexes (GPT-2, LLaMA-3, tiktoken)
   libzstd-dev zlib1g-dev zstd      # compressed corpora for bottle prepare (.zst, .gz)
   python3-venv                     # .venv: the tokenizer oracles (tests/tokenizer_oracle.py)
+  liblapacke-dev                   # bottle lowrank: truncated SVDs (LAPACK's dgesdd)
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -47,4 +48,25 @@ if ! venv_ok; then
   [ -x .venv/bin/python ] || /usr/bin/python3 -m venv --clear .venv
   .venv/bin/python -m pip install -q --disable-pip-version-check "${venv_packages[@]}"
   venv_ok || { echo "setup: .venv still lacks ${venv_packages[*]}" >&2; exit 1; }
+fi
+
+# .venv-hf: transformers for the HF round trip (tests/hf_oracle.py), on Debian's PyTorch 1.13
+# (system site packages). transformers 4.45.2 is the newest whose generate() runs on it (4.46
+# imports torch.distributed.fsdp there, which Debian's torch cannot import on Python 3.11); its
+# tokenizers must be 0.20.x, so it cannot share .venv with the tokenizer oracles.
+hf_packages=(transformers==4.45.2 tokenizers==0.20.3 huggingface_hub==0.36.2 safetensors==0.8.0
+  sentencepiece==0.2.1 protobuf==7.36.2)
+hf_venv_ok() {
+  [ -x .venv-hf/bin/python ] && .venv-hf/bin/python - "${hf_packages[@]}" <<'PY' 2>/dev/null
+import sys
+from importlib.metadata import version
+import torch  # Debian's, through the system site packages
+sys.exit(any(version(name) != want for name, want in (p.split("==") for p in sys.argv[1:])))
+PY
+}
+if ! hf_venv_ok; then
+  echo "setup: installing into .venv-hf: ${hf_packages[*]}"
+  [ -x .venv-hf/bin/python ] || /usr/bin/python3 -m venv --system-site-packages --clear .venv-hf
+  .venv-hf/bin/python -m pip install -q --disable-pip-version-check "${hf_packages[@]}"
+  hf_venv_ok || { echo "setup: .venv-hf still lacks ${hf_packages[*]} (or torch)" >&2; exit 1; }
 fi

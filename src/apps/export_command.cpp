@@ -1,12 +1,15 @@
 // `bottle export`: any checkpoint (one file, or the shards a pipeline wrote with their
 // index) as the single HF-style model directory of docs/design.md §12: config.json +
-// model.safetensors, loadable by LlamaForCausalLM (full-rank) and by every bottle command.
+// model.safetensors and the checkpoint's tokenizer, loadable by LlamaForCausalLM (full-rank),
+// by AutoModelForCausalLM with trust_remote_code (low-rank: the modeling files come along), by
+// AutoTokenizer, and by every bottle command.
 #include <cstdio>
 #include <filesystem>
 
 #include "apps/commands.h"
 #include "comm/communicator.h"
 #include "model/checkpoint.h"
+#include "train/run_tokenizer.h"
 
 namespace bottle {
 
@@ -16,7 +19,9 @@ Command add_export_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   app.add_option("--checkpoint", o->checkpoint, "checkpoint directory (any layout)")->required();
-  app.add_option("--out", o->out, "directory to write config.json + model.safetensors")->required();
+  app.add_option("--out", o->out,
+                 "new directory for config.json, model.safetensors and the tokenizer")
+      ->required();
   app.add_option("--dtype", o->dtype,
                  "the weights' dtype in the file: f32 (as trained), or bf16 (rounded to nearest "
                  "even: half the bytes, for inference)")
@@ -30,7 +35,10 @@ Command add_export_command(CLI::App& app) {
                  world_communicator().size());
     check_new_model_directory(o->out);  // before the work of loading
     auto model = load_model(o->checkpoint);
-    save_model(*model, o->out, o->dtype == "bf16" ? DType::bf16 : DType::f32);
+    const auto tokenizer = checkpoint_tokenizer(o->checkpoint, model->config());
+    save_model(*model, o->out, o->dtype == "bf16" ? DType::bf16 : DType::f32,
+               special_token_ids(tokenizer.get()));
+    if (tokenizer) tokenizer->save(o->out);
     std::printf("exported %s (%lld parameters, %s) to %s\n", o->checkpoint.c_str(),
                 (long long)model->config().parameter_count(), o->dtype.c_str(), o->out.c_str());
     return 0;

@@ -35,6 +35,9 @@ int main(int argc, char** argv) {
   CLI::App* export_ = app.add_subcommand(
       "export", "any checkpoint (sharded by a pipeline too) as one HF model directory");
   commands[export_] = bottle::add_export_command(*export_);
+  CLI::App* lowrank = app.add_subcommand(
+      "lowrank", "a full-rank model as an SVD or CoLA model, by truncated SVD of each projection");
+  commands[lowrank] = bottle::add_lowrank_command(*lowrank);
   CLI::App* plot =
       app.add_subcommand("plot", "draw loss and learning rate of metrics.jsonl files as a PNG");
   commands[plot] = bottle::add_plot_command(*plot);

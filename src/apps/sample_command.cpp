@@ -1,9 +1,11 @@
 // `bottle sample --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K]
-// [--seed S]`: generation from a model directory with the tokenizer saved in it (byte-level
-// when it holds none). The text streams out as it is made, never cutting a UTF-8 character.
+// [--seed S] [--json]`: generation from a model directory with the tokenizer saved in it
+// (byte-level when it holds none). The text streams out as it is made, never cutting a UTF-8
+// character; --json prints the ids instead (what a comparison with transformers reads).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "apps/cli_checks.h"
@@ -85,6 +87,7 @@ Command add_sample_command(CLI::App& app) {
     int64_t tokens = 200, top_k = 0;
     float temperature = 0.8f;
     uint64_t seed = 0;
+    bool json = false;
     std::vector<std::string> overrides;
   };
   auto o = std::make_shared<Options>();
@@ -100,6 +103,9 @@ Command add_sample_command(CLI::App& app) {
   app.add_option("--top-k", o->top_k, "sample among the k most likely tokens (0 = all)")
       ->check(integer_in(0));
   app.add_option("--seed", o->seed, "random seed")->check(integer_in(0));
+  app.add_flag("--json", o->json,
+               "print one JSON object at the end instead of streaming text: {\"prompt_ids\", "
+               "\"ids\" (the generated ones), \"text\" (their decoded continuation)}");
   app.add_option("--set", o->overrides,
                  "train's section.key=value; sample runs on one process and takes none");
   return [o] {
@@ -147,7 +153,7 @@ Command add_sample_command(CLI::App& app) {
     std::mt19937_64 rng(o->seed);
     // The prompt as given, then what the model adds: the decoded continuation beyond the
     // decoded prompt (a tokenizer need not give the prompt's bytes back exactly).
-    std::fwrite(o->prompt.data(), 1, o->prompt.size(), stdout);
+    if (!o->json) std::fwrite(o->prompt.data(), 1, o->prompt.size(), stdout);
     const std::string decoded_prompt = tokenizer->decode(tokens);
     TextStream stream;
     auto continuation = [&] {
@@ -167,7 +173,16 @@ Command add_sample_command(CLI::App& app) {
                    "damaged",
                    o->checkpoint, tokens.size());
       tokens.push_back(draw(last.data(), drawable, o->temperature, o->top_k, rng));
-      stream.update(continuation(), /*last=*/false);
+      if (!o->json) stream.update(continuation(), /*last=*/false);
+    }
+    if (o->json) {
+      const nlohmann::json out = {
+          {"prompt_ids", std::vector<int32_t>(tokens.begin(), tokens.begin() + prompt_tokens)},
+          {"ids", std::vector<int32_t>(tokens.begin() + prompt_tokens, tokens.end())},
+          {"text", continuation()}};
+      std::printf("%s\n",
+                  out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      return 0;
     }
     if (tokens.size() > prompt_tokens) stream.update(continuation(), /*last=*/true);
     std::fputc('\n', stdout);

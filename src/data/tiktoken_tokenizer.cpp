@@ -75,6 +75,29 @@ std::optional<std::string> base64_decode(std::string_view in) {
   return out;
 }
 
+// The pattern as HF tokenizers' Oniguruma reads it: "X{1,3}+" is possessive to tiktoken (and
+// PCRE2) but "(X{1,3})+" to Oniguruma's Ruby syntax, which would make one piece of a whole run
+// of digits. Dropping that "+" keeps the match: a possessive bounded repeat followed by
+// anything matches what the greedy one does wherever tiktoken's patterns use it.
+std::string onig_pattern(std::string_view pattern) {
+  std::string out;
+  bool in_class = false;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    out += c;
+    if (c == '\\' && i + 1 < pattern.size()) {
+      out += pattern[++i];
+    } else if (c == '[') {
+      in_class = true;
+    } else if (c == ']') {
+      in_class = false;
+    } else if (c == '}' && !in_class && i + 1 < pattern.size() && pattern[i + 1] == '+') {
+      ++i;
+    }
+  }
+  return out;
+}
+
 struct StringHash {
   using is_transparent = void;
   size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
@@ -183,11 +206,85 @@ class TiktokenTokenizer final : public Tokenizer {
     if (eos_) names.eos = special_text_.at(*eos_);
     json specials = json::object();
     for (const auto& [text, id] : specials_) specials[text] = id;
-    // transformers has no class for a bare rank file; the pattern and special tokens that
-    // tiktoken keeps in code are kept here.
+    // transformers has no class for a bare rank file: it reads the tokenizer.json beside it
+    // (PreTrainedTokenizerFast). bottle reads the rank file, with the pattern and special
+    // tokens that tiktoken keeps in code kept here.
+    write_file_atomically(dir / "tokenizer.json", tokenizer_json().dump() + "\n");
     write_hf_tokenizer_config(
-        dir, "TiktokenTokenizer", names,
+        dir, "PreTrainedTokenizerFast", names,
         {{"tiktoken", {{"pattern", pattern_.pattern()}, {"special_tokens", specials}}}});
+  }
+
+  // The same tokenizer as an HF tokenizer.json, as transformers' TikTokenConverter makes one:
+  // the byte-level spelling of every rank; for each token of two or more bytes, the merge
+  // that byte-pair encoding of its own bytes with the lower ranks ends with (tokens no pair
+  // of lower ranks makes get none); the split pattern, then ByteLevel without its own regex;
+  // ignore_merges, since tiktoken takes a piece that is a token whole.
+  json tokenizer_json() const {
+    const auto& chars = byte_level_chars();
+    auto spelled = [&](std::string_view bytes) {
+      std::string s;
+      for (unsigned char b : bytes) s += chars[b];
+      return s;
+    };
+    json vocab = json::object(), merges = json::array();
+    std::vector<std::string> parts;
+    for (size_t rank = 0; rank < bytes_of_.size(); ++rank) {
+      if (!bytes_of_[rank]) continue;
+      const std::string& token = *bytes_of_[rank];
+      vocab[spelled(token)] = rank;
+      parts.clear();
+      for (char c : token) parts.emplace_back(1, c);
+      while (parts.size() > 2) {
+        size_t best = parts.size();
+        int64_t best_rank = int64_t(rank);
+        for (size_t i = 0; i + 1 < parts.size(); ++i) {
+          const auto it = ranks_.find(parts[i] + parts[i + 1]);
+          if (it != ranks_.end() && it->second < best_rank) best = i, best_rank = it->second;
+        }
+        if (best == parts.size()) break;
+        parts[best] += parts[best + 1];
+        parts.erase(parts.begin() + std::ptrdiff_t(best) + 1);
+      }
+      if (parts.size() == 2) merges.push_back(spelled(parts[0]) + " " + spelled(parts[1]));
+    }
+    json added = json::array();
+    for (const auto& [text, id] : specials_)
+      added.push_back({{"id", id},
+                       {"content", text},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", true}});
+    const json byte_level = {{"type", "ByteLevel"},
+                             {"add_prefix_space", false},
+                             {"trim_offsets", true},
+                             {"use_regex", false}};
+    const json split = {{"type", "Split"},
+                        {"pattern", {{"Regex", onig_pattern(pattern_.pattern())}}},
+                        {"behavior", "Isolated"},
+                        {"invert", false}};
+    return {{"version", "1.0"},
+            {"truncation", nullptr},
+            {"padding", nullptr},
+            {"added_tokens", added},
+            {"normalizer", nullptr},
+            {"pre_tokenizer",
+             {{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level})}}},
+            {"post_processor", nullptr},
+            {"decoder", byte_level},
+            {"model",
+             {{"type", "BPE"},
+              {"dropout", nullptr},
+              {"unk_token", nullptr},
+              {"continuing_subword_prefix", nullptr},
+              {"end_of_word_suffix", nullptr},
+              {"fuse_unk", false},
+              {"byte_fallback", false},
+              {"ignore_merges", true},
+              {"vocab", vocab},
+              {"merges", merges}}}};
   }
 
  private:

@@ -99,12 +99,13 @@ void write_hf_tokenizer_config(const fs::path& dir, const std::string& tokenizer
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> find_tokenizer(const fs::path& dir) {
+  // A tiktoken tokenizer carries a tokenizer.json for transformers; bottle reads its ranks.
+  if (fs::is_regular_file(dir / kTiktokenRanks))
+    return load_tiktoken(dir / kTiktokenRanks, read_tiktoken_options(dir));
   if (fs::is_regular_file(dir / kTokenizerJson))
     return make_hf_bpe_tokenizer(dir / kTokenizerJson, read_special_token_names(dir));
   if (fs::is_regular_file(dir / kSentencePieceModel))
     return make_sentencepiece_tokenizer(dir / kSentencePieceModel);
-  if (fs::is_regular_file(dir / kTiktokenRanks))
-    return load_tiktoken(dir / kTiktokenRanks, read_tiktoken_options(dir));
   return nullptr;
 }
 

@@ -52,14 +52,16 @@ class Tokenizer {
   virtual std::string decode(std::span<const int32_t> ids) const = 0;
 
   // Writes the tokenizer into `dir` as Hugging Face lays it out beside a model (tokenizer.json
-  // or tokenizer.model, tokenizer_config.json, special_tokens_map.json; tokenizer.tiktoken and
-  // its tokenizer_config.json for tiktoken). Nothing for bytes.
+  // or tokenizer.model, tokenizer_config.json, special_tokens_map.json; for tiktoken the rank
+  // file, its options in tokenizer_config.json and the same tokenizer as a tokenizer.json,
+  // which transformers reads). Nothing for bytes.
   virtual void save(const std::filesystem::path& dir) const = 0;
 };
 
 // The tokenizer at `path`: a SentencePiece .model, a tokenizer.json, a .tiktoken file, or a
-// directory holding one of them as save() writes it (tokenizer.json first, then
-// tokenizer.model, then tokenizer.tiktoken). Errors name the file and what is wrong in it.
+// directory holding one of them as save() writes it (tokenizer.tiktoken first, since its
+// tokenizer.json is there for transformers; then tokenizer.json, then tokenizer.model). Errors name
+// the file and what is wrong in it.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 // The tokenizer saved in `dir` (a checkpoint or a prepared data directory), or nullptr when it
 // holds none of the files.

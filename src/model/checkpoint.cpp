@@ -8,6 +8,7 @@
 #include <span>
 
 #include "core/json_io.h"
+#include "model/hf_modeling_files.h"
 
 namespace bottle {
 
@@ -190,7 +191,23 @@ void check_new_model_directory(const std::string& dir) {
                dir, fs::exists(fs::path(dir) / kConfigFile, ec) ? " (it holds a model)" : "");
 }
 
-void save_model(const LlamaModel& model, const std::string& dir, DType stored) {
+std::vector<fs::path> write_model_description(const ModelConfig& config, const fs::path& dir,
+                                              DType stored, const SpecialTokenIds& ids) {
+  std::vector<fs::path> written{dir / kConfigFile};
+  write_hf_config(config, written[0].string(), stored, ids);
+  if (config.bottleneck != BottleneckKind::none)
+    for (const HfModelingFile& file : hf_modeling_files()) {
+      written.push_back(dir / file.name);
+      std::ofstream out(written.back(), std::ios::binary | std::ios::trunc);
+      out.write(file.text.data(), std::streamsize(file.text.size()));
+      out.close();
+      BOTTLE_CHECK(out, "{}: write failed", written.back().string());
+    }
+  return written;
+}
+
+void save_model(const LlamaModel& model, const std::string& dir, DType stored,
+                const SpecialTokenIds& ids) {
   BOTTLE_CHECK(model.stage().stages == 1,
                "save_model writes a whole model; a pipeline stage writes its shard "
                "(CheckpointStore)");
@@ -202,7 +219,7 @@ void save_model(const LlamaModel& model, const std::string& dir, DType stored) {
     } catch (const fs::filesystem_error& e) {
       fail("{}: cannot create the model directory: {}", dir, e.code().message());
     }
-    write_hf_config(model.config(), (fs::path(dir) / kConfigFile).string(), stored);
+    write_model_description(model.config(), dir, stored, ids);
   }
   write_gathered((fs::path(dir) / kWeightsFile).string(), model.parameters(), tp,
                  {{"", model.parameters().values()}}, {{"format", "pt"}}, stored);

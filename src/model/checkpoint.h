@@ -1,6 +1,7 @@
 #pragma once
 // The HF-compatible model directory (docs/design.md §12): config.json + model.safetensors,
 // names and [out, in] layout as HF LLaMA. Those two files alone are a complete model.
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <string>
@@ -18,11 +19,19 @@ inline constexpr const char* kWeightsFile = "model.safetensors";
 // Throws unless `dir` is missing or an empty directory: a model is never written over
 // another (an export into a training checkpoint would leave its optimizer state behind).
 void check_new_model_directory(const std::string& dir);
+// config.json in `dir` and, for a low-rank model, the transformers modeling files its
+// auto_map names (hf_modeling_files.h). Returns the paths written.
+std::vector<std::filesystem::path> write_model_description(const ModelConfig& config,
+                                                           const std::filesystem::path& dir,
+                                                           DType stored = DType::f32,
+                                                           const SpecialTokenIds& ids = {});
 // Writes both files into `dir` (created if missing, else empty; see above). Under tensor
 // parallelism every rank of the group calls it; the slices are gathered and the TP group's rank 0
 // writes the single model, the same files a one-rank run writes. `stored`: the weights'
 // dtype in the file (bf16: rounded to nearest even, for inference; torch_dtype says so).
-void save_model(const LlamaModel& model, const std::string& dir, DType stored = DType::f32);
+// `ids`: the tokenizer's special tokens, for config.json.
+void save_model(const LlamaModel& model, const std::string& dir, DType stored = DType::f32,
+                const SpecialTokenIds& ids = {});
 // Reads config.json of `dir`; errors name the file and key.
 ModelConfig read_model_config(const std::string& dir);
 // Loads every parameter of `model` from dir/model.safetensors, each rank its own slice.

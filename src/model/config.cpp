@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "core/json_io.h"
+#include "model/hf_modeling_files.h"
 
 namespace bottle {
 
@@ -232,14 +233,20 @@ void check_llama_only(const nlohmann::json& j, const ModelConfig& c, const std::
   auto refuse = [&](const char* name, const std::string& allowed) {
     fail("{}: key '{}' is {}; bottle computes only {}", path, name, j.at(name).dump(), allowed);
   };
-  if (given(j, "model_type") && j["model_type"] != "llama")
-    refuse("model_type", "\"llama\" models");
+  // A low-rank model is "bottle" / BottleForCausalLM for transformers (its modeling file);
+  // earlier bottle checkpoints called it "llama", which still reads.
+  const bool low_rank = c.bottleneck != BottleneckKind::none;
+  const std::string model_types = low_rank ? "\"llama\" or \"bottle\" models" : "\"llama\" models";
+  const std::string classes =
+      low_rank ? "[\"LlamaForCausalLM\"] or [\"BottleForCausalLM\"]" : "[\"LlamaForCausalLM\"]";
+  if (given(j, "model_type") && j["model_type"] != "llama" &&
+      !(low_rank && j["model_type"] == kBottleModelType))
+    refuse("model_type", model_types);
   if (given(j, "architectures")) {
     const auto& a = j["architectures"];
-    bool ok = a.is_array();
-    if (ok)
-      for (const auto& x : a) ok = ok && x == "LlamaForCausalLM";
-    if (!ok) refuse("architectures", "[\"LlamaForCausalLM\"]");
+    bool ok = a.is_array() && a.size() == 1;
+    if (ok) ok = a[0] == "LlamaForCausalLM" || (low_rank && a[0] == kBottleArchitecture);
+    if (!ok) refuse("architectures", classes);
   }
   if (given(j, "hidden_act") && j["hidden_act"] != "silu") refuse("hidden_act", "\"silu\"");
   if (given(j, "rope_scaling")) refuse("rope_scaling", "plain RoPE (rope_scaling null)");
@@ -317,10 +324,14 @@ ModelConfig parse_hf_config(std::string_view text, const std::string& path) {
   return c;
 }
 
-void write_hf_config(const ModelConfig& c, const std::string& path, DType stored) {
+void write_hf_config(const ModelConfig& c, const std::string& path, DType stored,
+                     const SpecialTokenIds& ids) {
   nlohmann::ordered_json j;
-  j["architectures"] = {"LlamaForCausalLM"};
-  j["model_type"] = "llama";
+  const bool low_rank = c.bottleneck != BottleneckKind::none;
+  j["architectures"] = {low_rank ? kBottleArchitecture : "LlamaForCausalLM"};
+  j["model_type"] = low_rank ? kBottleModelType : "llama";
+  if (low_rank)
+    j["auto_map"] = {{"AutoConfig", kBottleAutoConfig}, {"AutoModelForCausalLM", kBottleAutoModel}};
   j["hidden_size"] = c.hidden_size;
   j["intermediate_size"] = c.intermediate_size;
   j["num_hidden_layers"] = c.num_layers;
@@ -328,10 +339,13 @@ void write_hf_config(const ModelConfig& c, const std::string& path, DType stored
   j["num_key_value_heads"] = c.num_kv_heads;
   j["vocab_size"] = c.vocab_size;
   j["max_position_embeddings"] = c.max_seq_len;
-  j["rms_norm_eps"] = c.rms_norm_eps;
-  j["rope_theta"] = c.rope_theta;
+  // The float's shortest decimal (1e-05, not 9.999999747378752e-06): the same value to float.
+  j["rms_norm_eps"] = std::stod(fmt::format("{}", c.rms_norm_eps));
+  j["rope_theta"] = std::stod(fmt::format("{}", c.rope_theta));
   j["tie_word_embeddings"] = c.tie_embeddings;
   j["hidden_act"] = "silu";
+  j["bos_token_id"] = ids.bos ? nlohmann::ordered_json(*ids.bos) : nlohmann::ordered_json();
+  j["eos_token_id"] = ids.eos ? nlohmann::ordered_json(*ids.eos) : nlohmann::ordered_json();
   j["torch_dtype"] = stored == DType::bf16 ? "bfloat16" : "float32";
   if (c.bottleneck != BottleneckKind::none) {
     nlohmann::ordered_json b;

@@ -48,10 +48,17 @@ struct ModelConfig {
 // "hidden_size: 256 vs 128".
 std::string model_config_difference(const ModelConfig& a, const ModelConfig& b);
 
+// The tokenizer's BOS and EOS ids, which config.json records (null when there are none) so that
+// transformers' generate() stops where bottle's tokenizer says, never at LlamaConfig's defaults.
+struct SpecialTokenIds {
+  std::optional<int64_t> bos, eos;
+};
+
 ModelConfig read_hf_config(const std::string& path);
 // The same from the file's text, named `path` in errors (what a fuzzer drives).
 ModelConfig parse_hf_config(std::string_view text, const std::string& path);
 // torch_dtype is the dtype the weights file stores: "float32", or "bfloat16" for a bf16 export.
-void write_hf_config(const ModelConfig& config, const std::string& path, DType stored = DType::f32);
+void write_hf_config(const ModelConfig& config, const std::string& path, DType stored = DType::f32,
+                     const SpecialTokenIds& ids = {});
 
 }  // namespace bottle

@@ -8,15 +8,17 @@
 #include "parallel/mappings.h"
 
 namespace bottle {
-namespace {
-
-using P = ProjectionId;
 
 std::string projection_prefix(int layer, ProjectionId p) {
-  const bool attn = p == P::q || p == P::k || p == P::v || p == P::o;
+  const bool attn =
+      p == ProjectionId::q || p == ProjectionId::k || p == ProjectionId::v || p == ProjectionId::o;
   return fmt::format("model.layers.{}.{}.{}_proj", layer, attn ? "self_attn" : "mlp",
                      kProjectionNames[int(p)]);
 }
+
+namespace {
+
+using P = ProjectionId;
 
 std::string layer_prefix(int layer) { return fmt::format("model.layers.{}", layer); }
 

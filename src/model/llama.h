@@ -34,6 +34,10 @@ struct PipelineStage {
 // Throws SettingError(Setting::pp) unless 1 <= stages <= layers (every stage holds a block).
 void validate_pipeline_stages(int stages, int64_t layers);
 
+// The checkpoint name of projection p of block `layer` without its suffix, e.g.
+// "model.layers.3.self_attn.q_proj" (HF's names; docs/design.md §12).
+std::string projection_prefix(int layer, ProjectionId p);
+
 class LlamaModel {
  public:
   // tp.comm null: one rank. Throws SettingError when tp.layout does not fit the model, tp's

@@ -15,6 +15,7 @@
 #include "core/safetensors.h"
 #include "model/checkpoint.h"
 #include "train/data_loader.h"
+#include "train/run_tokenizer.h"
 
 namespace bottle {
 
@@ -114,8 +115,9 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
     for (const auto& e : fs::directory_iterator(folder_))
       if (e.path().filename().string().rfind(kTempPrefix, 0) == 0) fs::remove_all(e.path());
     fs::create_directories(temp);
-    write_hf_config(model.config(), (temp / kConfigFile).string());
-    fsync_path(temp / kConfigFile);
+    for (const fs::path& file :
+         write_model_description(model.config(), temp, DType::f32, special_token_ids(tokenizer_)))
+      fsync_path(file);
     if (tokenizer_) tokenizer_->save(temp);
   }
   barrier();

@@ -39,4 +39,9 @@ std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir, const Mo
   return tokenizer;
 }
 
+SpecialTokenIds special_token_ids(const Tokenizer* tokenizer) {
+  if (!tokenizer) return {};
+  return {tokenizer->bos_id(), tokenizer->eos_id()};
+}
+
 }  // namespace bottle

@@ -21,6 +21,9 @@ std::unique_ptr<Tokenizer> find_run_tokenizer(const std::string& tokenizer_key,
 // whose vocabulary exceeds `config`'s vocab_size (the checkpoint disagrees with itself).
 std::unique_ptr<Tokenizer> checkpoint_tokenizer(const std::string& dir, const ModelConfig& config);
 
+// The ids config.json records for transformers (none for byte-level data: `tokenizer` null).
+SpecialTokenIds special_token_ids(const Tokenizer* tokenizer);
+
 // Refuses `tokenizer` when its vocabulary exceeds `vocab_size`; `what` says whose it is.
 void check_tokenizer_fits(const Tokenizer& tokenizer, int64_t vocab_size, const std::string& what);
 
