@@ -439,12 +439,25 @@ TEST(SaveAndFind, TiktokenKeepsItsPatternAndSpecials) {
   const std::string out = dir / "saved";
   fs::create_directories(out);
   original->save(out);
-  for (const char* f : {"tokenizer.tiktoken", "tokenizer_config.json", "special_tokens_map.json"})
+  for (const char* f : {"tokenizer.tiktoken", "tokenizer.json", "tokenizer_config.json",
+                        "special_tokens_map.json"})
     EXPECT_TRUE(fs::is_regular_file(fs::path(out) / f)) << f;
   EXPECT_EQ(read_bytes(out + "/tokenizer.tiktoken"), read_bytes(dir / "tiny.tiktoken"));
   const auto found = find_tokenizer(out);
   ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->kind(), "tiktoken");  // the rank file, not the tokenizer.json beside it
   expect_same_tokenizer(*original, *found);
+  // The tokenizer.json written for transformers is the same tokenizer (hf_roundtrip checks
+  // it against transformers itself).
+  const auto as_json = load_tokenizer(out + "/tokenizer.json");
+  EXPECT_EQ(as_json->kind(), "bpe");
+  EXPECT_EQ(as_json->vocab_size(), original->vocab_size());
+  EXPECT_EQ(as_json->eos_id(), original->eos_id());
+  for (const std::string& text : kSamples) {
+    EXPECT_EQ(as_json->encode(text), original->encode(text)) << text;
+    EXPECT_EQ(as_json->decode(original->encode(text)), original->decode(original->encode(text)));
+  }
+  EXPECT_EQ(as_json->encode("12345"), (Ids{'1', '2', 260, '5'}));
   EXPECT_EQ(found->vocab_size(), 1002);
   EXPECT_EQ(found->bos_id(), 1001);
   EXPECT_EQ(found->eos_id(), 1000);
