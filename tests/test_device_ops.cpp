@@ -348,6 +348,10 @@ TEST_F(DeviceOps, Attention) {
   check(attention_op(1, 70, 2, 1, 64));
   check(attention_op(1, 130, 2, 2, 128));
   check(attention_op(1, 9, 3, 3, 8));
+  // Longer sequences through the cuda backend's tensor-core path (bf16, hd 64 / 128): several
+  // key and query tiles, a ragged last tile, GQA groups of 2 and 4.
+  check(attention_op(2, 300, 4, 2, 128));
+  check(attention_op(1, 257, 4, 1, 64));
 }
 
 TEST_F(DeviceOps, Activations) {

@@ -339,6 +339,9 @@ TEST(TrainConfig, RecomputeMustFitTheMode) {
       "boundaries are full-width and rebuilding them re-runs all-reduces; use \"block\"");
   EXPECT_CONTAINS(error_of("[training]\nrecompute = \"lowrank\"\n"),
                   "but model.bottleneck is \"none\"");
+  // A full-rank checkpoint says LlamaForCausalLM, whose MLP has SiLU on the gate.
+  EXPECT_CONTAINS(error_of("[model]\nmlp_gate_act = false\n"),
+                  "test.toml: model.mlp_gate_act = false needs a bottleneck");
   EXPECT_EQ(parse("[training]\nrecompute = \"block\"\n").training.recompute, Recompute::block);
 }
 

@@ -42,9 +42,8 @@ Timing summarize(std::vector<double> ms) {
   return {ms[ms.size() / 2], ms.front(), ms.back()};
 }
 
-void print_profile(const ProfilingBackend& profiler, int64_t steps) {
-  std::vector<std::pair<std::string, KernelTime>> rows(profiler.times().begin(),
-                                                       profiler.times().end());
+void print_profile(const std::map<std::string, KernelTime>& times, int64_t steps) {
+  std::vector<std::pair<std::string, KernelTime>> rows(times.begin(), times.end());
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
   double total = 0.0;
@@ -277,6 +276,7 @@ Command add_bench_step_command(CLI::App& app) {
         nlohmann::ordered_json row;
         Timing t;
         StepResult last;
+        std::map<std::string, KernelTime> step_kernels;  // the timed steps' (--profile)
         double flops = 0;
         {
           TrainStep train_step(train_config, *be, tensor_parallel_of(train_config, nullptr),
@@ -294,6 +294,8 @@ Command add_bench_step_command(CLI::App& app) {
             if (step >= o->warmup) ms.push_back(last.seconds * 1e3);
           }
           t = summarize(ms);
+          // Before the model is copied out for --save and the peer, which is not step work.
+          if (profiler) step_kernels = profiler->times();
           flops = model.flops_per_step(n, o->seq);
           if (!o->save.empty() && precision == precision_list.front()) {
             const fs::path dir = fs::path(o->save) / kind;
@@ -437,7 +439,7 @@ Command add_bench_step_command(CLI::App& app) {
                           other);
           std::printf("%s\n", peer_text.c_str());
         }
-        if (profiler) print_profile(*profiler, o->steps);
+        if (profiler) print_profile(step_kernels, o->steps);
         std::fflush(stdout);
       }
     }

@@ -82,6 +82,11 @@ void ModelConfig::validate(const std::string& source, bool hf) const {
   // Token ids are 32-bit in shards and kernels.
   BOTTLE_CHECK(vocab_size <= INT32_MAX, "{}: {} must be in [1, {}] (32-bit token ids), got {}",
                source, key("vocab_size", "model.vocab_size"), INT32_MAX, vocab_size);
+  // A full-rank model is saved as LlamaForCausalLM, whose MLP applies SiLU to gate.
+  BOTTLE_CHECK(bottleneck != BottleneckKind::none || gate_act(),
+               "{}: {} = false needs a bottleneck: a full-rank model's MLP is LLaMA's (SiLU on "
+               "the gate), which is what its checkpoint says to transformers",
+               source, key("bottleneck.mlp_gate_act", "model.mlp_gate_act"));
   if (bottleneck != BottleneckKind::none) {
     for (int i = 0; i < kNumProjections; ++i) {
       const auto p = ProjectionId(i);
