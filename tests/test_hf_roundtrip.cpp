@@ -127,6 +127,38 @@ INSTANTIATE_TEST_SUITE_P(
                       ModelCase{"lax_GQA", BottleneckKind::lax, 2, false}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// Random byte tokens as DIR/data/data_train_000000.bin (what the import tests read).
+std::string random_shard(const TempDir& dir) {
+  fs::create_directories(dir / "data");
+  const std::string shard = dir / "data/data_train_000000.bin";
+  write_random_shard(shard, 4096, 256, 9);
+  return shard;
+}
+
+// A random LlamaForCausalLM (d 64, d_ff 160, 2 blocks, 4 heads, 256 ids) that transformers
+// saves into `out`; `options`: hf_oracle.py save-llama's others.
+void save_llama(const std::string& out, const std::string& options) {
+  ASSERT_TRUE(oracle(fmt::format("save-llama --out {} --hidden 64 --intermediate 160 --layers 2 "
+                                 "--heads 4 --vocab 256 {}",
+                                 out, options))
+                  .is_object());
+}
+
+// Two training steps of save_llama's shape from `init` on `shard`, under `launcher` (mpirun or
+// nothing); `model`: the other [model] keys (kind, KV heads), `layout`: parallel.* keys.
+CommandResult train_from(const std::string& launcher, const std::string& init,
+                         const std::string& shard, const std::string& folder,
+                         const std::string& model, const std::string& layout = "") {
+  return run(fmt::format(
+      "{} {} train {}/configs/tiny.toml --init-from {} {} --set model.hidden_size=64 "
+      "--set model.intermediate_size=160 --set model.num_layers=2 --set model.num_heads=4 "
+      "--set model.max_seq_len=128 --set model.rms_norm_eps=1e-6 --set 'data.train={}' "
+      "--set data.val= --set training.steps=2 --set training.micro_batch_size=2 "
+      "--set training.seq_len=32 --set training.eval_interval=0 --set checkpoint.interval=0 "
+      "--set checkpoint.folder={} --set metrics.plot= {}",
+      launcher, bottle_binary(), BOTTLE_SOURCE_DIR, init, model, shard, folder, layout));
+}
+
 // A tiny model trained for two steps on `data` (prepared shards) into `folder`.
 void train_tiny(const std::string& data, const std::string& folder, const std::string& kind,
                 const std::string& extra = "") {
@@ -216,8 +248,7 @@ TEST(HfTokenizers, CheckpointAndExportTokenizersLoadWithAutoTokenizer) {
 // A low-rank training checkpoint and its export load through the modeling file.
 TEST(HfTokenizers, LowRankCheckpointLoadsThroughTheModelingFile) {
   TempDir dir;
-  fs::create_directories(dir / "data");
-  write_random_shard(dir / "data/data_train_000000.bin", 4096, 256, 5);
+  random_shard(dir);
   train_tiny(dir / "data", dir / "run", "lax");
   for (const char* file : {"configuration_bottle.py", "modeling_bottle.py"})
     EXPECT_TRUE(fs::exists(dir / ("run/step_00000002/" + std::string(file)))) << file;
@@ -244,9 +275,7 @@ void expect_same_loss(const std::string& model, const std::string& shard, double
 // first step's loss of a one-rank run.
 TEST(HfImport, TransformersCheckpointsEvaluateAndTrainOn) {
   TempDir dir;
-  fs::create_directories(dir / "data");
-  const std::string shard = dir / "data/data_train_000000.bin";
-  write_random_shard(shard, 4096, 256, 9);
+  const std::string shard = random_shard(dir);
   struct Saved {
     std::string name, options;
   };
@@ -257,11 +286,7 @@ TEST(HfImport, TransformersCheckpointsEvaluateAndTrainOn) {
       {"f16", "--dtype f16"}};
   for (const Saved& s : saved) {
     SCOPED_TRACE(s.name);
-    const json made = oracle(fmt::format(
-        "save-llama --out {} --hidden 64 --intermediate 160 --layers 2 --heads 4 --kv-heads 2 "
-        "--vocab 256 --seed 3 {}",
-        dir / s.name, s.options));
-    ASSERT_TRUE(made.is_object());
+    save_llama(dir / s.name, "--kv-heads 2 --seed 3 " + s.options);
     if (s.name.find("sharded") != std::string::npos) {
       EXPECT_TRUE(fs::exists(dir / (s.name + "/model.safetensors.index.json")));
     }
@@ -272,17 +297,9 @@ TEST(HfImport, TransformersCheckpointsEvaluateAndTrainOn) {
   for (const auto& [ranks, layout] : std::vector<std::pair<int, std::string>>{
            {1, ""}, {2, "--set parallel.tp=2"}, {2, "--set parallel.pp=2"}}) {
     const std::string folder = dir / fmt::format("run{}", first_losses.size());
-    const CommandResult r = run(fmt::format(
-        "{} {} train {}/configs/tiny.toml --init-from {} --set model.bottleneck=none "
-        "--set model.hidden_size=64 --set model.intermediate_size=160 --set model.num_layers=2 "
-        "--set model.num_heads=4 --set model.num_kv_heads=2 --set model.max_seq_len=128 "
-        "--set model.rms_norm_eps=1e-6 --set 'data.train={}' --set data.val= --set "
-        "training.steps=2 "
-        "--set training.micro_batch_size=2 --set training.seq_len=32 --set "
-        "training.eval_interval=0 "
-        "--set checkpoint.interval=0 --set checkpoint.folder={} --set metrics.plot= {}",
-        mpirun(ranks), bottle_binary(), BOTTLE_SOURCE_DIR, dir / "bf16_sharded", shard, folder,
-        layout));
+    const CommandResult r =
+        train_from(mpirun(ranks), dir / "bf16_sharded", shard, folder,
+                   "--set model.bottleneck=none --set model.num_kv_heads=2", layout);
     ASSERT_EQ(r.status, 0) << layout << ":\n" << r.output;
     std::ifstream metrics(folder + "/metrics.jsonl");
     std::string line;
@@ -301,13 +318,8 @@ TEST(HfImport, TransformersCheckpointsEvaluateAndTrainOn) {
 // and bottle trains on; a rank above min(d_in, d_out) refused.
 TEST(HfLowRank, FactorisesTransformersCheckpoints) {
   TempDir dir;
-  fs::create_directories(dir / "data");
-  const std::string shard = dir / "data/data_train_000000.bin";
-  write_random_shard(shard, 4096, 256, 9);
-  ASSERT_TRUE(oracle(fmt::format("save-llama --out {} --hidden 64 --intermediate 160 --layers 2 "
-                                 "--heads 4 --kv-heads 4 --vocab 256 --seed 4",
-                                 dir / "dense"))
-                  .is_object());
+  const std::string shard = random_shard(dir);
+  save_llama(dir / "dense", "--kv-heads 4 --seed 4");
   for (const auto& [kind, rank] :
        std::vector<std::pair<std::string, int>>{{"svd", 64}, {"svd", 16}, {"cola", 16}}) {
     const std::string out = dir / fmt::format("{}{}", kind, rank);
@@ -333,15 +345,9 @@ TEST(HfLowRank, FactorisesTransformersCheckpoints) {
     expect_clean_load(oracle("model --model " + out), "BottleForCausalLM");
     expect_same_loss(out, shard, 1e-5, "lowrank " + kind + " " + std::to_string(rank));
   }
-  const CommandResult train = run(fmt::format(
-      "{} train {}/configs/tiny.toml --init-from {} --set model.bottleneck=cola --set "
-      "model.rank=16 "
-      "--set model.mlp_gate_act=true --set model.hidden_size=64 --set model.intermediate_size=160 "
-      "--set model.num_layers=2 --set model.num_heads=4 --set model.max_seq_len=128 "
-      "--set model.rms_norm_eps=1e-6 --set 'data.train={}' --set data.val= --set training.steps=2 "
-      "--set training.micro_batch_size=2 --set training.seq_len=32 --set training.eval_interval=0 "
-      "--set checkpoint.interval=0 --set checkpoint.folder={} --set metrics.plot=",
-      bottle_binary(), BOTTLE_SOURCE_DIR, dir / "cola16", shard, dir / "run"));
+  const CommandResult train =
+      train_from("", dir / "cola16", shard, dir / "run",
+                 "--set model.bottleneck=cola --set model.rank=16 --set model.mlp_gate_act=true");
   EXPECT_EQ(train.status, 0) << train.output;
   const CommandResult too_big =
       run(fmt::format("{} lowrank --from {} --kind svd --rank 65 --out {}", bottle_binary(),
@@ -356,13 +362,8 @@ TEST(HfLowRank, FactorisesTransformersCheckpoints) {
 // Bad transformers checkpoints: one error line naming what is wrong, exit status 1.
 TEST(HfImport, BadCheckpointsGetOneClearError) {
   TempDir dir;
-  fs::create_directories(dir / "data");
-  const std::string shard = dir / "data/data_train_000000.bin";
-  write_random_shard(shard, 4096, 256, 9);
-  ASSERT_TRUE(oracle(fmt::format("save-llama --out {} --hidden 64 --intermediate 160 --layers 2 "
-                                 "--heads 4 --kv-heads 2 --vocab 256 --max-shard-size 60KB",
-                                 dir / "good"))
-                  .is_object());
+  const std::string shard = random_shard(dir);
+  save_llama(dir / "good", "--kv-heads 2 --max-shard-size 60KB");
   auto copy_of_good = [&](const std::string& name) {
     fs::copy(dir / "good", dir / name, fs::copy_options::recursive);
     return dir / name;
