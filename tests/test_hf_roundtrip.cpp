@@ -196,6 +196,7 @@ TEST(HfTokenizers, CheckpointAndExportTokenizersLoadWithAutoTokenizer) {
     bool fast_exact;  // transformers' fast class reproduces the ids too
   };
   const std::vector<Kind> kinds = {
+      {"bytes", "", "", true},  // prepare's default: bottle's byte tokenizer
       {"bpe", dir / "tok/bpe/tokenizer.json", "", true},
       {"sp_llama", dir / "tok/sp_llama/tokenizer.model", "", true},
       // The fast class is converted from the model without its normalizer (nmt_nfkc, extra
@@ -209,10 +210,9 @@ TEST(HfTokenizers, CheckpointAndExportTokenizersLoadWithAutoTokenizer) {
     SCOPED_TRACE(k.name);
     const std::string data = dir / ("data_" + k.name), run_dir = dir / ("run_" + k.name),
                       exported = dir / ("export_" + k.name);
-    const CommandResult prepared =
-        run(fmt::format("{} prepare --input {} --output {} --tokenizer {} {} --val-fraction 0 "
-                        "--no-progress",
-                        bottle_binary(), corpus, data, k.tokenizer, k.options));
+    const CommandResult prepared = run(fmt::format(
+        "{} prepare --input {} --output {} {} {} --val-fraction 0 --no-progress", bottle_binary(),
+        corpus, data, k.tokenizer.empty() ? "" : "--tokenizer " + k.tokenizer, k.options));
     ASSERT_EQ(prepared.status, 0) << prepared.output;
     train_tiny(data, run_dir, "none");
     const std::string checkpoint = run_dir + "/step_00000002";

@@ -430,6 +430,31 @@ TEST(SaveAndFind, TokenizerJsonRoundTrip) {
   }
 }
 
+// Bytes save a tokenizer.json of the same ids for transformers, marked in
+// tokenizer_config.json so that bottle reads them back as bytes.
+TEST(SaveAndFind, BytesSaveATokenizerJsonOfTheSameIds) {
+  TempDir dir;
+  const std::string out = dir / "saved";
+  fs::create_directories(out);
+  make_byte_tokenizer()->save(out);
+  const auto found = find_tokenizer(out);
+  ASSERT_NE(found, nullptr);
+  EXPECT_EQ(found->kind(), "bytes");
+  const auto as_json = load_tokenizer(out + "/tokenizer.json");
+  EXPECT_EQ(as_json->kind(), "bpe");
+  EXPECT_EQ(as_json->vocab_size(), 256);
+  for (const std::string& text : {std::string("the the then"),
+                                  std::string("caf\xC3\xA9 \xE6\x9D\xB1 \xF0\x9F\x8E\x89\n\t ")}) {
+    EXPECT_EQ(as_json->encode(text), found->encode(text)) << text;
+    EXPECT_EQ(as_json->decode(found->encode(text)), text);
+  }
+  write_json(dir, "saved/tokenizer_config.json", {{"bottle_tokenizer", "words"}});
+  const std::string error = error_of([&] { find_tokenizer(out); });
+  EXPECT_NE(error.find("tokenizer_config.json: key 'bottle_tokenizer' is \"words\""),
+            std::string::npos)
+      << error;
+}
+
 TEST(SaveAndFind, TiktokenKeepsItsPatternAndSpecials) {
   TempDir dir;
   const auto original = load_tiktoken(
@@ -439,8 +464,8 @@ TEST(SaveAndFind, TiktokenKeepsItsPatternAndSpecials) {
   const std::string out = dir / "saved";
   fs::create_directories(out);
   original->save(out);
-  for (const char* f : {"tokenizer.tiktoken", "tokenizer.json", "tokenizer_config.json",
-                        "special_tokens_map.json"})
+  for (const char* f :
+       {"tokenizer.tiktoken", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"})
     EXPECT_TRUE(fs::is_regular_file(fs::path(out) / f)) << f;
   EXPECT_EQ(read_bytes(out + "/tokenizer.tiktoken"), read_bytes(dir / "tiny.tiktoken"));
   const auto found = find_tokenizer(out);
@@ -757,9 +782,12 @@ TEST(ByteLevelRoundTrip, BitsPerByteIsLossOverLn2) {
   ASSERT_EQ(t.status, 0) << t.output;
   const std::string checkpoint = only_checkpoint(dir / "run");
   ASSERT_FALSE(checkpoint.empty());
-  // Byte-level data carries no tokenizer.
-  EXPECT_EQ(find_tokenizer(checkpoint), nullptr);
-  EXPECT_EQ(find_tokenizer(dir / "run"), nullptr);
+  // Byte-level data carries bottle's byte tokenizer (its files let transformers read it).
+  for (const std::string& where : {checkpoint, dir / "run"}) {
+    const auto found = find_tokenizer(where);
+    ASSERT_NE(found, nullptr) << where;
+    EXPECT_EQ(found->kind(), "bytes") << where;
+  }
   std::string output;
   const json j = eval_json(checkpoint, dir / "data/data_val_*.bin", &output);
   ASSERT_TRUE(j.is_object()) << output;

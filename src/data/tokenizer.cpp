@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/json_io.h"
+#include "data/bpe_merges.h"
 #include "data/byte_tokenizer.h"
 #include "data/tokenizer_files.h"
 
@@ -15,6 +16,14 @@ namespace bottle {
 namespace {
 
 using nlohmann::json;
+
+// tokenizer_config.json's key that marks bottle's byte tokenizer.
+constexpr const char* kBottleKindKey = "bottle_tokenizer";
+
+// The file names save() writes, in the order a directory is searched.
+constexpr const char* kTokenizerJson = "tokenizer.json";
+constexpr const char* kSentencePieceModel = "tokenizer.model";
+constexpr const char* kTiktokenRanks = "tokenizer.tiktoken";
 
 class ByteTokenizer final : public Tokenizer {
  public:
@@ -27,13 +36,40 @@ class ByteTokenizer final : public Tokenizer {
     for (char c : text) out.push_back(static_cast<unsigned char>(c));
   }
   std::string decode(std::span<const int32_t> ids) const override { return byte_decode(ids); }
-  void save(const fs::path&) const override {}
+  // For transformers, a tokenizer.json with the same ids: ByteLevel without its regex maps
+  // each byte to one character, and a BPE without merges maps that character to the byte's
+  // value. tokenizer_config.json marks it, so that bottle reads it back as bytes.
+  void save(const fs::path& dir) const override {
+    const auto& chars = byte_level_chars();
+    json vocab = json::object();
+    for (int b = 0; b < kByteVocabSize; ++b) vocab[chars[size_t(b)]] = b;
+    const json byte_level = {{"type", "ByteLevel"},
+                             {"add_prefix_space", false},
+                             {"trim_offsets", true},
+                             {"use_regex", false}};
+    const json tokenizer = {{"version", "1.0"},
+                            {"truncation", nullptr},
+                            {"padding", nullptr},
+                            {"added_tokens", json::array()},
+                            {"normalizer", nullptr},
+                            {"pre_tokenizer", byte_level},
+                            {"post_processor", nullptr},
+                            {"decoder", byte_level},
+                            {"model",
+                             {{"type", "BPE"},
+                              {"dropout", nullptr},
+                              {"unk_token", nullptr},
+                              {"continuing_subword_prefix", nullptr},
+                              {"end_of_word_suffix", nullptr},
+                              {"fuse_unk", false},
+                              {"byte_fallback", false},
+                              {"ignore_merges", false},
+                              {"vocab", vocab},
+                              {"merges", json::array()}}}};
+    write_file_atomically(dir / kTokenizerJson, tokenizer.dump() + "\n");
+    write_hf_tokenizer_config(dir, "PreTrainedTokenizerFast", {}, {{kBottleKindKey, "bytes"}});
+  }
 };
-
-// The file names save() writes, in the order a directory is searched.
-constexpr const char* kTokenizerJson = "tokenizer.json";
-constexpr const char* kSentencePieceModel = "tokenizer.model";
-constexpr const char* kTiktokenRanks = "tokenizer.tiktoken";
 
 std::optional<std::string> name_of(const json& config, const char* key) {
   if (!config.contains(key) || config[key].is_null()) return std::nullopt;
@@ -99,6 +135,14 @@ void write_hf_tokenizer_config(const fs::path& dir, const std::string& tokenizer
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> find_tokenizer(const fs::path& dir) {
+  if (const fs::path config = dir / "tokenizer_config.json"; fs::is_regular_file(config)) {
+    const json j = read_json_file(config.string());
+    if (j.is_object() && j.contains(kBottleKindKey)) {
+      BOTTLE_CHECK(j[kBottleKindKey] == "bytes", "{}: key '{}' is {}; bottle writes only \"bytes\"",
+                   config.string(), kBottleKindKey, j[kBottleKindKey].dump());
+      return make_byte_tokenizer();
+    }
+  }
   // A tiktoken tokenizer carries a tokenizer.json for transformers; bottle reads its ranks.
   if (fs::is_regular_file(dir / kTiktokenRanks))
     return load_tiktoken(dir / kTiktokenRanks, read_tiktoken_options(dir));

@@ -54,13 +54,15 @@ class Tokenizer {
   // Writes the tokenizer into `dir` as Hugging Face lays it out beside a model (tokenizer.json
   // or tokenizer.model, tokenizer_config.json, special_tokens_map.json; for tiktoken the rank
   // file, its options in tokenizer_config.json and the same tokenizer as a tokenizer.json,
-  // which transformers reads). Nothing for bytes.
+  // which transformers reads; for bytes a tokenizer.json of the same ids, marked as bytes in
+  // tokenizer_config.json).
   virtual void save(const std::filesystem::path& dir) const = 0;
 };
 
 // The tokenizer at `path`: a SentencePiece .model, a tokenizer.json, a .tiktoken file, or a
-// directory holding one of them as save() writes it (tokenizer.tiktoken first, since its
-// tokenizer.json is there for transformers; then tokenizer.json, then tokenizer.model). Errors name
+// directory holding one of them as save() writes it (bytes when tokenizer_config.json marks
+// them; then tokenizer.tiktoken, whose tokenizer.json is there for transformers; then
+// tokenizer.json, then tokenizer.model). Errors name
 // the file and what is wrong in it.
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& path);
 // The tokenizer saved in `dir` (a checkpoint or a prepared data directory), or nullptr when it

@@ -1,5 +1,6 @@
 #include "model/lowrank.h"
 
+#include <dlfcn.h>
 #include <lapacke.h>
 
 #include <cmath>
@@ -8,6 +9,24 @@
 namespace bottle {
 
 namespace {
+
+// LAPACKE_dgesdd, loaded when a factorisation first needs it rather than linked: Debian's
+// liblapack.so.3 is usually OpenBLAS, whose start-up reserves buffers for every thread, which
+// every other command would pay for (and which spins under a small `ulimit -v` instead of
+// failing).
+using Dgesdd = lapack_int (*)(int, char, lapack_int, lapack_int, double*, lapack_int, double*,
+                              double*, lapack_int, double*, lapack_int);
+Dgesdd lapacke_dgesdd() {
+  static const Dgesdd dgesdd = [] {
+    void* lapacke = ::dlopen("liblapacke.so.3", RTLD_NOW | RTLD_LOCAL);
+    BOTTLE_CHECK(lapacke, "lowrank: cannot load LAPACK ({}); install Debian's liblapacke",
+                 ::dlerror());
+    void* symbol = ::dlsym(lapacke, "LAPACKE_dgesdd");
+    BOTTLE_CHECK(symbol, "lowrank: liblapacke.so.3 has no LAPACKE_dgesdd");
+    return reinterpret_cast<Dgesdd>(symbol);
+  }();
+  return dgesdd;
+}
 
 // The parameter `name` of a one-process model, on the host.
 std::vector<float> host_copy(const ParameterStore& params, const std::string& name) {
@@ -30,8 +49,8 @@ Factors factorize(const std::vector<float>& W, int64_t m, int64_t n, int64_t r,
   std::vector<double> s(static_cast<size_t>(k)), u(static_cast<size_t>(m * k)),
       vt(static_cast<size_t>(k * n));  // [k], [m, k], [k, n]
   const lapack_int info =
-      LAPACKE_dgesdd(LAPACK_ROW_MAJOR, 'S', lapack_int(m), lapack_int(n), a.data(), lapack_int(n),
-                     s.data(), u.data(), lapack_int(k), vt.data(), lapack_int(n));
+      lapacke_dgesdd()(LAPACK_ROW_MAJOR, 'S', lapack_int(m), lapack_int(n), a.data(), lapack_int(n),
+                       s.data(), u.data(), lapack_int(k), vt.data(), lapack_int(n));
   BOTTLE_CHECK(info == 0, "{}: the SVD did not converge (LAPACK dgesdd info {})", name, info);
   Factors f;
   f.A.resize(size_t(r * n));

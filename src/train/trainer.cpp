@@ -16,6 +16,8 @@
 #include "comm/process_groups.h"
 #include "core/gemm_peak.h"
 #include "core/token_shard.h"
+#include "data/byte_tokenizer.h"
+#include "data/byte_tokenizer.h"
 #include "model/checkpoint.h"
 #include "train/checkpoint_store.h"
 #include "train/data_loader.h"
@@ -250,6 +252,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   // self-contained model for sample, eval and transformers.
   tokenizer_ = find_run_tokenizer(config.data.tokenizer, loader_->files(), config.model.vocab_size,
                                   options.config_path);
+  // Without one, a vocabulary that holds every byte is byte-level text (prepare's default),
+  // whose tokenizer files let transformers read the checkpoints too.
+  if (!tokenizer_ && config.model.vocab_size >= kByteVocabSize) tokenizer_ = make_byte_tokenizer();
   store_->set_tokenizer(tokenizer_.get());
 }
 
@@ -424,7 +429,7 @@ void Trainer::open_logs() {
       describe_memory(plan_), be_->name(), comm_name(config_.parallel.comm, tc_.backend)));
   message(tokenizer_
               ? fmt::format("tokenizer: {} (saved with every checkpoint)", tokenizer_->describe())
-              : std::string("tokenizer: none (byte-level data; token = byte value)"));
+              : std::string("tokenizer: none (token ids without a tokenizer)"));
 }
 
 TrainResult Trainer::run() {
