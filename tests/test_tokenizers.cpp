@@ -430,6 +430,22 @@ TEST(SaveAndFind, TokenizerJsonRoundTrip) {
   }
 }
 
+// The per-thread pre-token cache belongs to one tokenizer: another one made where a destroyed
+// one lived (the same address, as a test process's tokenizers often are) reads its own ids.
+TEST(SaveAndFind, TokenizersDoNotShareTheirCache) {
+  TempDir dir;
+  const std::string with = write_json(dir, "with/tokenizer.json", byte_level_json());
+  json plain = byte_level_json();
+  plain["model"]["merges"] = json::array();
+  const std::string without = write_json(dir, "without/tokenizer.json", plain);
+  const Ids merged = load_tokenizer(with)->encode("the then"),
+            bytes = load_tokenizer(without)->encode("the then");
+  ASSERT_NE(merged, bytes);
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(load_tokenizer(i % 2 ? with : without)->encode("the then"), i % 2 ? merged : bytes);
+  }
+}
+
 // Bytes save a tokenizer.json of the same ids for transformers, marked in
 // tokenizer_config.json so that bottle reads them back as bytes.
 TEST(SaveAndFind, BytesSaveATokenizerJsonOfTheSameIds) {

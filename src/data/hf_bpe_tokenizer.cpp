@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <unordered_map>
 
 #include "core/error.h"
@@ -473,14 +474,16 @@ class HfBpeTokenizer final : public Tokenizer {
 
   void encode_piece(const std::string& piece, std::vector<int32_t>& out) const {
     // Byte-level pre-tokens repeat (words); a per-thread cache skips their merging.
+    // The owner is the tokenizer's serial number, not its address: a tokenizer made where a
+    // destroyed one lived must not read that one's entries.
     struct Cache {
-      const HfBpeTokenizer* owner = nullptr;
+      uint64_t owner = 0;
       std::unordered_map<std::string, std::vector<int32_t>> ids;
     };
     thread_local Cache cache;
     const bool cacheable = byte_level_ && piece.size() <= 64;
     if (cacheable) {
-      if (cache.owner != this) cache.owner = this, cache.ids.clear();
+      if (cache.owner != serial_) cache.owner = serial_, cache.ids.clear();
       if (const auto it = cache.ids.find(piece); it != cache.ids.end()) {
         out.insert(out.end(), it->second.begin(), it->second.end());
         return;
@@ -659,6 +662,11 @@ class HfBpeTokenizer final : public Tokenizer {
   std::array<int32_t, 256> byte_ids_{};  // byte → the id of its byte-level char or <0xXX>
   bool byte_level_ = false, byte_fallback_ = false, fuse_unk_ = false, ignore_merges_ = false;
   std::optional<int32_t> bos_, eos_, unk_;
+  // Unique for the process's lifetime (from 1): what the per-thread pre-token cache is keyed by.
+  const uint64_t serial_ = [] {
+    static std::atomic<uint64_t> next{1};
+    return next++;
+  }();
 };
 
 }  // namespace
