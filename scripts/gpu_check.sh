@@ -6,7 +6,9 @@
 #      cola / lax, f32 and bf16, and 50 training steps each (test_model_backends cuda)
 #   3. `bottle train` on the GPU: TP = 2 on the one GPU with parallel.comm = "mpi" (two ranks
 #      share it, collectives staged through the host) against TP = 1, NCCL on one rank, and the
-#      cpu backend, 40 steps each on the same data; their losses side by side
+#      cpu backend, 40 steps each on the same data; their losses side by side; then 30 bf16
+#      steps at head dims 128 (CoLA) and 64 (full rank), through the tensor-core attention,
+#      against the cpu backend
 #   4. `bottle bench step` in bf16 for a CoLA-1B-like model (d 2048, d_ff 5472, r 512, 24
 #      blocks, s 2048) and its full-rank twin: tokens/s, MFU against the measured GEMM peak and
 #      the H200's nominal dense bf16 989 TFLOP/s, and PyTorch on the same GPU (eager and
@@ -137,6 +139,37 @@ for r in runs[1:]:
 sys.exit(0 if ok else 1)
 EOF
 [ "${PIPESTATUS[0]}" = 0 ] || failed+=(train_losses)
+
+step "3b. bf16 training through the tensor-core attention (head dims 128 and 64), cuda against cpu"
+for spec in "cola 512" "none 256"; do
+  read -r kind width <<<"$spec"
+  for backend in cpu cuda; do
+    check "train_bf16_${kind}_$backend" "$bin/bottle" train configs/tiny.toml \
+      --set "data.train=$data/data_train_*.bin" --set "data.val=$data/data_val_*.bin" \
+      --set training.steps=30 --set training.eval_interval=0 --set checkpoint.interval=0 \
+      --set metrics.plot= --set "checkpoint.folder=/tmp/gpu-check-runs/bf16-$kind-$backend" \
+      --set model.bottleneck="$kind" --set model.hidden_size="$width" --set model.num_heads=4 \
+      --set model.intermediate_size=$((2 * width)) --set model.rank=$((width / 4)) \
+      --set training.precision=bf16 --set training.backend="$backend"
+  done
+done
+python3 - /tmp/gpu-check-runs <<'EOF2' | tee "$out/train_bf16_losses.txt"
+import json, os, sys
+ok = True
+for kind in ("cola", "none"):
+    loss = {}
+    for backend in ("cpu", "cuda"):
+        path = os.path.join(sys.argv[1], f"bf16-{kind}-{backend}", "metrics.jsonl")
+        loss[backend] = [json.loads(l)["loss"] for l in open(path) if '"loss"' in l] if os.path.exists(path) else []
+    if not loss["cpu"] or len(loss["cpu"]) != len(loss["cuda"]):
+        print(f"{kind}: missing"); ok = False; continue
+    worst = max(abs(a - b) / b for a, b in zip(loss["cuda"], loss["cpu"]))
+    print(f"{kind} bf16: {len(loss['cpu'])} steps, cpu {loss['cpu'][0]:.4f} -> {loss['cpu'][-1]:.4f}, "
+          f"cuda {loss['cuda'][0]:.4f} -> {loss['cuda'][-1]:.4f}; worst relative difference {worst:.2e}")
+    ok &= worst < 2e-2
+sys.exit(0 if ok else 1)
+EOF2
+[ "${PIPESTATUS[0]}" = 0 ] || failed+=(train_bf16_losses)
 
 if [ "$bench" = 1 ]; then
   step "4. bench step, bf16, CoLA-1B-like and its full-rank twin, with PyTorch on the GPU"
