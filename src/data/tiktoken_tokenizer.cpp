@@ -257,34 +257,11 @@ class TiktokenTokenizer final : public Tokenizer {
                        {"rstrip", false},
                        {"normalized", false},
                        {"special", true}});
-    const json byte_level = {{"type", "ByteLevel"},
-                             {"add_prefix_space", false},
-                             {"trim_offsets", true},
-                             {"use_regex", false}};
     const json split = {{"type", "Split"},
                         {"pattern", {{"Regex", onig_pattern(pattern_.pattern())}}},
                         {"behavior", "Isolated"},
                         {"invert", false}};
-    return {{"version", "1.0"},
-            {"truncation", nullptr},
-            {"padding", nullptr},
-            {"added_tokens", added},
-            {"normalizer", nullptr},
-            {"pre_tokenizer",
-             {{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level})}}},
-            {"post_processor", nullptr},
-            {"decoder", byte_level},
-            {"model",
-             {{"type", "BPE"},
-              {"dropout", nullptr},
-              {"unk_token", nullptr},
-              {"continuing_subword_prefix", nullptr},
-              {"end_of_word_suffix", nullptr},
-              {"fuse_unk", false},
-              {"byte_fallback", false},
-              {"ignore_merges", true},
-              {"vocab", vocab},
-              {"merges", merges}}}};
+    return byte_level_bpe_json(std::move(vocab), std::move(merges), true, split, std::move(added));
   }
 
  private:

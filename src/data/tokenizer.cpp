@@ -43,29 +43,7 @@ class ByteTokenizer final : public Tokenizer {
     const auto& chars = byte_level_chars();
     json vocab = json::object();
     for (int b = 0; b < kByteVocabSize; ++b) vocab[chars[size_t(b)]] = b;
-    const json byte_level = {{"type", "ByteLevel"},
-                             {"add_prefix_space", false},
-                             {"trim_offsets", true},
-                             {"use_regex", false}};
-    const json tokenizer = {{"version", "1.0"},
-                            {"truncation", nullptr},
-                            {"padding", nullptr},
-                            {"added_tokens", json::array()},
-                            {"normalizer", nullptr},
-                            {"pre_tokenizer", byte_level},
-                            {"post_processor", nullptr},
-                            {"decoder", byte_level},
-                            {"model",
-                             {{"type", "BPE"},
-                              {"dropout", nullptr},
-                              {"unk_token", nullptr},
-                              {"continuing_subword_prefix", nullptr},
-                              {"end_of_word_suffix", nullptr},
-                              {"fuse_unk", false},
-                              {"byte_fallback", false},
-                              {"ignore_merges", false},
-                              {"vocab", vocab},
-                              {"merges", json::array()}}}};
+    const json tokenizer = byte_level_bpe_json(vocab, json::array(), false, nullptr, json::array());
     write_file_atomically(dir / kTokenizerJson, tokenizer.dump() + "\n");
     write_hf_tokenizer_config(dir, "PreTrainedTokenizerFast", {}, {{kBottleKindKey, "bytes"}});
   }
@@ -93,6 +71,36 @@ std::string read_file_bytes(const fs::path& path) {
   std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   BOTTLE_CHECK(!in.bad(), "{}: read failed", path.string());
   return bytes;
+}
+
+json byte_level_bpe_json(json vocab, json merges, bool ignore_merges, const json& split,
+                         json added_tokens) {
+  const json byte_level = {{"type", "ByteLevel"},
+                           {"add_prefix_space", false},
+                           {"trim_offsets", true},
+                           {"use_regex", false}};
+  return {{"version", "1.0"},
+          {"truncation", nullptr},
+          {"padding", nullptr},
+          {"added_tokens", std::move(added_tokens)},
+          {"normalizer", nullptr},
+          {"pre_tokenizer",
+           split.is_null()
+               ? byte_level
+               : json{{"type", "Sequence"}, {"pretokenizers", json::array({split, byte_level})}}},
+          {"post_processor", nullptr},
+          {"decoder", byte_level},
+          {"model",
+           {{"type", "BPE"},
+            {"dropout", nullptr},
+            {"unk_token", nullptr},
+            {"continuing_subword_prefix", nullptr},
+            {"end_of_word_suffix", nullptr},
+            {"fuse_unk", false},
+            {"byte_fallback", false},
+            {"ignore_merges", ignore_merges},
+            {"vocab", std::move(vocab)},
+            {"merges", std::move(merges)}}}};
 }
 
 void write_file_atomically(const fs::path& path, std::string_view bytes) {

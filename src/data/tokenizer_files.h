@@ -25,6 +25,11 @@ SpecialTokenNames read_special_token_names(const fs::path& dir);
 // `dir`, as transformers' save_pretrained does.
 void write_hf_tokenizer_config(const fs::path& dir, const std::string& tokenizer_class,
                                const SpecialTokenNames& names, const nlohmann::json& extra);
+// A byte-level BPE tokenizer.json as HF tokenizers writes one (what bottle saves for
+// transformers): `split` (a Split pre-tokenizer, or null for none) then ByteLevel without its
+// own regex, no normalizer, ByteLevel decoding.
+nlohmann::json byte_level_bpe_json(nlohmann::json vocab, nlohmann::json merges, bool ignore_merges,
+                                   const nlohmann::json& split, nlohmann::json added_tokens);
 // Writes `bytes` to `path` through a temporary name; errors name the path.
 void write_file_atomically(const fs::path& path, std::string_view bytes);
 // The whole file; errors name it.
