@@ -19,6 +19,7 @@ Command add_bench_norm_command(CLI::App& bench);
 Command add_bench_paper_command(CLI::App& bench);
 Command add_export_command(CLI::App& app);
 Command add_lowrank_command(CLI::App& app);
+Command add_plan_command(CLI::App& app);
 Command add_bench_pipeline_command(CLI::App& bench);
 Command add_bench_tokenize_command(CLI::App& bench);
 

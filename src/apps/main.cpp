@@ -38,6 +38,9 @@ int main(int argc, char** argv) {
   CLI::App* lowrank = app.add_subcommand(
       "lowrank", "a full-rank model as an SVD or CoLA model, by truncated SVD of each projection");
   commands[lowrank] = bottle::add_lowrank_command(*lowrank);
+  CLI::App* plan = app.add_subcommand(
+      "plan", "predict step time and memory of every layout on a GPU cluster (--calibrate: here)");
+  commands[plan] = bottle::add_plan_command(*plan);
   CLI::App* plot =
       app.add_subcommand("plot", "draw loss and learning rate of metrics.jsonl files as a PNG");
   commands[plot] = bottle::add_plot_command(*plot);

@@ -1,0 +1,182 @@
+// `bottle plan CONFIG --cluster PRESET|FILE [--gpus N] [--global-batch B]`: every layout of a
+// configuration's model on N GPUs of a cluster, predicted from the dry run of bottle's own
+// step (plan/planner.h) and ranked, best first. `bottle plan --calibrate FILE` measures this
+// machine (GEMMs, memory bandwidth, attention, the collectives of the ranks it runs on) and
+// writes it as a cluster file, so that the same model predicts the benches here.
+#include <cstdio>
+#include <nlohmann/json.hpp>
+
+#include "apps/calibrate.h"
+#include "apps/cli_checks.h"
+#include "apps/commands.h"
+#include "apps/paper_prediction.h"
+#include "comm/communicator.h"
+#include "parallel/recompute.h"
+#include "plan/planner.h"
+#include "train/memory_plan.h"
+
+namespace bottle {
+namespace {
+
+const CommandKeys kPlanKeys{
+    "plan",
+    {"model.", "training.micro_batch_size", "training.seq_len", "training.grad_accum_steps",
+     "training.recompute", "training.precision", "training.max_norm", "training.on_nonfinite",
+     "optimizer.", "parallel."},
+    {"training.steps", "training.eval_interval", "training.eval_batches", "training.seed",
+     "training.backend", "training.threads", "training.memory_limit", "lr_scheduler.", "data.",
+     "checkpoint.", "metrics."},
+    "it predicts one training step per layout of the configuration's model"};
+
+void print_table(const std::vector<Prediction>& rows, const ClusterSpec& cluster, size_t top,
+                 bool all) {
+  std::printf("  %-4s %-52s %8s %8s %8s %7s %7s %7s %8s %7s %10s %5s %10s %s\n", "#", "layout",
+              "step s", "compute", "tp comm", "bubble", "p2p", "dp+pp", "recomp", "optim",
+              "tokens/s", "MFU", "memory", "fits");
+  size_t shown = 0, planned = 0, excluded = 0;
+  for (const Prediction& r : rows) {
+    if (!r.excluded.empty()) {
+      ++excluded;
+      continue;
+    }
+    ++planned;
+    if (!all && shown >= top) continue;
+    ++shown;
+    std::printf(
+        "  %-4zu %-52s %8.3f %8.3f %8.3f %7.3f %7.3f %7.3f %8.3f %7.3f %10.0f %4.0f%% %10s %s\n",
+        planned, r.label().c_str(), r.step, r.compute, r.tp_comm, r.bubble, r.p2p, r.dp_comm,
+        r.recompute, r.optimizer, r.tokens_per_s, 100 * r.mfu,
+        format_bytes(r.memory.total()).c_str(),
+        r.fits ? "yes" : fmt::format("no (> {:g} GB)", cluster.memory_gb).c_str());
+  }
+  if (planned > shown)
+    std::printf("  … %zu more planned layouts (--all shows them)\n", planned - shown);
+  if (excluded == 0) return;
+  std::printf("excluded (%zu):\n", excluded);
+  size_t listed = 0;
+  for (const Prediction& r : rows) {
+    if (r.excluded.empty()) continue;
+    if (!all && listed++ >= top) {
+      std::printf("  … %zu more (--all lists them)\n", excluded - top);
+      break;
+    }
+    std::printf("  %-52s %s\n", r.label().c_str(), r.excluded.c_str());
+  }
+}
+
+}  // namespace
+
+Command add_plan_command(CLI::App& app) {
+  struct Options {
+    std::string config, cluster, calibrate;
+    std::vector<std::string> overrides;
+    int gpus = 0, tp = 0, pp = 0;
+    int64_t global_batch = 0;
+    size_t top = 20;
+    bool json = false, all = false, no_baseline = false, paper = false;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("config", o->config, "training configuration (TOML)");
+  app.add_option("--set", o->overrides, "override a key: section.key=value (repeatable)");
+  app.add_option(
+      "--cluster", o->cluster,
+      "a preset (" + fmt::format("{}", fmt::join(cluster_presets(), ", ")) + ") or a cluster file");
+  app.add_option("--gpus", o->gpus, "GPUs to plan for (default: parallel.tp × pp × dp)")
+      ->check(integer_in(1, 1 << 16));
+  app.add_option("--global-batch", o->global_batch,
+                 "sequences per optimizer step over all replicas (default: the configuration's "
+                 "micro_batch_size × grad_accum_steps × dp)")
+      ->check(integer_in(1, 1 << 24));
+  app.add_option("--tp", o->tp, "plan only this TP degree")->check(integer_in(1, 1 << 16));
+  app.add_option("--pp", o->pp, "plan only this number of pipeline stages")
+      ->check(integer_in(1, 1 << 16));
+  app.add_option("--top", o->top, "planned layouts listed (default 20)")->check(integer_in(1));
+  app.add_flag("--all", o->all, "list every planned and excluded layout");
+  app.add_flag("--no-baseline", o->no_baseline,
+               "leave out the full-rank model of the same widths (Megatron TP) that a "
+               "bottleneck configuration is compared with");
+  app.add_flag("--json", o->json, "one JSON object per layout and line");
+  app.add_flag("--paper", o->paper,
+               "the BOOST paper's runs predicted on --cluster (default a100-perlmutter, the "
+               "paper's machine) beside the paper's figures, as Markdown (--json: the rows)");
+  app.add_option("--calibrate", o->calibrate,
+                 "measure this machine (GEMMs, memory, attention, the collectives of the ranks "
+                 "it runs on) and write it as a cluster file");
+  return [o] {
+    Communicator& world = world_communicator();
+    if (!o->calibrate.empty()) {
+      BOTTLE_CHECK(o->config.empty() && o->cluster.empty(),
+                   "plan --calibrate FILE measures this machine: give it no configuration and "
+                   "no --cluster");
+      calibrate_cluster(world, o->calibrate);
+      return 0;
+    }
+    if (o->paper) {
+      BOTTLE_CHECK(o->config.empty(),
+                   "plan --paper predicts the paper's own runs: give it no "
+                   "configuration");
+      const nlohmann::json rows =
+          predict_paper_runs(load_cluster(o->cluster.empty() ? "a100-perlmutter" : o->cluster));
+      if (world.rank() == 0)
+        std::printf("%s\n",
+                    o->json ? rows.dump().c_str()
+                            : paper_prediction_markdown(rows, PaperFigures::built_in()).c_str());
+      return 0;
+    }
+    BOTTLE_CHECK(!o->config.empty(),
+                 "plan: a training configuration is required (plan CONFIG "
+                 "--cluster PRESET|FILE)");
+    BOTTLE_CHECK(!o->cluster.empty(),
+                 "plan: --cluster is required: a preset ({}) or a cluster "
+                 "file (plan --calibrate FILE writes one for this machine)",
+                 fmt::join(cluster_presets(), ", "));
+    ConfigKeysGiven given;
+    const TrainConfig config = load_train_config(o->config, o->overrides, &given);
+    check_honoured_keys(config, given, o->config, kPlanKeys);
+    const ClusterSpec cluster = load_cluster(o->cluster);
+    PlanRequest request;
+    request.gpus =
+        o->gpus ? o->gpus : int(config.parallel.tp * config.parallel.pp * config.parallel.dp);
+    request.global_batch = o->global_batch;
+    request.full_rank_baseline = !o->no_baseline;
+    request.tp = o->tp;
+    request.pp = o->pp;
+    const int pinned = std::max(o->tp, 1) * std::max(o->pp, 1);
+    BOTTLE_CHECK(request.gpus % pinned == 0,
+                 "plan: {} does not divide the {} GPUs: the layout must use them all (tp × pp × "
+                 "dp = GPUs)",
+                 o->tp && o->pp ? fmt::format("--tp {} × --pp {} = {}", o->tp, o->pp, pinned)
+                 : o->tp        ? fmt::format("--tp {}", o->tp)
+                                : fmt::format("--pp {}", o->pp),
+                 request.gpus);
+    if (o->global_batch == 0)
+      BOTTLE_CHECK(config.parallel.dp == 1 || o->gpus == 0,
+                   "plan: --gpus {} with parallel.dp = {}: give --global-batch, the sequences per "
+                   "step, which the configuration's dp would otherwise set",
+                   o->gpus, config.parallel.dp);
+    const std::vector<Prediction> rows = plan_layouts(config, cluster, request);
+    if (world.rank() != 0) return 0;
+    if (o->json) {
+      for (const Prediction& r : rows) std::printf("%s\n", prediction_json(r).dump().c_str());
+      return 0;
+    }
+    const ModelConfig& m = config.model;
+    std::printf(
+        "bottle plan: %s, %s model d=%lld d_ff=%lld r=%lld L=%lld H=%lld V=%lld, sequence %lld, "
+        "%s; %d GPU(s) of %s (%s: %d per node, %s, %g TFLOP/s bf16, %g GB at %g GB/s); "
+        "efficiencies: GEMM %g, bandwidth %g; predicted step = compute + TP collectives + "
+        "pipeline bubble + sends + DP/PP reductions + recomputation + optimizer, nothing "
+        "overlapped\n",
+        o->config.c_str(), bottleneck_kind_name(m.bottleneck), (long long)m.hidden_size,
+        (long long)m.intermediate_size, (long long)m.rank, (long long)m.num_layers,
+        (long long)m.num_heads, (long long)m.vocab_size, (long long)config.training.seq_len,
+        enum_name(config.training.precision), request.gpus, cluster.name.c_str(),
+        cluster.source.c_str(), cluster.gpus_per_node, cluster.gpu_name.c_str(),
+        cluster.bf16_tflops, cluster.memory_gb, cluster.memory_bandwidth_gbs,
+        cluster.gemm_efficiency, cluster.bandwidth_efficiency);
+    print_table(rows, cluster, o->top, o->all);
+    return 0;
+  };
+}
+
+}  // namespace bottle

@@ -1,0 +1,192 @@
+#include "plan/cluster.h"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <toml++/toml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "cluster_a100_perlmutter.h"  // generated from clusters/*.toml
+#include "cluster_h100.h"
+#include "cluster_h200.h"
+#include "core/error.h"
+
+namespace bottle {
+namespace {
+
+struct Preset {
+  const char* name;
+  std::string_view text;
+};
+const Preset kPresets[] = {{"a100-perlmutter", kCluster_a100_perlmutter},
+                           {"h100", kCluster_h100},
+                           {"h200", kCluster_h200}};
+
+// Every key of a cluster file: where it goes, and whether it may be left out.
+struct Key {
+  const char* path;
+  enum Kind { text, number, count } kind;
+  bool required;
+  std::function<void(ClusterSpec&, double, const std::string&)> set;
+  std::function<std::string(const ClusterSpec&)> get;
+};
+
+// The shortest text that reads back as the same double, always with a '.' or an exponent, so
+// that TOML reads it as a float.
+std::string number_text(double v) {
+  std::string t = fmt::format("{}", v);
+  if (t.find_first_of(".eEn") == std::string::npos) t += ".0";
+  return t;
+}
+
+const std::vector<Key>& keys() {
+  auto num = [](const char* path, double ClusterSpec::*field, bool required = true) {
+    return Key{path, Key::number, required,
+               [field](ClusterSpec& s, double v, const std::string&) { s.*field = v; },
+               [field](const ClusterSpec& s) { return number_text(s.*field); }};
+  };
+  auto link = [](const char* path, Link ClusterSpec::*link, double Link::*field) {
+    return Key{
+        path, Key::number, true,
+        [link, field](ClusterSpec& s, double v, const std::string&) { (s.*link).*field = v; },
+        [link, field](const ClusterSpec& s) { return number_text((s.*link).*field); }};
+  };
+  auto str = [](const char* path, std::string ClusterSpec::*field) {
+    return Key{path, Key::text, true,
+               [field](ClusterSpec& s, double, const std::string& v) { s.*field = v; },
+               [field](const ClusterSpec& s) { return nlohmann::json(s.*field).dump(); }};
+  };
+  static const std::vector<Key> all{
+      str("cluster.name", &ClusterSpec::name),
+      str("cluster.description", &ClusterSpec::description),
+      str("gpu.name", &ClusterSpec::gpu_name),
+      num("gpu.bf16_tflops", &ClusterSpec::bf16_tflops),
+      num("gpu.fp32_tflops", &ClusterSpec::fp32_tflops),
+      num("gpu.memory_gb", &ClusterSpec::memory_gb),
+      num("gpu.memory_bandwidth_gbs", &ClusterSpec::memory_bandwidth_gbs),
+      num("gpu.kernel_overhead_us", &ClusterSpec::kernel_overhead_us),
+      num("gpu.attention_tflops", &ClusterSpec::attention_tflops, false),
+      Key{"node.gpus", Key::count, true,
+          [](ClusterSpec& s, double v, const std::string&) { s.gpus_per_node = int(v); },
+          [](const ClusterSpec& s) { return std::to_string(s.gpus_per_node); }},
+      link("links.intra_node.bandwidth_gbs", &ClusterSpec::intra_node, &Link::bandwidth_gbs),
+      link("links.intra_node.latency_us", &ClusterSpec::intra_node, &Link::latency_us),
+      link("links.inter_node.bandwidth_gbs", &ClusterSpec::inter_node, &Link::bandwidth_gbs),
+      link("links.inter_node.latency_us", &ClusterSpec::inter_node, &Link::latency_us),
+      num("nccl.base_latency_us", &ClusterSpec::nccl_base_latency_us),
+      num("efficiency.gemm", &ClusterSpec::gemm_efficiency),
+      num("efficiency.bandwidth", &ClusterSpec::bandwidth_efficiency),
+  };
+  return all;
+}
+
+// Latencies and the kernel overhead may be 0; rates, sizes and efficiencies may not.
+bool may_be_zero(const std::string& path) {
+  return path.ends_with("latency_us") || path == "gpu.kernel_overhead_us" ||
+         path == "gpu.attention_tflops";
+}
+
+}  // namespace
+
+std::vector<std::string> cluster_presets() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+ClusterSpec parse_cluster(const std::string& toml_text, const std::string& source) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& e) {
+    fail("{}: TOML syntax error at line {}, column {}: {}", source, e.source().begin.line,
+         e.source().begin.column, e.description());
+  }
+  std::set<std::string> known;
+  for (const Key& k : keys()) known.insert(k.path);
+  // Unknown keys are refused: a misspelt one would otherwise leave its default in place.
+  std::function<void(const toml::table&, const std::string&)> walk = [&](const toml::table& t,
+                                                                         const std::string& at) {
+    for (const auto& [name, node] : t) {
+      const std::string path =
+          at.empty() ? std::string(name.str()) : at + "." + std::string(name.str());
+      if (const toml::table* sub = node.as_table()) {
+        walk(*sub, path);
+      } else if (!known.count(path)) {
+        fail("{}: unknown key '{}' (a cluster file has: {})", source, path, fmt::join(known, ", "));
+      }
+    }
+  };
+  walk(root, "");
+  ClusterSpec spec;
+  spec.source = source;
+  for (const Key& k : keys()) {
+    const auto node = root.at_path(k.path);
+    if (!node) {
+      BOTTLE_CHECK(!k.required, "{}: key '{}' is missing", source, k.path);
+      continue;
+    }
+    if (k.kind == Key::text) {
+      const auto v = node.value<std::string>();
+      BOTTLE_CHECK(v.has_value(), "{}: key '{}' must be a string", source, k.path);
+      k.set(spec, 0, *v);
+      continue;
+    }
+    const auto v = node.value<double>();
+    BOTTLE_CHECK(v.has_value() && std::isfinite(*v), "{}: key '{}' must be a number", source,
+                 k.path);
+    BOTTLE_CHECK(*v > 0 || (*v == 0 && may_be_zero(k.path)), "{}: key '{}' must be {}, got {}",
+                 source, k.path, may_be_zero(k.path) ? ">= 0" : "> 0", *v);
+    if (k.kind == Key::count)
+      BOTTLE_CHECK(*v == double(int64_t(*v)) && *v <= 1 << 20,
+                   "{}: key '{}' must be a whole number of GPUs, got {}", source, k.path, *v);
+    if (k.path == std::string("efficiency.gemm") || k.path == std::string("efficiency.bandwidth"))
+      BOTTLE_CHECK(*v <= 1, "{}: key '{}' is a share of the peak: it must be in (0, 1], got {}",
+                   source, k.path, *v);
+    k.set(spec, *v, {});
+  }
+  return spec;
+}
+
+ClusterSpec load_cluster(const std::string& preset_or_path) {
+  for (const Preset& p : kPresets)
+    if (preset_or_path == p.name)
+      return parse_cluster(std::string(p.text), fmt::format("preset {}", p.name));
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  BOTTLE_CHECK(fs::is_regular_file(preset_or_path, ec),
+               "--cluster '{}' is neither a preset ({}) nor a cluster file", preset_or_path,
+               fmt::join(cluster_presets(), ", "));
+  std::ifstream in(preset_or_path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  BOTTLE_CHECK(in.good() || in.eof(), "{}: cannot read the cluster file", preset_or_path);
+  return parse_cluster(text.str(), preset_or_path);
+}
+
+std::string cluster_to_toml(const ClusterSpec& spec, const std::string& comment) {
+  std::string out;
+  std::istringstream lines(comment);
+  for (std::string line; std::getline(lines, line);) out += "# " + line + "\n";
+  std::string table;
+  for (const Key& k : keys()) {
+    const std::string path = k.path;
+    const auto dot = path.rfind('.');
+    const std::string section = path.substr(0, dot);
+    if (section != table) {
+      out += fmt::format("\n[{}]\n", section);
+      table = section;
+    }
+    out += fmt::format("{} = {}\n", path.substr(dot + 1), k.get(spec));
+  }
+  return out;
+}
+
+}  // namespace bottle

@@ -1,0 +1,40 @@
+#pragma once
+// A cluster as `bottle plan` prices work on it (docs/design.md §22): one GPU's peak rates,
+// memory and bandwidth, the GPUs per node, the links inside and between nodes with NCCL's
+// latencies, and two global efficiency constants. Read from a TOML cluster file, or one of
+// the presets of clusters/ built into the binary.
+#include <string>
+#include <vector>
+
+namespace bottle {
+
+struct Link {
+  double bandwidth_gbs = 0;  // per GPU and direction, GB/s (10^9 bytes)
+  double latency_us = 0;     // per step of a ring (NCCL's hardware latency)
+};
+
+struct ClusterSpec {
+  std::string name, description, source;  // source: the file or "preset NAME"
+  std::string gpu_name;
+  double bf16_tflops = 0, fp32_tflops = 0;
+  double memory_gb = 0, memory_bandwidth_gbs = 0;
+  double kernel_overhead_us = 0;  // per kernel launch not hidden behind the kernel before
+  // Causal attention's rate where it was measured (--calibrate); 0: gemm efficiency × peak.
+  double attention_tflops = 0;
+  int gpus_per_node = 1;
+  Link intra_node, inter_node;
+  double nccl_base_latency_us = 0;  // per collective call
+  double gemm_efficiency = 1, bandwidth_efficiency = 1;
+};
+
+// The preset names ("a100-perlmutter", "h100", "h200").
+std::vector<std::string> cluster_presets();
+// A preset by name, or else a cluster file at that path. Fails naming the preset list when
+// it is neither, and the file and key for a missing, mistyped, out-of-range or unknown key.
+ClusterSpec load_cluster(const std::string& preset_or_path);
+ClusterSpec parse_cluster(const std::string& toml_text, const std::string& source);
+// A cluster file `parse_cluster` reads back to the same spec, with `comment` (lines without
+// '#') at its top.
+std::string cluster_to_toml(const ClusterSpec& spec, const std::string& comment);
+
+}  // namespace bottle

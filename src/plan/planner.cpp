@@ -1,0 +1,274 @@
+#include "plan/planner.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "core/setting_error.h"
+#include "model/llama.h"
+#include "parallel/recompute.h"
+#include "parallel/tp_layout.h"
+#include "parallel/tp_layouts.h"
+#include "plan/cost_model.h"
+#include "plan/dry_run.h"
+#include "train/memory_plan.h"
+
+namespace bottle {
+namespace {
+
+// Seconds of a group's calls: the first pass's collectives, recomputation's, and the sends.
+struct CallSeconds {
+  double first = 0, recompute = 0, sends = 0;
+};
+
+CallSeconds price_calls(const ClusterSpec& c, const std::map<CallShape, int64_t>& calls,
+                        int stride) {
+  CallSeconds s;
+  for (const auto& [call, count] : calls) {
+    const double t = double(count) * collective_seconds(c, call, group_link(c, call.ranks, stride));
+    if (call.kind == Collective::send || call.kind == Collective::recv)
+      s.sends += t;
+    else if (call.recompute)
+      s.recompute += t;
+    else
+      s.first += t;
+  }
+  return s;
+}
+
+// The blocks of one stage.
+int64_t stage_blocks(const TrainConfig& config) {
+  return config.model.num_layers / config.parallel.pp;
+}
+
+// The TP sites of the blocks' own collectives: the mode's prefix (as bench tp reads them).
+CommCounter block_counter(const StageCounts& counts, const TrainConfig& config) {
+  const std::string prefix = tp_mode_name(config.parallel.tp_mode);
+  CommCounter sum;
+  for (const char* pass : {".fwd.", ".bwd."}) {
+    const CommCounter c = counts.tp_stats.with_prefix(prefix + pass);
+    sum.calls += c.calls;
+    sum.elements += c.elements;
+    sum.bytes += c.bytes;
+  }
+  return sum;
+}
+
+std::string validation_error(const TrainConfig& config) {
+  const ParallelConfig& p = config.parallel;
+  try {
+    validate_layout(*p.tp_mode, config.model.shape(), p.tp);
+    validate_recompute(config.training.recompute, *p.tp_mode, config.model.shape());
+    validate_pipeline_stages(p.pp, config.model.num_layers);
+  } catch (const SettingError& e) {
+    return describe_setting_error(e);
+  }
+  return {};
+}
+
+}  // namespace
+
+nlohmann::ordered_json prediction_json(const Prediction& r) {
+  const ParallelConfig& p = r.config.parallel;
+  nlohmann::ordered_json j{{"layout", r.label()},
+                           {"tp_mode", tp_mode_name(p.tp_mode)},
+                           {"full_rank_baseline", r.full_rank_baseline},
+                           {"tp", p.tp},
+                           {"pp", p.pp},
+                           {"dp", p.dp},
+                           {"schedule", enum_name(p.schedule)},
+                           {"recompute", recompute_name(r.config.training.recompute)},
+                           {"micro_batch_size", r.config.training.micro_batch_size},
+                           {"micro_batches", r.config.training.grad_accum_steps}};
+  if (!r.excluded.empty()) {
+    j["excluded"] = r.excluded;
+    return j;
+  }
+  j["step_s"] = r.step;
+  j["compute_s"] = r.compute;
+  j["tp_comm_s"] = r.tp_comm;
+  j["bubble_s"] = r.bubble;
+  j["p2p_s"] = r.p2p;
+  j["dp_comm_s"] = r.dp_comm;
+  j["recompute_s"] = r.recompute;
+  j["optimizer_s"] = r.optimizer;
+  j["tokens_per_s"] = r.tokens_per_s;
+  j["mfu"] = r.mfu;
+  j["peak_bound_s"] = r.peak_bound;
+  j["slowest_stage"] = r.slowest_stage;
+  j["tp_elements_per_token_block"] = r.tp_elements_per_token_block;
+  j["tp_seconds_per_block_pass"] = r.tp_seconds_per_block_pass;
+  for (size_t tag = 0; tag < size_t(MemoryTag::count); ++tag)
+    j[fmt::format("{}_bytes", memory_tag_name(MemoryTag(tag)))] = r.memory.bytes[tag];
+  j["memory_bytes"] = r.memory.total();
+  j["fits"] = r.fits;
+  return j;
+}
+
+ModelConfig full_rank_model(const ModelConfig& model) {
+  ModelConfig m = model;
+  m.bottleneck = BottleneckKind::none;
+  m.rank = 0;
+  m.ranks = {};
+  m.mlp_gate_act.reset();
+  return m;
+}
+
+std::string Prediction::label() const {
+  const ParallelConfig& p = config.parallel;
+  std::string l = fmt::format("{}{} tp{} pp{} dp{}", tp_mode_name(p.tp_mode),
+                              full_rank_baseline ? " (full-rank model)" : "", p.tp, p.pp, p.dp);
+  if (p.pp > 1) l += fmt::format(" {}", enum_name(p.schedule));
+  l += fmt::format(" recompute={} mb{} x{}", recompute_name(config.training.recompute),
+                   config.training.micro_batch_size, config.training.grad_accum_steps);
+  return l;
+}
+
+Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool full_rank_baseline) {
+  Prediction r;
+  r.config = config;
+  r.full_rank_baseline = full_rank_baseline;
+  r.excluded = validation_error(config);
+  if (!r.excluded.empty()) return r;
+  const ParallelConfig& p = config.parallel;
+  const int m = int(config.training.grad_accum_steps);
+  const int dp_stride = p.tp, pp_stride = p.tp * p.dp;
+  std::vector<double> per_micro_batch(size_t(p.pp)), peak_per_micro_batch(size_t(p.pp));
+  const bool bf16 = config.training.precision == Precision::bf16;
+  const double peak = (bf16 ? cluster.bf16_tflops : cluster.fp32_tflops) * 1e12;
+  struct StageTime {
+    double compute, recompute, tp, p2p, tail_compute, tail_comm;
+  };
+  std::vector<StageTime> stages;
+  double model_flops = 0;
+  for (int s = 0; s < p.pp; ++s) {
+    const StageCounts counts = dry_run_stage(config, s);
+    StageTime t{};
+    for (const auto& [phase, ops] : counts.ops) {
+      (phase.empty() ? t.compute : t.recompute) += ops_seconds(cluster, ops, false);
+      t.tail_compute += ops_seconds(cluster, ops, true);
+    }
+    const CallSeconds tp = price_calls(cluster, counts.calls.at("tp"), 1);
+    const CallSeconds pp = price_calls(cluster, counts.calls.at("pp"), pp_stride);
+    const CallSeconds dp = price_calls(cluster, counts.calls.at("dp"), dp_stride);
+    t.tp = tp.first;
+    t.recompute += tp.recompute;
+    t.p2p = pp.sends;
+    t.tail_comm = pp.first + dp.first + dp.recompute + pp.recompute;
+    stages.push_back(t);
+    per_micro_batch[size_t(s)] = (t.compute + t.recompute + t.tp + t.p2p) / m;
+    model_flops += counts.model_flops;
+    double stage_flops = 0;
+    for (const auto& [phase, ops] : counts.ops) stage_flops += ops.flops();
+    peak_per_micro_batch[size_t(s)] = stage_flops / peak / m;
+    if (counts.memory.total() > r.memory.total()) r.memory = counts.memory;
+    if (s == 0) {
+      const CommCounter block = block_counter(counts, config);
+      const double blocks = double(stage_blocks(config));
+      const double tokens = double(config.training.micro_batch_size * config.training.seq_len * m);
+      r.tp_elements_per_token_block = double(block.elements) / (blocks * tokens);
+      // The blocks' own first-pass collectives, priced alone: per block and pass.
+      const std::string prefix = tp_mode_name(p.tp_mode);
+      double block_seconds = 0;
+      for (const auto& [call, count] : counts.calls.at("tp"))
+        if (call.site.starts_with(prefix + ".fwd.") || call.site.starts_with(prefix + ".bwd."))
+          block_seconds +=
+              double(count) * collective_seconds(cluster, call, group_link(cluster, call.ranks, 1));
+      r.tp_seconds_per_block_pass = block_seconds / (blocks * 2 * m);
+    }
+  }
+  const auto slowest = std::max_element(per_micro_batch.begin(), per_micro_batch.end());
+  r.slowest_stage = int(slowest - per_micro_batch.begin());
+  const double pipe =
+      (m - 1) * *slowest + std::accumulate(per_micro_batch.begin(), per_micro_batch.end(), 0.0);
+  const StageTime& t = stages[size_t(r.slowest_stage)];
+  double tail = 0;
+  for (const StageTime& st : stages) tail = std::max(tail, st.tail_compute + st.tail_comm);
+  r.compute = t.compute;
+  r.recompute = t.recompute;
+  r.tp_comm = t.tp;
+  r.p2p = t.p2p;
+  r.bubble = pipe - m * *slowest;
+  r.optimizer = t.tail_compute;
+  r.dp_comm = tail - t.tail_compute;
+  r.step = pipe + tail;
+  const double tokens =
+      double(config.training.micro_batch_size * config.training.seq_len * m * p.dp);
+  r.tokens_per_s = tokens / r.step;
+  const double gpus = double(p.tp) * p.pp * p.dp;
+  r.mfu = model_flops * p.tp * p.dp / (r.step * gpus * peak);
+  r.peak_bound =
+      (m - 1) * *std::max_element(peak_per_micro_batch.begin(), peak_per_micro_batch.end()) +
+      std::accumulate(peak_per_micro_batch.begin(), peak_per_micro_batch.end(), 0.0);
+  r.fits = double(r.memory.total()) <= cluster.memory_gb * 1e9;
+  return r;
+}
+
+std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpec& cluster,
+                                     const PlanRequest& request) {
+  const int64_t global_batch = request.global_batch > 0
+                                   ? request.global_batch
+                                   : config.training.micro_batch_size *
+                                         config.training.grad_accum_steps * config.parallel.dp;
+  std::vector<std::pair<ModelConfig, bool>> models{{config.model, false}};
+  if (request.full_rank_baseline && config.model.bottleneck != BottleneckKind::none)
+    models.emplace_back(full_rank_model(config.model), true);
+  std::vector<Prediction> out;
+  for (const auto& [model, baseline] : models)
+    for (const TpLayout* mode : tp_layouts()) {
+      if (!mode->fits(model.bottleneck)) continue;
+      for (int tp = 1; tp <= request.gpus; ++tp) {
+        if (request.gpus % tp || (request.tp && tp != request.tp)) continue;
+        for (int pp = 1; pp <= request.gpus / tp; ++pp) {
+          if ((request.gpus / tp) % pp || (request.pp && pp != request.pp)) continue;
+          const int dp = request.gpus / tp / pp;
+          for (Recompute policy : {Recompute::none, Recompute::block, Recompute::lowrank}) {
+            if (!mode->supports(policy, model.shape())) continue;
+            for (PipelineSchedule schedule :
+                 {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
+              if (pp == 1 && schedule != PipelineSchedule::one_f_one_b) continue;
+              if (global_batch % dp != 0) {
+                Prediction r;
+                r.config = config;
+                r.config.model = model;
+                r.config.parallel.tp = tp;
+                r.config.parallel.pp = pp;
+                r.config.parallel.dp = dp;
+                r.config.parallel.tp_mode = mode;
+                r.config.parallel.schedule = schedule;
+                r.config.training.recompute = policy;
+                r.full_rank_baseline = baseline;
+                r.excluded =
+                    fmt::format("the global batch of {} sequences does not split over {} replicas",
+                                global_batch, dp);
+                out.push_back(r);
+                continue;
+              }
+              // Every micro-batch size that divides a replica's share, up to 64 sequences.
+              for (int64_t mb = 1; mb <= global_batch / dp && mb <= 64; ++mb) {
+                if ((global_batch / dp) % mb) continue;
+                TrainConfig c = config;
+                c.model = model;
+                c.parallel.tp = tp;
+                c.parallel.pp = pp;
+                c.parallel.dp = dp;
+                c.parallel.tp_mode = mode;
+                c.parallel.schedule = schedule;
+                c.training.recompute = policy;
+                c.training.micro_batch_size = mb;
+                c.training.grad_accum_steps = global_batch / (int64_t(dp) * mb);
+                out.push_back(predict(c, cluster, baseline));
+              }
+            }
+          }
+        }
+      }
+    }
+  auto rank = [](const Prediction& r) { return r.excluded.empty() ? (r.fits ? 0 : 1) : 2; };
+  std::stable_sort(out.begin(), out.end(), [&](const Prediction& a, const Prediction& b) {
+    if (rank(a) != rank(b)) return rank(a) < rank(b);
+    return rank(a) < 2 && a.step < b.step;
+  });
+  return out;
+}
+
+}  // namespace bottle

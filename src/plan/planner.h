@@ -1,0 +1,67 @@
+#pragma once
+// `bottle plan`'s predictions (docs/design.md §22): a configuration's step on a cluster, for one
+// layout or for every layout of a number of GPUs, from the dry run's counts priced by the cost
+// model. The pipeline runs its stages' micro-batches in turn, nothing overlapped (as bottle and
+// Nanotron run them):
+//   c_s   = (compute + recompute + TP collectives + sends of stage s) / m   per micro-batch
+//   pipe  = (m − 1) · max_s c_s + Σ_s c_s      (= (m + p − 1) · c for equal stages)
+//   step  = pipe + the slowest stage's tail (DP gradient reduction, the norm, AdamW)
+// and the breakdown is the slowest stage's, with bubble = pipe − m · max_s c_s.
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "plan/cluster.h"
+#include "train/train_config.h"
+
+namespace bottle {
+
+struct Prediction {
+  TrainConfig config;  // the layout: parallel.*, training.micro_batch_size, .grad_accum_steps
+  bool full_rank_baseline = false;  // the full-rank model of the same widths (tp_mode full)
+  std::string excluded;  // non-empty: why this layout is not planned (nothing below is set)
+  // Seconds per optimizer step, and its parts on the slowest stage.
+  double step = 0, compute = 0, tp_comm = 0, bubble = 0, p2p = 0, dp_comm = 0, recompute = 0,
+         optimizer = 0;
+  double tokens_per_s = 0, mfu = 0;
+  // The same pipeline at 100 % of the dense peak with free memory traffic and communication:
+  // a lower bound no efficiency constant can beat.
+  double peak_bound = 0;
+  int slowest_stage = 0;
+  MemoryBreakdown memory;  // the stage with the largest plan
+  bool fits = false;
+  // The TP group's first-pass collectives per block and pass: elements per token, seconds.
+  double tp_elements_per_token_block = 0, tp_seconds_per_block_pass = 0;
+  std::string label() const;  // "btp tp4 pp2 dp1 1f1b recompute=none mb4 x8"
+};
+
+// One layout as `config` sets it.
+Prediction predict(const TrainConfig& config, const ClusterSpec& cluster,
+                   bool full_rank_baseline = false);
+
+struct PlanRequest {
+  int gpus = 1;
+  // Sequences per optimizer step over all replicas; 0: the configuration's (micro-batch ×
+  // grad_accum_steps × dp).
+  int64_t global_batch = 0;
+  // Also the full-rank model of the same widths under Megatron TP, as the baseline the paper
+  // compares against (a bottleneck configuration only).
+  bool full_rank_baseline = true;
+  // Only these TP and PP degrees (0: every divisor of gpus).
+  int tp = 0, pp = 0;
+};
+
+// Every layout of request.gpus GPUs: TP mode, tp × pp × dp, schedule, recompute policy and
+// micro-batch; the planned ones that fit first (fastest first), then those that do not fit,
+// then the excluded ones with their reason.
+std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpec& cluster,
+                                     const PlanRequest& request);
+
+// A prediction as `plan --json` prints it.
+nlohmann::ordered_json prediction_json(const Prediction& p);
+
+// The full-rank model of `model`'s widths (Megatron TP's baseline).
+ModelConfig full_rank_model(const ModelConfig& model);
+
+}  // namespace bottle
