@@ -19,6 +19,7 @@
 
 #include "apps/commands.h"
 #include "apps/paper_figures.h"
+#include "apps/paper_prediction.h"
 #include "apps/paper_report.h"
 #include "apps/subprocess.h"
 #include "core/arena.h"
@@ -388,6 +389,8 @@ Command add_bench_paper_command(CLI::App& app) {
       BOTTLE_CHECK(!r.loss[t].empty(), "bench paper: {} has no losses",
                    (folder / "metrics.jsonl").string());
     }
+    // The paper's own runs, on its cluster: predicted, nothing run (bottle plan --paper).
+    r.predicted = predict_paper_runs(load_cluster("a100-perlmutter"));
     write_paper_report(r, out);
     std::printf("bench paper: wrote %s and its plots\n", (out / "report.md").string().c_str());
     return 0;

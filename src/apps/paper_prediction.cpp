@@ -131,13 +131,15 @@ std::string paper_prediction_markdown(const json& predicted, const PaperFigures&
       "issues, nothing computed) and prices the counts on the cluster file `{}`: spec-sheet "
       "peaks and bandwidths, NCCL's ring/tree formulas with NCCL's latencies, and two global "
       "efficiency constants (GEMM {:g}, bandwidth {:g}) that are the same for every row and "
-      "were not fitted to these tables. Each iteration is one micro-batch ({}, {}) through the "
-      "pipeline, nothing overlapped, in bf16. The paper gives sizes, not shapes: the models are "
-      "the public LLaMA-family shapes of those sizes, with r = d/4 ({}).",
+      "were not fitted to these tables. Each iteration is one micro-batch of {} sequences of "
+      "{} tokens through the pipeline, nothing overlapped, in bf16 ({}). The paper gives "
+      "sizes, not shapes: the models are the public LLaMA-family shapes of those sizes, with "
+      "r = d/4 ({}).",
       predicted.at("cluster_source").get<std::string>(),
       predicted.at("gemm_efficiency").get<double>(),
-      predicted.at("bandwidth_efficiency").get<double>(), paper.show("iteration.setting"),
-      paper.show("iteration.layouts"), [&] {
+      predicted.at("bandwidth_efficiency").get<double>(), kMicroBatch, kSeq,
+      paper.show("iteration.layouts"),
+      [&] {
         std::string s;
         for (const json& row : predicted.at("iteration"))
           s += fmt::format("{}{}: {}, {}", s.empty() ? "" : "; ",
@@ -200,9 +202,10 @@ std::string paper_prediction_markdown(const json& predicted, const PaperFigures&
       "micro-batch runs through the stages one after another, so a step costs the whole "
       "model's work on TP-many GPUs at a time: at 100 % of the A100's peak, the "
       "full-rank {} would take at least {:.2f} s and {} at least {:.2f} s for their {} tokens, "
-      "against the paper's {:.2f} s and {:.2f} s; the paper's pipeline runs must therefore "
-      "hold more micro-batches per iteration or report a time per micro-batch, which the "
-      "summary does not say. The prediction keeps one micro-batch and does not guess.",
+      "against the paper's {:.2f} s and {:.2f} s. No efficiency can close that gap: the paper's "
+      "30B and 40B runs are not one micro-batch of these shapes (other shapes, or an iteration "
+      "counted otherwise), which the summary does not say. The prediction keeps what the "
+      "summary states and does not guess.",
       vanilla_elements, 2 * (5 * d + 2 * dff), rows[4].at("model").get<std::string>(),
       rows[4].at("full").at("peak_bound_s").get<double>(), rows[5].at("model").get<std::string>(),
       rows[5].at("full").at("peak_bound_s").get<double>(), kMicroBatch * kSeq, full[4], full[5]));

@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "apps/paper_figures.h"
+#include "apps/paper_prediction.h"
 #include "core/arena.h"
 #include "core/error.h"
 #include "train/plot.h"
@@ -184,6 +185,7 @@ class Report {
     online_norm();
     torch_peer();
     loss_curves();
+    if (!r_.predicted.is_null()) md_ += paper_prediction_markdown(r_.predicted, paper_);
     return md_;
   }
 
@@ -781,6 +783,7 @@ void write_paper_report(const PaperResults& r, const fs::path& out) {
   for (const auto& [k, rows] : r.kinds) all["kinds"][k] = rows;
   for (const auto& [b, rows] : r.grouping) all["grouping"][std::to_string(b)] = rows;
   for (const auto& [t, losses] : r.loss) all["loss"][std::to_string(t)] = losses;
+  if (!r.predicted.is_null()) all["predicted"] = r.predicted;
   // The paper's figures the report quoted, as read from the file and as printed.
   all["paper"] = {{"file", paper.file_name()}, {"quoted", paper.quoted()}};
   std::ofstream results(out / "results.json");

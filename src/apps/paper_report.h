@@ -24,6 +24,8 @@ struct PaperResults {
   std::vector<nlohmann::json> norm;         // `bench norm --json`, per backend
   std::vector<nlohmann::json> torch;        // `bench step --json` rows (none, cola)
   std::map<int, std::vector<double>> loss;  // per TP degree, one per step
+  // The paper's own runs predicted on its cluster (paper_prediction.h): no measurement.
+  nlohmann::json predicted;
 };
 
 // Writes out/report.md, out/results.json and the plots; fails naming a plot gnuplot could

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "core/arena.h"
 #include "core/error.h"
 
 namespace bottle {
@@ -43,20 +44,36 @@ void CountingBackend::count(const char* kernel, std::initializer_list<Tensor> op
   for (const Tensor& t : operands) k.bytes += double(t.nbytes());
 }
 
+CountingBackend::~CountingBackend() {
+  for (const Reservation& r : reservations_) munmap(r.base, r.bytes);
+}
+
 void* CountingBackend::allocate(size_t bytes, const char* what) {
-  void* p = mmap(nullptr, std::max<size_t>(bytes, 1), PROT_NONE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  BOTTLE_CHECK(p != MAP_FAILED, "cannot reserve {} bytes of address space to plan the {}", bytes,
-               what);
+  const size_t rounded = aligned_size(std::max<size_t>(bytes, 1));
+  if (reservations_.empty() || reservations_.back().bytes - reservations_.back().used < rounded) {
+    // Address space only (PROT_NONE, MAP_NORESERVE): 64 GiB at a time, or what one buffer needs
+    // where a limit on the address space (ulimit -v) refuses that much.
+    void* p = MAP_FAILED;
+    size_t size = 0;
+    for (size_t want : {std::max<size_t>(rounded, size_t(64) << 30), rounded}) {
+      p = mmap(nullptr, want, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      size = want;
+      if (p != MAP_FAILED) break;
+    }
+    BOTTLE_CHECK(p != MAP_FAILED, "cannot reserve {} of address space to plan the {}",
+                 format_bytes(rounded), what);
+    reservations_.push_back({static_cast<char*>(p), size, 0});
+  }
+  Reservation& r = reservations_.back();
+  void* p = r.base + r.used;
+  r.used += rounded;
   reserved_ += bytes;
   peak_reserved_ = std::max(peak_reserved_, reserved_);
   return p;
 }
 
-void CountingBackend::deallocate(void* p, size_t bytes) {
-  munmap(p, std::max<size_t>(bytes, 1));
-  reserved_ -= bytes;
-}
+// The address space is returned when the backend dies: a dry run is short.
+void CountingBackend::deallocate(void*, size_t bytes) { reserved_ -= bytes; }
 
 // Staging moves the tensor's bytes over the host link; the dry run has nothing to stage.
 void CountingBackend::to_host(void*, Tensor src) { count("to_host", {src}); }

@@ -5,6 +5,10 @@
 // touched (as a reserve-only Arena does), so a 40B model's stage plans in milliseconds. A
 // stray host access to a tensor faults at once instead of reading garbage.
 //
+// Allocations are laid out in ascending addresses in large reservations, as a heap lays out
+// a run's buffers: code that batches operands found evenly spaced in memory (gemm_grouped)
+// batches the same ones here as on the host backend.
+//
 // Counting rules (docs/design.md §22): a GEMM is 2·m·n·k·batch FLOPs and reads A and B and
 // writes C (C read too when beta ≠ 0); causal attention forward is 4·B·H·hd·S(S+1)/2 FLOPs
 // (QKᵀ and PV over the lower triangle), its backward 2.5 times that (QKᵀ again, dP, dV, dQ,
@@ -14,6 +18,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/backend.h"
 
@@ -48,6 +53,10 @@ struct OpCounts {
 
 class CountingBackend final : public Backend {
  public:
+  CountingBackend() = default;
+  CountingBackend(const CountingBackend&) = delete;
+  CountingBackend& operator=(const CountingBackend&) = delete;
+  ~CountingBackend() override;
   // Kernels count under the string `*phase` points to while it is set (the TP communicator's
   // phase, "recompute." while a block is recomputed), else under "".
   void set_phase_source(const std::string* phase) { phase_ = phase; }
@@ -123,6 +132,11 @@ class CountingBackend final : public Backend {
   OpCounts& here() { return counts_[phase_ ? *phase_ : std::string()]; }
   void count(const char* kernel, std::initializer_list<Tensor> operands, double flops = 0.0);
 
+  struct Reservation {
+    char* base;
+    size_t bytes, used;
+  };
+  std::vector<Reservation> reservations_;
   const std::string* phase_ = nullptr;
   std::map<std::string, OpCounts> counts_;
   size_t reserved_ = 0, peak_reserved_ = 0;

@@ -96,6 +96,7 @@ nlohmann::ordered_json prediction_json(const Prediction& r) {
   j["peak_bound_s"] = r.peak_bound;
   j["slowest_stage"] = r.slowest_stage;
   j["tp_elements_per_token_block"] = r.tp_elements_per_token_block;
+  j["tp_calls_per_block"] = r.tp_calls_per_block;
   j["tp_seconds_per_block_pass"] = r.tp_seconds_per_block_pass;
   for (size_t tag = 0; tag < size_t(MemoryTag::count); ++tag)
     j[fmt::format("{}_bytes", memory_tag_name(MemoryTag(tag)))] = r.memory.bytes[tag];
@@ -117,6 +118,7 @@ std::string Prediction::label() const {
   const ParallelConfig& p = config.parallel;
   std::string l = fmt::format("{}{} tp{} pp{} dp{}", tp_mode_name(p.tp_mode),
                               full_rank_baseline ? " (full-rank model)" : "", p.tp, p.pp, p.dp);
+  if (whole_layout) return l;
   if (p.pp > 1) l += fmt::format(" {}", enum_name(p.schedule));
   l += fmt::format(" recompute={} mb{} x{}", recompute_name(config.training.recompute),
                    config.training.micro_batch_size, config.training.grad_accum_steps);
@@ -166,6 +168,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
       const double blocks = double(stage_blocks(config));
       const double tokens = double(config.training.micro_batch_size * config.training.seq_len * m);
       r.tp_elements_per_token_block = double(block.elements) / (blocks * tokens);
+      r.tp_calls_per_block = double(block.calls) / (blocks * m);
       // The blocks' own first-pass collectives, priced alone: per block and pass.
       const std::string prefix = tp_mode_name(p.tp_mode);
       double block_seconds = 0;
@@ -221,28 +224,34 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
         for (int pp = 1; pp <= request.gpus / tp; ++pp) {
           if ((request.gpus / tp) % pp || (request.pp && pp != request.pp)) continue;
           const int dp = request.gpus / tp / pp;
+          // A layout the model cannot take is one exclusion, whatever its policy and batch.
+          {
+            TrainConfig c = config;
+            c.model = model;
+            c.parallel.tp = tp;
+            c.parallel.pp = pp;
+            c.parallel.dp = dp;
+            c.parallel.tp_mode = mode;
+            c.training.recompute = Recompute::none;
+            Prediction r;
+            r.excluded = validation_error(c);
+            if (r.excluded.empty() && global_batch % dp != 0)
+              r.excluded =
+                  fmt::format("the global batch of {} sequences does not split over {} replicas",
+                              global_batch, dp);
+            if (!r.excluded.empty()) {
+              r.config = c;
+              r.full_rank_baseline = baseline;
+              r.whole_layout = true;
+              out.push_back(r);
+              continue;
+            }
+          }
           for (Recompute policy : {Recompute::none, Recompute::block, Recompute::lowrank}) {
             if (!mode->supports(policy, model.shape())) continue;
             for (PipelineSchedule schedule :
                  {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
               if (pp == 1 && schedule != PipelineSchedule::one_f_one_b) continue;
-              if (global_batch % dp != 0) {
-                Prediction r;
-                r.config = config;
-                r.config.model = model;
-                r.config.parallel.tp = tp;
-                r.config.parallel.pp = pp;
-                r.config.parallel.dp = dp;
-                r.config.parallel.tp_mode = mode;
-                r.config.parallel.schedule = schedule;
-                r.config.training.recompute = policy;
-                r.full_rank_baseline = baseline;
-                r.excluded =
-                    fmt::format("the global batch of {} sequences does not split over {} replicas",
-                                global_batch, dp);
-                out.push_back(r);
-                continue;
-              }
               // Every micro-batch size that divides a replica's share, up to 64 sequences.
               for (int64_t mb = 1; mb <= global_batch / dp && mb <= 64; ++mb) {
                 if ((global_batch / dp) % mb) continue;

@@ -21,6 +21,7 @@ struct Prediction {
   TrainConfig config;  // the layout: parallel.*, training.micro_batch_size, .grad_accum_steps
   bool full_rank_baseline = false;  // the full-rank model of the same widths (tp_mode full)
   std::string excluded;  // non-empty: why this layout is not planned (nothing below is set)
+  bool whole_layout = false;  // excluded whatever its schedule, policy and micro-batch
   // Seconds per optimizer step, and its parts on the slowest stage.
   double step = 0, compute = 0, tp_comm = 0, bubble = 0, p2p = 0, dp_comm = 0, recompute = 0,
          optimizer = 0;
@@ -31,8 +32,10 @@ struct Prediction {
   int slowest_stage = 0;
   MemoryBreakdown memory;  // the stage with the largest plan
   bool fits = false;
-  // The TP group's first-pass collectives per block and pass: elements per token, seconds.
-  double tp_elements_per_token_block = 0, tp_seconds_per_block_pass = 0;
+  // The blocks' own TP collectives outside recomputation (bench tp's counters): elements per
+  // token and block, forward and backward together; calls per block; seconds per block and
+  // pass.
+  double tp_elements_per_token_block = 0, tp_calls_per_block = 0, tp_seconds_per_block_pass = 0;
   std::string label() const;  // "btp tp4 pp2 dp1 1f1b recompute=none mb4 x8"
 };
 

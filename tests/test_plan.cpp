@@ -1,0 +1,305 @@
+// bottle plan: cluster files (presets, round trip, every bad key named), NCCL's cost formulas,
+// the dry run's TP volumes against the design's formulas at LLaMA-7B scale and against what
+// `bench tp` counts, --calibrate, the paper's runs, and one clear error for each bad input.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "parallel/tp_layouts.h"
+#include "plan/cluster.h"
+#include "plan/cost_model.h"
+#include "plan/planner.h"
+#include "test_util.h"
+#include "train/train_config.h"
+
+namespace bottle {
+namespace {
+
+using testing::bottle_binary;
+using testing::error_of;
+using testing::mpirun;
+using testing::run;
+using testing::TempDir;
+namespace fs = std::filesystem;
+
+void write_file(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
+
+TEST(Cluster, PresetsCarryEveryKeyAndRoundTrip) {
+  ASSERT_EQ(cluster_presets(), (std::vector<std::string>{"a100-perlmutter", "h100", "h200"}));
+  for (const std::string& name : cluster_presets()) {
+    SCOPED_TRACE(name);
+    const ClusterSpec c = load_cluster(name);
+    EXPECT_EQ(c.name, name);
+    EXPECT_GT(c.bf16_tflops, c.fp32_tflops);
+    EXPECT_GT(c.memory_gb, 0);
+    EXPECT_GT(c.intra_node.bandwidth_gbs, c.inter_node.bandwidth_gbs);
+    EXPECT_LE(c.gemm_efficiency, 1.0);
+    const ClusterSpec again = parse_cluster(cluster_to_toml(c, "again"), "again");
+    EXPECT_EQ(cluster_to_toml(again, "x"), cluster_to_toml(c, "x"));
+  }
+  // The paper's machine, from its spec sheets.
+  const ClusterSpec a100 = load_cluster("a100-perlmutter");
+  EXPECT_EQ(a100.bf16_tflops, 312.0);
+  EXPECT_EQ(a100.gpus_per_node, 4);
+  EXPECT_EQ(a100.intra_node.bandwidth_gbs, 300.0);
+}
+
+TEST(Cluster, BadFilesGetOneErrorNamingTheFileAndKey) {
+  TempDir dir;
+  const std::string good = cluster_to_toml(load_cluster("h100"), "test");
+  auto without = [&](const std::string& key_line) {
+    std::string text = good;
+    const size_t at = text.find(key_line);
+    EXPECT_NE(at, std::string::npos) << key_line;
+    text.erase(at, text.find('\n', at) - at + 1);
+    return text;
+  };
+  auto replaced = [&](const std::string& from, const std::string& to) {
+    std::string text = good;
+    text.replace(text.find(from), from.size(), to);
+    return text;
+  };
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {without("bf16_tflops = "), "c.toml: key 'gpu.bf16_tflops' is missing"},
+      {without("latency_us = "), "c.toml: key 'links.intra_node.latency_us' is missing"},
+      {good + "\n[gpu2]\nspeed = 1\n", "c.toml: unknown key 'gpu2.speed'"},
+      {replaced("memory_gb = 80.0", "memory_gb = 0.0"), "c.toml: key 'gpu.memory_gb' must be > 0"},
+      {replaced("gemm = 0.8", "gemm = 1.5"), "c.toml: key 'efficiency.gemm' is a share"},
+      {replaced("gpus = 8", "gpus = 2.5"), "c.toml: key 'node.gpus' must be a whole number"},
+      {replaced("gpus = 8", "gpus = \"eight\""), "c.toml: key 'node.gpus' must be a number"},
+      {"[gpu\n", "c.toml: TOML syntax error at line 1"},
+  };
+  for (const auto& [text, expected] : cases) {
+    write_file(dir / "c.toml", text);
+    const std::string e = error_of([&] { load_cluster((dir / "c.toml")); });
+    EXPECT_NE(e.find(expected), std::string::npos) << "got: " << e;
+  }
+  const std::string e = error_of([] { load_cluster("a300"); });
+  EXPECT_NE(e.find("--cluster 'a300' is neither a preset (a100-perlmutter, h100, h200) nor a "
+                   "cluster file"),
+            std::string::npos)
+      << e;
+}
+
+TEST(CostModel, NcclRingAndTreeFormulas) {
+  const ClusterSpec c = load_cluster("a100-perlmutter");
+  const double beta = 300e9 * 0.8, alpha = 3.4e-6, base = 8.4e-6;
+  // A 4-rank ring all-reduce of 128 MiB inside a node: a + 2(n−1)α + 2(n−1)/n·S/β.
+  const CallShape big{Collective::all_reduce, 4, 32 << 20, 4, false, "x"};
+  EXPECT_DOUBLE_EQ(collective_seconds(c, big, c.intra_node),
+                   base + 6 * alpha + 1.5 * double(128 << 20) / beta);
+  // Many ranks and a tiny message: the tree's 2⌈log₂n⌉ steps beat the ring's 2(n−1).
+  const CallShape tiny{Collective::all_reduce, 64, 1, 4, false, "x"};
+  const double tree = base + 2 * 6 * 6.6e-6 + 2 * 4 / (25e9 * 0.8);
+  EXPECT_DOUBLE_EQ(collective_seconds(c, tiny, c.inter_node), tree);
+  const CallShape gather{Collective::all_gather, 4, 1 << 20, 2, false, "x"};
+  EXPECT_DOUBLE_EQ(collective_seconds(c, gather, c.intra_node),
+                   base + 3 * alpha + 0.75 * double(2 << 20) / beta);
+  EXPECT_DOUBLE_EQ(
+      collective_seconds(c, CallShape{Collective::send, 2, 1000, 2, false, "x"}, c.inter_node),
+      6.6e-6 + 2000 / (25e9 * 0.8));
+  // Four GPUs a node: TP 4 stays inside it; pipeline stages 4 ranks apart cross nodes.
+  EXPECT_EQ(&group_link(c, 4, 1), &c.intra_node);
+  EXPECT_EQ(&group_link(c, 2, 4), &c.inter_node);
+  EXPECT_EQ(&group_link(c, 8, 1), &c.inter_node);
+}
+
+// The dry run of LLaMA-7B's step at TP 4 counts the design's volumes per token and block (both
+// passes): full 2·2d; vanilla 5d + 2d_ff forward, 3d + d_ff backward (the grouped projections'
+// input gradients share one all-reduce); btp 7r + 2 forward (with the two online RMSNorm
+// statistics) and 7r backward.
+TEST(Planner, CountsTheDesignsVolumesAtLlama7bScale) {
+  const double d = 4096, dff = 11008, r = 1024;
+  const ClusterSpec cluster = load_cluster("a100-perlmutter");
+  for (const auto& [mode, bottleneck, expected] :
+       {std::tuple{"full", "none", 2 * 2 * d},
+        std::tuple{"vanilla", "cola", 5 * d + 2 * dff + 3 * d + dff},
+        std::tuple{"btp", "cola", 7 * r + 2 + 7 * r}}) {
+    SCOPED_TRACE(mode);
+    const TrainConfig config = parse_train_config_string(fmt::format(R"([model]
+vocab_size = 32000
+hidden_size = 4096
+intermediate_size = 11008
+num_layers = 32
+num_heads = 32
+bottleneck = "{}"
+rank = 1024
+max_seq_len = 4096
+[training]
+micro_batch_size = 4
+seq_len = 4096
+precision = "bf16"
+[parallel]
+tp = 4
+tp_mode = "{}"
+)",
+                                                                     bottleneck, mode),
+                                                         "7b.toml");
+    const Prediction p = predict(config, cluster);
+    ASSERT_TRUE(p.excluded.empty()) << p.excluded;
+    EXPECT_EQ(p.tp_elements_per_token_block, expected);
+    EXPECT_GT(p.step, p.peak_bound);
+    EXPECT_NEAR(p.step,
+                p.compute + p.tp_comm + p.bubble + p.p2p + p.dp_comm + p.recompute + p.optimizer,
+                1e-9 * p.step);
+    EXPECT_GT(p.mfu, 0.2);
+    EXPECT_LT(p.mfu, 0.8);
+  }
+}
+
+constexpr const char* kConfig = R"([model]
+vocab_size = 64
+hidden_size = 64
+intermediate_size = 128
+num_layers = 4
+num_heads = 4
+bottleneck = "cola"
+rank = 16
+max_seq_len = 32
+
+[training]
+micro_batch_size = 2
+seq_len = 32
+
+[parallel]
+tp = 2
+)";
+
+// What bench tp counts per block is what the dry run counts, for each of its three modes.
+TEST(PlanCli, VolumesEqualBenchTpCounters) {
+  TempDir dir;
+  write_file(dir / "c.toml", kConfig);
+  const auto bench = run(fmt::format("{} {} bench tp {} --json --steps 1 --warmup 0", mpirun(2),
+                                     bottle_binary(), (dir / "c.toml")));
+  ASSERT_EQ(bench.status, 0) << bench.output;
+  const auto plan = run(fmt::format("{} plan {} --cluster a100-perlmutter --tp 2 --json",
+                                    bottle_binary(), (dir / "c.toml")));
+  ASSERT_EQ(plan.status, 0) << plan.output;
+  std::map<std::string, nlohmann::json> planned;
+  std::istringstream lines(plan.output);
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.contains("step_s") && j.at("recompute") == "none" && j.at("micro_batch_size") == 2)
+      planned[j.at("tp_mode").get<std::string>()] = j;
+  }
+  int modes = 0;
+  std::istringstream rows(bench.output);
+  for (std::string line; std::getline(rows, line);) {
+    if (line.empty() || line[0] != '{') continue;
+    const auto b = nlohmann::json::parse(line);
+    const std::string mode = b.at("mode");
+    SCOPED_TRACE(mode);
+    ASSERT_TRUE(planned.count(mode));
+    const nlohmann::json& p = planned[mode];
+    EXPECT_EQ(p.at("tp_elements_per_token_block").get<double>(),
+              b.at("fwd_elems_per_token_block").get<double>() +
+                  b.at("bwd_elems_per_token_block").get<double>());
+    EXPECT_EQ(p.at("tp_calls_per_block").get<double>(),
+              b.at("collectives_per_block").get<double>() +
+                  b.at("bwd_collectives_per_block").get<double>());
+    EXPECT_EQ(p.at("memory_bytes").get<double>(),
+              b.at("peak_bytes").get<double>() -
+                  b.at("memory_per_rank").at("workspace")[0].get<double>() +
+                  p.at("workspace_bytes").get<double>());
+    ++modes;
+  }
+  EXPECT_EQ(modes, 3);
+}
+
+TEST(PlanCli, RanksLayoutsAndExplainsExclusions) {
+  TempDir dir;
+  write_file(dir / "c.toml", kConfig);
+  const auto r = run(fmt::format("{} plan {} --cluster h100 --gpus 4 --global-batch 8 --all",
+                                 bottle_binary(), (dir / "c.toml")));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("btp tp2 pp1 dp2"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("full (full-rank model) tp4 pp1 dp1"), std::string::npos);
+  // On 3 GPUs nothing of this model splits 3 ways: one exclusion per TP mode, saying why.
+  const auto odd = run(fmt::format("{} plan {} --cluster h100 --gpus 3 --global-batch 3 --all",
+                                   bottle_binary(), (dir / "c.toml")));
+  ASSERT_EQ(odd.status, 0) << odd.output;
+  EXPECT_NE(odd.output.find("excluded ("), std::string::npos) << odd.output;
+  EXPECT_NE(odd.output.find("tp3 pp1 dp1"), std::string::npos);
+  EXPECT_NE(odd.output.find("parallel.tp (3) must divide"), std::string::npos) << odd.output;
+  EXPECT_NE(odd.output.find("excluded (3)"), std::string::npos) << odd.output;
+}
+
+TEST(PlanCli, BadInputGetsOneClearError) {
+  TempDir dir;
+  write_file(dir / "c.toml", kConfig);
+  std::string broken = cluster_to_toml(load_cluster("a100-perlmutter"), "broken");
+  broken.erase(broken.find("memory_bandwidth_gbs"),
+               broken.find('\n', broken.find("memory_bandwidth_gbs")) -
+                   broken.find("memory_bandwidth_gbs") + 1);
+  write_file(dir / "broken.toml", broken);
+  const std::string config = (dir / "c.toml");
+  const std::vector<std::pair<std::string, std::string>> cases{
+      {fmt::format("plan {} --cluster a300", config),
+       "--cluster 'a300' is neither a preset (a100-perlmutter, h100, h200) nor a cluster file"},
+      {fmt::format("plan {} --cluster {}", config, (dir / "broken.toml")),
+       "broken.toml: key 'gpu.memory_bandwidth_gbs' is missing"},
+      {fmt::format("plan {} --cluster h100 --gpus 6 --tp 4", config),
+       "plan: --tp 4 does not divide the 6 GPUs"},
+      {fmt::format("plan {} --cluster h100 --gpus 8 --tp 2 --pp 3", config),
+       "plan: --tp 2 × --pp 3 = 6 does not divide the 8 GPUs"},
+      {fmt::format("plan {}", config), "plan: --cluster is required"},
+      {fmt::format("plan {} --cluster h100 --set data.train=x", config),
+       "plan does not read key 'data.train'"},
+      {fmt::format("plan --calibrate {}", (dir / "here.toml")),
+       "plan --calibrate measures the collectives between ranks: run it under mpirun"},
+  };
+  for (const auto& [args, expected] : cases) {
+    SCOPED_TRACE(args);
+    const auto r = run(fmt::format("{} {}", bottle_binary(), args));
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_EQ(r.output.rfind("bottle: error: ", 0), 0u) << r.output;
+    EXPECT_NE(r.output.find(expected), std::string::npos) << r.output;
+    EXPECT_EQ(testing::count_occurrences(r.output, "error:"), 1) << r.output;
+  }
+}
+
+// --calibrate writes a cluster file of this machine that plan reads back.
+TEST(PlanCli, CalibrateWritesAClusterFileOfThisMachine) {
+  TempDir dir;
+  const std::string file = dir / "here.toml";
+  const auto r = run(fmt::format("{} {} plan --calibrate {}", mpirun(2), bottle_binary(), file));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const ClusterSpec here = load_cluster(file);
+  EXPECT_EQ(here.gpus_per_node, 2);
+  EXPECT_GT(here.fp32_tflops, 0);
+  EXPECT_GT(here.attention_tflops, 0);
+  EXPECT_GT(here.intra_node.bandwidth_gbs, 0);
+  EXPECT_EQ(here.gemm_efficiency, 1.0);
+  write_file(dir / "c.toml", kConfig);
+  const auto plan =
+      run(fmt::format("{} plan {} --cluster {} --tp 2", bottle_binary(), (dir / "c.toml"), file));
+  EXPECT_EQ(plan.status, 0) << plan.output;
+  EXPECT_NE(plan.output.find("btp tp2 pp1 dp1"), std::string::npos) << plan.output;
+}
+
+// The paper's runs, predicted: every table's rows, each mode planned.
+TEST(PlanCli, PredictsThePapersRuns) {
+  const auto r = run(fmt::format("{} plan --paper --json", bottle_binary()));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto j = nlohmann::json::parse(r.output);
+  ASSERT_EQ(j.at("iteration").size(), 6u);
+  EXPECT_EQ(j.at("microbatch").size(), 4u);
+  EXPECT_EQ(j.at("kinds").size(), 3u);
+  EXPECT_EQ(j.at("collectives").size(), 3u);
+  for (const auto& row : j.at("iteration"))
+    for (const char* mode : {"full", "vanilla", "btp"}) {
+      SCOPED_TRACE(row.at("model").get<std::string>() + " " + mode);
+      EXPECT_GT(row.at(mode).at("step_s").get<double>(),
+                row.at(mode).at("peak_bound_s").get<double>());
+    }
+  const auto md = run(fmt::format("{} plan --paper", bottle_binary()));
+  ASSERT_EQ(md.status, 0) << md.output;
+  EXPECT_NE(md.output.find("## Predicted on the paper's cluster"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace bottle
