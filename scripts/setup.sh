@@ -18,6 +18,7 @@ packages=(
   libzstd-dev zlib1g-dev zstd      # compressed corpora for bottle prepare (.zst, .gz)
   python3-venv                     # .venv: the tokenizer oracles (tests/tokenizer_oracle.py)
   liblapacke-dev                   # bottle lowrank: truncated SVDs (LAPACK's dgesdd)
+  jq                               # scripts/plan_check.sh: predictions beside bench tp's JSON
 )
 missing=()
 for p in "${packages[@]}"; do

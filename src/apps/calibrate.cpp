@@ -6,12 +6,12 @@
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <tuple>
 #include <vector>
 
 #include "core/arena.h"
 #include "core/backend.h"
 #include "core/error.h"
-#include "core/gemm_peak.h"
 #include "core/system_info.h"
 #include "plan/cluster.h"
 #include "train/memory_plan.h"
@@ -21,10 +21,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// The best of `rounds` timings of `f`, each repeated until it has run `min_seconds`.
+// The median of `rounds` timings of `f`, each repeated until it has run `min_seconds`: what a
+// run sustains on a shared machine, where the best of many would be a lucky moment.
 template <typename F>
-double best_seconds(F&& f, int rounds = 5, double min_seconds = 0.05) {
-  double best = 1e30;
+double median_seconds(F&& f, int rounds = 7, double min_seconds = 0.1) {
+  f();  // caches, pages and the library's kernel choice stay out of the timing
+  std::vector<double> times;
   for (int round = 0; round < rounds; ++round) {
     int runs = 0;
     const auto t0 = Clock::now();
@@ -34,9 +36,47 @@ double best_seconds(F&& f, int rounds = 5, double min_seconds = 0.05) {
       ++runs;
       elapsed = std::chrono::duration<double>(Clock::now() - t0).count();
     } while (elapsed < min_seconds);
-    best = std::min(best, elapsed / runs);
+    times.push_back(elapsed / runs);
   }
-  return best;
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+// TFLOP/s of a square product of n = 1024 in `dtype` (fp32 accumulation and output).
+double gemm_tflops(Backend& be, DType dtype) {
+  constexpr int64_t n = 1024;
+  Arena arena(MemoryTag::workspace, be);
+  Tensor a = arena.alloc({n, n}, dtype), b = arena.alloc({n, n}, dtype), c = arena.alloc({n, n});
+  GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.a = a.data, g.b = b.data, g.c = c.data;
+  g.lda = g.ldb = g.ldc = n;
+  g.dtypes_of(a, b, c);
+  return 2.0 * double(n) * double(n) * double(n) / median_seconds([&] { be.gemm(g); }) / 1e12;
+}
+
+// The rate GEMMs stream their operands at: thin products (one side 1/8 of the others, each
+// operand layout a backward pass uses), their time less their FLOPs at `tflops`, over their
+// bytes. 0 when the FLOPs alone account for the time.
+double gemm_bandwidth_gbs(Backend& be, double tflops) {
+  constexpr int64_t n = 1024, thin = 128;
+  Arena arena(MemoryTag::workspace, be);
+  Tensor a = arena.alloc({n, n}), b = arena.alloc({n, n}), c = arena.alloc({n, n});
+  double seconds = 0, flops = 0, bytes = 0;
+  for (auto [m, nn, k, ta, tb] :
+       {std::tuple{n, thin, n, false, true}, std::tuple{n, thin, n, true, false},
+        std::tuple{n, n, thin, false, false}}) {
+    GemmArgs g;
+    g.trans_a = ta, g.trans_b = tb;
+    g.m = m, g.n = nn, g.k = k;
+    g.a = a.data, g.b = b.data, g.c = c.data;
+    g.lda = ta ? m : k, g.ldb = tb ? k : nn, g.ldc = nn;
+    seconds += median_seconds([&] { be.gemm(g); });
+    flops += 2.0 * double(m) * double(nn) * double(k);
+    bytes += 4.0 * double(m * k + k * nn + m * nn);
+  }
+  const double streaming = seconds - flops / (tflops * 1e12);
+  return streaming > 0 ? bytes / streaming / 1e9 : 0.0;
 }
 
 double copy_bandwidth_gbs(Backend& be) {
@@ -44,14 +84,14 @@ double copy_bandwidth_gbs(Backend& be) {
   constexpr int64_t n = 16 << 20;  // 64 MiB each way: far beyond any cache
   Tensor a = arena.alloc({n}), b = arena.alloc({n});
   be.copy(b, a);
-  const double s = best_seconds([&] { be.copy(b, a); });
+  const double s = median_seconds([&] { be.copy(b, a); });
   return 2.0 * double(a.nbytes()) / s / 1e9;
 }
 
 double kernel_overhead_us(Backend& be) {
   Arena arena(MemoryTag::workspace, be);
   Tensor a = arena.alloc({16}), b = arena.alloc({16});
-  return best_seconds([&] { be.add(a, a, b); }) * 1e6;
+  return median_seconds([&] { be.add(a, a, b); }) * 1e6;
 }
 
 // Forward and backward of causal attention at a head dim of 64: their FLOPs counted as the
@@ -65,7 +105,7 @@ double attention_tflops(Backend& be) {
          dk = arena.alloc({B, S, H, hd}), dv = arena.alloc({B, S, H, hd}),
          dout = arena.alloc({B, S, H, hd});
   const double flops = 3.5 * 4.0 * B * H * hd * double(S) * double(S + 1) / 2.0;
-  const double s = best_seconds([&] {
+  const double s = median_seconds([&] {
     be.attention_forward(out, lse, q, k, v);
     be.attention_backward(dq, dk, dv, dout, out, lse, q, k, v);
   });
@@ -76,16 +116,17 @@ double attention_tflops(Backend& be) {
 double all_reduce_seconds(Communicator& world, int64_t elements) {
   std::vector<float> data(size_t(elements), 1.0f);
   const Tensor t = host_tensor(std::span(data));
-  world.barrier();
-  double best = 1e30;
-  for (int round = 0; round < 5; ++round) {
+  world.all_reduce(t, ReduceOp::sum, "calibrate");
+  std::vector<double> times;
+  for (int round = 0; round < 7; ++round) {
     constexpr int kRuns = 8;
     world.barrier();
     const auto t0 = Clock::now();
     for (int run = 0; run < kRuns; ++run) world.all_reduce(t, ReduceOp::sum, "calibrate");
-    best = std::min(best, std::chrono::duration<double>(Clock::now() - t0).count() / kRuns);
+    times.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / kRuns);
   }
-  return reduce_scalar(&world, best, ReduceOp::max, "calibrate");
+  std::sort(times.begin(), times.end());
+  return reduce_scalar(&world, times[times.size() / 2], ReduceOp::max, "calibrate");
 }
 
 }  // namespace
@@ -107,9 +148,10 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
       "this machine, {} ranks of {} thread(s), measured by bottle plan "
       "--calibrate",
       n, omp_get_max_threads());
-  c.fp32_tflops = slowest(measure_gemm_peak_gflops(*be, DType::f32) / 1e3);
-  c.bf16_tflops = slowest(measure_gemm_peak_gflops(*be, DType::bf16) / 1e3);
+  c.fp32_tflops = slowest(gemm_tflops(*be, DType::f32));
+  c.bf16_tflops = slowest(gemm_tflops(*be, DType::bf16));
   c.memory_bandwidth_gbs = slowest(copy_bandwidth_gbs(*be));
+  c.gemm_bandwidth_gbs = slowest(gemm_bandwidth_gbs(*be, c.fp32_tflops));
   c.attention_tflops = slowest(attention_tflops(*be));
   c.kernel_overhead_us = reduce_scalar(&world, kernel_overhead_us(*be), ReduceOp::max, "calibrate");
   c.memory_gb = double(available_memory_bytes()) / 1e9 / n;
@@ -128,11 +170,12 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
   c.gemm_efficiency = c.bandwidth_efficiency = 1.0;
   if (world.rank() != 0) return;
   const std::string text = cluster_to_toml(
-      c, fmt::format("Measured by `bottle plan --calibrate` on {} ranks of {} thread(s): every "
-                     "rate is one reached here\n(best of several runs, the slowest rank's), so "
-                     "both efficiency constants are 1.\nThe links are MPI's all-reduce between "
-                     "these ranks; no other node was measured.",
-                     n, omp_get_max_threads()));
+      c,
+      fmt::format("Measured by `bottle plan --calibrate` on {} ranks of {} thread(s): every "
+                  "rate is one reached here\n(the median of several runs, the slowest rank's), so "
+                  "both efficiency constants are 1.\nThe links are MPI's all-reduce between "
+                  "these ranks; no other node was measured.",
+                  n, omp_get_max_threads()));
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   BOTTLE_CHECK(out.good(), "{}: cannot write the cluster file", path);
   out << text;

@@ -86,8 +86,9 @@ const PaperModel& model_named(const char* name) {
 std::string seconds(double s) { return fmt::format("{:.2f}", s); }
 // "0.65 / 0.72 (−10 %)": predicted, the paper's, and the error.
 std::string versus(double predicted, double theirs, const char* unit = "") {
+  const double error = std::round(100.0 * (predicted / theirs - 1.0));
   return fmt::format("{:.2f}{} / {:.2f}{} ({:+.0f} %)", predicted, unit, theirs, unit,
-                     100.0 * (predicted / theirs - 1.0));
+                     error == 0 ? 0.0 : error);
 }
 bool within(double predicted, double theirs, double tolerance) {
   return std::abs(predicted / theirs - 1.0) <= tolerance;
@@ -138,8 +139,7 @@ std::string paper_prediction_markdown(const json& predicted, const PaperFigures&
       predicted.at("cluster_source").get<std::string>(),
       predicted.at("gemm_efficiency").get<double>(),
       predicted.at("bandwidth_efficiency").get<double>(), kMicroBatch, kSeq,
-      paper.show("iteration.layouts"),
-      [&] {
+      paper.show("iteration.layouts"), [&] {
         std::string s;
         for (const json& row : predicted.at("iteration"))
           s += fmt::format("{}{}: {}, {}", s.empty() ? "" : "; ",

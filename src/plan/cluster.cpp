@@ -73,6 +73,7 @@ const std::vector<Key>& keys() {
       num("gpu.memory_bandwidth_gbs", &ClusterSpec::memory_bandwidth_gbs),
       num("gpu.kernel_overhead_us", &ClusterSpec::kernel_overhead_us),
       num("gpu.attention_tflops", &ClusterSpec::attention_tflops, false),
+      num("gpu.gemm_bandwidth_gbs", &ClusterSpec::gemm_bandwidth_gbs, false),
       Key{"node.gpus", Key::count, true,
           [](ClusterSpec& s, double v, const std::string&) { s.gpus_per_node = int(v); },
           [](const ClusterSpec& s) { return std::to_string(s.gpus_per_node); }},
@@ -90,7 +91,7 @@ const std::vector<Key>& keys() {
 // Latencies and the kernel overhead may be 0; rates, sizes and efficiencies may not.
 bool may_be_zero(const std::string& path) {
   return path.ends_with("latency_us") || path == "gpu.kernel_overhead_us" ||
-         path == "gpu.attention_tflops";
+         path == "gpu.attention_tflops" || path == "gpu.gemm_bandwidth_gbs";
 }
 
 }  // namespace

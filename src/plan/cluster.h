@@ -21,6 +21,9 @@ struct ClusterSpec {
   double kernel_overhead_us = 0;  // per kernel launch not hidden behind the kernel before
   // Causal attention's rate where it was measured (--calibrate); 0: gemm efficiency × peak.
   double attention_tflops = 0;
+  // The rate GEMMs stream their operands at, where it was measured on thin products
+  // (--calibrate); 0: the memory bandwidth × bandwidth efficiency, as for every other kernel.
+  double gemm_bandwidth_gbs = 0;
   int gpus_per_node = 1;
   Link intra_node, inter_node;
   double nccl_base_latency_us = 0;  // per collective call

@@ -20,8 +20,9 @@ bool is_tail_kernel(const std::string& kernel) {
 }
 
 double gemm_seconds(const ClusterSpec& c, const GemmShape& g) {
-  return g.flops() / peak_flops(c, g.bf16()) + memory_seconds(c, g.bytes()) +
-         c.kernel_overhead_us * 1e-6;
+  const double operands = c.gemm_bandwidth_gbs > 0 ? g.bytes() / (c.gemm_bandwidth_gbs * 1e9)
+                                                   : memory_seconds(c, g.bytes());
+  return g.flops() / peak_flops(c, g.bf16()) + operands + c.kernel_overhead_us * 1e-6;
 }
 
 double kernel_seconds(const ClusterSpec& c, const std::string& kernel, const KernelCount& k) {

@@ -1,10 +1,10 @@
 #pragma once
 // What `bottle plan` charges for the dry run's counts on a cluster (docs/design.md §22).
 //   GEMM        flops / (gemm efficiency × peak of its dtype) + bytes / (bandwidth efficiency
-//               × HBM bandwidth) + the kernel overhead: a roofline whose two terms add, so
-//               that a GEMM with a thin side (a split rank r/t) pays for the operands it
-//               streams as well as for its FLOPs; efficiency falls with size as that term
-//               grows relative to the FLOPs.
+//               × HBM bandwidth, or the GEMM bandwidth --calibrate measured) + the kernel
+//               overhead: a roofline whose two terms add, so that a GEMM with a thin side (a
+//               split rank r/t) pays for the operands it streams as well as for its FLOPs; its
+//               efficiency falls as its arithmetic intensity (FLOPs per byte) does.
 //   attention   its FLOPs at the measured attention rate, else as a GEMM's, plus its bytes.
 //   other       memory-bound: bytes / (bandwidth efficiency × HBM bandwidth) + overhead.
 //   collectives NCCL's ring and tree cost formulas, whichever is cheaper (as NCCL's tuner

@@ -20,7 +20,7 @@ namespace bottle {
 struct Prediction {
   TrainConfig config;  // the layout: parallel.*, training.micro_batch_size, .grad_accum_steps
   bool full_rank_baseline = false;  // the full-rank model of the same widths (tp_mode full)
-  std::string excluded;  // non-empty: why this layout is not planned (nothing below is set)
+  std::string excluded;       // non-empty: why this layout is not planned (nothing below is set)
   bool whole_layout = false;  // excluded whatever its schedule, policy and micro-batch
   // Seconds per optimizer step, and its parts on the slowest stage.
   double step = 0, compute = 0, tp_comm = 0, bubble = 0, p2p = 0, dp_comm = 0, recompute = 0,
