@@ -25,19 +25,27 @@ echo "calibrated: $out/cluster.toml ($(grep '^name = ' "$out/cluster.toml" | hea
 status=0
 printf '%-8s %-4s %12s %12s %8s\n' mode tp "measured ms" "predicted ms" error
 for tp in 1 2; do
+  # Only the JSON lines: mpirun may print its own.
   "${mpi[@]}" -np "$tp" "$bottle" bench tp "$config" --set parallel.tp="$tp" --threads 1 \
-    --json --steps "$steps" --warmup 1 > "$out/bench_tp$tp.json"
+    --json --steps "$steps" --warmup 1 | grep '^{' > "$out/bench_tp$tp.json"
   "$bottle" plan "$config" --cluster "$out/cluster.toml" --tp "$tp" --gpus "$tp" --json \
-    > "$out/plan_tp$tp.json"
-  micro_batch=$(jq -s '[.[] | select(.micro_batches == 1)] | map(.micro_batch_size) | max' \
-    "$out/plan_tp$tp.json")
+    | grep '^{' > "$out/plan_tp$tp.json"
+  # bench tp runs the configuration's micro-batch once: the planned row of one micro-batch.
+  micro_batch=$(jq -s '[.[] | select(has("step_s") and .micro_batches == 1)]
+                       | map(.micro_batch_size) | max // empty' "$out/plan_tp$tp.json")
   for mode in full vanilla btp; do
     measured=$(jq -r --arg m "$mode" 'select(.mode == $m and .recompute == "none") | .iter_ms' \
       "$out/bench_tp$tp.json")
     [ -n "$measured" ] || continue
-    predicted=$(jq -r --arg m "$mode" --argjson b "$micro_batch" \
-      'select(.tp_mode == $m and .recompute == "none" and .micro_batch_size == $b
-              and .micro_batches == 1) | .step_s * 1000' "$out/plan_tp$tp.json")
+    predicted=$(jq -r --arg m "$mode" --argjson b "${micro_batch:-0}" \
+      'select(has("step_s") and .tp_mode == $m and .recompute == "none"
+              and .micro_batch_size == $b and .micro_batches == 1) | .step_s * 1000' \
+      "$out/plan_tp$tp.json")
+    if [ -z "$predicted" ]; then
+      printf '%-8s %-4s %12.1f %12s\n' "$mode" "$tp" "$measured" "not planned"
+      status=1
+      continue
+    fi
     error=$(jq -n --argjson p "$predicted" --argjson m "$measured" '100 * ($p / $m - 1)')
     printf '%-8s %-4s %12.1f %12.1f %+7.1f%%\n' "$mode" "$tp" "$measured" "$predicted" "$error"
     jq -n -e --argjson e "$error" '$e | fabs <= 20' > /dev/null || status=1

@@ -35,7 +35,7 @@ TEST(Cluster, PresetsCarryEveryKeyAndRoundTrip) {
     const ClusterSpec c = load_cluster(name);
     EXPECT_EQ(c.name, name);
     EXPECT_GT(c.bf16_tflops, c.fp32_tflops);
-    EXPECT_GT(c.memory_gb, 0);
+    EXPECT_GT(c.memory_gib, 0);
     EXPECT_GT(c.intra_node.bandwidth_gbs, c.inter_node.bandwidth_gbs);
     EXPECT_LE(c.gemm_efficiency, 1.0);
     const ClusterSpec again = parse_cluster(cluster_to_toml(c, "again"), "again");
@@ -67,7 +67,8 @@ TEST(Cluster, BadFilesGetOneErrorNamingTheFileAndKey) {
       {without("bf16_tflops = "), "c.toml: key 'gpu.bf16_tflops' is missing"},
       {without("latency_us = "), "c.toml: key 'links.intra_node.latency_us' is missing"},
       {good + "\n[gpu2]\nspeed = 1\n", "c.toml: unknown key 'gpu2.speed'"},
-      {replaced("memory_gb = 80.0", "memory_gb = 0.0"), "c.toml: key 'gpu.memory_gb' must be > 0"},
+      {replaced("memory_gib = 80.0", "memory_gib = 0.0"),
+       "c.toml: key 'gpu.memory_gib' must be > 0"},
       {replaced("gemm = 0.8", "gemm = 1.5"), "c.toml: key 'efficiency.gemm' is a share"},
       {replaced("gpus = 8", "gpus = 2.5"), "c.toml: key 'node.gpus' must be a whole number"},
       {replaced("gpus = 8", "gpus = \"eight\""), "c.toml: key 'node.gpus' must be a number"},
@@ -85,27 +86,76 @@ TEST(Cluster, BadFilesGetOneErrorNamingTheFileAndKey) {
       << e;
 }
 
+// NCCL's tuner (src/graph/tuning.cc, Simple protocol) as the cost model applies it: ring steps
+// inside a node at NVLink's latency, the ones between nodes at the network's; the tree only
+// where it is cheaper; the bottleneck link's bandwidth.
 TEST(CostModel, NcclRingAndTreeFormulas) {
   const ClusterSpec c = load_cluster("a100-perlmutter");
-  const double beta = 300e9 * 0.8, alpha = 3.4e-6, base = 8.4e-6;
-  // A 4-rank ring all-reduce of 128 MiB inside a node: a + 2(n−1)α + 2(n−1)/n·S/β.
-  const CallShape big{Collective::all_reduce, 4, 32 << 20, 4, false, "x"};
-  EXPECT_DOUBLE_EQ(collective_seconds(c, big, c.intra_node),
-                   base + 6 * alpha + 1.5 * double(128 << 20) / beta);
-  // Many ranks and a tiny message: the tree's 2⌈log₂n⌉ steps beat the ring's 2(n−1).
-  const CallShape tiny{Collective::all_reduce, 64, 1, 4, false, "x"};
-  const double tree = base + 2 * 6 * 6.6e-6 + 2 * 4 / (25e9 * 0.8);
-  EXPECT_DOUBLE_EQ(collective_seconds(c, tiny, c.inter_node), tree);
-  const CallShape gather{Collective::all_gather, 4, 1 << 20, 2, false, "x"};
-  EXPECT_DOUBLE_EQ(collective_seconds(c, gather, c.intra_node),
-                   base + 3 * alpha + 0.75 * double(2 << 20) / beta);
-  EXPECT_DOUBLE_EQ(
-      collective_seconds(c, CallShape{Collective::send, 2, 1000, 2, false, "x"}, c.inter_node),
-      6.6e-6 + 2000 / (25e9 * 0.8));
-  // Four GPUs a node: TP 4 stays inside it; pipeline stages 4 ranks apart cross nodes.
-  EXPECT_EQ(&group_link(c, 4, 1), &c.intra_node);
-  EXPECT_EQ(&group_link(c, 2, 4), &c.inter_node);
-  EXPECT_EQ(&group_link(c, 8, 1), &c.inter_node);
+  const double nvlink = 300e9 * 0.8, net = 25e9 * 0.8, a = 8.4e-6, alpha = 3.4e-6,
+               alpha_net = 14e-6;
+  const double mib128 = double(128 << 20);
+  // 4 ranks of one node, 128 MiB: the ring, 2(n−1) NVLink steps.
+  EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::all_reduce, mib128, 4, 1),
+                   a + 6 * alpha + 1.5 * mib128 / nvlink);
+  // 16 ranks on 4 nodes, 4 bytes: the tree's 2((n/N − 1)α + log₂N·α') beats the ring's
+  // (2(n−1) − 2(N−1))α + 2(N−1)α'.
+  const double tree = a + 2 * (3 * alpha + 2 * alpha_net) + 2 * 4 / net;
+  const double ring = a + 24 * alpha + 6 * alpha_net + 2 * 15.0 / 16 * 4 / net;
+  ASSERT_LT(tree, ring);
+  EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::all_reduce, 4, 16, 4), tree);
+  // Inside one node a tree is a chain: the ring wins.
+  EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::all_reduce, 4, 4, 1),
+                   a + 6 * alpha + 1.5 * 4 / nvlink);
+  EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::all_gather, double(2 << 20), 4, 1),
+                   a + 3 * alpha + 0.75 * double(2 << 20) / nvlink);
+  EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::send, 2000, 2, 2), alpha_net + 2000 / net);
+  EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::recv, 2000, 2, 2), 0);
+}
+
+// Four GPUs a node, world ranks TP fastest: which nodes a group's ranks span.
+TEST(CostModel, GroupsSpanTheNodesTheirRanksSitOn) {
+  const ClusterSpec c = load_cluster("a100-perlmutter");
+  EXPECT_EQ(nodes_spanned(c, 0, 4, 1), 1);   // TP 4
+  EXPECT_EQ(nodes_spanned(c, 3, 3, 1), 2);   // TP 3 from rank 3: {3, 4, 5} straddles
+  EXPECT_EQ(nodes_spanned(c, 0, 2, 2), 1);   // tp 2 × pp 2: neighbouring stages share a node
+  EXPECT_EQ(nodes_spanned(c, 2, 2, 2), 2);   // ... stages 1 and 2 of tp 2 × pp 4 do not
+  EXPECT_EQ(nodes_spanned(c, 0, 2, 28), 2);  // the tied embedding of tp 4 × pp 8: ends apart
+  EXPECT_EQ(nodes_spanned(c, 0, 8, 4), 8);
+}
+
+// A pipeline's sends cross nodes only where its stages do: tp 2 × pp 4 on 4-GPU nodes puts
+// stages 0-1 and 2-3 together, so the sends of stage 0 stay on NVLink and stage 1's to 2 do
+// not; and an fp32 run's attention runs at the fp32 peak (the step never beats its bound).
+TEST(Planner, PricesSendsOnTheLinkBetweenTheStages) {
+  const ClusterSpec c = load_cluster("a100-perlmutter");
+  const std::string model = R"([model]
+vocab_size = 32000
+hidden_size = 2048
+intermediate_size = 5504
+num_layers = 8
+num_heads = 16
+bottleneck = "cola"
+rank = 512
+max_seq_len = 2048
+[training]
+micro_batch_size = 2
+seq_len = 2048
+grad_accum_steps = 4
+)";
+  for (const char* precision : {"bf16", "fp32"}) {
+    SCOPED_TRACE(precision);
+    const TrainConfig config = parse_train_config_string(
+        model + fmt::format("precision = \"{}\"\n[parallel]\ntp = 2\npp = 4\n", precision),
+        "pp.toml");
+    const Prediction p = predict(config, c);
+    ASSERT_TRUE(p.excluded.empty()) << p.excluded;
+    EXPECT_GT(p.p2p, 0);
+    EXPECT_GT(p.bubble, 0);
+    EXPECT_GT(p.step, p.peak_bound);
+    // The slowest stage sends over the network (stage 1 or 2), each of its 2m sends at least
+    // the network's latency.
+    EXPECT_GT(p.p2p, 2 * 4 * 14e-6);
+  }
 }
 
 // The dry run of LLaMA-7B's step at TP 4 counts the design's volumes per token and block (both
@@ -143,9 +193,6 @@ tp_mode = "{}"
     ASSERT_TRUE(p.excluded.empty()) << p.excluded;
     EXPECT_EQ(p.tp_elements_per_token_block, expected);
     EXPECT_GT(p.step, p.peak_bound);
-    EXPECT_NEAR(p.step,
-                p.compute + p.tp_comm + p.bubble + p.p2p + p.dp_comm + p.recompute + p.optimizer,
-                1e-9 * p.step);
     EXPECT_GT(p.mfu, 0.2);
     EXPECT_LT(p.mfu, 0.8);
   }

@@ -2,7 +2,9 @@
 // machine, in one report. It is a launcher: each measurement is another bottle command run
 // under mpirun (bench tp, bench norm, bench step, train) whose JSON it collects; every mode
 // of one comparison is timed in the same run (bench tp interleaves them). It writes
-// DIR/report.md, PNG plots (gnuplot), DIR/results.json and each run's log in DIR/logs.
+// DIR/report.md, PNG plots (gnuplot), DIR/results.json and each run's log in DIR/logs. Its
+// last section runs nothing: the paper's own runs predicted on the paper's cluster by
+// `bottle plan` (apps/paper_prediction.h), beside the paper's figures.
 #include <fmt/ranges.h>
 #include <unistd.h>
 

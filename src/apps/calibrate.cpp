@@ -148,13 +148,17 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
       "this machine, {} ranks of {} thread(s), measured by bottle plan "
       "--calibrate",
       n, omp_get_max_threads());
-  c.fp32_tflops = slowest(gemm_tflops(*be, DType::f32));
+  const double my_fp32_tflops = gemm_tflops(*be, DType::f32);
+  c.fp32_tflops = slowest(my_fp32_tflops);
   c.bf16_tflops = slowest(gemm_tflops(*be, DType::bf16));
   c.memory_bandwidth_gbs = slowest(copy_bandwidth_gbs(*be));
-  c.gemm_bandwidth_gbs = slowest(gemm_bandwidth_gbs(*be, c.fp32_tflops));
+  c.gemm_bandwidth_gbs = slowest(gemm_bandwidth_gbs(*be, my_fp32_tflops));
   c.attention_tflops = slowest(attention_tflops(*be));
   c.kernel_overhead_us = reduce_scalar(&world, kernel_overhead_us(*be), ReduceOp::max, "calibrate");
-  c.memory_gb = double(available_memory_bytes()) / 1e9 / n;
+  c.memory_gib = double(available_memory_bytes()) / double(1 << 30) / n;
+  BOTTLE_CHECK(c.memory_gib > 0,
+               "plan --calibrate: this machine's available memory is unknown "
+               "(no MemAvailable in /proc/meminfo, no cgroup limit)");
   c.gpus_per_node = n;
   // A ring all-reduce of S bytes: 2(n−1) steps of latency α plus 2(n−1)/n · S / β. The small
   // buffer gives α, the large one β.
@@ -176,6 +180,8 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
                   "both efficiency constants are 1.\nThe links are MPI's all-reduce between "
                   "these ranks; no other node was measured.",
                   n, omp_get_max_threads()));
+  // What plan reads back: a measurement it would refuse is an error here, not there.
+  parse_cluster(text, path);
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   BOTTLE_CHECK(out.good(), "{}: cannot write the cluster file", path);
   out << text;

@@ -28,11 +28,11 @@ const CommandKeys kPlanKeys{
      "checkpoint.", "metrics."},
     "it predicts one training step per layout of the configuration's model"};
 
-void print_table(const std::vector<Prediction>& rows, const ClusterSpec& cluster, size_t top,
-                 bool all) {
-  std::printf("  %-4s %-52s %8s %8s %8s %7s %7s %7s %8s %7s %10s %5s %10s %s\n", "#", "layout",
+void print_table(const std::vector<Prediction>& rows, size_t top, bool all) {
+  std::printf("  %-4s %-52s %8s %8s %8s %7s %7s %7s %8s %7s %10s %5s %10s %-5s %s\n", "#", "layout",
               "step s", "compute", "tp comm", "bubble", "p2p", "dp+pp", "recomp", "optim",
-              "tokens/s", "MFU", "memory", "fits");
+              "tokens/s", "MFU", "memory", "fits",
+              "GiB: weights + gradients + optimizer + activations + buffers");
   size_t shown = 0, planned = 0, excluded = 0;
   for (const Prediction& r : rows) {
     if (!r.excluded.empty()) {
@@ -42,12 +42,16 @@ void print_table(const std::vector<Prediction>& rows, const ClusterSpec& cluster
     ++planned;
     if (!all && shown >= top) continue;
     ++shown;
+    const MemoryBreakdown& m = r.memory;
+    auto gib = [](size_t bytes) { return double(bytes) / double(1 << 30); };
     std::printf(
-        "  %-4zu %-52s %8.3f %8.3f %8.3f %7.3f %7.3f %7.3f %8.3f %7.3f %10.0f %4.0f%% %10s %s\n",
+        "  %-4zu %-52s %8.3f %8.3f %8.3f %7.3f %7.3f %7.3f %8.3f %7.3f %10.0f %4.0f%% %10s %-5s "
+        "%.1f + %.1f + %.1f + %.1f + %.1f\n",
         planned, r.label().c_str(), r.step, r.compute, r.tp_comm, r.bubble, r.p2p, r.dp_comm,
-        r.recompute, r.optimizer, r.tokens_per_s, 100 * r.mfu,
-        format_bytes(r.memory.total()).c_str(),
-        r.fits ? "yes" : fmt::format("no (> {:g} GB)", cluster.memory_gb).c_str());
+        r.recompute, r.optimizer, r.tokens_per_s, 100 * r.mfu, format_bytes(m.total()).c_str(),
+        r.fits ? "yes" : "no", gib(m[MemoryTag::weights]), gib(m[MemoryTag::gradients]),
+        gib(m[MemoryTag::optimizer]), gib(m[MemoryTag::activations]),
+        gib(m[MemoryTag::comm] + m[MemoryTag::workspace]));
   }
   if (planned > shown)
     std::printf("  … %zu more planned layouts (--all shows them)\n", planned - shown);
@@ -163,7 +167,8 @@ Command add_plan_command(CLI::App& app) {
     const ModelConfig& m = config.model;
     std::printf(
         "bottle plan: %s, %s model d=%lld d_ff=%lld r=%lld L=%lld H=%lld V=%lld, sequence %lld, "
-        "%s; %d GPU(s) of %s (%s: %d per node, %s, %g TFLOP/s bf16, %g GB at %g GB/s); "
+        "%s; %d GPU(s) of %s (%s: %d per node, %s, %g TFLOP/s bf16, %g GiB at %g GB/s: a "
+        "layout fits when its largest rank's plan does); "
         "efficiencies: GEMM %g, bandwidth %g; predicted step = compute + TP collectives + "
         "pipeline bubble + sends + DP/PP reductions + recomputation + optimizer, nothing "
         "overlapped\n",
@@ -172,9 +177,9 @@ Command add_plan_command(CLI::App& app) {
         (long long)m.num_heads, (long long)m.vocab_size, (long long)config.training.seq_len,
         enum_name(config.training.precision), request.gpus, cluster.name.c_str(),
         cluster.source.c_str(), cluster.gpus_per_node, cluster.gpu_name.c_str(),
-        cluster.bf16_tflops, cluster.memory_gb, cluster.memory_bandwidth_gbs,
+        cluster.bf16_tflops, cluster.memory_gib, cluster.memory_bandwidth_gbs,
         cluster.gemm_efficiency, cluster.bandwidth_efficiency);
-    print_table(rows, cluster, o->top, o->all);
+    print_table(rows, o->top, o->all);
     return 0;
   };
 }

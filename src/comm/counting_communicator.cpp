@@ -1,5 +1,8 @@
 #include "comm/counting_communicator.h"
 
+#include <algorithm>
+#include <cstdlib>
+
 #include "core/error.h"
 
 namespace bottle {
@@ -15,18 +18,32 @@ CountingCommunicator::CountingCommunicator(std::string name, int size, int rank,
                "a counting group '{}' of {} ranks has no rank {}", name_, size, rank);
 }
 
-CountingCommunicator::CountingCommunicator(std::string name, int size, int rank,
+CountingCommunicator::CountingCommunicator(std::string name, const SplitGroup& group,
                                            const CountingCommunicator& parent)
-    : CountingCommunicator(std::move(name), size, rank) {
+    : CountingCommunicator(std::move(name), group.size, group.rank) {
+  first_ = parent.first_ + group.first * parent.stride_;
+  stride_ = group.stride * parent.stride_;
   calls_ = parent.calls_;
 }
 
-void CountingCommunicator::count(Collective kind, std::string_view site, const Tensor& x) {
+void CountingCommunicator::count(Collective kind, std::string_view site, const Tensor& x,
+                                 int peer) {
   if (size_ == 1) return;
   stats_.record(kind, site, x.numel(), dtype_size(x.dtype), 0.0);
-  const std::string& phase = stats_.phase();
-  ++(*calls_)[CallShape{kind, size_, x.numel(), dtype_size(x.dtype), !phase.empty(),
-                        phase + std::string(site)}];
+  CallShape call{kind,
+                 size_,
+                 first_,
+                 stride_,
+                 x.numel(),
+                 dtype_size(x.dtype),
+                 !stats_.phase().empty(),
+                 stats_.phase() + std::string(site)};
+  if (peer >= 0) {  // the two ends of a point-to-point transfer
+    call.ranks = 2;
+    call.first = first_ + std::min(rank_, peer) * stride_;
+    call.stride = std::abs(peer - rank_) * stride_;
+  }
+  ++(*calls_)[call];
 }
 
 void CountingCommunicator::all_reduce(Tensor x, ReduceOp, std::string_view site) {
@@ -41,25 +58,24 @@ void CountingCommunicator::reduce_scatter(Tensor, Tensor in, std::string_view si
 void CountingCommunicator::broadcast(Tensor x, int, std::string_view site) {
   count(Collective::broadcast, site, x);
 }
-void CountingCommunicator::send(Tensor x, int, int, std::string_view site) {
-  count(Collective::send, site, x);
+void CountingCommunicator::send(Tensor x, int dest, int, std::string_view site) {
+  count(Collective::send, site, x, dest);
 }
-void CountingCommunicator::recv(Tensor x, int, int, std::string_view site) {
-  count(Collective::recv, site, x);
+void CountingCommunicator::recv(Tensor x, int source, int, std::string_view site) {
+  count(Collective::recv, site, x, source);
 }
-void CountingCommunicator::send_async(Tensor x, int, int, std::string_view site) {
-  count(Collective::send, site, x);
+void CountingCommunicator::send_async(Tensor x, int dest, int, std::string_view site) {
+  count(Collective::send, site, x, dest);
 }
 void CountingCommunicator::barrier() {
   if (size_ == 1) return;
   stats_.record(Collective::barrier, "barrier", 0, 0, 0.0);
-  ++(*calls_)[CallShape{Collective::barrier, size_, 0, 0, false, "barrier"}];
+  ++(*calls_)[CallShape{Collective::barrier, size_, first_, stride_, 0, 0, false, "barrier"}];
 }
 
 std::unique_ptr<Communicator> CountingCommunicator::split(int color, int key, std::string name) {
   BOTTLE_CHECK(bool(split_rule_), "the dry run cannot split the '{}' group into '{}'", name_, name);
-  const auto [size, rank] = split_rule_(color, key);
-  return std::make_unique<CountingCommunicator>(std::move(name), size, rank, *this);
+  return std::make_unique<CountingCommunicator>(std::move(name), split_rule_(color, key), *this);
 }
 
 }  // namespace bottle

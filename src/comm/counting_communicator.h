@@ -2,22 +2,24 @@
 // A communicator that moves nothing: one rank's view of a group of `size` ranks in `bottle
 // plan`'s dry run. Every call is counted in stats() exactly as the MPI and NCCL communicators
 // count it (communicator.h: the same elements per call and site, so the dry run's volumes are
-// bench tp's), and kept by its shape (kind, elements, element size) so that a cost model can
-// price each call, latency included. Like the real ones, a group of one rank counts nothing.
+// bench tp's), and kept by its shape — kind, which ranks take part, elements, element size —
+// so that a cost model can price each call on the links its ranks span, latency included.
+// Like the real ones, a group of one rank counts nothing.
 #include <compare>
 #include <functional>
 #include <map>
 #include <string>
-#include <utility>
 
 #include "comm/communicator.h"
 
 namespace bottle {
 
-// One collective as the cost model prices it.
+// One call as the cost model prices it. Its ranks are first + i·stride, i < ranks, counted in
+// the ranks of the group the dry run created (the root of any split): a collective's whole
+// group, or a send's two ends.
 struct CallShape {
   Collective kind = Collective::all_reduce;
-  int ranks = 1;  // the group's size
+  int ranks = 1, first = 0, stride = 1;
   int64_t elements = 0;
   size_t element_bytes = 4;
   bool recompute = false;  // issued while a block is recomputed (under kRecomputePhase)
@@ -28,18 +30,24 @@ struct CallShape {
 
 class CountingCommunicator final : public Communicator {
  public:
-  // split() needs every rank's color, which one process does not see: `split_rule` answers
-  // it with the new group's size and this rank's place in it. Without one, split fails,
-  // naming the group.
-  using SplitRule = std::function<std::pair<int, int>(int color, int key)>;
+  // What split() makes of this rank's group, which one process cannot learn from the other
+  // ranks' colors: the new group's size, this rank's place in it, and where its members sit
+  // in this group (first + i·stride).
+  struct SplitGroup {
+    int size = 1, rank = 0, first = 0, stride = 1;
+  };
+  using SplitRule = std::function<SplitGroup(int color, int key)>;
+  // Without a split rule, split() fails naming the group.
   CountingCommunicator(std::string name, int size, int rank, SplitRule split_rule = {});
-  // A group split from `parent`: its calls count into the parent's calls().
-  CountingCommunicator(std::string name, int size, int rank, const CountingCommunicator& parent);
+  // A group split from `parent`, whose members sit at `first + i·stride` of the parent's
+  // ranks; its calls count into the parent's calls().
+  CountingCommunicator(std::string name, const SplitGroup& group,
+                       const CountingCommunicator& parent);
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
-  // Calls per shape, this group's and those of the groups split from it.
+  // Calls per shape: this group's and those of the groups split from it.
   const std::map<CallShape, int64_t>& calls() const { return *calls_; }
 
   void all_reduce(Tensor x, ReduceOp op, std::string_view site) override;
@@ -54,10 +62,12 @@ class CountingCommunicator final : public Communicator {
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
 
  private:
-  void count(Collective kind, std::string_view site, const Tensor& x);
+  // `peer`: the other end of a send or receive (-1: a collective of the whole group).
+  void count(Collective kind, std::string_view site, const Tensor& x, int peer = -1);
 
   std::string name_;
   int size_, rank_;
+  int first_ = 0, stride_ = 1;  // this group's members in the root group's ranks
   SplitRule split_rule_;
   std::shared_ptr<std::map<CallShape, int64_t>> calls_;
 };

@@ -5,9 +5,11 @@
 // touched (as a reserve-only Arena does), so a 40B model's stage plans in milliseconds. A
 // stray host access to a tensor faults at once instead of reading garbage.
 //
-// Allocations are laid out in ascending addresses in large reservations, as a heap lays out
-// a run's buffers: code that batches operands found evenly spaced in memory (gemm_grouped)
-// batches the same ones here as on the host backend.
+// Allocations are laid out one after another in large reservations (64 GiB of address space
+// each), as a heap lays out a run's buffers, so that code that batches operands found evenly
+// spaced in memory (gemm_grouped) finds them much as it does on the host backend; whether it
+// does depends on the allocator, there as here, and changes how many GEMMs run, never the
+// products or their FLOPs.
 //
 // Counting rules (docs/design.md §22): a GEMM is 2·m·n·k·batch FLOPs and reads A and B and
 // writes C (C read too when beta ≠ 0); causal attention forward is 4·B·H·hd·S(S+1)/2 FLOPs
@@ -30,7 +32,7 @@ struct GemmShape {
   bool accumulate = false;                 // beta ≠ 0: C is read as well as written
   auto operator<=>(const GemmShape&) const = default;
   // Any operand in bf16: the GEMM runs at the bf16 (tensor-core) rate.
-  bool bf16() const { return a_size == 2 || b_size == 2 || c_size == 2; }
+  bool any_bf16() const { return a_size == 2 || b_size == 2 || c_size == 2; }
   double flops() const { return 2.0 * double(m) * double(n) * double(k) * double(batch); }
   // A and B read, C written (and read when accumulating).
   double bytes() const;

@@ -69,7 +69,7 @@ const std::vector<Key>& keys() {
       str("gpu.name", &ClusterSpec::gpu_name),
       num("gpu.bf16_tflops", &ClusterSpec::bf16_tflops),
       num("gpu.fp32_tflops", &ClusterSpec::fp32_tflops),
-      num("gpu.memory_gb", &ClusterSpec::memory_gb),
+      num("gpu.memory_gib", &ClusterSpec::memory_gib),
       num("gpu.memory_bandwidth_gbs", &ClusterSpec::memory_bandwidth_gbs),
       num("gpu.kernel_overhead_us", &ClusterSpec::kernel_overhead_us),
       num("gpu.attention_tflops", &ClusterSpec::attention_tflops, false),
@@ -146,7 +146,7 @@ ClusterSpec parse_cluster(const std::string& toml_text, const std::string& sourc
     BOTTLE_CHECK(*v > 0 || (*v == 0 && may_be_zero(k.path)), "{}: key '{}' must be {}, got {}",
                  source, k.path, may_be_zero(k.path) ? ">= 0" : "> 0", *v);
     if (k.kind == Key::count)
-      BOTTLE_CHECK(*v == double(int64_t(*v)) && *v <= 1 << 20,
+      BOTTLE_CHECK(*v <= 1 << 20 && *v == std::floor(*v),
                    "{}: key '{}' must be a whole number of GPUs, got {}", source, k.path, *v);
     if (k.path == std::string("efficiency.gemm") || k.path == std::string("efficiency.bandwidth"))
       BOTTLE_CHECK(*v <= 1, "{}: key '{}' is a share of the peak: it must be in (0, 1], got {}",

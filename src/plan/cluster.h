@@ -17,7 +17,7 @@ struct ClusterSpec {
   std::string name, description, source;  // source: the file or "preset NAME"
   std::string gpu_name;
   double bf16_tflops = 0, fp32_tflops = 0;
-  double memory_gb = 0, memory_bandwidth_gbs = 0;
+  double memory_gib = 0, memory_bandwidth_gbs = 0;
   double kernel_overhead_us = 0;  // per kernel launch not hidden behind the kernel before
   // Causal attention's rate where it was measured (--calibrate); 0: gemm efficiency × peak.
   double attention_tflops = 0;

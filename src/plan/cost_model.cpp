@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 namespace bottle {
 namespace {
@@ -22,55 +23,63 @@ bool is_tail_kernel(const std::string& kernel) {
 double gemm_seconds(const ClusterSpec& c, const GemmShape& g) {
   const double operands = c.gemm_bandwidth_gbs > 0 ? g.bytes() / (c.gemm_bandwidth_gbs * 1e9)
                                                    : memory_seconds(c, g.bytes());
-  return g.flops() / peak_flops(c, g.bf16()) + operands + c.kernel_overhead_us * 1e-6;
+  return g.flops() / peak_flops(c, g.any_bf16()) + operands + c.kernel_overhead_us * 1e-6;
 }
 
-double kernel_seconds(const ClusterSpec& c, const std::string& kernel, const KernelCount& k) {
+double kernel_seconds(const ClusterSpec& c, const std::string& kernel, const KernelCount& k,
+                      bool bf16) {
   double flops_seconds = 0;
-  if (k.flops > 0) {
-    const bool attention = kernel.starts_with("attention");
-    // Attention runs in the activations' dtype: bf16 when its operands are (2 bytes per
-    // element is all the counts keep, so the bf16 peak is taken for any bf16 run).
-    flops_seconds = attention && c.attention_tflops > 0 ? k.flops / (c.attention_tflops * 1e12)
-                                                        : k.flops / peak_flops(c, true);
-  }
+  if (k.flops > 0)
+    flops_seconds = kernel.starts_with("attention") && c.attention_tflops > 0
+                        ? k.flops / (c.attention_tflops * 1e12)
+                        : k.flops / peak_flops(c, bf16);
   return flops_seconds + memory_seconds(c, k.bytes) + double(k.calls) * c.kernel_overhead_us * 1e-6;
 }
 
-double ops_seconds(const ClusterSpec& c, const OpCounts& ops, bool tail) {
+double ops_seconds(const ClusterSpec& c, const OpCounts& ops, bool tail, bool bf16) {
   double s = 0;
   if (!tail)
     for (const auto& [shape, calls] : ops.gemms) s += double(calls) * gemm_seconds(c, shape);
   for (const auto& [name, k] : ops.kernels)
-    if (is_tail_kernel(name) == tail) s += kernel_seconds(c, name, k);
+    if (is_tail_kernel(name) == tail) s += kernel_seconds(c, name, k, bf16);
   return s;
 }
 
-const Link& group_link(const ClusterSpec& c, int ranks, int stride) {
-  return int64_t(ranks - 1) * stride >= c.gpus_per_node ? c.inter_node : c.intra_node;
+int nodes_spanned(const ClusterSpec& c, int64_t first, int ranks, int64_t stride) {
+  std::set<int64_t> nodes;
+  for (int i = 0; i < ranks; ++i) nodes.insert((first + i * stride) / c.gpus_per_node);
+  return int(nodes.size());
 }
 
-double collective_seconds(const ClusterSpec& c, const CallShape& call, const Link& link) {
-  const double n = call.ranks, S = call.bytes();
-  const double beta = link.bandwidth_gbs * 1e9 * c.bandwidth_efficiency;
-  const double alpha = link.latency_us * 1e-6, base = c.nccl_base_latency_us * 1e-6;
-  switch (call.kind) {
-    case Collective::all_reduce: {
-      const double ring = base + 2 * (n - 1) * alpha + 2 * (n - 1) / n * S / beta;
-      const double tree = base + 2 * std::ceil(std::log2(n)) * alpha + 2 * S / beta;
-      return std::min(ring, tree);
+double collective_seconds(const ClusterSpec& c, Collective kind, double bytes, int ranks,
+                          int nodes) {
+  const double n = ranks, N = nodes, S = bytes;
+  const Link& bottleneck = nodes > 1 ? c.inter_node : c.intra_node;
+  const double beta = bottleneck.bandwidth_gbs * 1e9 * c.bandwidth_efficiency;
+  const double alpha = c.intra_node.latency_us * 1e-6, alpha_net = c.inter_node.latency_us * 1e-6;
+  const double base = c.nccl_base_latency_us * 1e-6;
+  // A ring of `steps` steps, `net_steps` of them crossing nodes.
+  auto ring = [&](double steps, double net_steps) {
+    return base + (steps - net_steps) * alpha + net_steps * alpha_net;
+  };
+  switch (kind) {
+    case Collective::all_reduce:
+    case Collective::barrier: {
+      if (kind == Collective::barrier) return ring(2 * (n - 1), 2 * (N - 1));
+      const double by_ring = ring(2 * (n - 1), 2 * (N - 1)) + 2 * (n - 1) / n * S / beta;
+      const double by_tree =
+          base + 2 * ((n / N - 1) * alpha + std::floor(std::log2(N)) * alpha_net) + 2 * S / beta;
+      return std::min(by_ring, by_tree);
     }
     case Collective::all_gather:
     case Collective::reduce_scatter:
-      return base + (n - 1) * alpha + (n - 1) / n * S / beta;
+      return ring(n - 1, N - 1) + (n - 1) / n * S / beta;
     case Collective::broadcast:
-      return base + (n - 1) * alpha + S / beta;
+      return base + (n - 1) * bottleneck.latency_us * 1e-6 + S / beta;
     case Collective::send:
-      return alpha + S / beta;
+      return bottleneck.latency_us * 1e-6 + S / beta;
     case Collective::recv:
       return 0;
-    case Collective::barrier:
-      return base + 2 * (n - 1) * alpha;
   }
   return 0;
 }

@@ -14,7 +14,9 @@ StageCounts dry_run_stage(const TrainConfig& config, int stage) {
   // last stage (TrainStep), which every other stage leaves.
   const int pp = p.pp;
   auto tied_split = [pp](int color, int key) {
-    return color == 0 ? std::pair{2, key == 0 ? 0 : 1} : std::pair{pp - 2, std::max(0, key - 1)};
+    using Group = CountingCommunicator::SplitGroup;
+    return color == 0 ? Group{2, key == 0 ? 0 : 1, 0, pp - 1}
+                      : Group{pp - 2, std::max(0, key - 1), 1, 1};
   };
   CountingCommunicator tp("tp", p.tp, 0), dp("dp", p.dp, 0), pipe("pp", pp, stage, tied_split);
   CountingBackend be;

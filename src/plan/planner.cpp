@@ -15,18 +15,36 @@
 namespace bottle {
 namespace {
 
-// Seconds of a group's calls: the first pass's collectives, recomputation's, and the sends.
+// Seconds of a group's calls: the micro-batches' collectives (first pass and recomputation),
+// their sends, and the step's once-per-step reductions (the gradient norm's, the loss's, DP's
+// gradients, the tied embedding's), which belong to its tail.
 struct CallSeconds {
-  double first = 0, recompute = 0, sends = 0;
+  double first = 0, recompute = 0, sends = 0, tail = 0;
 };
 
+// Where a group of the dry run sits among the world's ranks: rank r of it is world rank
+// base + r · stride.
+struct GroupPlace {
+  int64_t base = 0, stride = 1;
+};
+
+bool once_per_step(const CallShape& call) {
+  return call.site.find("grad_norm") != std::string::npos || call.site.ends_with(".loss") ||
+         call.site.starts_with("dp.") || call.site.find("tied") != std::string::npos;
+}
+
 CallSeconds price_calls(const ClusterSpec& c, const std::map<CallShape, int64_t>& calls,
-                        int stride) {
+                        GroupPlace place, bool whole_group_is_tail) {
   CallSeconds s;
   for (const auto& [call, count] : calls) {
-    const double t = double(count) * collective_seconds(c, call, group_link(c, call.ranks, stride));
+    const int nodes = nodes_spanned(c, place.base + call.first * place.stride, call.ranks,
+                                    call.stride * place.stride);
+    const double t =
+        double(count) * collective_seconds(c, call.kind, call.bytes(), call.ranks, nodes);
     if (call.kind == Collective::send || call.kind == Collective::recv)
       s.sends += t;
+    else if (whole_group_is_tail || once_per_step(call))
+      s.tail += t;
     else if (call.recompute)
       s.recompute += t;
     else
@@ -35,9 +53,11 @@ CallSeconds price_calls(const ClusterSpec& c, const std::map<CallShape, int64_t>
   return s;
 }
 
-// The blocks of one stage.
-int64_t stage_blocks(const TrainConfig& config) {
-  return config.model.num_layers / config.parallel.pp;
+// The blocks pipeline stage `stage` holds.
+int64_t stage_blocks(const TrainConfig& config, int stage) {
+  const PipelineStage s{config.parallel.pp, stage};
+  const int layers = int(config.model.num_layers);
+  return s.end_layer(layers) - s.first_layer(layers);
 }
 
 // The TP sites of the blocks' own collectives: the mode's prefix (as bench tp reads them).
@@ -146,16 +166,19 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     const StageCounts counts = dry_run_stage(config, s);
     StageTime t{};
     for (const auto& [phase, ops] : counts.ops) {
-      (phase.empty() ? t.compute : t.recompute) += ops_seconds(cluster, ops, false);
-      t.tail_compute += ops_seconds(cluster, ops, true);
+      (phase.empty() ? t.compute : t.recompute) += ops_seconds(cluster, ops, false, bf16);
+      t.tail_compute += ops_seconds(cluster, ops, true, bf16);
     }
-    const CallSeconds tp = price_calls(cluster, counts.calls.at("tp"), 1);
-    const CallSeconds pp = price_calls(cluster, counts.calls.at("pp"), pp_stride);
-    const CallSeconds dp = price_calls(cluster, counts.calls.at("dp"), dp_stride);
+    // This stage's TP rank 0 of DP replica 0 is world rank s · tp · dp (process_groups.h).
+    const int64_t stage_base = int64_t(s) * p.tp * p.dp;
+    const CallSeconds tp = price_calls(cluster, counts.calls.at("tp"), {stage_base, 1}, false);
+    const CallSeconds pp = price_calls(cluster, counts.calls.at("pp"), {0, pp_stride}, false);
+    const CallSeconds dp =
+        price_calls(cluster, counts.calls.at("dp"), {stage_base, dp_stride}, true);
     t.tp = tp.first;
-    t.recompute += tp.recompute;
+    t.recompute += tp.recompute + pp.recompute;
     t.p2p = pp.sends;
-    t.tail_comm = pp.first + dp.first + dp.recompute + pp.recompute;
+    t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
     stages.push_back(t);
     per_micro_batch[size_t(s)] = (t.compute + t.recompute + t.tp + t.p2p) / m;
     model_flops += counts.model_flops;
@@ -165,7 +188,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     if (counts.memory.total() > r.memory.total()) r.memory = counts.memory;
     if (s == 0) {
       const CommCounter block = block_counter(counts, config);
-      const double blocks = double(stage_blocks(config));
+      const double blocks = double(stage_blocks(config, 0));
       const double tokens = double(config.training.micro_batch_size * config.training.seq_len * m);
       r.tp_elements_per_token_block = double(block.elements) / (blocks * tokens);
       r.tp_calls_per_block = double(block.calls) / (blocks * m);
@@ -174,8 +197,9 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
       double block_seconds = 0;
       for (const auto& [call, count] : counts.calls.at("tp"))
         if (call.site.starts_with(prefix + ".fwd.") || call.site.starts_with(prefix + ".bwd."))
-          block_seconds +=
-              double(count) * collective_seconds(cluster, call, group_link(cluster, call.ranks, 1));
+          block_seconds += double(count) *
+                           collective_seconds(cluster, call.kind, call.bytes(), call.ranks,
+                                              nodes_spanned(cluster, 0, call.ranks, call.stride));
       r.tp_seconds_per_block_pass = block_seconds / (blocks * 2 * m);
     }
   }
@@ -184,16 +208,19 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   const double pipe =
       (m - 1) * *slowest + std::accumulate(per_micro_batch.begin(), per_micro_batch.end(), 0.0);
   const StageTime& t = stages[size_t(r.slowest_stage)];
-  double tail = 0;
-  for (const StageTime& st : stages) tail = std::max(tail, st.tail_compute + st.tail_comm);
+  // The step ends when the last stage to finish its tail does.
+  const StageTime& tail =
+      *std::max_element(stages.begin(), stages.end(), [](const StageTime& a, const StageTime& b) {
+        return a.tail_compute + a.tail_comm < b.tail_compute + b.tail_comm;
+      });
   r.compute = t.compute;
   r.recompute = t.recompute;
   r.tp_comm = t.tp;
   r.p2p = t.p2p;
   r.bubble = pipe - m * *slowest;
-  r.optimizer = t.tail_compute;
-  r.dp_comm = tail - t.tail_compute;
-  r.step = pipe + tail;
+  r.optimizer = tail.tail_compute;
+  r.dp_comm = tail.tail_comm;
+  r.step = pipe + tail.tail_compute + tail.tail_comm;
   const double tokens =
       double(config.training.micro_batch_size * config.training.seq_len * m * p.dp);
   r.tokens_per_s = tokens / r.step;
@@ -202,9 +229,12 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   r.peak_bound =
       (m - 1) * *std::max_element(peak_per_micro_batch.begin(), peak_per_micro_batch.end()) +
       std::accumulate(peak_per_micro_batch.begin(), peak_per_micro_batch.end(), 0.0);
-  r.fits = double(r.memory.total()) <= cluster.memory_gb * 1e9;
+  r.fits = double(r.memory.total()) <= cluster.memory_gib * double(1 << 30);
   return r;
 }
+
+// More micro-batches per step than a user would run; each is dry-run.
+constexpr int64_t kMaxMicroBatches = 4096;
 
 std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpec& cluster,
                                      const PlanRequest& request) {
@@ -265,7 +295,21 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
                 c.training.recompute = policy;
                 c.training.micro_batch_size = mb;
                 c.training.grad_accum_steps = global_batch / (int64_t(dp) * mb);
-                out.push_back(predict(c, cluster, baseline));
+                Prediction r;
+                r.config = c;
+                r.full_rank_baseline = baseline;
+                if (c.training.grad_accum_steps > kMaxMicroBatches) {
+                  r.excluded = fmt::format(
+                      "{} micro-batches per step: the dry run runs each, and plans at most {}",
+                      c.training.grad_accum_steps, kMaxMicroBatches);
+                } else {
+                  try {
+                    r = predict(c, cluster, baseline);
+                  } catch (const Error& e) {
+                    r.excluded = e.what();  // such as the address space a plan needs
+                  }
+                }
+                out.push_back(r);
               }
             }
           }

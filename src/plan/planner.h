@@ -22,7 +22,10 @@ struct Prediction {
   bool full_rank_baseline = false;  // the full-rank model of the same widths (tp_mode full)
   std::string excluded;       // non-empty: why this layout is not planned (nothing below is set)
   bool whole_layout = false;  // excluded whatever its schedule, policy and micro-batch
-  // Seconds per optimizer step, and its parts on the slowest stage.
+  // Seconds per optimizer step, and its parts: compute, TP collectives, sends and
+  // recomputation (its kernels and collectives) of the slowest stage's micro-batches; the
+  // pipeline bubble; optimizer (AdamW, the norm) and dp_comm (the DP gradient reduction, the
+  // pipeline's scalar reductions and the tied embedding's) of the stage whose tail ends last.
   double step = 0, compute = 0, tp_comm = 0, bubble = 0, p2p = 0, dp_comm = 0, recompute = 0,
          optimizer = 0;
   double tokens_per_s = 0, mfu = 0;
