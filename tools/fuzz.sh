@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds=${1:-60}
-targets=(safetensors hf_config token_shard train_config tokenizer)
+targets=(safetensors hf_config token_shard train_config tokenizer cluster)
 # -O1 without NDEBUG: fast enough to fuzz, and nlohmann-json's own assertions stay on. (No
 # ccache: clang 14 behind it failed on this build with garbled built-in macros.)
 cmake -S . -B build-fuzz -DBOTTLE_FUZZ=ON -DBOTTLE_CUDA=OFF -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Fuzz \
