@@ -23,6 +23,7 @@
 #include "comm/process_groups.h"
 #include "model/llama.h"
 #include "parallel/component_times.h"
+#include "plan/planner.h"
 #include "train/memory_plan.h"
 #include "train/train_config.h"
 #include "train/train_step.h"
@@ -71,14 +72,7 @@ struct Variant {
 
 // The full-rank model of the same widths, for `full`.
 ModelConfig model_for(const ModelConfig& config, const TpLayout* mode) {
-  ModelConfig m = config;
-  if (mode == full_mode()) {
-    m.bottleneck = BottleneckKind::none;
-    m.rank = 0;
-    m.ranks = {};
-    m.mlp_gate_act.reset();
-  }
-  return m;
+  return mode == full_mode() ? full_rank_model(config) : config;
 }
 
 // The policies worth measuring per mode: block for all, lowrank where it applies (btp).

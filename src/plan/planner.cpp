@@ -254,15 +254,16 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
         for (int pp = 1; pp <= request.gpus / tp; ++pp) {
           if ((request.gpus / tp) % pp || (request.pp && pp != request.pp)) continue;
           const int dp = request.gpus / tp / pp;
+          TrainConfig layout = config;
+          layout.model = model;
+          layout.parallel.tp = tp;
+          layout.parallel.pp = pp;
+          layout.parallel.dp = dp;
+          layout.parallel.tp_mode = mode;
+          layout.training.recompute = Recompute::none;
           // A layout the model cannot take is one exclusion, whatever its policy and batch.
           {
-            TrainConfig c = config;
-            c.model = model;
-            c.parallel.tp = tp;
-            c.parallel.pp = pp;
-            c.parallel.dp = dp;
-            c.parallel.tp_mode = mode;
-            c.training.recompute = Recompute::none;
+            const TrainConfig& c = layout;
             Prediction r;
             r.excluded = validation_error(c);
             if (r.excluded.empty() && global_batch % dp != 0)
@@ -285,12 +286,7 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
               // Every micro-batch size that divides a replica's share, up to 64 sequences.
               for (int64_t mb = 1; mb <= global_batch / dp && mb <= 64; ++mb) {
                 if ((global_batch / dp) % mb) continue;
-                TrainConfig c = config;
-                c.model = model;
-                c.parallel.tp = tp;
-                c.parallel.pp = pp;
-                c.parallel.dp = dp;
-                c.parallel.tp_mode = mode;
+                TrainConfig c = layout;
                 c.parallel.schedule = schedule;
                 c.training.recompute = policy;
                 c.training.micro_batch_size = mb;
