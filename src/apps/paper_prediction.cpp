@@ -27,8 +27,7 @@ constexpr PaperModel kModels[] = {
     {"7B", 4096, 11008, 32, 32, 4, 1, "LLaMA-2-7B"},
     {"13B", 5120, 13824, 40, 40, 4, 2, "LLaMA-2-13B"},
     {"30B", 6656, 17920, 60, 52, 4, 4, "LLaMA-30B"},
-    {"40B", 8192, 22016, 48, 64, 4, 8,
-     "d 8192, d_ff 22016, 48 blocks, 64 heads (39.4B parameters)"},
+    {"40B", 8192, 22016, 48, 64, 4, 8, "a LLaMA-style 40B of 39.4B parameters"},
 };
 constexpr int64_t kVocab = 32000, kSeq = 4096, kMicroBatch = 4;
 
@@ -320,8 +319,10 @@ std::string paper_prediction_markdown(const json& predicted, const PaperFigures&
   const auto ar_full = figures(paper, "collectives.full", predicted.at("collectives").size()),
              ar_vanilla = figures(paper, "collectives.vanilla", predicted.at("collectives").size()),
              ar_boost = figures(paper, "collectives.boost", predicted.at("collectives").size());
-  line(fmt::format("All-reduce time per decoder block and pass ({}, {}), predicted / paper, ms:",
-                   paper.show("collectives.setting"), paper.show("collectives.models")));
+  line(
+      fmt::format("All-reduce time per decoder block and pass at TP 4 and micro-batch 4 ({}), "
+                  "predicted / paper, ms:",
+                  paper.show("collectives.models")));
   line();
   line("| model | full-rank TP | vanilla TP | BOOST |");
   line("|---|---|---|---|");
