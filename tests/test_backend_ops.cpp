@@ -729,11 +729,117 @@ TEST_F(BackendOps, AdamwUpdate) {
     args.weight_decay = 0.1f, args.grad_scale = 0.5f, args.step = step;
     Tensor p_cpu = clone(param), m_cpu = clone(m), v_cpu = clone(v);
     Tensor p_ref = clone(param), m_ref = clone(m), v_ref = clone(v);
-    cpu->adamw_update(p_cpu, grad, m_cpu, v_cpu, args);
-    ref->adamw_update(p_ref, grad, m_ref, v_ref, args);
+    cpu->adamw_update(p_cpu, Tensor{}, grad, m_cpu, v_cpu, Tensor{}, args);
+    ref->adamw_update(p_ref, Tensor{}, grad, m_ref, v_ref, Tensor{}, args);
     EXPECT_TRUE(all_close(p_cpu, p_ref));
     EXPECT_TRUE(all_close(m_cpu, m_ref));
     EXPECT_TRUE(all_close(v_cpu, v_ref));
+  }
+}
+
+// The one pass over a flat buffer (no-decay ranges, a device control tensor, the compute copy
+// written) is, bit for bit, the per-parameter updates and the conversion it replaces.
+TEST_F(BackendOps, AdamwOnePassIsThePerParameterUpdates) {
+  const int64_t n = 37 * 24 + 5;
+  const ElementRange gaps[] = {{0, 16}, {100, 64}, {500, 3}, {n - 5, 5}};
+  Tensor param = randn({n}), grad = randn({n}, 2.0f), m = randn({n}, 0.1f);
+  Tensor v = uniform({n}, 0.0f, 0.2f);
+  AdamWArgs args;
+  args.lr = 1e-2f, args.weight_decay = 0.1f, args.step = 7, args.no_decay = gaps;
+  for (Backend* be : {cpu.get(), ref.get()}) {
+    SCOPED_TRACE(be->name());
+    for (const float apply : {1.0f, 0.0f}) {
+      std::vector<float> control{0.25f, apply};  // [kControlScale, kControlApply]
+      std::vector<uint16_t> compute(size_t(n), 0);
+      Tensor p1 = clone(param), m1 = clone(m), v1 = clone(v);
+      be->adamw_update(p1, Tensor{compute.data(), {n}, DType::bf16}, grad, m1, v1,
+                       host_tensor(std::span(control)), args);
+      // The same, range by range, as AdamW::step used to issue it.
+      Tensor p2 = clone(param), m2 = clone(m), v2 = clone(v);
+      if (apply != 0.0f) {
+        int64_t at = 0;
+        auto part = [&](int64_t lo, int64_t hi, float decay) {
+          if (hi <= lo) return;
+          AdamWArgs a = args;
+          a.no_decay = {};
+          a.weight_decay = decay, a.grad_scale = 0.25f;
+          const Shape s{hi - lo};
+          be->adamw_update(p2.view(lo, s), Tensor{}, grad.view(lo, s), m2.view(lo, s),
+                           v2.view(lo, s), Tensor{}, a);
+        };
+        for (const ElementRange& r : gaps) {
+          part(at, r.offset, 0.1f);
+          part(r.offset, r.offset + r.count, 0.0f);
+          at = r.offset + r.count;
+        }
+        part(at, n, 0.1f);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        ASSERT_EQ(p1.f32()[i], p2.f32()[i]) << "element " << i << " apply " << apply;
+        ASSERT_EQ(m1.f32()[i], m2.f32()[i]) << "element " << i;
+        ASSERT_EQ(v1.f32()[i], v2.f32()[i]) << "element " << i;
+        ASSERT_EQ(compute[size_t(i)], apply != 0.0f ? bf16_from_float(p2.f32()[i]) : 0)
+            << "element " << i;
+      }
+    }
+  }
+}
+
+// The device scalars against what the host used to compute from sum and sum_squares.
+TEST_F(BackendOps, DeviceScalars) {
+  const int64_t n = 3 * 16384 + 77;
+  Tensor x = randn({n});
+  const SumRange ranges[] = {{0, 1000, 1}, {1000, 20000, 0}, {30000, 77, 1}, {40000, n - 40000, 0}};
+  for (Backend* be : {cpu.get(), ref.get()}) {
+    SCOPED_TRACE(be->name());
+    std::vector<double> out(3, -1.0);
+    be->sum_squares_ranges(Tensor{out.data(), {3}, DType::f64}, x, ranges);
+    double want[3] = {0.0, 0.0, 0.0};
+    for (const SumRange& r : ranges) want[r.slot] += be->sum_squares(x.view(r.offset, {r.count}));
+    EXPECT_EQ(out[0], want[0]);
+    EXPECT_EQ(out[1], want[1]);
+    EXPECT_EQ(out[2], 0.0);  // no range
+    double acc = 0.5;
+    const Tensor acc_t{&acc, {1}, DType::f64};
+    be->accumulate_mean(acc_t, x);
+    EXPECT_EQ(acc, 0.5 + double(float(be->sum(x) / double(n))));
+    double a = 9.0, b = 3.0, r = 0.0;
+    const Tensor a_t{&a, {1}, DType::f64}, b_t{&b, {1}, DType::f64}, r_t{&r, {1}, DType::f64};
+    be->scalar_add(r_t, a_t, b_t);
+    EXPECT_EQ(r, 12.0);
+    be->scalar_divide(r_t, r_t, 3.0);
+    EXPECT_EQ(r, 4.0);
+    be->scalar_sqrt(r_t, r_t);
+    EXPECT_EQ(r, 2.0);
+    // f64 to f32 and back, as a scalar travels through a communicator.
+    float f = 0.0f;
+    const Tensor f_t{&f, {1}};
+    double third = 1.0 / 3.0;
+    be->copy(f_t, Tensor{&third, {1}, DType::f64});
+    EXPECT_EQ(f, float(1.0 / 3.0));
+    be->copy(r_t, f_t);
+    EXPECT_EQ(r, double(float(1.0 / 3.0)));
+    // The clip factor and the non-finite flag, as train_step.h's clip_factor.
+    std::vector<float> control(2, -1.0f);
+    const Tensor c_t = host_tensor(std::span(control));
+    double loss = 2.0, norm = 5.0;
+    const Tensor loss_t{&loss, {1}, DType::f64}, norm_t{&norm, {1}, DType::f64};
+    be->clip_and_check(c_t, loss_t, norm_t, 1.0);
+    EXPECT_EQ(control[kControlScale], float(1.0 / (5.0 + 1e-6)));
+    EXPECT_EQ(control[kControlApply], 1.0f);
+    be->clip_and_check(c_t, loss_t, norm_t, 10.0);
+    EXPECT_EQ(control[kControlScale], 1.0f);
+    norm = std::numeric_limits<double>::infinity();
+    be->clip_and_check(c_t, loss_t, norm_t, 0.0);
+    EXPECT_EQ(control[kControlApply], 0.0f);
+    loss = std::nan(""), norm = 1.0;
+    be->clip_and_check(c_t, loss_t, norm_t, 0.0);
+    EXPECT_EQ(control[kControlApply], 0.0f);
+    // Refusals name the op.
+    float not_f64 = 0.0f;
+    EXPECT_THROW(be->scalar_sqrt(Tensor{&not_f64, {1}}, r_t), Error);
+    const SumRange outside[] = {{n - 1, 2, 0}};
+    EXPECT_THROW(be->sum_squares_ranges(Tensor{out.data(), {3}, DType::f64}, x, outside), Error);
   }
 }
 
@@ -744,7 +850,7 @@ TEST_F(BackendOps, AdamwFirstStepFromZeroMoments) {
   AdamWArgs args;
   args.lr = 1e-3f, args.weight_decay = 0.0f;
   Tensor p = clone(param);
-  ref->adamw_update(p, grad, m, v, args);
+  ref->adamw_update(p, Tensor{}, grad, m, v, Tensor{}, args);
   for (int64_t i = 0; i < n; ++i) {
     const double g = grad.f32()[i];
     EXPECT_NEAR(p.f32()[i], param.f32()[i] - 1e-3 * g / (std::abs(g) + 1e-8), 1e-6);
@@ -1415,7 +1521,7 @@ std::vector<std::pair<const char*, NonFiniteInputs::Kernel>> NonFiniteInputs::ke
          Tensor p = randn({N * C}), m = randn({N * C}, 0.1f), var = uniform({N * C}, 0.0f, 0.2f);
          AdamWArgs args;
          args.weight_decay = 0.1f;
-         be.adamw_update(p, full({N * C}, v), m, var, args);
+         be.adamw_update(p, Tensor{}, full({N * C}, v), m, var, Tensor{}, args);
          return {{"param", p, all}, {"m", m, all}, {"v", var, all}};
        }},
   };

@@ -475,7 +475,15 @@ class FakeDevice final : public Backend {
   void cross_entropy_shard_losses(Tensor, Tensor, Tensor, Tensor) override { no_kernel(); }
   void scale_rows(Tensor, Tensor, Tensor) override { no_kernel(); }
   void row_dot(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void adamw_update(Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override { no_kernel(); }
+  void sum_squares_ranges(Tensor, Tensor, std::span<const SumRange>) override { no_kernel(); }
+  void accumulate_mean(Tensor, Tensor) override { no_kernel(); }
+  void scalar_add(Tensor, Tensor, Tensor) override { no_kernel(); }
+  void scalar_divide(Tensor, Tensor, double) override { no_kernel(); }
+  void scalar_sqrt(Tensor, Tensor) override { no_kernel(); }
+  void clip_and_check(Tensor, Tensor, Tensor, double) override { no_kernel(); }
+  void adamw_update(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override {
+    no_kernel();
+  }
 
   int to_host_calls = 0, from_host_calls = 0, copies = 0;
 

@@ -498,9 +498,65 @@ TEST_F(DeviceOps, AdamW) {
         [](Backend& be, const std::vector<Tensor>& t) {
           AdamWArgs a;
           a.lr = 1e-2f, a.weight_decay = 0.1f, a.grad_scale = 0.5f, a.step = 3;
-          be.adamw_update(t[0], t[1], t[2], t[3], a);
+          be.adamw_update(t[0], Tensor{}, t[1], t[2], t[3], Tensor{}, a);
         }};
   check(op);
+  // One pass over a flat buffer as AdamW::step issues it: no-decay ranges (aligned to groups
+  // of 4 and not), the compute copy in the activations' dtype, the device control tensor
+  // (clip factor; a skipped step changes nothing).
+  for (const float apply : {1.0f, 0.0f}) {
+    Op flat{"adamw_update, one pass",
+            {{s, Init::normal, false},
+             {s, Init::normal, false},
+             {s, Init::normal, false, 0, {}, 0.1f},
+             {s, Init::positive, false},
+             {s, Init::zeros, true},
+             {{kStepControlSize}, Init::zeros, false}},
+            {0, 2, 3, 4},
+            [apply](Backend& be, const std::vector<Tensor>& t) {
+              const float control[kStepControlSize] = {0.5f, apply};
+              be.from_host(t[5], control);
+              static const ElementRange gaps[] = {{0, 16}, {100, 60}, {401, 3}, {996, 4}};
+              AdamWArgs a;
+              a.lr = 1e-2f, a.weight_decay = 0.1f, a.step = 3, a.no_decay = gaps;
+              be.adamw_update(t[0], t[4], t[1], t[2], t[3], t[5], a);
+            }};
+    check(flat);
+  }
+}
+
+// The step's scalars on the device against the host backends' (which are exactly what the host
+// used to compute from sum and sum_squares).
+TEST_F(DeviceOps, DeviceScalars) {
+  const int64_t n = N * 300 + 13;
+  Op op{"scalars", {{{n}}}, {}, nullptr};
+  const HostData in = make_inputs(op, 5);
+  const SumRange ranges[] = {{0, 1000, 1}, {1000, 2001, 0}, {5000, 64, 1}, {6000, n - 6000, 0}};
+  double got[5], want[5];
+  for (Backend* be : {target.get(), oracle.get()}) {
+    Arena arena(MemoryTag::workspace, *be);
+    Tensor x = arena.alloc({n});
+    stage_in(*be, x, in.values[0]);
+    Tensor sums = arena.alloc({2}, DType::f64), acc = arena.alloc({1}, DType::f64),
+           control = arena.alloc({kStepControlSize}), f = arena.alloc({1});
+    be->sum_squares_ranges(sums, x, ranges);
+    be->fill_zero(acc);
+    be->accumulate_mean(acc, x);
+    be->accumulate_mean(acc, x);
+    be->scalar_add(acc, acc, sums.view(0, {1}));
+    be->scalar_divide(acc, acc, 3.0);
+    be->copy(f, acc);  // f64 → f32 → f64, as through a communicator
+    be->copy(acc, f);
+    be->scalar_sqrt(acc, acc);
+    be->clip_and_check(control, acc, sums.view(1, {1}), 1.0);
+    double* out = be == target.get() ? got : want;
+    be->to_host(out, sums);
+    be->to_host(out + 2, acc);
+    float c[kStepControlSize];
+    be->to_host(c, control);
+    out[3] = c[kControlScale], out[4] = c[kControlApply];
+  }
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-12 * std::abs(want[i])) << i;
 }
 
 // ---------------------------------------------------------------------------------------

@@ -71,7 +71,7 @@ tp_mode = "{}"
 // (m, n, k) → products (calls × batch), from the profiling backend's keys
 // "gemm MxNxK TT[ xB][ bf16]".
 using Shape = std::tuple<int64_t, int64_t, int64_t>;
-std::map<Shape, int64_t> profiled_gemms(const ProfilingBackend& be, double& flops) {
+std::map<Shape, int64_t> profiled_gemms(ProfilingBackend& be, double& flops) {
   std::map<Shape, int64_t> out;
   flops = 0;
   for (const auto& [key, t] : be.times()) {

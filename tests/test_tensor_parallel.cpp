@@ -141,8 +141,10 @@ std::vector<float> train_steps(Backend& be, const ModelConfig& config, TensorPar
     losses.push_back(model.forward(be, tok, tgt));
     model.backward(be, tok, tgt);
     const double norm = std::sqrt(model.grad_sum_squares(be));
-    adamw.step(be, model.parameters(), opt.lr, norm > 1.0 ? float(1.0 / norm) : 1.0f);
-    model.parameters().refresh_compute(be);
+    // The step's control tensor (clip factor, apply) in host memory: the cpu backend's.
+    std::vector<float> control{norm > 1.0 ? float(1.0 / norm) : 1.0f, 1.0f};
+    adamw.step(be, model.parameters(), opt.lr, host_tensor(std::span(control)));
+    adamw.count_step();
   }
   return losses;
 }

@@ -42,7 +42,10 @@ Timing summarize(std::vector<double> ms) {
   return {ms[ms.size() / 2], ms.front(), ms.back()};
 }
 
-void print_profile(const std::map<std::string, KernelTime>& times, int64_t steps) {
+// The kernels' times per step, beside the measured step (`step_ms`, the median): the sum of
+// the parts falls short of the step by what is no kernel (host time the device waits for,
+// collectives on their own stream).
+void print_profile(const std::map<std::string, KernelTime>& times, int64_t steps, double step_ms) {
   std::vector<std::pair<std::string, KernelTime>> rows(times.begin(), times.end());
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
@@ -53,7 +56,8 @@ void print_profile(const std::map<std::string, KernelTime>& times, int64_t steps
     std::printf("  %-40s %8.0f %9.2f %5.1f%% %9s\n", name.c_str(), double(t.calls) / double(steps),
                 t.ms / double(steps), 100.0 * t.ms / total,
                 t.flops > 0 ? fmt::format("{:.0f}", t.flops / (t.ms * 1e6)).c_str() : "");
-  std::printf("  %-40s %8s %9.2f\n", "total in kernels", "", total / double(steps));
+  std::printf("  %-40s %8s %9.2f   of a %.2f ms step (%.0f%%)\n", "total in kernels", "",
+              total / double(steps), step_ms, 100.0 * total / double(steps) / step_ms);
 }
 
 // The line of backend_names() that describes `name`, e.g. "cuda: CUDA runtime 13.0, ...".
@@ -186,9 +190,6 @@ Command add_bench_step_command(CLI::App& app) {
       fail("{}: training.backend = \"{}\": {} (choose another with --backend)", o->config,
            o->backend, why);
     }
-    // A device backend's kernels are asynchronous: a profile times them one by one, each
-    // waited for (the cuda backend's BOTTLE_CUDA_SYNC), which slows the step it times.
-    if (o->profile && o->backend == "cuda") ::setenv("BOTTLE_CUDA_SYNC", "1", 1);
     std::unique_ptr<Backend> be = make_backend(o->backend);
     const bool on_device = be->device() != Device::cpu;
     // Measured before the profiler wraps the backend, so the profile counts the step's kernels
@@ -220,8 +221,8 @@ Command add_bench_step_command(CLI::App& app) {
       std::printf("backend: %s\n", backend_description(o->backend).c_str());
     if (!o->json && profiler && on_device)
       std::printf(
-          "--profile: every kernel waited for (BOTTLE_CUDA_SYNC), so the steps run "
-          "slower than without it\n");
+          "--profile: each kernel between two events on the stream, read after the steps (no "
+          "wait per kernel)\n");
     const bool any_bf16 = std::count(precision_list.begin(), precision_list.end(), Precision::bf16);
     if (!o->json && any_bf16) std::printf("bf16 GEMMs: %s\n", be->bf16_gemm_path().c_str());
     if (!o->save.empty()) {
@@ -439,7 +440,7 @@ Command add_bench_step_command(CLI::App& app) {
                           other);
           std::printf("%s\n", peer_text.c_str());
         }
-        if (profiler) print_profile(step_kernels, o->steps);
+        if (profiler) print_profile(step_kernels, o->steps, t.median);
         std::fflush(stdout);
       }
     }

@@ -109,18 +109,17 @@ Command add_eval_command(CLI::App& app) {
     Arena arena(MemoryTag::workspace, *be);
     std::vector<Tensor> inputs{arena.alloc({o->batch, seq}, DType::i32)},
         targets{arena.alloc({o->batch, seq}, DType::i32)};
+    const Tensor loss_sum = arena.alloc({1}, DType::f64);  // eval_step's, on the device
     double mine = 0.0;
     for (int64_t k = groups.dp_rank; k < batches; k += p.dp) {
       loader.next(*be, inputs[0], targets[0]);
       // Token ids must fit the model; the error names the shard rather than a kernel.
-      for (const Tensor& t : {inputs[0], targets[0]})
-        if (const int64_t i = be->first_outside(t, 0, c.vocab_size); i >= 0) {
-          int32_t id = 0;
-          be->to_host(&id, t.view(i, {1}));
-          fail("{}: token id {} is outside the vocabulary [0, {}) of the model in {}",
-               loader.last_file(), id, c.vocab_size, o->checkpoint);
-        }
-      mine += eval_step(*be, model, groups.pp.get(), inputs, targets);
+      for (const auto ids : {loader.staged_inputs(), loader.staged_targets()})
+        for (const int32_t id : ids)
+          if (id < 0 || id >= c.vocab_size)
+            fail("{}: token id {} is outside the vocabulary [0, {}) of the model in {}",
+                 loader.last_file(), id, c.vocab_size, o->checkpoint);
+      mine += eval_step(*be, model, groups.pp.get(), inputs, targets, loss_sum);
     }
     // The last stage holds the losses, alike on its TP ranks: one of them counts.
     const bool counts = stage.last() && groups.tp_rank == 0;

@@ -31,6 +31,11 @@ double mean_loss(Backend& be, LlamaModel& model, const std::string& data, int64_
   double total = 0.0;
   for (int64_t k = 0; k < batches; ++k) {
     loader.next(be, inputs, targets);
+    for (const auto ids : {loader.staged_inputs(), loader.staged_targets()})
+      for (const int32_t id : ids)
+        BOTTLE_CHECK(id >= 0 && id < model.config().vocab_size,
+                     "{}: token id {} is outside the model's vocabulary [0, {})",
+                     loader.last_file(), id, model.config().vocab_size);
     total += model.forward(be, inputs, targets);
   }
   return total / double(batches);

@@ -47,6 +47,20 @@ void CommStats::record(Collective kind, std::string_view site, int64_t elements,
   add(by_kind_[int(kind)], one);
 }
 
+std::string CommStats::record_untimed(Collective kind, std::string_view site, int64_t elements,
+                                      size_t element_bytes) {
+  record(kind, site, elements, element_bytes, 0.0);
+  return phase_.empty() ? std::string(site) : phased_site_;
+}
+
+void CommStats::add_seconds(Collective kind, std::string_view recorded_site, double seconds) {
+  // After a reset() the call is no longer counted: its time goes with it.
+  auto it = by_site_.find(recorded_site);
+  if (it == by_site_.end()) return;
+  it->second.seconds += seconds;
+  by_kind_[int(kind)].seconds += seconds;
+}
+
 void CommStats::reset() {
   by_site_.clear();
   for (CommCounter& c : by_kind_) c = CommCounter{};

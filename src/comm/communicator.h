@@ -38,6 +38,11 @@ class CommStats {
   // Counted under phase() + site.
   void record(Collective kind, std::string_view site, int64_t elements, size_t element_bytes,
               double seconds);
+  // A call counted now whose time is known later (a device communicator's calls return once
+  // enqueued): returns the site as recorded (phase included), for add_seconds.
+  std::string record_untimed(Collective kind, std::string_view site, int64_t elements,
+                             size_t element_bytes);
+  void add_seconds(Collective kind, std::string_view recorded_site, double seconds);
   void reset();
   const std::map<std::string, CommCounter, std::less<>>& by_site() const { return by_site_; }
   const CommCounter& by_kind(Collective kind) const { return by_kind_[int(kind)]; }
@@ -81,6 +86,12 @@ class Communicator {
   virtual void send_async(Tensor x, int dest, int tag, std::string_view site) = 0;
   virtual void wait_sends() = 0;
   virtual void barrier() = 0;
+  // Waits until every call issued so far has finished and adds their times to the stats. A
+  // host communicator's calls finish before they return, so it has nothing to do; a device
+  // communicator's calls return once enqueued, and this is where a failing or vanished peer
+  // is reported (an error naming the group, never a hang). The training step calls it once,
+  // at its end.
+  virtual void complete() {}
   // Ranks with the same color form a new group, ordered by key (then by rank here).
   virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) = 0;
 

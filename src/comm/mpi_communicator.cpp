@@ -32,11 +32,15 @@ MPI_Datatype mpi_type(DType t) {
       return MPI_INT32_T;
     case DType::bf16:
       return MPI_UINT16_T;
+    case DType::f64:
+      return MPI_DOUBLE;
   }
   return MPI_DATATYPE_NULL;
 }
 
-bool reducible(DType t) { return t == DType::f32 || t == DType::i32 || t == DType::bf16; }
+bool reducible(DType t) {
+  return t == DType::f32 || t == DType::i32 || t == DType::bf16 || t == DType::f64;
+}
 
 // bf16 partials meet in fp32 and the result is rounded to nearest even: a + b == b + a,
 // so every rank of the recursive doubling still ends with the same bits.

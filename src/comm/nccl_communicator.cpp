@@ -27,6 +27,8 @@ ncclDataType_t nccl_type(DType t) {
       return ncclBfloat16;
     case DType::i32:
       return ncclInt32;
+    case DType::f64:
+      return ncclFloat64;
   }
   return ncclFloat32;
 }
@@ -86,8 +88,7 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, Back
     return Event(event);
   };
   ready_ = make_event(cudaEventDisableTiming);
-  start_ = make_event(cudaEventDefault);
-  stop_ = make_event(cudaEventDefault);
+  stop_ = make_event(cudaEventDisableTiming);
 
   ncclUniqueId id{};
   if (rank() == 0) check(ncclGetUniqueId(&id), "ncclGetUniqueId", kInit);
@@ -154,20 +155,58 @@ void NcclCommunicator::after_compute(std::string_view site) {
   check(cudaStreamWaitEvent(stream_.get(), ready_.get(), 0), "cudaStreamWaitEvent", site);
 }
 
+NcclCommunicator::TimedCall NcclCommunicator::take_events(std::string_view site) {
+  TimedCall call;
+  if (!free_events_.empty()) {
+    call.start = std::move(free_events_.back().first);
+    call.stop = std::move(free_events_.back().second);
+    free_events_.pop_back();
+    return call;
+  }
+  for (Event* e : {&call.start, &call.stop}) {
+    cudaEvent_t event = nullptr;
+    check(cudaEventCreateWithFlags(&event, cudaEventDefault), "cudaEventCreateWithFlags", site);
+    e->reset(event);
+  }
+  return call;
+}
+
 template <typename Enqueue>
-double NcclCommunicator::run(const char* call, std::string_view site, Enqueue&& enqueue) {
+void NcclCommunicator::run(const char* call, Collective kind, std::string_view site,
+                           int64_t elements, DType dtype, Enqueue&& enqueue) {
+  // A long run of calls that nobody completes (a caller outside the training step) keeps a
+  // bounded number of events: the oldest half is completed first.
+  if (in_flight_.size() >= kMaxInFlight) complete_calls(in_flight_.size() / 2, "in flight");
+  TimedCall timed = take_events(site);
   after_compute(site);
-  check(cudaEventRecord(start_.get(), stream_.get()), "cudaEventRecord", site);
+  check(cudaEventRecord(timed.start.get(), stream_.get()), "cudaEventRecord", site);
   check(enqueue(), call, site);
-  check(cudaEventRecord(stop_.get(), stream_.get()), "cudaEventRecord", site);
-  // The compute stream's next kernels read the result.
-  check(cudaStreamWaitEvent(compute_, stop_.get(), 0), "cudaStreamWaitEvent", site);
-  // Blocking for now, correctness first: the caller may read the result at once, host-side
-  // timing and errors belong to this call. Overlap with compute comes later.
-  wait(stop_.get(), call, site);
-  float ms = 0;
-  check(cudaEventElapsedTime(&ms, start_.get(), stop_.get()), "cudaEventElapsedTime", site);
-  return double(ms) / 1e3;
+  check(cudaEventRecord(timed.stop.get(), stream_.get()), "cudaEventRecord", site);
+  // The compute stream's next kernels read the result; the host goes on at once, and the
+  // call's time and errors are read when the step completes it.
+  check(cudaStreamWaitEvent(compute_, timed.stop.get(), 0), "cudaStreamWaitEvent", site);
+  timed.call = call;
+  timed.kind = kind;
+  timed.site = stats_.record_untimed(kind, site, elements, dtype_size(dtype));
+  in_flight_.push_back(std::move(timed));
+}
+
+void NcclCommunicator::complete_calls(size_t count, std::string_view why) {
+  for (size_t i = 0; i < count && i < in_flight_.size(); ++i) {
+    TimedCall& c = in_flight_[i];
+    wait(c.stop.get(), c.call, c.site);
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, c.start.get(), c.stop.get()), "cudaEventElapsedTime", why);
+    stats_.add_seconds(c.kind, c.site, double(ms) / 1e3);
+    free_events_.emplace_back(std::move(c.start), std::move(c.stop));
+  }
+  in_flight_.erase(in_flight_.begin(),
+                   in_flight_.begin() + std::ptrdiff_t(std::min(count, in_flight_.size())));
+}
+
+void NcclCommunicator::complete() {
+  if (!comm_) return;
+  complete_calls(in_flight_.size(), "complete");
 }
 
 void NcclCommunicator::wait(cudaEvent_t event, const char* call, std::string_view site) {
@@ -183,6 +222,14 @@ void NcclCommunicator::wait(cudaEvent_t event, const char* call, std::string_vie
     check(ncclCommGetAsyncError(comm_.get(), &async), "ncclCommGetAsyncError", site);
     if (async != ncclSuccess && async != ncclInProgress) check(async, call, site);
     const auto waited = Clock::now() - start;
+    // A peer that stopped without an error (killed, hung) leaves the collective waiting for
+    // ever: after kTimeout the communicator is aborted and the call named.
+    if (waited > kTimeout) {
+      abort();
+      fail("{} on the '{}' group (site '{}') did not complete within {} s: a peer of the group "
+           "stopped or is stuck (NCCL shows no error)",
+           call, name(), site, std::chrono::duration_cast<std::chrono::seconds>(kTimeout).count());
+    }
     if (waited < kSpin) continue;
     std::this_thread::sleep_for(std::min<Clock::duration>(
         waited / 8, std::chrono::duration_cast<Clock::duration>(kLongestPause)));
@@ -197,11 +244,10 @@ void NcclCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) 
   check_data(x, "all_reduce", site, name());
   if (size() == 1) return;
   const ncclRedOp_t nccl_op = op == ReduceOp::sum ? ncclSum : ncclMax;
-  const double seconds = run("ncclAllReduce", site, [&] {
+  run("ncclAllReduce", Collective::all_reduce, site, x.numel(), x.dtype, [&] {
     return ncclAllReduce(x.data, x.data, size_t(x.numel()), nccl_type(x.dtype), nccl_op,
                          comm_.get(), stream_.get());
   });
-  stats_.record(Collective::all_reduce, site, x.numel(), dtype_size(x.dtype), seconds);
 }
 
 void NcclCommunicator::all_gather(Tensor out, Tensor in, std::string_view site) {
@@ -227,11 +273,10 @@ void NcclCommunicator::all_gather(Tensor out, Tensor in, std::string_view site) 
             "cudaMemcpyAsync", site);
     return;
   }
-  const double seconds = run("ncclAllGather", site, [&] {
+  run("ncclAllGather", Collective::all_gather, site, out.numel(), out.dtype, [&] {
     return ncclAllGather(in.data, out.data, size_t(in.numel()), nccl_type(in.dtype), comm_.get(),
                          stream_.get());
   });
-  stats_.record(Collective::all_gather, site, out.numel(), dtype_size(out.dtype), seconds);
 }
 
 void NcclCommunicator::reduce_scatter(Tensor out, Tensor in, std::string_view site) {
@@ -261,11 +306,10 @@ void NcclCommunicator::reduce_scatter(Tensor out, Tensor in, std::string_view si
             "cudaMemcpyAsync", site);
     return;
   }
-  const double seconds = run("ncclReduceScatter", site, [&] {
+  run("ncclReduceScatter", Collective::reduce_scatter, site, in.numel(), in.dtype, [&] {
     return ncclReduceScatter(in.data, out.data, size_t(out.numel()), nccl_type(in.dtype), ncclSum,
                              comm_.get(), stream_.get());
   });
-  stats_.record(Collective::reduce_scatter, site, in.numel(), dtype_size(in.dtype), seconds);
 }
 
 void NcclCommunicator::broadcast(Tensor x, int root, std::string_view site) {
@@ -278,11 +322,10 @@ void NcclCommunicator::broadcast(Tensor x, int root, std::string_view site) {
                name(), root, size());
   check_data(x, "broadcast", site, name());
   if (size() == 1) return;
-  const double seconds = run("ncclBroadcast", site, [&] {
+  run("ncclBroadcast", Collective::broadcast, site, x.numel(), x.dtype, [&] {
     return ncclBroadcast(x.data, x.data, size_t(x.numel()), nccl_type(x.dtype), root, comm_.get(),
                          stream_.get());
   });
-  stats_.record(Collective::broadcast, site, x.numel(), dtype_size(x.dtype), seconds);
 }
 
 void NcclCommunicator::send(Tensor x, int dest, int tag, std::string_view site) {
@@ -298,11 +341,10 @@ void NcclCommunicator::send(Tensor x, int dest, int tag, std::string_view site) 
   if (size() == 1) return;
   BOTTLE_CHECK(dest != rank(), "send at '{}' on the '{}' group: rank {} sends to itself", site,
                name(), rank());
-  const double seconds = run("ncclSend", site, [&] {
+  run("ncclSend", Collective::send, site, x.numel(), x.dtype, [&] {
     return ncclSend(x.data, size_t(x.numel()), nccl_type(x.dtype), dest, comm_.get(),
                     stream_.get());
   });
-  stats_.record(Collective::send, site, x.numel(), dtype_size(x.dtype), seconds);
 }
 
 void NcclCommunicator::recv(Tensor x, int source, int tag, std::string_view site) {
@@ -317,11 +359,10 @@ void NcclCommunicator::recv(Tensor x, int source, int tag, std::string_view site
   if (size() == 1) return;
   BOTTLE_CHECK(source != rank(), "recv at '{}' on the '{}' group: rank {} receives from itself",
                site, name(), rank());
-  const double seconds = run("ncclRecv", site, [&] {
+  run("ncclRecv", Collective::recv, site, x.numel(), x.dtype, [&] {
     return ncclRecv(x.data, size_t(x.numel()), nccl_type(x.dtype), source, comm_.get(),
                     stream_.get());
   });
-  stats_.record(Collective::recv, site, x.numel(), dtype_size(x.dtype), seconds);
 }
 
 void NcclCommunicator::send_async(Tensor x, int dest, int tag, std::string_view site) {
@@ -371,6 +412,7 @@ void NcclCommunicator::wait_sends() {
   }
   check_usable("wait_sends");
   // Not a call of its own: the sends were counted when they were issued.
+  complete();
   check(cudaEventRecord(stop_.get(), stream_.get()), "cudaEventRecord", "wait_sends");
   wait(stop_.get(), "ncclSend", "wait_sends");
   free_buffers_.insert(free_buffers_.end(), pending_sends_.begin(), pending_sends_.end());
@@ -382,6 +424,7 @@ void NcclCommunicator::barrier() {
   check_usable("barrier");
   const auto start = Clock::now();
   // Everything this rank queued has completed when its peers are told it arrived.
+  complete();
   check(cudaEventRecord(stop_.get(), stream_.get()), "cudaEventRecord", "barrier");
   wait(stop_.get(), "cudaEventQuery", "barrier");
   bootstrap_->barrier();

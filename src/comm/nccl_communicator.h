@@ -9,9 +9,11 @@
 // one device; parallel.comm = "mpi" stages through the host for that).
 //
 // Streams: collectives run on a stream of their own, ordered against the backend's compute
-// stream by events both ways, so that the compute after a collective sees its result and the
-// comm stream can later overlap with compute. For now every call also waits for its end
-// (correctness first, overlap later); send_async alone returns before its data has moved.
+// stream by events both ways, so that the compute after a collective sees its result. A call
+// enqueues its work and returns: the host runs ahead of the GPU, and ordering stays on the
+// GPU. Each call is bracketed by timing events; complete() (the training step's end) waits
+// for them, polling NCCL's asynchronous error so that a failed peer is an error, and a peer
+// that stopped without one is an error after kTimeout, then adds the calls' times to the stats.
 //
 // Point-to-point: NCCL has no tags. Sends and receives between two ranks match in the order
 // they are issued, so the tag is checked but not used, and a schedule must issue a pair's
@@ -22,9 +24,11 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <memory>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -57,6 +61,7 @@ class NcclCommunicator final : public Communicator {
   void send_async(Tensor x, int dest, int tag, std::string_view site) override;
   void wait_sends() override;
   void barrier() override;
+  void complete() override;
   // Splits the bootstrap group and creates a NCCL communicator over each part.
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
 
@@ -89,12 +94,30 @@ class NcclCommunicator final : public Communicator {
   void check_usable(std::string_view site) const;
   void abort() noexcept;
 
+  // A call in flight: its timing events and where its time is counted.
+  struct TimedCall {
+    Event start, stop;
+    const char* call = "";
+    Collective kind = Collective::all_reduce;
+    std::string site;  // as the stats recorded it
+  };
+  // How long complete() waits for one call before it calls the group broken: PyTorch's
+  // default NCCL timeout.
+  static constexpr std::chrono::minutes kTimeout{10};
+  // Calls kept in flight before the oldest are completed without being asked.
+  static constexpr size_t kMaxInFlight = 4096;
+
   // Orders the comm stream after the compute stream's work so far.
   void after_compute(std::string_view site);
-  // Runs `enqueue` (NCCL calls on the comm stream) between the timing events, makes the
-  // compute stream wait for it, waits for its end and returns its seconds.
+  // A pair of timing events, reused from completed calls.
+  TimedCall take_events(std::string_view site);
+  // Runs `enqueue` (NCCL calls on the comm stream) between timing events, counts it, makes the
+  // compute stream wait for it and returns; complete() reads its time.
   template <typename Enqueue>
-  double run(const char* call, std::string_view site, Enqueue&& enqueue);
+  void run(const char* call, Collective kind, std::string_view site, int64_t elements, DType dtype,
+           Enqueue&& enqueue);
+  // Waits for the oldest `count` calls in flight and adds their times to the stats.
+  void complete_calls(size_t count, std::string_view why);
   // Until `event` completes: polls, then sleeps between polls (see MpiCommunicator::wait),
   // checking NCCL's asynchronous errors so that a broken peer ends the wait with an error.
   void wait(cudaEvent_t event, const char* call, std::string_view site);
@@ -106,10 +129,12 @@ class NcclCommunicator final : public Communicator {
   // Declared before comm_, so destroyed after it: NCCL finishes its work on them first.
   Stream stream_;
   Event ready_;  // the compute stream's work so far (no timing)
-  Event start_, stop_;
+  Event stop_;   // the comm stream's work so far (wait_sends, barrier)
   Comm comm_;
   std::vector<SendBuffer> pending_sends_;  // send_async's copies still in flight
   std::vector<SendBuffer> free_buffers_;   // copies whose sends completed, for reuse
+  std::vector<TimedCall> in_flight_;       // issued, not yet completed, oldest first
+  std::vector<std::pair<Event, Event>> free_events_;  // completed calls' events, for reuse
 };
 
 }  // namespace bottle

@@ -14,7 +14,9 @@
 // - Every *_backward kernel ADDS into each gradient it produces (input and parameter
 //   gradients alike); callers zero gradient buffers when a fresh value is wanted.
 // - Tensors passed as outputs of a forward kernel are overwritten.
+#include <chrono>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,11 +51,33 @@ struct GemmArgs {
   }
 };
 
+// A range [offset, offset + count) of a flat buffer, in elements.
+struct ElementRange {
+  int64_t offset = 0, count = 0;
+  bool operator==(const ElementRange&) const = default;
+};
+
+// One range of a flat buffer whose squares add into out[slot] (sum_squares_ranges).
+struct SumRange {
+  int64_t offset = 0, count = 0;
+  int slot = 0;
+  bool operator==(const SumRange&) const = default;
+};
+
 struct AdamWArgs {
   float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.95f, eps = 1e-8f, weight_decay = 0.0f;
-  float grad_scale = 1.0f;  // applied to the gradient first (clipping / accumulation)
+  float grad_scale = 1.0f;  // applied to the gradient first, when no control tensor is given
   int64_t step = 1;         // 1-based, for bias correction
+  // Ranges of the buffer (offsets from its start, ascending, disjoint) that take no weight
+  // decay: norm weights. The rest decays by weight_decay.
+  std::span<const ElementRange> no_decay;
 };
+
+// What clip_and_check writes into a step's control tensor (f32 [kStepControlSize]), which
+// adamw_update reads on the device.
+inline constexpr int kControlScale = 0;   // the gradient's factor (clipping)
+inline constexpr int kControlApply = 1;   // 1: update; 0: a non-finite step, skipped
+inline constexpr int kStepControlSize = 2;
 
 class Backend {
  public:
@@ -75,6 +99,26 @@ class Backend {
   // Waits until every kernel issued so far has finished: a device backend runs them
   // asynchronously (timings, MFU); a host backend's kernels finish before they return.
   virtual void synchronize() {}
+  // How many times this backend has made the host wait for the device so far: stream
+  // synchronisations and device-to-host copies (to_host, first_outside, sum, sum_squares). A
+  // training step is allowed one (tests/test_step_syncs.cpp); the host backends never wait,
+  // and the counting backend counts what a device backend would do.
+  virtual int64_t host_waits() const { return 0; }
+  // Points in the backend's stream of work, for a profile that must not wait after every op:
+  // timing_mark() records one and returns its id; marks_elapsed_ms(from, to) is the time
+  // between two marks, waiting for the later one; reset_marks() forgets them all. A device
+  // backend records events on its stream; a host backend's ops finish before they return, so
+  // its marks are wall-clock instants.
+  virtual int64_t timing_mark() {
+    host_marks_.push_back(std::chrono::steady_clock::now());
+    return int64_t(host_marks_.size()) - 1;
+  }
+  virtual double marks_elapsed_ms(int64_t from, int64_t to) {
+    return std::chrono::duration<double, std::milli>(host_marks_.at(size_t(to)) -
+                                                     host_marks_.at(size_t(from)))
+        .count();
+  }
+  virtual void reset_marks() { host_marks_.clear(); }
   // Bytes of the backend's device memory free now; 0 for the host backends, whose memory is
   // the machine's (train/memory_plan.h reads that).
   virtual size_t device_memory_free() { return 0; }
@@ -85,7 +129,8 @@ class Backend {
   virtual void to_host(void* dst, Tensor src) = 0;
   virtual void from_host(Tensor dst, const void* src) = 0;
   // dst = src, element for element (same element count, shapes may differ; the two must not
-  // overlap). Between f32 and bf16 it converts, rounding to nearest even.
+  // overlap). Between f32 and bf16 it converts, rounding to nearest even, and between f32 and
+  // f64 (device scalars) exactly or rounding to nearest.
   virtual void copy(Tensor dst, Tensor src) = 0;
   // dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols] for every row:
   // a strided slice out of, or into, a row-major matrix (dst.rows() == src.rows()).
@@ -145,6 +190,24 @@ class Backend {
   // thread count: losses, gradient norms and non-finite checks decide clipping and skips).
   virtual double sum_squares(Tensor x) = 0;
   virtual double sum(Tensor x) = 0;
+  // --- Device scalars: a step's loss, gradient norm and clip factor are computed where the
+  // gradients live, as f64 [k] tensors (one element each), so that the host reads them once,
+  // when the step ends, instead of waiting for the device at every reduction.
+  // out[s] = Σ over the ranges with slot s, in their order, of sum_squares(x[range]); out f64,
+  // x one flat f32/bf16 buffer. Slots without a range become 0.
+  virtual void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) = 0;
+  // acc[0] += the mean of x, rounded to fp32 first (a micro-batch's loss as bottle has always
+  // reported it); acc f64 [1].
+  virtual void accumulate_mean(Tensor acc, Tensor x) = 0;
+  // In double, on one-element f64 tensors: out = a + b, out = a / divisor, out = sqrt(a).
+  virtual void scalar_add(Tensor out, Tensor a, Tensor b) = 0;
+  virtual void scalar_divide(Tensor out, Tensor a, double divisor) = 0;
+  virtual void scalar_sqrt(Tensor out, Tensor a) = 0;
+  // control (f32 [kStepControlSize]) from the step's loss and gradient norm (f64 [1] each):
+  // apply = 1 when both are finite, else 0; scale = max_norm / (norm + 1e-6) when max_norm > 0
+  // and norm > max_norm, else 1 (train_step.h's clip_factor, on the device).
+  virtual void clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) = 0;
+
   // out = a ⊙ b and out = a / b, elementwise (out may alias a or b).
   virtual void multiply(Tensor out, Tensor a, Tensor b) = 0;
   virtual void divide(Tensor out, Tensor a, Tensor b) = 0;
@@ -198,9 +261,17 @@ class Backend {
   // out[n] = Σ_j a[n,j] * b[n,j].
   virtual void row_dot(Tensor out, Tensor a, Tensor b) = 0;
 
-  // Decoupled-weight-decay Adam on one contiguous buffer; m, v are the moments.
-  virtual void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v,
-                            const AdamWArgs& args) = 0;
+  // Decoupled-weight-decay Adam on one contiguous fp32 buffer in one pass; m, v are the
+  // moments. compute, when not empty, receives the updated values in its own dtype (the bf16
+  // copy the GEMMs read) in the same pass. control, when not empty, is a step's control tensor
+  // (clip_and_check): the gradient is scaled by control[kControlScale] and nothing is written
+  // when control[kControlApply] is 0; when empty, args.grad_scale scales and the update
+  // always applies.
+  virtual void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                            Tensor control, const AdamWArgs& args) = 0;
+
+ private:
+  std::vector<std::chrono::steady_clock::time_point> host_marks_;  // timing_mark's, host backends
 };
 
 // "cpu", "reference" or "cuda" (when compiled in and a GPU is visible). The host backends come

@@ -76,7 +76,10 @@ void* CountingBackend::allocate(size_t bytes, const char* what) {
 void CountingBackend::deallocate(void*, size_t bytes) { reserved_ -= bytes; }
 
 // Staging moves the tensor's bytes over the host link; the dry run has nothing to stage.
-void CountingBackend::to_host(void*, Tensor src) { count("to_host", {src}); }
+void CountingBackend::to_host(void*, Tensor src) {
+  ++host_waits_;
+  count("to_host", {src});
+}
 void CountingBackend::from_host(Tensor dst, const void*) { count("from_host", {dst}); }
 void CountingBackend::copy(Tensor dst, Tensor src) { count("copy", {dst, src}); }
 void CountingBackend::copy_columns(Tensor dst, int64_t, Tensor src, int64_t, int64_t cols) {
@@ -86,6 +89,7 @@ void CountingBackend::copy_columns(Tensor dst, int64_t, Tensor src, int64_t, int
   (void)src;
 }
 int64_t CountingBackend::first_outside(Tensor ids, int64_t, int64_t) {
+  ++host_waits_;
   count("first_outside", {ids});
   return -1;
 }
@@ -160,10 +164,12 @@ void CountingBackend::accumulate(Tensor dst, Tensor src) { count("accumulate", {
 void CountingBackend::fill_zero(Tensor x) { count("fill_zero", {x}); }
 void CountingBackend::scale(Tensor x, float) { count("scale", {x, x}); }
 double CountingBackend::sum_squares(Tensor x) {
+  ++host_waits_;
   count("sum_squares", {x});
   return 0.0;
 }
 double CountingBackend::sum(Tensor x) {
+  ++host_waits_;
   count("sum", {x});
   return 0.0;
 }
@@ -216,9 +222,23 @@ void CountingBackend::scale_rows(Tensor out, Tensor x, Tensor factor) {
   count("scale_rows", {out, x, factor});
 }
 void CountingBackend::row_dot(Tensor out, Tensor a, Tensor b) { count("row_dot", {out, a, b}); }
-void CountingBackend::adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v,
-                                   const AdamWArgs&) {
-  count("adamw_update", {param, param, grad, m, m, v, v});
+void CountingBackend::adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                                   Tensor control, const AdamWArgs&) {
+  // One pass: the masters and moments read and written, the gradient read, the compute copy
+  // written.
+  count("adamw_update", {param, param, grad, m, m, v, v, compute, control});
+}
+void CountingBackend::sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) {
+  int64_t elements = 0;
+  for (const SumRange& r : ranges) elements += r.count;
+  count("sum_squares_ranges", {out, x.view(0, {std::min(elements, x.numel())})});
+}
+void CountingBackend::accumulate_mean(Tensor acc, Tensor x) { count("accumulate_mean", {acc, x}); }
+void CountingBackend::scalar_add(Tensor out, Tensor a, Tensor b) { count("scalar", {out, a, b}); }
+void CountingBackend::scalar_divide(Tensor out, Tensor a, double) { count("scalar", {out, a}); }
+void CountingBackend::scalar_sqrt(Tensor out, Tensor a) { count("scalar", {out, a}); }
+void CountingBackend::clip_and_check(Tensor control, Tensor loss, Tensor norm, double) {
+  count("clip_and_check", {control, loss, norm});
 }
 
 }  // namespace bottle

@@ -72,6 +72,10 @@ class CountingBackend final : public Backend {
   std::string bf16_unsupported() const override { return ""; }
   std::string bf16_gemm_path() const override { return "counted, not run"; }
   Device device() const override { return Device::cpu; }
+  // What a device backend would wait for: every synchronize and every op that returns device
+  // data to the host (to_host, first_outside, sum, sum_squares).
+  void synchronize() override { ++host_waits_; }
+  int64_t host_waits() const override { return host_waits_; }
   void* allocate(size_t bytes, const char* what) override;
   void deallocate(void* p, size_t bytes) override;
   void to_host(void* dst, Tensor src) override;
@@ -128,10 +132,18 @@ class CountingBackend final : public Backend {
                                   Tensor max) override;
   void scale_rows(Tensor out, Tensor x, Tensor factor) override;
   void row_dot(Tensor out, Tensor a, Tensor b) override;
-  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& args) override;
+  void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
+  void accumulate_mean(Tensor acc, Tensor x) override;
+  void scalar_add(Tensor out, Tensor a, Tensor b) override;
+  void scalar_divide(Tensor out, Tensor a, double divisor) override;
+  void scalar_sqrt(Tensor out, Tensor a) override;
+  void clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override;
+  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
+                    const AdamWArgs& args) override;
 
  private:
   OpCounts& here() { return counts_[phase_ ? *phase_ : std::string()]; }
+  int64_t host_waits_ = 0;
   void count(const char* kernel, std::initializer_list<Tensor> operands, double flops = 0.0);
 
   struct Reservation {

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "core/bf16.h"
 #include "core/dnnl_gemm.h"
 #include "core/host_backend.h"
 #include "core/kernel_math.h"
@@ -571,6 +572,7 @@ class CpuBackend final : public HostBackend {
   }
 
   void copy(Tensor dst, Tensor src) override {
+    if (copy_scalars(dst, src)) return;
     BOTTLE_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
                  "cpu backend: copy of {} {} into {} {}", dtype_name(src.dtype), src.shape.str(),
                  dtype_name(dst.dtype), dst.shape.str());
@@ -686,19 +688,54 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override {
-    require_f32("adamw_update", {param, grad, m, v});
-    const int64_t n = param.numel();
+  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
+                    const AdamWArgs& a) override {
+    check_adamw("cpu", param, compute, grad, m, v, control, a);
+    if (!control.empty() && control.f32()[kControlApply] == 0.0f) return;
+    const float scale = control.empty() ? a.grad_scale : control.f32()[kControlScale];
     float *p = param.f32(), *g = grad.f32(), *ms = m.f32(), *vs = v.f32();
-    const kmath::AdamWScalars s{a.lr,
-                                a.beta1,
-                                a.beta2,
-                                a.eps,
-                                a.weight_decay,
-                                a.grad_scale,
-                                kmath::adamw_bias_correction(a.beta1, a.step),
-                                kmath::adamw_bias_correction(a.beta2, a.step)};
-    parallel_elementwise(n, [=](int64_t i) { kmath::adamw_step(p[i], g[i], ms[i], vs[i], s); });
+    const kmath::AdamWScalars decay{a.lr,
+                                    a.beta1,
+                                    a.beta2,
+                                    a.eps,
+                                    a.weight_decay,
+                                    scale,
+                                    kmath::adamw_bias_correction(a.beta1, a.step),
+                                    kmath::adamw_bias_correction(a.beta2, a.step)};
+    kmath::AdamWScalars no_decay = decay;
+    no_decay.weight_decay = 0.0f;
+    // The buffer alternates between decaying stretches and the no-decay ranges; each stretch
+    // is one parallel pass that also writes the compute copy.
+    auto run = [&](int64_t lo, int64_t hi, const kmath::AdamWScalars& s) {
+      if (hi <= lo) return;
+      if (compute.empty()) {
+        parallel_elementwise(hi - lo, [=](int64_t j) {
+          const int64_t i = lo + j;
+          kmath::adamw_step(p[i], g[i], ms[i], vs[i], s);
+        });
+      } else if (compute.dtype == DType::bf16) {
+        uint16_t* c = compute.bf16();
+        parallel_elementwise(hi - lo, [=](int64_t j) {
+          const int64_t i = lo + j;
+          kmath::adamw_step(p[i], g[i], ms[i], vs[i], s);
+          c[i] = bf16_from_float(p[i]);
+        });
+      } else {
+        float* c = compute.f32();
+        parallel_elementwise(hi - lo, [=](int64_t j) {
+          const int64_t i = lo + j;
+          kmath::adamw_step(p[i], g[i], ms[i], vs[i], s);
+          c[i] = p[i];
+        });
+      }
+    };
+    int64_t at = 0;
+    for (const ElementRange& r : a.no_decay) {
+      run(at, r.offset, decay);
+      run(r.offset, r.offset + r.count, no_decay);
+      at = r.offset + r.count;
+    }
+    run(at, param.numel(), decay);
   }
 
  private:

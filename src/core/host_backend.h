@@ -12,7 +12,32 @@ class HostBackend : public Backend {
   void deallocate(void* p, size_t bytes) override;
   void to_host(void* dst, Tensor src) override;
   void from_host(Tensor dst, const void* src) override;
+
+  // Device scalars, the same for every host backend: each range's sum of squares is the
+  // backend's own sum_squares and the mean its own sum, so the values are exactly those the
+  // host used to read back one by one.
+  void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
+  void accumulate_mean(Tensor acc, Tensor x) override;
+  void scalar_add(Tensor out, Tensor a, Tensor b) override;
+  void scalar_divide(Tensor out, Tensor a, double divisor) override;
+  void scalar_sqrt(Tensor out, Tensor a) override;
+  void clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override;
+
+ protected:
+  // copy's conversions between f32 and f64 (device scalars): true when it did one.
+  static bool copy_scalars(Tensor dst, Tensor src);
 };
+
+// The checks every backend makes on the device-scalar ops' operands, naming the backend and
+// the op: f64 one-element scalars, an f32 control tensor, ranges inside x.
+void check_scalar(const char* backend, const char* op, const Tensor& t, const char* what);
+void check_sum_ranges(const char* backend, const Tensor& out, const Tensor& x,
+                      std::span<const SumRange> ranges);
+void check_control(const char* backend, const char* op, const Tensor& control);
+// adamw_update's operands: fp32 [n] buffers, an optional compute copy of n elements (f32 or
+// bf16), an optional control tensor, ascending no-decay ranges inside [0, n).
+void check_adamw(const char* backend, Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                 Tensor control, const AdamWArgs& args);
 
 // Fails, naming the backend, unless copy_columns' arguments stay inside both matrices.
 void check_copy_columns(const char* backend, Tensor dst, int64_t dst_col, Tensor src,

@@ -6,19 +6,52 @@ namespace bottle {
 
 template <typename F>
 auto ProfilingBackend::timed(const std::string& kernel, F&& f, double flops) {
-  const auto t0 = std::chrono::steady_clock::now();
+  // The marks bracket the kernel in the inner backend's stream; the kernel may return before
+  // it has run, and times() reads them later.
   struct Record {
+    ProfilingBackend& self;
     KernelTime& t;
-    std::chrono::steady_clock::time_point t0;
+    int64_t from;
     double flops;
-    ~Record() {
-      t.ms +=
-          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      t.flops += flops;
-      ++t.calls;
-    }
-  } record{times_[kernel], t0, flops};
+    ~Record() { self.pending_.push_back({&t, from, self.inner_->timing_mark(), flops}); }
+  } record{*this, times_[kernel], inner_->timing_mark(), flops};
   return f();
+}
+
+const std::map<std::string, KernelTime>& ProfilingBackend::times() {
+  for (const Pending& p : pending_) {
+    p.time->ms += inner_->marks_elapsed_ms(p.from, p.to);
+    p.time->flops += p.flops;
+    ++p.time->calls;
+  }
+  pending_.clear();
+  inner_->reset_marks();
+  return times_;
+}
+
+void ProfilingBackend::reset() {
+  pending_.clear();
+  inner_->reset_marks();
+  times_.clear();
+}
+
+void ProfilingBackend::sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) {
+  timed("sum_squares_ranges", [&] { inner_->sum_squares_ranges(out, x, ranges); });
+}
+void ProfilingBackend::accumulate_mean(Tensor acc, Tensor x) {
+  timed("accumulate_mean", [&] { inner_->accumulate_mean(acc, x); });
+}
+void ProfilingBackend::scalar_add(Tensor out, Tensor a, Tensor b) {
+  timed("scalar", [&] { inner_->scalar_add(out, a, b); });
+}
+void ProfilingBackend::scalar_divide(Tensor out, Tensor a, double divisor) {
+  timed("scalar", [&] { inner_->scalar_divide(out, a, divisor); });
+}
+void ProfilingBackend::scalar_sqrt(Tensor out, Tensor a) {
+  timed("scalar", [&] { inner_->scalar_sqrt(out, a); });
+}
+void ProfilingBackend::clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) {
+  timed("clip_and_check", [&] { inner_->clip_and_check(control, loss, norm, max_norm); });
 }
 
 void ProfilingBackend::to_host(void* dst, Tensor src) {
@@ -150,9 +183,9 @@ void ProfilingBackend::cross_entropy_backward(Tensor dlogits, Tensor probs, Tens
   timed("cross_entropy_backward",
         [&] { inner_->cross_entropy_backward(dlogits, probs, targets, scale); });
 }
-void ProfilingBackend::adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v,
-                                    const AdamWArgs& args) {
-  timed("adamw_update", [&] { inner_->adamw_update(param, grad, m, v, args); });
+void ProfilingBackend::adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                                    Tensor control, const AdamWArgs& args) {
+  timed("adamw_update", [&] { inner_->adamw_update(param, compute, grad, m, v, control, args); });
 }
 
 void ProfilingBackend::embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,

@@ -1,9 +1,12 @@
 #pragma once
-// A backend that times every kernel of the backend it wraps (wall clock; the kernels are
-// synchronous on CPU), so that a bench can say where a step's time goes.
+// A backend that times every kernel of the backend it wraps, so that a bench can say where a
+// step's time goes. Each kernel is bracketed by two of the inner backend's timing marks (CUDA
+// events on a device, wall-clock instants on the host) and nothing waits between kernels: the
+// marks are read when times() is, so a device step runs as fast as it does unprofiled.
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/backend.h"
 
@@ -22,13 +25,15 @@ class ProfilingBackend final : public Backend {
   std::string bf16_unsupported() const override { return inner_->bf16_unsupported(); }
   std::string bf16_gemm_path() const override { return inner_->bf16_gemm_path(); }
   // Per kernel; GEMMs per shape, as "gemm m x n x k [NT]".
-  const std::map<std::string, KernelTime>& times() const { return times_; }
-  void reset() { times_.clear(); }
+  // Reads the marks recorded since the last call (waiting for the last of them).
+  const std::map<std::string, KernelTime>& times();
+  void reset();
 
   // Memory is the inner backend's, and not timed as a kernel.
   Device device() const override { return inner_->device(); }
   void* native_stream() const override { return inner_->native_stream(); }
   void synchronize() override { inner_->synchronize(); }
+  int64_t host_waits() const override { return inner_->host_waits(); }
   size_t device_memory_free() override { return inner_->device_memory_free(); }
   void* allocate(size_t bytes, const char* what) override { return inner_->allocate(bytes, what); }
   void deallocate(void* p, size_t bytes) override { inner_->deallocate(p, bytes); }
@@ -86,14 +91,28 @@ class ProfilingBackend final : public Backend {
                                   Tensor max) override;
   void scale_rows(Tensor out, Tensor x, Tensor factor) override;
   void row_dot(Tensor out, Tensor a, Tensor b) override;
-  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& args) override;
+  void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
+  void accumulate_mean(Tensor acc, Tensor x) override;
+  void scalar_add(Tensor out, Tensor a, Tensor b) override;
+  void scalar_divide(Tensor out, Tensor a, double divisor) override;
+  void scalar_sqrt(Tensor out, Tensor a) override;
+  void clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override;
+  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
+                    const AdamWArgs& args) override;
 
  private:
+  // A kernel between two marks, not yet read.
+  struct Pending {
+    KernelTime* time;
+    int64_t from, to;
+    double flops;
+  };
   template <typename F>
   auto timed(const std::string& kernel, F&& f, double flops = 0.0);
 
   std::unique_ptr<Backend> inner_;
   std::map<std::string, KernelTime> times_;
+  std::vector<Pending> pending_;
 };
 
 }  // namespace bottle

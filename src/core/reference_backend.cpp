@@ -6,6 +6,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/bf16.h"
 #include "core/host_backend.h"
 
 namespace bottle {
@@ -377,6 +378,7 @@ class ReferenceBackend final : public HostBackend {
   }
 
   void copy(Tensor dst, Tensor src) override {
+    if (copy_scalars(dst, src)) return;
     BOTTLE_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
                  "reference backend: copy of {} {} into {} {}", dtype_name(src.dtype),
                  src.shape.str(), dtype_name(dst.dtype), dst.shape.str());
@@ -464,6 +466,10 @@ class ReferenceBackend final : public HostBackend {
   }
 
   void fill_zero(Tensor x) override {
+    if (x.dtype == DType::f64) {
+      for (int64_t i = 0; i < x.numel(); ++i) static_cast<double*>(x.data)[i] = 0.0;
+      return;
+    }
     need_f32("fill_zero", {x});
     for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = 0.0f;
   }
@@ -607,26 +613,33 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override {
-    const char* k = "adamw_update";
-    need_f32(k, {param, grad, m, v});
-    need_numel(k, grad, param.numel(), "grad");
-    need_numel(k, m, param.numel(), "m");
-    need_numel(k, v, param.numel(), "v");
-    BOTTLE_CHECK(a.step >= 1, "reference backend: {}: step must be >= 1, got {}", k, a.step);
+  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
+                    const AdamWArgs& a) override {
+    check_adamw("reference", param, compute, grad, m, v, control, a);
+    if (!control.empty() && control.f32()[kControlApply] == 0.0f) return;
+    const double scale = control.empty() ? a.grad_scale : control.f32()[kControlScale];
     const double b1 = a.beta1, b2 = a.beta2;
     const double c1 = 1.0 - std::pow(b1, double(a.step));
     const double c2 = 1.0 - std::pow(b2, double(a.step));
+    size_t range = 0;  // the first no-decay range not yet passed
     for (int64_t i = 0; i < param.numel(); ++i) {
-      const double g = double(grad.f32()[i]) * a.grad_scale;
+      while (range < a.no_decay.size() &&
+             i >= a.no_decay[range].offset + a.no_decay[range].count)
+        ++range;
+      const bool decays = range == a.no_decay.size() || i < a.no_decay[range].offset;
+      const double g = double(grad.f32()[i]) * scale;
       const double mi = b1 * m.f32()[i] + (1.0 - b1) * g;
       const double vi = b2 * v.f32()[i] + (1.0 - b2) * g * g;
       m.f32()[i] = float(mi);
       v.f32()[i] = float(vi);
       const double mhat = mi / c1, vhat = vi / c2;
-      const double p = param.f32()[i];
-      param.f32()[i] =
-          float(p - double(a.lr) * (mhat / (std::sqrt(vhat) + a.eps) + double(a.weight_decay) * p));
+      const double p = param.f32()[i], wd = decays ? double(a.weight_decay) : 0.0;
+      param.f32()[i] = float(p - double(a.lr) * (mhat / (std::sqrt(vhat) + a.eps) + wd * p));
+      if (compute.empty()) continue;
+      if (compute.dtype == DType::bf16)
+        compute.bf16()[i] = bf16_from_float(param.f32()[i]);
+      else
+        compute.f32()[i] = param.f32()[i];
     }
   }
 

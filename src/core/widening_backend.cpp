@@ -135,7 +135,9 @@ std::string WideningBackend::bf16_gemm_path() const {
 }
 
 void WideningBackend::copy(Tensor dst, Tensor src) {
-  if (dst.dtype == src.dtype) return inner_->copy(dst, src);
+  // Same dtypes, and device scalars (f64 and f32), are the inner backend's.
+  if (dst.dtype == src.dtype || (dst.dtype != DType::bf16 && src.dtype != DType::bf16))
+    return inner_->copy(dst, src);
   BOTTLE_CHECK(dst.numel() == src.numel() &&
                    (dst.dtype == DType::f32 || dst.dtype == DType::bf16) &&
                    (src.dtype == DType::f32 || src.dtype == DType::bf16),
@@ -267,6 +269,14 @@ double WideningBackend::sum_squares(Tensor x) {
   Widened w(*this);
   return inner_->sum_squares(w.in(x));
 }
+void WideningBackend::sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) {
+  Widened w(*this);
+  inner_->sum_squares_ranges(out, w.in(x), ranges);
+}
+void WideningBackend::accumulate_mean(Tensor acc, Tensor x) {
+  Widened w(*this);
+  inner_->accumulate_mean(acc, w.in(x));
+}
 double WideningBackend::sum(Tensor x) {
   Widened w(*this);
   return inner_->sum(w.in(x));
@@ -348,10 +358,11 @@ void WideningBackend::row_dot(Tensor out, Tensor a, Tensor b) {
   Widened w(*this);
   inner_->row_dot(w.out(out), w.in(a), w.in(b));
 }
-void WideningBackend::adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v,
-                                   const AdamWArgs& args) {
-  // The optimizer's state is fp32 by the mixed-precision policy: nothing to widen.
-  inner_->adamw_update(param, grad, m, v, args);
+void WideningBackend::adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                                   Tensor control, const AdamWArgs& args) {
+  // The optimizer's state is fp32 by the mixed-precision policy, and the host backends write
+  // a bf16 compute copy themselves: nothing to widen.
+  inner_->adamw_update(param, compute, grad, m, v, control, args);
 }
 
 }  // namespace bottle

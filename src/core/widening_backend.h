@@ -86,7 +86,18 @@ class WideningBackend final : public Backend {
                                   Tensor max) override;
   void scale_rows(Tensor out, Tensor x, Tensor factor) override;
   void row_dot(Tensor out, Tensor a, Tensor b) override;
-  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& args) override;
+  void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
+  void accumulate_mean(Tensor acc, Tensor x) override;
+  void scalar_add(Tensor out, Tensor a, Tensor b) override { inner_->scalar_add(out, a, b); }
+  void scalar_divide(Tensor out, Tensor a, double divisor) override {
+    inner_->scalar_divide(out, a, divisor);
+  }
+  void scalar_sqrt(Tensor out, Tensor a) override { inner_->scalar_sqrt(out, a); }
+  void clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override {
+    inner_->clip_and_check(control, loss, norm, max_norm);
+  }
+  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
+                    const AdamWArgs& args) override;
 
  private:
   class Widened;

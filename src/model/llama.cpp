@@ -277,16 +277,6 @@ MemoryBreakdown LlamaModel::memory() const {
   return m;
 }
 
-void LlamaModel::check_tokens(Backend& be, Tensor tokens, const char* what) const {
-  BOTTLE_CHECK(tokens.numel() == batch_ * seq_, "forward: expected {} x {} {}", batch_, seq_, what);
-  if (const int64_t i = be.first_outside(tokens, 0, config_.vocab_size); i >= 0) {
-    int32_t id = 0;
-    be.to_host(&id, tokens.view(i, {1}));
-    fail("{}: token id {} at position {} is outside the vocabulary [0, {})", what, id, i,
-         config_.vocab_size);
-  }
-}
-
 bool LlamaModel::crosses_boundaries() const {
   return config_.bottleneck == BottleneckKind::lax && stage_.stages > 1;
 }
@@ -323,7 +313,8 @@ std::vector<Tensor> LlamaModel::stage_input_grad(int slot) const {
   return parts;
 }
 
-float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets) {
+void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
+                               Tensor loss_sum) {
   BOTTLE_CHECK(activations_, "forward before allocate_activations");
   BOTTLE_CHECK(be.device() == memory_->device(),
                "the model's memory is on {}, but backend '{}' runs on {}",
@@ -333,7 +324,8 @@ float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   Slot& s = slots_[size_t(slot_index)];
   const int64_t first = vocab_first();
   if (stage_.first()) {
-    check_tokens(be, tokens, "tokens");
+    BOTTLE_CHECK(tokens.numel() == batch_ * seq_, "forward: expected {} x {} tokens", batch_,
+                 seq_);
     if (ends_.hidden_split_embedding) {
       be.embedding_forward(s.residual[0], tokens, embedding_.value);  // [N, d/t], no comm
     } else if (ends_.sharded_residual) {
@@ -349,7 +341,7 @@ float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   for (size_t i = 0; i < s.blocks.size(); ++i)
     layout_.forward(be, tp_, *s.blocks[i], i ? s.blocks[i - 1].get() : before, s.residual[i],
                     s.residual[i + 1]);
-  if (!stage_.last()) return 0.0f;
+  if (!stage_.last()) return;
   Tensor last = s.residual.back();
   if (ends_.sharded_residual) {
     // The residual stream is gathered once, at the end of the model.
@@ -359,9 +351,10 @@ float LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   s.final_norm.forward(be, last);
   // copy_to(final norm output): forward identity; the LM head is split by vocabulary.
   linear_forward(be, s.logits, s.final_norm.out, lm_head_.compute);
-  if (targets.empty()) return 0.0f;
-  check_tokens(be, targets, "targets");
-  return s.loss.forward(be, tp_, s.logits, targets, first);
+  if (targets.empty()) return;
+  BOTTLE_CHECK(targets.numel() == batch_ * seq_, "forward: expected {} x {} targets", batch_,
+               seq_);
+  s.loss.forward(be, tp_, s.logits, targets, first, loss_sum);
 }
 
 void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
@@ -420,7 +413,7 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
 
 Tensor LlamaModel::forward_logits(Backend& be, Tensor tokens) {
   BOTTLE_CHECK(stage_.stages == 1, "forward_logits needs the whole model on this rank");
-  forward_stage(be, 0, tokens, Tensor{});
+  forward_stage(be, 0, tokens, Tensor{}, Tensor{});
   return slots_[0].logits;
 }
 
@@ -428,7 +421,16 @@ float LlamaModel::forward(Backend& be, Tensor tokens, Tensor targets) {
   BOTTLE_CHECK(stage_.stages == 1,
                "forward needs the whole model on this rank (pipeline: "
                "forward_stage)");
-  return forward_stage(be, 0, tokens, targets);
+  // One f64 for the loss, in the backend's memory, made on first use (tools and tests).
+  if (loss_scalar_.empty()) {
+    scalar_arena_ = std::make_unique<Arena>(MemoryTag::workspace, *memory_, reserve_only_);
+    loss_scalar_ = scalar_arena_->alloc({1}, DType::f64);
+  }
+  be.fill_zero(loss_scalar_);
+  forward_stage(be, 0, tokens, targets, loss_scalar_);
+  double loss = 0.0;
+  be.to_host(&loss, loss_scalar_);
+  return float(loss);
 }
 
 void LlamaModel::backward(Backend& be, Tensor tokens, Tensor targets, float loss_scale) {
@@ -447,19 +449,26 @@ void LlamaModel::reduce_tied_embedding_grad(Communicator* group) {
   group->all_reduce(table.grad, ReduceOp::sum, "pp.tied_embedding");
 }
 
-double LlamaModel::grad_sum_squares(Backend& be, int64_t begin, int64_t end) const {
+std::vector<SumRange> LlamaModel::grad_norm_ranges(int64_t begin, int64_t end) const {
   if (end < 0) end = params_.grads().numel();
-  double sharded = 0.0, whole = 0.0;
+  std::vector<SumRange> ranges;
   for (const ParamSpec& spec : params_.specs()) {
     // The tied table is counted once, on the first stage.
     if (holds_tied_copy() && spec.name == "model.embed_tokens.weight") continue;
     const int64_t lo = std::max(spec.offset, begin),
                   hi = std::min(spec.offset + spec.shape.numel(), end);
     if (lo >= hi) continue;
-    const double s = be.sum_squares(params_.grads().view(lo, {hi - lo}));
-    (spec.sharded() ? sharded : whole) += s;
+    ranges.push_back({lo, hi - lo, spec.sharded() ? kShardedSlot : kWholeSlot});
   }
-  return reduce_scalar(tp_.comm, sharded, ReduceOp::sum, "tp.grad_norm") + whole;
+  return ranges;
+}
+
+double LlamaModel::grad_sum_squares(Backend& be, int64_t begin, int64_t end) const {
+  double parts[2] = {0.0, 0.0};
+  for (const SumRange& r : grad_norm_ranges(begin, end))
+    parts[r.slot] += be.sum_squares(params_.grads().view(r.offset, {r.count}));
+  return reduce_scalar(tp_.comm, parts[kShardedSlot], ReduceOp::sum, "tp.grad_norm") +
+         parts[kWholeSlot];
 }
 
 double LlamaModel::flops_per_step(int64_t tokens, int64_t seq) const {

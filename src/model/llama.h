@@ -77,14 +77,16 @@ class LlamaModel {
   int64_t seq() const { return seq_; }
 
   // One pipeline stage's share of a micro-batch held in `slot`. A first stage embeds the
-  // tokens, others read stage_input(slot) (the previous stage's output); a last stage
-  // returns the micro-batch's mean loss, others 0. backward_stage starts from the loss
+  // tokens, others read stage_input(slot) (the previous stage's output); a last stage with
+  // targets adds the micro-batch's mean loss to loss_sum (f64 [1] in the backend's memory, so
+  // that the host need not wait for it). Token ids are the caller's to check (on the host,
+  // where a batch is read). backward_stage starts from the loss
   // (last stage) or from stage_output_grad(slot), and leaves ∂/∂input in
   // stage_input_grad(slot) (not on the first stage, which finishes in the embedding).
   // What crosses a boundary: the residual [N, d_res], and under LaX the seven latents u
   // [N, r] of the stage's last block, which the next stage's first block crosses with
   // (their gradients flow back the same way).
-  float forward_stage(Backend& be, int slot, Tensor tokens, Tensor targets);
+  void forward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, Tensor loss_sum);
   void backward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, float loss_scale);
   std::vector<Tensor> stage_input(int slot) const;
   std::vector<Tensor> stage_output(int slot) const;
@@ -94,7 +96,8 @@ class LlamaModel {
   // tokens: i32 [B, S]. Returns this rank's logits [B·S, V/t] (vocabulary columns
   // [vocab_first(), vocab_first() + V/t)).
   Tensor forward_logits(Backend& be, Tensor tokens);
-  // tokens, targets: i32 [B, S]. Returns the mean cross-entropy (the same on every rank).
+  // tokens, targets: i32 [B, S]. Returns the mean cross-entropy (the same on every rank),
+  // reading it back from the device: for tools and tests, not the training step.
   float forward(Backend& be, Tensor tokens, Tensor targets);
   // Adds ∂(mean loss)·loss_scale/∂θ into this rank's parameter gradients (+=).
   void backward(Backend& be, Tensor tokens, Tensor targets, float loss_scale = 1.0f);
@@ -116,6 +119,11 @@ class LlamaModel {
   // group, replicated ones counted once. Only the flat range [begin, end) of the gradient
   // buffer counts (a ZeRO-1 shard; end < 0: all of it).
   double grad_sum_squares(Backend& be, int64_t begin = 0, int64_t end = -1) const;
+  // The ranges of the gradient buffer that grad_sum_squares sums, for sum_squares_ranges:
+  // slot kShardedSlot the sharded parameters' (to be summed over the TP group), kWholeSlot the
+  // replicated ones' (counted once). The tied table's copy on the last stage is left out.
+  static constexpr int kShardedSlot = 0, kWholeSlot = 1;
+  std::vector<SumRange> grad_norm_ranges(int64_t begin = 0, int64_t end = -1) const;
 
   // Model FLOPs of one forward + backward over `tokens` tokens of sequence length `seq`
   // (the whole model, all ranks together): every GEMM, attention's two over the causal
@@ -125,7 +133,6 @@ class LlamaModel {
  private:
   void declare_parameters();
   void bind_parameters();
-  void check_tokens(Backend& be, Tensor tokens, const char* what) const;
 
   // The activations of one micro-batch in flight.
   struct Slot {
@@ -165,6 +172,10 @@ class LlamaModel {
   Recompute recompute_ = Recompute::none;
   double recompute_seconds_ = 0;
   std::unique_ptr<Arena> activations_, comm_;
+  // forward()'s loss, f64 [1] in the model's memory, made on first use (tools and tests; a
+  // training step brings its own).
+  std::unique_ptr<Arena> scalar_arena_;
+  Tensor loss_scalar_;
   Tensor recompute_out_;  // [N, d_res] block: a recomputed block's output, discarded
   std::vector<Slot> slots_;
   Tensor whole_grad_;      // [N, d] ∂/∂(final norm input, whole)

@@ -22,9 +22,8 @@ void VocabParallelCrossEntropy::allocate_activations(Allocator& arena, int64_t r
   losses = arena.alloc({rows});
 }
 
-float VocabParallelCrossEntropy::forward(Backend& be, const TensorParallel& tp, Tensor logits,
-                                         Tensor targets, int64_t first) {
-  const int64_t n = logits.rows();
+void VocabParallelCrossEntropy::forward(Backend& be, const TensorParallel& tp, Tensor logits,
+                                        Tensor targets, int64_t first, Tensor loss_sum) {
   Tensor local_sumexp = losses;  // [N] this rank's Σ exp(l - local max), until the losses
   be.logits_row_stats(max, local_sumexp, logits);
   be.copy(sumexp(), max);  // the local max, read once the max is whole
@@ -33,8 +32,7 @@ float VocabParallelCrossEntropy::forward(Backend& be, const TensorParallel& tp, 
                                   targets, first);
   if (tp.size() > 1) tp.comm->all_reduce(sums, ReduceOp::sum, "vocab.ce.sums");
   be.cross_entropy_shard_losses(losses, sumexp(), target_logit(), max);
-  const double total = be.sum(losses);
-  return float(total / double(n));
+  be.accumulate_mean(loss_sum, losses);
 }
 
 void VocabParallelCrossEntropy::backward(Backend& be, Tensor dlogits, Tensor logits, Tensor targets,

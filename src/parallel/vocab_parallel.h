@@ -26,8 +26,10 @@ struct VocabParallelCrossEntropy {
   Tensor losses;  // [N]
 
   void allocate_activations(Allocator& arena, int64_t rows);
-  float forward(Backend& be, const TensorParallel& tp, Tensor logits, Tensor targets,
-                int64_t first);
+  // Adds the mean loss (rounded to fp32) to loss_sum, f64 [1] in the backend's memory: the
+  // host reads it when the step ends, not here.
+  void forward(Backend& be, const TensorParallel& tp, Tensor logits, Tensor targets, int64_t first,
+               Tensor loss_sum);
   // dlogits += scale · ∂(Σ losses)/∂logits (no communication).
   void backward(Backend& be, Tensor dlogits, Tensor logits, Tensor targets, int64_t first,
                 float scale);

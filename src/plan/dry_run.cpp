@@ -29,7 +29,9 @@ StageCounts dry_run_stage(const TrainConfig& config, int stage) {
     step.allocate_activations();
     out.step_memory = step.model().memory();
     out.step_memory[MemoryTag::optimizer] = step.optimizer().bytes();
+    const int64_t waits_before = be.host_waits();
     step.step(0);
+    out.host_waits = be.host_waits() - waits_before;
   }
   out.ops = be.counts();
   out.calls["tp"] = tp.calls();

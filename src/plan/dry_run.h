@@ -27,6 +27,9 @@ struct StageCounts {
   MemoryBreakdown memory;       // the memory planner's plan of this rank (plan_rank_memory)
   MemoryBreakdown step_memory;  // what the dry run's own TrainStep laid out, the same tags
   double model_flops = 0;       // this rank's GEMM + attention FLOPs outside recomputation
+  // Times one training step made the host wait for the device (Backend::host_waits), as a
+  // device backend would: the step's own waits, not those of setting it up.
+  int64_t host_waits = 0;
 };
 
 // The dry run of pipeline stage `stage` (tp rank 0, dp rank 0) of `config` (its parallel.tp,

@@ -11,28 +11,34 @@ AdamW::AdamW(const ParameterStore& params, const AdamWConfig& config, int64_t be
       arena_(MemoryTag::optimizer, params.backend()) {
   m_ = arena_.alloc({end_ - begin_});
   v_ = arena_.alloc({end_ - begin_});
+  // Parameters declared without weight decay, as ranges of this optimizer's share; adjacent
+  // ones merge, so that the update's pass alternates between as few stretches as it can.
+  for (const ParamSpec& spec : params.specs()) {
+    if (spec.weight_decay) continue;
+    const int64_t lo = std::max(spec.offset, begin_) - begin_,
+                  hi = std::min(spec.offset + spec.shape.numel(), end_) - begin_;
+    if (lo >= hi) continue;
+    if (!no_decay_.empty() && no_decay_.back().offset + no_decay_.back().count == lo)
+      no_decay_.back().count += hi - lo;
+    else
+      no_decay_.push_back({lo, hi - lo});
+  }
 }
 
-void AdamW::step(Backend& be, const ParameterStore& params, float lr, float grad_scale) {
-  ++step_;
+void AdamW::step(Backend& be, const ParameterStore& params, float lr, Tensor control) {
   AdamWArgs args;
   args.lr = lr;
   args.beta1 = config_.beta1;
   args.beta2 = config_.beta2;
   args.eps = config_.eps;
-  args.grad_scale = grad_scale;
-  args.step = step_;
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    const ParamSpec& spec = params.specs()[i];
-    // The part of this parameter inside the range.
-    const int64_t lo = std::max(spec.offset, begin_);
-    const int64_t hi = std::min(spec.offset + spec.shape.numel(), end_);
-    if (lo >= hi) continue;
-    args.weight_decay = spec.weight_decay ? config_.weight_decay : 0.0f;
-    const Shape part{hi - lo};
-    be.adamw_update(params.values().view(lo, part), params.grads().view(lo, part),
-                    m_.view(lo - begin_, part), v_.view(lo - begin_, part), args);
-  }
+  args.weight_decay = config_.weight_decay;
+  args.step = step_ + 1;
+  args.no_decay = no_decay_;
+  const Shape range{end_ - begin_};
+  const Tensor compute =
+      params.mixed_precision() ? params.compute_values().view(begin_, range) : Tensor{};
+  be.adamw_update(params.values().view(begin_, range), compute, params.grads().view(begin_, range),
+                  m_, v_, control, args);
 }
 
 void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) const {
@@ -45,6 +51,8 @@ void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) con
                "AdamW: a ZeRO shard of {} elements does not tile {}", m_.numel(), m_whole.numel());
   dp->all_gather(m_whole, m_, "checkpoint.moments");
   dp->all_gather(v_whole, v_, "checkpoint.moments");
+  // The caller reads them on the host next: a device group's calls end here, with its errors.
+  dp->complete();
 }
 
 void AdamW::load_moments(Tensor m_whole, Tensor v_whole) {

@@ -3,6 +3,7 @@
 // embeddings by default). Moments live in the optimizer arena on the parameters' backend,
 // laid out like the flat parameter buffer.
 #include <memory>
+#include <vector>
 
 #include "comm/communicator.h"
 #include "core/arena.h"
@@ -26,9 +27,13 @@ class AdamW {
   AdamW(const ParameterStore& params, const AdamWConfig& config, int64_t begin = 0,
         int64_t end = -1);
 
-  // One update of every parameter in the range with learning rate `lr`; each gradient is
-  // multiplied by `grad_scale` first (gradient clipping).
-  void step(Backend& be, const ParameterStore& params, float lr, float grad_scale = 1.0f);
+  // Update steps_taken() + 1 of every parameter in the range with learning rate `lr`, in one
+  // pass that also writes the range's compute copy (the bf16 weights of a mixed-precision
+  // run). control: the step's control tensor (Backend::clip_and_check) in the backend's
+  // memory, which scales the gradients (clipping) and skips a non-finite step on the device.
+  // The host counts the step with count_step() once it knows the step was taken.
+  void step(Backend& be, const ParameterStore& params, float lr, Tensor control);
+  void count_step() { ++step_; }
 
   size_t bytes() const { return arena_.bytes(); }  // the moments held
   int64_t steps_taken() const { return step_; }
@@ -44,6 +49,7 @@ class AdamW {
   int64_t begin_ = 0, end_ = 0;
   Arena arena_;   // on the parameters' backend
   Tensor m_, v_;  // [end - begin] each
+  std::vector<ElementRange> no_decay_;  // ranges of [begin, end) without weight decay
   int64_t step_ = 0;
 };
 

@@ -20,6 +20,7 @@
 // the file before the first batch.
 #include <cstdint>
 #include <nlohmann/json_fwd.hpp>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -47,8 +48,12 @@ class TokenLoader {
   // Fills batch·seq inputs and the targets (the inputs shifted by one token), row-major
   // [batch, seq], then advances by one round of `world` windows.
   void next(int32_t* inputs, int32_t* targets);
-  // The same into i32 [batch, seq] tensors of `be`, staged through host buffers.
+  // The same into i32 [batch, seq] tensors of `be`, staged through host buffers, which keep
+  // the batch: callers check its ids there (staged_inputs, staged_targets), on the host,
+  // rather than on the device, where the check would make the host wait.
   void next(Backend& be, Tensor inputs, Tensor targets);
+  std::span<const int32_t> staged_inputs() const { return staged_inputs_; }
+  std::span<const int32_t> staged_targets() const { return staged_targets_; }
 
   LoaderPosition position() const;
   // Restores a position from position(); errors when it does not fit these shards.

@@ -45,9 +45,9 @@ void DataParallel::reduce_gradients(Backend& be) {
 }
 
 void DataParallel::gather_parameters(Backend& be) {
-  if (!zero()) return params_.refresh_compute(be);
+  // AdamW has written the compute copy of the range it updated: all of it without ZeRO.
+  if (!zero()) return;
   if (!params_.mixed_precision()) return gather_masters();
-  params_.refresh_compute(be, begin_, end_);
   const Tensor compute = params_.compute_values();
   be.copy(scratch_compute_, compute.view(begin_, scratch_compute_.shape));
   dp_->all_gather(compute, scratch_compute_, "dp.params.all_gather");

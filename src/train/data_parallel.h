@@ -23,6 +23,7 @@ class DataParallel {
                int64_t bucket_bytes = int64_t(32) << 20);
 
   int size() const { return dp_ ? dp_->size() : 1; }
+  Communicator* group() const { return dp_; }  // null: one replica
   bool zero() const { return zero_ && size() > 1; }
   // The flat range [begin, end) whose gradients are valid after reduce_gradients() and
   // whose parameters this rank updates: everything without ZeRO.
@@ -31,8 +32,9 @@ class DataParallel {
 
   // grads = mean over the DP ranks (on [begin, end) with ZeRO).
   void reduce_gradients(Backend& be);
-  // After an update: the compute weights (bf16 under mixed precision) of every range on every
-  // rank; with ZeRO-1 and fp32, the values themselves.
+  // After an update, which wrote the compute weights (bf16 under mixed precision) of the range
+  // it updated: under ZeRO-1 those of every range on every rank (with fp32, the values
+  // themselves); without ZeRO there is nothing to do.
   void gather_parameters(Backend& be);
   // ZeRO-1 under mixed precision: every rank's fp32 masters whole again (for a checkpoint).
   // No-op otherwise.

@@ -9,6 +9,8 @@
 #include <sstream>
 #include <vector>
 
+#include "train/train_step.h"
+
 namespace bottle {
 
 void check_batch_shape(const ModelConfig& m, int64_t batch, int64_t seq, const std::string& where,
@@ -164,7 +166,8 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
     m[MemoryTag::comm] += aligned_size(size_t(shard) * dtype_size(DType::bf16));
   m[MemoryTag::workspace] =
       2 * size_t(tc.grad_accum_steps) *
-      aligned_size(size_t(tc.micro_batch_size * tc.seq_len) * sizeof(int32_t));
+          aligned_size(size_t(tc.micro_batch_size * tc.seq_len) * sizeof(int32_t)) +
+      step_scalar_bytes();
   return m;
 }
 

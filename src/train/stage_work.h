@@ -12,17 +12,20 @@ namespace bottle {
 
 class TrainStageWork final : public StageWork {
  public:
+  // loss_sum: f64 [1] in the backend's memory, which the last stage's forwards add their
+  // micro-batches' mean losses to.
   TrainStageWork(Backend& be, LlamaModel& model, int slots, const std::vector<Tensor>& inputs,
-                 const std::vector<Tensor>& targets, float loss_scale)
+                 const std::vector<Tensor>& targets, float loss_scale, Tensor loss_sum)
       : be_(be),
         model_(model),
         slots_(slots),
         inputs_(inputs),
         targets_(targets),
-        loss_scale_(loss_scale) {}
+        loss_scale_(loss_scale),
+        loss_sum_(loss_sum) {}
   void forward(int m) override {
     const auto t0 = std::chrono::steady_clock::now();
-    loss_sum += model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m]);
+    model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_sum_);
     compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   void backward(int m) override {
@@ -34,8 +37,8 @@ class TrainStageWork final : public StageWork {
   std::vector<Tensor> activation_out(int m) override { return model_.stage_output(m % slots_); }
   std::vector<Tensor> gradient_in(int m) override { return model_.stage_output_grad(m % slots_); }
   std::vector<Tensor> gradient_out(int m) override { return model_.stage_input_grad(m % slots_); }
-  double loss_sum = 0.0;         // the last stage's: Σ over micro-batches of their mean loss
-  double compute_seconds = 0.0;  // in forward and backward (the rest of a step is waiting)
+  // Host time in forward and backward (on a device backend: issuing their work).
+  double compute_seconds = 0.0;
 
  private:
   Backend& be_;
@@ -44,6 +47,7 @@ class TrainStageWork final : public StageWork {
   const std::vector<Tensor>& inputs_;
   const std::vector<Tensor>& targets_;
   float loss_scale_;
+  Tensor loss_sum_;
 };
 
 }  // namespace bottle

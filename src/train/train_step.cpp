@@ -16,27 +16,38 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
+void complete_collectives(std::initializer_list<Communicator*> groups) {
+  for (Communicator* group : groups)
+    if (group) group->complete();
+}
+
 }  // namespace
 
 double eval_step(Backend& be, LlamaModel& model, Communicator* pp,
-                 const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets) {
+                 const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
+                 Tensor loss_sum) {
   const PipelineStage& stage = model.stage();
-  TrainStageWork work(be, model, 1, inputs, targets, 0.0f);
+  be.fill_zero(loss_sum);
+  TrainStageWork work(be, model, 1, inputs, targets, 0.0f, loss_sum);
   run_pipeline(forward_only_schedule(stage.stages, stage.stage, 1), work, pp);
-  return work.loss_sum;
+  complete_collectives({model.tensor_parallel().comm, pp});
+  double loss = 0.0;
+  if (stage.last()) be.to_host(&loss, loss_sum);
+  return loss;
 }
 
-double global_grad_norm(Backend& be, const LlamaModel& model, const DataParallel& data_parallel,
-                        Communicator* pp) {
-  // With ZeRO-1 each DP rank holds the reduced gradients of its shard alone: the shards'
-  // squares add up over the DP group. Without it every DP rank holds them all.
-  const double sum_squares =
-      data_parallel.zero() ? data_parallel.sum(model.grad_sum_squares(be, data_parallel.begin(),
-                                                                      data_parallel.end()),
-                                               "dp.grad_norm")
-                           : model.grad_sum_squares(be);
-  // Each stage holds its own parameters: their squared norms add up over the pipeline.
-  return std::sqrt(reduce_scalar(pp, sum_squares, ReduceOp::sum, "pp.grad_norm"));
+void reduce_device_scalar(Backend& be, Communicator* group, Tensor value, Tensor staging,
+                          ReduceOp op, std::string_view site) {
+  if (!group || group->size() == 1) return;
+  be.copy(staging, value);
+  group->all_reduce(staging, op, site);
+  be.copy(value, staging);
+}
+
+size_t step_scalar_bytes() {
+  // As TrainStep allocates them: the scalars, the control tensor, the staging float.
+  return aligned_size(size_t(5) * sizeof(double)) + aligned_size(kStepControlSize * sizeof(float)) +
+         aligned_size(sizeof(float));
 }
 
 float clip_factor(double grad_norm, double max_norm) {
@@ -99,6 +110,13 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
     inputs_.push_back(batch_arena_.alloc({B, S}, DType::i32));
     targets_.push_back(batch_arena_.alloc({B, S}, DType::i32));
   }
+  static_assert(kScalarCount == 5, "step_scalar_bytes() counts five scalars");
+  scalars_ = batch_arena_.alloc({kScalarCount}, DType::f64);
+  control_ = batch_arena_.alloc({kStepControlSize});
+  staging_ = batch_arena_.alloc({1});
+  norm_ranges_ = data_parallel_->zero()
+                     ? model_->grad_norm_ranges(data_parallel_->begin(), data_parallel_->end())
+                     : model_->grad_norm_ranges();
 }
 
 void TrainStep::allocate_activations() {
@@ -110,19 +128,50 @@ StepResult TrainStep::step(int64_t step) {
   StepResult r;
   const auto t0 = Clock::now();
   model_->zero_grad(be_);
-  TrainStageWork work(be_, *model_, slots_, inputs_, targets_, 1.0f / float(micro_batches_));
+  be_.fill_zero(scalars_);
+  TrainStageWork work(be_, *model_, slots_, inputs_, targets_, 1.0f / float(micro_batches_),
+                      scalar(kLoss));
   const auto pipeline_start = Clock::now();
   run_pipeline(actions_, work, pp_);
   r.pipeline_seconds = seconds_since(pipeline_start);
   r.compute_seconds = work.compute_seconds;
   model_->reduce_tied_embedding_grad(embedding_group_.get());
-  // The loss lives on the last stage; every rank learns it.
-  const double stage_loss =
-      reduce_scalar(pp_, work.loss_sum, ReduceOp::sum, "pp.loss") / double(micro_batches_);
+  // The loss lives on the last stage; every rank learns it. Everything from here to the
+  // update stays on the device, in the order and the arithmetic the host used to do it in.
+  Communicator* dp = data_parallel_->group();
+  reduce_device_scalar(be_, pp_, scalar(kLoss), staging_, ReduceOp::sum, "pp.loss");
+  be_.scalar_divide(scalar(kLoss), scalar(kLoss), double(micro_batches_));
   data_parallel_->reduce_gradients(be_);
-  r.loss = data_parallel_->sum(stage_loss, "dp.loss") / data_parallel_->size();
-  r.grad_norm = global_grad_norm(be_, *model_, *data_parallel_, pp_);
+  reduce_device_scalar(be_, dp, scalar(kLoss), staging_, ReduceOp::sum, "dp.loss");
+  be_.scalar_divide(scalar(kLoss), scalar(kLoss), double(data_parallel_->size()));
+  // The global gradient norm (docs/design.md §9): each parameter counted once over the TP, PP
+  // and DP groups. With ZeRO-1 each DP rank holds the reduced gradients of its shard alone:
+  // the shards' squares add up over the DP group; without it every DP rank holds them all.
+  // Each stage holds its own parameters: their squares add up over the pipeline.
+  be_.sum_squares_ranges(scalars_.view(kSharded, {2}), model_->parameters().grads(),
+                         norm_ranges_);
+  reduce_device_scalar(be_, model_->tensor_parallel().comm, scalar(kSharded), staging_,
+                       ReduceOp::sum, "tp.grad_norm");
+  be_.scalar_add(scalar(kNorm), scalar(kSharded), scalar(kWhole));
+  if (data_parallel_->zero())
+    reduce_device_scalar(be_, dp, scalar(kNorm), staging_, ReduceOp::sum, "dp.grad_norm");
+  reduce_device_scalar(be_, pp_, scalar(kNorm), staging_, ReduceOp::sum, "pp.grad_norm");
+  be_.scalar_sqrt(scalar(kNorm), scalar(kNorm));
+  // The non-finite check and the clip factor, read by AdamW on the device: a non-finite step
+  // changes nothing there, whatever the host decides once it reads the scalars.
+  const double max_norm = config_.training.max_norm;
+  be_.clip_and_check(control_, scalar(kLoss), scalar(kNorm), max_norm);
   r.lr = schedule_.at(step);
+  optimizer_->step(be_, model_->parameters(), r.lr, control_);
+  data_parallel_->gather_parameters(be_);
+  // The step's collectives end (a device communicator's, waited for with its peers' errors
+  // and a timeout, so that the read below never waits on a broken group), then the step's
+  // one wait for the device: its loss and norm (a counting backend writes nothing: zeros).
+  complete_collectives({model_->tensor_parallel().comm, pp_, dp, embedding_group_.get()});
+  double host[kHostScalars] = {0.0, 0.0};
+  be_.to_host(host, scalars_.view(0, {kHostScalars}));
+  r.loss = host[kLoss];
+  r.grad_norm = host[kNorm];
   const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
   if (!finite && config_.training.on_nonfinite == OnNonfinite::stop)
     fail(
@@ -131,12 +180,10 @@ StepResult TrainStep::step(int64_t step) {
         step + 1, r.loss, r.grad_norm);
   r.skipped = !finite;
   if (finite) {
-    r.clip = clip_factor(r.grad_norm, config_.training.max_norm);
-    optimizer_->step(be_, model_->parameters(), r.lr, r.clip);
-    data_parallel_->gather_parameters(be_);
+    // What clip_and_check computed on the device, by the same formula.
+    r.clip = clip_factor(r.grad_norm, max_norm);
+    optimizer_->count_step();
   }
-  // The step ends when its last kernel does (a device backend's run asynchronously).
-  be_.synchronize();
   r.seconds = seconds_since(t0);
   return r;
 }

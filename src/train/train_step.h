@@ -38,13 +38,19 @@ struct StepResult {
 // pipeline stage (pp: its pipeline group, null for one stage), in activation slot 0: this
 // stage's loss (the last stage's mean cross-entropy; 0 on the others, which the caller's sum
 // over the pipeline group adds up). Validation in `bottle train` and `bottle eval`.
+// loss_sum: f64 [1] scratch in the backend's memory.
 double eval_step(Backend& be, LlamaModel& model, Communicator* pp,
-                 const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets);
+                 const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
+                 Tensor loss_sum);
 
-// The global gradient norm (docs/design.md §9): each parameter counted once over the TP, PP and
-// DP groups (with ZeRO-1, each DP rank's shard). The only one the step and its callers use.
-double global_grad_norm(Backend& be, const LlamaModel& model, const DataParallel& data_parallel,
-                        Communicator* pp);
+// value (f64 [1] in the backend's memory) = its sum or max over `group`, on the device:
+// reduce_scalar's arithmetic (the value travels as f32; unchanged in a group of one) through
+// the group's all_reduce of `staging` (f32 [1]), so the host waits for nothing.
+void reduce_device_scalar(Backend& be, Communicator* group, Tensor value, Tensor staging,
+                          ReduceOp op, std::string_view site);
+
+// The bytes a TrainStep's step scalars take (its workspace, beside the token buffers).
+size_t step_scalar_bytes();
 
 // The factor clipping scales the gradients by: max_norm / (grad_norm + 1e-6) when the norm
 // exceeds max_norm > 0, else 1.
@@ -99,10 +105,15 @@ class TrainStep {
   // One optimizer step on the micro-batches in inputs() and targets(); `step` is 0-based
   // (the learning rate is the schedule's at `step`; messages name step + 1). Fails, naming
   // the step, when the loss or the norm is not finite under training.on_nonfinite = "stop".
+  // On a device backend the host waits for the device once, at the end, to read the step's
+  // loss and gradient norm: the norm, the non-finite check and clipping happen on the device,
+  // and AdamW reads their outcome there.
   StepResult step(int64_t step);
 
   // eval_step of inputs()[0] and targets()[0] on this step's model.
-  double eval_step() { return bottle::eval_step(be_, *model_, pp_, inputs_, targets_); }
+  double eval_step() {
+    return bottle::eval_step(be_, *model_, pp_, inputs_, targets_, scalar(kEvalLoss));
+  }
 
  private:
   const TrainConfig config_;
@@ -117,8 +128,18 @@ class TrainStep {
   std::unique_ptr<DataParallel> data_parallel_;
   std::unique_ptr<AdamW> optimizer_;
   LrSchedule schedule_;
+  // The step's scalars, one f64 each, in the backend's memory (the host reads the first
+  // kHostScalars at the step's end).
+  enum Scalar { kLoss, kNorm, kSharded, kWhole, kEvalLoss, kScalarCount };
+  static constexpr int kHostScalars = 2;  // kLoss and kNorm
+  Tensor scalar(Scalar s) const { return scalars_.view(s, {1}); }
+
   Arena batch_arena_{MemoryTag::workspace, be_};
   std::vector<Tensor> inputs_, targets_;  // per micro-batch [B, S] i32
+  Tensor scalars_;                        // f64 [kScalarCount]
+  Tensor control_;                        // f32 [kStepControlSize]: clip factor, apply
+  Tensor staging_;                        // f32 [1]: a scalar on its way through a group
+  std::vector<SumRange> norm_ranges_;     // of the gradient buffer, for the norm
 };
 
 }  // namespace bottle

@@ -135,14 +135,13 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
   }
 }
 
-// Token ids must fit the model; the error names the data rather than a kernel.
-void check_vocabulary(Backend& be, Tensor tokens, int64_t vocab, const std::string& data) {
-  if (const int64_t i = be.first_outside(tokens, 0, vocab); i >= 0) {
-    int32_t id = 0;
-    be.to_host(&id, tokens.view(i, {1}));
-    fail("{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)", data, id,
-         vocab);
-  }
+// Token ids must fit the model; the error names the data rather than a kernel. Checked in
+// the host copy of the batch, so the device is never waited for.
+void check_vocabulary(std::span<const int32_t> tokens, int64_t vocab, const std::string& data) {
+  for (const int32_t id : tokens)
+    if (id < 0 || id >= vocab)
+      fail("{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)", data,
+           id, vocab);
 }
 
 // Peak bytes per tag, one entry per world rank: {"weights": [r0, r1, ...], ..., "total": [...]}.
@@ -478,8 +477,8 @@ void Trainer::read_batch() {
     const Tensor inputs = train_step_->inputs()[size_t(m)],
                  targets = train_step_->targets()[size_t(m)];
     loader_->next(*be_, inputs, targets);
-    check_vocabulary(*be_, inputs, config_.model.vocab_size, loader_->last_file());
-    check_vocabulary(*be_, targets, config_.model.vocab_size, loader_->last_file());
+    check_vocabulary(loader_->staged_inputs(), config_.model.vocab_size, loader_->last_file());
+    check_vocabulary(loader_->staged_targets(), config_.model.vocab_size, loader_->last_file());
   }
 }
 
@@ -516,8 +515,8 @@ double Trainer::evaluate() {
   double total = 0.0;
   for (int64_t i = 0; i < tc_.eval_batches; ++i) {
     val_->next(*be_, inputs, targets);
-    check_vocabulary(*be_, inputs, config_.model.vocab_size, val_->last_file());
-    check_vocabulary(*be_, targets, config_.model.vocab_size, val_->last_file());
+    check_vocabulary(val_->staged_inputs(), config_.model.vocab_size, val_->last_file());
+    check_vocabulary(val_->staged_targets(), config_.model.vocab_size, val_->last_file());
     total += train_step_->eval_step();
   }
   return reduce_scalar(groups_.pp.get(), total, ReduceOp::sum, "pp.eval_loss") /

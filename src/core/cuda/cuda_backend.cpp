@@ -17,6 +17,7 @@
 
 #include "core/arena.h"
 #include "core/cuda/kernels.h"
+#include "core/host_backend.h"
 
 namespace bottle {
 namespace {
@@ -71,6 +72,11 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     for (auto& [key, layout] : layouts_) layout.destroy();
     for (auto& [key, plan] : plans_) cublasLtMatmulDescDestroy(plan.desc);
+    for (cudaEvent_t e : marks_) cudaEventDestroy(e);
+    for (cudaEvent_t e : staging_done_) cudaEventDestroy(e);
+    if (range_table_) cudaFree(range_table_);
+    if (gap_table_) cudaFree(gap_table_);
+    if (staging_) cudaFreeHost(staging_);
     if (scratch_) cudaFree(scratch_);
     cudaFree(gemm_workspace_);
     cudaFree(reduce_partials_);
@@ -87,6 +93,29 @@ class CudaBackend final : public Backend {
   Device device() const override { return Device::cuda; }
   void* native_stream() const override { return stream_; }
   void synchronize() override { sync("synchronize"); }
+  int64_t host_waits() const override { return host_waits_; }
+
+  // Timing marks are events on the compute stream, kept in a pool that reset_marks() returns
+  // for reuse: a profile records two per op and reads them after the step.
+  int64_t timing_mark() override {
+    if (marks_used_ == marks_.size()) {
+      cudaEvent_t e = nullptr;
+      check_cuda(cudaEventCreateWithFlags(&e, cudaEventDefault), "cudaEventCreate (timing mark)");
+      marks_.push_back(e);
+    }
+    check_cuda(cudaEventRecord(marks_[marks_used_], stream_), "cudaEventRecord (timing mark)");
+    return int64_t(marks_used_++);
+  }
+  double marks_elapsed_ms(int64_t from, int64_t to) override {
+    BOTTLE_CHECK(from >= 0 && to >= 0 && size_t(from) < marks_used_ && size_t(to) < marks_used_,
+                 "cuda backend: timing marks {} and {} of {}", from, to, marks_used_);
+    check_cuda(cudaEventSynchronize(marks_[size_t(to)]), "cudaEventSynchronize (timing mark)");
+    float ms = 0.0f;
+    check_cuda(cudaEventElapsedTime(&ms, marks_[size_t(from)], marks_[size_t(to)]),
+               "cudaEventElapsedTime");
+    return double(ms);
+  }
+  void reset_marks() override { marks_used_ = 0; }
   size_t device_memory_free() override {
     size_t free = 0, total = 0;
     check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
@@ -108,6 +137,7 @@ class CudaBackend final : public Backend {
     return p;
   }
   void deallocate(void* p, size_t) override {
+    ++host_waits_;
     cudaStreamSynchronize(stream_);
     cudaFree(p);
   }
@@ -122,9 +152,21 @@ class CudaBackend final : public Backend {
   void from_host(Tensor dst, const void* src) override {
     on_device("from_host", {dst});
     if (!dst.nbytes()) return;
+    // The caller may free or reuse `src` as soon as this returns. A small transfer (a batch
+    // of token ids) is copied into a slot of pinned staging memory and travels from there
+    // while the host goes on; the slot is reused once its own copy has completed, which by
+    // then it almost always has. A large one (checkpoints) waits.
+    if (dst.nbytes() <= kStagingSlotBytes) {
+      void* slot = staging_slot();
+      std::memcpy(slot, src, dst.nbytes());
+      check_cuda(cudaMemcpyAsync(dst.data, slot, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
+                 "from_host");
+      check_cuda(cudaEventRecord(staging_done_[staging_next_], stream_), "from_host");
+      staging_next_ = (staging_next_ + 1) % kStagingSlots;
+      return;
+    }
     check_cuda(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
                "from_host");
-    // The caller may free or reuse `src` as soon as this returns.
     sync("from_host");
   }
 
@@ -138,6 +180,12 @@ class CudaBackend final : public Backend {
       check_cuda(
           cudaMemcpyAsync(dst.data, src.data, dst.nbytes(), cudaMemcpyDeviceToDevice, stream_),
           "copy");
+    } else if (dst.dtype == DType::f64 || src.dtype == DType::f64) {
+      // Device scalars to and from the f32 a communicator reduces.
+      BOTTLE_CHECK(dst.dtype == DType::f32 || src.dtype == DType::f32,
+                   "cuda backend: copy of {} into {}", dtype_name(src.dtype),
+                   dtype_name(dst.dtype));
+      cuda::convert_scalars(stream_, dst.data, dst.dtype, src.data, src.dtype, dst.numel());
     } else {
       floats("copy", {dst, src});
       cuda::convert(stream_, arr(dst), carr(src), dst.numel());
@@ -203,12 +251,13 @@ class CudaBackend final : public Backend {
   }
 
   // --- Layer kernels.
+  // Token ids are checked on the host, where a batch is read (train/trainer.cpp, eval): a
+  // check here would make the host wait for the device at every embedding. The kernels never
+  // read outside the table: an id outside it embeds as a zero row and adds to no row.
   void embedding_forward(Tensor out, Tensor tokens, Tensor table) override {
-    check_tokens("embedding_forward", tokens, 0, table.rows());
     embedding_shard_forward(out, tokens, table, 0);
   }
   void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override {
-    check_tokens("embedding_backward", tokens, 0, dtable.rows());
     embedding_shard_backward(dtable, tokens, dout, 0);
   }
   void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override {
@@ -384,7 +433,7 @@ class CudaBackend final : public Backend {
     numel(k, losses, n, "losses");
     numel(k, probs, n * v, "probs");
     numel(k, targets, n, "targets");
-    check_tokens(k, targets, 0, v);
+    // Targets are checked on the host as tokens are; one outside the row gives a NaN loss.
     cuda::cross_entropy_forward(stream_, arr(losses), arr(probs), carr(logits), ids(targets), n, v);
     launched(k);
   }
@@ -467,18 +516,81 @@ class CudaBackend final : public Backend {
     launched(k);
   }
 
-  void adamw_update(Tensor param, Tensor grad, Tensor m, Tensor v, const AdamWArgs& a) override {
+  // --- Device scalars: nothing here waits for the device.
+  void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override {
+    const char* k = "sum_squares_ranges";
+    on_device(k, {out, x});
+    check_sum_ranges("cuda", out, x, ranges);
+    BOTTLE_CHECK(out.numel() <= cuda::reduce_max_slots(), "cuda backend: {}: {} slots, at most {}",
+                 k, out.numel(), cuda::reduce_max_slots());
+    std::vector<cuda::SlotRange> table;  // the ranges as the kernel reads them
+    table.reserve(ranges.size());
+    for (const SumRange& r : ranges)
+      if (r.count > 0) table.push_back({r.offset, r.count, int32_t(r.slot)});
+    const auto* device_table = static_cast<const cuda::SlotRange*>(
+        upload_table(range_table_, range_table_bytes_, range_table_host_, table.data(),
+                     table.size() * sizeof(cuda::SlotRange), k));
+    auto* partials = static_cast<double*>(this->scratch(
+        sizeof(double) * size_t(cuda::reduce_partials_count()) * size_t(out.numel()), k));
+    cuda::sum_squares_ranges(stream_, static_cast<double*>(out.data), int(out.numel()), carr(x),
+                             device_table, int64_t(table.size()), partials);
+    launched(k);
+  }
+  void accumulate_mean(Tensor acc, Tensor x) override {
+    const char* k = "accumulate_mean";
+    on_device(k, {acc, x});
+    check_scalar("cuda", k, acc, "acc");
+    floats(k, {x});
+    BOTTLE_CHECK(x.numel() > 0, "cuda backend: {} of an empty tensor", k);
+    auto* partials = static_cast<double*>(reduce_partials_);
+    cuda::accumulate_mean(stream_, static_cast<double*>(acc.data), carr(x), x.numel(), partials,
+                          partials + cuda::reduce_partials_count());
+    launched(k);
+  }
+  void scalar_add(Tensor out, Tensor a, Tensor b) override {
+    scalar("scalar_add", out, a, b, 0.0, cuda::ScalarOp::add);
+  }
+  void scalar_divide(Tensor out, Tensor a, double divisor) override {
+    scalar("scalar_divide", out, a, a, divisor, cuda::ScalarOp::divide);
+  }
+  void scalar_sqrt(Tensor out, Tensor a) override {
+    scalar("scalar_sqrt", out, a, a, 0.0, cuda::ScalarOp::sqrt);
+  }
+  void clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override {
+    const char* k = "clip_and_check";
+    on_device(k, {control, loss, norm});
+    check_control("cuda", k, control);
+    check_scalar("cuda", k, loss, "loss");
+    check_scalar("cuda", k, norm, "norm");
+    cuda::clip_and_check(stream_, control.f32(), static_cast<const double*>(loss.data),
+                         static_cast<const double*>(norm.data), max_norm);
+    launched(k);
+  }
+
+  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
+                    const AdamWArgs& a) override {
     const char* k = "adamw_update";
     on_device(k, {param, grad, m, v});
-    for (const Tensor* t : {&param, &grad, &m, &v}) {
-      BOTTLE_CHECK(t->dtype == DType::f32,
-                   "cuda backend: {} takes fp32 masters, gradients and "
-                   "moments, not {}",
-                   k, dtype_name(t->dtype));
-      numel(k, *t, param.numel(), "an optimizer buffer");
+    if (!compute.empty()) on_device(k, {compute});
+    if (!control.empty()) on_device(k, {control});
+    check_adamw("cuda", param, compute, grad, m, v, control, a);
+    std::vector<cuda::DecayGap> gaps;  // the no-decay ranges as the kernel reads them
+    gaps.reserve(a.no_decay.size());
+    bool on_groups = true;
+    for (const ElementRange& r : a.no_decay) {
+      if (r.count <= 0) continue;
+      gaps.push_back({r.offset, r.offset + r.count});
+      on_groups = on_groups && r.offset % 4 == 0 && r.count % 4 == 0;
     }
-    cuda::adamw_update(stream_, param.f32(), grad.f32(), m.f32(), v.f32(), param.numel(),
-                       {a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step});
+    const auto* device_gaps = static_cast<const cuda::DecayGap*>(upload_table(
+        gap_table_, gap_table_bytes_, gap_table_host_, gaps.data(),
+        gaps.size() * sizeof(cuda::DecayGap), k));
+    cuda::AdamWParams params{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step};
+    params.gaps_on_groups = on_groups;
+    cuda::adamw_update(stream_, param.f32(), compute.empty() ? cuda::Array{} : arr(compute),
+                       grad.f32(), m.f32(), v.f32(), param.numel(),
+                       control.empty() ? nullptr : control.f32(), device_gaps,
+                       int64_t(gaps.size()), params);
     launched(k);
   }
 
@@ -489,6 +601,64 @@ class CudaBackend final : public Backend {
   struct AttentionShape {
     int64_t b, s, h, hkv, hd;
   };
+
+  static constexpr size_t kStagingSlots = 8;
+  static constexpr size_t kStagingSlotBytes = size_t(1) << 20;
+
+  // The next slot of pinned staging memory for from_host, once its previous copy is done.
+  void* staging_slot() {
+    if (!staging_) {
+      check_cuda(cudaMallocHost(&staging_, kStagingSlots * kStagingSlotBytes), "cudaMallocHost");
+      for (size_t i = 0; i < kStagingSlots; ++i) {
+        cudaEvent_t e = nullptr;
+        check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
+        // Recorded once, so that the first wait on each slot returns at once.
+        check_cuda(cudaEventRecord(e, stream_), "cudaEventRecord");
+        staging_done_.push_back(e);
+      }
+    }
+    const cudaEvent_t done = staging_done_[staging_next_];
+    if (cudaEventQuery(done) == cudaErrorNotReady) {
+      ++host_waits_;
+      check_cuda(cudaEventSynchronize(done), "from_host (staging slot)");
+    }
+    cudaGetLastError();  // a completed query leaves no error
+    return static_cast<char*>(staging_) + staging_next_ * kStagingSlotBytes;
+  }
+
+  // A small table the kernels read (ranges, decay gaps), kept on the device and uploaded
+  // again only when its contents change: a step passes the same table every time.
+  void* upload_table(void*& device, size_t& capacity, std::vector<unsigned char>& host,
+                     const void* data, size_t bytes, const char* what) {
+    if (bytes == 0) return nullptr;
+    const auto* begin = static_cast<const unsigned char*>(data);
+    if (device && host.size() == bytes && std::equal(host.begin(), host.end(), begin))
+      return device;
+    if (bytes > capacity) {
+      if (device) {
+        sync(what);
+        cudaFree(device);
+        device = nullptr;
+      }
+      capacity = aligned_size(bytes);
+      check_cuda(cudaMalloc(&device, capacity), what);
+    }
+    host.assign(begin, begin + bytes);
+    // From the kept host copy, which lives until the next change: the copy may still be in
+    // flight when this returns. Pageable memory: the runtime stages it before returning.
+    check_cuda(cudaMemcpyAsync(device, host.data(), bytes, cudaMemcpyHostToDevice, stream_), what);
+    return device;
+  }
+
+  void scalar(const char* k, Tensor out, Tensor a, Tensor b, double divisor, cuda::ScalarOp op) {
+    on_device(k, {out, a, b});
+    check_scalar("cuda", k, out, "out");
+    check_scalar("cuda", k, a, "a");
+    check_scalar("cuda", k, b, "b");
+    cuda::scalar_op(stream_, static_cast<double*>(out.data), static_cast<const double*>(a.data),
+                    static_cast<const double*>(b.data), divisor, op);
+    launched(k);
+  }
 
   static cuda::Array arr(const Tensor& t) { return {t.data, t.dtype}; }
   static cuda::ConstArray carr(const Tensor& t) { return {t.data, t.dtype}; }
@@ -526,18 +696,6 @@ class CudaBackend final : public Backend {
     floats(kernel, ts);
     for (const Tensor& t : ts) numel(kernel, t, ts.begin()->numel(), "an operand");
   }
-  // Token ids must lie in [lo, hi): one small reduction and a 8-byte read before the kernel.
-  void check_tokens(std::string_view kernel, Tensor tokens, int64_t lo, int64_t hi) {
-    const int64_t bad = first_outside(tokens, lo, hi);
-    if (bad < 0) return;
-    int32_t id = 0;
-    check_cuda(cudaMemcpyAsync(pinned_, tokens.at(bad), sizeof id, cudaMemcpyDeviceToHost, stream_),
-               kernel);
-    sync(kernel);
-    std::memcpy(&id, pinned_, sizeof id);
-    fail("cuda backend: {}: token {} out of range [{}, {})", kernel, id, lo, hi);
-  }
-
   // Every launch is checked at once: a bad configuration names its kernel. With
   // BOTTLE_CUDA_SYNC set, the stream is also drained, so that a fault inside a kernel is
   // reported by the op that caused it (slow; for debugging and the GPU check).
@@ -545,7 +703,10 @@ class CudaBackend final : public Backend {
     check_cuda(cudaGetLastError(), kernel);
     if (sync_each_op_) sync(kernel);
   }
-  void sync(std::string_view what) { check_cuda(cudaStreamSynchronize(stream_), what); }
+  void sync(std::string_view what) {
+    ++host_waits_;
+    check_cuda(cudaStreamSynchronize(stream_), what);
+  }
 
   // Device scratch that grows and is reused; stream order keeps earlier users safe.
   void* scratch(size_t bytes, const char* what) {
@@ -801,6 +962,20 @@ class CudaBackend final : public Backend {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   bool sync_each_op_ = false;
+  int64_t host_waits_ = 0;             // host_waits()
+  std::vector<cudaEvent_t> marks_;     // timing marks, [0, marks_used_) recorded
+  size_t marks_used_ = 0;
+  void* staging_ = nullptr;            // pinned, kStagingSlots × kStagingSlotBytes (from_host)
+  std::vector<cudaEvent_t> staging_done_;  // per slot: its last copy has completed
+  size_t staging_next_ = 0;
+  // The device copies of sum_squares_ranges' and adamw_update's tables, with the host bytes
+  // they were made from.
+  void* range_table_ = nullptr;
+  size_t range_table_bytes_ = 0;
+  std::vector<unsigned char> range_table_host_;
+  void* gap_table_ = nullptr;
+  size_t gap_table_bytes_ = 0;
+  std::vector<unsigned char> gap_table_host_;
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, Layout> layouts_;
   std::map<GemmKey, GemmPlan> plans_;
 };

@@ -72,6 +72,8 @@ void swiglu_backward(cudaStream_t stream, Array dgate, Array dup, ConstArray dou
 // order fixed by n. `partials` is device scratch of reduce_partials_count() doubles;
 // `result` one device double.
 int reduce_partials_count();
+// The most slots sum_squares_ranges sums at once.
+int reduce_max_slots();
 void reduce_sum(cudaStream_t stream, ConstArray x, int64_t n, bool squares, double* partials,
                 double* result);
 
@@ -144,12 +146,50 @@ void cross_entropy_shard_partials(cudaStream_t stream, Array sumexp, Array targe
 void cross_entropy_shard_losses(cudaStream_t stream, Array losses, ConstArray sumexp,
                                 ConstArray target_logit, ConstArray max, int64_t rows);
 
-// --- AdamW (adamw.cu) on fp32 masters, gradients and moments.
+// --- AdamW (adamw.cu) on fp32 masters, gradients and moments, in one pass over the flat
+// buffers: 4 elements per thread with 128-bit loads where the buffers allow it.
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
   int64_t step;
+  // Every no-decay range starts and ends at a multiple of 4 elements (the parameter store's
+  // alignment), so that groups of 4 share their decay and take the 128-bit path.
+  bool gaps_on_groups = true;
 };
-void adamw_update(cudaStream_t stream, float* param, const float* grad, float* m, float* v,
-                  int64_t n, const AdamWParams& args);
+// A no-decay range [begin, end) of the buffer, in elements.
+struct DecayGap {
+  int64_t begin, end;
+};
+// param, grad, m, v: [n] fp32. compute (data may be null): [n] f32 or bf16, written with the
+// updated values. control (may be null): f32 [2] = {grad scale, apply}, read on the device;
+// null uses args.grad_scale. gaps: device array of `gap_count` ascending no-decay ranges.
+void adamw_update(cudaStream_t stream, float* param, Array compute, const float* grad, float* m,
+                  float* v, int64_t n, const float* control, const DecayGap* gaps,
+                  int64_t gap_count, const AdamWParams& args);
+
+// --- Device scalars (reduce.cu), f64.
+// One range of a flat buffer whose squares go to out[slot].
+struct SlotRange {
+  int64_t offset, count;
+  int32_t slot;
+};
+// out[s] = Σ over ranges of slot s of Σ x[i]² (each slot in double, in an order fixed by the
+// ranges alone); ranges: device array of `range_count`; out: `slots` doubles; partials:
+// reduce_partials_count() * slots doubles of scratch. One launch covers every range.
+void sum_squares_ranges(cudaStream_t stream, double* out, int slots, ConstArray x,
+                        const SlotRange* ranges, int64_t range_count, double* partials);
+// *acc += (double)(float)(Σ x / n), the sum as reduce_sum computes it; `sum` is one double of
+// scratch.
+void accumulate_mean(cudaStream_t stream, double* acc, ConstArray x, int64_t n, double* partials,
+                     double* sum);
+enum class ScalarOp : uint8_t { add, divide, sqrt };
+// *out = *a + *b, *a / divisor, sqrt(*a): one thread.
+void scalar_op(cudaStream_t stream, double* out, const double* a, const double* b, double divisor,
+               ScalarOp op);
+// control[0] = clip scale, control[1] = apply (Backend::clip_and_check).
+void clip_and_check(cudaStream_t stream, float* control, const double* loss, const double* norm,
+                    double max_norm);
+// dst[i] = src[i] between f64 and f32 (device scalars); n elements.
+void convert_scalars(cudaStream_t stream, void* dst, DType dst_dtype, const void* src,
+                     DType src_dtype, int64_t n);
 
 }  // namespace bottle::cuda
