@@ -278,6 +278,7 @@ Command add_bench_step_command(CLI::App& app) {
         Timing t;
         StepResult last;
         std::map<std::string, KernelTime> step_kernels;  // the timed steps' (--profile)
+        double host_waits = 0;  // per timed step: the host waiting for the device
         double flops = 0;
         {
           TrainStep train_step(train_config, *be, tensor_parallel_of(train_config, nullptr),
@@ -289,11 +290,16 @@ Command add_bench_step_command(CLI::App& app) {
           be->from_host(train_step.targets()[0], stream.data() + 1);
           // TrainStep times each step to its last kernel's end (a device backend's waited for).
           std::vector<double> ms;
+          int64_t waits_before = 0;  // the backend's host waits when the timed steps start
           for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
-            if (profiler && step == o->warmup) profiler->reset();
+            if (step == o->warmup) {
+              if (profiler) profiler->reset();
+              waits_before = be->host_waits();
+            }
             last = train_step.step(step);
             if (step >= o->warmup) ms.push_back(last.seconds * 1e3);
           }
+          host_waits = double(be->host_waits() - waits_before) / double(o->steps);
           t = summarize(ms);
           // Before the model is copied out for --save and the peer, which is not step work.
           if (profiler) step_kernels = profiler->times();
@@ -336,6 +342,7 @@ Command add_bench_step_command(CLI::App& app) {
         if (o->backend != "cpu") row["device"] = backend_description(o->backend);
         row["cpu"] = cpu_model();
         row["onednn_isa"] = onednn_isa();
+        if (on_device) row["host_waits_per_step"] = host_waits;
         row["loss"] = last.loss;
         row["grad_norm"] = last.grad_norm;
         row["lr"] = last.lr;
@@ -439,6 +446,7 @@ Command add_bench_step_command(CLI::App& app) {
               std::printf("  %.2fx vs %s", row[fmt::format("speedup_vs_{}", other)].get<double>(),
                           other);
           std::printf("%s\n", peer_text.c_str());
+          if (on_device) std::printf("      host waits for the device: %.1f per step\n", host_waits);
         }
         if (profiler) print_profile(step_kernels, o->steps, t.median);
         std::fflush(stdout);
