@@ -77,7 +77,8 @@ else
 fi
 # This machine's CUDA libraries: the loader's, the toolkit's, or PyTorch's wheels'.
 sites=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
-for name in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libnccl.so.2; do
+# NVRTC: cuDNN compiles some of its attention engines at run time.
+for name in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libnccl.so.2 libnvrtc.so.13; do
   ldconfig -p | grep -q "$name" && continue
   # shellcheck disable=SC2086
   dir=$(find /usr/local/cuda*/lib* /usr/local/cuda*/targets/*/lib $sites -name "$name" 2>/dev/null |

@@ -197,8 +197,8 @@ Command add_bench_step_command(CLI::App& app) {
     if (o->profile && o->backend == "cuda") ::setenv("BOTTLE_CUDA_SYNC", "1", 1);
     if (!attention->count()) o->attention = attention_choice_name(base.training.attention);
     const AttentionChoice attention_choice = o->attention == "cudnn" ? AttentionChoice::cudnn
-                                             : o->attention == "own"  ? AttentionChoice::own
-                                                                      : AttentionChoice::automatic;
+                                             : o->attention == "own" ? AttentionChoice::own
+                                                                     : AttentionChoice::automatic;
     std::unique_ptr<Backend> be;
     try {
       be = make_backend(o->backend, {attention_choice});

@@ -32,9 +32,10 @@ std::unique_ptr<Backend> make_backend(std::string_view name) { return make_backe
 
 std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options) {
   if ((name == "cpu" || name == "reference") && options.attention == AttentionChoice::cudnn)
-    fail("backend '{}' has no cuDNN attention (attention \"cudnn\" runs on the cuda backend); "
-         "choose \"auto\" or \"own\"",
-         name);
+    fail(
+        "backend '{}' has no cuDNN attention (attention \"cudnn\" runs on the cuda backend); "
+        "choose \"auto\" or \"own\"",
+        name);
   if (name == "cpu") return std::make_unique<WideningBackend>(make_cpu_backend());
   if (name == "reference") return std::make_unique<WideningBackend>(make_reference_backend());
   if (name == "cuda") {

@@ -44,8 +44,8 @@ namespace fe = cudnn_frontend;
 using TensorPtr = std::shared_ptr<fe::graph::Tensor_attributes>;
 
 // An internal error (a bug here, not the user's doing): named by file and line.
-#define BOTTLE_CUDNN_INTERNAL(cond, what)                                              \
-  do {                                                                                 \
+#define BOTTLE_CUDNN_INTERNAL(cond, what)                                               \
+  do {                                                                                  \
     if (!(cond)) ::bottle::fail("{}:{}: internal error: {}", __FILE__, __LINE__, what); \
   } while (0)
 
@@ -191,7 +191,8 @@ std::string build(fe::graph::Graph& g, cudnnHandle_t handle) {
     if (std::string e = step("validate", g.validate()); !e.empty()) return e;
     if (std::string e = step("build_operation_graph", g.build_operation_graph(handle)); !e.empty())
       return e;
-    if (std::string e = step("create_execution_plans", g.create_execution_plans({fe::HeurMode_t::A}));
+    if (std::string e =
+            step("create_execution_plans", g.create_execution_plans({fe::HeurMode_t::A}));
         !e.empty())
       return e;
     if (std::string e = step("check_support", g.check_support()); !e.empty()) return e;
@@ -236,12 +237,15 @@ class CudnnSdpa final : public CudnnAttention {
                 const void* q, const void* k, const void* v, const SdpaShape& shape,
                 void* workspace) override {
     Graphs& g = ready(shape, "backward");
-    std::unordered_map<int64_t, void*> pack{
-        {kQ, const_cast<void*>(q)},       {kK, const_cast<void*>(k)},
-        {kV, const_cast<void*>(v)},       {kO, const_cast<void*>(out)},
-        {kDO, const_cast<void*>(dout)},   {kStats, const_cast<float*>(lse)},
-        {kDQ, dq},                        {kDK, dk},
-        {kDV, dv}};
+    std::unordered_map<int64_t, void*> pack{{kQ, const_cast<void*>(q)},
+                                            {kK, const_cast<void*>(k)},
+                                            {kV, const_cast<void*>(v)},
+                                            {kO, const_cast<void*>(out)},
+                                            {kDO, const_cast<void*>(dout)},
+                                            {kStats, const_cast<float*>(lse)},
+                                            {kDQ, dq},
+                                            {kDK, dk},
+                                            {kDV, dv}};
     execute(*g.backward, pack, workspace, "backward", shape);
   }
 
@@ -275,8 +279,8 @@ class CudnnSdpa final : public CudnnAttention {
       g.backward_workspace = workspace_bytes(*g.backward, "backward", shape);
     } else {
       g = Graphs{};
-      g.refused = fmt::format("cuDNN {} refuses {}: {}", version_text(version_), describe(shape),
-                              why);
+      g.refused =
+          fmt::format("cuDNN {} refuses {}: {}", version_text(version_), describe(shape), why);
     }
     return graphs_.emplace(shape, std::move(g)).first->second;
   }
@@ -284,8 +288,7 @@ class CudnnSdpa final : public CudnnAttention {
   // A shape the backend decided to run on cuDNN: prepare() said yes before.
   Graphs& ready(const SdpaShape& shape, const char* what) {
     Graphs& g = graphs(shape);
-    if (!g.refused.empty())
-      fail("cuDNN attention {} at {}: {}", what, describe(shape), g.refused);
+    if (!g.refused.empty()) fail("cuDNN attention {} at {}: {}", what, describe(shape), g.refused);
     return g;
   }
 
@@ -325,7 +328,8 @@ CudnnLoad load_cudnn_attention(void* stream) {
     if (const cudnnStatus_t s = fe::detail::create_handle(&raw); s != CUDNN_STATUS_SUCCESS)
       return {nullptr, "cudnnCreate: " + status_text(s)};
     Handle handle(raw);
-    if (const cudnnStatus_t s = fe::detail::set_stream(handle.get(), static_cast<cudaStream_t>(stream));
+    if (const cudnnStatus_t s =
+            fe::detail::set_stream(handle.get(), static_cast<cudaStream_t>(stream));
         s != CUDNN_STATUS_SUCCESS)
       fail("cuDNN attention: cudnnSetStream: {}", status_text(s));
     return {std::make_unique<CudnnSdpa>(std::move(handle), lib.version), {}};

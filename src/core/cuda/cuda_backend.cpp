@@ -333,8 +333,7 @@ class CudaBackend final : public Backend {
     numel(name, dk, k.numel(), "dk");
     numel(name, dv, v.numel(), "dv");
     numel(name, lse, s.b * s.h * s.s, "lse");
-    if (const std::optional<cuda::SdpaShape> c =
-            cudnn_shape(name, s, lse, {dout, out, q, k, v})) {
+    if (const std::optional<cuda::SdpaShape> c = cudnn_shape(name, s, lse, {dout, out, q, k, v})) {
       // cuDNN writes its gradients, and bottle's backward kernels add: cuDNN writes bf16 into
       // scratch, then each is added into the caller's dq, dk, dv in their dtype.
       // Each part starts on 256 bytes, as cudaMalloc's own blocks do.
@@ -347,8 +346,8 @@ class CudaBackend final : public Backend {
       void* dk_s = base + q_bytes;             // [B, S, Hkv, hd] bf16
       void* dv_s = base + q_bytes + kv_bytes;  // [B, S, Hkv, hd] bf16
       void* workspace = base + q_bytes + 2 * kv_bytes;
-      cudnn_->backward(dq_s, dk_s, dv_s, dout.data, out.data, lse.f32(), q.data, k.data, v.data,
-                       *c, workspace_bytes ? workspace : nullptr);
+      cudnn_->backward(dq_s, dk_s, dv_s, dout.data, out.data, lse.f32(), q.data, k.data, v.data, *c,
+                       workspace_bytes ? workspace : nullptr);
       cuda::accumulate(stream_, arr(dq), {dq_s, DType::bf16}, dq.numel());
       cuda::accumulate(stream_, arr(dk), {dk_s, DType::bf16}, dk.numel());
       cuda::accumulate(stream_, arr(dv), {dv_s, DType::bf16}, dv.numel());
@@ -911,7 +910,8 @@ std::string cuda_unavailable() {
   return {};
 }
 
-std::unique_ptr<Backend> make_cuda_backend(AttentionChoice attention, cuda::CudnnLoader load_cudnn) {
+std::unique_ptr<Backend> make_cuda_backend(AttentionChoice attention,
+                                           cuda::CudnnLoader load_cudnn) {
   auto backend = std::make_unique<CudaBackend>(attention, load_cudnn);
   // Refused once the backend is whole, so that its destructor frees what it holds.
   if (std::string why = backend->cudnn_refusal(); !why.empty())
