@@ -35,7 +35,7 @@ ln -s orterun "$bundle/ompi/usr/bin/mpiexec"
 # Shared libraries: glibc's and the dynamic loader stay the machine's own (the GPU machine's
 # glibc is newer, and binaries built against an older one run there); CUDA's come from the
 # GPU machine's toolkit, which must match the driver.
-system='^(linux-vdso|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|ld-linux|libcuda\.so|libcudart\.so|libcublas|libcublasLt|libnccl|libnvidia|libresolv\.so|libutil\.so)'
+system='^(linux-vdso|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|ld-linux|libcuda\.so|libcudart\.so|libcublas|libcublasLt|libcudnn|libnccl|libnvidia|libresolv\.so|libutil\.so)'
 mapfile -t objects < <(find "$bundle/bin" "$bundle/ompi" -type f \( -perm -u+x -o -name '*.so*' \))
 for object in "${objects[@]}"; do
   ldd "$object" 2>/dev/null | awk '$2 == "=>" && $3 ~ /^\// {print $1, $3}' || true

@@ -7,8 +7,8 @@
 #   3. `bottle train` on the GPU: TP = 2 on the one GPU with parallel.comm = "mpi" (two ranks
 #      share it, collectives staged through the host) against TP = 1, NCCL on one rank, and the
 #      cpu backend, 40 steps each on the same data; their losses side by side; then 30 bf16
-#      steps at head dims 128 (CoLA) and 64 (full rank), through the tensor-core attention,
-#      against the cpu backend
+#      steps at head dims 128 (CoLA) and 64 (full rank), through the tensor-core attention and
+#      through cuDNN's SDPA, against the cpu backend
 #   4. `bottle bench step` in bf16 for a CoLA-1B-like model (d 2048, d_ff 5472, r 512, 24
 #      blocks, s 2048) and its full-rank twin: tokens/s, MFU against the measured GEMM peak and
 #      the H200's nominal dense bf16 989 TFLOP/s, and PyTorch on the same GPU (eager and
@@ -18,7 +18,9 @@
 #
 # The binaries: gpu-bundle.tar.xz when present (scripts/gpu_bundle.sh makes it on a Debian 12
 # machine, for a GPU machine whose image lacks bottle's Debian libraries), else a build here
-# (build-cuda/). Logs go to $OUT when set, else gpu-check/. Exit status: non-zero when a
+# (build-cuda/). cuDNN (for the SDPA attention; bottle opens libcudnn.so.9 at run time, the bundle
+# does not carry it) is the machine's: the loader's, else the nvidia-cudnn-cu13 wheel's, else
+# PyTorch's. Logs go to $OUT when set, else gpu-check/. Exit status: non-zero when a
 # check failed; every step runs regardless, and the summary at the end says which.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -75,17 +77,29 @@ else
 fi
 # This machine's CUDA libraries: the loader's, the toolkit's, or PyTorch's wheels'.
 sites=$(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null)
-for name in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libnccl.so.2; do
+# NVRTC: cuDNN compiles some of its attention engines at run time.
+for name in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libnccl.so.2 libnvrtc.so.13; do
   ldconfig -p | grep -q "$name" && continue
   # shellcheck disable=SC2086
   dir=$(find /usr/local/cuda*/lib* /usr/local/cuda*/targets/*/lib $sites -name "$name" 2>/dev/null |
     head -n 1 | xargs -r dirname)
   if [ -n "$dir" ]; then libs=$libs:$dir; else echo "warning: $name not found"; fi
 done
+# cuDNN 9 for the SDPA attention: without it the own kernels run, and the cuDNN rows fail.
+if ! ldconfig -p | grep -q 'libcudnn\.so\.9'; then
+  cudnn_dir=$(python3 -c 'import os, nvidia.cudnn as m; print(os.path.join(list(m.__path__)[0], "lib"))' 2>/dev/null)
+  [ -f "$cudnn_dir/libcudnn.so.9" ] ||
+    cudnn_dir=$(python3 -c 'import os, torch; print(os.path.join(os.path.dirname(torch.__file__), "lib"))' 2>/dev/null)
+  if [ -f "$cudnn_dir/libcudnn.so.9" ]; then libs=$libs:$cudnn_dir; else echo "warning: libcudnn.so.9 not found"; fi
+fi
 export LD_LIBRARY_PATH=${libs#:}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_vader_single_copy_mechanism=none
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv
 "$bin/bottle" --version || failed+=(version)
+# The cuDNN bottle loaded, as a run's first line says it ("attention: cuDNN 9.x.y SDPA (...)").
+"$bin/bottle" bench step --backend cuda --precision bf16 --kinds none --vocab 256 --hidden 256 \
+  --ffn 512 --layers 1 --heads 4 --batch 1 --seq 128 --steps 1 --warmup 0 --torch false 2>&1 |
+  grep -E '^attention:|rror' || failed+=(cudnn_version)
 
 step "1. every op against the reference backend"
 check device_ops env BOTTLE_CUDA_SYNC=1 "$tests/test_device_ops" cuda
@@ -140,17 +154,23 @@ sys.exit(0 if ok else 1)
 EOF
 [ "${PIPESTATUS[0]}" = 0 ] || failed+=(train_losses)
 
-step "3b. bf16 training through the tensor-core attention (head dims 128 and 64), cuda against cpu"
+step "3b. bf16 training through the tensor-core attention and cuDNN's (head dims 128 and 64), cuda against cpu"
 for spec in "cola 512" "none 256"; do
   read -r kind width <<<"$spec"
-  for backend in cpu cuda; do
-    check "train_bf16_${kind}_$backend" "$bin/bottle" train configs/tiny.toml \
+  # cuda: the own (tensor-core) attention; cuda_cudnn: cuDNN's SDPA, or the run fails saying why.
+  for run in cpu cuda cuda_cudnn; do
+    backend=${run%_cudnn} attention=own
+    [ "$run" = cuda_cudnn ] && attention=cudnn
+    [ "$run" = cpu ] && attention=auto
+    check "train_bf16_${kind}_$run" "$bin/bottle" train configs/tiny.toml \
       --set "data.train=$data/data_train_*.bin" --set "data.val=$data/data_val_*.bin" \
       --set training.steps=30 --set training.eval_interval=0 --set checkpoint.interval=0 \
-      --set metrics.plot= --set "checkpoint.folder=/tmp/gpu-check-runs/bf16-$kind-$backend" \
+      --set metrics.plot= --set "checkpoint.folder=/tmp/gpu-check-runs/bf16-$kind-$run" \
       --set model.bottleneck="$kind" --set model.hidden_size="$width" --set model.num_heads=4 \
       --set model.intermediate_size=$((2 * width)) --set model.rank=$((width / 4)) \
-      --set training.precision=bf16 --set training.backend="$backend"
+      --set training.precision=bf16 --set training.backend="$backend" \
+      --set training.attention="$attention"
+    grep -m1 '^attention:' "$out/train_bf16_${kind}_$run.log" | sed "s/^/  $kind $run: /"
   done
 done
 python3 - /tmp/gpu-check-runs <<'EOF2' | tee "$out/train_bf16_losses.txt"
@@ -158,15 +178,16 @@ import json, os, sys
 ok = True
 for kind in ("cola", "none"):
     loss = {}
-    for backend in ("cpu", "cuda"):
-        path = os.path.join(sys.argv[1], f"bf16-{kind}-{backend}", "metrics.jsonl")
-        loss[backend] = [json.loads(l)["loss"] for l in open(path) if '"loss"' in l] if os.path.exists(path) else []
-    if not loss["cpu"] or len(loss["cpu"]) != len(loss["cuda"]):
-        print(f"{kind}: missing"); ok = False; continue
-    worst = max(abs(a - b) / b for a, b in zip(loss["cuda"], loss["cpu"]))
-    print(f"{kind} bf16: {len(loss['cpu'])} steps, cpu {loss['cpu'][0]:.4f} -> {loss['cpu'][-1]:.4f}, "
-          f"cuda {loss['cuda'][0]:.4f} -> {loss['cuda'][-1]:.4f}; worst relative difference {worst:.2e}")
-    ok &= worst < 2e-2
+    for run in ("cpu", "cuda", "cuda_cudnn"):
+        path = os.path.join(sys.argv[1], f"bf16-{kind}-{run}", "metrics.jsonl")
+        loss[run] = [json.loads(l)["loss"] for l in open(path) if '"loss"' in l] if os.path.exists(path) else []
+    for run in ("cuda", "cuda_cudnn"):
+        if not loss["cpu"] or len(loss["cpu"]) != len(loss[run]):
+            print(f"{kind} {run}: missing"); ok = False; continue
+        worst = max(abs(a - b) / b for a, b in zip(loss[run], loss["cpu"]))
+        print(f"{kind} bf16 {run}: {len(loss['cpu'])} steps, cpu {loss['cpu'][0]:.4f} -> {loss['cpu'][-1]:.4f}, "
+              f"{run} {loss[run][0]:.4f} -> {loss[run][-1]:.4f}; worst relative difference {worst:.2e}")
+        ok &= worst < 2e-2
 sys.exit(0 if ok else 1)
 EOF2
 [ "${PIPESTATUS[0]}" = 0 ] || failed+=(train_bf16_losses)

@@ -19,6 +19,7 @@ packages=(
   python3-venv                     # .venv: the tokenizer oracles (tests/tokenizer_oracle.py)
   liblapacke-dev                   # bottle lowrank: truncated SVDs (LAPACK's dgesdd)
   jq                               # scripts/plan_check.sh: predictions beside bench tp's JSON
+  python3-pip unzip                # the cudnn-frontend headers below (a PyPI wheel)
 )
 missing=()
 for p in "${packages[@]}"; do
@@ -70,4 +71,28 @@ if ! hf_venv_ok; then
   [ -x .venv-hf/bin/python ] || /usr/bin/python3 -m venv --system-site-packages --clear .venv-hf
   .venv-hf/bin/python -m pip install -q --disable-pip-version-check "${hf_packages[@]}"
   hf_venv_ok || { echo "setup: .venv-hf still lacks ${hf_packages[*]} (or torch)" >&2; exit 1; }
+fi
+
+# .deps/cudnn-frontend: NVIDIA's header-only cudnn-frontend C++ API, through which the cuda
+# backend runs cuDNN's SDPA attention (src/core/cuda/attention_cudnn.cpp). Debian has no
+# package; PyPI's wheel ships the headers (include/), pinned here. Only the headers are
+# unpacked, never committed; a version stamp says what is there, and only a missing or other
+# version is fetched again. CMake finds them (CUDNN_FRONTEND_INCLUDE_DIR); without them the
+# cuda backend builds without cuDNN attention.
+cudnn_frontend_version=1.32.0
+cudnn_frontend_dir=.deps/cudnn-frontend
+if [ "$(cat "$cudnn_frontend_dir/VERSION" 2>/dev/null)" != "$cudnn_frontend_version" ]; then
+  echo "setup: installing cudnn-frontend $cudnn_frontend_version headers into $cudnn_frontend_dir"
+  wheel_dir=$(mktemp -d)
+  trap 'rm -rf "$wheel_dir"' EXIT
+  /usr/bin/python3 -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+    --python-version 3.11 --platform manylinux_2_28_x86_64 \
+    -d "$wheel_dir" "nvidia-cudnn-frontend==$cudnn_frontend_version"
+  wheel=$(ls "$wheel_dir"/nvidia_cudnn_frontend-"$cudnn_frontend_version"-*.whl)
+  rm -rf "$cudnn_frontend_dir"
+  mkdir -p "$cudnn_frontend_dir"
+  unzip -q "$wheel" 'include/*' -d "$cudnn_frontend_dir"
+  [ -f "$cudnn_frontend_dir/include/cudnn_frontend.h" ] ||
+    { echo "setup: $wheel has no include/cudnn_frontend.h" >&2; exit 1; }
+  echo "$cudnn_frontend_version" >"$cudnn_frontend_dir/VERSION"
 fi

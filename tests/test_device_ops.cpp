@@ -21,6 +21,7 @@
 #include "backend_test_main.h"
 #include "core/arena.h"
 #include "core/backend.h"
+#include "core/backend_options.h"
 #include "core/bf16.h"
 
 namespace bottle {
@@ -352,6 +353,78 @@ TEST_F(DeviceOps, Attention) {
   // key and query tiles, a ragged last tile, GQA groups of 2 and 4.
   check(attention_op(2, 300, 4, 2, 128));
   check(attention_op(1, 257, 4, 1, 64));
+}
+
+// cuDNN's SDPA (the cuda backend under attention "cudnn", which fails rather than fall back)
+// against the reference backend and against the same GPU's own kernels (attention "own"), in
+// bf16 (cuDNN's SDPA has no fp32): out, lse, and dq, dk, dv added into non-zero gradients. GQA
+// and sequence lengths that are not multiples of cuDNN's 64- or 128-row tiles. Skipped, saying
+// why, where cuDNN cannot be loaded or the backend under test is not cuda.
+class CudnnAttentionOps : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (g_backend != "cuda")
+      GTEST_SKIP() << "cuDNN attention runs on the cuda backend; this run tests '" << g_backend
+                   << "'";
+    try {
+      cudnn = make_backend("cuda", {AttentionChoice::cudnn});
+    } catch (const Error& e) {
+      GTEST_SKIP() << "cuDNN attention is not available here: " << e.what();
+    }
+    own = make_backend("cuda", {AttentionChoice::own});
+  }
+
+  void check(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd) {
+    const Op op = attention_op(b, s, h, hkv, hd);
+    SCOPED_TRACE(op.name + " (bf16), cuDNN");
+    const std::string path = cudnn->attention_path(b, s, h, hkv, hd, DType::bf16);
+    EXPECT_EQ(path.rfind("cuDNN ", 0), 0u) << path;
+    const HostData inputs = make_inputs(op, 11);
+    const auto want = run_op(*oracle, op, inputs, true);
+    const auto own_got = run_op(*own, op, inputs, true);
+    const auto got = run_op(*cudnn, op, inputs, true);
+    for (size_t i = 0; i < want.size(); ++i) {
+      SCOPED_TRACE("output argument " + std::to_string(op.outputs[i]));
+      EXPECT_TRUE(close(got[i], want[i], op.bf16_nmse, op.bf16_rel)) << "cuDNN vs reference";
+      EXPECT_TRUE(close(got[i], own_got[i], op.bf16_nmse, op.bf16_rel)) << "cuDNN vs own";
+      EXPECT_TRUE(close(own_got[i], want[i], op.bf16_nmse, op.bf16_rel)) << "own vs reference";
+    }
+    // The deterministic backward: the same inputs give the same bits.
+    EXPECT_TRUE(got == run_op(*cudnn, op, inputs, true)) << "two cuDNN runs differ";
+  }
+
+  std::unique_ptr<Backend> cudnn, own;
+  std::unique_ptr<Backend> oracle = make_backend("reference");
+};
+
+TEST_F(CudnnAttentionOps, AgainstReferenceAndOwnKernels) {
+  check(2, 100, 4, 2, 64);
+  check(1, 130, 4, 2, 128);
+  check(2, 256, 4, 2, 64);
+  check(1, 256, 4, 4, 128);
+  check(1, 257, 4, 1, 64);
+  check(2, 37, 2, 2, 128);
+}
+
+// Where a run says which attention it runs: the host backends have their one kernel, refuse
+// cuDNN's by name, and the cuda backend under "own" says so without opening cuDNN.
+TEST(AttentionPath, NamesTheKernelsAndRefusesCudnnOnTheHost) {
+  for (const char* name : {"cpu", "reference"}) {
+    EXPECT_EQ(make_backend(name)->attention_path(2, 64, 4, 2, 32, DType::bf16), "own CPU kernel");
+    try {
+      make_backend(name, {AttentionChoice::cudnn});
+      ADD_FAILURE() << name << " took attention \"cudnn\"";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("no cuDNN attention"), std::string::npos) << e.what();
+    }
+  }
+  if (g_backend == "cuda") {
+    const std::string path =
+        make_backend("cuda", {AttentionChoice::own})->attention_path(2, 64, 4, 2, 64, DType::bf16);
+    EXPECT_EQ(path, "own kernels (attention \"own\")");
+    const std::string f32 = make_backend("cuda")->attention_path(2, 64, 4, 2, 64, DType::f32);
+    EXPECT_EQ(f32.rfind("own kernels (", 0), 0u) << f32;
+  }
 }
 
 TEST_F(DeviceOps, Activations) {

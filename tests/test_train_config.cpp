@@ -315,6 +315,27 @@ TEST(TrainConfig, CrossFieldValidation) {
   EXPECT_CONTAINS(error_of("", {"training.seq_len=4096"}), "training.seq_len");
 }
 
+// training.attention: auto by default; "cudnn" is cuDNN's SDPA on the GPU, so a host backend
+// refuses it by the key's name.
+TEST(TrainConfig, AttentionChoice) {
+  EXPECT_EQ(parse("").training.attention, AttentionChoice::automatic);
+  EXPECT_EQ(parse("[training]\nattention = \"own\"\n").training.attention, AttentionChoice::own);
+  EXPECT_EQ(parse("[training]\nbackend = \"cuda\"\nattention = \"cudnn\"\n").training.attention,
+            AttentionChoice::cudnn);
+  EXPECT_EQ(parse("", {"training.backend=cuda", "training.attention=cudnn"}).training.attention,
+            AttentionChoice::cudnn);
+  EXPECT_EQ(error_of("[training]\nattention = \"cudnn\"\n"),
+            "test.toml: key 'training.attention' = \"cudnn\" is cuDNN's attention on the GPU: it "
+            "needs training.backend = \"cuda\", not \"cpu\" (choose \"auto\" or \"own\")");
+  EXPECT_CONTAINS(error_of("", {"training.backend=reference", "training.attention=cudnn"}),
+                  "key 'training.attention' = \"cudnn\"");
+  EXPECT_EQ(error_of("[training]\nattention = \"flash\"\n"),
+            "test.toml: key 'training.attention' must be one of \"auto\", \"cudnn\", \"own\"; "
+            "got \"flash\"");
+  EXPECT_CONTAINS(describe_config_keys(), "  training.attention ");
+  EXPECT_CONTAINS(to_toml(parse("", {"training.attention=own"})), "attention = \"own\"");
+}
+
 TEST(TrainConfig, MemoryLimitTakesBytesOrUnits) {
   EXPECT_EQ(parse("[training]\nmemory_limit = 1000\n").training.memory_limit, 1000);
   EXPECT_EQ(parse("", {"training.memory_limit=512MB"}).training.memory_limit, 512000000);

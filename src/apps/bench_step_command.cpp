@@ -75,7 +75,7 @@ const CommandKeys kBenchStepKeys{
     "bench step",
     {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
      "training.max_norm", "training.on_nonfinite", "training.precision", "training.backend",
-     "optimizer."},
+     "training.attention", "optimizer."},
     {"training.steps", "training.eval_interval", "training.eval_batches", "lr_scheduler.", "data.",
      "checkpoint.", "metrics."},
     "it times one training step of one micro-batch on one process, keeping every activation, "
@@ -92,6 +92,7 @@ Command add_bench_step_command(CLI::App& app) {
     int threads = 2;
     std::string save;        // --save: a folder for each kind's model after its steps
     std::string backend;     // --backend; empty: the config's training.backend, else cpu
+    std::string attention;   // --attention; empty: the config's training.attention, else auto
     double peak_tflops = 0;  // --peak-tflops; 0: none given
     bool torch = true, torch_compile = false, json = false, profile = false;
   };
@@ -130,6 +131,11 @@ Command add_bench_step_command(CLI::App& app) {
                      "kernel backend: cpu, reference or cuda (default: the config's "
                      "training.backend, else cpu)")
           ->check(CLI::IsMember({"cpu", "reference", "cuda"}));
+  CLI::Option* attention =
+      app.add_option("--attention", o->attention,
+                     "attention kernels: auto, cudnn or own (training.attention; default: the "
+                     "config's, else auto)")
+          ->check(CLI::IsMember({"auto", "cudnn", "own"}));
   app.add_option("--peak-tflops", o->peak_tflops,
                  "a nominal dense peak in TFLOP/s (e.g. 989 for an H200's bf16): MFU is also "
                  "given against it")
@@ -146,7 +152,7 @@ Command add_bench_step_command(CLI::App& app) {
                  "write each kind's model after its steps and the tokens it stepped on to "
                  "DIR/KIND (config.json, model.safetensors, tokens.bin: a shard of that one "
                  "batch that `bottle train` reads)");
-  return [o, config, kv_heads, kinds, precisions, backend] {
+  return [o, config, kv_heads, kinds, precisions, backend, attention] {
     omp_set_num_threads(o->threads);
     // The step's settings: a configuration's, or without one these fixed ones (TrainConfig's
     // defaults: seed 1234, max_norm 1.0, AdamW betas 0.9 and 0.95, weight decay 0.1) at lr 1e-3.
@@ -190,7 +196,27 @@ Command add_bench_step_command(CLI::App& app) {
       fail("{}: training.backend = \"{}\": {} (choose another with --backend)", o->config,
            o->backend, why);
     }
-    std::unique_ptr<Backend> be = make_backend(o->backend);
+    if (!attention->count()) o->attention = attention_choice_name(base.training.attention);
+    const AttentionChoice attention_choice = o->attention == "cudnn" ? AttentionChoice::cudnn
+                                             : o->attention == "own" ? AttentionChoice::own
+                                                                     : AttentionChoice::automatic;
+    std::unique_ptr<Backend> be;
+    try {
+      be = make_backend(o->backend, {attention_choice});
+    } catch (const Error& e) {
+      if (attention_choice != AttentionChoice::cudnn) throw;
+      fail("bench step: --attention cudnn (training.attention): {}", e.what());
+    }
+    // The run's first line: which attention runs at this shape in each precision, and why (the
+    // cuda backend builds cuDNN's graphs here, before any step is timed).
+    std::string attention_text;
+    for (const Precision precision : precision_list)
+      attention_text += fmt::format(
+          "{}{}{}", attention_text.empty() ? "" : "; ",
+          precision_list.size() > 1 ? fmt::format("{}: ", enum_name(precision)) : std::string(),
+          be->attention_path(o->batch, o->seq, o->model.num_heads, o->model.num_kv_heads,
+                             o->model.head_dim(), compute_dtype(precision)));
+    if (!o->json) std::printf("attention: %s\n", attention_text.c_str());
     const bool on_device = be->device() != Device::cpu;
     // Measured before the profiler wraps the backend, so the profile counts the step's kernels
     // alone; each precision's MFU against its own GEMMs' peak.

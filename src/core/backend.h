@@ -170,6 +170,14 @@ class Backend {
   virtual void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) = 0;
   virtual void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
                                   Tensor lse, Tensor q, Tensor k, Tensor v) = 0;
+  // Which attention kernels run for q [batch, seq, heads, head_dim], k, v with kv_heads heads,
+  // in `dtype`, and why: the line a run prints first ("cuDNN 9.19.0 SDPA (...)", "own kernels
+  // (cuDNN not loadable: ...)"). A device backend prepares them here, so that slow one-time
+  // work (cuDNN building its graphs) happens before the first step; the host backends have one.
+  virtual std::string attention_path(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                     int64_t head_dim, DType dtype) {
+    return "own CPU kernel";
+  }
 
   // out = silu(x) = x * sigmoid(x).
   virtual void silu_forward(Tensor out, Tensor x) = 0;

@@ -3,21 +3,49 @@
 #include <fmt/format.h>
 #include <oneapi/dnnl/dnnl.h>
 
+#include "core/backend_options.h"
 #include "core/cpu_backend.h"
 #include "core/reference_backend.h"
 #include "core/widening_backend.h"
 #ifdef BOTTLE_HAVE_CUDA
 #include "core/cuda/cuda_backend.h"
 #endif
+#ifdef BOTTLE_HAVE_CUDNN
+#include "core/cuda/attention_cudnn.h"
+#endif
 
 namespace bottle {
 
-std::unique_ptr<Backend> make_backend(std::string_view name) {
+const char* attention_choice_name(AttentionChoice choice) {
+  switch (choice) {
+    case AttentionChoice::automatic:
+      return "auto";
+    case AttentionChoice::cudnn:
+      return "cudnn";
+    case AttentionChoice::own:
+      return "own";
+  }
+  return "?";
+}
+
+std::unique_ptr<Backend> make_backend(std::string_view name) { return make_backend(name, {}); }
+
+std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options) {
+  if ((name == "cpu" || name == "reference") && options.attention == AttentionChoice::cudnn)
+    fail(
+        "backend '{}' has no cuDNN attention (attention \"cudnn\" runs on the cuda backend); "
+        "choose \"auto\" or \"own\"",
+        name);
   if (name == "cpu") return std::make_unique<WideningBackend>(make_cpu_backend());
   if (name == "reference") return std::make_unique<WideningBackend>(make_reference_backend());
   if (name == "cuda") {
 #ifdef BOTTLE_HAVE_CUDA
-    return make_cuda_backend();
+    // cuDNN's attention where this build has it; without, the backend says why it has none.
+#ifdef BOTTLE_HAVE_CUDNN
+    return make_cuda_backend(options.attention, &cuda::load_cudnn_attention);
+#else
+    return make_cuda_backend(options.attention, nullptr);
+#endif
 #else
     fail("backend 'cuda': {}", backend_unavailable("cuda"));
 #endif

@@ -32,6 +32,10 @@ class ProfilingBackend final : public Backend {
   // Memory is the inner backend's, and not timed as a kernel.
   Device device() const override { return inner_->device(); }
   void* native_stream() const override { return inner_->native_stream(); }
+  std::string attention_path(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd,
+                             DType t) override {
+    return inner_->attention_path(b, s, h, hkv, hd, t);
+  }
   void synchronize() override { inner_->synchronize(); }
   int64_t host_waits() const override { return inner_->host_waits(); }
   size_t device_memory_free() override { return inner_->device_memory_free(); }

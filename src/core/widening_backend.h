@@ -26,6 +26,10 @@ class WideningBackend final : public Backend {
 
   Device device() const override { return inner_->device(); }
   void* native_stream() const override { return inner_->native_stream(); }
+  std::string attention_path(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd,
+                             DType t) override {
+    return inner_->attention_path(b, s, h, hkv, hd, t);
+  }
   void synchronize() override { inner_->synchronize(); }
   size_t device_memory_free() override { return inner_->device_memory_free(); }
   void* allocate(size_t bytes, const char* what) override { return inner_->allocate(bytes, what); }

@@ -29,6 +29,8 @@ namespace {
 constexpr std::array<const char*, 2> kPrecisionNames = {"fp32", "bf16"};
 constexpr std::array<const char*, 3> kBackendNames = {"cpu", "reference", "cuda"};
 constexpr std::array<const char*, 3> kCommNames = {"auto", "mpi", "nccl"};
+// AttentionChoice's order (core/backend_options.h).
+constexpr std::array<const char*, 3> kAttentionNames = {"auto", "cudnn", "own"};
 constexpr std::array<const char*, 2> kOnNonfiniteNames = {"stop", "skip"};
 constexpr std::array<const char*, 3> kLrDecayNames = {"cosine", "linear", "constant"};
 constexpr std::array<const char*, 2> kScheduleNames = {"1f1b", "gpipe"};
@@ -352,6 +354,11 @@ std::vector<ConfigKey> build_schema() {
   s.push_back(choice_key("training.backend", FIELD(training.backend), kBackendNames,
                          "kernel backend: cpu (oneDNN + OpenMP), reference (naive loops, the "
                          "test oracle) or cuda (one GPU per rank, from the node-local rank)"));
+  s.push_back(choice_key("training.attention", FIELD(training.attention), kAttentionNames,
+                         "attention kernels: auto (cuDNN's SDPA for bf16 on cuda where cuDNN "
+                         "loads and takes the shape, else the own kernels), cudnn (cuDNN or an "
+                         "error saying why; cuda and bf16 only) or own (the backend's own "
+                         "kernels)"));
   s.push_back(choice_key("training.on_nonfinite", FIELD(training.on_nonfinite), kOnNonfiniteNames,
                          "on a NaN/inf loss or gradient norm: stop, or skip the update"));
   s.push_back(integer_key("training.eval_interval", FIELD(training.eval_interval), at_least(0),
@@ -814,6 +821,10 @@ struct Loader {
     BOTTLE_CHECK(p.comm != CommKind::nccl || t.backend == BackendKind::cuda,
                  "{}: key 'parallel.comm' = \"nccl\" moves GPU memory: it needs "
                  "training.backend = \"cuda\", not \"{}\"",
+                 source, enum_name(t.backend));
+    BOTTLE_CHECK(t.attention != AttentionChoice::cudnn || t.backend == BackendKind::cuda,
+                 "{}: key 'training.attention' = \"cudnn\" is cuDNN's attention on the GPU: it "
+                 "needs training.backend = \"cuda\", not \"{}\" (choose \"auto\" or \"own\")",
                  source, enum_name(t.backend));
     check_batch_shape(m, t.micro_batch_size, t.seq_len, source + ": key",
                       "'training.micro_batch_size'", "'training.seq_len'");

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/backend_options.h"
 #include "core/setting_error.h"
 #include "model/config.h"
 #include "parallel/recompute.h"
@@ -52,6 +53,7 @@ struct TrainingConfig {
   int64_t memory_limit = 0;  // bytes per rank; 0: no limit
   Precision precision = Precision::fp32;
   BackendKind backend = BackendKind::cpu;
+  AttentionChoice attention = AttentionChoice::automatic;  // the cuda backend's attention kernels
   OnNonfinite on_nonfinite = OnNonfinite::stop;
   int64_t eval_interval = 100;  // steps between validation evals; 0: never
   int64_t eval_batches = 8;

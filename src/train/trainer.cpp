@@ -19,6 +19,7 @@
 #include "data/byte_tokenizer.h"
 #include "data/byte_tokenizer.h"
 #include "model/checkpoint.h"
+#include "parallel/tp_block.h"
 #include "train/checkpoint_store.h"
 #include "train/data_loader.h"
 #include "train/memory_plan.h"
@@ -202,6 +203,17 @@ class Trainer {
   void message(const std::string& text) {
     if (metrics_) metrics_->message(text);
   }
+  // What `make` returns; under training.attention = "cudnn" its failure (no cuDNN, a shape
+  // or precision cuDNN refuses) names the key.
+  template <typename F>
+  auto attention_setting(F make) -> decltype(make()) {
+    try {
+      return make();
+    } catch (const Error& e) {
+      if (config_.training.attention != AttentionChoice::cudnn) throw;
+      fail("{}: training.attention = \"cudnn\": {}", options_.config_path, e.what());
+    }
+  }
   nlohmann::json state_json() const {
     return nlohmann::json{{"step", step_},
                           {"optimizer_steps", train_step_->optimizer().steps_taken()},
@@ -217,6 +229,7 @@ class Trainer {
   ProcessGroups groups_;
   bool leader_ = false;  // writes metrics, plots and checkpoints
   std::unique_ptr<Backend> be_;
+  std::string attention_path_;  // which attention kernels run, and why (the run's first line)
   MemoryBreakdown plan_;  // this rank's planned footprint
   std::unique_ptr<TrainStep> train_step_;
   std::unique_ptr<TokenLoader> loader_, val_;
@@ -238,13 +251,21 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   const char* backend = enum_name(config.training.backend);
   if (std::string why = backend_unavailable(backend); !why.empty())
     fail("{}: training.backend = \"{}\": {}", options.config_path, backend, why);
-  be_ = make_backend(backend);
+  be_ = attention_setting([&] { return make_backend(backend, {config.training.attention}); });
   // Every rank checks the layout before any work, so a bad one fails everywhere at once.
   groups_ = ProcessGroups::create(
       world_, {int(config.parallel.tp), int(config.parallel.pp), int(config.parallel.dp)},
       GroupTransport{comm_name(config.parallel.comm, config.training.backend), be_.get()});
   leader_ = world_.rank() == 0;
   set_up_model();
+  // Which attention runs, asked once the model's activations exist: the cuda backend builds
+  // cuDNN's graphs for the run's shape here, before the first step (rank 0 prints the answer).
+  const BlockDims dims =
+      config.parallel.tp_mode->block_dims(config.model.shape(), int(config.parallel.tp));
+  attention_path_ = attention_setting([&] {
+    return be_->attention_path(tc_.micro_batch_size, tc_.seq_len, dims.heads, dims.kv_heads,
+                               dims.head_dim, compute_dtype(tc_.precision));
+  });
   open_data();
   store_ = std::make_unique<CheckpointStore>(config.checkpoint.folder, int(config.checkpoint.keep));
   // The tokenizer goes into the run's folder and every checkpoint, so that each is a
@@ -414,6 +435,7 @@ void Trainer::open_logs() {
   flops_per_step_ =
       train_step_->model().flops_per_step(tc_.micro_batch_size * tc_.seq_len, tc_.seq_len) *
       double(tc_.grad_accum_steps) * double(config_.parallel.dp);
+  message("attention: " + attention_path_);
   message(fmt::format(
       "training {} ({} parameters, {} bottleneck) for {} steps of {} tokens on {} rank(s) (tp {} "
       "\"{}\") x {} threads, {}; GEMM peak {:.0f} GFLOP/s per rank; recompute \"{}\"; planned "

@@ -12,10 +12,12 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <tuple>
 #include <vector>
 
 #include "core/arena.h"
+#include "core/cuda/attention_cudnn.h"
 #include "core/cuda/kernels.h"
 #include "core/host_backend.h"
 
@@ -53,7 +55,7 @@ uint32_t alignment_of(const void* p, int64_t stride_bytes, int64_t batch) {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() {
+  CudaBackend(AttentionChoice attention, cuda::CudnnLoader load_cudnn) : attention_(attention) {
     if (std::string why = cuda_unavailable(); !why.empty()) fail("cuda backend: {}", why);
     int devices = 0;
     check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
@@ -66,10 +68,23 @@ class CudaBackend final : public Backend {
                "cudaMalloc (reduction partials)");
     check_cuda(cudaMallocHost(&pinned_, kPinnedBytes), "cudaMallocHost");
     sync_each_op_ = std::getenv("BOTTLE_CUDA_SYNC") != nullptr;
+    // cuDNN is opened unless the run asked for the own kernels; where it cannot be, the own
+    // kernels run (auto) or make_cuda_backend stops the run (cudnn), saying why.
+    if (attention_ == AttentionChoice::own) return;
+    if (!load_cudnn) {
+      cudnn_absent_ =
+          "this build has no cuDNN attention: cudnn-frontend was not found when it was "
+          "configured (scripts/setup.sh installs it)";
+    } else {
+      cuda::CudnnLoad loaded = load_cudnn(stream_);
+      cudnn_ = std::move(loaded.attention);
+      cudnn_absent_ = loaded.why.empty() ? loaded.why : "cuDNN not loadable: " + loaded.why;
+    }
   }
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
+    cudnn_.reset();  // its handle is bound to the stream
     for (auto& [key, layout] : layouts_) layout.destroy();
     for (auto& [key, plan] : plans_) cublasLtMatmulDescDestroy(plan.desc);
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
@@ -83,6 +98,11 @@ class CudaBackend final : public Backend {
     cudaFreeHost(pinned_);
     cublasLtDestroy(lt_);
     cudaStreamDestroy(stream_);
+  }
+
+  // Why attention "cudnn" cannot be honoured here; empty when it can, or under another choice.
+  std::string cudnn_refusal() const {
+    return attention_ == AttentionChoice::cudnn && !cudnn_ ? cudnn_absent_ : std::string();
   }
 
   std::string_view name() const override { return "cuda"; }
@@ -340,6 +360,12 @@ class CudaBackend final : public Backend {
     const AttentionShape s = attention_shape(name, q, k, v);
     numel(name, out, q.numel(), "out");
     numel(name, lse, s.b * s.h * s.s, "lse");
+    if (const std::optional<cuda::SdpaShape> c = cudnn_shape(name, s, lse, {out, q, k, v})) {
+      void* workspace = scratch(cudnn_->forward_workspace_bytes(*c), "cuDNN attention workspace");
+      cudnn_->forward(out.data, lse.f32(), q.data, k.data, v.data, *c, workspace);
+      launched(name);
+      return;
+    }
     cuda::attention_forward(stream_, arr(out), arr(lse), carr(q), carr(k), carr(v), s.b, s.s, s.h,
                             s.hkv, s.hd);
     launched(name);
@@ -356,11 +382,53 @@ class CudaBackend final : public Backend {
     numel(name, dk, k.numel(), "dk");
     numel(name, dv, v.numel(), "dv");
     numel(name, lse, s.b * s.h * s.s, "lse");
+    if (const std::optional<cuda::SdpaShape> c = cudnn_shape(name, s, lse, {dout, out, q, k, v})) {
+      // cuDNN writes its gradients, and bottle's backward kernels add: cuDNN writes bf16 into
+      // scratch, then each is added into the caller's dq, dk, dv in their dtype.
+      // Each part starts on 256 bytes, as cudaMalloc's own blocks do.
+      const auto align = [](size_t bytes) { return (bytes + 255) & ~size_t(255); };
+      const size_t q_bytes = align(2 * size_t(q.numel())), kv_bytes = align(2 * size_t(k.numel()));
+      const size_t workspace_bytes = cudnn_->backward_workspace_bytes(*c);
+      char* base = static_cast<char*>(
+          scratch(q_bytes + 2 * kv_bytes + workspace_bytes, "cuDNN attention gradients"));
+      void* dq_s = base;                       // [B, S, H, hd] bf16
+      void* dk_s = base + q_bytes;             // [B, S, Hkv, hd] bf16
+      void* dv_s = base + q_bytes + kv_bytes;  // [B, S, Hkv, hd] bf16
+      void* workspace = base + q_bytes + 2 * kv_bytes;
+      cudnn_->backward(dq_s, dk_s, dv_s, dout.data, out.data, lse.f32(), q.data, k.data, v.data, *c,
+                       workspace_bytes ? workspace : nullptr);
+      cuda::accumulate(stream_, arr(dq), {dq_s, DType::bf16}, dq.numel());
+      cuda::accumulate(stream_, arr(dk), {dk_s, DType::bf16}, dk.numel());
+      cuda::accumulate(stream_, arr(dv), {dv_s, DType::bf16}, dv.numel());
+      launched(name);
+      return;
+    }
     void* scratch = this->scratch(
         cuda::attention_backward_scratch_bytes(s.b, s.s, s.h, s.hkv, s.hd), "attention scratch");
     cuda::attention_backward(stream_, arr(dq), arr(dk), arr(dv), carr(dout), carr(out), carr(lse),
                              carr(q), carr(k), carr(v), s.b, s.s, s.h, s.hkv, s.hd, scratch);
     launched(name);
+  }
+
+  std::string attention_path(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                             int64_t head_dim, DType dtype) override {
+    const char* own = "own kernels";
+    if (attention_ == AttentionChoice::own) return fmt::format("{} (attention \"own\")", own);
+    if (!cudnn_) return fmt::format("{} ({})", own, cudnn_absent_);
+    if (dtype != DType::bf16) {
+      BOTTLE_CHECK(attention_ != AttentionChoice::cudnn,
+                   "cuda backend: attention \"cudnn\" was chosen, but the run is {}: cuDNN's "
+                   "SDPA takes bf16 only (training.precision = \"bf16\")",
+                   dtype_name(dtype));
+      return fmt::format("{} ({}: cuDNN's SDPA takes bf16 only)", own, dtype_name(dtype));
+    }
+    const cuda::SdpaShape shape{batch, seq, heads, kv_heads, head_dim};
+    if (std::string why = cudnn_->prepare(shape); !why.empty()) {
+      BOTTLE_CHECK(attention_ != AttentionChoice::cudnn,
+                   "cuda backend: attention \"cudnn\" was chosen, but {}", why);
+      return fmt::format("{} ({})", own, why);
+    }
+    return cudnn_->description();
   }
 
   void silu_forward(Tensor out, Tensor x) override {
@@ -763,6 +831,28 @@ class CudaBackend final : public Backend {
     launched(k);
   }
 
+  // The shape cuDNN runs this attention call at, or nothing where the own kernels run it:
+  // cuDNN takes bf16 tensors and an f32 lse, at the shapes its support check accepts. Under
+  // attention "cudnn", a call cuDNN cannot take fails instead, naming why.
+  std::optional<cuda::SdpaShape> cudnn_shape(const char* k, const AttentionShape& s,
+                                             const Tensor& lse,
+                                             std::initializer_list<Tensor> bf16_tensors) {
+    if (!cudnn_) return std::nullopt;  // attention "own", or no cuDNN (the constructor said)
+    std::string why;
+    for (const Tensor& t : bf16_tensors)
+      if (t.dtype != DType::bf16 && why.empty())
+        why = fmt::format("a {} tensor {} (cuDNN's SDPA takes bf16)", dtype_name(t.dtype),
+                          t.shape.str());
+    if (why.empty() && lse.dtype != DType::f32)
+      why = fmt::format("a {} lse (cuDNN's statistics are f32)", dtype_name(lse.dtype));
+    const cuda::SdpaShape shape{s.b, s.s, s.h, s.hkv, s.hd};
+    if (why.empty()) why = cudnn_->prepare(shape);
+    if (why.empty()) return shape;
+    BOTTLE_CHECK(attention_ != AttentionChoice::cudnn,
+                 "cuda backend: {}: attention \"cudnn\" was chosen, but {}", k, why);
+    return std::nullopt;
+  }
+
   static AttentionShape attention_shape(const char* k, const Tensor& q, const Tensor& kt,
                                         const Tensor& v) {
     BOTTLE_CHECK(q.shape.rank == 4 && kt.shape.rank == 4 && kt.shape == v.shape &&
@@ -976,6 +1066,9 @@ class CudaBackend final : public Backend {
   void* gap_table_ = nullptr;
   size_t gap_table_bytes_ = 0;
   std::vector<unsigned char> gap_table_host_;
+  AttentionChoice attention_ = AttentionChoice::automatic;
+  std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the own kernels run every attention
+  std::string cudnn_absent_;                     // why cudnn_ is null (empty under "own")
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, Layout> layouts_;
   std::map<GemmKey, GemmPlan> plans_;
 };
@@ -992,7 +1085,14 @@ std::string cuda_unavailable() {
   return {};
 }
 
-std::unique_ptr<Backend> make_cuda_backend() { return std::make_unique<CudaBackend>(); }
+std::unique_ptr<Backend> make_cuda_backend(AttentionChoice attention,
+                                           cuda::CudnnLoader load_cudnn) {
+  auto backend = std::make_unique<CudaBackend>(attention, load_cudnn);
+  // Refused once the backend is whole, so that its destructor frees what it holds.
+  if (std::string why = backend->cudnn_refusal(); !why.empty())
+    fail("cuda backend: attention \"cudnn\" was chosen, but {}", why);
+  return backend;
+}
 
 std::string cuda_description() {
   int runtime = 0;

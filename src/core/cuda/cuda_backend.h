@@ -10,8 +10,13 @@
 #include <string>
 
 #include "core/backend.h"
+#include "core/backend_options.h"
 
 namespace bottle {
+namespace cuda {
+struct CudnnLoad;
+using CudnnLoader = CudnnLoad (*)(void* stream);  // core/cuda/attention_cudnn.h
+}  // namespace cuda
 
 // Why this process cannot use a GPU ("no CUDA device is visible (cudaGetDeviceCount: ...)"),
 // or empty when it can. Tests skip with this reason.
@@ -19,8 +24,10 @@ std::string cuda_unavailable();
 
 // The backend on the GPU of this node-local rank (OMPI_COMM_WORLD_LOCAL_RANK, SLURM_LOCALID or
 // LOCAL_RANK, modulo the devices visible; device 0 for a single process). Fails with
-// cuda_unavailable()'s reason when there is no GPU.
-std::unique_ptr<Backend> make_cuda_backend();
+// cuda_unavailable()'s reason when there is no GPU. `attention` chooses its attention kernels
+// (training.attention); `load_cudnn` opens cuDNN's (core/cuda/attention_cudnn.h), null in a
+// build without cudnn-frontend.
+std::unique_ptr<Backend> make_cuda_backend(AttentionChoice attention, cuda::CudnnLoader load_cudnn);
 
 // "cuda: CUDA runtime 13.0, cuBLASLt 13.0.0; NVIDIA H200 (sm_90, 139.8 GiB)" or the reason
 // there is no GPU, for `bottle --version`.
