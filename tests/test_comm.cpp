@@ -14,6 +14,7 @@
 #include "comm/staged_communicator.h"
 #include "core/backend.h"
 #include "core/bf16.h"
+#include "core/forwarding_backend.h"
 
 namespace bottle {
 namespace {
@@ -391,8 +392,9 @@ TEST(ProcessGroups, WrongLayoutNamesTheWorldSize) {
 // A stand-in for a GPU: its tensors say Device::cuda and keep their bytes inverted, so that a
 // communicator that handed their memory to MPI instead of staging it through to_host /
 // from_host would get every sum wrong. It counts the staging copies and has no kernels.
-class FakeDevice final : public Backend {
+class FakeDevice final : public ForwardingBackend {
  public:
+  FakeDevice() : ForwardingBackend(nullptr) {}
   static void invert(void* dst, const void* src, size_t bytes) {
     auto* d = static_cast<unsigned char*>(dst);
     const auto* s = static_cast<const unsigned char*>(src);
@@ -401,6 +403,9 @@ class FakeDevice final : public Backend {
 
   std::string_view name() const override { return "fake-device"; }
   Device device() const override { return Device::cuda; }
+  void* native_stream() const override { return nullptr; }
+  void synchronize() override {}
+  int64_t host_waits() const override { return 0; }
   void* allocate(size_t, const char*) override { no_kernel(); }
   void deallocate(void*, size_t) override {}
   void to_host(void* dst, Tensor src) override {
@@ -421,73 +426,15 @@ class FakeDevice final : public Backend {
     std::memcpy(dst.data, src.data, src.nbytes());
     ++copies;
   }
-  void copy_columns(Tensor, int64_t, Tensor, int64_t, int64_t) override { no_kernel(); }
-  int64_t first_outside(Tensor, int64_t, int64_t) override { no_kernel(); }
-  void gemm(const GemmArgs&) override { no_kernel(); }
-  void embedding_forward(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void embedding_backward(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void rmsnorm_forward(Tensor, Tensor, Tensor, Tensor, float) override { no_kernel(); }
-  void rmsnorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override { no_kernel(); }
-  void layernorm_forward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, float) override {
-    no_kernel();
-  }
-  void layernorm_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor) override {
-    no_kernel();
-  }
-  void rope_forward(Tensor, float) override { no_kernel(); }
-  void rope_backward(Tensor, float) override { no_kernel(); }
-  void attention_forward(Tensor, Tensor, Tensor, Tensor, Tensor) override { no_kernel(); }
-  void attention_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                          Tensor) override {
-    no_kernel();
-  }
-  void silu_forward(Tensor, Tensor) override { no_kernel(); }
-  void silu_backward(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void swiglu_forward(Tensor, Tensor, Tensor, bool) override { no_kernel(); }
-  void swiglu_backward(Tensor, Tensor, Tensor, Tensor, Tensor, bool) override { no_kernel(); }
-  void add(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void accumulate(Tensor, Tensor) override { no_kernel(); }
-  void fill_zero(Tensor) override { no_kernel(); }
-  void scale(Tensor, float) override { no_kernel(); }
-  double sum_squares(Tensor) override { no_kernel(); }
-  double sum(Tensor) override { no_kernel(); }
-  void multiply(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void divide(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void rms_from_sum_squares(Tensor, Tensor, float, float, bool) override { no_kernel(); }
-  void cross_entropy_forward(Tensor, Tensor, Tensor, Tensor) override { no_kernel(); }
-  void cross_entropy_backward(Tensor, Tensor, Tensor, float) override { no_kernel(); }
-  void embedding_shard_forward(Tensor, Tensor, Tensor, int64_t) override { no_kernel(); }
-  void embedding_shard_backward(Tensor, Tensor, Tensor, int64_t) override { no_kernel(); }
-  void logits_row_stats(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void cross_entropy_shard_backward(Tensor, Tensor, Tensor, Tensor, Tensor, int64_t,
-                                    float) override {
-    no_kernel();
-  }
-  void rmsnorm_shard_forward(Tensor, Tensor, Tensor, Tensor, float) override { no_kernel(); }
-  void rmsnorm_shard_backward(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                              int64_t) override {
-    no_kernel();
-  }
-  void cross_entropy_shard_partials(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, Tensor,
-                                    int64_t) override {
-    no_kernel();
-  }
-  void cross_entropy_shard_losses(Tensor, Tensor, Tensor, Tensor) override { no_kernel(); }
-  void scale_rows(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void row_dot(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void sum_squares_ranges(Tensor, Tensor, std::span<const SumRange>) override { no_kernel(); }
-  void accumulate_mean(Tensor, Tensor) override { no_kernel(); }
-  void scalar_add(Tensor, Tensor, Tensor) override { no_kernel(); }
-  void scalar_divide(Tensor, Tensor, double) override { no_kernel(); }
-  void scalar_sqrt(Tensor, Tensor) override { no_kernel(); }
-  void clip_and_check(Tensor, Tensor, Tensor, double) override { no_kernel(); }
-  void adamw_update(Tensor, Tensor, Tensor, Tensor, Tensor, Tensor, const AdamWArgs&) override {
-    no_kernel();
-  }
 
   int to_host_calls = 0, from_host_calls = 0, copies = 0;
 
- private:
+ protected:
+  // Every other op reaches here: the fake device has no kernels.
+  void around(const char*, std::initializer_list<Tensor>, double,
+              const std::function<void()>&) override {
+    no_kernel();
+  }
   [[noreturn]] static void no_kernel() { fail("the fake device has no kernels"); }
 };
 

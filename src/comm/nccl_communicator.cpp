@@ -108,11 +108,21 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, Back
 NcclCommunicator::~NcclCommunicator() {
   if (comm_) {
     // Destroying waits for the communicator's outstanding work, which never ends when a
-    // peer is gone or never receives a pending send: abort instead of hanging at exit.
+    // peer is gone or never receives a pending send: abort instead of hanging at exit. Calls
+    // still in flight on a healthy group are waited for first (with the timeout), so that
+    // peers inside the same collective are not left in it.
     ncclResult_t async = ncclSuccess;
-    const bool broken = ncclCommGetAsyncError(comm_.get(), &async) != ncclSuccess ||
-                        (async != ncclSuccess && async != ncclInProgress);
-    if (broken || cudaStreamQuery(stream_.get()) != cudaSuccess) abort();
+    bool broken = ncclCommGetAsyncError(comm_.get(), &async) != ncclSuccess ||
+                  (async != ncclSuccess && async != ncclInProgress);
+    if (!broken && cudaStreamQuery(stream_.get()) != cudaSuccess) {
+      try {
+        complete();
+        broken = cudaStreamQuery(stream_.get()) != cudaSuccess;
+      } catch (const Error&) {
+        broken = true;  // complete() has aborted already; nobody is left to tell
+      }
+    }
+    if (broken) abort();
   }
   comm_.reset();
   for (const auto* buffers : {&pending_sends_, &free_buffers_})

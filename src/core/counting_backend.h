@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.h"
+#include "core/forwarding_backend.h"
 
 namespace bottle {
 
@@ -53,9 +53,9 @@ struct OpCounts {
   void add(const OpCounts& other);
 };
 
-class CountingBackend final : public Backend {
+class CountingBackend final : public ForwardingBackend {
  public:
-  CountingBackend() = default;
+  CountingBackend() : ForwardingBackend(nullptr) {}
   CountingBackend(const CountingBackend&) = delete;
   CountingBackend& operator=(const CountingBackend&) = delete;
   ~CountingBackend() override;
@@ -68,83 +68,38 @@ class CountingBackend final : public Backend {
   size_t reserved_bytes() const { return reserved_; }
   size_t peak_reserved_bytes() const { return peak_reserved_; }
 
+  // Nothing runs, so nothing is forwarded: these are a host backend's.
   std::string_view name() const override { return "counting"; }
   std::string bf16_unsupported() const override { return ""; }
   std::string bf16_gemm_path() const override { return "counted, not run"; }
   Device device() const override { return Device::cpu; }
+  void* native_stream() const override { return nullptr; }
+  size_t device_memory_free() override { return 0; }
+  int64_t timing_mark() override { return Backend::timing_mark(); }
+  double marks_elapsed_ms(int64_t from, int64_t to) override {
+    return Backend::marks_elapsed_ms(from, to);
+  }
+  void reset_marks() override { Backend::reset_marks(); }
+  std::string attention_path(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                             int64_t head_dim, DType dtype) override {
+    return Backend::attention_path(batch, seq, heads, kv_heads, head_dim, dtype);
+  }
   // What a device backend would wait for: every synchronize and every op that returns device
   // data to the host (to_host, first_outside, sum, sum_squares).
   void synchronize() override { ++host_waits_; }
   int64_t host_waits() const override { return host_waits_; }
   void* allocate(size_t bytes, const char* what) override;
   void deallocate(void* p, size_t bytes) override;
-  void to_host(void* dst, Tensor src) override;
-  void from_host(Tensor dst, const void* src) override;
-  void copy(Tensor dst, Tensor src) override;
-  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
-                    int64_t cols) override;
-  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) override;
-
+  // GEMMs count by shape.
   void gemm(const GemmArgs& args) override;
-  void embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
-  void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override;
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
-  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                        Tensor rstd) override;
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
-                         float eps) override;
-  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
-                          Tensor weight, Tensor mean, Tensor rstd) override;
-  void rope_forward(Tensor x, float theta) override;
-  void rope_backward(Tensor dx, float theta) override;
-  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                          Tensor q, Tensor k, Tensor v) override;
-  void silu_forward(Tensor out, Tensor x) override;
-  void silu_backward(Tensor dx, Tensor dout, Tensor x) override;
-  void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override;
-  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                       bool gate_act) override;
-  void add(Tensor out, Tensor a, Tensor b) override;
-  void accumulate(Tensor dst, Tensor src) override;
-  void fill_zero(Tensor x) override;
-  void scale(Tensor x, float factor) override;
-  double sum_squares(Tensor x) override;
-  double sum(Tensor x) override;
-  void multiply(Tensor out, Tensor a, Tensor b) override;
-  void divide(Tensor out, Tensor a, Tensor b) override;
-  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
-                            bool reciprocal) override;
-  void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override;
-  void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override;
-  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override;
-  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override;
-  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override;
-  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
-                                    Tensor targets, int64_t first, float scale) override;
-  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight, float eps) override;
-  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                              Tensor rstd, Tensor dot, int64_t d) override;
-  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
-                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
-                                    int64_t first) override;
-  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
-                                  Tensor max) override;
-  void scale_rows(Tensor out, Tensor x, Tensor factor) override;
-  void row_dot(Tensor out, Tensor a, Tensor b) override;
-  void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
-  void accumulate_mean(Tensor acc, Tensor x) override;
-  void scalar_add(Tensor out, Tensor a, Tensor b) override;
-  void scalar_divide(Tensor out, Tensor a, double divisor) override;
-  void scalar_sqrt(Tensor out, Tensor a) override;
-  void clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override;
-  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
-                    const AdamWArgs& args) override;
+
+ protected:
+  void around(const char* op, std::initializer_list<Tensor> traffic, double flops,
+              const std::function<void()>& run) override;
 
  private:
   OpCounts& here() { return counts_[phase_ ? *phase_ : std::string()]; }
   int64_t host_waits_ = 0;
-  void count(const char* kernel, std::initializer_list<Tensor> operands, double flops = 0.0);
 
   struct Reservation {
     char* base;

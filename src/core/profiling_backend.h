@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.h"
+#include "core/forwarding_backend.h"
 
 namespace bottle {
 
@@ -18,91 +18,21 @@ struct KernelTime {
   double flops = 0.0;  // GEMMs only
 };
 
-class ProfilingBackend final : public Backend {
+class ProfilingBackend final : public ForwardingBackend {
  public:
-  explicit ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-  std::string_view name() const override { return inner_->name(); }
-  std::string bf16_unsupported() const override { return inner_->bf16_unsupported(); }
-  std::string bf16_gemm_path() const override { return inner_->bf16_gemm_path(); }
-  // Per kernel; GEMMs per shape, as "gemm m x n x k [NT]".
-  // Reads the marks recorded since the last call (waiting for the last of them).
+  explicit ProfilingBackend(std::unique_ptr<Backend> inner)
+      : ForwardingBackend(std::move(inner)) {}
+  // Per kernel; GEMMs per shape, as "gemm m x n x k [NT]". Reads the marks recorded since the
+  // last call (waiting for the last of them).
   const std::map<std::string, KernelTime>& times();
   void reset();
 
-  // Memory is the inner backend's, and not timed as a kernel.
-  Device device() const override { return inner_->device(); }
-  void* native_stream() const override { return inner_->native_stream(); }
-  std::string attention_path(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd,
-                             DType t) override {
-    return inner_->attention_path(b, s, h, hkv, hd, t);
-  }
-  void synchronize() override { inner_->synchronize(); }
-  int64_t host_waits() const override { return inner_->host_waits(); }
-  size_t device_memory_free() override { return inner_->device_memory_free(); }
-  void* allocate(size_t bytes, const char* what) override { return inner_->allocate(bytes, what); }
-  void deallocate(void* p, size_t bytes) override { inner_->deallocate(p, bytes); }
-  void to_host(void* dst, Tensor src) override;
-  void from_host(Tensor dst, const void* src) override;
-  void copy(Tensor dst, Tensor src) override;
-  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
-                    int64_t cols) override;
-  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) override;
-
+  // GEMMs are timed per shape.
   void gemm(const GemmArgs& args) override;
-  void embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
-  void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override;
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
-  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                        Tensor rstd) override;
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
-                         float eps) override;
-  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
-                          Tensor weight, Tensor mean, Tensor rstd) override;
-  void rope_forward(Tensor x, float theta) override;
-  void rope_backward(Tensor dx, float theta) override;
-  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                          Tensor q, Tensor k, Tensor v) override;
-  void silu_forward(Tensor out, Tensor x) override;
-  void silu_backward(Tensor dx, Tensor dout, Tensor x) override;
-  void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override;
-  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                       bool gate_act) override;
-  void add(Tensor out, Tensor a, Tensor b) override;
-  void accumulate(Tensor dst, Tensor src) override;
-  void fill_zero(Tensor x) override;
-  void scale(Tensor x, float factor) override;
-  double sum_squares(Tensor x) override;
-  double sum(Tensor x) override;
-  void multiply(Tensor out, Tensor a, Tensor b) override;
-  void divide(Tensor out, Tensor a, Tensor b) override;
-  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
-                            bool reciprocal) override;
-  void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override;
-  void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override;
-  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override;
-  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override;
-  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override;
-  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
-                                    Tensor targets, int64_t first, float scale) override;
-  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight, float eps) override;
-  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                              Tensor rstd, Tensor dot, int64_t d) override;
-  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
-                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
-                                    int64_t first) override;
-  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
-                                  Tensor max) override;
-  void scale_rows(Tensor out, Tensor x, Tensor factor) override;
-  void row_dot(Tensor out, Tensor a, Tensor b) override;
-  void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
-  void accumulate_mean(Tensor acc, Tensor x) override;
-  void scalar_add(Tensor out, Tensor a, Tensor b) override;
-  void scalar_divide(Tensor out, Tensor a, double divisor) override;
-  void scalar_sqrt(Tensor out, Tensor a) override;
-  void clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override;
-  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
-                    const AdamWArgs& args) override;
+
+ protected:
+  void around(const char* op, std::initializer_list<Tensor> traffic, double flops,
+              const std::function<void()>& run) override;
 
  private:
   // A kernel between two marks, not yet read.
@@ -111,10 +41,8 @@ class ProfilingBackend final : public Backend {
     int64_t from, to;
     double flops;
   };
-  template <typename F>
-  auto timed(const std::string& kernel, F&& f, double flops = 0.0);
+  void timed(const std::string& kernel, const std::function<void()>& run, double flops);
 
-  std::unique_ptr<Backend> inner_;
   std::map<std::string, KernelTime> times_;
   std::vector<Pending> pending_;
 };

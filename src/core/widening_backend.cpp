@@ -105,9 +105,9 @@ class WideningBackend::Widened {
 };
 
 WideningBackend::WideningBackend(std::unique_ptr<Backend> inner)
-    : inner_(std::move(inner)), native_gemm_(inner_->bf16_gemm_path() != "none") {
-  BOTTLE_CHECK(inner_->device() == Device::cpu,
-               "the widening backend runs host backends only, not '{}'", inner_->name());
+    : ForwardingBackend(std::move(inner)), native_gemm_(this->inner().bf16_gemm_path() != "none") {
+  BOTTLE_CHECK(this->inner().device() == Device::cpu,
+               "the widening backend runs host backends only, not '{}'", this->inner().name());
 }
 
 WideningBackend::~WideningBackend() {
@@ -127,17 +127,17 @@ std::vector<float>& WideningBackend::scratch(size_t index, size_t elements) {
 }
 
 std::string WideningBackend::bf16_gemm_path() const {
-  if (native_gemm_) return inner_->bf16_gemm_path();
+  if (native_gemm_) return inner().bf16_gemm_path();
   return fmt::format(
       "bf16 operands widened to fp32 for the {} backend's fp32 GEMM (it has no "
       "bf16 GEMM on this CPU)",
-      inner_->name());
+      inner().name());
 }
 
 void WideningBackend::copy(Tensor dst, Tensor src) {
   // Same dtypes, and device scalars (f64 and f32), are the inner backend's.
   if (dst.dtype == src.dtype || (dst.dtype != DType::bf16 && src.dtype != DType::bf16))
-    return inner_->copy(dst, src);
+    return inner().copy(dst, src);
   BOTTLE_CHECK(dst.numel() == src.numel() &&
                    (dst.dtype == DType::f32 || dst.dtype == DType::bf16) &&
                    (src.dtype == DType::f32 || src.dtype == DType::bf16),
@@ -151,15 +151,15 @@ void WideningBackend::copy(Tensor dst, Tensor src) {
 
 void WideningBackend::copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
                                    int64_t cols) {
-  if (dst.dtype == src.dtype) return inner_->copy_columns(dst, dst_col, src, src_col, cols);
+  if (dst.dtype == src.dtype) return inner().copy_columns(dst, dst_col, src, src_col, cols);
   Widened w(*this);
-  inner_->copy_columns(w.inout(dst), dst_col, w.in(src), src_col, cols);
+  inner().copy_columns(w.inout(dst), dst_col, w.in(src), src_col, cols);
 }
 
 void WideningBackend::gemm(const GemmArgs& g) {
   if (!g.any_bf16() || (native_gemm_ && g.a_dtype == DType::bf16 && g.b_dtype == DType::bf16))
-    return inner_->gemm(g);
-  if (g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0) return inner_->gemm(g);
+    return inner().gemm(g);
+  if (g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0) return inner().gemm(g);
   Widened w(*this);
   GemmArgs f = g;
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
@@ -181,159 +181,159 @@ void WideningBackend::gemm(const GemmArgs& g) {
   place(c, g.beta != 0.0f, true, c_data, f.ldc, f.stride_c);
   f.c = const_cast<void*>(c_data);
   f.a_dtype = f.b_dtype = f.c_dtype = DType::f32;
-  inner_->gemm(f);
+  inner().gemm(f);
 }
 
 void WideningBackend::embedding_forward(Tensor out, Tensor tokens, Tensor table) {
   Widened w(*this);
-  inner_->embedding_forward(w.out(out), tokens, w.in(table));
+  inner().embedding_forward(w.out(out), tokens, w.in(table));
 }
 void WideningBackend::embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) {
   Widened w(*this);
-  inner_->embedding_backward(w.inout(dtable), tokens, w.in(dout));
+  inner().embedding_backward(w.inout(dtable), tokens, w.in(dout));
 }
 void WideningBackend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
   Widened w(*this);
-  inner_->rmsnorm_forward(w.out(out), w.out(rstd), w.in(x), w.in(weight), eps);
+  inner().rmsnorm_forward(w.out(out), w.out(rstd), w.in(x), w.in(weight), eps);
 }
 void WideningBackend::rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
                                        Tensor weight, Tensor rstd) {
   Widened w(*this);
-  inner_->rmsnorm_backward(w.inout(dx), w.inout(dweight), w.in(dout), w.in(x), w.in(weight),
+  inner().rmsnorm_backward(w.inout(dx), w.inout(dweight), w.in(dout), w.in(x), w.in(weight),
                            w.in(rstd));
 }
 void WideningBackend::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x,
                                         Tensor weight, Tensor bias, float eps) {
   Widened w(*this);
-  inner_->layernorm_forward(w.out(out), w.out(mean), w.out(rstd), w.in(x), w.in(weight), w.in(bias),
+  inner().layernorm_forward(w.out(out), w.out(mean), w.out(rstd), w.in(x), w.in(weight), w.in(bias),
                             eps);
 }
 void WideningBackend::layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout,
                                          Tensor x, Tensor weight, Tensor mean, Tensor rstd) {
   Widened w(*this);
-  inner_->layernorm_backward(w.inout(dx), w.inout(dweight), w.inout(dbias), w.in(dout), w.in(x),
+  inner().layernorm_backward(w.inout(dx), w.inout(dweight), w.inout(dbias), w.in(dout), w.in(x),
                              w.in(weight), w.in(mean), w.in(rstd));
 }
 void WideningBackend::rope_forward(Tensor x, float theta) {
   Widened w(*this);
-  inner_->rope_forward(w.inout(x), theta);
+  inner().rope_forward(w.inout(x), theta);
 }
 void WideningBackend::rope_backward(Tensor dx, float theta) {
   Widened w(*this);
-  inner_->rope_backward(w.inout(dx), theta);
+  inner().rope_backward(w.inout(dx), theta);
 }
 void WideningBackend::attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
   Widened w(*this);
-  inner_->attention_forward(w.out(out), w.out(lse), w.in(q), w.in(k), w.in(v));
+  inner().attention_forward(w.out(out), w.out(lse), w.in(q), w.in(k), w.in(v));
 }
 void WideningBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
                                          Tensor lse, Tensor q, Tensor k, Tensor v) {
   Widened w(*this);
-  inner_->attention_backward(w.inout(dq), w.inout(dk), w.inout(dv), w.in(dout), w.in(out),
+  inner().attention_backward(w.inout(dq), w.inout(dk), w.inout(dv), w.in(dout), w.in(out),
                              w.in(lse), w.in(q), w.in(k), w.in(v));
 }
 void WideningBackend::silu_forward(Tensor out, Tensor x) {
   Widened w(*this);
-  inner_->silu_forward(w.out(out), w.in(x));
+  inner().silu_forward(w.out(out), w.in(x));
 }
 void WideningBackend::silu_backward(Tensor dx, Tensor dout, Tensor x) {
   Widened w(*this);
-  inner_->silu_backward(w.inout(dx), w.in(dout), w.in(x));
+  inner().silu_backward(w.inout(dx), w.in(dout), w.in(x));
 }
 void WideningBackend::swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) {
   Widened w(*this);
-  inner_->swiglu_forward(w.out(out), w.in(gate), w.in(up), gate_act);
+  inner().swiglu_forward(w.out(out), w.in(gate), w.in(up), gate_act);
 }
 void WideningBackend::swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
                                       bool gate_act) {
   Widened w(*this);
-  inner_->swiglu_backward(w.inout(dgate), w.inout(dup), w.in(dout), w.in(gate), w.in(up), gate_act);
+  inner().swiglu_backward(w.inout(dgate), w.inout(dup), w.in(dout), w.in(gate), w.in(up), gate_act);
 }
 void WideningBackend::add(Tensor out, Tensor a, Tensor b) {
   Widened w(*this);
-  inner_->add(w.out(out), w.in(a), w.in(b));
+  inner().add(w.out(out), w.in(a), w.in(b));
 }
 void WideningBackend::accumulate(Tensor dst, Tensor src) {
   Widened w(*this);
-  inner_->accumulate(w.inout(dst), w.in(src));
+  inner().accumulate(w.inout(dst), w.in(src));
 }
 void WideningBackend::fill_zero(Tensor x) {
-  if (x.dtype != DType::bf16) return inner_->fill_zero(x);
+  if (x.dtype != DType::bf16) return inner().fill_zero(x);
   std::memset(x.data, 0, x.nbytes());  // +0 is all zero bits in bf16 as in fp32
 }
 void WideningBackend::scale(Tensor x, float factor) {
   Widened w(*this);
-  inner_->scale(w.inout(x), factor);
+  inner().scale(w.inout(x), factor);
 }
 double WideningBackend::sum_squares(Tensor x) {
   Widened w(*this);
-  return inner_->sum_squares(w.in(x));
+  return inner().sum_squares(w.in(x));
 }
 void WideningBackend::sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) {
   Widened w(*this);
-  inner_->sum_squares_ranges(out, w.in(x), ranges);
+  inner().sum_squares_ranges(out, w.in(x), ranges);
 }
 void WideningBackend::accumulate_mean(Tensor acc, Tensor x) {
   Widened w(*this);
-  inner_->accumulate_mean(acc, w.in(x));
+  inner().accumulate_mean(acc, w.in(x));
 }
 double WideningBackend::sum(Tensor x) {
   Widened w(*this);
-  return inner_->sum(w.in(x));
+  return inner().sum(w.in(x));
 }
 void WideningBackend::multiply(Tensor out, Tensor a, Tensor b) {
   Widened w(*this);
-  inner_->multiply(w.out(out), w.in(a), w.in(b));
+  inner().multiply(w.out(out), w.in(a), w.in(b));
 }
 void WideningBackend::divide(Tensor out, Tensor a, Tensor b) {
   Widened w(*this);
-  inner_->divide(w.out(out), w.in(a), w.in(b));
+  inner().divide(w.out(out), w.in(a), w.in(b));
 }
 void WideningBackend::rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
                                            bool reciprocal) {
   Widened w(*this);
-  inner_->rms_from_sum_squares(w.out(out), w.in(sumsq), count, eps, reciprocal);
+  inner().rms_from_sum_squares(w.out(out), w.in(sumsq), count, eps, reciprocal);
 }
 void WideningBackend::cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
                                             Tensor targets) {
   Widened w(*this);
-  inner_->cross_entropy_forward(w.out(losses), w.out(probs), w.in(logits), targets);
+  inner().cross_entropy_forward(w.out(losses), w.out(probs), w.in(logits), targets);
 }
 void WideningBackend::cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
                                              float scale) {
   Widened w(*this);
-  inner_->cross_entropy_backward(w.inout(dlogits), w.in(probs), targets, scale);
+  inner().cross_entropy_backward(w.inout(dlogits), w.in(probs), targets, scale);
 }
 void WideningBackend::embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
                                               int64_t first) {
   Widened w(*this);
-  inner_->embedding_shard_forward(w.out(out), tokens, w.in(table), first);
+  inner().embedding_shard_forward(w.out(out), tokens, w.in(table), first);
 }
 void WideningBackend::embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
                                                int64_t first) {
   Widened w(*this);
-  inner_->embedding_shard_backward(w.inout(dtable), tokens, w.in(dout), first);
+  inner().embedding_shard_backward(w.inout(dtable), tokens, w.in(dout), first);
 }
 void WideningBackend::logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) {
   Widened w(*this);
-  inner_->logits_row_stats(w.out(max), w.out(sumexp), w.in(logits));
+  inner().logits_row_stats(w.out(max), w.out(sumexp), w.in(logits));
 }
 void WideningBackend::cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max,
                                                    Tensor sumexp, Tensor targets, int64_t first,
                                                    float scale) {
   Widened w(*this);
-  inner_->cross_entropy_shard_backward(w.inout(dlogits), w.in(logits), w.in(max), w.in(sumexp),
+  inner().cross_entropy_shard_backward(w.inout(dlogits), w.in(logits), w.in(max), w.in(sumexp),
                                        targets, first, scale);
 }
 void WideningBackend::rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
                                             float eps) {
   Widened w(*this);
-  inner_->rmsnorm_shard_forward(w.out(out), w.out(sumsq), w.in(x), w.in(weight), eps);
+  inner().rmsnorm_shard_forward(w.out(out), w.out(sumsq), w.in(x), w.in(weight), eps);
 }
 void WideningBackend::rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
                                              Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
   Widened w(*this);
-  inner_->rmsnorm_shard_backward(w.inout(dx), w.inout(dweight), w.in(dout), w.in(x), w.in(weight),
+  inner().rmsnorm_shard_backward(w.inout(dx), w.inout(dweight), w.in(dout), w.in(x), w.in(weight),
                                  w.in(rstd), w.in(dot), d);
 }
 void WideningBackend::cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit,
@@ -342,27 +342,21 @@ void WideningBackend::cross_entropy_shard_partials(Tensor sumexp, Tensor target_
                                                    int64_t first) {
   Widened w(*this);
   // sumexp may alias local_max: both are statistics, fp32 (never widened apart).
-  inner_->cross_entropy_shard_partials(w.out(sumexp), w.out(target_logit), w.in(local_sumexp),
+  inner().cross_entropy_shard_partials(w.out(sumexp), w.out(target_logit), w.in(local_sumexp),
                                        w.in(local_max), w.in(max), w.in(logits), targets, first);
 }
 void WideningBackend::cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
                                                  Tensor max) {
   Widened w(*this);
-  inner_->cross_entropy_shard_losses(w.out(losses), w.in(sumexp), w.in(target_logit), w.in(max));
+  inner().cross_entropy_shard_losses(w.out(losses), w.in(sumexp), w.in(target_logit), w.in(max));
 }
 void WideningBackend::scale_rows(Tensor out, Tensor x, Tensor factor) {
   Widened w(*this);
-  inner_->scale_rows(w.out(out), w.in(x), w.in(factor));
+  inner().scale_rows(w.out(out), w.in(x), w.in(factor));
 }
 void WideningBackend::row_dot(Tensor out, Tensor a, Tensor b) {
   Widened w(*this);
-  inner_->row_dot(w.out(out), w.in(a), w.in(b));
-}
-void WideningBackend::adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
-                                   Tensor control, const AdamWArgs& args) {
-  // The optimizer's state is fp32 by the mixed-precision policy, and the host backends write
-  // a bf16 compute copy themselves: nothing to widen.
-  inner_->adamw_update(param, compute, grad, m, v, control, args);
+  inner().row_dot(w.out(out), w.in(a), w.in(b));
 }
 
 }  // namespace bottle

@@ -12,36 +12,22 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.h"
+#include "core/forwarding_backend.h"
 
 namespace bottle {
 
-class WideningBackend final : public Backend {
+class WideningBackend final : public ForwardingBackend {
  public:
   explicit WideningBackend(std::unique_ptr<Backend> inner);
   ~WideningBackend() override;
-  std::string_view name() const override { return inner_->name(); }
   std::string bf16_unsupported() const override { return {}; }
   std::string bf16_gemm_path() const override;
 
-  Device device() const override { return inner_->device(); }
-  void* native_stream() const override { return inner_->native_stream(); }
-  std::string attention_path(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd,
-                             DType t) override {
-    return inner_->attention_path(b, s, h, hkv, hd, t);
-  }
-  void synchronize() override { inner_->synchronize(); }
-  size_t device_memory_free() override { return inner_->device_memory_free(); }
-  void* allocate(size_t bytes, const char* what) override { return inner_->allocate(bytes, what); }
-  void deallocate(void* p, size_t bytes) override { inner_->deallocate(p, bytes); }
-  void to_host(void* dst, Tensor src) override { inner_->to_host(dst, src); }
-  void from_host(Tensor dst, const void* src) override { inner_->from_host(dst, src); }
+  // The ops that take bf16 tensors; the rest (staging, ids, the device scalars) are the inner
+  // backend's as they are.
   void copy(Tensor dst, Tensor src) override;
   void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
                     int64_t cols) override;
-  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) override {
-    return inner_->first_outside(ids, lo, hi);
-  }
 
   void gemm(const GemmArgs& args) override;
   void embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
@@ -92,22 +78,11 @@ class WideningBackend final : public Backend {
   void row_dot(Tensor out, Tensor a, Tensor b) override;
   void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
   void accumulate_mean(Tensor acc, Tensor x) override;
-  void scalar_add(Tensor out, Tensor a, Tensor b) override { inner_->scalar_add(out, a, b); }
-  void scalar_divide(Tensor out, Tensor a, double divisor) override {
-    inner_->scalar_divide(out, a, divisor);
-  }
-  void scalar_sqrt(Tensor out, Tensor a) override { inner_->scalar_sqrt(out, a); }
-  void clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override {
-    inner_->clip_and_check(control, loss, norm, max_norm);
-  }
-  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
-                    const AdamWArgs& args) override;
 
  private:
   class Widened;
   std::vector<float>& scratch(size_t index, size_t elements);
 
-  std::unique_ptr<Backend> inner_;
   bool native_gemm_ = false;
   // One buffer per tensor widened within a kernel call, reused by the next call.
   std::vector<std::vector<float>> scratch_;

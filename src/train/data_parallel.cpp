@@ -58,6 +58,9 @@ void DataParallel::gather_masters() {
   const Tensor values = params_.values();
   params_.backend().copy(scratch_, values.view(begin_, scratch_.shape));
   dp_->all_gather(values, scratch_, "dp.params.all_gather");
+  // A checkpoint reads them on the host next: a device group's call ends here, with its
+  // errors and timeout, rather than in a stream synchronisation that cannot time out.
+  dp_->complete();
 }
 
 double DataParallel::sum(double local, std::string_view site) const {

@@ -686,11 +686,14 @@ class CudaBackend final : public Backend {
       }
     }
     const cudaEvent_t done = staging_done_[staging_next_];
-    if (cudaEventQuery(done) == cudaErrorNotReady) {
+    const cudaError_t state = cudaEventQuery(done);
+    if (state == cudaErrorNotReady) {
       ++host_waits_;
       check_cuda(cudaEventSynchronize(done), "from_host (staging slot)");
+    } else {
+      // Not "not ready": done, or an earlier kernel's fault, reported here rather than lost.
+      check_cuda(state, "from_host (staging slot)");
     }
-    cudaGetLastError();  // a completed query leaves no error
     return static_cast<char*>(staging_) + staging_next_ * kStagingSlotBytes;
   }
 
