@@ -408,18 +408,18 @@ class FakeDevice final : public ForwardingBackend {
   int64_t host_waits() const override { return 0; }
   void* allocate(size_t, const char*) override { no_kernel(); }
   void deallocate(void*, size_t) override {}
-  void to_host(void* dst, Tensor src) override {
+  void do_to_host(void* dst, Tensor src) override {
     EXPECT_EQ(src.device, Device::cuda);
     ++to_host_calls;
     invert(dst, src.data, src.nbytes());
   }
-  void from_host(Tensor dst, const void* src) override {
+  void do_from_host(Tensor dst, const void* src) override {
     EXPECT_EQ(dst.device, Device::cuda);
     ++from_host_calls;
     invert(dst.data, src, dst.nbytes());
   }
   // Same dtype only: all that a group of one asks for.
-  void copy(Tensor dst, Tensor src) override {
+  void do_copy(Tensor dst, Tensor src) override {
     EXPECT_TRUE(dst.device == Device::cuda && src.device == Device::cuda);
     ASSERT_EQ(dst.dtype, src.dtype);
     ASSERT_EQ(dst.numel(), src.numel());

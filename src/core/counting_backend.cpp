@@ -79,7 +79,7 @@ void* CountingBackend::allocate(size_t bytes, const char* what) {
 // The address space is returned when the backend dies: a dry run is short.
 void CountingBackend::deallocate(void*, size_t bytes) { reserved_ -= bytes; }
 
-void CountingBackend::gemm(const GemmArgs& a) {
+void CountingBackend::do_gemm(const GemmArgs& a) {
   const GemmShape shape{a.m,
                         a.n,
                         a.k,

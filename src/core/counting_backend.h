@@ -91,7 +91,7 @@ class CountingBackend final : public ForwardingBackend {
   void* allocate(size_t bytes, const char* what) override;
   void deallocate(void* p, size_t bytes) override;
   // GEMMs count by shape.
-  void gemm(const GemmArgs& args) override;
+  void do_gemm(const GemmArgs& args) override;
 
  protected:
   void around(const char* op, std::initializer_list<Tensor> traffic, double flops,

@@ -154,7 +154,7 @@ class CpuBackend final : public HostBackend {
     return bf16_matmul().empty() ? "none" : fmt::format("oneDNN bf16 matmul ({})", bf16_matmul());
   }
 
-  void gemm(const GemmArgs& args) override {
+  void do_gemm(const GemmArgs& args) override {
     BOTTLE_CHECK(!args.any_bf16() || (!bf16_matmul().empty() && args.a_dtype == DType::bf16 &&
                                       args.b_dtype == DType::bf16),
                  "cpu backend: gemm of {} x {} -> {} (bf16 GEMMs: {})", dtype_name(args.a_dtype),
@@ -162,7 +162,7 @@ class CpuBackend final : public HostBackend {
     dnnl_gemm(args);
   }
 
-  void embedding_forward(Tensor out, Tensor tokens, Tensor table) override {
+  void do_embedding_forward(Tensor out, Tensor tokens, Tensor table) override {
     require_f32("embedding_forward", {out, table});
     require_i32("embedding_forward", tokens);
     const int64_t n = tokens.numel(), c = table.cols(), v = table.rows();
@@ -175,7 +175,7 @@ class CpuBackend final : public HostBackend {
       std::memcpy(out.f32() + i * c, table.f32() + int64_t(tok[i]) * c, c * sizeof(float));
   }
 
-  void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override {
+  void do_embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override {
     require_f32("embedding_backward", {dtable, dout});
     require_i32("embedding_backward", tokens);
     const int64_t n = tokens.numel(), c = dtable.cols();
@@ -193,30 +193,30 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override {
+  void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override {
     require_f32("rmsnorm_forward", {out, rstd, x, weight});
     rmsnorm_rows(out, rstd.f32(), nullptr, x, weight, eps);
   }
 
-  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+  void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
                              float eps) override {
     require_f32("rmsnorm_shard_forward", {out, sumsq, x, weight});
     rmsnorm_rows(out, nullptr, sumsq.f32(), x, weight, eps);
   }
 
-  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+  void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                         Tensor rstd) override {
     require_f32("rmsnorm_backward", {dx, dweight, dout, x, weight, rstd});
     rmsnorm_backward_rows(dx, dweight, dout, x, weight, rstd, nullptr, x.cols());
   }
 
-  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+  void do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                               Tensor rstd, Tensor dot, int64_t d) override {
     require_f32("rmsnorm_shard_backward", {dx, dweight, dout, x, weight, rstd, dot});
     rmsnorm_backward_rows(dx, dweight, dout, x, weight, rstd, dot.f32(), d);
   }
 
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
+  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
                          float eps) override {
     require_f32("layernorm_forward", {out, mean, rstd, x, weight, bias});
     const int64_t n = x.rows(), c = x.cols();
@@ -239,7 +239,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
+  void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
                           Tensor weight, Tensor mean, Tensor rstd) override {
     require_f32("layernorm_backward", {dx, dweight, dbias, dout, x, weight, mean, rstd});
     const int64_t n = x.rows(), c = x.cols();
@@ -281,15 +281,15 @@ class CpuBackend final : public HostBackend {
       }
   }
 
-  void rope_forward(Tensor x, float theta) override { rope(x, theta, 1.0f); }
-  void rope_backward(Tensor dx, float theta) override { rope(dx, theta, -1.0f); }
+  void do_rope_forward(Tensor x, float theta) override { rope(x, theta, 1.0f); }
+  void do_rope_backward(Tensor dx, float theta) override { rope(dx, theta, -1.0f); }
 
   // Flash-attention style: each (batch, head) walks its queries in blocks of kQueryBlock
   // rows; a block's scores (at most kQueryBlock x S) stay in a per-thread buffer, so no
   // [S, S] matrix ever reaches memory. Causality bounds each block's keys. Backward
   // recomputes the probabilities from the saved log-sum-exp. Work items run in parallel,
   // each GEMM single-threaded inside them (oneDNN runs serially inside a parallel region).
-  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override {
+  void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override {
     require_f32("attention_forward", {out, lse, q, k, v});
     const Dims d = dims(q, k);
     const int64_t nt = omp_get_max_threads();
@@ -318,7 +318,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+  void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
                           Tensor q, Tensor k, Tensor v) override {
     require_f32("attention_backward", {dq, dk, dv, dout, out, lse, q, k, v});
     const Dims d = dims(q, k);
@@ -369,7 +369,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void silu_forward(Tensor out, Tensor x) override {
+  void do_silu_forward(Tensor out, Tensor x) override {
     require_f32("silu_forward", {out, x});
     const int64_t n = x.numel();
     const float* xs = x.f32();
@@ -377,7 +377,7 @@ class CpuBackend final : public HostBackend {
     parallel_elementwise(n, [=](int64_t i) { os[i] = kmath::silu(xs[i], sigmoid(xs[i])); });
   }
 
-  void silu_backward(Tensor dx, Tensor dout, Tensor x) override {
+  void do_silu_backward(Tensor dx, Tensor dout, Tensor x) override {
     require_f32("silu_backward", {dx, dout, x});
     const int64_t n = x.numel();
     const float *xs = x.f32(), *gs = dout.f32();
@@ -386,7 +386,7 @@ class CpuBackend final : public HostBackend {
                          [=](int64_t i) { ds[i] += kmath::silu_dx(gs[i], xs[i], sigmoid(xs[i])); });
   }
 
-  void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override {
+  void do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override {
     require_f32("swiglu_forward", {out, gate, up});
     const int64_t n = gate.numel();
     const float *g = gate.f32(), *u = up.f32();
@@ -400,7 +400,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+  void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
                        bool gate_act) override {
     require_f32("swiglu_backward", {dgate, dup, dout, gate, up});
     const int64_t n = gate.numel();
@@ -420,7 +420,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void add(Tensor out, Tensor a, Tensor b) override {
+  void do_add(Tensor out, Tensor a, Tensor b) override {
     require_f32("add", {out, a, b});
     const int64_t n = out.numel();
     const float *x = a.f32(), *y = b.f32();
@@ -428,7 +428,7 @@ class CpuBackend final : public HostBackend {
     parallel_elementwise(n, [=](int64_t i) { o[i] = x[i] + y[i]; });
   }
 
-  void accumulate(Tensor dst, Tensor src) override {
+  void do_accumulate(Tensor dst, Tensor src) override {
     require_f32("accumulate", {dst, src});
     const int64_t n = dst.numel();
     const float* s = src.f32();
@@ -436,7 +436,7 @@ class CpuBackend final : public HostBackend {
     parallel_elementwise(n, [=](int64_t i) { o[i] += s[i]; });
   }
 
-  void fill_zero(Tensor x) override {
+  void do_fill_zero(Tensor x) override {
     const size_t bytes = x.nbytes();
     char* base = static_cast<char*>(x.data);
 #pragma omp parallel
@@ -448,14 +448,14 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void scale(Tensor x, float factor) override {
+  void do_scale(Tensor x, float factor) override {
     require_f32("scale", {x});
     const int64_t n = x.numel();
     float* o = x.f32();
     parallel_elementwise(n, [=](int64_t i) { o[i] *= factor; });
   }
 
-  double sum_squares(Tensor x) override {
+  double do_sum_squares(Tensor x) override {
     require_f32("sum_squares", {x});
     // Chunks of a fixed size, each summed in order, and the chunks' sums added in order: the
     // same bits whatever the thread count (a gradient norm decides clipping).
@@ -475,7 +475,7 @@ class CpuBackend final : public HostBackend {
     return total;
   }
 
-  void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override {
+  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override {
     require_f32("cross_entropy_forward", {losses, probs, logits});
     require_i32("cross_entropy_forward", targets);
     const int64_t n = logits.rows(), v = logits.cols();
@@ -488,7 +488,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override {
+  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override {
     require_f32("cross_entropy_backward", {dlogits, probs});
     require_i32("cross_entropy_backward", targets);
     const int64_t n = probs.rows(), v = probs.cols();
@@ -502,7 +502,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override {
+  void do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override {
     require_f32("embedding_shard_forward", {out, table});
     require_i32("embedding_shard_forward", tokens);
     const int64_t n = tokens.numel(), c = table.cols(), rows = table.rows();
@@ -517,7 +517,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override {
+  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override {
     require_f32("embedding_shard_backward", {dtable, dout});
     require_i32("embedding_shard_backward", tokens);
     const int64_t n = tokens.numel(), c = dtable.cols(), rows = dtable.rows();
@@ -536,7 +536,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override {
+  void do_logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override {
     require_f32("logits_row_stats", {max, sumexp, logits});
     const int64_t n = logits.rows(), v = logits.cols();
 #pragma omp parallel for schedule(static)
@@ -554,7 +554,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
+  void do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
                                     Tensor targets, int64_t first, float scale) override {
     require_f32("cross_entropy_shard_backward", {dlogits, logits, max, sumexp});
     require_i32("cross_entropy_shard_backward", targets);
@@ -571,7 +571,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void copy(Tensor dst, Tensor src) override {
+  void do_copy(Tensor dst, Tensor src) override {
     if (copy_scalars(dst, src)) return;
     BOTTLE_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
                  "cpu backend: copy of {} {} into {} {}", dtype_name(src.dtype), src.shape.str(),
@@ -588,7 +588,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+  void do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
                     int64_t cols) override {
     check_copy_columns("cpu", dst, dst_col, src, src_col, cols);
     const int64_t n = dst.rows(), size = int64_t(dtype_size(dst.dtype));
@@ -599,7 +599,7 @@ class CpuBackend final : public HostBackend {
     for (int64_t i = 0; i < n; ++i) std::memcpy(o + i * dst_row, s + i * src_row, cols * size);
   }
 
-  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) override {
+  int64_t do_first_outside(Tensor ids, int64_t lo, int64_t hi) override {
     require_i32("first_outside", ids);
     const int32_t* id = ids.i32();
     for (int64_t i = 0; i < ids.numel(); ++i)
@@ -607,7 +607,7 @@ class CpuBackend final : public HostBackend {
     return -1;
   }
 
-  double sum(Tensor x) override {
+  double do_sum(Tensor x) override {
     require_f32("sum", {x});
     const float* s = x.f32();
     double total = 0.0;
@@ -615,21 +615,21 @@ class CpuBackend final : public HostBackend {
     return total;
   }
 
-  void multiply(Tensor out, Tensor a, Tensor b) override {
+  void do_multiply(Tensor out, Tensor a, Tensor b) override {
     require_f32("multiply", {out, a, b});
     const float *x = a.f32(), *y = b.f32();
     float* o = out.f32();
     parallel_elementwise(out.numel(), [=](int64_t i) { o[i] = x[i] * y[i]; });
   }
 
-  void divide(Tensor out, Tensor a, Tensor b) override {
+  void do_divide(Tensor out, Tensor a, Tensor b) override {
     require_f32("divide", {out, a, b});
     const float *x = a.f32(), *y = b.f32();
     float* o = out.f32();
     parallel_elementwise(out.numel(), [=](int64_t i) { o[i] = x[i] / y[i]; });
   }
 
-  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+  void do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
                             bool reciprocal) override {
     require_f32("rms_from_sum_squares", {out, sumsq});
     const float* s = sumsq.f32();
@@ -638,7 +638,7 @@ class CpuBackend final : public HostBackend {
       o[i] = kmath::rms_from_sum_squares(s[i], count, eps, reciprocal);
   }
 
-  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+  void do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
                                     Tensor local_max, Tensor max, Tensor logits, Tensor targets,
                                     int64_t first) override {
     require_f32("cross_entropy_shard_partials",
@@ -653,7 +653,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+  void do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
                                   Tensor max) override {
     require_f32("cross_entropy_shard_losses", {losses, sumexp, target_logit, max});
     for (int64_t i = 0; i < losses.numel(); ++i)
@@ -661,7 +661,7 @@ class CpuBackend final : public HostBackend {
           kmath::cross_entropy_loss(sumexp.f32()[i], max.f32()[i], target_logit.f32()[i]);
   }
 
-  void scale_rows(Tensor out, Tensor x, Tensor factor) override {
+  void do_scale_rows(Tensor out, Tensor x, Tensor factor) override {
     require_f32("scale_rows", {out, x, factor});
     const int64_t n = x.rows(), c = x.cols();
 #pragma omp parallel for schedule(static)
@@ -674,7 +674,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void row_dot(Tensor out, Tensor a, Tensor b) override {
+  void do_row_dot(Tensor out, Tensor a, Tensor b) override {
     require_f32("row_dot", {out, a, b});
     const int64_t n = a.rows(), c = a.cols();
 #pragma omp parallel for schedule(static)
@@ -688,7 +688,7 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
+  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
                     const AdamWArgs& a) override {
     check_adamw("cpu", param, compute, grad, m, v, control, a);
     if (!control.empty() && control.f32()[kControlApply] == 0.0f) return;

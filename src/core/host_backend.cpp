@@ -18,51 +18,51 @@ void* HostBackend::allocate(size_t bytes, const char* what) {
 
 void HostBackend::deallocate(void* p, size_t) { std::free(p); }
 
-void HostBackend::to_host(void* dst, Tensor src) {
+void HostBackend::do_to_host(void* dst, Tensor src) {
   BOTTLE_CHECK(src.device == Device::cpu, "{}: to_host of a {} tensor", name(),
                device_name(src.device));
   if (src.nbytes()) std::memcpy(dst, src.data, src.nbytes());
 }
 
-void HostBackend::from_host(Tensor dst, const void* src) {
+void HostBackend::do_from_host(Tensor dst, const void* src) {
   BOTTLE_CHECK(dst.device == Device::cpu, "{}: from_host into a {} tensor", name(),
                device_name(dst.device));
   if (dst.nbytes()) std::memcpy(dst.data, src, dst.nbytes());
 }
 
-void HostBackend::sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) {
+void HostBackend::do_sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) {
   check_sum_ranges(name().data(), out, x, ranges);
   double* o = static_cast<double*>(out.data);
   for (int64_t i = 0; i < out.numel(); ++i) o[i] = 0.0;
   for (const SumRange& r : ranges) o[r.slot] += sum_squares(x.view(r.offset, {r.count}));
 }
 
-void HostBackend::accumulate_mean(Tensor acc, Tensor x) {
+void HostBackend::do_accumulate_mean(Tensor acc, Tensor x) {
   check_scalar(name().data(), "accumulate_mean", acc, "acc");
   BOTTLE_CHECK(x.numel() > 0, "{} backend: accumulate_mean of an empty tensor", name());
   *static_cast<double*>(acc.data) += double(float(sum(x) / double(x.numel())));
 }
 
-void HostBackend::scalar_add(Tensor out, Tensor a, Tensor b) {
+void HostBackend::do_scalar_add(Tensor out, Tensor a, Tensor b) {
   for (const auto& [t, what] : {std::pair{&out, "out"}, {&a, "a"}, {&b, "b"}})
     check_scalar(name().data(), "scalar_add", *t, what);
   *static_cast<double*>(out.data) =
       *static_cast<const double*>(a.data) + *static_cast<const double*>(b.data);
 }
 
-void HostBackend::scalar_divide(Tensor out, Tensor a, double divisor) {
+void HostBackend::do_scalar_divide(Tensor out, Tensor a, double divisor) {
   check_scalar(name().data(), "scalar_divide", out, "out");
   check_scalar(name().data(), "scalar_divide", a, "a");
   *static_cast<double*>(out.data) = *static_cast<const double*>(a.data) / divisor;
 }
 
-void HostBackend::scalar_sqrt(Tensor out, Tensor a) {
+void HostBackend::do_scalar_sqrt(Tensor out, Tensor a) {
   check_scalar(name().data(), "scalar_sqrt", out, "out");
   check_scalar(name().data(), "scalar_sqrt", a, "a");
   *static_cast<double*>(out.data) = std::sqrt(*static_cast<const double*>(a.data));
 }
 
-void HostBackend::clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) {
+void HostBackend::do_clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) {
   check_control(name().data(), "clip_and_check", control);
   check_scalar(name().data(), "clip_and_check", loss, "loss");
   check_scalar(name().data(), "clip_and_check", norm, "norm");

@@ -21,7 +21,7 @@ void ProfilingBackend::around(const char* op, std::initializer_list<Tensor>, dou
   timed(op, run, 0.0);
 }
 
-void ProfilingBackend::gemm(const GemmArgs& a) {
+void ProfilingBackend::do_gemm(const GemmArgs& a) {
   const std::string key = fmt::format(
       "gemm {}x{}x{} {}{}{}{}", a.m, a.n, a.k, a.trans_a ? 'T' : 'N', a.trans_b ? 'T' : 'N',
       a.batch > 1 ? fmt::format(" x{}", a.batch) : "", a.any_bf16() ? " bf16" : "");

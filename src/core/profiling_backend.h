@@ -28,7 +28,7 @@ class ProfilingBackend final : public ForwardingBackend {
   void reset();
 
   // GEMMs are timed per shape.
-  void gemm(const GemmArgs& args) override;
+  void do_gemm(const GemmArgs& args) override;
 
  protected:
   void around(const char* op, std::initializer_list<Tensor> traffic, double flops,

@@ -84,7 +84,7 @@ class ReferenceBackend final : public HostBackend {
  public:
   std::string_view name() const override { return "reference"; }
 
-  void gemm(const GemmArgs& g) override {
+  void do_gemm(const GemmArgs& g) override {
     if (g.any_bf16()) fail("reference backend: {} does not support dtype {}", "gemm", "bf16");
     BOTTLE_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 0,
                  "reference backend: gemm: negative size m={} n={} k={} batch={}", g.m, g.n, g.k,
@@ -117,7 +117,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void embedding_forward(Tensor out, Tensor tokens, Tensor table) override {
+  void do_embedding_forward(Tensor out, Tensor tokens, Tensor table) override {
     const char* k = "embedding_forward";
     need_f32(k, {out, table});
     need_dtype(k, tokens, DType::i32);
@@ -131,7 +131,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override {
+  void do_embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override {
     const char* k = "embedding_backward";
     need_f32(k, {dtable, dout});
     need_dtype(k, tokens, DType::i32);
@@ -145,27 +145,27 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override {
+  void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override {
     rmsnorm_rows("rmsnorm_forward", out, rstd, Tensor{}, x, weight, eps);
   }
 
-  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+  void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
                              float eps) override {
     rmsnorm_rows("rmsnorm_shard_forward", out, Tensor{}, sumsq, x, weight, eps);
   }
 
-  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+  void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                         Tensor rstd) override {
     rmsnorm_backward_rows("rmsnorm_backward", dx, dweight, dout, x, weight, rstd, Tensor{},
                           x.cols());
   }
 
-  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+  void do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                               Tensor rstd, Tensor dot, int64_t d) override {
     rmsnorm_backward_rows("rmsnorm_shard_backward", dx, dweight, dout, x, weight, rstd, dot, d);
   }
 
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
+  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
                          float eps) override {
     const char* k = "layernorm_forward";
     need_f32(k, {out, mean, rstd, x, weight, bias});
@@ -192,7 +192,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
+  void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
                           Tensor weight, Tensor mean, Tensor rstd) override {
     const char* k = "layernorm_backward";
     need_f32(k, {dx, dweight, dbias, dout, x, weight, mean, rstd});
@@ -229,10 +229,10 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void rope_forward(Tensor x, float theta) override { rope(x, theta, +1.0, "rope_forward"); }
-  void rope_backward(Tensor dx, float theta) override { rope(dx, theta, -1.0, "rope_backward"); }
+  void do_rope_forward(Tensor x, float theta) override { rope(x, theta, +1.0, "rope_forward"); }
+  void do_rope_backward(Tensor dx, float theta) override { rope(dx, theta, -1.0, "rope_backward"); }
 
-  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override {
+  void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override {
     const char* kn = "attention_forward";
     need_f32(kn, {out, lse, q, k, v});
     const Dims d = attention_dims(kn, q, k, v);
@@ -268,7 +268,7 @@ class ReferenceBackend final : public HostBackend {
 
   // Recomputes P from lse; D_i = sum_j P_ij dP_ij is taken from P and v (not from `out`), so
   // the oracle does not depend on the forward output's rounding.
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+  void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
                           Tensor q, Tensor k, Tensor v) override {
     const char* kn = "attention_backward";
     need_f32(kn, {dq, dk, dv, dout, out, lse, q, k, v});
@@ -318,7 +318,7 @@ class ReferenceBackend final : public HostBackend {
     for (int64_t i = 0; i < v.numel(); ++i) dv.f32()[i] += float(gv[i]);
   }
 
-  void silu_forward(Tensor out, Tensor x) override {
+  void do_silu_forward(Tensor out, Tensor x) override {
     const char* k = "silu_forward";
     need_f32(k, {out, x});
     need_numel(k, out, x.numel(), "out");
@@ -328,7 +328,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void silu_backward(Tensor dx, Tensor dout, Tensor x) override {
+  void do_silu_backward(Tensor dx, Tensor dout, Tensor x) override {
     const char* k = "silu_backward";
     need_f32(k, {dx, dout, x});
     need_numel(k, dx, x.numel(), "dx");
@@ -339,7 +339,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override {
+  void do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override {
     const char* k = "swiglu_forward";
     need_f32(k, {out, gate, up});
     need_numel(k, up, gate.numel(), "up");
@@ -351,7 +351,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+  void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
                        bool gate_act) override {
     const char* k = "swiglu_backward";
     need_f32(k, {dgate, dup, dout, gate, up});
@@ -369,7 +369,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void add(Tensor out, Tensor a, Tensor b) override {
+  void do_add(Tensor out, Tensor a, Tensor b) override {
     const char* k = "add";
     need_f32(k, {out, a, b});
     need_numel(k, b, a.numel(), "b");
@@ -377,7 +377,7 @@ class ReferenceBackend final : public HostBackend {
     for (int64_t i = 0; i < a.numel(); ++i) out.f32()[i] = a.f32()[i] + b.f32()[i];
   }
 
-  void copy(Tensor dst, Tensor src) override {
+  void do_copy(Tensor dst, Tensor src) override {
     if (copy_scalars(dst, src)) return;
     BOTTLE_CHECK(dst.dtype == src.dtype && dst.numel() == src.numel(),
                  "reference backend: copy of {} {} into {} {}", dtype_name(src.dtype),
@@ -389,7 +389,7 @@ class ReferenceBackend final : public HostBackend {
       for (size_t b = 0; b < size; ++b) o[i + b] = s[i + b];
   }
 
-  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+  void do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
                     int64_t cols) override {
     check_copy_columns("reference", dst, dst_col, src, src_col, cols);
     const int64_t size = int64_t(dtype_size(dst.dtype));
@@ -402,31 +402,31 @@ class ReferenceBackend final : public HostBackend {
               s[((i * src.cols()) + src_col + j) * size + b];
   }
 
-  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi) override {
+  int64_t do_first_outside(Tensor ids, int64_t lo, int64_t hi) override {
     need_dtype("first_outside", ids, DType::i32);
     for (int64_t i = 0; i < ids.numel(); ++i)
       if (ids.i32()[i] < lo || ids.i32()[i] >= hi) return i;
     return -1;
   }
 
-  double sum(Tensor x) override {
+  double do_sum(Tensor x) override {
     need_f32("sum", {x});
     double s = 0.0;
     for (int64_t i = 0; i < x.numel(); ++i) s += x.f32()[i];
     return s;
   }
 
-  void multiply(Tensor out, Tensor a, Tensor b) override {
+  void do_multiply(Tensor out, Tensor a, Tensor b) override {
     need_f32("multiply", {out, a, b});
     for (int64_t i = 0; i < out.numel(); ++i) out.f32()[i] = a.f32()[i] * b.f32()[i];
   }
 
-  void divide(Tensor out, Tensor a, Tensor b) override {
+  void do_divide(Tensor out, Tensor a, Tensor b) override {
     need_f32("divide", {out, a, b});
     for (int64_t i = 0; i < out.numel(); ++i) out.f32()[i] = a.f32()[i] / b.f32()[i];
   }
 
-  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+  void do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
                             bool reciprocal) override {
     need_f32("rms_from_sum_squares", {out, sumsq});
     for (int64_t i = 0; i < out.numel(); ++i) {
@@ -435,7 +435,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+  void do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
                                     Tensor local_max, Tensor max, Tensor logits, Tensor targets,
                                     int64_t first) override {
     const char* k = "cross_entropy_shard_partials";
@@ -450,7 +450,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+  void do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
                                   Tensor max) override {
     need_f32("cross_entropy_shard_losses", {losses, sumexp, target_logit, max});
     for (int64_t i = 0; i < losses.numel(); ++i)
@@ -458,14 +458,14 @@ class ReferenceBackend final : public HostBackend {
                               double(target_logit.f32()[i]));
   }
 
-  void accumulate(Tensor dst, Tensor src) override {
+  void do_accumulate(Tensor dst, Tensor src) override {
     const char* k = "accumulate";
     need_f32(k, {dst, src});
     need_numel(k, src, dst.numel(), "src");
     for (int64_t i = 0; i < dst.numel(); ++i) dst.f32()[i] += src.f32()[i];
   }
 
-  void fill_zero(Tensor x) override {
+  void do_fill_zero(Tensor x) override {
     if (x.dtype == DType::f64) {
       for (int64_t i = 0; i < x.numel(); ++i) static_cast<double*>(x.data)[i] = 0.0;
       return;
@@ -474,19 +474,19 @@ class ReferenceBackend final : public HostBackend {
     for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = 0.0f;
   }
 
-  void scale(Tensor x, float factor) override {
+  void do_scale(Tensor x, float factor) override {
     need_f32("scale", {x});
     for (int64_t i = 0; i < x.numel(); ++i) x.f32()[i] = x.f32()[i] * factor;
   }
 
-  double sum_squares(Tensor x) override {
+  double do_sum_squares(Tensor x) override {
     need_f32("sum_squares", {x});
     double s = 0.0;
     for (int64_t i = 0; i < x.numel(); ++i) s += double(x.f32()[i]) * x.f32()[i];
     return s;
   }
 
-  void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override {
+  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override {
     const char* k = "cross_entropy_forward";
     need_f32(k, {losses, probs, logits});
     need_dtype(k, targets, DType::i32);
@@ -509,7 +509,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override {
+  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override {
     const char* k = "cross_entropy_backward";
     need_f32(k, {dlogits, probs});
     need_dtype(k, targets, DType::i32);
@@ -528,7 +528,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override {
+  void do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override {
     const char* k = "embedding_shard_forward";
     need_f32(k, {out, table});
     need_dtype(k, tokens, DType::i32);
@@ -541,7 +541,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override {
+  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override {
     const char* k = "embedding_shard_backward";
     need_f32(k, {dtable, dout});
     need_dtype(k, tokens, DType::i32);
@@ -554,7 +554,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override {
+  void do_logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override {
     const char* k = "logits_row_stats";
     need_f32(k, {max, sumexp, logits});
     const int64_t n = logits.rows(), v = logits.cols();
@@ -572,7 +572,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
+  void do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
                                     Tensor targets, int64_t first, float scale) override {
     const char* k = "cross_entropy_shard_backward";
     need_f32(k, {dlogits, logits, max, sumexp});
@@ -589,7 +589,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void scale_rows(Tensor out, Tensor x, Tensor factor) override {
+  void do_scale_rows(Tensor out, Tensor x, Tensor factor) override {
     const char* k = "scale_rows";
     need_f32(k, {out, x, factor});
     const int64_t n = x.rows(), c = x.cols();
@@ -600,7 +600,7 @@ class ReferenceBackend final : public HostBackend {
         out.f32()[r * c + j] = float(double(x.f32()[r * c + j]) * factor.f32()[r]);
   }
 
-  void row_dot(Tensor out, Tensor a, Tensor b) override {
+  void do_row_dot(Tensor out, Tensor a, Tensor b) override {
     const char* k = "row_dot";
     need_f32(k, {out, a, b});
     const int64_t n = a.rows(), c = a.cols();
@@ -613,7 +613,7 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
+  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
                     const AdamWArgs& a) override {
     check_adamw("reference", param, compute, grad, m, v, control, a);
     if (!control.empty() && control.f32()[kControlApply] == 0.0f) return;

@@ -134,7 +134,7 @@ std::string WideningBackend::bf16_gemm_path() const {
       inner().name());
 }
 
-void WideningBackend::copy(Tensor dst, Tensor src) {
+void WideningBackend::do_copy(Tensor dst, Tensor src) {
   // Same dtypes, and device scalars (f64 and f32), are the inner backend's.
   if (dst.dtype == src.dtype || (dst.dtype != DType::bf16 && src.dtype != DType::bf16))
     return inner().copy(dst, src);
@@ -149,14 +149,14 @@ void WideningBackend::copy(Tensor dst, Tensor src) {
     widen(dst.f32(), src.bf16(), src.numel());
 }
 
-void WideningBackend::copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+void WideningBackend::do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
                                    int64_t cols) {
   if (dst.dtype == src.dtype) return inner().copy_columns(dst, dst_col, src, src_col, cols);
   Widened w(*this);
   inner().copy_columns(w.inout(dst), dst_col, w.in(src), src_col, cols);
 }
 
-void WideningBackend::gemm(const GemmArgs& g) {
+void WideningBackend::do_gemm(const GemmArgs& g) {
   if (!g.any_bf16() || (native_gemm_ && g.a_dtype == DType::bf16 && g.b_dtype == DType::bf16))
     return inner().gemm(g);
   if (g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0) return inner().gemm(g);
@@ -184,159 +184,159 @@ void WideningBackend::gemm(const GemmArgs& g) {
   inner().gemm(f);
 }
 
-void WideningBackend::embedding_forward(Tensor out, Tensor tokens, Tensor table) {
+void WideningBackend::do_embedding_forward(Tensor out, Tensor tokens, Tensor table) {
   Widened w(*this);
   inner().embedding_forward(w.out(out), tokens, w.in(table));
 }
-void WideningBackend::embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) {
+void WideningBackend::do_embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) {
   Widened w(*this);
   inner().embedding_backward(w.inout(dtable), tokens, w.in(dout));
 }
-void WideningBackend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
+void WideningBackend::do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
   Widened w(*this);
   inner().rmsnorm_forward(w.out(out), w.out(rstd), w.in(x), w.in(weight), eps);
 }
-void WideningBackend::rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
+void WideningBackend::do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
                                        Tensor weight, Tensor rstd) {
   Widened w(*this);
   inner().rmsnorm_backward(w.inout(dx), w.inout(dweight), w.in(dout), w.in(x), w.in(weight),
                            w.in(rstd));
 }
-void WideningBackend::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x,
+void WideningBackend::do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x,
                                         Tensor weight, Tensor bias, float eps) {
   Widened w(*this);
   inner().layernorm_forward(w.out(out), w.out(mean), w.out(rstd), w.in(x), w.in(weight), w.in(bias),
                             eps);
 }
-void WideningBackend::layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout,
+void WideningBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout,
                                          Tensor x, Tensor weight, Tensor mean, Tensor rstd) {
   Widened w(*this);
   inner().layernorm_backward(w.inout(dx), w.inout(dweight), w.inout(dbias), w.in(dout), w.in(x),
                              w.in(weight), w.in(mean), w.in(rstd));
 }
-void WideningBackend::rope_forward(Tensor x, float theta) {
+void WideningBackend::do_rope_forward(Tensor x, float theta) {
   Widened w(*this);
   inner().rope_forward(w.inout(x), theta);
 }
-void WideningBackend::rope_backward(Tensor dx, float theta) {
+void WideningBackend::do_rope_backward(Tensor dx, float theta) {
   Widened w(*this);
   inner().rope_backward(w.inout(dx), theta);
 }
-void WideningBackend::attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
+void WideningBackend::do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
   Widened w(*this);
   inner().attention_forward(w.out(out), w.out(lse), w.in(q), w.in(k), w.in(v));
 }
-void WideningBackend::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
+void WideningBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
                                          Tensor lse, Tensor q, Tensor k, Tensor v) {
   Widened w(*this);
   inner().attention_backward(w.inout(dq), w.inout(dk), w.inout(dv), w.in(dout), w.in(out),
                              w.in(lse), w.in(q), w.in(k), w.in(v));
 }
-void WideningBackend::silu_forward(Tensor out, Tensor x) {
+void WideningBackend::do_silu_forward(Tensor out, Tensor x) {
   Widened w(*this);
   inner().silu_forward(w.out(out), w.in(x));
 }
-void WideningBackend::silu_backward(Tensor dx, Tensor dout, Tensor x) {
+void WideningBackend::do_silu_backward(Tensor dx, Tensor dout, Tensor x) {
   Widened w(*this);
   inner().silu_backward(w.inout(dx), w.in(dout), w.in(x));
 }
-void WideningBackend::swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) {
+void WideningBackend::do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) {
   Widened w(*this);
   inner().swiglu_forward(w.out(out), w.in(gate), w.in(up), gate_act);
 }
-void WideningBackend::swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+void WideningBackend::do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
                                       bool gate_act) {
   Widened w(*this);
   inner().swiglu_backward(w.inout(dgate), w.inout(dup), w.in(dout), w.in(gate), w.in(up), gate_act);
 }
-void WideningBackend::add(Tensor out, Tensor a, Tensor b) {
+void WideningBackend::do_add(Tensor out, Tensor a, Tensor b) {
   Widened w(*this);
   inner().add(w.out(out), w.in(a), w.in(b));
 }
-void WideningBackend::accumulate(Tensor dst, Tensor src) {
+void WideningBackend::do_accumulate(Tensor dst, Tensor src) {
   Widened w(*this);
   inner().accumulate(w.inout(dst), w.in(src));
 }
-void WideningBackend::fill_zero(Tensor x) {
+void WideningBackend::do_fill_zero(Tensor x) {
   if (x.dtype != DType::bf16) return inner().fill_zero(x);
   std::memset(x.data, 0, x.nbytes());  // +0 is all zero bits in bf16 as in fp32
 }
-void WideningBackend::scale(Tensor x, float factor) {
+void WideningBackend::do_scale(Tensor x, float factor) {
   Widened w(*this);
   inner().scale(w.inout(x), factor);
 }
-double WideningBackend::sum_squares(Tensor x) {
+double WideningBackend::do_sum_squares(Tensor x) {
   Widened w(*this);
   return inner().sum_squares(w.in(x));
 }
-void WideningBackend::sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) {
+void WideningBackend::do_sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) {
   Widened w(*this);
   inner().sum_squares_ranges(out, w.in(x), ranges);
 }
-void WideningBackend::accumulate_mean(Tensor acc, Tensor x) {
+void WideningBackend::do_accumulate_mean(Tensor acc, Tensor x) {
   Widened w(*this);
   inner().accumulate_mean(acc, w.in(x));
 }
-double WideningBackend::sum(Tensor x) {
+double WideningBackend::do_sum(Tensor x) {
   Widened w(*this);
   return inner().sum(w.in(x));
 }
-void WideningBackend::multiply(Tensor out, Tensor a, Tensor b) {
+void WideningBackend::do_multiply(Tensor out, Tensor a, Tensor b) {
   Widened w(*this);
   inner().multiply(w.out(out), w.in(a), w.in(b));
 }
-void WideningBackend::divide(Tensor out, Tensor a, Tensor b) {
+void WideningBackend::do_divide(Tensor out, Tensor a, Tensor b) {
   Widened w(*this);
   inner().divide(w.out(out), w.in(a), w.in(b));
 }
-void WideningBackend::rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+void WideningBackend::do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
                                            bool reciprocal) {
   Widened w(*this);
   inner().rms_from_sum_squares(w.out(out), w.in(sumsq), count, eps, reciprocal);
 }
-void WideningBackend::cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
+void WideningBackend::do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
                                             Tensor targets) {
   Widened w(*this);
   inner().cross_entropy_forward(w.out(losses), w.out(probs), w.in(logits), targets);
 }
-void WideningBackend::cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
+void WideningBackend::do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
                                              float scale) {
   Widened w(*this);
   inner().cross_entropy_backward(w.inout(dlogits), w.in(probs), targets, scale);
 }
-void WideningBackend::embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
+void WideningBackend::do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
                                               int64_t first) {
   Widened w(*this);
   inner().embedding_shard_forward(w.out(out), tokens, w.in(table), first);
 }
-void WideningBackend::embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
+void WideningBackend::do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
                                                int64_t first) {
   Widened w(*this);
   inner().embedding_shard_backward(w.inout(dtable), tokens, w.in(dout), first);
 }
-void WideningBackend::logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) {
+void WideningBackend::do_logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) {
   Widened w(*this);
   inner().logits_row_stats(w.out(max), w.out(sumexp), w.in(logits));
 }
-void WideningBackend::cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max,
+void WideningBackend::do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max,
                                                    Tensor sumexp, Tensor targets, int64_t first,
                                                    float scale) {
   Widened w(*this);
   inner().cross_entropy_shard_backward(w.inout(dlogits), w.in(logits), w.in(max), w.in(sumexp),
                                        targets, first, scale);
 }
-void WideningBackend::rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+void WideningBackend::do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
                                             float eps) {
   Widened w(*this);
   inner().rmsnorm_shard_forward(w.out(out), w.out(sumsq), w.in(x), w.in(weight), eps);
 }
-void WideningBackend::rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
+void WideningBackend::do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
                                              Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
   Widened w(*this);
   inner().rmsnorm_shard_backward(w.inout(dx), w.inout(dweight), w.in(dout), w.in(x), w.in(weight),
                                  w.in(rstd), w.in(dot), d);
 }
-void WideningBackend::cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit,
+void WideningBackend::do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit,
                                                    Tensor local_sumexp, Tensor local_max,
                                                    Tensor max, Tensor logits, Tensor targets,
                                                    int64_t first) {
@@ -345,16 +345,16 @@ void WideningBackend::cross_entropy_shard_partials(Tensor sumexp, Tensor target_
   inner().cross_entropy_shard_partials(w.out(sumexp), w.out(target_logit), w.in(local_sumexp),
                                        w.in(local_max), w.in(max), w.in(logits), targets, first);
 }
-void WideningBackend::cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+void WideningBackend::do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
                                                  Tensor max) {
   Widened w(*this);
   inner().cross_entropy_shard_losses(w.out(losses), w.in(sumexp), w.in(target_logit), w.in(max));
 }
-void WideningBackend::scale_rows(Tensor out, Tensor x, Tensor factor) {
+void WideningBackend::do_scale_rows(Tensor out, Tensor x, Tensor factor) {
   Widened w(*this);
   inner().scale_rows(w.out(out), w.in(x), w.in(factor));
 }
-void WideningBackend::row_dot(Tensor out, Tensor a, Tensor b) {
+void WideningBackend::do_row_dot(Tensor out, Tensor a, Tensor b) {
   Widened w(*this);
   inner().row_dot(w.out(out), w.in(a), w.in(b));
 }

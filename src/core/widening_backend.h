@@ -25,59 +25,59 @@ class WideningBackend final : public ForwardingBackend {
 
   // The ops that take bf16 tensors; the rest (staging, ids, the device scalars) are the inner
   // backend's as they are.
-  void copy(Tensor dst, Tensor src) override;
-  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
+  void do_copy(Tensor dst, Tensor src) override;
+  void do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
                     int64_t cols) override;
 
-  void gemm(const GemmArgs& args) override;
-  void embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
-  void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override;
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
-  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+  void do_gemm(const GemmArgs& args) override;
+  void do_embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
+  void do_embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override;
+  void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
+  void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                         Tensor rstd) override;
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
+  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
                          float eps) override;
-  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
+  void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
                           Tensor weight, Tensor mean, Tensor rstd) override;
-  void rope_forward(Tensor x, float theta) override;
-  void rope_backward(Tensor dx, float theta) override;
-  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+  void do_rope_forward(Tensor x, float theta) override;
+  void do_rope_backward(Tensor dx, float theta) override;
+  void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
+  void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
                           Tensor q, Tensor k, Tensor v) override;
-  void silu_forward(Tensor out, Tensor x) override;
-  void silu_backward(Tensor dx, Tensor dout, Tensor x) override;
-  void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override;
-  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+  void do_silu_forward(Tensor out, Tensor x) override;
+  void do_silu_backward(Tensor dx, Tensor dout, Tensor x) override;
+  void do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override;
+  void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
                        bool gate_act) override;
-  void add(Tensor out, Tensor a, Tensor b) override;
-  void accumulate(Tensor dst, Tensor src) override;
-  void fill_zero(Tensor x) override;
-  void scale(Tensor x, float factor) override;
-  double sum_squares(Tensor x) override;
-  double sum(Tensor x) override;
-  void multiply(Tensor out, Tensor a, Tensor b) override;
-  void divide(Tensor out, Tensor a, Tensor b) override;
-  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+  void do_add(Tensor out, Tensor a, Tensor b) override;
+  void do_accumulate(Tensor dst, Tensor src) override;
+  void do_fill_zero(Tensor x) override;
+  void do_scale(Tensor x, float factor) override;
+  double do_sum_squares(Tensor x) override;
+  double do_sum(Tensor x) override;
+  void do_multiply(Tensor out, Tensor a, Tensor b) override;
+  void do_divide(Tensor out, Tensor a, Tensor b) override;
+  void do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
                             bool reciprocal) override;
-  void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override;
-  void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override;
-  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override;
-  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override;
-  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override;
-  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
+  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override;
+  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override;
+  void do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override;
+  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override;
+  void do_logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override;
+  void do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
                                     Tensor targets, int64_t first, float scale) override;
-  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight, float eps) override;
-  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+  void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight, float eps) override;
+  void do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                               Tensor rstd, Tensor dot, int64_t d) override;
-  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+  void do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
                                     Tensor local_max, Tensor max, Tensor logits, Tensor targets,
                                     int64_t first) override;
-  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+  void do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
                                   Tensor max) override;
-  void scale_rows(Tensor out, Tensor x, Tensor factor) override;
-  void row_dot(Tensor out, Tensor a, Tensor b) override;
-  void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
-  void accumulate_mean(Tensor acc, Tensor x) override;
+  void do_scale_rows(Tensor out, Tensor x, Tensor factor) override;
+  void do_row_dot(Tensor out, Tensor a, Tensor b) override;
+  void do_sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
+  void do_accumulate_mean(Tensor acc, Tensor x) override;
 
  private:
   class Widened;
