@@ -21,6 +21,7 @@
 #include "core/arena.h"
 #include "core/backend.h"
 #include "core/bf16.h"
+#include "core/counting_backend.h"
 #include "core/cpu_backend.h"
 #include "core/gemm_peak.h"
 #include "core/profiling_backend.h"
@@ -840,6 +841,41 @@ TEST_F(BackendOps, DeviceScalars) {
     EXPECT_THROW(be->scalar_sqrt(Tensor{&not_f64, {1}}, r_t), Error);
     const SumRange outside[] = {{n - 1, 2, 0}};
     EXPECT_THROW(be->sum_squares_ranges(Tensor{out.data(), {3}, DType::f64}, x, outside), Error);
+  }
+}
+
+// Every backend refuses the same bad operands with the same message, checked once in
+// Backend (backend.cpp) before any implementation runs: the counting backend, which runs
+// nothing, refuses exactly what the kernels would.
+TEST_F(BackendOps, OperandsAreCheckedOnceForEveryBackend) {
+  CountingBackend counting;
+  Tensor x = randn({4, 8}), out = randn({4, 8}), rstd = randn({4}), short_weight = randn({7});
+  int32_t id_storage[4] = {0, 1, 2, 3};
+  const Tensor floats_as_ids = randn({4});
+  for (Backend* be : {cpu.get(), ref.get(), static_cast<Backend*>(&counting)}) {
+    SCOPED_TRACE(be->name());
+    auto message = [](const std::function<void()>& call) {
+      try {
+        call();
+      } catch (const Error& e) {
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    const std::string m = message([&] { be->rmsnorm_forward(out, rstd, x, short_weight, 1e-5f); });
+    EXPECT_NE(m.find(std::string(be->name()) + " backend: rmsnorm_forward: weight has 7 elements"),
+              std::string::npos)
+        << m;
+    const std::string ids = message([&] { be->first_outside(floats_as_ids, 0, 9); });
+    EXPECT_NE(ids.find("first_outside: ids must be i32"), std::string::npos) << ids;
+    // A tensor of another device (as a host tensor reaching the cuda backend would be).
+    Tensor elsewhere = x;
+    elsewhere.device = Device::cuda;
+    const std::string device = message([&] { be->add(out, x, elsewhere); });
+    EXPECT_NE(device.find("add: got a cuda tensor"), std::string::npos) << device;
+    const Tensor ids_ok{id_storage, {4}, DType::i32};
+    const std::string emb = message([&] { be->embedding_forward(out, ids_ok, randn({10, 7})); });
+    EXPECT_NE(emb.find("embedding_forward: out has 32 elements"), std::string::npos) << emb;
   }
 }
 
