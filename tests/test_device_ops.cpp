@@ -263,6 +263,14 @@ TEST_F(DeviceOps, Norms) {
          [](Backend& be, const std::vector<Tensor>& t) {
            be.rmsnorm_forward(t[3], t[1], t[0], t[2], 1e-5f);
          }});
+  // The fused residual add + RMSNorm against the reference's composition of the two ops.
+  check({"residual_rmsnorm_forward",
+         {{{N, C}}, {{N, C}}, {{C}}, {{N, C}, Init::zeros}, {{N, C}, Init::zeros},
+          {{N}, Init::zeros, false}},
+         {3, 4, 5},
+         [](Backend& be, const std::vector<Tensor>& t) {
+           be.residual_rmsnorm_forward(t[3], t[4], t[5], t[0], t[1], t[2], 1e-5f);
+         }});
   check({"rmsnorm_backward",
          {{{N, C}},
           {{C}, Init::normal, false},

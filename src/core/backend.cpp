@@ -162,6 +162,20 @@ void Backend::rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, 
   do_rmsnorm_forward(out, rstd, x, weight, eps);
 }
 
+void Backend::residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x,
+                                       Tensor residual, Tensor weight, float eps) {
+  const OpCheck c(*this, "residual_rmsnorm_forward");
+  c.here({sum, out, rstd, x, residual, weight});
+  c.floats({sum, out, rstd, x, residual, weight});
+  for (const auto& [t, what] : {std::pair{&sum, "sum"}, {&out, "out"}, {&residual, "residual"}})
+    c.numel(*t, x.numel(), what);
+  c.numel(weight, x.cols(), "weight");
+  c.numel(rstd, x.rows(), "rstd");
+  c.check(sum.numel() == 0 || (sum.data != x.data && sum.data != residual.data),
+          "sum aliases an input (the fused op reads x and residual twice)");
+  do_residual_rmsnorm_forward(sum, out, rstd, x, residual, weight, eps);
+}
+
 void Backend::rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd) {
   const OpCheck c(*this, "rmsnorm_backward");
   c.here({dx, dweight, dout, x, weight, rstd});

@@ -150,6 +150,12 @@ class Backend {
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps);
   void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                                 Tensor rstd);
+  // The residual add and the next RMSNorm in one pass: sum = x + residual, then out =
+  // RMSNorm(sum) · weight and rstd as rmsnorm_forward gives them, computed from the fp32 sum
+  // before it is rounded to sum's dtype (in bf16 the fused op rounds once where add then
+  // rmsnorm_forward round twice). sum must not alias x or residual.
+  void residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x, Tensor residual,
+                                Tensor weight, float eps);
 
   // out = (x - mean) * rstd * weight + bias over the last dim; mean, rstd [N].
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
@@ -292,6 +298,8 @@ class Backend {
   virtual void do_embedding_forward(Tensor out, Tensor tokens, Tensor table) = 0;
   virtual void do_embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) = 0;
   virtual void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) = 0;
+  virtual void do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x,
+                                          Tensor residual, Tensor weight, float eps) = 0;
   virtual void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd) = 0;
   virtual void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias, float eps) = 0;
   virtual void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x, Tensor weight, Tensor mean, Tensor rstd) = 0;

@@ -198,6 +198,29 @@ class CpuBackend final : public HostBackend {
     rmsnorm_rows(out, rstd.f32(), nullptr, x, weight, eps);
   }
 
+  // One pass over each row: the sum is written as it is formed, and its squares summed.
+  void do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x, Tensor residual,
+                                   Tensor weight, float eps) override {
+    require_f32("residual_rmsnorm_forward", {sum, out, rstd, x, residual, weight});
+    const int64_t n = x.rows(), c = x.cols();
+#pragma omp parallel for schedule(static)
+    for (int64_t i = 0; i < n; ++i) {
+      const float *xi = x.f32() + i * c, *ri = residual.f32() + i * c;
+      float* si = sum.f32() + i * c;
+      float ss = 0.0f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t j = 0; j < c; ++j) {
+        si[j] = xi[j] + ri[j];
+        ss += si[j] * si[j];
+      }
+      const float r = kmath::rstd_from_sum_squares(ss, float(c), eps);
+      rstd.f32()[i] = r;
+      float* oi = out.f32() + i * c;
+#pragma omp simd
+      for (int64_t j = 0; j < c; ++j) oi[j] = si[j] * r * weight.f32()[j];
+    }
+  }
+
   void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
                              float eps) override {
     require_f32("rmsnorm_shard_forward", {out, sumsq, x, weight});

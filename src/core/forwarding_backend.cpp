@@ -55,6 +55,11 @@ void ForwardingBackend::do_embedding_backward(Tensor dtable, Tensor tokens, Tens
 void ForwardingBackend::do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
   around("rmsnorm_forward", {out, rstd, x, weight}, 0.0, [&] { inner().rmsnorm_forward(out, rstd, x, weight, eps); });
 }
+void ForwardingBackend::do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x,
+                                                    Tensor residual, Tensor weight, float eps) {
+  around("residual_rmsnorm_forward", {sum, out, rstd, x, residual, weight}, 0.0,
+         [&] { inner().residual_rmsnorm_forward(sum, out, rstd, x, residual, weight, eps); });
+}
 void ForwardingBackend::do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd) {
   around("rmsnorm_backward", {dx, dx, dweight, dout, x, weight, rstd}, 0.0, [&] { inner().rmsnorm_backward(dx, dweight, dout, x, weight, rstd); });
 }

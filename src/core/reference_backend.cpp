@@ -149,6 +149,13 @@ class ReferenceBackend final : public HostBackend {
     rmsnorm_rows("rmsnorm_forward", out, rstd, Tensor{}, x, weight, eps);
   }
 
+  // The oracle composes the two ops it fuses.
+  void do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x, Tensor residual,
+                                   Tensor weight, float eps) override {
+    add(sum, x, residual);
+    rmsnorm_forward(out, rstd, sum, weight, eps);
+  }
+
   void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
                              float eps) override {
     rmsnorm_rows("rmsnorm_shard_forward", out, Tensor{}, sumsq, x, weight, eps);

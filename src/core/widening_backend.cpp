@@ -192,6 +192,12 @@ void WideningBackend::do_embedding_backward(Tensor dtable, Tensor tokens, Tensor
   Widened w(*this);
   inner().embedding_backward(w.inout(dtable), tokens, w.in(dout));
 }
+void WideningBackend::do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x,
+                                                  Tensor residual, Tensor weight, float eps) {
+  Widened w(*this);
+  inner().residual_rmsnorm_forward(w.out(sum), w.out(out), w.out(rstd), w.in(x), w.in(residual),
+                                   w.in(weight), eps);
+}
 void WideningBackend::do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
   Widened w(*this);
   inner().rmsnorm_forward(w.out(out), w.out(rstd), w.in(x), w.in(weight), eps);

@@ -33,6 +33,8 @@ class WideningBackend final : public ForwardingBackend {
   void do_embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
   void do_embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override;
   void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
+  void do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x, Tensor residual,
+                                   Tensor weight, float eps) override;
   void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                         Tensor rstd) override;
   void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,

@@ -288,6 +288,12 @@ class CudaBackend final : public Backend {
   void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override {
     norm_forward("rmsnorm_forward", out, rstd, Tensor{}, x, weight, eps);
   }
+  void do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x, Tensor residual,
+                                   Tensor weight, float eps) override {
+    cuda::residual_rmsnorm_forward(stream_, arr(sum), arr(out), arr(rstd), carr(x), carr(residual),
+                                   carr(weight), x.rows(), x.cols(), eps);
+    launched("residual_rmsnorm_forward");
+  }
   void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
                              float eps) override {
     norm_forward("rmsnorm_shard_forward", out, Tensor{}, sumsq, x, weight, eps);

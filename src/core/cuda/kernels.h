@@ -94,6 +94,11 @@ void rope(cudaStream_t stream, Array x, int64_t batch, int64_t seq, int64_t head
 // null; when sumsq is given it receives Σ_j x², the online-RMSNorm shard statistic.
 void rmsnorm_forward(cudaStream_t stream, Array out, Array rstd, Array sumsq, ConstArray x,
                      ConstArray weight, int64_t rows, int64_t cols, float eps);
+// sum = x + residual; out = sum rstd w with rstd from the fp32 sum (Backend's fused op). sum
+// aliases neither input.
+void residual_rmsnorm_forward(cudaStream_t stream, Array sum, Array out, Array rstd, ConstArray x,
+                              ConstArray residual, ConstArray weight, int64_t rows, int64_t cols,
+                              float eps);
 // dx += rstd w dout - x rstd³ dot / d, with dot[r] = Σ_j w dout x over the whole row of d
 // columns (for a plain RMSNorm the caller passes dot = null: it is computed here over the
 // cols, and d = cols); dweight += Σ_r dout x rstd.

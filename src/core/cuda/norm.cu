@@ -51,6 +51,27 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     store(out, row + j, load(x, row + j) * rs * load(weight, j));
 }
 
+// One block per row: the sum is formed in fp32, stored once and its squares summed; the second
+// walk forms it again from x and residual (sum is rounded in bf16, and aliases neither).
+__global__ void __launch_bounds__(kMaxRowThreads)
+    residual_rmsnorm_forward_kernel(Array sum, Array out, Array rstd, ConstArray x,
+                                    ConstArray residual, ConstArray weight, int64_t cols,
+                                    float eps) {
+  __shared__ float shared[kWarp];
+  const int64_t r = blockIdx.x, row = r * cols;
+  float ss = 0.0f;
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
+    const float s = load(x, row + j) + load(residual, row + j);
+    store(sum, row + j, s);
+    ss += s * s;
+  }
+  ss = block_sum(ss, shared);
+  const float rs = kmath::rstd_from_sum_squares(ss, float(cols), eps);
+  if (threadIdx.x == 0) store(rstd, r, rs);
+  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
+    store(out, row + j, (load(x, row + j) + load(residual, row + j)) * rs * load(weight, j));
+}
+
 __global__ void __launch_bounds__(kMaxRowThreads)
     rmsnorm_backward_dx_kernel(Array dx, ConstArray dout, ConstArray x, ConstArray weight,
                                ConstArray rstd, ConstArray dot, int64_t cols, float d) {
@@ -180,6 +201,14 @@ void rmsnorm_forward(cudaStream_t stream, Array out, Array rstd, Array sumsq, Co
   if (rows == 0) return;
   rmsnorm_forward_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(out, rstd, sumsq, x,
                                                                            weight, cols, eps);
+}
+
+void residual_rmsnorm_forward(cudaStream_t stream, Array sum, Array out, Array rstd, ConstArray x,
+                              ConstArray residual, ConstArray weight, int64_t rows, int64_t cols,
+                              float eps) {
+  if (rows == 0) return;
+  residual_rmsnorm_forward_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(
+      sum, out, rstd, x, residual, weight, cols, eps);
 }
 
 void rmsnorm_backward(cudaStream_t stream, Array dx, Array dweight, ConstArray dout, ConstArray x,
