@@ -331,7 +331,7 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
     } else if (ends_.sharded_residual) {
       vocab_parallel_embedding_forward(be, tp_, s.whole, tokens, embedding_.value, first,
                                        "vocab.fwd.embedding");
-      scatter_last_dim(be, tp_, s.residual[0], s.whole);
+      scatter_last_dim_forward(be, tp_, s.residual[0], s.whole);
     } else {
       vocab_parallel_embedding_forward(be, tp_, s.residual[0], tokens, embedding_.value, first,
                                        "vocab.fwd.embedding");
@@ -345,11 +345,12 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
   Tensor last = s.residual.back();
   if (ends_.sharded_residual) {
     // The residual stream is gathered once, at the end of the model.
-    gather_last_dim(be, tp_, s.whole, last, gather_scratch_, "model.fwd.final_gather");
+    gather_last_dim_forward(be, tp_, s.whole, last, gather_scratch_, "model.fwd.final_gather");
     last = s.whole;
   }
   s.final_norm.forward(be, last);
-  // copy_to(final norm output): forward identity; the LM head is split by vocabulary.
+  // The LM head is split by vocabulary rows: its input enters whole on every rank.
+  copy_to_forward(tp_, s.final_norm.out);
   linear_forward(be, s.logits, s.final_norm.out, lm_head_.compute);
   if (targets.empty()) return;
   BOTTLE_CHECK(targets.numel() == batch_ * seq_, "forward: expected {} x {} targets", batch_,
@@ -372,7 +373,7 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
     be.fill_zero(whole_grad_);
     s.final_norm.backward(be, whole_grad_, dfinal_, last);
     if (ends_.sharded_residual)
-      scatter_last_dim(be, tp_, grad_->residual, whole_grad_);
+      gather_last_dim_backward(be, tp_, grad_->residual, whole_grad_);
     else
       be.copy(grad_->residual, whole_grad_);
   } else {
@@ -403,11 +404,11 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   if (ends_.hidden_split_embedding) {
     be.embedding_backward(embedding_.grad, tokens, grad_->residual);
   } else if (ends_.sharded_residual) {
-    gather_last_dim(be, tp_, whole_grad_, grad_->residual, gather_scratch_,
-                    "model.bwd.embedding_gather");
-    vocab_parallel_embedding_backward(be, embedding_.grad, tokens, whole_grad_, first);
+    scatter_last_dim_backward(be, tp_, whole_grad_, grad_->residual, gather_scratch_,
+                              "model.bwd.embedding_gather");
+    vocab_parallel_embedding_backward(be, tp_, embedding_.grad, tokens, whole_grad_, first);
   } else {
-    vocab_parallel_embedding_backward(be, embedding_.grad, tokens, grad_->residual, first);
+    vocab_parallel_embedding_backward(be, tp_, embedding_.grad, tokens, grad_->residual, first);
   }
 }
 
