@@ -7,13 +7,13 @@ namespace {
 void all_gather_last_dim(Backend& be, const TensorParallel& tp, Tensor out, Tensor in,
                          Tensor scratch, std::string_view site) {
   const int64_t n = in.rows(), c = in.cols(), t = tp.size();
-  BOTTLE_CHECK(out.rows() == n && out.cols() == c * t, "gather {}: [{}, {}] x {} ranks != {}", site,
-               n, c, t, out.shape.str());
+  BOTTLE_ASSERT(out.rows() == n && out.cols() == c * t, "gather {}: [{}, {}] x {} ranks != {}",
+                site, n, c, t, out.shape.str());
   if (t == 1) {
     be.copy(out, in);
     return;
   }
-  BOTTLE_CHECK(scratch.numel() >= t * n * c, "gather {}: scratch too small", site);
+  BOTTLE_ASSERT(scratch.numel() >= t * n * c, "gather {}: scratch too small", site);
   Tensor blocks = scratch.view(0, {t * n * c});  // [t, N, C]: rank r's block r
   tp.comm->all_gather(blocks, in.reshaped({n * c}), site);
   for (int64_t r = 0; r < t; ++r) be.copy_columns(out, r * c, blocks.view(r * n * c, {n, c}), 0, c);
@@ -22,8 +22,8 @@ void all_gather_last_dim(Backend& be, const TensorParallel& tp, Tensor out, Tens
 // out [N, C] = this rank's columns of in [N, C·t]: scatter's forward and gather's backward.
 void keep_own_columns(Backend& be, const TensorParallel& tp, Tensor out, Tensor in) {
   const int64_t n = out.rows(), c = out.cols();
-  BOTTLE_CHECK(in.rows() == n && in.cols() == c * tp.size(), "scatter: {} is not {} x [{}, {}]",
-               in.shape.str(), tp.size(), n, c);
+  BOTTLE_ASSERT(in.rows() == n && in.cols() == c * tp.size(), "scatter: {} is not {} x [{}, {}]",
+                in.shape.str(), tp.size(), n, c);
   be.copy_columns(out, 0, in, c * tp.rank(), c);
 }
 
