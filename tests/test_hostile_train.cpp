@@ -87,6 +87,18 @@ TEST_P(HostileCase, OneClearErrorWithinTenSeconds) {
 
 std::string case_name(const ::testing::TestParamInfo<Hostile>& info) { return info.param.name; }
 
+// A broken invariant (BOTTLE_ASSERT) is a bug: reported once as an internal error with where
+// it was found, exit 2, never as the user's error.
+TEST_F(HostileTrain, InternalErrorNamesFileAndLine) {
+  const CommandResult r =
+      run_case("BOTTLE_FAILPOINT=internal_error {bottle} train {dir}/tiny.toml");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("bottle: internal error: at src/apps/main.cpp:"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(": BOTTLE_FAILPOINT=internal_error"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("bottle: error: "), std::string::npos) << r.output;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, HostileCase,
     ::testing::Values(

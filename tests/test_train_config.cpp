@@ -1,5 +1,6 @@
 // The TOML training configuration: defaults, a full file, every error class naming its
-// key, --set overrides, the to_toml round trip and the files in configs/.
+// key, --set overrides, the to_toml round trip and the files in configs/; and the two error
+// macros (BOTTLE_CHECK for a user's input, BOTTLE_ASSERT for an internal invariant).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -31,6 +32,35 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
 
 #define EXPECT_CONTAINS(haystack, needle) \
   EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << (haystack)
+
+// The two failure macros: BOTTLE_CHECK's message is the user's sentence alone; BOTTLE_ASSERT's
+// says it is an internal error and where, from the repository's src/ or tests/ on.
+TEST(ErrorMacros, AssertNamesFileAndLine) {
+  const int line = __LINE__ + 2;
+  try {
+    BOTTLE_ASSERT(1 + 1 == 3, "two is {}", 1 + 1);
+    ADD_FAILURE() << "BOTTLE_ASSERT did not throw";
+  } catch (const InternalError& e) {
+    const std::string where = fmt::format("tests/test_train_config.cpp:{}", line);
+    EXPECT_EQ(std::string(e.what()), "internal error at " + where + ": two is 2");
+    EXPECT_EQ(e.where(), where);
+    EXPECT_EQ(e.message(), "two is 2");
+  }
+  // An assertion is a bottle::Error, so every path that reports one reports it.
+  EXPECT_THROW(BOTTLE_ASSERT(false, "broken"), Error);
+  EXPECT_NO_THROW(BOTTLE_ASSERT(true, "never"));
+  try {
+    BOTTLE_CHECK(false, "{}: missing key '{}'", "run.toml", "model");
+    ADD_FAILURE() << "BOTTLE_CHECK did not throw";
+  } catch (const InternalError&) {
+    ADD_FAILURE() << "BOTTLE_CHECK is for a user's input, not an internal error";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "run.toml: missing key 'model'");
+  }
+  EXPECT_EQ(source_path("/home/me/src/bottle/src/nn/linear.cpp"), "src/nn/linear.cpp");
+  EXPECT_EQ(source_path("/x/bottle/tests/test_train.cpp"), "tests/test_train.cpp");
+  EXPECT_EQ(source_path("linear.cpp"), "linear.cpp");
+}
 
 TEST(TrainConfig, Defaults) {
   const TrainConfig c = parse("");

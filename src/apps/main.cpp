@@ -97,17 +97,23 @@ int main(int argc, char** argv) {
                      : prepare->parsed() ? "prepare"
                                          : "bench tokenize",
                      ranks);
-    // Test failpoint: BOTTLE_FAILPOINT=bad_alloc fails an allocation on every rank, as the
-    // machine's limit would after the plans let a run start (tests the handler below).
-    if (const char* spec = std::getenv("BOTTLE_FAILPOINT");
-        spec && std::string(spec) == "bad_alloc")
-      throw std::bad_alloc();
+    // Test failpoints: BOTTLE_FAILPOINT=bad_alloc fails an allocation on every rank, as the
+    // machine's limit would after the plans let a run start; =internal_error breaks an
+    // invariant, as a bug would (they test the handlers below).
+    if (const char* spec = std::getenv("BOTTLE_FAILPOINT")) {
+      if (std::string(spec) == "bad_alloc") throw std::bad_alloc();
+      BOTTLE_ASSERT(std::string(spec) != "internal_error", "BOTTLE_FAILPOINT={}", spec);
+    }
     for (auto& [sub, run] : commands)
       if (sub->parsed()) return run();
   } catch (const bottle::SettingError& e) {
     // A setting found wrong below src/train: named by its configuration key.
     report("error", bottle::describe_setting_error(e).c_str());
     return 1;
+  } catch (const bottle::InternalError& e) {
+    // A broken invariant (BOTTLE_ASSERT): a bug, reported with where it was found.
+    report("internal error", fmt::format("at {}: {}", e.where(), e.message()).c_str());
+    return 2;
   } catch (const bottle::Error& e) {
     report("error", e.what());
     return 1;

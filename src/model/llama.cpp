@@ -182,7 +182,7 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   BOTTLE_CHECK(batch > 0 && seq > 0, "micro-batch {} x sequence {} must be positive", batch, seq);
   BOTTLE_CHECK(seq <= c.max_seq_len, "sequence length {} exceeds the model's max_seq_len {}", seq,
                c.max_seq_len);
-  BOTTLE_CHECK(slots >= 1, "{} micro-batch slots", slots);
+  BOTTLE_ASSERT(slots >= 1, "{} micro-batch slots", slots);
   validate_recompute(policy, layout_, c.shape());
   batch_ = batch;
   seq_ = seq;
@@ -315,23 +315,23 @@ std::vector<Tensor> LlamaModel::stage_input_grad(int slot) const {
 
 void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
                                Tensor loss_sum) {
-  BOTTLE_CHECK(activations_, "forward before allocate_activations");
-  BOTTLE_CHECK(be.device() == memory_->device(),
-               "the model's memory is on {}, but backend '{}' runs on {}",
-               device_name(memory_->device()), be.name(), device_name(be.device()));
-  BOTTLE_CHECK(slot_index >= 0 && slot_index < int(slots_.size()), "micro-batch slot {} of {}",
-               slot_index, slots_.size());
+  BOTTLE_ASSERT(activations_, "forward before allocate_activations");
+  BOTTLE_ASSERT(be.device() == memory_->device(),
+                "the model's memory is on {}, but backend '{}' runs on {}",
+                device_name(memory_->device()), be.name(), device_name(be.device()));
+  BOTTLE_ASSERT(slot_index >= 0 && slot_index < int(slots_.size()), "micro-batch slot {} of {}",
+                slot_index, slots_.size());
   Slot& s = slots_[size_t(slot_index)];
   const int64_t first = vocab_first();
   if (stage_.first()) {
-    BOTTLE_CHECK(tokens.numel() == batch_ * seq_, "forward: expected {} x {} tokens", batch_,
-                 seq_);
+    BOTTLE_ASSERT(tokens.numel() == batch_ * seq_, "forward: expected {} x {} tokens", batch_,
+                  seq_);
     if (ends_.hidden_split_embedding) {
       be.embedding_forward(s.residual[0], tokens, embedding_.value);  // [N, d/t], no comm
     } else if (ends_.sharded_residual) {
       vocab_parallel_embedding_forward(be, tp_, s.whole, tokens, embedding_.value, first,
                                        "vocab.fwd.embedding");
-      scatter_last_dim(be, tp_, s.residual[0], s.whole);
+      scatter_last_dim_forward(be, tp_, s.residual[0], s.whole);
     } else {
       vocab_parallel_embedding_forward(be, tp_, s.residual[0], tokens, embedding_.value, first,
                                        "vocab.fwd.embedding");
@@ -345,15 +345,16 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
   Tensor last = s.residual.back();
   if (ends_.sharded_residual) {
     // The residual stream is gathered once, at the end of the model.
-    gather_last_dim(be, tp_, s.whole, last, gather_scratch_, "model.fwd.final_gather");
+    gather_last_dim_forward(be, tp_, s.whole, last, gather_scratch_, "model.fwd.final_gather");
     last = s.whole;
   }
   s.final_norm.forward(be, last);
-  // copy_to(final norm output): forward identity; the LM head is split by vocabulary.
+  // The LM head is split by vocabulary rows: its input enters whole on every rank.
+  copy_to_forward(tp_, s.final_norm.out);
   linear_forward(be, s.logits, s.final_norm.out, lm_head_.compute);
   if (targets.empty()) return;
-  BOTTLE_CHECK(targets.numel() == batch_ * seq_, "forward: expected {} x {} targets", batch_,
-               seq_);
+  BOTTLE_ASSERT(targets.numel() == batch_ * seq_, "forward: expected {} x {} targets", batch_,
+                seq_);
   s.loss.forward(be, tp_, s.logits, targets, first, loss_sum);
 }
 
@@ -372,7 +373,7 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
     be.fill_zero(whole_grad_);
     s.final_norm.backward(be, whole_grad_, dfinal_, last);
     if (ends_.sharded_residual)
-      scatter_last_dim(be, tp_, grad_->residual, whole_grad_);
+      gather_last_dim_backward(be, tp_, grad_->residual, whole_grad_);
     else
       be.copy(grad_->residual, whole_grad_);
   } else {
@@ -403,24 +404,24 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   if (ends_.hidden_split_embedding) {
     be.embedding_backward(embedding_.grad, tokens, grad_->residual);
   } else if (ends_.sharded_residual) {
-    gather_last_dim(be, tp_, whole_grad_, grad_->residual, gather_scratch_,
-                    "model.bwd.embedding_gather");
-    vocab_parallel_embedding_backward(be, embedding_.grad, tokens, whole_grad_, first);
+    scatter_last_dim_backward(be, tp_, whole_grad_, grad_->residual, gather_scratch_,
+                              "model.bwd.embedding_gather");
+    vocab_parallel_embedding_backward(be, tp_, embedding_.grad, tokens, whole_grad_, first);
   } else {
-    vocab_parallel_embedding_backward(be, embedding_.grad, tokens, grad_->residual, first);
+    vocab_parallel_embedding_backward(be, tp_, embedding_.grad, tokens, grad_->residual, first);
   }
 }
 
 Tensor LlamaModel::forward_logits(Backend& be, Tensor tokens) {
-  BOTTLE_CHECK(stage_.stages == 1, "forward_logits needs the whole model on this rank");
+  BOTTLE_ASSERT(stage_.stages == 1, "forward_logits needs the whole model on this rank");
   forward_stage(be, 0, tokens, Tensor{}, Tensor{});
   return slots_[0].logits;
 }
 
 float LlamaModel::forward(Backend& be, Tensor tokens, Tensor targets) {
-  BOTTLE_CHECK(stage_.stages == 1,
-               "forward needs the whole model on this rank (pipeline: "
-               "forward_stage)");
+  BOTTLE_ASSERT(stage_.stages == 1,
+                "forward needs the whole model on this rank (pipeline: "
+                "forward_stage)");
   // One f64 for the loss, in the backend's memory, made on first use (tools and tests).
   if (loss_scalar_.empty()) {
     scalar_arena_ = std::make_unique<Arena>(MemoryTag::workspace, *memory_, reserve_only_);
@@ -443,8 +444,8 @@ bool LlamaModel::holds_tied_copy() const {
 
 void LlamaModel::reduce_tied_embedding_grad(Communicator* group) {
   if (!config_.tie_embeddings || stage_.stages == 1 || !(stage_.first() || stage_.last())) return;
-  BOTTLE_CHECK(group && group->size() == 2,
-               "tied embeddings over a pipeline need the first-and-last-stage group");
+  BOTTLE_ASSERT(group && group->size() == 2,
+                "tied embeddings over a pipeline need the first-and-last-stage group");
   const Param table = stage_.first() ? embedding_ : lm_head_;
   group->all_reduce(table.grad, ReduceOp::sum, "pp.tied_embedding");
 }

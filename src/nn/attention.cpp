@@ -3,8 +3,8 @@
 namespace bottle {
 namespace {
 Tensor reshaped(Tensor t, Shape shape) {
-  BOTTLE_CHECK(t.numel() == shape.numel(), "attention: cannot view {} as {}", t.shape.str(),
-               shape.str());
+  BOTTLE_ASSERT(t.numel() == shape.numel(), "attention: cannot view {} as {}", t.shape.str(),
+                shape.str());
   t.shape = shape;
   return t;
 }

@@ -4,9 +4,9 @@ namespace bottle {
 
 void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, bool accumulate) {
   const int64_t n = x.rows(), in = x.cols(), out = w.rows();
-  BOTTLE_CHECK(w.cols() == in && y.cols() == out && y.rows() == n,
-               "linear_forward: x {} · W{}ᵀ does not give y {}", x.shape.str(), w.shape.str(),
-               y.shape.str());
+  BOTTLE_ASSERT(w.cols() == in && y.cols() == out && y.rows() == n,
+                "linear_forward: x {} · W{}ᵀ does not give y {}", x.shape.str(), w.shape.str(),
+                y.shape.str());
   GemmArgs g;
   g.trans_b = true;
   g.m = n, g.n = out, g.k = in;

@@ -93,7 +93,7 @@ ProjectionSlabs allocate_grouped_activations(const ProjectionAllocators& from, i
                                              std::span<Projection* const> group, int64_t z_tail) {
   int64_t total = 0;
   for (Projection* p : group) {
-    BOTTLE_CHECK(p->bottleneck(), "grouped activations need bottleneck projections");
+    BOTTLE_ASSERT(p->bottleneck(), "grouped activations need bottleneck projections");
     if (p->shard_rank == 0) p->shard_rank = p->rank;
     total += rows * p->rank;
   }
@@ -118,7 +118,7 @@ ProjectionSlabs allocate_grouped_activations(const ProjectionAllocators& from, i
 
 void Projection::forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool accumulate) {
   if (!bottleneck()) return linear_forward(be, y, x, weight.compute, accumulate);
-  BOTTLE_CHECK(!sharded(), "a sharded projection needs its latent gathered between stages");
+  BOTTLE_ASSERT(!sharded(), "a sharded projection needs its latent gathered between stages");
   down_forward(be, x);
   latent_forward(be, u_prev);
   up_forward(be, y, accumulate);
@@ -141,8 +141,8 @@ void Projection::latent_forward(Backend& be, Tensor u_prev) {
   if (kind == BottleneckKind::svd) return;
   Tensor pre = z;
   if (crossing) {
-    BOTTLE_CHECK(!u_prev.empty(),
-                 "lax projection with a crossing needs the previous block's latent");
+    BOTTLE_ASSERT(!u_prev.empty(),
+                  "lax projection with a crossing needs the previous block's latent");
     linear_forward(be, zc, u_prev, G.compute);  // zc = u_prev Gᵀ
     be.accumulate(zc, z);                       // zc += z
     be.layernorm_forward(zn, ln_mean, ln_rstd, zc, ln_w.value, ln_b.value, ln_eps);

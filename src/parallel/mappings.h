@@ -1,12 +1,16 @@
 #pragma once
 // Megatron's conjugate pairs (megatron/core/tensor_parallel/mappings.py), the reference
-// path every tensor-parallel layer goes through:
-//   copy_to      forward identity,   backward all-reduce   (in front of a column-split layer)
-//   reduce_from  forward all-reduce, backward identity     (after a row-split layer)
-//   gather       forward all-gather along the last dim, backward scatter (keep own slice)
-//   scatter      forward keep own slice,                   backward all-gather
-// Only the halves that communicate are functions; the identities are written as comments
-// where they apply. A group of one rank communicates nothing.
+// path every tensor-parallel layer goes through. Each mapping has both halves, so a call in
+// one pass names the partner the other pass runs:
+//   copy_to      forward identity,                 backward all-reduce
+//                (in front of a layer split by its outputs)
+//   reduce_from  forward all-reduce,               backward identity
+//                (after a layer split by its inputs)
+//   gather       forward all-gather along the last dim, backward keep own slice
+//   scatter      forward keep own slice,           backward all-gather along the last dim
+// The identity halves do nothing: they are called where they apply so that every
+// communicating half has its partner written in the other pass. A group of one rank
+// communicates nothing.
 #include <string_view>
 
 #include "core/backend.h"
@@ -14,14 +18,32 @@
 
 namespace bottle {
 
+// Forward of copy_to: x [N, C], whole on every rank, enters a layer split by its outputs
+// unchanged. Its backward, copy_to_backward, sums the input gradient over the ranks.
+inline void copy_to_forward(const TensorParallel&, Tensor) {}
 // Backward of copy_to: dx [N, C] partial sums on each rank → the sum, in place.
 void copy_to_backward(const TensorParallel& tp, Tensor dx, std::string_view site);
+
 // Forward of reduce_from: y [N, C] partial sums → the sum, in place.
 void reduce_from_forward(const TensorParallel& tp, Tensor y, std::string_view site);
-// gather: out [N, C·t] = the ranks' in [N, C] side by side; scratch holds t·N·C elements.
-void gather_last_dim(Backend& be, const TensorParallel& tp, Tensor out, Tensor in, Tensor scratch,
-                     std::string_view site);
-// scatter: out [N, C] = this rank's columns [rank·C, (rank+1)·C) of in [N, C·t] (no comm).
-void scatter_last_dim(Backend& be, const TensorParallel& tp, Tensor out, Tensor in);
+// Backward of reduce_from: dy [N, C] is whole on every rank, and so is the gradient of each
+// rank's partial sum; nothing to do.
+inline void reduce_from_backward(const TensorParallel&, Tensor) {}
+
+// Forward of gather: out [N, C·t] = the ranks' in [N, C] side by side; scratch holds t·N·C
+// elements.
+void gather_last_dim_forward(Backend& be, const TensorParallel& tp, Tensor out, Tensor in,
+                             Tensor scratch, std::string_view site);
+// Backward of gather: dx [N, C] = this rank's columns [rank·C, (rank+1)·C) of dy [N, C·t]
+// (no communication).
+void gather_last_dim_backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dy);
+
+// Forward of scatter: out [N, C] = this rank's columns [rank·C, (rank+1)·C) of in [N, C·t]
+// (no communication).
+void scatter_last_dim_forward(Backend& be, const TensorParallel& tp, Tensor out, Tensor in);
+// Backward of scatter: dx [N, C·t] = the ranks' dy [N, C] side by side; scratch holds t·N·C
+// elements.
+void scatter_last_dim_backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dy,
+                               Tensor scratch, std::string_view site);
 
 }  // namespace bottle

@@ -59,6 +59,8 @@ void OnlineRMSNorm::backward(Backend& be, const TensorParallel& tp, Tensor dx, T
     // out = x ⊙ γ · rstd, so Σ_local γ dn x = <dn, out> / rstd.
     be.row_dot(dot, dn, out);
     be.divide(dot, dot, rstd);
+    // rstd is whole on every rank and scales each rank's columns (copy_to's forward, the
+    // identity, in finish): its gradient sums the ranks' shares.
     copy_to_backward(tp, dot, site);
   }
   be.rmsnorm_shard_backward(dx, weight.grad, dn, x, weight.value, rstd, dot, d);

@@ -71,18 +71,19 @@ void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const Tp
   for (size_t i = 0; i < g.size; ++i) g[i].latent_forward(be, prev_latent(prev, b, g.ids[i]));
 }
 
-// All-reduce the A outputs of a group (the statistic, when present, travels after the last
-// member's latent, which it follows in memory): one collective with grouping, else one each.
+// reduce_from's forward on the A outputs of a group (the statistic, when present, travels
+// after the last member's latent, which it follows in memory): one all-reduce with grouping,
+// else one each.
 void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64_t tail,
                     const char* pass, const char* group_site) {
   if (tp.grouping || g.size == 1) {
-    copy_to_backward(tp, slab, g.size == 1 ? site(pass, g, 0) : std::string(group_site));
+    reduce_from_forward(tp, slab, g.size == 1 ? site(pass, g, 0) : std::string(group_site));
     return;
   }
   int64_t offset = 0;  // of member i's latent in the slab
   for (size_t i = 0; i < g.size; ++i) {
     const int64_t count = g[i].z.numel() + (i + 1 == g.size ? tail : 0);
-    copy_to_backward(tp, slab.view(offset, {count}), site(pass, g, i));
+    reduce_from_forward(tp, slab.view(offset, {count}), site(pass, g, i));
     offset += g[i].z.numel();
   }
 }
@@ -106,9 +107,18 @@ void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
   if (norm) norm->scale_partials(be, {z.data(), g.size}, sumsq);
   const bool stat_in_slab = norm && own_sumsq.empty();
   reduce_latents(tp, g, slab, stat_in_slab ? sumsq.numel() : 0, "fwd", group_site);
-  if (norm && !stat_in_slab) copy_to_backward(tp, sumsq, std::string(group_site) + ".stat");
+  if (norm && !stat_in_slab) reduce_from_forward(tp, sumsq, std::string(group_site) + ".stat");
   if (norm) norm->finish(be, {z.data(), g.size}, sumsq);
   latents_forward(be, tp, b, prev, g);
+}
+
+// The chunk's start: B (column-parallel) on the whole latents, copy_to's forward; its
+// backward, in chunk_start_backward, sums B's partial latent gradients.
+void chunk_start_forward(Backend& be, const TensorParallel& tp, const Group& g,
+                         std::span<const Tensor> outputs) {
+  for (size_t i = 0; i < g.size; ++i) copy_to_forward(tp, g[i].u);
+  const ComponentTimer timer(tp, g.component);
+  group_up_forward(be, g.span(), outputs, tp.grouping);
 }
 
 // The chunk's start in backward: B's (column-parallel) latent gradient is a partial sum;
@@ -141,10 +151,12 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpB
   }
 }
 
-// A's backward is local (row-parallel: each rank's input columns). With a norm in front,
-// dn goes through the online RMSNorm's backward into dx (+=); else dx = ∂/∂x.
+// A's backward is local (row-parallel: each rank's input columns; the latent gradient is
+// whole on every rank). With a norm in front, dn goes through the online RMSNorm's backward
+// into dx (+=); else dx = ∂/∂x.
 void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, Tensor dx, Tensor x,
                         OnlineRMSNorm* norm, Tensor dn, Tensor residual_in, const char* stat_site) {
+  for (size_t i = 0; i < g.size; ++i) reduce_from_backward(tp, g[i].dz);
   if (!norm) {
     const ComponentTimer timer(tp, g.component);
     group_down_backward(be, g.span(), dx, x, false, tp.grouping);
@@ -168,25 +180,20 @@ void btp_block_forward(Backend& be, const TensorParallel& tp, BtpBlock& b, const
   const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
       gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
   chunk_end_forward(be, tp, b, prev, qkv, x, &b.online1, b.qkv_latent.z, b.sumsq1, "btp.fwd.qkv");
-  // B's are column-parallel: copy_to's forward is the identity on the whole latent.
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
-  {
-    const ComponentTimer timer(tp, qkv.component);
-    group_up_forward(be, qkv.span(), qkv_out, tp.grouping);
-  }
+  chunk_start_forward(be, tp, qkv, qkv_out);
   b.attention.forward(be, b.q, b.k, b.v);
   chunk_end_forward(be, tp, b, prev, o, attention_output(b), nullptr, b[P::o].z, {}, "");
+  copy_to_forward(tp, b[P::o].u);
   b[P::o].up_forward(be, b.h, false);
   be.add(b.h, b.h, x);
   chunk_end_forward(be, tp, b, prev, gate_up, b.h, &b.online2, b.gate_up_latent.z, b.sumsq2,
                     "btp.fwd.gate_up");
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
-  {
-    const ComponentTimer timer(tp, gate_up.component);
-    group_up_forward(be, gate_up.span(), gate_up_out, tp.grouping);
-  }
+  chunk_start_forward(be, tp, gate_up, gate_up_out);
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
   chunk_end_forward(be, tp, b, prev, down, b.gated, nullptr, b[P::down].z, {}, "");
+  copy_to_forward(tp, b[P::down].u);
   b[P::down].up_forward(be, out, false);
   be.add(out, out, b.h);
 }
@@ -224,19 +231,13 @@ void btp_block_recompute_lowrank(Backend& be, const TensorParallel& tp, BtpBlock
   b.online1.recompute(be, x, norm_statistic(b.qkv_latent.z, b.sumsq1, n));
   latents_forward(be, tp, b, prev, qkv);
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
-  {
-    const ComponentTimer timer(tp, qkv.component);
-    group_up_forward(be, qkv.span(), qkv_out, tp.grouping);
-  }
+  chunk_start_forward(be, tp, qkv, qkv_out);
   b.attention.forward(be, b.q, b.k, b.v);
   latents_forward(be, tp, b, prev, o);
   b.online2.recompute(be, b.h, norm_statistic(b.gate_up_latent.z, b.sumsq2, n));
   latents_forward(be, tp, b, prev, gate_up);
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
-  {
-    const ComponentTimer timer(tp, gate_up.component);
-    group_up_forward(be, gate_up.span(), gate_up_out, tp.grouping);
-  }
+  chunk_start_forward(be, tp, gate_up, gate_up_out);
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
   latents_forward(be, tp, b, prev, down);
 }

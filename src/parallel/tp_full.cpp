@@ -72,7 +72,7 @@ class FullLayout final : public TpLayout {
                Tensor out) const override {
     FullBlock& b = block_of<FullBlock>(block);
     b.norm1.forward(be, x);
-    // copy_to(n1): forward identity.
+    copy_to_forward(tp, b.norm1.out);
     b[P::q].forward(be, b.q, b.norm1.out, {});
     b[P::k].forward(be, b.k, b.norm1.out, {});
     b[P::v].forward(be, b.v, b.norm1.out, {});
@@ -81,6 +81,7 @@ class FullLayout final : public TpLayout {
     reduce_from_forward(tp, b.h, "full.fwd.attn_out");  // N·d
     be.add(b.h, b.h, x);
     b.norm2.forward(be, b.h);
+    copy_to_forward(tp, b.norm2.out);
     b[P::gate].forward(be, b.gate, b.norm2.out, {});
     b[P::up].forward(be, b.up, b.norm2.out, {});
     be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
@@ -92,7 +93,8 @@ class FullLayout final : public TpLayout {
   void backward(Backend& be, const TensorParallel& tp, TpBlock& block, TpBlock*, Tensor x,
                 BlockGradients& g) const override {
     FullBlock& b = block_of<FullBlock>(block);
-    // reduce_from's backward is the identity: g.residual is whole on every rank.
+    // g.residual is whole on every rank.
+    reduce_from_backward(tp, g.residual);  // of mlp_out
     b[P::down].backward(be, g.gated, g.residual, b.gated, {}, {}, false);
     be.fill_zero(g.gate_up);
     be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
@@ -100,6 +102,7 @@ class FullLayout final : public TpLayout {
     b[P::up].backward(be, g.normed, g.up, b.norm2.out, {}, {});
     copy_to_backward(tp, g.normed, "full.bwd.mlp_in");  // N·d
     b.norm2.backward(be, g.residual, g.normed, b.h);
+    reduce_from_backward(tp, g.residual);  // of attn_out
     b[P::o].backward(be, g.attn, g.residual, attention_output(b), {}, {}, false);
     be.fill_zero(g.qkv);
     b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);

@@ -32,8 +32,8 @@ void TpLayout::recompute(Backend& be, const TensorParallel& tp, Recompute policy
                          const TpBlock* prev, Tensor x, Tensor out) const {
   if (policy == Recompute::none) return;
   // validate_recompute refused the policies supports() does not name.
-  BOTTLE_CHECK(policy == Recompute::block, "the \"{}\" layout cannot recompute \"{}\"", name(),
-               recompute_name(policy));
+  BOTTLE_ASSERT(policy == Recompute::block, "the \"{}\" layout cannot recompute \"{}\"", name(),
+                recompute_name(policy));
   const CommPhase phase(tp.comm, kRecomputePhase);
   forward(be, tp, b, prev, x, out);
 }

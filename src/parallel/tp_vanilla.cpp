@@ -44,7 +44,10 @@ void latents_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b, con
                      const char* component) {
   for (size_t i = 0; i < group.size(); ++i) {
     Projection& p = *group[i];
-    if (p.sharded()) gather_last_dim(be, tp, p.z, p.z_shard, b.gather, "vanilla.fwd.lax_gather");
+    // gather's backward (keep own slice of dz) is A's strided backward, which reads dz's
+    // columns from shard_offset: no call of its own.
+    if (p.sharded())
+      gather_last_dim_forward(be, tp, p.z, p.z_shard, b.gather, "vanilla.fwd.lax_gather");
     const ComponentTimer timer(tp, component);
     p.latent_forward(be, prev_latent(prev, b, ids[i]));
   }
@@ -59,7 +62,9 @@ void latents_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b, Tp
     if (p.sharded()) {
       const int64_t n = p.du.rows();
       whole = g.gather.view(n * p.rank, {n, p.rank});  // after the gather's own scratch
-      gather_last_dim(be, tp, whole, p.du_shard, g.gather, "vanilla.bwd.lax_gather");
+      // B reads its columns of u (scatter's forward, inside B's strided GEMM): its backward
+      // all-gathers the slices of ∂u.
+      scatter_last_dim_backward(be, tp, whole, p.du_shard, g.gather, "vanilla.bwd.lax_gather");
     }
     const ComponentTimer timer(tp, component);
     if (p.sharded()) be.accumulate(p.du, whole);
@@ -75,13 +80,14 @@ void chunks_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b, cons
   std::array<Projection*, 3> members{};
   for (size_t i = 0; i < ids.size(); ++i) members[i] = &b[ids[i]];
   const ProjectionSpan group{members.data(), ids.size()};
-  // copy_to(x): forward identity.
+  copy_to_forward(tp, x);
   {
     const ComponentTimer timer(tp, component);
     group_down_forward(be, group, x, tp.grouping);
   }
   latents_forward(be, tp, b, prev, group, ids, component);
   {
+    // A sharded B reads its columns of u inside its strided GEMM: scatter's forward.
     const ComponentTimer timer(tp, component);
     group_up_forward(be, group, outputs, tp.grouping);
   }
@@ -107,8 +113,9 @@ void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b, TpB
     du_out[i] = members[i]->sharded() ? members[i]->du_shard : members[i]->du;
   }
   const ProjectionSpan group{members.data(), ids.size()};
-  // reduce_from's backward is the identity: dys are whole on every rank. A whole du may
-  // hold the next block's crossing share already: B's product adds to it.
+  // dys are whole on every rank. A whole du may hold the next block's crossing share
+  // already: B's product adds to it.
+  for (const Tensor& dy : dys) reduce_from_backward(tp, dy);
   const bool sharded = members[0]->sharded();
   {
     const ComponentTimer timer(tp, component);

@@ -11,8 +11,9 @@ void vocab_parallel_embedding_forward(Backend& be, const TensorParallel& tp, Ten
   reduce_from_forward(tp, out, site);
 }
 
-void vocab_parallel_embedding_backward(Backend& be, Tensor dtable, Tensor tokens, Tensor dout,
-                                       int64_t first) {
+void vocab_parallel_embedding_backward(Backend& be, const TensorParallel& tp, Tensor dtable,
+                                       Tensor tokens, Tensor dout, int64_t first) {
+  reduce_from_backward(tp, dout);
   be.embedding_shard_backward(dtable, tokens, dout, first);
 }
 

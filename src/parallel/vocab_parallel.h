@@ -13,9 +13,10 @@ namespace bottle {
 void vocab_parallel_embedding_forward(Backend& be, const TensorParallel& tp, Tensor out,
                                       Tensor tokens, Tensor table, int64_t first,
                                       std::string_view site);
-// dtable += the rows of dout [N, d] (replicated) that this rank holds; no communication.
-void vocab_parallel_embedding_backward(Backend& be, Tensor dtable, Tensor tokens, Tensor dout,
-                                       int64_t first);
+// dtable += the rows of dout [N, d] (replicated: reduce_from's backward is the identity) that
+// this rank holds; no communication.
+void vocab_parallel_embedding_backward(Backend& be, const TensorParallel& tp, Tensor dtable,
+                                       Tensor tokens, Tensor dout, int64_t first);
 
 // Mean cross-entropy over logits split by vocabulary: [N, V/t] on each rank holding columns
 // [first, first + V/t). Two all-reduces of per-token statistics: the max (N) and the

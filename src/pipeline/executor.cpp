@@ -10,8 +10,8 @@ namespace {
 constexpr int kPartsPerDirection = 16;
 
 int tag(int micro_batch, bool gradient, size_t part) {
-  BOTTLE_CHECK(part < size_t(kPartsPerDirection), "pipeline: {} tensors cross a boundary",
-               part + 1);
+  BOTTLE_ASSERT(part < size_t(kPartsPerDirection), "pipeline: {} tensors cross a boundary",
+                part + 1);
   return 2 * kPartsPerDirection * micro_batch + (gradient ? kPartsPerDirection : 0) + int(part);
 }
 

@@ -25,9 +25,9 @@ void add_backward(std::vector<Action>& out, int stages, int stage, int m) {
 
 std::vector<Action> pipeline_schedule(PipelineSchedule schedule, int stages, int stage,
                                       int micro_batches) {
-  BOTTLE_CHECK(stages > 0 && stage >= 0 && stage < stages && micro_batches > 0,
-               "pipeline schedule: stage {} of {} with {} micro-batches", stage, stages,
-               micro_batches);
+  BOTTLE_ASSERT(stages > 0 && stage >= 0 && stage < stages && micro_batches > 0,
+                "pipeline schedule: stage {} of {} with {} micro-batches", stage, stages,
+                micro_batches);
   std::vector<Action> out;
   if (schedule == PipelineSchedule::gpipe) {
     for (int m = 0; m < micro_batches; ++m) add_forward(out, stages, stage, m);

@@ -47,8 +47,8 @@ void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) con
     arena_.backend().copy(v_whole, v_);
     return;
   }
-  BOTTLE_CHECK(dp && dp->size() * m_.numel() == m_whole.numel(),
-               "AdamW: a ZeRO shard of {} elements does not tile {}", m_.numel(), m_whole.numel());
+  BOTTLE_ASSERT(dp && dp->size() * m_.numel() == m_whole.numel(),
+                "AdamW: a ZeRO shard of {} elements does not tile {}", m_.numel(), m_whole.numel());
   dp->all_gather(m_whole, m_, "checkpoint.moments");
   dp->all_gather(v_whole, v_, "checkpoint.moments");
   // The caller reads them on the host next: a device group's calls end here, with its errors.

@@ -23,7 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kStepPrefix = "step_";
 constexpr const char* kTempPrefix = ".tmp-";
 
 void fsync_path(const fs::path& path) {
@@ -87,7 +86,7 @@ CheckpointStore::CheckpointStore(std::string folder, int keep)
 }
 
 std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
-                                  const nlohmann::json& state, int64_t step, Communicator* dp,
+                                  const TrainerState& state, int64_t step, Communicator* dp,
                                   Communicator* world) {
   try {
     return save_unchecked(model, optimizer, state, step, dp, world);
@@ -99,7 +98,7 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
 }
 
 std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW& optimizer,
-                                            const nlohmann::json& state, int64_t step,
+                                            const TrainerState& state, int64_t step,
                                             Communicator* dp, Communicator* world) {
   const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
   const fs::path final_dir = fs::path(folder_) / name;
@@ -146,12 +145,7 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
       write_shard_index(temp.string(), "optimizer");
     }
     for (const auto& e : fs::directory_iterator(temp)) fsync_path(e.path());
-    {
-      std::ofstream out(temp / kTrainerStateFile, std::ios::trunc);
-      out << state.dump(2) << "\n";
-      out.flush();
-      BOTTLE_CHECK(out, "{}: write failed", (temp / kTrainerStateFile).string());
-    }
+    write_trainer_state(temp, state);
     fsync_path(temp / kTrainerStateFile);
     fsync_path(temp);
     failpoint(4);
@@ -193,9 +187,9 @@ std::optional<std::string> CheckpointStore::latest() const {
   return all.back();
 }
 
-nlohmann::json CheckpointStore::load(const std::string& dir, LlamaModel& model, AdamW& optimizer) {
+TrainerState CheckpointStore::load(const std::string& dir, LlamaModel& model, AdamW& optimizer) {
   // The small file first: a damaged state fails before the weights are read.
-  const nlohmann::json state = read_trainer_state(dir);
+  const TrainerState state = read_trainer_state(dir);
   load_model_weights(model, dir);
   const ShardedReader files(dir, "optimizer");
   const ParameterStore& params = model.parameters();
@@ -210,42 +204,7 @@ nlohmann::json CheckpointStore::load(const std::string& dir, LlamaModel& model, 
     }
   }
   optimizer.load_moments(m, v);
-  optimizer.set_steps_taken(state["optimizer_steps"].get<int64_t>());
-  return state;
-}
-
-nlohmann::json read_trainer_state(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kTrainerStateFile).string();
-  const nlohmann::json state = read_json_file(path);
-  BOTTLE_CHECK(state.is_object(), "{}: expected a JSON object, got {}", path, state.type_name());
-  auto integer = [&](const char* key, int64_t lo, int64_t hi) {
-    BOTTLE_CHECK(state.contains(key), "{}: missing key '{}'", path, key);
-    const nlohmann::json& v = state[key];
-    const bool fits = v.is_number_integer() &&
-                      !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT64_MAX));
-    BOTTLE_CHECK(fits && v.get<int64_t>() >= lo && v.get<int64_t>() <= hi,
-                 "{}: key '{}' must be an integer in [{}, {}], got {}", path, key, lo, hi,
-                 v.dump());
-    return v.get<int64_t>();
-  };
-  const int64_t step = integer("step", 0, INT64_MAX);
-  // The directory's name is the step it was saved at.
-  fs::path where = fs::path(dir).lexically_normal();
-  if (where.filename().empty()) where = where.parent_path();  // "run/step_5/"
-  const std::string name = where.filename().string(),
-                    digits = name.substr(std::min(name.size(), std::strlen(kStepPrefix)));
-  if (name.rfind(kStepPrefix, 0) == 0 && !digits.empty() && digits.size() <= 18 &&
-      digits.find_first_not_of("0123456789") == std::string::npos)
-    BOTTLE_CHECK(std::stoll(digits) == step,
-                 "{}: key 'step' is {} but the checkpoint directory is {}", path, step, name);
-  integer("optimizer_steps", 0, step);  // skipped steps take no optimizer step
-  if (state.contains("seed")) integer("seed", INT64_MIN, INT64_MAX);
-  BOTTLE_CHECK(state.contains("train_position"), "{}: missing key 'train_position'", path);
-  try {
-    (void)state["train_position"].get<LoaderPosition>();
-  } catch (const Error& e) {
-    fail("{}: key 'train_position': {}", path, e.what());
-  }
+  optimizer.set_steps_taken(state.optimizer_steps);
   return state;
 }
 

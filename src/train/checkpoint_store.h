@@ -7,7 +7,6 @@
 // reads them; `bottle export` merges the shards). Everything is written into a temporary
 // directory, fsync'ed and renamed into place, so an interrupted write never replaces or
 // damages the last good checkpoint; the last `keep` are kept.
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,10 +14,9 @@
 #include "data/tokenizer.h"
 #include "model/llama.h"
 #include "train/adamw.h"
+#include "train/trainer_state.h"
 
 namespace bottle {
-
-inline constexpr const char* kTrainerStateFile = "trainer_state.json";
 
 class CheckpointStore {
  public:
@@ -29,7 +27,7 @@ class CheckpointStore {
   // Returns the checkpoint's directory. Every rank of the job calls it: the TP slices (and
   // a ZeRO-1 optimizer's DP shards) are gathered, one rank writes, and all return once the
   // checkpoint is complete (a barrier over `world`).
-  std::string save(const LlamaModel& model, const AdamW& optimizer, const nlohmann::json& state,
+  std::string save(const LlamaModel& model, const AdamW& optimizer, const TrainerState& state,
                    int64_t step, Communicator* dp = nullptr, Communicator* world = nullptr);
   // Complete checkpoints, oldest first.
   std::vector<std::string> list() const;
@@ -41,11 +39,11 @@ class CheckpointStore {
   void set_tokenizer(const Tokenizer* tokenizer) { tokenizer_ = tokenizer; }
 
   // Loads weights, moments and returns the trainer state; errors name the file.
-  static nlohmann::json load(const std::string& dir, LlamaModel& model, AdamW& optimizer);
+  static TrainerState load(const std::string& dir, LlamaModel& model, AdamW& optimizer);
 
  private:
   std::string save_unchecked(const LlamaModel& model, const AdamW& optimizer,
-                             const nlohmann::json& state, int64_t step, Communicator* dp,
+                             const TrainerState& state, int64_t step, Communicator* dp,
                              Communicator* world);
   std::vector<std::string> list(bool complete) const;
 
@@ -53,9 +51,5 @@ class CheckpointStore {
   int keep_;
   const Tokenizer* tokenizer_ = nullptr;
 };
-
-// dir/trainer_state.json, each field checked (type, range, the step against the directory's
-// name); errors name the file and the key.
-nlohmann::json read_trainer_state(const std::string& dir);
 
 }  // namespace bottle

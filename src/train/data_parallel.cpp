@@ -14,10 +14,10 @@ DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, int z
   const int64_t total = params.values().numel();
   end_ = total;
   if (!this->zero()) return;
-  BOTTLE_CHECK(total % size() == 0,
-               "ZeRO-1: the flat parameter buffer ({}) is not padded to a "
-               "multiple of the {} data-parallel ranks",
-               total, size());
+  BOTTLE_ASSERT(total % size() == 0,
+                "ZeRO-1: the flat parameter buffer ({}) is not padded to a "
+                "multiple of the {} data-parallel ranks",
+                total, size());
   const int64_t shard = total / size();
   begin_ = shard * dp_->rank();
   end_ = begin_ + shard;

@@ -83,10 +83,10 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
       micro_batches_(int(config.training.grad_accum_steps)),
       schedule_(lr_schedule_of(config)) {
   const ParallelConfig& p = config.parallel;
-  BOTTLE_CHECK((pp ? pp->size() : 1) == p.pp && (dp ? dp->size() : 1) == p.dp,
-               "TrainStep: the pipeline and data-parallel groups ({} and {} ranks) are not "
-               "parallel.pp = {} and parallel.dp = {}",
-               pp ? pp->size() : 1, dp ? dp->size() : 1, p.pp, p.dp);
+  BOTTLE_ASSERT((pp ? pp->size() : 1) == p.pp && (dp ? dp->size() : 1) == p.dp,
+                "TrainStep: the pipeline and data-parallel groups ({} and {} ranks) are not "
+                "parallel.pp = {} and parallel.dp = {}",
+                pp ? pp->size() : 1, dp ? dp->size() : 1, p.pp, p.dp);
   const PipelineStage stage{p.pp, pp ? pp->rank() : 0};
   // The micro-batches of a step (gradient accumulation) go through the pipeline schedule.
   actions_ = pipeline_schedule(p.schedule, stage.stages, stage.stage, micro_batches_);

@@ -214,12 +214,12 @@ class Trainer {
       fail("{}: training.attention = \"cudnn\": {}", options_.config_path, e.what());
     }
   }
-  nlohmann::json state_json() const {
-    return nlohmann::json{{"step", step_},
-                          {"optimizer_steps", train_step_->optimizer().steps_taken()},
-                          {"train_position", loader_->position()},
-                          {"seed", config_.training.seed},
-                          {"config", to_toml(config_)}};
+  TrainerState trainer_state() const {
+    return {.step = step_,
+            .optimizer_steps = train_step_->optimizer().steps_taken(),
+            .train_position = loader_->position(),
+            .seed = config_.training.seed,
+            .config = to_toml(config_)};
   }
 
   const TrainConfig& config_;
@@ -380,14 +380,10 @@ std::optional<TrainResult> Trainer::resume() {
                "checkpoint vs config)",
                *latest, options_.config_path, diff);
   checkpoint_tokenizer(*latest, saved);
-  const nlohmann::json state =
+  const TrainerState state =
       CheckpointStore::load(*latest, train_step_->model(), train_step_->optimizer());
-  try {
-    step_ = state.at("step").get<int64_t>();
-    loader_->set_position(state.at("train_position").get<LoaderPosition>());
-  } catch (const nlohmann::json::exception& e) {
-    fail("{}/{}: {}", *latest, kTrainerStateFile, e.what());
-  }
+  step_ = state.step;
+  loader_->set_position(state.train_position);
   last_saved_ = step_;
   BOTTLE_CHECK(step_ <= tc_.steps,
                "--resume: the checkpoint {} is at step {}, past training.steps = {}; set "
@@ -562,8 +558,8 @@ bool Trainer::checkpoint_due() const {
 // Every rank takes part; rank 0 writes.
 std::string Trainer::save_checkpoint() {
   train_step_->data_parallel().gather_masters();
-  const std::string dir = store_->save(train_step_->model(), train_step_->optimizer(), state_json(),
-                                       step_, groups_.dp.get(), &world_);
+  const std::string dir = store_->save(train_step_->model(), train_step_->optimizer(),
+                                       trainer_state(), step_, groups_.dp.get(), &world_);
   last_saved_ = step_;
   return dir;
 }
