@@ -6,11 +6,66 @@
 
 #include <utility>
 
-#include "core/host_backend.h"
-
 namespace bottle {
 
 namespace {
+
+// The device-scalar and AdamW operands: f64 one-element scalars, an f32 control tensor,
+// ranges inside x, ascending no-decay ranges.
+void check_scalar(const char* backend, const char* op, const Tensor& t, const char* what) {
+  BOTTLE_CHECK(t.dtype == DType::f64 && t.numel() == 1 && t.data != nullptr,
+               "{} backend: {}: {} must be one f64 element, not {} {}", backend, op, what,
+               dtype_name(t.dtype), t.shape.str());
+}
+
+void check_sum_ranges(const char* backend, const Tensor& out, const Tensor& x,
+                      std::span<const SumRange> ranges) {
+  BOTTLE_CHECK(out.dtype == DType::f64 && out.numel() >= 1 && out.data != nullptr,
+               "{} backend: sum_squares_ranges: out must be f64, not {} {}", backend,
+               dtype_name(out.dtype), out.shape.str());
+  BOTTLE_CHECK(x.dtype == DType::f32 || x.dtype == DType::bf16,
+               "{} backend: sum_squares_ranges takes an f32 or bf16 buffer, not {} {}", backend,
+               dtype_name(x.dtype), x.shape.str());
+  for (const SumRange& r : ranges)
+    BOTTLE_CHECK(r.offset >= 0 && r.count >= 0 && r.offset + r.count <= x.numel() &&
+                     r.slot >= 0 && r.slot < out.numel(),
+                 "{} backend: sum_squares_ranges: range [{}, {}) into slot {} outside a buffer "
+                 "of {} elements and {} slots",
+                 backend, r.offset, r.offset + r.count, r.slot, x.numel(), out.numel());
+}
+
+void check_control(const char* backend, const char* op, const Tensor& control) {
+  BOTTLE_CHECK(control.dtype == DType::f32 && control.numel() == kStepControlSize &&
+                   control.data != nullptr,
+               "{} backend: {}: the control tensor must be f32 [{}], not {} {}", backend, op,
+               kStepControlSize, dtype_name(control.dtype), control.shape.str());
+}
+
+void check_adamw(const char* backend, Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                 Tensor control, const AdamWArgs& args) {
+  const int64_t n = param.numel();
+  for (const auto& [t, what] : {std::pair{&param, "param"}, {&grad, "grad"}, {&m, "m"}, {&v, "v"}})
+    BOTTLE_CHECK(t->dtype == DType::f32 && t->numel() == n,
+                 "{} backend: adamw_update: {} must be f32 with {} elements (param's), not {} {}",
+                 backend, what, n, dtype_name(t->dtype), t->shape.str());
+  BOTTLE_CHECK(compute.empty() || ((compute.dtype == DType::f32 || compute.dtype == DType::bf16) &&
+                                   compute.numel() == n),
+               "{} backend: adamw_update: the compute copy must be f32 or bf16 with {} elements, "
+               "not {} {}",
+               backend, n, dtype_name(compute.dtype), compute.shape.str());
+  if (!control.empty()) check_control(backend, "adamw_update", control);
+  BOTTLE_CHECK(args.step >= 1, "{} backend: adamw_update: step must be >= 1, got {}", backend,
+               args.step);
+  int64_t end = 0;
+  for (const ElementRange& r : args.no_decay) {
+    BOTTLE_CHECK(r.offset >= end && r.count >= 0 && r.offset + r.count <= n,
+                 "{} backend: adamw_update: no-decay range [{}, {}) is not ascending inside [0, "
+                 "{})",
+                 backend, r.offset, r.offset + r.count, n);
+    end = r.offset + r.count;
+  }
+}
+
 
 class OpCheck {
  public:

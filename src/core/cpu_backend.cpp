@@ -713,7 +713,6 @@ class CpuBackend final : public HostBackend {
 
   void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
                     const AdamWArgs& a) override {
-    check_adamw("cpu", param, compute, grad, m, v, control, a);
     if (!control.empty() && control.f32()[kControlApply] == 0.0f) return;
     const float scale = control.empty() ? a.grad_scale : control.f32()[kControlScale];
     float *p = param.f32(), *g = grad.f32(), *ms = m.f32(), *vs = v.f32();

@@ -28,16 +28,7 @@ class HostBackend : public Backend {
   static bool copy_scalars(Tensor dst, Tensor src);
 };
 
-// The checks every backend makes on the device-scalar ops' operands, naming the backend and
-// the op: f64 one-element scalars, an f32 control tensor, ranges inside x.
-void check_scalar(const char* backend, const char* op, const Tensor& t, const char* what);
-void check_sum_ranges(const char* backend, const Tensor& out, const Tensor& x,
-                      std::span<const SumRange> ranges);
-void check_control(const char* backend, const char* op, const Tensor& control);
-// adamw_update's operands: fp32 [n] buffers, an optional compute copy of n elements (f32 or
-// bf16), an optional control tensor, ascending no-decay ranges inside [0, n).
-void check_adamw(const char* backend, Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
-                 Tensor control, const AdamWArgs& args);
+
 
 // Fails, naming the backend, unless copy_columns' arguments stay inside both matrices.
 void check_copy_columns(const char* backend, Tensor dst, int64_t dst_col, Tensor src,

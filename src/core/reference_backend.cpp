@@ -622,7 +622,6 @@ class ReferenceBackend final : public HostBackend {
 
   void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
                     const AdamWArgs& a) override {
-    check_adamw("reference", param, compute, grad, m, v, control, a);
     if (!control.empty() && control.f32()[kControlApply] == 0.0f) return;
     const double scale = control.empty() ? a.grad_scale : control.f32()[kControlScale];
     const double b1 = a.beta1, b2 = a.beta2;

@@ -167,7 +167,7 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
   m[MemoryTag::workspace] =
       2 * size_t(tc.grad_accum_steps) *
           aligned_size(size_t(tc.micro_batch_size * tc.seq_len) * sizeof(int32_t)) +
-      step_scalar_bytes();
+      TrainStep::scalar_bytes();
   return m;
 }
 

@@ -44,10 +44,10 @@ void reduce_device_scalar(Backend& be, Communicator* group, Tensor value, Tensor
   be.copy(value, staging);
 }
 
-size_t step_scalar_bytes() {
-  // As TrainStep allocates them: the scalars, the control tensor, the staging float.
-  return aligned_size(size_t(5) * sizeof(double)) + aligned_size(kStepControlSize * sizeof(float)) +
-         aligned_size(sizeof(float));
+size_t TrainStep::scalar_bytes() {
+  // As the constructor allocates them: the scalars, the control tensor, the staging float.
+  return aligned_size(size_t(kScalarCount) * sizeof(double)) +
+         aligned_size(kStepControlSize * sizeof(float)) + aligned_size(sizeof(float));
 }
 
 float clip_factor(double grad_norm, double max_norm) {
@@ -110,7 +110,6 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
     inputs_.push_back(batch_arena_.alloc({B, S}, DType::i32));
     targets_.push_back(batch_arena_.alloc({B, S}, DType::i32));
   }
-  static_assert(kScalarCount == 5, "step_scalar_bytes() counts five scalars");
   scalars_ = batch_arena_.alloc({kScalarCount}, DType::f64);
   control_ = batch_arena_.alloc({kStepControlSize});
   staging_ = batch_arena_.alloc({1});

@@ -49,8 +49,6 @@ double eval_step(Backend& be, LlamaModel& model, Communicator* pp,
 void reduce_device_scalar(Backend& be, Communicator* group, Tensor value, Tensor staging,
                           ReduceOp op, std::string_view site);
 
-// The bytes a TrainStep's step scalars take (its workspace, beside the token buffers).
-size_t step_scalar_bytes();
 
 // The factor clipping scales the gradients by: max_norm / (grad_norm + 1e-6) when the norm
 // exceeds max_norm > 0, else 1.
@@ -109,6 +107,8 @@ class TrainStep {
   // loss and gradient norm: the norm, the non-finite check and clipping happen on the device,
   // and AdamW reads their outcome there.
   StepResult step(int64_t step);
+  // The bytes the step's scalars take (workspace, beside the token buffers): the memory plan's.
+  static size_t scalar_bytes();
 
   // eval_step of inputs()[0] and targets()[0] on this step's model.
   double eval_step() {

@@ -19,7 +19,6 @@
 #include "core/arena.h"
 #include "core/cuda/attention_cudnn.h"
 #include "core/cuda/kernels.h"
-#include "core/host_backend.h"
 
 namespace bottle {
 namespace {
