@@ -265,7 +265,11 @@ TEST_F(DeviceOps, Norms) {
          }});
   // The fused residual add + RMSNorm against the reference's composition of the two ops.
   check({"residual_rmsnorm_forward",
-         {{{N, C}}, {{N, C}}, {{C}}, {{N, C}, Init::zeros}, {{N, C}, Init::zeros},
+         {{{N, C}},
+          {{N, C}},
+          {{C}},
+          {{N, C}, Init::zeros},
+          {{N, C}, Init::zeros},
           {{N}, Init::zeros, false}},
          {3, 4, 5},
          [](Backend& be, const std::vector<Tensor>& t) {

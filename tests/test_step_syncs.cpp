@@ -37,7 +37,8 @@ bottleneck = ")" + c.bottleneck + R"("
 [training]
 micro_batch_size = 2
 seq_len = 16
-)" + c.training + "\n[parallel]\n" + c.parallel + "\n",
+)" + c.training + "\n[parallel]\n" + c.parallel +
+                                       "\n",
                                    "step syncs test");
 }
 
@@ -52,8 +53,8 @@ TEST_P(StepSyncs, AtMostOneWaitPerStep) {
     // read of its scalars.
     for (const auto& [phase, ops] : counts.ops)
       for (const char* k : {"first_outside", "sum", "sum_squares", "synchronize"})
-        EXPECT_EQ(ops.kernels.count(k), 0u) << GetParam().name << ": " << k << " in '" << phase
-                                            << "'";
+        EXPECT_EQ(ops.kernels.count(k), 0u)
+            << GetParam().name << ": " << k << " in '" << phase << "'";
   }
 }
 

@@ -472,7 +472,8 @@ Command add_bench_step_command(CLI::App& app) {
               std::printf("  %.2fx vs %s", row[fmt::format("speedup_vs_{}", other)].get<double>(),
                           other);
           std::printf("%s\n", peer_text.c_str());
-          if (on_device) std::printf("      host waits for the device: %.1f per step\n", host_waits);
+          if (on_device)
+            std::printf("      host waits for the device: %.1f per step\n", host_waits);
         }
         if (profiler) print_profile(step_kernels, o->steps, t.median);
         std::fflush(stdout);

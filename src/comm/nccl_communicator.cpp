@@ -236,9 +236,10 @@ void NcclCommunicator::wait(cudaEvent_t event, const char* call, std::string_vie
     // ever: after kTimeout the communicator is aborted and the call named.
     if (waited > kTimeout) {
       abort();
-      fail("{} on the '{}' group (site '{}') did not complete within {} s: a peer of the group "
-           "stopped or is stuck (NCCL shows no error)",
-           call, name(), site, std::chrono::duration_cast<std::chrono::seconds>(kTimeout).count());
+      fail(
+          "{} on the '{}' group (site '{}') did not complete within {} s: a peer of the group "
+          "stopped or is stuck (NCCL shows no error)",
+          call, name(), site, std::chrono::duration_cast<std::chrono::seconds>(kTimeout).count());
     }
     if (waited < kSpin) continue;
     std::this_thread::sleep_for(std::min<Clock::duration>(

@@ -27,18 +27,18 @@ void check_sum_ranges(const char* backend, const Tensor& out, const Tensor& x,
                "{} backend: sum_squares_ranges takes an f32 or bf16 buffer, not {} {}", backend,
                dtype_name(x.dtype), x.shape.str());
   for (const SumRange& r : ranges)
-    BOTTLE_CHECK(r.offset >= 0 && r.count >= 0 && r.offset + r.count <= x.numel() &&
-                     r.slot >= 0 && r.slot < out.numel(),
+    BOTTLE_CHECK(r.offset >= 0 && r.count >= 0 && r.offset + r.count <= x.numel() && r.slot >= 0 &&
+                     r.slot < out.numel(),
                  "{} backend: sum_squares_ranges: range [{}, {}) into slot {} outside a buffer "
                  "of {} elements and {} slots",
                  backend, r.offset, r.offset + r.count, r.slot, x.numel(), out.numel());
 }
 
 void check_control(const char* backend, const char* op, const Tensor& control) {
-  BOTTLE_CHECK(control.dtype == DType::f32 && control.numel() == kStepControlSize &&
-                   control.data != nullptr,
-               "{} backend: {}: the control tensor must be f32 [{}], not {} {}", backend, op,
-               kStepControlSize, dtype_name(control.dtype), control.shape.str());
+  BOTTLE_CHECK(
+      control.dtype == DType::f32 && control.numel() == kStepControlSize && control.data != nullptr,
+      "{} backend: {}: the control tensor must be f32 [{}], not {} {}", backend, op,
+      kStepControlSize, dtype_name(control.dtype), control.shape.str());
 }
 
 void check_adamw(const char* backend, Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
@@ -65,7 +65,6 @@ void check_adamw(const char* backend, Tensor param, Tensor compute, Tensor grad,
     end = r.offset + r.count;
   }
 }
-
 
 class OpCheck {
  public:
@@ -122,9 +121,9 @@ class OpCheck {
           "takes [B, S, heads, head_dim] with an even head_dim, not {}", x.shape.str());
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v) const {
-    check(q.shape.rank == 4 && k.shape.rank == 4 && k.shape == v.shape && q.shape[0] == k.shape[0] &&
-              q.shape[1] == k.shape[1] && q.shape[3] == k.shape[3] && k.shape[2] > 0 &&
-              q.shape[2] % k.shape[2] == 0,
+    check(q.shape.rank == 4 && k.shape.rank == 4 && k.shape == v.shape &&
+              q.shape[0] == k.shape[0] && q.shape[1] == k.shape[1] && q.shape[3] == k.shape[3] &&
+              k.shape[2] > 0 && q.shape[2] % k.shape[2] == 0,
           "q {} with k {} and v {} (want [B, S, H, hd] and [B, S, Hkv, hd], H a multiple of "
           "Hkv)",
           q.shape.str(), k.shape.str(), v.shape.str());
@@ -181,8 +180,8 @@ int64_t Backend::first_outside(Tensor ids, int64_t lo, int64_t hi) {
 
 void Backend::gemm(const GemmArgs& args) {
   const OpCheck c(*this, "gemm");
-  c.check(args.m >= 0 && args.n >= 0 && args.k >= 0 && args.batch >= 1,
-          "m {} n {} k {} batch {}", args.m, args.n, args.k, args.batch);
+  c.check(args.m >= 0 && args.n >= 0 && args.k >= 0 && args.batch >= 1, "m {} n {} k {} batch {}",
+          args.m, args.n, args.k, args.batch);
   for (const DType t : {args.a_dtype, args.b_dtype, args.c_dtype})
     c.check(t == DType::f32 || t == DType::bf16, "a {} operand (f32 or bf16 only)", dtype_name(t));
   do_gemm(args);
@@ -231,7 +230,8 @@ void Backend::residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tens
   do_residual_rmsnorm_forward(sum, out, rstd, x, residual, weight, eps);
 }
 
-void Backend::rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd) {
+void Backend::rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                               Tensor rstd) {
   const OpCheck c(*this, "rmsnorm_backward");
   c.here({dx, dweight, dout, x, weight, rstd});
   c.floats({dx, dweight, dout, x, weight, rstd});
@@ -243,7 +243,8 @@ void Backend::rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
   do_rmsnorm_backward(dx, dweight, dout, x, weight, rstd);
 }
 
-void Backend::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias, float eps) {
+void Backend::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
+                                Tensor bias, float eps) {
   const OpCheck c(*this, "layernorm_forward");
   c.here({out, mean, rstd, x, weight, bias});
   c.floats({out, mean, rstd, x, weight, bias});
@@ -255,7 +256,8 @@ void Backend::layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, 
   do_layernorm_forward(out, mean, rstd, x, weight, bias, eps);
 }
 
-void Backend::layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x, Tensor weight, Tensor mean, Tensor rstd) {
+void Backend::layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
+                                 Tensor weight, Tensor mean, Tensor rstd) {
   const OpCheck c(*this, "layernorm_backward");
   c.here({dx, dweight, dbias, dout, x, weight, mean, rstd});
   c.floats({dx, dweight, dbias, dout, x, weight, mean, rstd});
@@ -295,7 +297,8 @@ void Backend::attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tens
   do_attention_forward(out, lse, q, k, v);
 }
 
-void Backend::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
+void Backend::attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
+                                 Tensor lse, Tensor q, Tensor k, Tensor v) {
   const OpCheck c(*this, "attention_backward");
   c.here({dq, dk, dv, dout, out, lse, q, k, v});
   c.floats({dq, dk, dv, dout, out, lse, q, k, v});
@@ -327,7 +330,8 @@ void Backend::swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) 
   do_swiglu_forward(out, gate, up, gate_act);
 }
 
-void Backend::swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, bool gate_act) {
+void Backend::swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+                              bool gate_act) {
   const OpCheck c(*this, "swiglu_backward");
   c.elementwise({dgate, dup, dout, gate, up});
   do_swiglu_backward(dgate, dup, dout, gate, up, gate_act);
@@ -433,7 +437,8 @@ void Backend::divide(Tensor out, Tensor a, Tensor b) {
   do_divide(out, a, b);
 }
 
-void Backend::rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps, bool reciprocal) {
+void Backend::rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+                                   bool reciprocal) {
   const OpCheck c(*this, "rms_from_sum_squares");
   c.elementwise({out, sumsq});
   do_rms_from_sum_squares(out, sumsq, count, eps, reciprocal);
@@ -487,7 +492,8 @@ void Backend::logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) {
   do_logits_row_stats(max, sumexp, logits);
 }
 
-void Backend::cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp, Tensor targets, int64_t first, float scale) {
+void Backend::cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
+                                           Tensor targets, int64_t first, float scale) {
   const OpCheck c(*this, "cross_entropy_shard_backward");
   c.here({dlogits, logits, max, sumexp, targets});
   c.floats({dlogits, logits, max, sumexp});
@@ -509,7 +515,8 @@ void Backend::rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor w
   do_rmsnorm_shard_forward(out, sumsq, x, weight, eps);
 }
 
-void Backend::rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
+void Backend::rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
+                                     Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
   const OpCheck c(*this, "rmsnorm_shard_backward");
   c.here({dx, dweight, dout, x, weight, rstd});
   c.here_optional({dot});
@@ -524,19 +531,26 @@ void Backend::rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Ten
   do_rmsnorm_shard_backward(dx, dweight, dout, x, weight, rstd, dot, d);
 }
 
-void Backend::cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp, Tensor local_max, Tensor max, Tensor logits, Tensor targets, int64_t first) {
+void Backend::cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+                                           Tensor local_max, Tensor max, Tensor logits,
+                                           Tensor targets, int64_t first) {
   const OpCheck c(*this, "cross_entropy_shard_partials");
   c.here({sumexp, target_logit, local_sumexp, local_max, max, logits, targets});
   c.floats({sumexp, target_logit, local_sumexp, local_max, max, logits});
   c.ids(targets, "targets");
-  for (const auto& [t, what] : {std::pair{&sumexp, "sumexp"}, {&target_logit, "target_logit"},
-                                {&local_sumexp, "local_sumexp"}, {&local_max, "local_max"},
-                                {&max, "max"}, {&targets, "targets"}})
+  for (const auto& [t, what] : {std::pair{&sumexp, "sumexp"},
+                                {&target_logit, "target_logit"},
+                                {&local_sumexp, "local_sumexp"},
+                                {&local_max, "local_max"},
+                                {&max, "max"},
+                                {&targets, "targets"}})
     c.numel(*t, logits.rows(), what);
-  do_cross_entropy_shard_partials(sumexp, target_logit, local_sumexp, local_max, max, logits, targets, first);
+  do_cross_entropy_shard_partials(sumexp, target_logit, local_sumexp, local_max, max, logits,
+                                  targets, first);
 }
 
-void Backend::cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit, Tensor max) {
+void Backend::cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+                                         Tensor max) {
   const OpCheck c(*this, "cross_entropy_shard_losses");
   c.elementwise({losses, sumexp, target_logit, max});
   do_cross_entropy_shard_losses(losses, sumexp, target_logit, max);
@@ -560,7 +574,8 @@ void Backend::row_dot(Tensor out, Tensor a, Tensor b) {
   do_row_dot(out, a, b);
 }
 
-void Backend::adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control, const AdamWArgs& args) {
+void Backend::adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                           Tensor control, const AdamWArgs& args) {
   const OpCheck c(*this, "adamw_update");
   c.here({param, grad, m, v});
   c.here_optional({compute, control});

@@ -222,25 +222,25 @@ class CpuBackend final : public HostBackend {
   }
 
   void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
-                             float eps) override {
+                                float eps) override {
     require_f32("rmsnorm_shard_forward", {out, sumsq, x, weight});
     rmsnorm_rows(out, nullptr, sumsq.f32(), x, weight, eps);
   }
 
   void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                        Tensor rstd) override {
+                           Tensor rstd) override {
     require_f32("rmsnorm_backward", {dx, dweight, dout, x, weight, rstd});
     rmsnorm_backward_rows(dx, dweight, dout, x, weight, rstd, nullptr, x.cols());
   }
 
   void do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                              Tensor rstd, Tensor dot, int64_t d) override {
+                                 Tensor rstd, Tensor dot, int64_t d) override {
     require_f32("rmsnorm_shard_backward", {dx, dweight, dout, x, weight, rstd, dot});
     rmsnorm_backward_rows(dx, dweight, dout, x, weight, rstd, dot.f32(), d);
   }
 
-  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
-                         float eps) override {
+  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
+                            Tensor bias, float eps) override {
     require_f32("layernorm_forward", {out, mean, rstd, x, weight, bias});
     const int64_t n = x.rows(), c = x.cols();
 #pragma omp parallel for schedule(static)
@@ -263,7 +263,7 @@ class CpuBackend final : public HostBackend {
   }
 
   void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
-                          Tensor weight, Tensor mean, Tensor rstd) override {
+                             Tensor weight, Tensor mean, Tensor rstd) override {
     require_f32("layernorm_backward", {dx, dweight, dbias, dout, x, weight, mean, rstd});
     const int64_t n = x.rows(), c = x.cols();
     const int nt = omp_get_max_threads();
@@ -342,7 +342,7 @@ class CpuBackend final : public HostBackend {
   }
 
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                          Tensor q, Tensor k, Tensor v) override {
+                             Tensor q, Tensor k, Tensor v) override {
     require_f32("attention_backward", {dq, dk, dv, dout, out, lse, q, k, v});
     const Dims d = dims(q, k);
     const int64_t nt = omp_get_max_threads();
@@ -424,7 +424,7 @@ class CpuBackend final : public HostBackend {
   }
 
   void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                       bool gate_act) override {
+                          bool gate_act) override {
     require_f32("swiglu_backward", {dgate, dup, dout, gate, up});
     const int64_t n = gate.numel();
     const float *g = gate.f32(), *u = up.f32(), *d = dout.f32();
@@ -498,7 +498,8 @@ class CpuBackend final : public HostBackend {
     return total;
   }
 
-  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override {
+  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
+                                Tensor targets) override {
     require_f32("cross_entropy_forward", {losses, probs, logits});
     require_i32("cross_entropy_forward", targets);
     const int64_t n = logits.rows(), v = logits.cols();
@@ -511,7 +512,8 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override {
+  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
+                                 float scale) override {
     require_f32("cross_entropy_backward", {dlogits, probs});
     require_i32("cross_entropy_backward", targets);
     const int64_t n = probs.rows(), v = probs.cols();
@@ -540,7 +542,8 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override {
+  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
+                                   int64_t first) override {
     require_f32("embedding_shard_backward", {dtable, dout});
     require_i32("embedding_shard_backward", tokens);
     const int64_t n = tokens.numel(), c = dtable.cols(), rows = dtable.rows();
@@ -578,7 +581,7 @@ class CpuBackend final : public HostBackend {
   }
 
   void do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
-                                    Tensor targets, int64_t first, float scale) override {
+                                       Tensor targets, int64_t first, float scale) override {
     require_f32("cross_entropy_shard_backward", {dlogits, logits, max, sumexp});
     require_i32("cross_entropy_shard_backward", targets);
     const int64_t n = logits.rows(), v = logits.cols();
@@ -612,7 +615,7 @@ class CpuBackend final : public HostBackend {
   }
 
   void do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
-                    int64_t cols) override {
+                       int64_t cols) override {
     check_copy_columns("cpu", dst, dst_col, src, src_col, cols);
     const int64_t n = dst.rows(), size = int64_t(dtype_size(dst.dtype));
     const int64_t dst_row = dst.cols() * size, src_row = src.cols() * size;
@@ -653,7 +656,7 @@ class CpuBackend final : public HostBackend {
   }
 
   void do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
-                            bool reciprocal) override {
+                               bool reciprocal) override {
     require_f32("rms_from_sum_squares", {out, sumsq});
     const float* s = sumsq.f32();
     float* o = out.f32();
@@ -662,8 +665,8 @@ class CpuBackend final : public HostBackend {
   }
 
   void do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
-                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
-                                    int64_t first) override {
+                                       Tensor local_max, Tensor max, Tensor logits, Tensor targets,
+                                       int64_t first) override {
     require_f32("cross_entropy_shard_partials",
                 {sumexp, target_logit, local_sumexp, local_max, max, logits});
     require_i32("cross_entropy_shard_partials", targets);
@@ -677,7 +680,7 @@ class CpuBackend final : public HostBackend {
   }
 
   void do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
-                                  Tensor max) override {
+                                     Tensor max) override {
     require_f32("cross_entropy_shard_losses", {losses, sumexp, target_logit, max});
     for (int64_t i = 0; i < losses.numel(); ++i)
       losses.f32()[i] =
@@ -711,8 +714,8 @@ class CpuBackend final : public HostBackend {
     }
   }
 
-  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
-                    const AdamWArgs& a) override {
+  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                       Tensor control, const AdamWArgs& a) override {
     if (!control.empty() && control.f32()[kControlApply] == 0.0f) return;
     const float scale = control.empty() ? a.grad_scale : control.f32()[kControlScale];
     float *p = param.f32(), *g = grad.f32(), *ms = m.f32(), *vs = v.f32();

@@ -53,7 +53,7 @@ class ForwardingBackend : public Backend {
 
   // The ops, each through around().
   void do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
-                    int64_t cols) override;
+                       int64_t cols) override;
   void do_gemm(const GemmArgs& args) override;
   void do_to_host(void* dst, Tensor src) override;
   void do_from_host(Tensor dst, const void* src) override;
@@ -64,17 +64,22 @@ class ForwardingBackend : public Backend {
   void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
   void do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x, Tensor residual,
                                    Tensor weight, float eps) override;
-  void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd) override;
-  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias, float eps) override;
-  void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x, Tensor weight, Tensor mean, Tensor rstd) override;
+  void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                           Tensor rstd) override;
+  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
+                            Tensor bias, float eps) override;
+  void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
+                             Tensor weight, Tensor mean, Tensor rstd) override;
   void do_rope_forward(Tensor x, float theta) override;
   void do_rope_backward(Tensor dx, float theta) override;
   void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
-  void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
+  void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
+                             Tensor q, Tensor k, Tensor v) override;
   void do_silu_forward(Tensor out, Tensor x) override;
   void do_silu_backward(Tensor dx, Tensor dout, Tensor x) override;
   void do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override;
-  void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up, bool gate_act) override;
+  void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
+                          bool gate_act) override;
   void do_add(Tensor out, Tensor a, Tensor b) override;
   void do_accumulate(Tensor dst, Tensor src) override;
   void do_fill_zero(Tensor x) override;
@@ -89,20 +94,31 @@ class ForwardingBackend : public Backend {
   void do_clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override;
   void do_multiply(Tensor out, Tensor a, Tensor b) override;
   void do_divide(Tensor out, Tensor a, Tensor b) override;
-  void do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps, bool reciprocal) override;
-  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override;
-  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override;
+  void do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
+                               bool reciprocal) override;
+  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
+                                Tensor targets) override;
+  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
+                                 float scale) override;
   void do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override;
-  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override;
+  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
+                                   int64_t first) override;
   void do_logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override;
-  void do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp, Tensor targets, int64_t first, float scale) override;
-  void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight, float eps) override;
-  void do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight, Tensor rstd, Tensor dot, int64_t d) override;
-  void do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp, Tensor local_max, Tensor max, Tensor logits, Tensor targets, int64_t first) override;
-  void do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit, Tensor max) override;
+  void do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
+                                       Tensor targets, int64_t first, float scale) override;
+  void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
+                                float eps) override;
+  void do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
+                                 Tensor rstd, Tensor dot, int64_t d) override;
+  void do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
+                                       Tensor local_max, Tensor max, Tensor logits, Tensor targets,
+                                       int64_t first) override;
+  void do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
+                                     Tensor max) override;
   void do_scale_rows(Tensor out, Tensor x, Tensor factor) override;
   void do_row_dot(Tensor out, Tensor a, Tensor b) override;
-  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control, const AdamWArgs& args) override;
+  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                       Tensor control, const AdamWArgs& args) override;
 
  protected:
   // Runs one op: `run` calls the inner backend's. `op` names it (GEMMs: "gemm"), `traffic`

@@ -54,7 +54,8 @@ void HostBackend::do_scalar_sqrt(Tensor out, Tensor a) {
 }
 
 void HostBackend::do_clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) {
-  const double l = *static_cast<const double*>(loss.data), n = *static_cast<const double*>(norm.data);
+  const double l = *static_cast<const double*>(loss.data),
+               n = *static_cast<const double*>(norm.data);
   float* c = control.f32();
   c[kControlApply] = std::isfinite(l) && std::isfinite(n) ? 1.0f : 0.0f;
   c[kControlScale] = max_norm > 0 && n > max_norm ? float(max_norm / (n + 1e-6)) : 1.0f;

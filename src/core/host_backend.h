@@ -28,8 +28,6 @@ class HostBackend : public Backend {
   static bool copy_scalars(Tensor dst, Tensor src);
 };
 
-
-
 // Fails, naming the backend, unless copy_columns' arguments stay inside both matrices.
 void check_copy_columns(const char* backend, Tensor dst, int64_t dst_col, Tensor src,
                         int64_t src_col, int64_t cols);

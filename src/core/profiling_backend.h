@@ -20,8 +20,7 @@ struct KernelTime {
 
 class ProfilingBackend final : public ForwardingBackend {
  public:
-  explicit ProfilingBackend(std::unique_ptr<Backend> inner)
-      : ForwardingBackend(std::move(inner)) {}
+  explicit ProfilingBackend(std::unique_ptr<Backend> inner) : ForwardingBackend(std::move(inner)) {}
   // Per kernel; GEMMs per shape, as "gemm m x n x k [NT]". Reads the marks recorded since the
   // last call (waiting for the last of them).
   const std::map<std::string, KernelTime>& times();

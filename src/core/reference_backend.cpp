@@ -157,23 +157,23 @@ class ReferenceBackend final : public HostBackend {
   }
 
   void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
-                             float eps) override {
+                                float eps) override {
     rmsnorm_rows("rmsnorm_shard_forward", out, Tensor{}, sumsq, x, weight, eps);
   }
 
   void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                        Tensor rstd) override {
+                           Tensor rstd) override {
     rmsnorm_backward_rows("rmsnorm_backward", dx, dweight, dout, x, weight, rstd, Tensor{},
                           x.cols());
   }
 
   void do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                              Tensor rstd, Tensor dot, int64_t d) override {
+                                 Tensor rstd, Tensor dot, int64_t d) override {
     rmsnorm_backward_rows("rmsnorm_shard_backward", dx, dweight, dout, x, weight, rstd, dot, d);
   }
 
-  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
-                         float eps) override {
+  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
+                            Tensor bias, float eps) override {
     const char* k = "layernorm_forward";
     need_f32(k, {out, mean, rstd, x, weight, bias});
     const int64_t n = x.rows(), c = x.cols();
@@ -200,7 +200,7 @@ class ReferenceBackend final : public HostBackend {
   }
 
   void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
-                          Tensor weight, Tensor mean, Tensor rstd) override {
+                             Tensor weight, Tensor mean, Tensor rstd) override {
     const char* k = "layernorm_backward";
     need_f32(k, {dx, dweight, dbias, dout, x, weight, mean, rstd});
     const int64_t n = x.rows(), c = x.cols();
@@ -276,7 +276,7 @@ class ReferenceBackend final : public HostBackend {
   // Recomputes P from lse; D_i = sum_j P_ij dP_ij is taken from P and v (not from `out`), so
   // the oracle does not depend on the forward output's rounding.
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                          Tensor q, Tensor k, Tensor v) override {
+                             Tensor q, Tensor k, Tensor v) override {
     const char* kn = "attention_backward";
     need_f32(kn, {dq, dk, dv, dout, out, lse, q, k, v});
     const Dims d = attention_dims(kn, q, k, v);
@@ -359,7 +359,7 @@ class ReferenceBackend final : public HostBackend {
   }
 
   void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                       bool gate_act) override {
+                          bool gate_act) override {
     const char* k = "swiglu_backward";
     need_f32(k, {dgate, dup, dout, gate, up});
     need_numel(k, up, gate.numel(), "up");
@@ -397,7 +397,7 @@ class ReferenceBackend final : public HostBackend {
   }
 
   void do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
-                    int64_t cols) override {
+                       int64_t cols) override {
     check_copy_columns("reference", dst, dst_col, src, src_col, cols);
     const int64_t size = int64_t(dtype_size(dst.dtype));
     const auto* s = static_cast<const unsigned char*>(src.data);
@@ -434,7 +434,7 @@ class ReferenceBackend final : public HostBackend {
   }
 
   void do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
-                            bool reciprocal) override {
+                               bool reciprocal) override {
     need_f32("rms_from_sum_squares", {out, sumsq});
     for (int64_t i = 0; i < out.numel(); ++i) {
       const double rms = std::sqrt(double(sumsq.f32()[i]) / double(count) + double(eps));
@@ -443,8 +443,8 @@ class ReferenceBackend final : public HostBackend {
   }
 
   void do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
-                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
-                                    int64_t first) override {
+                                       Tensor local_max, Tensor max, Tensor logits, Tensor targets,
+                                       int64_t first) override {
     const char* k = "cross_entropy_shard_partials";
     need_f32(k, {sumexp, target_logit, local_sumexp, local_max, max, logits});
     need_dtype(k, targets, DType::i32);
@@ -458,7 +458,7 @@ class ReferenceBackend final : public HostBackend {
   }
 
   void do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
-                                  Tensor max) override {
+                                     Tensor max) override {
     need_f32("cross_entropy_shard_losses", {losses, sumexp, target_logit, max});
     for (int64_t i = 0; i < losses.numel(); ++i)
       losses.f32()[i] = float(std::log(double(sumexp.f32()[i])) + double(max.f32()[i]) -
@@ -493,7 +493,8 @@ class ReferenceBackend final : public HostBackend {
     return s;
   }
 
-  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override {
+  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
+                                Tensor targets) override {
     const char* k = "cross_entropy_forward";
     need_f32(k, {losses, probs, logits});
     need_dtype(k, targets, DType::i32);
@@ -516,7 +517,8 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override {
+  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
+                                 float scale) override {
     const char* k = "cross_entropy_backward";
     need_f32(k, {dlogits, probs});
     need_dtype(k, targets, DType::i32);
@@ -548,7 +550,8 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override {
+  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
+                                   int64_t first) override {
     const char* k = "embedding_shard_backward";
     need_f32(k, {dtable, dout});
     need_dtype(k, tokens, DType::i32);
@@ -580,7 +583,7 @@ class ReferenceBackend final : public HostBackend {
   }
 
   void do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
-                                    Tensor targets, int64_t first, float scale) override {
+                                       Tensor targets, int64_t first, float scale) override {
     const char* k = "cross_entropy_shard_backward";
     need_f32(k, {dlogits, logits, max, sumexp});
     need_dtype(k, targets, DType::i32);
@@ -620,8 +623,8 @@ class ReferenceBackend final : public HostBackend {
     }
   }
 
-  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
-                    const AdamWArgs& a) override {
+  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                       Tensor control, const AdamWArgs& a) override {
     if (!control.empty() && control.f32()[kControlApply] == 0.0f) return;
     const double scale = control.empty() ? a.grad_scale : control.f32()[kControlScale];
     const double b1 = a.beta1, b2 = a.beta2;
@@ -629,8 +632,7 @@ class ReferenceBackend final : public HostBackend {
     const double c2 = 1.0 - std::pow(b2, double(a.step));
     size_t range = 0;  // the first no-decay range not yet passed
     for (int64_t i = 0; i < param.numel(); ++i) {
-      while (range < a.no_decay.size() &&
-             i >= a.no_decay[range].offset + a.no_decay[range].count)
+      while (range < a.no_decay.size() && i >= a.no_decay[range].offset + a.no_decay[range].count)
         ++range;
       const bool decays = range == a.no_decay.size() || i < a.no_decay[range].offset;
       const double g = double(grad.f32()[i]) * scale;

@@ -150,7 +150,7 @@ void WideningBackend::do_copy(Tensor dst, Tensor src) {
 }
 
 void WideningBackend::do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
-                                   int64_t cols) {
+                                      int64_t cols) {
   if (dst.dtype == src.dtype) return inner().copy_columns(dst, dst_col, src, src_col, cols);
   Widened w(*this);
   inner().copy_columns(w.inout(dst), dst_col, w.in(src), src_col, cols);
@@ -198,24 +198,25 @@ void WideningBackend::do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor
   inner().residual_rmsnorm_forward(w.out(sum), w.out(out), w.out(rstd), w.in(x), w.in(residual),
                                    w.in(weight), eps);
 }
-void WideningBackend::do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) {
+void WideningBackend::do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight,
+                                         float eps) {
   Widened w(*this);
   inner().rmsnorm_forward(w.out(out), w.out(rstd), w.in(x), w.in(weight), eps);
 }
 void WideningBackend::do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
-                                       Tensor weight, Tensor rstd) {
+                                          Tensor weight, Tensor rstd) {
   Widened w(*this);
   inner().rmsnorm_backward(w.inout(dx), w.inout(dweight), w.in(dout), w.in(x), w.in(weight),
                            w.in(rstd));
 }
 void WideningBackend::do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x,
-                                        Tensor weight, Tensor bias, float eps) {
+                                           Tensor weight, Tensor bias, float eps) {
   Widened w(*this);
   inner().layernorm_forward(w.out(out), w.out(mean), w.out(rstd), w.in(x), w.in(weight), w.in(bias),
                             eps);
 }
 void WideningBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout,
-                                         Tensor x, Tensor weight, Tensor mean, Tensor rstd) {
+                                            Tensor x, Tensor weight, Tensor mean, Tensor rstd) {
   Widened w(*this);
   inner().layernorm_backward(w.inout(dx), w.inout(dweight), w.inout(dbias), w.in(dout), w.in(x),
                              w.in(weight), w.in(mean), w.in(rstd));
@@ -232,8 +233,8 @@ void WideningBackend::do_attention_forward(Tensor out, Tensor lse, Tensor q, Ten
   Widened w(*this);
   inner().attention_forward(w.out(out), w.out(lse), w.in(q), w.in(k), w.in(v));
 }
-void WideningBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
-                                         Tensor lse, Tensor q, Tensor k, Tensor v) {
+void WideningBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout,
+                                            Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
   Widened w(*this);
   inner().attention_backward(w.inout(dq), w.inout(dk), w.inout(dv), w.in(dout), w.in(out),
                              w.in(lse), w.in(q), w.in(k), w.in(v));
@@ -250,8 +251,8 @@ void WideningBackend::do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool
   Widened w(*this);
   inner().swiglu_forward(w.out(out), w.in(gate), w.in(up), gate_act);
 }
-void WideningBackend::do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                                      bool gate_act) {
+void WideningBackend::do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate,
+                                         Tensor up, bool gate_act) {
   Widened w(*this);
   inner().swiglu_backward(w.inout(dgate), w.inout(dup), w.in(dout), w.in(gate), w.in(up), gate_act);
 }
@@ -275,7 +276,8 @@ double WideningBackend::do_sum_squares(Tensor x) {
   Widened w(*this);
   return inner().sum_squares(w.in(x));
 }
-void WideningBackend::do_sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) {
+void WideningBackend::do_sum_squares_ranges(Tensor out, Tensor x,
+                                            std::span<const SumRange> ranges) {
   Widened w(*this);
   inner().sum_squares_ranges(out, w.in(x), ranges);
 }
@@ -296,27 +298,27 @@ void WideningBackend::do_divide(Tensor out, Tensor a, Tensor b) {
   inner().divide(w.out(out), w.in(a), w.in(b));
 }
 void WideningBackend::do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
-                                           bool reciprocal) {
+                                              bool reciprocal) {
   Widened w(*this);
   inner().rms_from_sum_squares(w.out(out), w.in(sumsq), count, eps, reciprocal);
 }
 void WideningBackend::do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
-                                            Tensor targets) {
+                                               Tensor targets) {
   Widened w(*this);
   inner().cross_entropy_forward(w.out(losses), w.out(probs), w.in(logits), targets);
 }
 void WideningBackend::do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
-                                             float scale) {
+                                                float scale) {
   Widened w(*this);
   inner().cross_entropy_backward(w.inout(dlogits), w.in(probs), targets, scale);
 }
 void WideningBackend::do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
-                                              int64_t first) {
+                                                 int64_t first) {
   Widened w(*this);
   inner().embedding_shard_forward(w.out(out), tokens, w.in(table), first);
 }
 void WideningBackend::do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
-                                               int64_t first) {
+                                                  int64_t first) {
   Widened w(*this);
   inner().embedding_shard_backward(w.inout(dtable), tokens, w.in(dout), first);
 }
@@ -325,34 +327,34 @@ void WideningBackend::do_logits_row_stats(Tensor max, Tensor sumexp, Tensor logi
   inner().logits_row_stats(w.out(max), w.out(sumexp), w.in(logits));
 }
 void WideningBackend::do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max,
-                                                   Tensor sumexp, Tensor targets, int64_t first,
-                                                   float scale) {
+                                                      Tensor sumexp, Tensor targets, int64_t first,
+                                                      float scale) {
   Widened w(*this);
   inner().cross_entropy_shard_backward(w.inout(dlogits), w.in(logits), w.in(max), w.in(sumexp),
                                        targets, first, scale);
 }
 void WideningBackend::do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
-                                            float eps) {
+                                               float eps) {
   Widened w(*this);
   inner().rmsnorm_shard_forward(w.out(out), w.out(sumsq), w.in(x), w.in(weight), eps);
 }
 void WideningBackend::do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
-                                             Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
+                                                Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
   Widened w(*this);
   inner().rmsnorm_shard_backward(w.inout(dx), w.inout(dweight), w.in(dout), w.in(x), w.in(weight),
                                  w.in(rstd), w.in(dot), d);
 }
 void WideningBackend::do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit,
-                                                   Tensor local_sumexp, Tensor local_max,
-                                                   Tensor max, Tensor logits, Tensor targets,
-                                                   int64_t first) {
+                                                      Tensor local_sumexp, Tensor local_max,
+                                                      Tensor max, Tensor logits, Tensor targets,
+                                                      int64_t first) {
   Widened w(*this);
   // sumexp may alias local_max: both are statistics, fp32 (never widened apart).
   inner().cross_entropy_shard_partials(w.out(sumexp), w.out(target_logit), w.in(local_sumexp),
                                        w.in(local_max), w.in(max), w.in(logits), targets, first);
 }
-void WideningBackend::do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
-                                                 Tensor max) {
+void WideningBackend::do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp,
+                                                    Tensor target_logit, Tensor max) {
   Widened w(*this);
   inner().cross_entropy_shard_losses(w.out(losses), w.in(sumexp), w.in(target_logit), w.in(max));
 }

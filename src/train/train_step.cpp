@@ -147,8 +147,7 @@ StepResult TrainStep::step(int64_t step) {
   // and DP groups. With ZeRO-1 each DP rank holds the reduced gradients of its shard alone:
   // the shards' squares add up over the DP group; without it every DP rank holds them all.
   // Each stage holds its own parameters: their squares add up over the pipeline.
-  be_.sum_squares_ranges(scalars_.view(kSharded, {2}), model_->parameters().grads(),
-                         norm_ranges_);
+  be_.sum_squares_ranges(scalars_.view(kSharded, {2}), model_->parameters().grads(), norm_ranges_);
   reduce_device_scalar(be_, model_->tensor_parallel().comm, scalar(kSharded), staging_,
                        ReduceOp::sum, "tp.grad_norm");
   be_.scalar_add(scalar(kNorm), scalar(kSharded), scalar(kWhole));

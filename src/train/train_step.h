@@ -49,7 +49,6 @@ double eval_step(Backend& be, LlamaModel& model, Communicator* pp,
 void reduce_device_scalar(Backend& be, Communicator* group, Tensor value, Tensor staging,
                           ReduceOp op, std::string_view site);
 
-
 // The factor clipping scales the gradients by: max_norm / (grad_norm + 1e-6) when the norm
 // exceeds max_norm > 0, else 1.
 float clip_factor(double grad_norm, double max_norm);

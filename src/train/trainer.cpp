@@ -17,7 +17,6 @@
 #include "core/gemm_peak.h"
 #include "core/token_shard.h"
 #include "data/byte_tokenizer.h"
-#include "data/byte_tokenizer.h"
 #include "model/checkpoint.h"
 #include "parallel/tp_block.h"
 #include "train/checkpoint_store.h"
@@ -141,8 +140,8 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
 void check_vocabulary(std::span<const int32_t> tokens, int64_t vocab, const std::string& data) {
   for (const int32_t id : tokens)
     if (id < 0 || id >= vocab)
-      fail("{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)", data,
-           id, vocab);
+      fail("{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)", data, id,
+           vocab);
 }
 
 // Peak bytes per tag, one entry per world rank: {"weights": [r0, r1, ...], ..., "total": [...]}.

@@ -92,8 +92,8 @@ void adamw_update(cudaStream_t stream, float* param, Array compute, const float*
                                     args.grad_scale,
                                     kmath::adamw_bias_correction(args.beta1, args.step),
                                     kmath::adamw_bias_correction(args.beta2, args.step)};
-  const bool vector = args.gaps_on_groups && aligned16(param) && aligned16(grad) && aligned16(m) &&
-                      aligned16(v);
+  const bool vector =
+      args.gaps_on_groups && aligned16(param) && aligned16(grad) && aligned16(m) && aligned16(v);
   const unsigned blocks = grid_for((n + kVec - 1) / kVec, kThreads);
   adamw_kernel<<<blocks, kThreads, 0, stream>>>(param, compute, grad, m, v, n, control, gaps,
                                                 gap_count, scalars, vector);

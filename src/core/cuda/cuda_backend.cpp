@@ -209,7 +209,7 @@ class CudaBackend final : public Backend {
   }
 
   void do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
-                    int64_t cols) override {
+                       int64_t cols) override {
     BOTTLE_CHECK(dst.rows() == src.rows() && cols >= 0 && dst_col >= 0 && src_col >= 0 &&
                      dst_col + cols <= dst.cols() && src_col + cols <= src.cols(),
                  "cuda backend: copy_columns of {} columns from column {} of {} {} into column "
@@ -277,7 +277,8 @@ class CudaBackend final : public Backend {
                             table.rows(), table.cols(), first);
     launched(k);
   }
-  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) override {
+  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
+                                   int64_t first) override {
     const char* k = "embedding_backward";
     cuda::embedding_backward(stream_, arr(dtable), ids(tokens), tokens.numel(), carr(dout),
                              dtable.rows(), dtable.cols(), first);
@@ -294,20 +295,20 @@ class CudaBackend final : public Backend {
     launched("residual_rmsnorm_forward");
   }
   void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
-                             float eps) override {
+                                float eps) override {
     norm_forward("rmsnorm_shard_forward", out, Tensor{}, sumsq, x, weight, eps);
   }
   void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                        Tensor rstd) override {
+                           Tensor rstd) override {
     norm_backward("rmsnorm_backward", dx, dweight, dout, x, weight, rstd, Tensor{}, x.cols());
   }
   void do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                              Tensor rstd, Tensor dot, int64_t d) override {
+                                 Tensor rstd, Tensor dot, int64_t d) override {
     norm_backward("rmsnorm_shard_backward", dx, dweight, dout, x, weight, rstd, dot, d);
   }
 
-  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
-                         float eps) override {
+  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
+                            Tensor bias, float eps) override {
     const char* k = "layernorm_forward";
     const int64_t n = x.rows(), c = x.cols();
     cuda::layernorm_forward(stream_, arr(out), arr(mean), arr(rstd), carr(x), carr(weight),
@@ -315,7 +316,7 @@ class CudaBackend final : public Backend {
     launched(k);
   }
   void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
-                          Tensor weight, Tensor mean, Tensor rstd) override {
+                             Tensor weight, Tensor mean, Tensor rstd) override {
     const char* k = "layernorm_backward";
     const int64_t n = x.rows(), c = x.cols();
     cuda::layernorm_backward(stream_, arr(dx), arr(dweight), arr(dbias), carr(dout), carr(x),
@@ -324,7 +325,9 @@ class CudaBackend final : public Backend {
   }
 
   void do_rope_forward(Tensor x, float theta) override { rope("rope_forward", x, theta, 1.0f); }
-  void do_rope_backward(Tensor dx, float theta) override { rope("rope_backward", dx, theta, -1.0f); }
+  void do_rope_backward(Tensor dx, float theta) override {
+    rope("rope_backward", dx, theta, -1.0f);
+  }
 
   void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override {
     const char* name = "attention_forward";
@@ -340,7 +343,7 @@ class CudaBackend final : public Backend {
     launched(name);
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                          Tensor q, Tensor k, Tensor v) override {
+                             Tensor q, Tensor k, Tensor v) override {
     const char* name = "attention_backward";
     const AttentionShape s = attention_shape(name, q, k, v);
     if (const std::optional<cuda::SdpaShape> c = cudnn_shape(name, s, lse, {dout, out, q, k, v})) {
@@ -405,7 +408,7 @@ class CudaBackend final : public Backend {
     launched("swiglu_forward");
   }
   void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                       bool gate_act) override {
+                          bool gate_act) override {
     cuda::swiglu_backward(stream_, arr(dgate), arr(dup), carr(dout), carr(gate), carr(up),
                           gate.numel(), gate_act);
     launched("swiglu_backward");
@@ -437,19 +440,21 @@ class CudaBackend final : public Backend {
     launched("divide");
   }
   void do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
-                            bool reciprocal) override {
+                               bool reciprocal) override {
     cuda::rms_from_sum_squares(stream_, arr(out), carr(sumsq), out.numel(), count, eps, reciprocal);
     launched("rms_from_sum_squares");
   }
 
-  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets) override {
+  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
+                                Tensor targets) override {
     const char* k = "cross_entropy_forward";
     const int64_t n = logits.rows(), v = logits.cols();
     // Targets are checked on the host as tokens are; one outside the row gives a NaN loss.
     cuda::cross_entropy_forward(stream_, arr(losses), arr(probs), carr(logits), ids(targets), n, v);
     launched(k);
   }
-  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale) override {
+  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
+                                 float scale) override {
     const char* k = "cross_entropy_backward";
     const int64_t n = probs.rows(), v = probs.cols();
     cuda::cross_entropy_backward(stream_, arr(dlogits), carr(probs), ids(targets), n, v, scale);
@@ -463,7 +468,7 @@ class CudaBackend final : public Backend {
     launched(k);
   }
   void do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
-                                    Tensor targets, int64_t first, float scale) override {
+                                       Tensor targets, int64_t first, float scale) override {
     const char* k = "cross_entropy_shard_backward";
     const int64_t n = logits.rows(), v = logits.cols();
     cuda::cross_entropy_shard_backward(stream_, arr(dlogits), carr(logits), carr(max), carr(sumexp),
@@ -471,8 +476,8 @@ class CudaBackend final : public Backend {
     launched(k);
   }
   void do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
-                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
-                                    int64_t first) override {
+                                       Tensor local_max, Tensor max, Tensor logits, Tensor targets,
+                                       int64_t first) override {
     const char* k = "cross_entropy_shard_partials";
     const int64_t n = logits.rows();
     cuda::cross_entropy_shard_partials(stream_, arr(sumexp), arr(target_logit), carr(local_sumexp),
@@ -481,7 +486,7 @@ class CudaBackend final : public Backend {
     launched(k);
   }
   void do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
-                                  Tensor max) override {
+                                     Tensor max) override {
     cuda::cross_entropy_shard_losses(stream_, arr(losses), carr(sumexp), carr(target_logit),
                                      carr(max), losses.numel());
     launched("cross_entropy_shard_losses");
@@ -540,8 +545,8 @@ class CudaBackend final : public Backend {
     launched(k);
   }
 
-  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
-                    const AdamWArgs& a) override {
+  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
+                       Tensor control, const AdamWArgs& a) override {
     const char* k = "adamw_update";
     std::vector<cuda::DecayGap> gaps;  // the no-decay ranges as the kernel reads them
     gaps.reserve(a.no_decay.size());
@@ -551,15 +556,15 @@ class CudaBackend final : public Backend {
       gaps.push_back({r.offset, r.offset + r.count});
       on_groups = on_groups && r.offset % 4 == 0 && r.count % 4 == 0;
     }
-    const auto* device_gaps = static_cast<const cuda::DecayGap*>(upload_table(
-        gap_table_, gap_table_bytes_, gap_table_host_, gaps.data(),
-        gaps.size() * sizeof(cuda::DecayGap), k));
+    const auto* device_gaps = static_cast<const cuda::DecayGap*>(
+        upload_table(gap_table_, gap_table_bytes_, gap_table_host_, gaps.data(),
+                     gaps.size() * sizeof(cuda::DecayGap), k));
     cuda::AdamWParams params{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step};
     params.gaps_on_groups = on_groups;
     cuda::adamw_update(stream_, param.f32(), compute.empty() ? cuda::Array{} : arr(compute),
                        grad.f32(), m.f32(), v.f32(), param.numel(),
-                       control.empty() ? nullptr : control.f32(), device_gaps,
-                       int64_t(gaps.size()), params);
+                       control.empty() ? nullptr : control.f32(), device_gaps, int64_t(gaps.size()),
+                       params);
     launched(k);
   }
 
@@ -894,10 +899,10 @@ class CudaBackend final : public Backend {
   void* scratch_ = nullptr;
   size_t scratch_bytes_ = 0;
   bool sync_each_op_ = false;
-  int64_t host_waits_ = 0;             // host_waits()
-  std::vector<cudaEvent_t> marks_;     // timing marks, [0, marks_used_) recorded
+  int64_t host_waits_ = 0;          // host_waits()
+  std::vector<cudaEvent_t> marks_;  // timing marks, [0, marks_used_) recorded
   size_t marks_used_ = 0;
-  void* staging_ = nullptr;            // pinned, kStagingSlots × kStagingSlotBytes (from_host)
+  void* staging_ = nullptr;                // pinned, kStagingSlots × kStagingSlotBytes (from_host)
   std::vector<cudaEvent_t> staging_done_;  // per slot: its last copy has completed
   size_t staging_next_ = 0;
   // The device copies of sum_squares_ranges' and adamw_update's tables, with the host bytes

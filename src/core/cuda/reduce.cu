@@ -100,8 +100,8 @@ __global__ void clip_kernel(float* control, const double* loss, const double* no
   control[0] = max_norm > 0 && n > max_norm ? float(max_norm / (n + 1e-6)) : 1.0f;
 }
 
-__global__ void convert_scalars_kernel(void* dst, DType dst_dtype, const void* src,
-                                       DType src_dtype, int64_t n) {
+__global__ void convert_scalars_kernel(void* dst, DType dst_dtype, const void* src, DType src_dtype,
+                                       int64_t n) {
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const double v = src_dtype == DType::f64 ? static_cast<const double*>(src)[i]
@@ -145,7 +145,7 @@ void convert_scalars(cudaStream_t stream, void* dst, DType dst_dtype, const void
                      DType src_dtype, int64_t n) {
   if (n <= 0) return;
   convert_scalars_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(dst, dst_dtype, src,
-                                                                          src_dtype, n);
+                                                                         src_dtype, n);
 }
 
 // Launches even for n == 0 (the partials are then zeros), so *result is always written.
