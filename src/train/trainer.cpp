@@ -17,11 +17,12 @@
 #include "core/gemm_peak.h"
 #include "core/token_shard.h"
 #include "data/byte_tokenizer.h"
-#include "data/byte_tokenizer.h"
 #include "model/checkpoint.h"
 #include "parallel/tp_block.h"
 #include "train/checkpoint_store.h"
 #include "train/data_loader.h"
+#include "train/folder_lock.h"
+#include "train/job_agreement.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/plot.h"
@@ -109,7 +110,10 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
       {"train_config.toml",
        resolved("checkpoint.folder",
                 (fs::path(config.checkpoint.folder) / "train_config.toml").string())},
-      {"the config file", resolved("the config file", config_path)}};
+      {"the config file", resolved("the config file", config_path)},
+      {"checkpoint.folder's lock file",
+       resolved("checkpoint.folder",
+                (fs::path(config.checkpoint.folder) / kFolderLockFile).string())}};
   for (const std::string& f : data_files) others.push_back({"data", resolved("data", f)});
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Output& out = outputs[i];
@@ -233,6 +237,7 @@ class Trainer {
   MemoryBreakdown plan_;  // this rank's planned footprint
   std::unique_ptr<TrainStep> train_step_;
   std::unique_ptr<TokenLoader> loader_, val_;
+  std::unique_ptr<FolderLock> lock_;  // rank 0: checkpoint.folder is this run's alone
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<Tokenizer> tokenizer_;    // null for byte-level data
   std::unique_ptr<MetricsLogger> metrics_;  // rank 0
@@ -268,6 +273,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   });
   open_data();
   store_ = std::make_unique<CheckpointStore>(config.checkpoint.folder, int(config.checkpoint.keep));
+  // Rank 0 writes the folder, so rank 0 locks it; the others fail with its message.
+  run_on_root_or_fail_together(
+      world_, 0, [&] { lock_ = std::make_unique<FolderLock>(config.checkpoint.folder); });
   // The tokenizer goes into the run's folder and every checkpoint, so that each is a
   // self-contained model for sample, eval and transformers.
   tokenizer_ = find_run_tokenizer(config.data.tokenizer, loader_->files(), config.model.vocab_size,
