@@ -79,10 +79,35 @@ void kill_failpoint(int rank, int64_t step) {
     std::raise(SIGKILL);
 }
 
-// The run's outputs (metrics.jsonl, metrics.plot, train_config.toml, the checkpoints and the
-// data) must not name one another: writing one would destroy another.
+// The regular files directly in `dir` (a model or tokenizer directory: a few files), none when
+// it is not a directory. Bounded, so that a huge directory named by mistake costs nothing.
+std::vector<std::string> files_in(const fs::path& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return files;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end && files.size() < 4096;
+       it.increment(ec))
+    if (it->is_regular_file(ec)) files.push_back(it->path().string());
+  return files;
+}
+
+// The directory the run's tokenizer is read from: data.tokenizer's (itself or the file's), else
+// the one `bottle prepare` saved beside the first training shard (find_run_tokenizer's rule).
+fs::path tokenizer_directory(const TrainConfig& config,
+                             const std::vector<std::string>& data_files) {
+  if (!config.data.tokenizer.empty()) {
+    std::error_code ec;
+    const fs::path p(config.data.tokenizer);
+    return fs::is_directory(p, ec) ? p : p.parent_path();
+  }
+  return data_files.empty() ? fs::path() : fs::path(data_files.front()).parent_path() / "tokenizer";
+}
+
+// The run's outputs (metrics.jsonl, metrics.plot, train_config.toml, the checkpoints) must not
+// name one another nor any input (the configuration, the data, the tokenizer's files,
+// --init-from's model): writing one would destroy another.
 void check_output_paths(const TrainConfig& config, const std::string& config_path,
-                        const std::vector<std::string>& data_files) {
+                        const std::vector<std::string>& data_files, const std::string& init_from) {
   // A path that cannot be resolved (a symlink loop, a file used as a folder) is named here
   // rather than surfacing as a filesystem exception.
   auto resolved = [&](const std::string& key, const std::string& p) {
@@ -115,6 +140,36 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
        resolved("checkpoint.folder",
                 (fs::path(config.checkpoint.folder) / kFolderLockFile).string())}};
   for (const std::string& f : data_files) others.push_back({"data", resolved("data", f)});
+  // The run saves its tokenizer into the folder under the names transformers reads.
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer.tiktoken",
+                           "tokenizer_config.json", "special_tokens_map.json"})
+    others.push_back(
+        {fmt::format("the run's copy of its tokenizer ({})", name),
+         resolved("checkpoint.folder", (fs::path(config.checkpoint.folder) / name).string())});
+  const fs::path tokenizer_dir = tokenizer_directory(config, data_files);
+  for (const std::string& f : files_in(tokenizer_dir))
+    others.push_back({"a file of the run's tokenizer", resolved("data.tokenizer", f)});
+  if (!init_from.empty()) {
+    const fs::path input = resolved("--init-from", init_from);
+    // The run writes train_config.toml, its tokenizer and its checkpoints into the folder.
+    BOTTLE_CHECK(input != folder,
+                 "--init-from {} is checkpoint.folder ({}): the run would write its checkpoints, "
+                 "metrics and tokenizer into its own input; choose another checkpoint.folder",
+                 init_from, config.checkpoint.folder);
+    const fs::path inside = input.lexically_relative(folder);
+    BOTTLE_CHECK(inside.empty() || inside.begin()->string().rfind(kStepPrefix, 0) != 0,
+                 "--init-from {} lies inside a checkpoint of checkpoint.folder ({}), which the run "
+                 "would replace or delete as it keeps its newest checkpoints; copy it elsewhere "
+                 "or choose another checkpoint.folder",
+                 init_from, config.checkpoint.folder);
+    for (const std::string& f : files_in(input))
+      others.push_back({"a file of --init-from's model", resolved("--init-from", f)});
+  }
+  if (!tokenizer_dir.empty())
+    BOTTLE_CHECK(resolved("data.tokenizer", tokenizer_dir.string()) != folder,
+                 "{}: checkpoint.folder ({}) is the directory of the run's tokenizer, which the "
+                 "run would overwrite with its own copy; choose another checkpoint.folder",
+                 config_path, config.checkpoint.folder);
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Output& out = outputs[i];
     // A device (/dev/full) or FIFO takes no file and may block, or never end when read back.
@@ -339,10 +394,13 @@ void Trainer::open_data() {
   }
   std::vector<std::string> data_files = loader_->files();
   if (val_) data_files.insert(data_files.end(), val_->files().begin(), val_->files().end());
-  check_output_paths(config_, options_.config_path, data_files);
+  check_output_paths(config_, options_.config_path, data_files, options_.init_from);
 }
 
 std::optional<TrainResult> Trainer::start() {
+  // A folder named like a step that the run did not write would be resumed from, replaced or
+  // pruned: refused before anything is read or written.
+  store_->check_no_foreign_steps();
   if (options_.resume) {
     if (std::optional<TrainResult> done = resume()) return done;
   } else if (store_->latest()) {
@@ -378,7 +436,7 @@ std::optional<TrainResult> Trainer::resume() {
   // A newer step directory that is not a complete checkpoint is passed over, openly.
   if (leader_)
     for (const std::string& dir : incomplete)
-      if (dir > *latest)
+      if (CheckpointStore::step_of(dir) > CheckpointStore::step_of(*latest))
         std::printf("skipped %s: it has no %s (an interrupted or foreign write)\n", dir.c_str(),
                     kTrainerStateFile);
   const ModelConfig saved = read_model_config(*latest);
