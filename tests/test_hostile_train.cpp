@@ -413,6 +413,57 @@ double cpu_seconds(int pid) {
   return ticks / double(::sysconf(_SC_CLK_TCK));
 }
 
+// Issue 29, rule 2: the ranks of one job run one configuration. An MPMD launch whose parts
+// differ in one setting (or option) fails on every rank, within seconds, naming the key; never
+// a hang, a heap error or mismatched ranks training on.
+TEST_F(HostileTrain, RanksGivenDifferentConfigurationsFailTogether) {
+  write_random_shard(dir / "other.bin", 20000, 64, 3);
+  struct Case {
+    int first_ranks;  // ranks of the first part; the second has one
+    std::string differs, message;
+  };
+  const std::vector<Case> cases = {
+      {1, "--set training.seed=8", "key 'training.seed' is 8 on rank 1"},
+      {1, "--set training.steps=5", "key 'training.steps' is 5 on rank 1"},
+      {1, "--set optimizer.lr=0.5", "key 'optimizer.lr' is 0.5 on rank 1"},
+      {1, "--set checkpoint.interval=2", "key 'checkpoint.interval' is 2 on rank 1"},
+      {1, "--set model.num_layers=3", "key 'model.num_layers' is 3 on rank 1"},
+      {1, "--set training.seq_len=8", "key 'training.seq_len' is 8 on rank 1"},
+      {1, "--set data.train=" + dir / "other.bin", "key 'data.train' is"},
+      {1, "--resume", "key '--resume' is true on rank 1"},
+      {2, "--set training.seed=8", "key 'training.seed' is 8 on rank 2"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.differs);
+    const int ranks = c.first_ranks + 1;
+    const std::string common =
+        fmt::format("{} train {} --set parallel.dp={}", bottle_binary(), dir / "tiny.toml", ranks);
+    const auto t0 = std::chrono::steady_clock::now();
+    const CommandResult r =
+        run(fmt::format("timeout -k 5 60 {} --oversubscribe {} {} {} : {} 1 {} {}", BOTTLE_MPIEXEC,
+                        BOTTLE_MPIEXEC_NUMPROC_FLAG, c.first_ranks, common,
+                        BOTTLE_MPIEXEC_NUMPROC_FLAG, common, c.differs));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.status, 1) << (r.status == 124 ? "hung: " : "") << r.output;
+    EXPECT_EQ(
+        count_occurrences(r.output, "the ranks of this job were given different configurations: "),
+        ranks)
+        << r.output;
+    EXPECT_EQ(count_occurrences(r.output, c.message), ranks) << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("malloc"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step 1"), std::string::npos) << "work started:\n" << r.output;
+    EXPECT_LT(seconds, 30) << r.output;
+  }
+  // Ranks that agree train as before.
+  const std::string common =
+      fmt::format("{} train {} --set parallel.dp=2", bottle_binary(), dir / "tiny.toml");
+  const CommandResult same =
+      run(fmt::format("timeout -k 5 120 {} --oversubscribe {} 1 {} : {} 1 {}", BOTTLE_MPIEXEC,
+                      BOTTLE_MPIEXEC_NUMPROC_FLAG, common, BOTTLE_MPIEXEC_NUMPROC_FLAG, common));
+  EXPECT_EQ(same.status, 0) << same.output;
+}
+
 // Case 13: rank 1 stopped (SIGSTOP) leaves rank 0 waiting in a collective without spinning.
 TEST_F(HostileTrain, StoppedRankLeavesPeerIdle) {
   // The ranks record their pids for the test (they are mpirun's grandchildren).

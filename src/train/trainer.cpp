@@ -20,6 +20,7 @@
 #include "model/checkpoint.h"
 #include "parallel/tp_block.h"
 #include "train/checkpoint_store.h"
+#include "train/data_files.h"
 #include "train/data_loader.h"
 #include "train/folder_lock.h"
 #include "train/job_agreement.h"
@@ -195,6 +196,36 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
   }
 }
 
+// What every rank of a job must agree on: the resolved configuration, the options that change
+// what the run does, and the data files as this rank sees them (names and sizes). Written as
+// TOML-like lines so that a difference is named by its key; "[]" starts the keys of no section.
+std::string job_description(const TrainConfig& config, const TrainOptions& options) {
+  std::string text = to_toml(config);
+  // One line per key: a line break in a path must not start another.
+  std::string init_from = options.init_from;
+  for (size_t at; (at = init_from.find('\n')) != std::string::npos;)
+    init_from.replace(at, 1, "\\n");
+  text += fmt::format("\n[]\n--resume = {}\n--init-from = \"{}\"\n", options.resume, init_from);
+  text += "\n[data]\n";
+  for (const auto& [key, pattern] :
+       {std::pair{"train's files", config.data.train}, std::pair{"val's files", config.data.val}}) {
+    std::string files;
+    try {
+      if (!pattern.empty())
+        for (const std::string& f : resolve_data_files(pattern)) {
+          std::error_code ec;
+          files += fmt::format("{}{} ({} bytes)", files.empty() ? "" : ", ", f,
+                               int64_t(fs::file_size(f, ec)));
+        }
+    } catch (const Error& e) {
+      // Named again, with its own message, when the data is opened.
+      files = fmt::format("unreadable ({})", e.what());
+    }
+    text += fmt::format("{} = {}\n", key, files.empty() ? "none" : files);
+  }
+  return text;
+}
+
 // Token ids must fit the model; the error names the data rather than a kernel. Checked in
 // the host copy of the batch, so the device is never waited for.
 void check_vocabulary(std::span<const int32_t> tokens, int64_t vocab, const std::string& data) {
@@ -304,6 +335,10 @@ class Trainer {
 
 Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
     : config_(config), tc_(config.training), options_(options), world_(world_communicator()) {
+  // First of all, before any collective whose shape depends on a setting: ranks given
+  // different configurations would otherwise hang or exchange buffers of different sizes.
+  if (world_.size() > 1)
+    check_same_configuration(world_, job_description(config, options), options.config_path);
   BOTTLE_CHECK(!config.data.train.empty(),
                "{}: data.train is not set (a token shard, directory or glob)", options.config_path);
   // The backend first: NCCL groups are built on its GPU and stream. Every rank of a job runs
