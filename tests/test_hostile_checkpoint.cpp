@@ -525,6 +525,197 @@ TEST_F(Run, FolderWithAReadOnlyParent) {
   expect_refused(r, {dir / "ro", "checkpoint.folder", "not writable"});
 }
 
+// ---------------------------------------------------------------------------------------
+// Issue 29, rule 4: a run's outputs never overwrite its inputs or each other, and nothing that
+// is not the run's own is deleted.
+
+// step_00000002 copied as `name` with its trainer_state.json's step set to `step`.
+void copy_step(const std::string& run, const std::string& name, int64_t step) {
+  fs::copy(run + "/step_00000002", run + "/" + name, fs::copy_options::recursive);
+  const std::string state = run + "/" + name + "/trainer_state.json";
+  auto j = nlohmann::json::parse(read_file(state));
+  j["step"] = step;
+  write_file(state, j.dump(2));
+}
+
+// The names in `folder`, but the lock file a refused run may leave (it blocks nobody).
+std::vector<std::string> entries_of(const std::string& folder) {
+  std::vector<std::string> names;
+  for (const auto& e : fs::directory_iterator(folder))
+    if (e.path().filename() != ".bottle.lock") names.push_back(e.path().filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Step folders are ordered by their number: resume takes the newest, keep = 1 keeps it.
+TEST_F(Run, StepFoldersAreOrderedByTheirNumber) {
+  struct Case {
+    std::vector<std::pair<std::string, int64_t>> copies;  // (name, step)
+    std::string newest;
+    int64_t step;
+  };
+  for (const Case& c : {Case{{{"step_99999999", 99999999}, {"step_100000000", 100000000}},
+                             "step_100000000",
+                             100000000},
+                        Case{{{"step_9", 9}, {"step_10", 10}}, "step_10", 10},
+                        Case{{{"step_00000999", 999}, {"step_1000", 1000}}, "step_1000", 1000}}) {
+    SCOPED_TRACE(c.newest);
+    const std::string run = dir / ("order_" + c.newest);
+    fs::create_directories(run);
+    fs::copy(dir / "run/step_00000002", run + "/step_00000002", fs::copy_options::recursive);
+    for (const auto& [name, step] : c.copies) copy_step(run, name, step);
+    fs::remove_all(run + "/step_00000002");
+    const CommandResult r = train(fmt::format(
+        "--resume --set checkpoint.folder={} --set checkpoint.keep=1 --set training.steps={}", run,
+        c.step + 1));
+    EXPECT_EQ(r.status, 0) << r.output;
+    EXPECT_NE(r.output.find(fmt::format("resumed from {}/{} at step {}", run, c.newest, c.step)),
+              std::string::npos)
+        << r.output;
+    // The new checkpoint is the newest, so it alone is kept.
+    std::vector<std::string> steps;
+    for (const std::string& name : entries_of(run))
+      if (name.rfind("step_", 0) == 0) steps.push_back(name);
+    EXPECT_EQ(steps, std::vector<std::string>{fmt::format("step_{:08d}", c.step + 1)});
+  }
+}
+
+// A folder named like a step that bottle did not write is refused by name and left alone,
+// whether the run starts fresh or resumes.
+TEST_F(Run, ForeignStepFoldersAreRefusedAndKept) {
+  struct Foreign {
+    std::string name;
+    std::function<void(const std::string& path)> make;
+    std::string why;
+  };
+  const std::vector<Foreign> cases = {
+      {"step_00000025",
+       [](const std::string& p) {
+         fs::create_directories(p);
+         write_file(p + "/notes.txt", "mine");
+       },
+       "it has neither bottle_checkpoint nor trainer_state.json"},
+      {"step_00000003", [](const std::string& p) { write_file(p, "a file"); },
+       "it is not a directory"},
+      {"step_00000004",
+       [](const std::string& p) {
+         fs::create_directories(p);
+         write_file(p + "/trainer_state.json", "{\"mine\": true}");
+       },
+       "its trainer_state.json does not read"},
+      {"step_00000005",
+       [&](const std::string& p) { fs::create_directory_symlink(dir / "run/step_00000002", p); },
+       "it is a symbolic link"}};
+  for (const Foreign& f : cases) {
+    for (const std::string& mode : {std::string("--resume --set training.steps=3"),
+                                    fmt::format("--set checkpoint.folder={}", dir / "fresh")}) {
+      SCOPED_TRACE(f.name + " " + mode);
+      const std::string folder =
+          mode.find("--resume") != std::string::npos ? dir / "run" : dir / "fresh";
+      fs::create_directories(folder);
+      const std::string path = folder + "/" + f.name;
+      f.make(path);
+      const std::vector<std::string> before = entries_of(folder);
+      expect_refused(train(mode), {path, "bottle did not write it", f.why, "move or rename it"});
+      EXPECT_EQ(entries_of(folder), before);
+      EXPECT_TRUE(fs::exists(fs::symlink_status(path)));
+      fs::remove_all(fs::path(path));  // the symlink itself, not its target
+    }
+  }
+  EXPECT_TRUE(fs::exists(dir / "run/step_00000002/model.safetensors"));
+}
+
+// Names that are not a step folder's (a copy, a backup) are ignored: never resumed from, never
+// pruned.
+TEST_F(Run, CopiesOfStepFoldersAreIgnored) {
+  for (const std::string& name :
+       {"step_00000010.bak", "step_00000010 copy", "old_step_00000010", "step_", "step_1e3"})
+    fs::copy(dir / "run/step_00000002", dir / ("run/" + name), fs::copy_options::recursive);
+  const CommandResult r = train("--resume --set training.steps=4 --set checkpoint.keep=1");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir / "run/step_00000002 at step 2"), std::string::npos)
+      << r.output;
+  for (const std::string& name :
+       {"step_00000010.bak", "step_00000010 copy", "old_step_00000010", "step_", "step_1e3"})
+    EXPECT_TRUE(fs::exists(dir / ("run/" + name + "/model.safetensors"))) << name;
+  EXPECT_FALSE(fs::exists(dir / "run/step_00000002"));
+  EXPECT_TRUE(fs::exists(dir / "run/step_00000004/bottle_checkpoint"));
+}
+
+// Checkpoints written before the marker existed are ours by their trainer_state.json: they
+// resume, and are pruned as the run's own.
+TEST_F(Run, CheckpointsWithoutTheMarkerStillResume) {
+  for (const char* step : {"step_00000001", "step_00000002"}) {
+    ASSERT_TRUE(fs::remove(dir / fmt::format("run/{}/bottle_checkpoint", step)));
+  }
+  const CommandResult r = train("--resume --set training.steps=3 --set checkpoint.keep=2");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir / "run/step_00000002 at step 2"), std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir / "run/step_00000001"));
+  EXPECT_TRUE(fs::exists(dir / "run/step_00000003/bottle_checkpoint"));
+}
+
+// --init-from X never has the run write into X, however X is spelled.
+TEST_F(Run, InitFromIntoItselfIsRefused) {
+  fs::copy(dir / "run/step_00000002", dir / "model", fs::copy_options::recursive);
+  fs::remove(dir / "model/trainer_state.json");
+  fs::remove(dir / "model/bottle_checkpoint");
+  const std::vector<std::string> before = entries_of(dir / "model");
+  for (const std::string& folder : {dir / "model", dir / "model/", dir / "./model"}) {
+    SCOPED_TRACE(folder);
+    expect_refused(
+        train(fmt::format("--init-from {} --set checkpoint.folder={}", dir / "model", folder)),
+        {"--init-from " + dir / "model", "is checkpoint.folder", "into its own input"});
+    EXPECT_EQ(entries_of(dir / "model"), before);
+  }
+  // A checkpoint of the folder the run writes would be pruned or replaced by the run.
+  expect_refused(train(fmt::format("--init-from {} --set checkpoint.folder={}",
+                                   dir / "run/step_00000002", dir / "run")),
+                 {"lies inside a checkpoint of checkpoint.folder"});
+}
+
+// metrics.jsonl and metrics.plot never name an input: --init-from's files, the tokenizer's, the
+// run's own copy of its tokenizer.
+TEST_F(Run, MetricsNamingAnInputAreRefused) {
+  fs::copy(dir / "run/step_00000002", dir / "model", fs::copy_options::recursive);
+  fs::create_directories(dir / "tokenizer");
+  write_file(dir / "tokenizer/tokenizer.json", "{}");
+  write_file(dir / "tokenizer/tokenizer_config.json", "{}");
+  const std::string fresh = "--set checkpoint.folder=" + dir / "fresh";
+  struct Case {
+    std::string args, needle;
+  };
+  for (const Case& c :
+       {Case{fmt::format("--init-from {} --set metrics.plot={}", dir / "model",
+                         dir / "model/config.json"),
+             "names a file of --init-from's model"},
+        Case{fmt::format("--init-from {} --set metrics.jsonl={}", dir / "model",
+                         dir / "model/model.safetensors"),
+             "names a file of --init-from's model"},
+        Case{fmt::format("--set metrics.plot={}", dir / "tokenizer/tokenizer.json"),
+             "names a file of the run's tokenizer"},
+        Case{fmt::format("--set metrics.jsonl={}", dir / "tokenizer/tokenizer_config.json"),
+             "names a file of the run's tokenizer"},
+        Case{"--set metrics.plot=tokenizer.json", "names the run's copy of its tokenizer"},
+        Case{"--set metrics.jsonl=special_tokens_map.json",
+             "names the run's copy of its tokenizer"}}) {
+    SCOPED_TRACE(c.args);
+    const std::string model_before = read_file(dir / "model/config.json");
+    expect_refused(train(fresh + " " + c.args), {c.needle});
+    EXPECT_EQ(read_file(dir / "model/config.json"), model_before);
+    EXPECT_EQ(read_file(dir / "tokenizer/tokenizer.json"), "{}");
+  }
+  // data.tokenizer's folder is the tokenizer's too.
+  expect_refused(
+      train(fmt::format("{} --set data.tokenizer={} --set metrics.plot={}", fresh,
+                        dir / "tokenizer/tokenizer.json", dir / "tokenizer/tokenizer_config.json")),
+      {"names a file of the run's tokenizer"});
+  // A checkpoint.folder that is the tokenizer's own directory would overwrite it.
+  expect_refused(train(fmt::format("--set checkpoint.folder={}", dir / "tokenizer")),
+                 {"is the directory of the run's tokenizer"});
+}
+
 // Case 1: a huge model width through the TOML configuration is refused at config time.
 TEST_F(Run, HugeHiddenSizeInToml) {
   expect_refused(

@@ -295,6 +295,122 @@ TEST_F(HostileTrain, SighupStopsWithACheckpoint) {
   EXPECT_NE(r.output.find("stopped by signal 1 after step"), std::string::npos) << r.output;
 }
 
+// A `bottle train` started in the background by the shell, its pid (bottle's own: the shell
+// execs it) read from a file; killed with SIGKILL if still running when the object dies.
+class BackgroundRun {
+ public:
+  BackgroundRun(HostileTrain& t, const std::string& args, const std::string& name)
+      : pid_file_(t.dir / (name + ".pid")), log_(t.dir / (name + ".log")) {
+    const std::string launch =
+        fmt::format("sh -c 'echo $$ > {}; exec {} train {} {}' > {} 2>&1 &", pid_file_,
+                    bottle_binary(), t.dir / "tiny.toml", args, log_);
+    EXPECT_EQ(std::system(launch.c_str()), 0);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (pid_ <= 0 && std::chrono::steady_clock::now() < deadline) {
+      std::ifstream(pid_file_) >> pid_;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+  ~BackgroundRun() {
+    if (alive()) ::kill(pid_, SIGKILL);
+    wait_for_exit(10);
+  }
+  int pid() const { return pid_; }
+  bool alive() const { return pid_ > 0 && ::kill(pid_, 0) == 0; }
+  // Whether it has ended within `seconds` (it is the shell's child, not ours: no status).
+  bool wait_for_exit(double seconds) const {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (alive() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return !alive();
+  }
+  std::string output() const {
+    std::ifstream in(log_);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+
+ private:
+  std::string pid_file_, log_;
+  int pid_ = 0;
+};
+
+// Until `run` holds `folder` (its pid in the lock file) or `seconds` pass.
+bool wait_until_holding(const BackgroundRun& run, const std::string& folder, double seconds) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  const std::string mine = fmt::format(" pid {} ", run.pid());
+  while (std::chrono::steady_clock::now() < deadline && run.alive()) {
+    std::ifstream in(folder + "/.bottle.lock");
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (text.find(mine) != std::string::npos) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+// Issue 29, rule 3: one run per checkpoint.folder. While a run trains, a second one on the
+// same folder (however the path is spelled, resuming or not, under mpirun too) is refused at
+// once naming the folder and the holder's host and pid; once the holder has ended, by a
+// signal or by kill -9, the lock file it leaves blocks nobody.
+TEST_F(HostileTrain, OneRunPerFolder) {
+  char host[256] = {};
+  ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
+  std::filesystem::create_directory_symlink(dir / "run", dir / "link");
+  BackgroundRun first(*this, "--set training.steps=1000000", "first");
+  ASSERT_GT(first.pid(), 0);
+  ASSERT_TRUE(wait_until_holding(first, dir / "run", 60)) << first.output();
+  const std::string holder = fmt::format("held by host {} pid {} since ", host, first.pid());
+  for (const std::string& folder :
+       {dir / "run", dir / "run/", dir / "./run", dir / "link", dir / "link/../run"}) {
+    for (const char* extra : {"", " --resume --set training.steps=1000000"}) {
+      SCOPED_TRACE(folder + extra);
+      const CommandResult r = run_case(fmt::format(
+          "{{bottle}} train {{dir}}/tiny.toml --set checkpoint.folder={}{}", folder, extra));
+      EXPECT_EQ(r.status, 1) << r.output;
+      EXPECT_NE(r.output.find(folder + ": checkpoint.folder is in use by another bottle train (" +
+                              holder),
+                std::string::npos)
+          << r.output;
+      EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+    }
+  }
+#ifdef BOTTLE_MPIEXEC
+  // Rank 0 holds the lock; every rank gives its message and the job ends, without a hang.
+  const CommandResult job = run(fmt::format("{} {} train {} --set parallel.dp=2", mpirun(2, 60),
+                                            bottle_binary(), dir / "tiny.toml"));
+  EXPECT_EQ(job.status, 1) << job.output;
+  EXPECT_EQ(count_occurrences(job.output, "checkpoint.folder is in use by another bottle train"), 2)
+      << job.output;
+#endif
+  EXPECT_TRUE(first.alive()) << "the refused runs stopped the holder: " << first.output();
+  // The holder stops with a checkpoint on SIGTERM once it trains; then the folder is free.
+  for (int i = 0; i < 3000 && first.alive(); ++i) {
+    std::error_code ec;
+    if (std::filesystem::file_size(dir / "run/metrics.jsonl", ec) > 0 && !ec) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(first.pid(), SIGTERM);
+  ASSERT_TRUE(first.wait_for_exit(30)) << first.output();
+  const int64_t saved = newest_step(dir / "run");
+  ASSERT_GT(saved, 0) << first.output();
+  const CommandResult third = run_case(
+      fmt::format("{{bottle}} train {{dir}}/tiny.toml --resume --set training.steps={}", saved + 1),
+      60);
+  EXPECT_EQ(third.status, 0) << third.output;
+  // A holder killed with SIGKILL leaves its lock file, which blocks nobody.
+  BackgroundRun killed(*this, "--resume --set training.steps=1000000", "killed");
+  ASSERT_TRUE(wait_until_holding(killed, dir / "run", 60)) << killed.output();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ::kill(killed.pid(), SIGKILL);
+  ASSERT_TRUE(killed.wait_for_exit(30));
+  EXPECT_TRUE(std::filesystem::exists(dir / "run/.bottle.lock"));
+  const CommandResult after_kill =
+      run_case(fmt::format("{{bottle}} train {{dir}}/tiny.toml --resume --set training.steps={}",
+                           newest_step(dir / "run") + 1),
+               60);
+  EXPECT_EQ(after_kill.status, 0) << after_kill.output;
+  EXPECT_NE(after_kill.output.find("resumed from"), std::string::npos) << after_kill.output;
+}
+
 #ifdef BOTTLE_MPIEXEC
 // CPU seconds (user + system, all threads) that process `pid` has used.
 double cpu_seconds(int pid) {
@@ -307,6 +423,57 @@ double cpu_seconds(int pid) {
   for (int i = 3; i <= 15 && fields >> field; ++i)
     if (i == 14 || i == 15) ticks += std::stod(field);
   return ticks / double(::sysconf(_SC_CLK_TCK));
+}
+
+// Issue 29, rule 2: the ranks of one job run one configuration. An MPMD launch whose parts
+// differ in one setting (or option) fails on every rank, within seconds, naming the key; never
+// a hang, a heap error or mismatched ranks training on.
+TEST_F(HostileTrain, RanksGivenDifferentConfigurationsFailTogether) {
+  write_random_shard(dir / "other.bin", 20000, 64, 3);
+  struct Case {
+    int first_ranks;  // ranks of the first part; the second has one
+    std::string differs, message;
+  };
+  const std::vector<Case> cases = {
+      {1, "--set training.seed=8", "key 'training.seed' is 8 on rank 1"},
+      {1, "--set training.steps=5", "key 'training.steps' is 5 on rank 1"},
+      {1, "--set optimizer.lr=0.5", "key 'optimizer.lr' is 0.5 on rank 1"},
+      {1, "--set checkpoint.interval=2", "key 'checkpoint.interval' is 2 on rank 1"},
+      {1, "--set model.num_layers=3", "key 'model.num_layers' is 3 on rank 1"},
+      {1, "--set training.seq_len=8", "key 'training.seq_len' is 8 on rank 1"},
+      {1, "--set data.train=" + dir / "other.bin", "key 'data.train' is"},
+      {1, "--resume", "key '--resume' is true on rank 1"},
+      {2, "--set training.seed=8", "key 'training.seed' is 8 on rank 2"}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.differs);
+    const int ranks = c.first_ranks + 1;
+    const std::string common =
+        fmt::format("{} train {} --set parallel.dp={}", bottle_binary(), dir / "tiny.toml", ranks);
+    const auto t0 = std::chrono::steady_clock::now();
+    const CommandResult r =
+        run(fmt::format("timeout -k 5 60 {} --oversubscribe {} {} {} : {} 1 {} {}", BOTTLE_MPIEXEC,
+                        BOTTLE_MPIEXEC_NUMPROC_FLAG, c.first_ranks, common,
+                        BOTTLE_MPIEXEC_NUMPROC_FLAG, common, c.differs));
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(r.status, 1) << (r.status == 124 ? "hung: " : "") << r.output;
+    EXPECT_EQ(
+        count_occurrences(r.output, "the ranks of this job were given different configurations: "),
+        ranks)
+        << r.output;
+    EXPECT_EQ(count_occurrences(r.output, c.message), ranks) << r.output;
+    EXPECT_EQ(r.output.find("internal error"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("malloc"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("step 1"), std::string::npos) << "work started:\n" << r.output;
+    EXPECT_LT(seconds, 30) << r.output;
+  }
+  // Ranks that agree train as before.
+  const std::string common =
+      fmt::format("{} train {} --set parallel.dp=2", bottle_binary(), dir / "tiny.toml");
+  const CommandResult same =
+      run(fmt::format("timeout -k 5 120 {} --oversubscribe {} 1 {} : {} 1 {}", BOTTLE_MPIEXEC,
+                      BOTTLE_MPIEXEC_NUMPROC_FLAG, common, BOTTLE_MPIEXEC_NUMPROC_FLAG, common));
+  EXPECT_EQ(same.status, 0) << same.output;
 }
 
 // Case 13: rank 1 stopped (SIGSTOP) leaves rank 0 waiting in a collective without spinning.

@@ -43,10 +43,35 @@ void failpoint(int files_written) {
     std::raise(SIGKILL);
 }
 
-bool is_step_dir(const fs::directory_entry& e) {
-  const std::string name = e.path().filename().string();
-  return e.is_directory() && name.rfind(kStepPrefix, 0) == 0 &&
-         fs::exists(e.path() / kTrainerStateFile);
+// Why the entry `e`, named like a step folder, is not one the store wrote ("" when it is):
+// ours carry the marker, or (written before the marker existed) a trainer_state.json that
+// reads. A symbolic link is never ours, so pruning never follows one.
+std::string why_not_ours(const fs::directory_entry& e) {
+  std::error_code ec;
+  if (e.is_symlink(ec)) return "it is a symbolic link";
+  if (!e.is_directory(ec)) return "it is not a directory";
+  if (fs::is_regular_file(e.path() / kCheckpointMarker, ec)) return "";
+  const fs::path state = e.path() / kTrainerStateFile;
+  if (!fs::exists(fs::symlink_status(state, ec)))
+    return fmt::format("it has neither {} nor {}", kCheckpointMarker, kTrainerStateFile);
+  if (!fs::is_regular_file(fs::symlink_status(state, ec)))
+    return fmt::format("it has no {} and its {} is not a regular file", kCheckpointMarker,
+                       kTrainerStateFile);
+  try {
+    read_trainer_state(e.path().string());
+    return "";
+  } catch (const Error& err) {
+    return fmt::format("it has no {} and its {} does not read: {}", kCheckpointMarker,
+                       kTrainerStateFile, err.what());
+  }
+}
+
+// A temporary folder of the store's own: .tmp-step_N or .tmp-old-step_N.
+bool is_own_temporary(const std::string& name) {
+  for (const std::string& prefix : {std::string(kTempPrefix) + "old-", std::string(kTempPrefix)})
+    if (name.rfind(prefix, 0) == 0 && CheckpointStore::step_of(name.substr(prefix.size())))
+      return true;
+  return false;
 }
 
 std::string moment_name(const char* which, const std::string& param) {
@@ -110,10 +135,17 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
   };
   if (leader) {
     fs::create_directories(folder_);
-    // Clear what an interrupted earlier write left behind.
+    // Clear what an interrupted earlier write left behind: the store's own names only.
     for (const auto& e : fs::directory_iterator(folder_))
-      if (e.path().filename().string().rfind(kTempPrefix, 0) == 0) fs::remove_all(e.path());
+      if (is_own_temporary(e.path().filename().string())) fs::remove_all(e.path());
     fs::create_directories(temp);
+    // The marker first: whatever of this folder is renamed into place is recognisably ours.
+    {
+      std::ofstream marker(temp / kCheckpointMarker);
+      marker << "a training checkpoint written by bottle: trainer_state.json holds its step\n";
+      marker.close();
+      BOTTLE_CHECK(marker, "{}: write failed", (temp / kCheckpointMarker).string());
+    }
     for (const fs::path& file :
          write_model_description(model.config(), temp, DType::f32, special_token_ids(tokenizer_)))
       fsync_path(file);
@@ -151,7 +183,16 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
     failpoint(4);
     // Re-saving a step (a resumed run that ends where it started) replaces it atomically too.
     const fs::path old = fs::path(folder_) / fmt::format("{}old-{}", kTempPrefix, name);
-    if (fs::exists(final_dir)) fs::rename(final_dir, old);
+    if (fs::exists(fs::symlink_status(final_dir))) {
+      // Only a folder of ours is replaced; anything else under its name stays as it is.
+      const std::string why = why_not_ours(fs::directory_entry(final_dir));
+      BOTTLE_CHECK(why.empty(),
+                   "{}: cannot save the checkpoint of step {}: a folder of that name is in "
+                   "checkpoint.folder but bottle did not write it ({}); nothing was replaced: move "
+                   "or rename it and resume",
+                   final_dir.string(), step, why);
+      fs::rename(final_dir, old);
+    }
     fs::rename(temp, final_dir);
     fsync_path(folder_);
     if (fs::exists(old)) fs::remove_all(old);
@@ -162,19 +203,58 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
   return final_dir.string();
 }
 
-std::vector<std::string> CheckpointStore::list(bool complete) const {
-  std::vector<std::string> dirs;
+std::optional<int64_t> CheckpointStore::step_of(const std::string& dir) {
+  fs::path where = fs::path(dir).lexically_normal();
+  if (where.filename().empty()) where = where.parent_path();  // "run/step_5/"
+  const std::string name = where.filename().string();
+  const size_t prefix = std::strlen(kStepPrefix);
+  // At most 18 digits: every such number fits an int64_t.
+  if (name.size() <= prefix || name.size() > prefix + 18 || name.rfind(kStepPrefix, 0) != 0 ||
+      name.find_first_not_of("0123456789", prefix) != std::string::npos)
+    return std::nullopt;
+  return std::stoll(name.substr(prefix));
+}
+
+CheckpointStore::Scan CheckpointStore::scan() const {
+  Scan found;
   try {
-    if (!fs::is_directory(folder_)) return dirs;
-    for (const auto& e : fs::directory_iterator(folder_))
-      if (is_step_dir(e) == complete && e.is_directory() &&
-          e.path().filename().string().rfind(kStepPrefix, 0) == 0)
-        dirs.push_back(e.path().string());
+    if (!fs::is_directory(folder_)) return found;
+    for (const auto& e : fs::directory_iterator(folder_)) {
+      const std::optional<int64_t> step = step_of(e.path().filename().string());
+      if (!step) continue;  // not a step folder's name: not the store's
+      if (std::string why = why_not_ours(e); !why.empty())
+        found.foreign.emplace_back(e.path().string(), std::move(why));
+      else if (fs::exists(e.path() / kTrainerStateFile))
+        found.complete.emplace_back(*step, e.path().string());
+      else
+        found.incomplete.emplace_back(*step, e.path().string());
+    }
   } catch (const fs::filesystem_error& e) {
     fail("{}: cannot read checkpoint.folder: {}", folder_, e.code().message());
   }
-  std::sort(dirs.begin(), dirs.end());  // zero-padded step numbers sort in order
+  // By the step's number, not its name: step_100000000 comes after step_99999999.
+  std::sort(found.complete.begin(), found.complete.end());
+  std::sort(found.incomplete.begin(), found.incomplete.end());
+  std::sort(found.foreign.begin(), found.foreign.end());
+  return found;
+}
+
+std::vector<std::string> CheckpointStore::list(bool complete) const {
+  const Scan found = scan();
+  std::vector<std::string> dirs;
+  for (const auto& [step, dir] : complete ? found.complete : found.incomplete) dirs.push_back(dir);
   return dirs;
+}
+
+void CheckpointStore::check_no_foreign_steps() const {
+  const Scan found = scan();
+  if (found.foreign.empty()) return;
+  const auto& [path, why] = found.foreign.front();
+  fail(
+      "{}: named like a checkpoint in checkpoint.folder, but bottle did not write it ({}); bottle "
+      "never resumes from, replaces or deletes such a folder: move or rename it, or choose "
+      "another checkpoint.folder",
+      path, why);
 }
 
 std::vector<std::string> CheckpointStore::list() const { return list(true); }

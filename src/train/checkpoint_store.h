@@ -7,6 +7,12 @@
 // reads them; `bottle export` merges the shards). Everything is written into a temporary
 // directory, fsync'ed and renamed into place, so an interrupted write never replaces or
 // damages the last good checkpoint; the last `keep` are kept.
+//
+// The store touches only its own step folders: a folder named kStepPrefix and a step number
+// (step_00000200) that holds the marker file kCheckpointMarker, or, for checkpoints written
+// before the marker existed, a trainer_state.json that reads. They are ordered by their step
+// number. A folder named like a step that is not ours is refused by name (never resumed from,
+// replaced or deleted); other names (step_00000010.bak) are not the store's and are ignored.
 #include <optional>
 #include <string>
 #include <vector>
@@ -17,6 +23,9 @@
 #include "train/trainer_state.h"
 
 namespace bottle {
+
+// The file that marks a step folder as one bottle wrote.
+inline constexpr const char* kCheckpointMarker = "bottle_checkpoint";
 
 class CheckpointStore {
  public:
@@ -29,11 +38,15 @@ class CheckpointStore {
   // checkpoint is complete (a barrier over `world`).
   std::string save(const LlamaModel& model, const AdamW& optimizer, const TrainerState& state,
                    int64_t step, Communicator* dp = nullptr, Communicator* world = nullptr);
-  // Complete checkpoints, oldest first.
+  // Complete checkpoints (ours, with trainer_state.json), oldest step first.
   std::vector<std::string> list() const;
-  // step_* directories without trainer_state.json (a foreign or damaged write), oldest first.
+  // Our step folders without trainer_state.json (a damaged one), oldest step first.
   std::vector<std::string> incomplete() const;
   std::optional<std::string> latest() const;
+  // Throws naming the first entry named like a step folder that the store did not write.
+  void check_no_foreign_steps() const;
+  // The step of a step folder's name (step_00000200: 200), none for any other name.
+  static std::optional<int64_t> step_of(const std::string& dir);
   // The tokenizer saved into every checkpoint (as HF lays it out beside config.json); none
   // for byte-level data. Not owned: the trainer keeps it.
   void set_tokenizer(const Tokenizer* tokenizer) { tokenizer_ = tokenizer; }
@@ -46,6 +59,12 @@ class CheckpointStore {
                              const TrainerState& state, int64_t step, Communicator* dp,
                              Communicator* world);
   std::vector<std::string> list(bool complete) const;
+  // Our step folders as (step, path), oldest first, and the foreign ones with the reason.
+  struct Scan {
+    std::vector<std::pair<int64_t, std::string>> complete, incomplete;
+    std::vector<std::pair<std::string, std::string>> foreign;  // (path, why it is not ours)
+  };
+  Scan scan() const;
 
   std::string folder_;
   int keep_;

@@ -20,7 +20,10 @@
 #include "model/checkpoint.h"
 #include "parallel/tp_block.h"
 #include "train/checkpoint_store.h"
+#include "train/data_files.h"
 #include "train/data_loader.h"
+#include "train/folder_lock.h"
+#include "train/job_agreement.h"
 #include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/plot.h"
@@ -77,10 +80,35 @@ void kill_failpoint(int rank, int64_t step) {
     std::raise(SIGKILL);
 }
 
-// The run's outputs (metrics.jsonl, metrics.plot, train_config.toml, the checkpoints and the
-// data) must not name one another: writing one would destroy another.
+// The regular files directly in `dir` (a model or tokenizer directory: a few files), none when
+// it is not a directory. Bounded, so that a huge directory named by mistake costs nothing.
+std::vector<std::string> files_in(const fs::path& dir) {
+  std::vector<std::string> files;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return files;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end && files.size() < 4096;
+       it.increment(ec))
+    if (it->is_regular_file(ec)) files.push_back(it->path().string());
+  return files;
+}
+
+// The directory the run's tokenizer is read from: data.tokenizer's (itself or the file's), else
+// the one `bottle prepare` saved beside the first training shard (find_run_tokenizer's rule).
+fs::path tokenizer_directory(const TrainConfig& config,
+                             const std::vector<std::string>& data_files) {
+  if (!config.data.tokenizer.empty()) {
+    std::error_code ec;
+    const fs::path p(config.data.tokenizer);
+    return fs::is_directory(p, ec) ? p : p.parent_path();
+  }
+  return data_files.empty() ? fs::path() : fs::path(data_files.front()).parent_path() / "tokenizer";
+}
+
+// The run's outputs (metrics.jsonl, metrics.plot, train_config.toml, the checkpoints) must not
+// name one another nor any input (the configuration, the data, the tokenizer's files,
+// --init-from's model): writing one would destroy another.
 void check_output_paths(const TrainConfig& config, const std::string& config_path,
-                        const std::vector<std::string>& data_files) {
+                        const std::vector<std::string>& data_files, const std::string& init_from) {
   // A path that cannot be resolved (a symlink loop, a file used as a folder) is named here
   // rather than surfacing as a filesystem exception.
   auto resolved = [&](const std::string& key, const std::string& p) {
@@ -108,8 +136,41 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
       {"train_config.toml",
        resolved("checkpoint.folder",
                 (fs::path(config.checkpoint.folder) / "train_config.toml").string())},
-      {"the config file", resolved("the config file", config_path)}};
+      {"the config file", resolved("the config file", config_path)},
+      {"checkpoint.folder's lock file",
+       resolved("checkpoint.folder",
+                (fs::path(config.checkpoint.folder) / kFolderLockFile).string())}};
   for (const std::string& f : data_files) others.push_back({"data", resolved("data", f)});
+  // The run saves its tokenizer into the folder under the names transformers reads.
+  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer.tiktoken",
+                           "tokenizer_config.json", "special_tokens_map.json"})
+    others.push_back(
+        {fmt::format("the run's copy of its tokenizer ({})", name),
+         resolved("checkpoint.folder", (fs::path(config.checkpoint.folder) / name).string())});
+  const fs::path tokenizer_dir = tokenizer_directory(config, data_files);
+  for (const std::string& f : files_in(tokenizer_dir))
+    others.push_back({"a file of the run's tokenizer", resolved("data.tokenizer", f)});
+  if (!init_from.empty()) {
+    const fs::path input = resolved("--init-from", init_from);
+    // The run writes train_config.toml, its tokenizer and its checkpoints into the folder.
+    BOTTLE_CHECK(input != folder,
+                 "--init-from {} is checkpoint.folder ({}): the run would write its checkpoints, "
+                 "metrics and tokenizer into its own input; choose another checkpoint.folder",
+                 init_from, config.checkpoint.folder);
+    const fs::path inside = input.lexically_relative(folder);
+    BOTTLE_CHECK(inside.empty() || inside.begin()->string().rfind(kStepPrefix, 0) != 0,
+                 "--init-from {} lies inside a checkpoint of checkpoint.folder ({}), which the run "
+                 "would replace or delete as it keeps its newest checkpoints; copy it elsewhere "
+                 "or choose another checkpoint.folder",
+                 init_from, config.checkpoint.folder);
+    for (const std::string& f : files_in(input))
+      others.push_back({"a file of --init-from's model", resolved("--init-from", f)});
+  }
+  if (!tokenizer_dir.empty())
+    BOTTLE_CHECK(resolved("data.tokenizer", tokenizer_dir.string()) != folder,
+                 "{}: checkpoint.folder ({}) is the directory of the run's tokenizer, which the "
+                 "run would overwrite with its own copy; choose another checkpoint.folder",
+                 config_path, config.checkpoint.folder);
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Output& out = outputs[i];
     // A device (/dev/full) or FIFO takes no file and may block, or never end when read back.
@@ -133,6 +194,36 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
       BOTTLE_CHECK(out.path != other.path, "{}: {} names {} ({}), which it would overwrite",
                    config_path, out.key, other.key, out.path.string());
   }
+}
+
+// What every rank of a job must agree on: the resolved configuration, the options that change
+// what the run does, and the data files as this rank sees them (names and sizes). Written as
+// TOML-like lines so that a difference is named by its key; "[]" starts the keys of no section.
+std::string job_description(const TrainConfig& config, const TrainOptions& options) {
+  std::string text = to_toml(config);
+  // One line per key: a line break in a path must not start another.
+  std::string init_from = options.init_from;
+  for (size_t at; (at = init_from.find('\n')) != std::string::npos;)
+    init_from.replace(at, 1, "\\n");
+  text += fmt::format("\n[]\n--resume = {}\n--init-from = \"{}\"\n", options.resume, init_from);
+  text += "\n[data]\n";
+  for (const auto& [key, pattern] :
+       {std::pair{"train's files", config.data.train}, std::pair{"val's files", config.data.val}}) {
+    std::string files;
+    try {
+      if (!pattern.empty())
+        for (const std::string& f : resolve_data_files(pattern)) {
+          std::error_code ec;
+          files += fmt::format("{}{} ({} bytes)", files.empty() ? "" : ", ", f,
+                               int64_t(fs::file_size(f, ec)));
+        }
+    } catch (const Error& e) {
+      // Named again, with its own message, when the data is opened.
+      files = fmt::format("unreadable ({})", e.what());
+    }
+    text += fmt::format("{} = {}\n", key, files.empty() ? "none" : files);
+  }
+  return text;
 }
 
 // Token ids must fit the model; the error names the data rather than a kernel. Checked in
@@ -232,6 +323,7 @@ class Trainer {
   MemoryBreakdown plan_;  // this rank's planned footprint
   std::unique_ptr<TrainStep> train_step_;
   std::unique_ptr<TokenLoader> loader_, val_;
+  std::unique_ptr<FolderLock> lock_;  // rank 0: checkpoint.folder is this run's alone
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<Tokenizer> tokenizer_;    // null for byte-level data
   std::unique_ptr<MetricsLogger> metrics_;  // rank 0
@@ -243,6 +335,10 @@ class Trainer {
 
 Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
     : config_(config), tc_(config.training), options_(options), world_(world_communicator()) {
+  // First of all, before any collective whose shape depends on a setting: ranks given
+  // different configurations would otherwise hang or exchange buffers of different sizes.
+  if (world_.size() > 1)
+    check_same_configuration(world_, job_description(config, options), options.config_path);
   BOTTLE_CHECK(!config.data.train.empty(),
                "{}: data.train is not set (a token shard, directory or glob)", options.config_path);
   // The backend first: NCCL groups are built on its GPU and stream. Every rank of a job runs
@@ -267,6 +363,9 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   });
   open_data();
   store_ = std::make_unique<CheckpointStore>(config.checkpoint.folder, int(config.checkpoint.keep));
+  // Rank 0 writes the folder, so rank 0 locks it; the others fail with its message.
+  run_on_root_or_fail_together(
+      world_, 0, [&] { lock_ = std::make_unique<FolderLock>(config.checkpoint.folder); });
   // The tokenizer goes into the run's folder and every checkpoint, so that each is a
   // self-contained model for sample, eval and transformers.
   tokenizer_ = find_run_tokenizer(config.data.tokenizer, loader_->files(), config.model.vocab_size,
@@ -330,10 +429,13 @@ void Trainer::open_data() {
   }
   std::vector<std::string> data_files = loader_->files();
   if (val_) data_files.insert(data_files.end(), val_->files().begin(), val_->files().end());
-  check_output_paths(config_, options_.config_path, data_files);
+  check_output_paths(config_, options_.config_path, data_files, options_.init_from);
 }
 
 std::optional<TrainResult> Trainer::start() {
+  // A folder named like a step that the run did not write would be resumed from, replaced or
+  // pruned: refused before anything is read or written.
+  store_->check_no_foreign_steps();
   if (options_.resume) {
     if (std::optional<TrainResult> done = resume()) return done;
   } else if (store_->latest()) {
@@ -369,7 +471,7 @@ std::optional<TrainResult> Trainer::resume() {
   // A newer step directory that is not a complete checkpoint is passed over, openly.
   if (leader_)
     for (const std::string& dir : incomplete)
-      if (dir > *latest)
+      if (CheckpointStore::step_of(dir) > CheckpointStore::step_of(*latest))
         std::printf("skipped %s: it has no %s (an interrupted or foreign write)\n", dir.c_str(),
                     kTrainerStateFile);
   const ModelConfig saved = read_model_config(*latest);
