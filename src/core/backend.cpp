@@ -116,6 +116,14 @@ class OpCheck {
     floats(ts);
     for (const Tensor& t : ts) numel(t, ts.begin()->numel(), "an operand");
   }
+  // An embedding's rows: one row of the table's width per token, forward or backward.
+  void embedding(const Tensor& rows, const Tensor& tokens, const Tensor& table,
+                 const char* what) const {
+    here({rows, tokens, table});
+    floats({rows, table});
+    ids(tokens, "tokens");
+    numel(rows, tokens.numel() * table.cols(), what);
+  }
   void rope(const Tensor& x) const {
     check(x.shape.rank == 4 && x.shape[3] % 2 == 0,
           "takes [B, S, heads, head_dim] with an even head_dim, not {}", x.shape.str());
@@ -189,19 +197,13 @@ void Backend::gemm(const GemmArgs& args) {
 
 void Backend::embedding_forward(Tensor out, Tensor tokens, Tensor table) {
   const OpCheck c(*this, "embedding_forward");
-  c.here({out, tokens, table});
-  c.floats({out, table});
-  c.ids(tokens, "tokens");
-  c.numel(out, tokens.numel() * table.cols(), "out");
+  c.embedding(out, tokens, table, "out");
   do_embedding_forward(out, tokens, table);
 }
 
 void Backend::embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) {
   const OpCheck c(*this, "embedding_backward");
-  c.here({dtable, tokens, dout});
-  c.floats({dtable, dout});
-  c.ids(tokens, "tokens");
-  c.numel(dout, tokens.numel() * dtable.cols(), "dout");
+  c.embedding(dout, tokens, dtable, "dout");
   do_embedding_backward(dtable, tokens, dout);
 }
 
@@ -467,19 +469,13 @@ void Backend::cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor target
 
 void Backend::embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) {
   const OpCheck c(*this, "embedding_shard_forward");
-  c.here({out, tokens, table});
-  c.floats({out, table});
-  c.ids(tokens, "tokens");
-  c.numel(out, tokens.numel() * table.cols(), "out");
+  c.embedding(out, tokens, table, "out");
   do_embedding_shard_forward(out, tokens, table, first);
 }
 
 void Backend::embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first) {
   const OpCheck c(*this, "embedding_shard_backward");
-  c.here({dtable, tokens, dout});
-  c.floats({dtable, dout});
-  c.ids(tokens, "tokens");
-  c.numel(dout, tokens.numel() * dtable.cols(), "dout");
+  c.embedding(dout, tokens, dtable, "dout");
   do_embedding_shard_backward(dtable, tokens, dout, first);
 }
 

@@ -63,8 +63,4 @@ void DataParallel::gather_masters() {
   dp_->complete();
 }
 
-double DataParallel::sum(double local, std::string_view site) const {
-  return reduce_scalar(dp_, local, ReduceOp::sum, site);
-}
-
 }  // namespace bottle

@@ -39,8 +39,6 @@ class DataParallel {
   // ZeRO-1 under mixed precision: every rank's fp32 masters whole again (for a checkpoint).
   // No-op otherwise.
   void gather_masters();
-  // Sum of a per-rank partial over the DP group (a ZeRO norm, a loss to log).
-  double sum(double local, std::string_view site) const;
 
  private:
   Communicator* dp_;
