@@ -4,8 +4,9 @@
 # checkpoint byte for byte. For a change that must not move a bit on the CPU backends.
 #   tools/same_bits.sh OLD_BOTTLE NEW_BOTTLE [WORK_DIR]
 # The set: configs/tiny.toml shrunk to d 64 and 16 steps for none / svd / cola / lax in fp32
-# and bf16; TP 2 in each mode (btp, vanilla, full); a 2 × 2 pipeline × DP with ZeRO-1 in bf16
-# with accumulation; a run resumed halfway. Exits 1 naming the first run that differs.
+# and bf16; TP 2 in each mode (btp, vanilla, full); LaX under btp with lowrank recomputation,
+# under vanilla with block recomputation and over a 2-stage pipeline; a 2 × 2 pipeline × DP
+# with ZeRO-1 in bf16 with accumulation; a run resumed halfway. Exits 1 naming the first run that differs.
 set -euo pipefail
 old=$(realpath "$1") new=$(realpath "$2")
 work=${3:-$(mktemp -d)}
@@ -73,6 +74,13 @@ done
 run btp_tp2 2 --set model.bottleneck=cola --set parallel.tp=2 --set parallel.tp_mode=btp
 run vanilla_tp2 2 --set model.bottleneck=svd --set parallel.tp=2 --set parallel.tp_mode=vanilla
 run full_tp2 2 --set model.bottleneck=none --set parallel.tp=2 --set parallel.tp_mode=full
+# Where the blocks' passes and buffers differ: recomputation, LaX's crossing over TP shards
+# and over a pipeline boundary.
+run btp_tp2_lowrank_lax 2 --set model.bottleneck=lax --set parallel.tp=2 --set parallel.tp_mode=btp \
+  --set training.recompute=lowrank
+run vanilla_tp2_block_lax 2 --set model.bottleneck=lax --set parallel.tp=2 \
+  --set parallel.tp_mode=vanilla --set training.recompute=block
+run lax_pp2 2 --set model.bottleneck=lax --set parallel.pp=2
 run pp2_dp2_zero_bf16 4 --set model.bottleneck=cola --set parallel.pp=2 --set parallel.dp=2 \
   --set parallel.zero=1 --set training.grad_accum_steps=2 --set training.precision=bf16
 # Resumed: 8 steps, then on to 16 from the step-8 checkpoint.

@@ -131,8 +131,6 @@ void LlamaModel::declare_parameters() {
 
 void LlamaModel::bind_parameters() {
   const ModelConfig& c = config_;
-  const ModelShape shape = c.shape();
-  const int t = tp_.size();
   if (stage_.first()) embedding_ = params_.get("model.embed_tokens.weight");
   if (stage_.last()) {
     final_norm_weight_ = params_.get("model.norm.weight");
@@ -140,41 +138,42 @@ void LlamaModel::bind_parameters() {
     final_norm_.weight = final_norm_weight_;
     final_norm_.eps = c.rms_norm_eps;
   }
-  BlockDims dims = layout_.block_dims(shape, t);
-  dims.rope_theta = c.rope_theta;
-  dims.gate_act = c.gate_act();
-  blocks_.clear();
+  block_params_.clear();
   for (int l = first_layer_; l < end_layer_; ++l) {
-    TpBlock& b = *blocks_.emplace_back(layout_.make_block());
-    b.dims = dims;
+    BlockParams& b = block_params_.emplace_back();
     b.norm1_weight = params_.get(layer_prefix(l) + ".input_layernorm.weight");
     b.norm2_weight = params_.get(layer_prefix(l) + ".post_attention_layernorm.weight");
-    b.norm_eps = c.rms_norm_eps;
     for (int i = 0; i < kNumProjections; ++i) {
-      const auto p = ProjectionId(i);
-      const std::string prefix = projection_prefix(l, p);
-      const ProjectionDims widths = layout_.projection_dims(shape, p, t, tp_.rank());
-      Projection& proj = b[p];
-      proj.kind = c.bottleneck;
-      proj.d_in = widths.d_in;
-      proj.d_out = widths.d_out;
+      const std::string prefix = projection_prefix(l, ProjectionId(i));
+      ProjectionParams& p = b.proj[size_t(i)];
       if (c.bottleneck == BottleneckKind::none) {
-        proj.weight = params_.get(prefix + ".weight");
+        p.weight = params_.get(prefix + ".weight");
         continue;
       }
-      proj.A = params_.get(prefix + ".A.weight");
-      proj.B = params_.get(prefix + ".B.weight");
-      proj.crossing = c.bottleneck == BottleneckKind::lax && l > 0;
-      proj.rank = widths.rank;
-      proj.shard_rank = widths.shard_rank;
-      proj.shard_offset = widths.shard_offset;
-      if (proj.crossing) {
-        proj.G = params_.get(prefix + ".G.weight");
-        proj.ln_w = params_.get(prefix + ".ln.weight");
-        proj.ln_b = params_.get(prefix + ".ln.bias");
+      p.A = params_.get(prefix + ".A.weight");
+      p.B = params_.get(prefix + ".B.weight");
+      if (c.bottleneck == BottleneckKind::lax && l > 0) {
+        p.G = params_.get(prefix + ".G.weight");
+        p.ln_w = params_.get(prefix + ".ln.weight");
+        p.ln_b = params_.get(prefix + ".ln.bias");
       }
     }
   }
+}
+
+BlockSpec LlamaModel::block_spec(int layer, int64_t batch, int64_t seq, Recompute policy) const {
+  const ModelConfig& c = config_;
+  return {.model = c.shape(),
+          .t = tp_.size(),
+          .tp_rank = tp_.rank(),
+          .crossing = c.bottleneck == BottleneckKind::lax && layer > 0,
+          .norm_eps = c.rms_norm_eps,
+          .rope_theta = c.rope_theta,
+          .gate_act = c.gate_act(),
+          .batch = batch,
+          .seq = seq,
+          .policy = policy,
+          .params = block_params_[size_t(layer - first_layer_)]};
 }
 
 void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Recompute policy) {
@@ -194,29 +193,25 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   Arena& a = *activations_;
   const int64_t n = batch * seq, d = c.hidden_size, v_local = c.vocab_size / tp_.size();
   const int64_t d_res = layout_.block_dims(c.shape(), tp_.size()).d_res;
-  for (const std::unique_ptr<TpBlock>& b : blocks_) {
-    b->dims.batch = batch;
-    b->dims.seq = seq;
-  }
+  const int blocks = end_layer_ - first_layer_;
   // Blocks share what they do not keep, one block at a time: lay out the widest block (the
   // last: LaX's first block has no crossing) in reserve to size the shared regions.
   RegionAllocator recomputed, grads, comm;
-  if (!blocks_.empty()) {
+  if (blocks > 0) {
     Arena plan_kept(MemoryTag::activations, true), plan_recomputed(MemoryTag::activations, true),
         plan_grads(MemoryTag::activations, true), plan_comm(MemoryTag::comm, true);
     for (Arena* plan : {&plan_kept, &plan_recomputed, &plan_grads, &plan_comm})
       plan->set_act_dtype(compute_);
-    const std::unique_ptr<TpBlock> widest = blocks_.back()->clone();
-    layout_.allocate_block(
-        {plan_kept, policy == Recompute::none ? plan_kept : plan_recomputed, plan_grads, plan_comm},
-        policy, *widest);
+    layout_.make_block(block_spec(end_layer_ - 1, batch, seq, policy),
+                       {plan_kept, policy == Recompute::none ? plan_kept : plan_recomputed,
+                        plan_grads, plan_comm});
     auto region = [&](Arena& arena, const Arena& plan, const char* what) {
       RegionAllocator r(arena.alloc({int64_t(plan.bytes() / sizeof(float))}), what);
       r.set_act_dtype(compute_);
       return r;
     };
     recomputed = region(a, plan_recomputed, "recomputed block activations");
-    grads = region(a, plan_grads, "block latent gradients");
+    grads = region(a, plan_grads, "block gradients");
     comm = region(*comm_, plan_comm, "block communication scratch");
   }
   Allocator& recomputed_from = policy == Recompute::none ? static_cast<Allocator&>(a) : recomputed;
@@ -224,13 +219,13 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   slots_.resize(size_t(slots));
   for (Slot& slot : slots_) {
     // Each slot's blocks share the parameters; the activations are the slot's own.
-    for (const std::unique_ptr<TpBlock>& b : blocks_) slot.blocks.push_back(b->clone());
-    for (size_t i = 0; i <= blocks_.size(); ++i) slot.residual.push_back(a.alloc_act({n, d_res}));
-    for (const std::unique_ptr<TpBlock>& b : slot.blocks) {
+    for (int i = 0; i <= blocks; ++i) slot.residual.push_back(a.alloc_act({n, d_res}));
+    for (int l = first_layer_; l < end_layer_; ++l) {
       recomputed.rewind();
       grads.rewind();
       comm.rewind();
-      layout_.allocate_block({a, recomputed_from, grads, comm}, policy, *b);
+      slot.blocks.push_back(
+          layout_.make_block(block_spec(l, batch, seq, policy), {a, recomputed_from, grads, comm}));
     }
     if (ends_.sharded_residual && (stage_.first() || stage_.last()))
       slot.whole = a.alloc_act({n, d});
@@ -244,12 +239,13 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
     }
     if (!stage_.first()) slot.input_grad = a.alloc_act({n, d_res});
     if (crosses_boundaries()) {
-      const TpBlock& edge = *blocks_.front();  // the ranks of the latents that cross
+      // The ranks of the latents that cross.
       for (int i = 0; i < kNumProjections; ++i) {
-        const int64_t r = edge.proj[size_t(i)].rank;
+        const int64_t r =
+            layout_.projection_dims(c.shape(), ProjectionId(i), tp_.size(), tp_.rank()).rank;
         if (!stage_.first()) {
-          slot.boundary.proj[size_t(i)].u = a.alloc_act({n, r});
-          slot.boundary.proj[size_t(i)].du = a.alloc_act({n, r});
+          slot.boundary.u[size_t(i)] = a.alloc_act({n, r});
+          slot.boundary.du[size_t(i)] = a.alloc_act({n, r});
         }
         if (!stage_.last()) slot.latent_grad_in[size_t(i)] = a.alloc_act({n, r});
       }
@@ -257,8 +253,7 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   }
   if (policy == Recompute::block) recompute_out_ = a.alloc_act({n, d_res});
   if (ends_.sharded_residual) gather_scratch_ = comm_->alloc_act({n * d});
-  grad_ = layout_.make_gradients();
-  if (!blocks_.empty()) layout_.allocate_gradients({a, a, a, *comm_}, *slots_[0].blocks[0], *grad_);
+  residual_grad_ = a.alloc_act({n, d_res});
   if (stage_.last()) {
     dlogits_ = a.alloc_act({n, v_local});
     dfinal_ = a.alloc_act({n, d});
@@ -285,7 +280,7 @@ std::vector<Tensor> LlamaModel::stage_input(int slot) const {
   const Slot& s = slots_[size_t(slot)];
   std::vector<Tensor> parts{s.residual.front()};
   if (crosses_boundaries())
-    for (const Projection& p : s.boundary.proj) parts.push_back(p.u);
+    for (const Tensor& u : s.boundary.u) parts.push_back(u);
   return parts;
 }
 
@@ -293,7 +288,7 @@ std::vector<Tensor> LlamaModel::stage_output(int slot) const {
   const Slot& s = slots_[size_t(slot)];
   std::vector<Tensor> parts{s.residual.back()};
   if (crosses_boundaries())
-    for (const Projection& p : s.blocks.back()->proj) parts.push_back(p.u);
+    for (const Tensor& u : s.blocks.back()->latents().u) parts.push_back(u);
   return parts;
 }
 
@@ -309,7 +304,7 @@ std::vector<Tensor> LlamaModel::stage_input_grad(int slot) const {
   const Slot& s = slots_[size_t(slot)];
   std::vector<Tensor> parts{s.input_grad};
   if (crosses_boundaries())
-    for (const Projection& p : s.boundary.proj) parts.push_back(p.du);
+    for (const Tensor& du : s.boundary.du) parts.push_back(du);
   return parts;
 }
 
@@ -337,10 +332,9 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
                                        "vocab.fwd.embedding");
     }
   }
-  const TpBlock* before = crosses_boundaries() && !stage_.first() ? &s.boundary : nullptr;
   for (size_t i = 0; i < s.blocks.size(); ++i)
-    layout_.forward(be, tp_, *s.blocks[i], i ? s.blocks[i - 1].get() : before, s.residual[i],
-                    s.residual[i + 1]);
+    s.blocks[i]->forward(be, tp_, i ? s.blocks[i - 1]->latents() : s.boundary, s.residual[i],
+                         s.residual[i + 1]);
   if (!stage_.last()) return;
   Tensor last = s.residual.back();
   if (ends_.sharded_residual) {
@@ -373,42 +367,42 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
     be.fill_zero(whole_grad_);
     s.final_norm.backward(be, whole_grad_, dfinal_, last);
     if (ends_.sharded_residual)
-      gather_last_dim_backward(be, tp_, grad_->residual, whole_grad_);
+      gather_last_dim_backward(be, tp_, residual_grad_, whole_grad_);
     else
-      be.copy(grad_->residual, whole_grad_);
+      be.copy(residual_grad_, whole_grad_);
   } else {
-    be.copy(grad_->residual, s.output_grad);
+    be.copy(residual_grad_, s.output_grad);
     // The next stage's first block crossed with our last latents: its share of their
     // gradients joins theirs before our last block's backward.
     if (crosses_boundaries())
       for (size_t i = 0; i < s.latent_grad_in.size(); ++i)
-        be.accumulate(s.blocks.back()->proj[i].du, s.latent_grad_in[i]);
+        be.accumulate(s.blocks.back()->latents().du[i], s.latent_grad_in[i]);
   }
-  TpBlock* before = crosses_boundaries() && !stage_.first() ? &s.boundary : nullptr;
-  if (before)
-    for (Projection& p : before->proj) be.fill_zero(p.du);
+  for (const Tensor& du : s.boundary.du)
+    if (!du.empty()) be.fill_zero(du);
   for (size_t i = s.blocks.size(); i-- > 0;) {
-    TpBlock* prev = i ? s.blocks[i - 1].get() : before;
+    const BlockLatents prev = i ? s.blocks[i - 1]->latents() : s.boundary;
+    TpBlock& block = *s.blocks[i];
     if (recompute_ != Recompute::none) {
       const auto start = std::chrono::steady_clock::now();
-      layout_.recompute(be, tp_, recompute_, *s.blocks[i], prev, s.residual[i], recompute_out_);
+      block.recompute(be, tp_, prev, s.residual[i], recompute_out_);
       recompute_seconds_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    layout_.backward(be, tp_, *s.blocks[i], prev, s.residual[i], *grad_);
+    block.backward(be, tp_, prev, s.residual[i], residual_grad_);
   }
   if (!stage_.first()) {
-    be.copy(s.input_grad, grad_->residual);
+    be.copy(s.input_grad, residual_grad_);
     return;
   }
   if (ends_.hidden_split_embedding) {
-    be.embedding_backward(embedding_.grad, tokens, grad_->residual);
+    be.embedding_backward(embedding_.grad, tokens, residual_grad_);
   } else if (ends_.sharded_residual) {
-    scatter_last_dim_backward(be, tp_, whole_grad_, grad_->residual, gather_scratch_,
+    scatter_last_dim_backward(be, tp_, whole_grad_, residual_grad_, gather_scratch_,
                               "model.bwd.embedding_gather");
     vocab_parallel_embedding_backward(be, tp_, embedding_.grad, tokens, whole_grad_, first);
   } else {
-    vocab_parallel_embedding_backward(be, tp_, embedding_.grad, tokens, grad_->residual, first);
+    vocab_parallel_embedding_backward(be, tp_, embedding_.grad, tokens, residual_grad_, first);
   }
 }
 

@@ -133,10 +133,12 @@ class LlamaModel {
  private:
   void declare_parameters();
   void bind_parameters();
+  // What the layout needs to make layer l's block for micro-batches of batch x seq.
+  BlockSpec block_spec(int layer, int64_t batch, int64_t seq, Recompute policy) const;
 
   // The activations of one micro-batch in flight.
   struct Slot {
-    // This stage's blocks, of the layout's type, bound to the shared parameters.
+    // This stage's blocks, made by the layout, bound to the shared parameters.
     std::vector<std::unique_ptr<TpBlock>> blocks;
     std::vector<Tensor> residual;    // blocks+1 x [N, d_res]: each block's input, then output
     Tensor whole;                    // [N, d] sharded residual: whole rows at the model's ends
@@ -146,9 +148,9 @@ class LlamaModel {
     Tensor output_grad;              // [N, d_res] ∂loss/∂output, from the next stage
     Tensor input_grad;               // [N, d_res] ∂loss/∂input, for the previous stage
     // LaX across a stage boundary: the previous stage's last latents (u, and du for their
-    // gradients) as a block the first block crosses with; and the gradients of this
-    // stage's last latents from the next stage.
-    TpBlock boundary;
+    // gradients), which the first block crosses with; and the gradients of this stage's last
+    // latents from the next stage.
+    BlockLatents boundary;
     std::array<Tensor, kNumProjections> latent_grad_in;  // [N, r] each
   };
   bool crosses_boundaries() const;  // LaX over more than one stage
@@ -161,8 +163,8 @@ class LlamaModel {
   int first_layer_ = 0, end_layer_ = 0;
   ParameterStore params_;
   Param embedding_, final_norm_weight_, lm_head_;
-  // Bound to the parameters; cloned into each slot.
-  std::vector<std::unique_ptr<TpBlock>> blocks_;
+  // Each block's parameters, by role; every slot's blocks are made from them.
+  std::vector<BlockParams> block_params_;
   RMSNorm final_norm_;
 
   bool reserve_only_ = false;
@@ -180,10 +182,9 @@ class LlamaModel {
   std::vector<Slot> slots_;
   Tensor whole_grad_;      // [N, d] ∂/∂(final norm input, whole)
   Tensor gather_scratch_;  // [N·d] sharded residual: the ends' all-gathers (communication)
-  // The layout's block gradients, shared by all blocks (one block's backward at a time).
-  std::unique_ptr<BlockGradients> grad_;
-  Tensor dlogits_;  // [N, V/t]
-  Tensor dfinal_;   // [N, d] ∂/∂(final norm output)
+  Tensor residual_grad_;   // [N, d_res] ∂loss/∂(residual stream at the block being run back)
+  Tensor dlogits_;         // [N, V/t]
+  Tensor dfinal_;          // [N, d] ∂/∂(final norm output)
 };
 
 }  // namespace bottle

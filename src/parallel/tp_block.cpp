@@ -6,69 +6,116 @@
 
 namespace bottle {
 
-void allocate_block_buffers(const BlockAllocators& a, Recompute policy, int64_t slab_tail,
-                            TpBlock& b) {
-  const BlockDims& d = b.dims;
+TpBlock::TpBlock(const TpLayout& layout, const BlockSpec& spec) : policy_(spec.policy) {
+  const ModelShape& m = spec.model;
+  dims = layout.block_dims(m, spec.t);
+  dims.batch = spec.batch;
+  dims.seq = spec.seq;
+  dims.rope_theta = spec.rope_theta;
+  dims.gate_act = spec.gate_act;
+  norm1_weight = spec.params.norm1_weight;
+  norm2_weight = spec.params.norm2_weight;
+  norm_eps = spec.norm_eps;
+  for (int i = 0; i < kNumProjections; ++i) {
+    const auto id = ProjectionId(i);
+    const ProjectionDims widths = layout.projection_dims(m, id, spec.t, spec.tp_rank);
+    const ProjectionParams& params = spec.params.proj[size_t(i)];
+    Projection& p = proj[size_t(i)];
+    p.kind = m.bottleneck;
+    p.d_in = widths.d_in;
+    p.d_out = widths.d_out;
+    if (!m.low_rank()) {
+      p.weight = params.weight;
+      continue;
+    }
+    p.A = params.A;
+    p.B = params.B;
+    p.crossing = spec.crossing;
+    p.rank = widths.rank;
+    p.shard_rank = widths.shard_rank;
+    p.shard_offset = widths.shard_offset;
+    if (p.crossing) {
+      p.G = params.G;
+      p.ln_w = params.ln_w;
+      p.ln_b = params.ln_b;
+    }
+  }
+  attention.batch = dims.batch;
+  attention.seq = dims.seq;
+  attention.heads = dims.heads;
+  attention.kv_heads = dims.kv_heads;
+  attention.head_dim = dims.head_dim;
+  attention.rope_theta = dims.rope_theta;
+}
+
+void TpBlock::allocate_buffers(const BlockAllocators& a, int64_t slab_tail) {
+  const BlockDims& d = dims;
   const int64_t n = d.rows();
   using P = ProjectionId;
-  const bool lax = b[P::q].kind == BottleneckKind::lax;
+  const bool lax = proj[int(P::q)].kind == BottleneckKind::lax;
   // lowrank keeps the latents and the residual after attention; LaX's latents and their
   // gradients cross into the next block, so every policy keeps them.
-  Allocator& latents = policy == Recompute::block ? a.recomputed : a.kept;
+  Allocator& latents = policy_ == Recompute::block ? a.recomputed : a.kept;
   const ProjectionAllocators from{latents, lax ? a.kept : a.recomputed, a.recomputed,
                                   lax ? a.kept : a.grads, a.grads};
   Allocator& rest = a.recomputed;
-  if (b.bottleneck()) {
-    const std::array<Projection*, 3> qkv{&b[P::q], &b[P::k], &b[P::v]};
-    const std::array<Projection*, 2> gate_up{&b[P::gate], &b[P::up]};
-    b.qkv_latent = allocate_grouped_activations(from, n, qkv, slab_tail);
-    b.gate_up_latent = allocate_grouped_activations(from, n, gate_up, slab_tail);
-    b[P::o].allocate_activations(from, n);
-    b[P::down].allocate_activations(from, n);
+  if (bottleneck()) {
+    const std::array<Projection*, 3> qkv_group{&(*this)[P::q], &(*this)[P::k], &(*this)[P::v]};
+    const std::array<Projection*, 2> gate_up_group{&(*this)[P::gate], &(*this)[P::up]};
+    qkv_latent = allocate_grouped_activations(from, n, qkv_group, slab_tail);
+    gate_up_latent = allocate_grouped_activations(from, n, gate_up_group, slab_tail);
+    (*this)[P::o].allocate_activations(from, n);
+    (*this)[P::down].allocate_activations(from, n);
   }
-  Attention& att = b.attention;
-  att.batch = d.batch;
-  att.seq = d.seq;
-  att.heads = d.heads;
-  att.kv_heads = d.kv_heads;
-  att.head_dim = d.head_dim;
-  att.rope_theta = d.rope_theta;
-  att.allocate_activations(rest);
-  b.qkv = rest.alloc_act({n * (d.dq + 2 * d.dkv)});
-  b.q = b.qkv.view(0, {n, d.dq});
-  b.k = b.qkv.view(n * d.dq, {n, d.dkv});
-  b.v = b.qkv.view(n * (d.dq + d.dkv), {n, d.dkv});
-  b.h = (policy == Recompute::lowrank ? a.kept : rest).alloc_act({n, d.d_res});
-  b.gate_up = rest.alloc_act({2 * n * d.dff});
-  b.gate = b.gate_up.view(0, {n, d.dff});
-  b.up = b.gate_up.view(n * d.dff, {n, d.dff});
-  b.gated = rest.alloc_act({n, d.dff});
-}
+  attention.allocate_activations(rest);
+  qkv = rest.alloc_act({n * (d.dq + 2 * d.dkv)});
+  q = qkv.view(0, {n, d.dq});
+  k = qkv.view(n * d.dq, {n, d.dkv});
+  v = qkv.view(n * (d.dq + d.dkv), {n, d.dkv});
+  h = (policy_ == Recompute::lowrank ? a.kept : rest).alloc_act({n, d.d_res});
+  gate_up = rest.alloc_act({2 * n * d.dff});
+  gate = gate_up.view(0, {n, d.dff});
+  up = gate_up.view(n * d.dff, {n, d.dff});
+  gated = rest.alloc_act({n, d.dff});
 
-void allocate_block_gradient_buffers(const BlockAllocators& a, const TpBlock& b,
-                                     BlockGradients& g) {
-  const BlockDims& d = b.dims;
-  const int64_t n = d.rows();
-  Allocator& grads = a.grads;
-  g.residual = grads.alloc_act({n, d.d_res});
-  g.normed = grads.alloc_act({n, d.d_res});
-  g.attn = grads.alloc_act({n, d.dq});
-  g.qkv = grads.alloc_act({n * (d.dq + 2 * d.dkv)});
+  BlockGradients& g = grad;
+  g.normed = a.grads.alloc_act({n, d.d_res});
+  g.attn = a.grads.alloc_act({n, d.dq});
+  g.qkv = a.grads.alloc_act({n * (d.dq + 2 * d.dkv)});
   g.q = g.qkv.view(0, {n, d.dq});
   g.k = g.qkv.view(n * d.dq, {n, d.dkv});
   g.v = g.qkv.view(n * (d.dq + d.dkv), {n, d.dkv});
-  g.gate_up = grads.alloc_act({2 * n * d.dff});
+  g.gate_up = a.grads.alloc_act({2 * n * d.dff});
   g.gate = g.gate_up.view(0, {n, d.dff});
   g.up = g.gate_up.view(n * d.dff, {n, d.dff});
-  g.gated = grads.alloc_act({n, d.dff});
+  g.gated = a.grads.alloc_act({n, d.dff});
 }
 
-Tensor prev_latent(const TpBlock* prev, const TpBlock& b, ProjectionId p) {
-  return b[p].crossing ? (*prev)[p].u : Tensor{};
+void TpBlock::recompute(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+                        Tensor out) {
+  if (policy_ == Recompute::none) return;
+  // validate_recompute refused the policies a layout's supports() does not name.
+  BOTTLE_ASSERT(policy_ == Recompute::block, "this block cannot recompute \"{}\"",
+                recompute_name(policy_));
+  const CommPhase phase(tp.comm, kRecomputePhase);
+  forward(be, tp, prev, x, out);
 }
 
-Tensor prev_latent_grad(TpBlock* prev, const TpBlock& b, ProjectionId p) {
-  return b[p].crossing ? (*prev)[p].du : Tensor{};
+BlockLatents TpBlock::latents() const {
+  BlockLatents l;
+  for (size_t i = 0; i < proj.size(); ++i) {
+    l.u[i] = proj[i].u;
+    l.du[i] = proj[i].du;
+  }
+  return l;
+}
+
+Tensor prev_latent(const BlockLatents& prev, const TpBlock& b, ProjectionId p) {
+  return b[p].crossing ? prev.u[size_t(p)] : Tensor{};
+}
+
+Tensor prev_latent_grad(const BlockLatents& prev, const TpBlock& b, ProjectionId p) {
+  return b[p].crossing ? prev.du[size_t(p)] : Tensor{};
 }
 
 Tensor attention_output(const TpBlock& b) { return b.attention.out.reshaped(b.q.shape); }

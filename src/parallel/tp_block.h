@@ -1,9 +1,11 @@
 #pragma once
 // A decoder block under tensor parallelism, h = x + Attn(RMSNorm1(x)); out = h +
-// MLP(RMSNorm2(h)): the buffers and widths every TP mode's block has. Each mode's layout
-// (tp_layout.h) derives its own block from TpBlock with what only it needs (its norms,
-// its communication scratch) and runs its forward and backward; at t = 1 every mode is the
-// serial block.
+// MLP(RMSNorm2(h)), as one TP mode runs it on one rank. The layout (tp_layout.h) describes the
+// mode and makes its blocks; a block is made bound to its parameters and with its buffers
+// allocated, and owns its forward, backward and recomputation. TpBlock holds the buffers and
+// widths every mode's block has; each mode's block (tp_full.cpp, tp_vanilla.cpp, tp_btp.cpp)
+// derives from it with what only it needs (its norms, its communication scratch). At t = 1
+// every mode is the serial block.
 #include <array>
 #include <memory>
 
@@ -15,8 +17,11 @@
 #include "nn/projection.h"
 #include "nn/rmsnorm.h"
 #include "parallel/recompute.h"
+#include "parallel/tensor_parallel.h"
 
 namespace bottle {
+
+class TpLayout;
 
 // This rank's widths (N = b·s rows).
 struct BlockDims {
@@ -26,64 +31,33 @@ struct BlockDims {
   int64_t dq = 0, dkv = 0;  // q and k/v widths held (this rank's heads)
   int64_t dff = 0;          // MLP width held
   int64_t heads = 0, kv_heads = 0, head_dim = 0;
-  float rope_theta{};  // model.rope_theta, set by the model (its one default is the model's)
-  bool gate_act{};     // act = SiLU in the MLP, set by the model (ModelConfig::gate_act)
+  float rope_theta{};  // model.rope_theta
+  bool gate_act{};     // act = SiLU in the MLP (ModelConfig::gate_act)
   int64_t rows() const { return batch * seq; }
 };
 
-struct TpBlock {
-  BlockDims dims;
-  // The RMSNorms' weights γ (this rank's part of [d]) and ε; the layout's block holds the norm
-  // objects that use them.
-  Param norm1_weight, norm2_weight;
-  float norm_eps{};  // model.rms_norm_eps, set by the model
-  std::array<Projection, kNumProjections> proj;
-  Attention attention;
-
-  Tensor qkv;       // [N·(dq + 2·dkv)] q, k, v side by side: one all-reduce (vanilla)
-  Tensor q, k, v;   // [N, dq], [N, dkv] x2, views into qkv (q, k rotated in place)
-  Tensor h;         // [N, d_res] residual after attention
-  Tensor gate_up;   // [2·N·dff]
-  Tensor gate, up;  // [N, dff] views into gate_up
-  Tensor gated;     // [N, dff] act(gate) ⊙ up
-  ProjectionSlabs qkv_latent, gate_up_latent;  // grouped A outputs (+ a layout's tail)
-
-  TpBlock() = default;
-  TpBlock(const TpBlock&) = default;
-  TpBlock& operator=(const TpBlock&) = default;
-  virtual ~TpBlock() = default;
-  // A copy bound to the same parameters, to hold another micro-batch's activations.
-  virtual std::unique_ptr<TpBlock> clone() const { return std::make_unique<TpBlock>(*this); }
-
-  Projection& operator[](ProjectionId p) { return proj[int(p)]; }
-  const Projection& operator[](ProjectionId p) const { return proj[int(p)]; }
-  bool bottleneck() const { return proj[0].bottleneck(); }
+// One block's parameters by role, as this rank holds them. The model names them (they are its
+// checkpoint's tensors); the block reads them through these handles.
+struct ProjectionParams {
+  Param weight;         // full-rank W
+  Param A, B;           // bottleneck factors
+  Param G, ln_w, ln_b;  // LaX's crossing and LN_r, in every block but the first
+};
+struct BlockParams {
+  Param norm1_weight, norm2_weight;  // the RMSNorms' γ (this rank's part of [d])
+  std::array<ProjectionParams, kNumProjections> proj;
 };
 
-// A layout's block type: TpBlock plus its own members, cloned as itself.
-template <typename Block>
-struct TpBlockOf : TpBlock {
-  std::unique_ptr<TpBlock> clone() const override {
-    return std::make_unique<Block>(static_cast<const Block&>(*this));
-  }
-};
-
-// Activation gradients shared by all blocks (backward visits one block at a time). A layout
-// that needs more derives from it (TpLayout::make_gradients).
-struct BlockGradients {
-  Tensor residual;  // [N, d_res] ∂loss/∂(residual stream at the current depth)
-  Tensor normed;    // [N, d_res] ∂/∂(RMSNorm output)
-  Tensor attn;      // [N, dq]
-  Tensor qkv;       // [N·(dq + 2·dkv)]
-  Tensor q, k, v;   // views into qkv
-  Tensor gate_up;   // [2·N·dff]
-  Tensor gate, up;  // views
-  Tensor gated;     // [N, dff]
-
-  BlockGradients() = default;
-  BlockGradients(const BlockGradients&) = delete;
-  BlockGradients& operator=(const BlockGradients&) = delete;
-  virtual ~BlockGradients() = default;
+// What a layout needs to make one block of one rank.
+struct BlockSpec {
+  ModelShape model;
+  int t = 1, tp_rank = 0;  // the TP degree and this rank
+  bool crossing = false;   // LaX in every block but the model's first
+  float norm_eps{}, rope_theta{};
+  bool gate_act{};
+  int64_t batch = 0, seq = 0;  // of a micro-batch
+  Recompute policy = Recompute::none;
+  BlockParams params;
 };
 
 // Where a block's buffers come from.
@@ -94,10 +68,78 @@ struct BlockAllocators {
   Allocator& comm;        // communication scratch
 };
 
-// The buffers every layout's block has, those `policy` keeps from a.kept. The grouped A
-// outputs get `slab_tail` more elements (btp's RMSNorm statistics).
-void allocate_block_buffers(const BlockAllocators& a, Recompute policy, int64_t slab_tail,
-                            TpBlock& block);
+// The latents of a block that the next block's LaX crossing reads (u) and adds its share of
+// their gradient into (du), one per projection; empty tensors where there are none.
+struct BlockLatents {
+  std::array<Tensor, kNumProjections> u, du;  // [N, r] each
+};
+
+// Activation gradients within one block's backward (from BlockAllocators::grads, which blocks
+// share: backward visits one block at a time).
+struct BlockGradients {
+  Tensor normed;    // [N, d_res] ∂/∂(RMSNorm output)
+  Tensor attn;      // [N, dq]
+  Tensor qkv;       // [N·(dq + 2·dkv)]
+  Tensor q, k, v;   // views into qkv
+  Tensor gate_up;   // [2·N·dff]
+  Tensor gate, up;  // views
+  Tensor gated;     // [N, dff]
+};
+
+class TpBlock {
+ public:
+  TpBlock(const TpBlock&) = delete;
+  TpBlock& operator=(const TpBlock&) = delete;
+  virtual ~TpBlock() = default;
+
+  // out [N, d_res] = the block of x [N, d_res]. prev: the latents of the block before (LaX's
+  // crossing reads them).
+  virtual void forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+                       Tensor out) = 0;
+  // d_residual: on entry ∂loss/∂out, on exit ∂loss/∂x [N, d_res]. Parameter gradients +=, and
+  // prev.du += the crossing's share.
+  virtual void backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+                        Tensor d_residual) = 0;
+  // Rebuilds what backward reads that the block's policy did not keep (recompute.h). `out`
+  // [N, d_res] takes the block's output again where the policy re-runs the whole block.
+  // Collectives issued count under kRecomputePhase. Here: none and block; a mode adds its own.
+  virtual void recompute(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+                         Tensor out);
+
+  BlockLatents latents() const;
+  Recompute policy() const { return policy_; }
+
+  // The state every mode's block has; the modes' passes read and write it.
+  BlockDims dims;
+  Param norm1_weight, norm2_weight;
+  float norm_eps{};
+  std::array<Projection, kNumProjections> proj;
+  Attention attention;
+
+  Tensor qkv;       // [N·(dq + 2·dkv)] q, k, v side by side: one all-reduce (vanilla)
+  Tensor q, k, v;   // [N, dq], [N, dkv] x2, views into qkv (q, k rotated in place)
+  Tensor h;         // [N, d_res] residual after attention
+  Tensor gate_up;   // [2·N·dff]
+  Tensor gate, up;  // [N, dff] views into gate_up
+  Tensor gated;     // [N, dff] act(gate) ⊙ up
+  ProjectionSlabs qkv_latent, gate_up_latent;  // grouped A outputs (+ a layout's tail)
+  BlockGradients grad;
+
+  Projection& operator[](ProjectionId p) { return proj[int(p)]; }
+  const Projection& operator[](ProjectionId p) const { return proj[int(p)]; }
+  bool bottleneck() const { return proj[0].bottleneck(); }
+
+ protected:
+  // Bound to spec.params with the layout's widths; nothing allocated yet.
+  TpBlock(const TpLayout& layout, const BlockSpec& spec);
+  // The buffers every mode's block has, those the policy keeps from a.kept, and the block's
+  // gradients. The grouped A outputs get `slab_tail` more elements (btp's RMSNorm statistics).
+  void allocate_buffers(const BlockAllocators& a, int64_t slab_tail);
+
+ private:
+  Recompute policy_;
+};
+
 // full and vanilla: the two whole-row RMSNorms (replicated on every rank), bound to the
 // block's norm weights and allocated from a.recomputed.
 void allocate_replicated_norms(const BlockAllocators& a, const TpBlock& block, RMSNorm& norm1,
@@ -108,13 +150,11 @@ BlockDims head_split_dims(const ModelShape& m, int t, int64_t d_res);
 // Throws SettingError naming the key unless t divides what such a rank splits: the
 // vocabulary, d, d_ff and both head counts (kv heads are never replicated).
 void check_head_split_divisible(const ModelShape& m, int t);
-// The gradients every layout has (from a.grads).
-void allocate_block_gradient_buffers(const BlockAllocators& a, const TpBlock& block,
-                                     BlockGradients& g);
 
-// Shared pieces of the modes' forward and backward.
-Tensor prev_latent(const TpBlock* prev, const TpBlock& b, ProjectionId p);
-Tensor prev_latent_grad(TpBlock* prev, const TpBlock& b, ProjectionId p);
+// Shared pieces of the modes' forward and backward: the previous latent of projection p and
+// its gradient where b's projection crosses, else empty.
+Tensor prev_latent(const BlockLatents& prev, const TpBlock& b, ProjectionId p);
+Tensor prev_latent_grad(const BlockLatents& prev, const TpBlock& b, ProjectionId p);
 Tensor attention_output(const TpBlock& b);  // [N, dq] view of the attention's output
 // The widest latent of the block's projections that hold only some latent columns; 0: none.
 int64_t widest_sharded_rank(const TpBlock& b);

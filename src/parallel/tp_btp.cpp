@@ -30,12 +30,21 @@ namespace {
 
 using P = ProjectionId;
 
-struct BtpBlock : TpBlockOf<BtpBlock> {
+// The block: every A split by its input columns, every B by its output rows, the residual
+// stream and the norms by d/t.
+class BtpBlock final : public TpBlock {
+ public:
+  BtpBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAllocators& a);
+  void forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+               Tensor out) override;
+  void backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+                Tensor d_residual) override;
+  // lowrank: each chunk's inside from the kept latents, h and x; no collective.
+  void recompute(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+                 Tensor out) override;
+
   OnlineRMSNorm online1, online2;  // this rank's d/t columns
   Tensor sumsq1, sumsq2;           // [N] fp32 ΣS of each norm when the latent slabs are bf16
-};
-
-struct BtpGradients : BlockGradients {
   Tensor latent_part;  // [N·Σr] B's partial latent gradients before their all-reduce (comm)
 };
 
@@ -65,7 +74,7 @@ Tensor norm_statistic(Tensor slab, Tensor own, int64_t rows) {
   return own.empty() ? slab.view(slab.numel() - rows, {rows}) : own;
 }
 
-void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
+void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const BlockLatents& prev,
                      const Group& g) {
   const ComponentTimer timer(tp, g.component);
   for (size_t i = 0; i < g.size; ++i) g[i].latent_forward(be, prev_latent(prev, b, g.ids[i]));
@@ -90,7 +99,7 @@ void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64
 
 // A (row-parallel) → all-reduce → latent stage; `norm` (btp's online RMSNorm) wraps the
 // GEMM when the chunk starts at a norm.
-void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
+void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const BlockLatents& prev,
                        const Group& g, Tensor x, OnlineRMSNorm* norm, Tensor slab, Tensor own_sumsq,
                        const char* group_site) {
   const Tensor sumsq = norm ? norm_statistic(slab, own_sumsq, x.rows()) : Tensor{};
@@ -123,13 +132,13 @@ void chunk_start_forward(Backend& be, const TensorParallel& tp, const Group& g,
 
 // The chunk's start in backward: B's (column-parallel) latent gradient is a partial sum;
 // copy_to's backward all-reduces it, then the latent stage runs on the whole latent.
-void chunk_start_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev,
-                          BtpGradients& grads, const Group& g, std::span<const Tensor> dys,
+void chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
+                          const BlockLatents& prev, const Group& g, std::span<const Tensor> dys,
                           const char* group_site) {
   std::array<Tensor, 3> parts{};
   int64_t offset = 0;
   for (size_t i = 0; i < g.size; ++i) {
-    parts[i] = grads.latent_part.view(offset, g[i].du.shape);
+    parts[i] = b.latent_part.view(offset, g[i].du.shape);
     offset += g[i].du.numel();
   }
   // The crossing of the next block may already have added its share to du, so B's partial
@@ -139,7 +148,7 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpB
     group_up_backward(be, g.span(), dys, {parts.data(), g.size}, false, tp.grouping);
   }
   if (tp.grouping || g.size == 1) {
-    copy_to_backward(tp, grads.latent_part.view(0, {offset}),
+    copy_to_backward(tp, b.latent_part.view(0, {offset}),
                      g.size == 1 ? site("bwd", g, 0) : std::string(group_site));
   } else {
     for (size_t i = 0; i < g.size; ++i) copy_to_backward(tp, parts[i], site("bwd", g, i));
@@ -175,8 +184,35 @@ void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, T
   norm->backward(be, tp, dx, dn, residual_in, stat_site);
 }
 
-void btp_block_forward(Backend& be, const TensorParallel& tp, BtpBlock& b, const TpBlock* prev,
-                       Tensor x, Tensor out) {
+BtpBlock::BtpBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAllocators& a)
+    : TpBlock(layout, spec) {
+  const int64_t n = dims.rows();
+  online1.weight = norm1_weight;
+  online2.weight = norm2_weight;
+  for (OnlineRMSNorm* norm : {&online1, &online2}) {
+    norm->eps = norm_eps;
+    norm->d = dims.d;
+    norm->allocate_activations(a.recomputed, n, dims.d_res);
+  }
+  // Each RMSNorm's statistic (N values) rides in its grouped A's all-reduce, unless the
+  // latents are bf16: the statistic stays fp32, in a buffer kept like the latents.
+  const bool own_statistic = a.kept.act_dtype() != DType::f32;
+  allocate_buffers(a, own_statistic ? 0 : n);
+  if (own_statistic) {
+    sumsq1 = a.kept.alloc({n});
+    sumsq2 = a.kept.alloc({n});
+  }
+  if (!bottleneck()) return;
+  int64_t widest_group = 0;
+  for (const auto& slabs : {qkv_latent, gate_up_latent})
+    widest_group = std::max(widest_group, slabs.du.numel());
+  for (const Projection& p : proj) widest_group = std::max(widest_group, p.du.numel());
+  latent_part = a.comm.alloc_act({widest_group});
+}
+
+void BtpBlock::forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+                       Tensor out) {
+  BtpBlock& b = *this;
   const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
       gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
   chunk_end_forward(be, tp, b, prev, qkv, x, &b.online1, b.qkv_latent.z, b.sumsq1, "btp.fwd.qkv");
@@ -198,33 +234,38 @@ void btp_block_forward(Backend& be, const TensorParallel& tp, BtpBlock& b, const
   be.add(out, out, b.h);
 }
 
-void btp_block_backward(Backend& be, const TensorParallel& tp, BtpBlock& b, TpBlock* prev, Tensor x,
-                        BtpGradients& g) {
+void BtpBlock::backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+                        Tensor d_residual) {
+  BtpBlock& b = *this;
+  BlockGradients& g = grad;
   const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
       gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
-  const std::array<Tensor, 1> d_res{g.residual};
-  chunk_start_backward(be, tp, b, prev, g, down, d_res, "");
+  const std::array<Tensor, 1> d_res{d_residual};
+  chunk_start_backward(be, tp, b, prev, down, d_res, "");
   chunk_end_backward(be, tp, down, g.gated, b.gated, nullptr, {}, {}, "");
   be.fill_zero(g.gate_up);
   be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
   const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
-  chunk_start_backward(be, tp, b, prev, g, gate_up, d_gate_up, "btp.bwd.gate_up");
-  chunk_end_backward(be, tp, gate_up, g.residual, b.h, &b.online2, g.normed, b.h,
+  chunk_start_backward(be, tp, b, prev, gate_up, d_gate_up, "btp.bwd.gate_up");
+  chunk_end_backward(be, tp, gate_up, d_residual, b.h, &b.online2, g.normed, b.h,
                      "btp.bwd.norm2_stat");
-  chunk_start_backward(be, tp, b, prev, g, o, d_res, "");
+  chunk_start_backward(be, tp, b, prev, o, d_res, "");
   chunk_end_backward(be, tp, o, g.attn, attention_output(b), nullptr, {}, {}, "");
   be.fill_zero(g.qkv);
   b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
-  chunk_start_backward(be, tp, b, prev, g, qkv, d_qkv, "btp.bwd.qkv");
-  chunk_end_backward(be, tp, qkv, g.residual, x, &b.online1, g.normed, x, "btp.bwd.norm1_stat");
+  chunk_start_backward(be, tp, b, prev, qkv, d_qkv, "btp.bwd.qkv");
+  chunk_end_backward(be, tp, qkv, d_residual, x, &b.online1, g.normed, x, "btp.bwd.norm1_stat");
 }
 
 // The chunks' insides from what lowrank keeps: the latents z after each all-reduce (ΣS in
 // their slabs' tails, or in buffers of their own in bf16), x and h; every step below is local
 // to this rank.
-void btp_block_recompute_lowrank(Backend& be, const TensorParallel& tp, BtpBlock& b,
-                                 const TpBlock* prev, Tensor x) {
+void BtpBlock::recompute(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+                         Tensor out) {
+  if (policy() != Recompute::lowrank) return TpBlock::recompute(be, tp, prev, x, out);
+  const CommPhase phase(tp.comm, kRecomputePhase);
+  BtpBlock& b = *this;
   const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
       gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
   const int64_t n = x.rows();
@@ -277,55 +318,9 @@ class BtpLayout final : public TpLayout {
     return {.d_in = m.d_in(p) / t, .d_out = m.d_out(p) / t, .rank = m.rank_of(p)};
   }
 
-  std::unique_ptr<TpBlock> make_block() const override { return std::make_unique<BtpBlock>(); }
-  std::unique_ptr<BlockGradients> make_gradients() const override {
-    return std::make_unique<BtpGradients>();
-  }
-  void allocate_block(const BlockAllocators& a, Recompute policy, TpBlock& block) const override {
-    BtpBlock& b = block_of<BtpBlock>(block);
-    const int64_t n = b.dims.rows();
-    b.online1.weight = b.norm1_weight;
-    b.online2.weight = b.norm2_weight;
-    for (OnlineRMSNorm* norm : {&b.online1, &b.online2}) {
-      norm->eps = b.norm_eps;
-      norm->d = b.dims.d;
-      norm->allocate_activations(a.recomputed, n, b.dims.d_res);
-    }
-    // Each RMSNorm's statistic (N values) rides in its grouped A's all-reduce, unless the
-    // latents are bf16: the statistic stays fp32, in a buffer kept like the latents.
-    const bool own_statistic = a.kept.act_dtype() != DType::f32;
-    allocate_block_buffers(a, policy, own_statistic ? 0 : n, b);
-    if (own_statistic) {
-      b.sumsq1 = a.kept.alloc({n});
-      b.sumsq2 = a.kept.alloc({n});
-    }
-  }
-  void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
-                          BlockGradients& gradients) const override {
-    BtpGradients& g = gradients_of<BtpGradients>(gradients);
-    allocate_block_gradient_buffers(a, b, g);
-    if (!b.bottleneck()) return;
-    int64_t widest_group = 0;
-    for (const auto& slabs : {b.qkv_latent, b.gate_up_latent})
-      widest_group = std::max(widest_group, slabs.du.numel());
-    for (const Projection& p : b.proj) widest_group = std::max(widest_group, p.du.numel());
-    g.latent_part = a.comm.alloc_act({widest_group});
-  }
-
-  void forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev, Tensor x,
-               Tensor out) const override {
-    btp_block_forward(be, tp, block_of<BtpBlock>(b), prev, x, out);
-  }
-  void backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev, Tensor x,
-                BlockGradients& g) const override {
-    btp_block_backward(be, tp, block_of<BtpBlock>(b), prev, x, gradients_of<BtpGradients>(g));
-  }
-  // lowrank: each chunk's inside from the kept latents, h and x; no collective.
-  void recompute(Backend& be, const TensorParallel& tp, Recompute policy, TpBlock& b,
-                 const TpBlock* prev, Tensor x, Tensor out) const override {
-    if (policy != Recompute::lowrank) return TpLayout::recompute(be, tp, policy, b, prev, x, out);
-    const CommPhase phase(tp.comm, kRecomputePhase);
-    btp_block_recompute_lowrank(be, tp, block_of<BtpBlock>(b), prev, x);
+  std::unique_ptr<TpBlock> make_block(const BlockSpec& spec,
+                                      const BlockAllocators& a) const override {
+    return std::make_unique<BtpBlock>(*this, spec, a);
   }
 };
 

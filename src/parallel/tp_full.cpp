@@ -16,10 +16,6 @@ using P = ProjectionId;
 // Split by their inputs (rows of W's input side): the second of each pair of Megatron layers.
 bool row_parallel(ProjectionId p) { return p == P::o || p == P::down; }
 
-struct FullBlock : TpBlockOf<FullBlock> {
-  RMSNorm norm1, norm2;  // whole rows, replicated
-};
-
 class FullLayout final : public TpLayout {
  public:
   const char* name() const override { return "full"; }
@@ -54,65 +50,73 @@ class FullLayout final : public TpLayout {
     return d;
   }
 
-  std::unique_ptr<TpBlock> make_block() const override { return std::make_unique<FullBlock>(); }
-  std::unique_ptr<BlockGradients> make_gradients() const override {
-    return std::make_unique<BlockGradients>();
-  }
-  void allocate_block(const BlockAllocators& a, Recompute policy, TpBlock& block) const override {
-    FullBlock& b = block_of<FullBlock>(block);
-    allocate_replicated_norms(a, b, b.norm1, b.norm2);
-    allocate_block_buffers(a, policy, 0, b);
-  }
-  void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
-                          BlockGradients& g) const override {
-    allocate_block_gradient_buffers(a, b, g);
-  }
-
-  void forward(Backend& be, const TensorParallel& tp, TpBlock& block, const TpBlock*, Tensor x,
-               Tensor out) const override {
-    FullBlock& b = block_of<FullBlock>(block);
-    b.norm1.forward(be, x);
-    copy_to_forward(tp, b.norm1.out);
-    b[P::q].forward(be, b.q, b.norm1.out, {});
-    b[P::k].forward(be, b.k, b.norm1.out, {});
-    b[P::v].forward(be, b.v, b.norm1.out, {});
-    b.attention.forward(be, b.q, b.k, b.v);
-    b[P::o].forward(be, b.h, attention_output(b), {});
-    reduce_from_forward(tp, b.h, "full.fwd.attn_out");  // N·d
-    be.add(b.h, b.h, x);
-    b.norm2.forward(be, b.h);
-    copy_to_forward(tp, b.norm2.out);
-    b[P::gate].forward(be, b.gate, b.norm2.out, {});
-    b[P::up].forward(be, b.up, b.norm2.out, {});
-    be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
-    b[P::down].forward(be, out, b.gated, {});
-    reduce_from_forward(tp, out, "full.fwd.mlp_out");  // N·d
-    be.add(out, out, b.h);
-  }
-
-  void backward(Backend& be, const TensorParallel& tp, TpBlock& block, TpBlock*, Tensor x,
-                BlockGradients& g) const override {
-    FullBlock& b = block_of<FullBlock>(block);
-    // g.residual is whole on every rank.
-    reduce_from_backward(tp, g.residual);  // of mlp_out
-    b[P::down].backward(be, g.gated, g.residual, b.gated, {}, {}, false);
-    be.fill_zero(g.gate_up);
-    be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
-    b[P::gate].backward(be, g.normed, g.gate, b.norm2.out, {}, {}, false);
-    b[P::up].backward(be, g.normed, g.up, b.norm2.out, {}, {});
-    copy_to_backward(tp, g.normed, "full.bwd.mlp_in");  // N·d
-    b.norm2.backward(be, g.residual, g.normed, b.h);
-    reduce_from_backward(tp, g.residual);  // of attn_out
-    b[P::o].backward(be, g.attn, g.residual, attention_output(b), {}, {}, false);
-    be.fill_zero(g.qkv);
-    b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
-    b[P::q].backward(be, g.normed, g.q, b.norm1.out, {}, {}, false);
-    b[P::k].backward(be, g.normed, g.k, b.norm1.out, {}, {});
-    b[P::v].backward(be, g.normed, g.v, b.norm1.out, {}, {});
-    copy_to_backward(tp, g.normed, "full.bwd.attn_in");  // N·d
-    b.norm1.backward(be, g.residual, g.normed, x);
-  }
+  std::unique_ptr<TpBlock> make_block(const BlockSpec& spec,
+                                      const BlockAllocators& a) const override;
 };
+
+// The block: every projection's weight split by heads or d_ff, the norms replicated.
+class FullBlock final : public TpBlock {
+ public:
+  FullBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAllocators& a)
+      : TpBlock(layout, spec) {
+    allocate_replicated_norms(a, *this, norm1, norm2);
+    allocate_buffers(a, 0);
+  }
+
+  void forward(Backend& be, const TensorParallel& tp, const BlockLatents&, Tensor x,
+               Tensor out) override {
+    TpBlock& b = *this;
+    norm1.forward(be, x);
+    copy_to_forward(tp, norm1.out);
+    b[P::q].forward(be, q, norm1.out, {});
+    b[P::k].forward(be, k, norm1.out, {});
+    b[P::v].forward(be, v, norm1.out, {});
+    attention.forward(be, q, k, v);
+    b[P::o].forward(be, h, attention_output(b), {});
+    reduce_from_forward(tp, h, "full.fwd.attn_out");  // N·d
+    be.add(h, h, x);
+    norm2.forward(be, h);
+    copy_to_forward(tp, norm2.out);
+    b[P::gate].forward(be, gate, norm2.out, {});
+    b[P::up].forward(be, up, norm2.out, {});
+    be.swiglu_forward(gated, gate, up, dims.gate_act);
+    b[P::down].forward(be, out, gated, {});
+    reduce_from_forward(tp, out, "full.fwd.mlp_out");  // N·d
+    be.add(out, out, h);
+  }
+
+  void backward(Backend& be, const TensorParallel& tp, const BlockLatents&, Tensor x,
+                Tensor d_residual) override {
+    TpBlock& b = *this;
+    BlockGradients& g = grad;
+    // d_residual is whole on every rank.
+    reduce_from_backward(tp, d_residual);  // of mlp_out
+    b[P::down].backward(be, g.gated, d_residual, gated, {}, {}, false);
+    be.fill_zero(g.gate_up);
+    be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
+    b[P::gate].backward(be, g.normed, g.gate, norm2.out, {}, {}, false);
+    b[P::up].backward(be, g.normed, g.up, norm2.out, {}, {});
+    copy_to_backward(tp, g.normed, "full.bwd.mlp_in");  // N·d
+    norm2.backward(be, d_residual, g.normed, h);
+    reduce_from_backward(tp, d_residual);  // of attn_out
+    b[P::o].backward(be, g.attn, d_residual, attention_output(b), {}, {}, false);
+    be.fill_zero(g.qkv);
+    attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
+    b[P::q].backward(be, g.normed, g.q, norm1.out, {}, {}, false);
+    b[P::k].backward(be, g.normed, g.k, norm1.out, {}, {});
+    b[P::v].backward(be, g.normed, g.v, norm1.out, {}, {});
+    copy_to_backward(tp, g.normed, "full.bwd.attn_in");  // N·d
+    norm1.backward(be, d_residual, g.normed, x);
+  }
+
+ private:
+  RMSNorm norm1, norm2;  // whole rows, replicated
+};
+
+std::unique_ptr<TpBlock> FullLayout::make_block(const BlockSpec& spec,
+                                                const BlockAllocators& a) const {
+  return std::make_unique<FullBlock>(*this, spec, a);
+}
 
 }  // namespace
 

@@ -28,16 +28,6 @@ std::vector<const char*> fitting_modes(const ModelShape& model) {
 
 }  // namespace
 
-void TpLayout::recompute(Backend& be, const TensorParallel& tp, Recompute policy, TpBlock& b,
-                         const TpBlock* prev, Tensor x, Tensor out) const {
-  if (policy == Recompute::none) return;
-  // validate_recompute refused the policies supports() does not name.
-  BOTTLE_ASSERT(policy == Recompute::block, "the \"{}\" layout cannot recompute \"{}\"", name(),
-                recompute_name(policy));
-  const CommPhase phase(tp.comm, kRecomputePhase);
-  forward(be, tp, b, prev, x, out);
-}
-
 void require_divides(int t, int64_t value, Setting what) {
   if (value % t != 0)
     fail_setting(Setting::tp, "{} ({}) must divide {} ({})", mention(Setting::tp), t, mention(what),

@@ -1,12 +1,12 @@
 #pragma once
 // A tensor-parallel mode's layout (docs/design.md §4, §17), as Megatron's layer specs and
-// TorchTitan's sharding plans state one: which dimension of every parameter it splits, the
-// widths a rank holds, how the embedding and the LM head meet the blocks, the buffers it needs,
-// what the model must satisfy, which recomputation policies apply, and its block's forward,
-// backward and recomputation with every collective they issue. Each mode is one subclass in
-// its own file, beside its communication: tp_full.cpp, tp_vanilla.cpp, tp_btp.cpp. The
-// registry (tp_layouts.h) maps a mode's name to its layout; src/model asks the layout and never
-// the mode's name.
+// TorchTitan's sharding plans state one: a description of which dimension of every parameter
+// it splits, the widths a rank holds, how the embedding and the LM head meet the blocks, what
+// the model must satisfy and which recomputation policies apply, and the factory of its
+// blocks (tp_block.h), which own their passes. Each mode is one file holding its layout and
+// its block, beside its communication: tp_full.cpp, tp_vanilla.cpp, tp_btp.cpp. The registry
+// (tp_layouts.h) maps a mode's name to its layout; src/model asks the layout and never the
+// mode's name.
 #include <array>
 #include <memory>
 
@@ -85,32 +85,17 @@ class TpLayout {
   virtual ParameterSplits parameter_splits(const ModelShape& model) const = 0;
   virtual ModelEnds ends(const ModelShape& model) const = 0;
   // The TP widths of a block on each of t ranks: d, d_res, heads, kv_heads, head_dim, dq,
-  // dkv, dff (the model adds batch, seq, rope_theta and gate_act).
+  // dkv, dff (the block adds batch, seq, rope_theta and gate_act from its BlockSpec).
   virtual BlockDims block_dims(const ModelShape& model, int t) const = 0;
   virtual ProjectionDims projection_dims(const ModelShape& model, ProjectionId p, int t,
                                          int tp_rank) const = 0;
 
-  // --- The block.
-  // A block of this layout's type, its widths and parameters still to be bound.
-  virtual std::unique_ptr<TpBlock> make_block() const = 0;
-  virtual std::unique_ptr<BlockGradients> make_gradients() const = 0;
-  // Buffers of one block (made by make_block, widths and parameters bound), those `policy`
-  // keeps from a.kept.
-  virtual void allocate_block(const BlockAllocators& a, Recompute policy, TpBlock& b) const = 0;
-  // The gradients all blocks share (from a.grads; communication scratch from a.comm).
-  virtual void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
-                                  BlockGradients& g) const = 0;
-  // prev: the block before (LaX crossing), else null. out = the block's output [N, d_res].
-  virtual void forward(Backend& be, const TensorParallel& tp, TpBlock& b, const TpBlock* prev,
-                       Tensor x, Tensor out) const = 0;
-  // On entry g.residual = ∂loss/∂out; on exit ∂loss/∂x. Parameter gradients +=.
-  virtual void backward(Backend& be, const TensorParallel& tp, TpBlock& b, TpBlock* prev, Tensor x,
-                        BlockGradients& g) const = 0;
-  // Rebuilds what backward reads that `policy` did not keep (recompute.h). `out` [N, d_res]
-  // takes the block's output again where the policy re-runs the whole block. Collectives
-  // issued count under kRecomputePhase. Here: none and block; a layout adds its own.
-  virtual void recompute(Backend& be, const TensorParallel& tp, Recompute policy, TpBlock& b,
-                         const TpBlock* prev, Tensor x, Tensor out) const;
+  // --- Its blocks.
+  // The block of `spec` for this mode, bound to spec.params with this mode's widths, its
+  // buffers taken from `a` (those spec.policy keeps from a.kept). It runs its own forward,
+  // backward and recomputation with every collective they issue.
+  virtual std::unique_ptr<TpBlock> make_block(const BlockSpec& spec,
+                                              const BlockAllocators& a) const = 0;
 };
 
 // Throws SettingError: naming the TP mode when `layout` does not fit the model, the TP degree
@@ -125,15 +110,5 @@ void require_divides(int t, int64_t value, Setting what);
 
 // The mode's name ("btp"), as parallel.tp_mode spells it.
 inline const char* tp_mode_name(const TpLayout* layout) { return layout->name(); }
-
-// A layout's own block type from a block it made (make_block); std::bad_cast otherwise.
-template <typename Block>
-Block& block_of(TpBlock& b) {
-  return dynamic_cast<Block&>(b);
-}
-template <typename Gradients>
-Gradients& gradients_of(BlockGradients& g) {
-  return dynamic_cast<Gradients&>(g);
-}
 
 }  // namespace bottle

@@ -22,14 +22,19 @@ namespace {
 
 using P = ProjectionId;
 
-struct VanillaBlock : TpBlockOf<VanillaBlock> {
+// The block: every A split by its r rows, every B by its r columns, the rest replicated.
+class VanillaBlock final : public TpBlock {
+ public:
+  VanillaBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAllocators& a);
+  void forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+               Tensor out) override;
+  void backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+                Tensor d_residual) override;
+
   RMSNorm norm1, norm2;  // whole rows, replicated
   Tensor gather;         // [2·N·r] LaX: the all-gather's scratch of a latent (comm)
-};
-
-struct VanillaGradients : BlockGradients {
-  Tensor normed_part;  // [N, d] one projection's input gradient before its own all-reduce
-  Tensor gather;       // [2·N·r] LaX: the all-gather's scratch, then the gathered ∂u (comm)
+  Tensor normed_part;    // [N, d] one projection's input gradient before its own all-reduce
+  Tensor grad_gather;    // [2·N·r] LaX: the all-gather's scratch, then the gathered ∂u (comm)
 };
 
 struct Chunk {
@@ -39,9 +44,9 @@ struct Chunk {
 };
 
 // The latent stage of each member, after gathering LaX's sharded latents.
-void latents_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b, const TpBlock* prev,
-                     ProjectionSpan group, std::span<const ProjectionId> ids,
-                     const char* component) {
+void latents_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
+                     const BlockLatents& prev, ProjectionSpan group,
+                     std::span<const ProjectionId> ids, const char* component) {
   for (size_t i = 0; i < group.size(); ++i) {
     Projection& p = *group[i];
     // gather's backward (keep own slice of dz) is A's strided backward, which reads dz's
@@ -53,18 +58,18 @@ void latents_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b, con
   }
 }
 
-void latents_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b, TpBlock* prev,
-                      VanillaGradients& g, ProjectionSpan group, std::span<const ProjectionId> ids,
-                      const char* component) {
+void latents_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
+                      const BlockLatents& prev, ProjectionSpan group,
+                      std::span<const ProjectionId> ids, const char* component) {
   for (size_t i = 0; i < group.size(); ++i) {
     Projection& p = *group[i];
     Tensor whole;
     if (p.sharded()) {
       const int64_t n = p.du.rows();
-      whole = g.gather.view(n * p.rank, {n, p.rank});  // after the gather's own scratch
+      whole = b.grad_gather.view(n * p.rank, {n, p.rank});  // after the gather's own scratch
       // B reads its columns of u (scatter's forward, inside B's strided GEMM): its backward
       // all-gathers the slices of ∂u.
-      scatter_last_dim_backward(be, tp, whole, p.du_shard, g.gather, "vanilla.bwd.lax_gather");
+      scatter_last_dim_backward(be, tp, whole, p.du_shard, b.grad_gather, "vanilla.bwd.lax_gather");
     }
     const ComponentTimer timer(tp, component);
     if (p.sharded()) be.accumulate(p.du, whole);
@@ -74,9 +79,10 @@ void latents_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b, Tp
 
 // outputs_p = chunk_p(x), then reduce_from: one all-reduce over the contiguous outputs
 // with grouping, else one per projection.
-void chunks_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b, const TpBlock* prev,
-                    std::span<const ProjectionId> ids, Tensor x, std::span<const Tensor> outputs,
-                    Tensor outputs_slab, const char* group_site, const char* component) {
+void chunks_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
+                    const BlockLatents& prev, std::span<const ProjectionId> ids, Tensor x,
+                    std::span<const Tensor> outputs, Tensor outputs_slab, const char* group_site,
+                    const char* component) {
   std::array<Projection*, 3> members{};
   for (size_t i = 0; i < ids.size(); ++i) members[i] = &b[ids[i]];
   const ProjectionSpan group{members.data(), ids.size()};
@@ -102,8 +108,8 @@ void chunks_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b, cons
 
 // dx = Σ_p ∂/∂x of chunk_p given dys; copy_to's backward all-reduces the input gradient:
 // once for the sum with grouping, else once per projection.
-void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b, TpBlock* prev,
-                     VanillaGradients& g, std::span<const ProjectionId> ids, Tensor x,
+void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
+                     const BlockLatents& prev, std::span<const ProjectionId> ids, Tensor x,
                      std::span<const Tensor> dys, Tensor dx, const char* group_site,
                      const char* component) {
   std::array<Projection*, 3> members{};
@@ -121,7 +127,7 @@ void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b, TpB
     const ComponentTimer timer(tp, component);
     group_up_backward(be, group, dys, {du_out.data(), ids.size()}, !sharded, tp.grouping);
   }
-  latents_backward(be, tp, b, prev, g, group, ids, component);
+  latents_backward(be, tp, b, prev, group, ids, component);
   if (tp.grouping) {
     {
       const ComponentTimer timer(tp, component);
@@ -131,7 +137,7 @@ void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b, TpB
     return;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
-    Tensor part = i == 0 ? dx : g.normed_part.reshaped(dx.shape);
+    Tensor part = i == 0 ? dx : b.normed_part.reshaped(dx.shape);
     {
       const ComponentTimer timer(tp, component);
       group_down_backward(be, group.subspan(i, 1), part, x, false, false);
@@ -208,71 +214,63 @@ class VanillaLayout final : public TpLayout {
     return d;
   }
 
-  std::unique_ptr<TpBlock> make_block() const override { return std::make_unique<VanillaBlock>(); }
-  std::unique_ptr<BlockGradients> make_gradients() const override {
-    return std::make_unique<VanillaGradients>();
-  }
-  void allocate_block(const BlockAllocators& a, Recompute policy, TpBlock& block) const override {
-    VanillaBlock& b = block_of<VanillaBlock>(block);
-    allocate_replicated_norms(a, b, b.norm1, b.norm2);
-    allocate_block_buffers(a, policy, 0, b);
-    const int64_t n = b.dims.rows();
-    if (const int64_t widest = widest_sharded_rank(b))
-      b.gather = a.comm.alloc_act({2 * n * widest});
-  }
-  void allocate_gradients(const BlockAllocators& a, const TpBlock& b,
-                          BlockGradients& gradients) const override {
-    VanillaGradients& g = gradients_of<VanillaGradients>(gradients);
-    const int64_t n = b.dims.rows();
-    allocate_block_gradient_buffers(a, b, g);
-    g.normed_part = a.grads.alloc_act({n, b.dims.d_res});
-    if (const int64_t widest = widest_sharded_rank(b))
-      g.gather = a.comm.alloc_act({2 * n * widest});
-  }
-
-  void forward(Backend& be, const TensorParallel& tp, TpBlock& block, const TpBlock* prev, Tensor x,
-               Tensor out) const override {
-    VanillaBlock& b = block_of<VanillaBlock>(block);
-    b.norm1.forward(be, x);
-    const std::array<Tensor, 3> qkv{b.q, b.k, b.v};
-    chunks_forward(be, tp, b, prev, kQkv, b.norm1.out, qkv, b.qkv, "vanilla.fwd.qkv_out", "qkv");
-    b.attention.forward(be, b.q, b.k, b.v);
-    const std::array<Tensor, 1> h{b.h};
-    chunks_forward(be, tp, b, prev, kO, attention_output(b), h, b.h, "vanilla.fwd.o_out", nullptr);
-    be.add(b.h, b.h, x);
-    b.norm2.forward(be, b.h);
-    const std::array<Tensor, 2> gate_up{b.gate, b.up};
-    chunks_forward(be, tp, b, prev, kGateUp, b.norm2.out, gate_up, b.gate_up,
-                   "vanilla.fwd.gate_up_out", "gate_up");
-    be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
-    const std::array<Tensor, 1> o{out};
-    chunks_forward(be, tp, b, prev, kDown, b.gated, o, out, "vanilla.fwd.down_out", nullptr);
-    be.add(out, out, b.h);
-  }
-
-  void backward(Backend& be, const TensorParallel& tp, TpBlock& block, TpBlock* prev, Tensor x,
-                BlockGradients& gradients) const override {
-    VanillaBlock& b = block_of<VanillaBlock>(block);
-    VanillaGradients& g = gradients_of<VanillaGradients>(gradients);
-    const std::array<Tensor, 1> d_out{g.residual};
-    chunks_backward(be, tp, b, prev, g, kDown, b.gated, d_out, g.gated, "vanilla.bwd.down_in",
-                    nullptr);
-    be.fill_zero(g.gate_up);
-    be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
-    const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
-    chunks_backward(be, tp, b, prev, g, kGateUp, b.norm2.out, d_gate_up, g.normed,
-                    "vanilla.bwd.gate_up_in", "gate_up");
-    b.norm2.backward(be, g.residual, g.normed, b.h);
-    chunks_backward(be, tp, b, prev, g, kO, attention_output(b), d_out, g.attn, "vanilla.bwd.o_in",
-                    nullptr);
-    be.fill_zero(g.qkv);
-    b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
-    const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
-    chunks_backward(be, tp, b, prev, g, kQkv, b.norm1.out, d_qkv, g.normed, "vanilla.bwd.qkv_in",
-                    "qkv");
-    b.norm1.backward(be, g.residual, g.normed, x);
+  std::unique_ptr<TpBlock> make_block(const BlockSpec& spec,
+                                      const BlockAllocators& a) const override {
+    return std::make_unique<VanillaBlock>(*this, spec, a);
   }
 };
+
+VanillaBlock::VanillaBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAllocators& a)
+    : TpBlock(layout, spec) {
+  allocate_replicated_norms(a, *this, norm1, norm2);
+  allocate_buffers(a, 0);
+  const int64_t n = dims.rows();
+  const int64_t widest = widest_sharded_rank(*this);
+  if (widest) gather = a.comm.alloc_act({2 * n * widest});
+  normed_part = a.grads.alloc_act({n, dims.d_res});
+  if (widest) grad_gather = a.comm.alloc_act({2 * n * widest});
+}
+
+void VanillaBlock::forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev,
+                           Tensor x, Tensor out) {
+  VanillaBlock& b = *this;
+  norm1.forward(be, x);
+  const std::array<Tensor, 3> qkv_out{q, k, v};
+  chunks_forward(be, tp, b, prev, kQkv, norm1.out, qkv_out, qkv, "vanilla.fwd.qkv_out", "qkv");
+  attention.forward(be, q, k, v);
+  const std::array<Tensor, 1> h_out{h};
+  chunks_forward(be, tp, b, prev, kO, attention_output(b), h_out, h, "vanilla.fwd.o_out", nullptr);
+  be.add(h, h, x);
+  norm2.forward(be, h);
+  const std::array<Tensor, 2> gate_up_out{gate, up};
+  chunks_forward(be, tp, b, prev, kGateUp, norm2.out, gate_up_out, gate_up,
+                 "vanilla.fwd.gate_up_out", "gate_up");
+  be.swiglu_forward(gated, gate, up, dims.gate_act);
+  const std::array<Tensor, 1> o{out};
+  chunks_forward(be, tp, b, prev, kDown, gated, o, out, "vanilla.fwd.down_out", nullptr);
+  be.add(out, out, h);
+}
+
+void VanillaBlock::backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev,
+                            Tensor x, Tensor d_residual) {
+  VanillaBlock& b = *this;
+  BlockGradients& g = grad;
+  const std::array<Tensor, 1> d_out{d_residual};
+  chunks_backward(be, tp, b, prev, kDown, gated, d_out, g.gated, "vanilla.bwd.down_in", nullptr);
+  be.fill_zero(g.gate_up);
+  be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
+  const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
+  chunks_backward(be, tp, b, prev, kGateUp, norm2.out, d_gate_up, g.normed,
+                  "vanilla.bwd.gate_up_in", "gate_up");
+  norm2.backward(be, d_residual, g.normed, h);
+  chunks_backward(be, tp, b, prev, kO, attention_output(b), d_out, g.attn, "vanilla.bwd.o_in",
+                  nullptr);
+  be.fill_zero(g.qkv);
+  attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
+  const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
+  chunks_backward(be, tp, b, prev, kQkv, norm1.out, d_qkv, g.normed, "vanilla.bwd.qkv_in", "qkv");
+  norm1.backward(be, d_residual, g.normed, x);
+}
 
 }  // namespace
 
