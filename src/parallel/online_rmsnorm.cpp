@@ -26,11 +26,16 @@ void OnlineRMSNorm::set_whole_rms(Backend& be, Tensor sumsq_total) {
 }
 
 void OnlineRMSNorm::scale_partials(Backend& be, std::span<const Tensor> partials, Tensor sumsq) {
+  if (one_rank) return;
   set_local_rms(be, sumsq);
   for (const Tensor& h : partials) be.scale_rows(h, h, rms_local);
 }
 
 void OnlineRMSNorm::finish(Backend& be, std::span<const Tensor> outputs, Tensor sumsq_total) {
+  if (one_rank) {
+    be.rms_from_sum_squares(rstd, sumsq_total, float(d), eps, /*reciprocal=*/true);
+    return;
+  }
   set_whole_rms(be, sumsq_total);
   for (const Tensor& z : outputs) be.scale_rows(z, z, rstd);
   be.scale_rows(out, out, factor);
@@ -38,6 +43,10 @@ void OnlineRMSNorm::finish(Backend& be, std::span<const Tensor> outputs, Tensor 
 
 void OnlineRMSNorm::recompute(Backend& be, Tensor x, Tensor sumsq_total) {
   forward_local(be, x, factor);  // factor holds S_i until set_whole_rms
+  if (one_rank) {
+    be.rms_from_sum_squares(rstd, sumsq_total, float(d), eps, /*reciprocal=*/true);
+    return;
+  }
   set_local_rms(be, factor);
   set_whole_rms(be, sumsq_total);
   be.scale_rows(out, out, factor);

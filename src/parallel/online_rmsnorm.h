@@ -29,6 +29,11 @@ struct OnlineRMSNorm {
   Param weight;      // γ_i [d/t]
   float eps{};       // model.rms_norm_eps: whoever binds the weight sets it
   int64_t d = 0;     // the whole hidden width
+  // The TP group has one rank: x is the whole row, rms_i is the row's rms, and the forward is
+  // the plain RMSNorm feeding the GEMM. The partials need no rescaling (the factor rms_i /
+  // rms is 1) and `out` is already exact, so scale_partials does nothing and finish only
+  // sets rstd: three row scalings per norm fewer, and z = RMSNorm(x) Aᵀ rounded once.
+  bool one_rank = false;
   Tensor out;        // [N, d/t] x ⊙ γ / rms_i for the GEMM; after finish() x ⊙ γ / rms
   Tensor rms_local;  // [N]
   Tensor rstd;       // [N] 1 / rms of the whole row

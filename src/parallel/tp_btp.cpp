@@ -192,6 +192,7 @@ BtpBlock::BtpBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAll
   for (OnlineRMSNorm* norm : {&online1, &online2}) {
     norm->eps = norm_eps;
     norm->d = dims.d;
+    norm->one_rank = spec.t == 1;
     norm->allocate_activations(a.recomputed, n, dims.d_res);
   }
   // Each RMSNorm's statistic (N values) rides in its grouped A's all-reduce, unless the
