@@ -30,7 +30,20 @@ if ((all)); then
   echo "$list"
   exit 0
 fi
+# Functions allowed over the limit, each with its reason: "FILE NAME  # why".
+allowed=(
+  # Every split tried changes its SASS (compared per kernel with the cubins of sm_90), and a
+  # tensor-core kernel is only re-split where a GPU can time it and check its bits.
+  "src/core/cuda/attention_mma.cu tc_forward_kernel"
+)
 long=$(awk -v limit="$limit" '$1 > limit' <<<"$list")
+for entry in "${allowed[@]}"; do
+  file=${entry%% *} name=${entry#* }
+  long=$(awk -v file="$file" -v name="$name" '!(index($2, file ":") == 1 && $3 == name)' <<<"$long")
+  [ -z "$(awk -v limit="$limit" -v file="$file" -v name="$name" \
+    '$1 > limit && index($2, file ":") == 1 && $3 == name' <<<"$list")" ] ||
+    echo "function_lengths: allowed over $limit lines: $name ($file)"
+done
 if [ -n "$long" ]; then
   echo "function_lengths: $(wc -l <<<"$long") function(s) over $limit lines (lines, place, name):"
   echo "$long"
