@@ -240,6 +240,64 @@ std::vector<std::string> default_corpus() {
   return files;
 }
 
+// The micro-batch sweep's memory limit (`limit`, or the paper's proportion of GPU memory to
+// model state applied to the CoLA model's state at TP 2), the largest micro-batch each mode fits
+// under it, and the paper's own setting planned: CoLA-7B on its GPUs' memory.
+void plan_memory_fits(Launcher& launcher, const PaperFigures& paper, const fs::path& out,
+                      const std::string& cola, std::optional<int64_t> limit, PaperResults& r) {
+  const std::vector<json> plan_state =
+      launcher.run_json("fit_state", 2,
+                        fmt::format("bench tp {} --set parallel.tp=2 --fit 1TiB --fit-max 1 --json",
+                                    shell_quote(cola)));
+  size_t state = 0;  // of the CoLA model, as the paper's 5 GB is CoLA-7B's
+  for (const json& row : plan_state)
+    if (row.at("mode") == "btp")
+      state = std::max(state, row.at("weights_bytes").get<size_t>() +
+                                  row.at("gradients_bytes").get<size_t>() +
+                                  row.at("optimizer_bytes").get<size_t>());
+  r.memory_limit =
+      limit ? size_t(*limit) : size_t(paper_memory_per_model_state(paper) * double(state));
+  r.memory_limit_default = !limit;
+  r.fits =
+      launcher.run_json("fit", 2,
+                        fmt::format("bench tp {} --set parallel.tp=2 --fit {} --fit-max 8 --json",
+                                    shell_quote(cola), r.memory_limit));
+  // The paper's own setting, planned (nothing is allocated): CoLA-7B on its GPUs' memory.
+  {
+    const fs::path path = out / "configs" / "llama7b_cola.toml";
+    std::ofstream(path) << llama7b_cola_config(paper);
+    r.fits_7b = launcher.run_json(
+        "fit_7b", int(paper.value("llama7b.tp")),
+        fmt::format("bench tp {} --fit {:g}GiB --fit-max 16 --json", shell_quote(path.string()),
+                    paper.value("memory.gpu_memory")));
+  }
+}
+
+// Loss curves: btp at TP 2 against one rank, on a real corpus.
+void run_loss_curves(Launcher& launcher, const Scale& s, const fs::path& out,
+                     const std::vector<std::string>& corpus, PaperResults& r) {
+  std::string inputs;
+  for (const std::string& f : corpus) inputs += " " + shell_quote(f);
+  launcher.run("prepare", 0,
+               // The curves are training losses: every document goes to the train split.
+               fmt::format("prepare --input{} --output {} --val-fraction 0", inputs,
+                           shell_quote((out / "data").string())));
+  for (int t : {1, 2}) {
+    const fs::path folder = out / "runs" / fmt::format("tp{}", t);
+    fs::remove_all(folder);
+    const fs::path config = out / "configs" / fmt::format("train_tp{}.toml", t);
+    std::ofstream(config) << train_config(s, out / "data", folder);
+    launcher.run(fmt::format("train_tp{}", t), t,
+                 fmt::format("train {} --set parallel.tp={} --set parallel.tp_mode=btp",
+                             shell_quote(config.string()), t));
+    std::ifstream metrics(folder / "metrics.jsonl");
+    for (std::string line; std::getline(metrics, line);)
+      r.loss[t].push_back(json::parse(line).at("loss").get<double>());
+    BOTTLE_CHECK(!r.loss[t].empty(), "bench paper: {} has no losses",
+                 (folder / "metrics.jsonl").string());
+  }
+}
+
 }  // namespace
 
 Command add_bench_paper_command(CLI::App& app) {
@@ -314,32 +372,7 @@ Command add_bench_paper_command(CLI::App& app) {
     for (int t = 1; t <= o->max_ranks; t *= 2)
       r.tp[t] = bench_tp(fmt::format("tp{}", t), t, cola, t == 2 ? "--recompute" : "");
     // The micro-batch sweep under a memory limit, at TP 2.
-    const std::vector<json> plan_state = launcher.run_json(
-        "fit_state", 2,
-        fmt::format("bench tp {} --set parallel.tp=2 --fit 1TiB --fit-max 1 --json",
-                    shell_quote(cola)));
-    size_t state = 0;  // of the CoLA model, as the paper's 5 GB is CoLA-7B's
-    for (const json& row : plan_state)
-      if (row.at("mode") == "btp")
-        state = std::max(state, row.at("weights_bytes").get<size_t>() +
-                                    row.at("gradients_bytes").get<size_t>() +
-                                    row.at("optimizer_bytes").get<size_t>());
-    r.memory_limit =
-        limit ? size_t(*limit) : size_t(paper_memory_per_model_state(paper) * double(state));
-    r.memory_limit_default = !limit;
-    r.fits =
-        launcher.run_json("fit", 2,
-                          fmt::format("bench tp {} --set parallel.tp=2 --fit {} --fit-max 8 --json",
-                                      shell_quote(cola), r.memory_limit));
-    // The paper's own setting, planned (nothing is allocated): CoLA-7B on its GPUs' memory.
-    {
-      const fs::path path = out / "configs" / "llama7b_cola.toml";
-      std::ofstream(path) << llama7b_cola_config(paper);
-      r.fits_7b = launcher.run_json(
-          "fit_7b", int(paper.value("llama7b.tp")),
-          fmt::format("bench tp {} --fit {:g}GiB --fit-max 16 --json", shell_quote(path.string()),
-                      paper.value("memory.gpu_memory")));
-    }
+    plan_memory_fits(launcher, paper, out, cola, limit, r);
     for (int64_t b : {1, 2, 4, 8})
       r.batch[b] = b == s.batch ? r.tp[2]
                                 : bench_tp(fmt::format("batch{}", b), 2, cola,
@@ -370,27 +403,7 @@ Command add_bench_paper_command(CLI::App& app) {
                     "--seq {} --steps {} --warmup {} --threads {} --json",
                     s.hidden, s.ffn, s.layers, s.heads, s.rank, s.batch, s.seq, s.steps, s.warmup,
                     launcher.cores()));
-    // Loss curves: btp at TP 2 against one rank, on a real corpus.
-    std::string inputs;
-    for (const std::string& f : o->corpus) inputs += " " + shell_quote(f);
-    launcher.run("prepare", 0,
-                 // The curves are training losses: every document goes to the train split.
-                 fmt::format("prepare --input{} --output {} --val-fraction 0", inputs,
-                             shell_quote((out / "data").string())));
-    for (int t : {1, 2}) {
-      const fs::path folder = out / "runs" / fmt::format("tp{}", t);
-      fs::remove_all(folder);
-      const fs::path config = out / "configs" / fmt::format("train_tp{}.toml", t);
-      std::ofstream(config) << train_config(s, out / "data", folder);
-      launcher.run(fmt::format("train_tp{}", t), t,
-                   fmt::format("train {} --set parallel.tp={} --set parallel.tp_mode=btp",
-                               shell_quote(config.string()), t));
-      std::ifstream metrics(folder / "metrics.jsonl");
-      for (std::string line; std::getline(metrics, line);)
-        r.loss[t].push_back(json::parse(line).at("loss").get<double>());
-      BOTTLE_CHECK(!r.loss[t].empty(), "bench paper: {} has no losses",
-                   (folder / "metrics.jsonl").string());
-    }
+    run_loss_curves(launcher, s, out, o->corpus, r);
     // The paper's own runs, on its cluster: predicted, nothing run (bottle plan --paper).
     r.predicted = predict_paper_runs(load_cluster("a100-perlmutter"));
     write_paper_report(r, out);

@@ -81,23 +81,30 @@ const CommandKeys kBenchStepKeys{
     "it times one training step of one micro-batch on one process, keeping every activation, "
     "per model kind and precision, at the constant rate optimizer.lr"};
 
-Command add_bench_step_command(CLI::App& app) {
-  struct Options {
-    std::string config;
-    std::vector<std::string> overrides;
-    ModelConfig model;
-    std::string kinds = "none,cola";
-    std::string precisions = "fp32";
-    int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
-    int threads = 2;
-    std::string save;        // --save: a folder for each kind's model after its steps
-    std::string backend;     // --backend; empty: the config's training.backend, else cpu
-    std::string attention;   // --attention; empty: the config's training.attention, else auto
-    double peak_tflops = 0;  // --peak-tflops; 0: none given
-    bool torch = true, torch_compile = false, json = false, profile = false;
-  };
-  auto o = std::make_shared<Options>();
-  o->model.rank = 64;
+namespace {
+
+// bench step's options: the model's shape, or a configuration giving it, and what to time.
+struct BenchStepOptions {
+  std::string config;
+  std::vector<std::string> overrides;
+  ModelConfig model;
+  std::string kinds = "none,cola";
+  std::string precisions = "fp32";
+  int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
+  int threads = 2;
+  std::string save;        // --save: a folder for each kind's model after its steps
+  std::string backend;     // --backend; empty: the config's training.backend, else cpu
+  std::string attention;   // --attention; empty: the config's training.attention, else auto
+  double peak_tflops = 0;  // --peak-tflops; 0: none given
+  bool torch = true, torch_compile = false, json = false, profile = false;
+};
+
+// The options whose presence, not only their value, says something.
+struct BenchStepFlags {
+  CLI::Option *config, *kv_heads, *kinds, *precisions, *backend, *attention;
+};
+
+BenchStepFlags add_bench_step_options(CLI::App& app, BenchStepOptions* o) {
   CLI::Option* config = app.add_option("config", o->config,
                                        "TOML config: the model of [model], b and s of [training]");
   app.add_option("--set", o->overrides, "override a config key: section.key=value (repeatable)")
@@ -152,71 +159,305 @@ Command add_bench_step_command(CLI::App& app) {
                  "write each kind's model after its steps and the tokens it stepped on to "
                  "DIR/KIND (config.json, model.safetensors, tokens.bin: a shard of that one "
                  "batch that `bottle train` reads)");
-  return [o, config, kv_heads, kinds, precisions, backend, attention] {
-    omp_set_num_threads(o->threads);
-    // The step's settings: a configuration's, or without one these fixed ones (TrainConfig's
-    // defaults: seed 1234, max_norm 1.0, AdamW betas 0.9 and 0.95, weight decay 0.1) at lr 1e-3.
-    TrainConfig base;
-    base.optimizer.lr = 1e-3;
-    if (config->count()) {
-      ConfigKeysGiven given;
-      base = load_train_config(o->config, o->overrides, &given);
-      check_honoured_keys(base, given, o->config, kBenchStepKeys);
-      o->model = base.model;
-      o->batch = base.training.micro_batch_size;
-      o->seq = base.training.seq_len;
-      if (!kinds->count()) o->kinds = bottleneck_kind_name(base.model.bottleneck);
-      if (!precisions->count()) o->precisions = enum_name(base.training.precision);
-      if (!backend->count()) o->backend = enum_name(base.training.backend);
-    } else if (!kv_heads->count()) {
-      o->model.num_kv_heads = o->model.num_heads;
-    }
-    o->model.max_seq_len = std::max(o->model.max_seq_len, o->seq);
-    base.training.micro_batch_size = o->batch;
-    base.training.seq_len = o->seq;
-    if (config->count())
-      check_batch_shape(o->model, o->batch, o->seq, o->config + ": key",
-                        "'training.micro_batch_size'", "'training.seq_len'");
-    else
-      check_batch_shape(o->model, o->batch, o->seq, "bench step:", "--batch", "--seq");
-    std::vector<Precision> precision_list;
-    {
-      std::stringstream list(o->precisions);
-      for (std::string name; std::getline(list, name, ',');) {
-        BOTTLE_CHECK(name == "fp32" || name == "bf16",
-                     "--precision: '{}' is not a precision (fp32 or bf16)", name);
-        precision_list.push_back(name == "bf16" ? Precision::bf16 : Precision::fp32);
-      }
-      BOTTLE_CHECK(!precision_list.empty(), "--precision: no precision given");
-    }
-    if (o->backend.empty()) o->backend = "cpu";
-    if (const std::string why = backend_unavailable(o->backend); !why.empty()) {
-      if (backend->count() || !config->count())
-        fail("bench step: --backend {}: {}", o->backend, why);
-      fail("{}: training.backend = \"{}\": {} (choose another with --backend)", o->config,
-           o->backend, why);
-    }
-    if (!attention->count()) o->attention = attention_choice_name(base.training.attention);
-    const AttentionChoice attention_choice = o->attention == "cudnn" ? AttentionChoice::cudnn
-                                             : o->attention == "own" ? AttentionChoice::own
-                                                                     : AttentionChoice::automatic;
-    std::unique_ptr<Backend> be;
+  return {config, kv_heads, kinds, precisions, backend, attention};
+}
+
+// The step's settings, and the shape into `o`: the configuration's, or --hidden and the rest.
+TrainConfig bench_step_base(BenchStepOptions* o, const BenchStepFlags& f) {
+  // The step's settings: a configuration's, or without one these fixed ones (TrainConfig's
+  // defaults: seed 1234, max_norm 1.0, AdamW betas 0.9 and 0.95, weight decay 0.1) at lr 1e-3.
+  TrainConfig base;
+  base.optimizer.lr = 1e-3;
+  if (f.config->count()) {
+    ConfigKeysGiven given;
+    base = load_train_config(o->config, o->overrides, &given);
+    check_honoured_keys(base, given, o->config, kBenchStepKeys);
+    o->model = base.model;
+    o->batch = base.training.micro_batch_size;
+    o->seq = base.training.seq_len;
+    if (!f.kinds->count()) o->kinds = bottleneck_kind_name(base.model.bottleneck);
+    if (!f.precisions->count()) o->precisions = enum_name(base.training.precision);
+    if (!f.backend->count()) o->backend = enum_name(base.training.backend);
+  } else if (!f.kv_heads->count()) {
+    o->model.num_kv_heads = o->model.num_heads;
+  }
+  o->model.max_seq_len = std::max(o->model.max_seq_len, o->seq);
+  base.training.micro_batch_size = o->batch;
+  base.training.seq_len = o->seq;
+  if (f.config->count())
+    check_batch_shape(o->model, o->batch, o->seq, o->config + ": key",
+                      "'training.micro_batch_size'", "'training.seq_len'");
+  else
+    check_batch_shape(o->model, o->batch, o->seq, "bench step:", "--batch", "--seq");
+  return base;
+}
+
+// --precision's comma-separated list.
+std::vector<Precision> parse_precisions(const std::string& names) {
+  std::vector<Precision> precision_list;
+  std::stringstream list(names);
+  for (std::string name; std::getline(list, name, ',');) {
+    BOTTLE_CHECK(name == "fp32" || name == "bf16",
+                 "--precision: '{}' is not a precision (fp32 or bf16)", name);
+    precision_list.push_back(name == "bf16" ? Precision::bf16 : Precision::fp32);
+  }
+  BOTTLE_CHECK(!precision_list.empty(), "--precision: no precision given");
+  return precision_list;
+}
+
+// The backend of --backend (or the configuration's), with --attention's kernels.
+std::unique_ptr<Backend> open_bench_backend(BenchStepOptions* o, const BenchStepFlags& f,
+                                            const TrainConfig& base) {
+  if (o->backend.empty()) o->backend = "cpu";
+  if (const std::string why = backend_unavailable(o->backend); !why.empty()) {
+    if (f.backend->count() || !f.config->count())
+      fail("bench step: --backend {}: {}", o->backend, why);
+    fail("{}: training.backend = \"{}\": {} (choose another with --backend)", o->config, o->backend,
+         why);
+  }
+  if (!f.attention->count()) o->attention = attention_choice_name(base.training.attention);
+  const AttentionChoice attention_choice = o->attention == "cudnn" ? AttentionChoice::cudnn
+                                           : o->attention == "own" ? AttentionChoice::own
+                                                                   : AttentionChoice::automatic;
+  std::unique_ptr<Backend> be;
+  try {
+    be = make_backend(o->backend, {attention_choice});
+  } catch (const Error& e) {
+    if (attention_choice != AttentionChoice::cudnn) throw;
+    fail("bench step: --attention cudnn (training.attention): {}", e.what());
+  }
+  return be;
+}
+
+// The run's first line: which attention runs at this shape in each precision, and why (the
+// cuda backend builds cuDNN's graphs here, before any step is timed).
+void print_attention_paths(Backend* be, const BenchStepOptions* o,
+                           const std::vector<Precision>& precision_list) {
+  std::string attention_text;
+  for (const Precision precision : precision_list)
+    attention_text += fmt::format(
+        "{}{}{}", attention_text.empty() ? "" : "; ",
+        precision_list.size() > 1 ? fmt::format("{}: ", enum_name(precision)) : std::string(),
+        be->attention_path(o->batch, o->seq, o->model.num_heads, o->model.num_kv_heads,
+                           o->model.head_dim(), compute_dtype(precision)));
+  if (!o->json) std::printf("attention: %s\n", attention_text.c_str());
+}
+
+// The lines before the rows: the shape, the GEMM peaks, the CPU, the backend, how --profile
+// times and the bf16 GEMMs' path.
+void print_bench_header(Backend* be, const BenchStepOptions* o, const std::string& peak_text,
+                        const ProfilingBackend* profiler, bool on_device,
+                        const std::vector<Precision>& precision_list) {
+  if (!o->json)
+    std::printf(
+        "bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld %s, %d threads; GEMM "
+        "peak %s\nCPU: %s\n",
+        (long long)o->model.vocab_size, (long long)o->model.hidden_size,
+        (long long)o->model.intermediate_size, (long long)o->model.num_layers,
+        (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch,
+        o->precisions.c_str(), o->threads, peak_text.c_str(), cpu_summary().c_str());
+  if (!o->json && o->backend != "cpu")
+    std::printf("backend: %s\n", backend_description(o->backend).c_str());
+  if (!o->json && profiler && on_device)
+    std::printf(
+        "--profile: each kernel between two events on the stream, read after the steps (no "
+        "wait per kernel)\n");
+  const bool any_bf16 = std::count(precision_list.begin(), precision_list.end(), Precision::bf16);
+  if (!o->json && any_bf16) std::printf("bf16 GEMMs: %s\n", be->bf16_gemm_path().c_str());
+}
+
+// The GEMM peak of each precision, and the nominal one where --peak-tflops gives it.
+std::string describe_peaks(const std::map<Precision, std::unique_ptr<GemmPeak>>& peaks,
+                           double peak_tflops) {
+  std::string peak_text;
+  for (const auto& [precision, peak] : peaks)
+    peak_text += fmt::format("{}{:.0f} GFLOP/s ({})", peak_text.empty() ? "" : ", ", peak->gflops(),
+                             enum_name(precision));
+  if (peak_tflops > 0) peak_text += fmt::format("; nominal peak {:g} TFLOP/s", peak_tflops);
+  return peak_text;
+}
+
+// The step of `bottle train` on one process, at the constant rate optimizer.lr, for one kind
+// of `model` in one precision.
+TrainConfig kind_config(const TrainConfig& base, const ModelConfig& model, const std::string& kind,
+                        Precision precision) {
+  TrainConfig train_config = bench_step_config(base);
+  train_config.training.precision = precision;
+  train_config.model = model;
+  train_config.model.bottleneck = parse_bottleneck_kind(kind);
+  train_config.parallel.tp_mode = default_tp_mode(train_config.model);
+  return train_config;
+}
+
+// One batch of b rows of s tokens (n in all), stepped on every step: rows of a fixed stream, the
+// targets the inputs shifted by one, as a token shard's window gives them.
+std::vector<int32_t> batch_stream(int64_t n, int64_t vocab_size) {
+  std::vector<int32_t> stream(size_t(n + 1));
+  for (size_t i = 0; i < stream.size(); ++i)
+    stream[i] = int32_t((i * 2654435761u) % uint64_t(vocab_size));
+  return stream;
+}
+
+// Refusals before a kind's steps: a --save folder that cannot be written, and a host backend's
+// model and step that do not fit the host's memory.
+void check_before_steps(const BenchStepOptions* o, const std::string& kind,
+                        const TrainConfig& train_config, bool on_device) {
+  const ModelConfig& config = train_config.model;
+  // A folder --save cannot write into is refused before any step.
+  if (!o->save.empty()) {
     try {
-      be = make_backend(o->backend, {attention_choice});
+      check_new_model_directory((fs::path(o->save) / kind).string());
     } catch (const Error& e) {
-      if (attention_choice != AttentionChoice::cudnn) throw;
-      fail("bench step: --attention cudnn (training.attention): {}", e.what());
+      fail("--save: {}", e.what());
     }
-    // The run's first line: which attention runs at this shape in each precision, and why (the
-    // cuda backend builds cuDNN's graphs here, before any step is timed).
-    std::string attention_text;
-    for (const Precision precision : precision_list)
-      attention_text += fmt::format(
-          "{}{}{}", attention_text.empty() ? "" : "; ",
-          precision_list.size() > 1 ? fmt::format("{}: ", enum_name(precision)) : std::string(),
-          be->attention_path(o->batch, o->seq, o->model.num_heads, o->model.num_kv_heads,
-                             o->model.head_dim(), compute_dtype(precision)));
-    if (!o->json) std::printf("attention: %s\n", attention_text.c_str());
+  }
+  // The host's memory bounds a host backend's run; a device's allocator refuses what
+  // does not fit it, naming its free memory.
+  if (!on_device) {
+    const std::string what = fmt::format("bench step: the {} model", kind),
+                      advice = "lower --batch, --seq or the model's size";
+    check_parameter_memory(config, true, 1, 1, world_communicator(), what, advice);
+    check_available_memory(
+        plan_rank_memory(train_config, tensor_parallel_of(train_config, nullptr), {}, 1),
+        world_communicator(), what, advice);
+  }
+}
+
+// What a kind's timed steps measured.
+struct TimedSteps {
+  Timing t;
+  StepResult last;
+  std::map<std::string, KernelTime> step_kernels;  // the timed steps' (--profile)
+  double host_waits = 0;  // per timed step: the host waiting for the device
+  double flops = 0;
+};
+
+// The kind's steps on one batch (`stream`, n tokens): the warm-up, then the timed steps; then,
+// while the model lives, its copy for --save (with the first precision) and for the peer.
+TimedSteps run_timed_steps(const TrainConfig& train_config, Backend* be, ProfilingBackend* profiler,
+                           const BenchStepOptions* o, const std::vector<int32_t>& stream, int64_t n,
+                           const std::string& kind, Precision precision,
+                           const std::vector<Precision>& precision_list, bool torch_row,
+                           const fs::path& peer_dir) {
+  TimedSteps r;
+  TrainStep train_step(train_config, *be, tensor_parallel_of(train_config, nullptr), nullptr,
+                       nullptr);
+  LlamaModel& model = train_step.model();
+  model.init_weights(uint64_t(train_config.training.seed));
+  train_step.allocate_activations();
+  be->from_host(train_step.inputs()[0], stream.data());
+  be->from_host(train_step.targets()[0], stream.data() + 1);
+  // TrainStep times each step to its last kernel's end (a device backend's waited for).
+  std::vector<double> ms;
+  int64_t waits_before = 0;  // the backend's host waits when the timed steps start
+  for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
+    if (step == o->warmup) {
+      if (profiler) profiler->reset();
+      waits_before = be->host_waits();
+    }
+    r.last = train_step.step(step);
+    if (step >= o->warmup) ms.push_back(r.last.seconds * 1e3);
+  }
+  r.host_waits = double(be->host_waits() - waits_before) / double(o->steps);
+  r.t = summarize(ms);
+  // Before the model is copied out for --save and the peer, which is not step work.
+  if (profiler) r.step_kernels = profiler->times();
+  r.flops = model.flops_per_step(n, o->seq);
+  if (!o->save.empty() && precision == precision_list.front()) {
+    const fs::path dir = fs::path(o->save) / kind;
+    save_model(model, dir.string());
+    write_token_shard((dir / "tokens.bin").string(), stream);
+  }
+  if (torch_row) {
+    save_model(model, peer_dir.string());
+    write_token_shard((peer_dir / "tokens.bin").string(), stream);
+  }
+  return r;
+}
+
+// A kind's row in one precision, the peer's columns still to come.
+nlohmann::ordered_json step_row(const BenchStepOptions* o, Backend* be, const std::string& kind,
+                                Precision precision, const std::vector<Precision>& precision_list,
+                                const ModelConfig& config, const TimedSteps& timed, int64_t n,
+                                double gflops, const GemmPeak& peak, std::optional<double> mfu,
+                                double mfu_nominal, bool on_device, double baseline_ms,
+                                double first_precision_ms) {
+  const Timing& t = timed.t;
+  const StepResult& last = timed.last;
+  const double host_waits = timed.host_waits;
+  nlohmann::ordered_json row = {
+      {"kind", kind},
+      {"precision", enum_name(precision)},
+      {"backend", o->backend},
+      {"rank", config.bottleneck == BottleneckKind::none ? 0 : config.rank_of(ProjectionId::q)},
+      {"params", config.parameter_count()},
+      {"ms_per_step", t.median},
+      {"ms_min", t.min},
+      {"ms_max", t.max},
+      {"tokens_per_s", double(n) / (t.median / 1e3)},
+      {"gflops", gflops},
+      {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
+      {"gemm_peak_gflops", peak.gflops()}};
+  if (o->peak_tflops > 0) {
+    row["mfu_nominal"] = mfu_nominal;
+    row["nominal_peak_tflops"] = o->peak_tflops;
+  }
+  if (o->backend != "cpu") row["device"] = backend_description(o->backend);
+  row["cpu"] = cpu_model();
+  row["onednn_isa"] = onednn_isa();
+  if (on_device) row["host_waits_per_step"] = host_waits;
+  row["loss"] = last.loss;
+  row["grad_norm"] = last.grad_norm;
+  row["lr"] = last.lr;
+  row["peak_bytes"] = MemoryStats::global().peak_total();
+  if (precision == Precision::bf16) row["bf16_gemm_path"] = be->bf16_gemm_path();
+  if (config.bottleneck != BottleneckKind::none && baseline_ms > 0 &&
+      precision == precision_list.front())
+    row["speedup_vs_full_rank"] = baseline_ms / t.median;
+  if (precision != precision_list.front())
+    row[fmt::format("speedup_vs_{}", enum_name(precision_list.front()))] =
+        first_precision_ms / t.median;
+  return row;
+}
+
+// A kind's row in one precision as text; `peer_text`: the peer's part of the line.
+void print_step_line(const BenchStepOptions* o, const std::string& kind, Precision precision,
+                     const ModelConfig& config, const Timing& t, int64_t n, double gflops,
+                     std::optional<double> mfu, double mfu_nominal, bool on_device,
+                     double host_waits, const nlohmann::ordered_json& row,
+                     const std::string& peer_text) {
+  std::string mfu_text = mfu ? fmt::format("{:.1f}%", 100.0 * *mfu)
+                             : std::string(on_device ? "n/a (above the measured peak)"
+                                                     : "n/a (peak measured while busy)");
+  if (o->peak_tflops > 0)
+    mfu_text += fmt::format(" of measured GEMM peak, {:.1f}% of {:g} TFLOP/s nominal",
+                            100.0 * mfu_nominal, o->peak_tflops);
+  std::printf(
+      "%-5s %-4s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU "
+      "%s",
+      kind.c_str(), enum_name(precision), (long long)config.parameter_count(), t.median, t.min,
+      t.max, double(n) / (t.median / 1e3), gflops, mfu_text.c_str());
+  if (row.contains("speedup_vs_full_rank"))
+    std::printf("  %.2fx vs full-rank", row["speedup_vs_full_rank"].get<double>());
+  for (const char* other : {"fp32", "bf16"})
+    if (row.contains(fmt::format("speedup_vs_{}", other)))
+      std::printf("  %.2fx vs %s", row[fmt::format("speedup_vs_{}", other)].get<double>(), other);
+  std::printf("%s\n", peer_text.c_str());
+  if (on_device) std::printf("      host waits for the device: %.1f per step\n", host_waits);
+}
+
+}  // namespace
+
+Command add_bench_step_command(CLI::App& app) {
+  auto o = std::make_shared<BenchStepOptions>();
+  o->model.rank = 64;
+  const BenchStepFlags flags = add_bench_step_options(app, o.get());
+  return [o, flags] {
+    omp_set_num_threads(o->threads);
+    const TrainConfig base = bench_step_base(o.get(), flags);
+    const std::vector<Precision> precision_list = parse_precisions(o->precisions);
+    std::unique_ptr<Backend> be = open_bench_backend(o.get(), flags, base);
+    print_attention_paths(be.get(), o.get(), precision_list);
     const bool on_device = be->device() != Device::cpu;
     // Measured before the profiler wraps the backend, so the profile counts the step's kernels
     // alone; each precision's MFU against its own GEMMs' peak.
@@ -224,33 +465,14 @@ Command add_bench_step_command(CLI::App& app) {
     for (const Precision precision : precision_list)
       if (!peaks.count(precision))
         peaks[precision] = std::make_unique<GemmPeak>(*be, compute_dtype(precision));
-    std::string peak_text;
-    for (const auto& [precision, peak] : peaks)
-      peak_text += fmt::format("{}{:.0f} GFLOP/s ({})", peak_text.empty() ? "" : ", ",
-                               peak->gflops(), enum_name(precision));
-    if (o->peak_tflops > 0) peak_text += fmt::format("; nominal peak {:g} TFLOP/s", o->peak_tflops);
+    const std::string peak_text = describe_peaks(peaks, o->peak_tflops);
     ProfilingBackend* profiler = nullptr;
     if (o->profile) {
       auto wrapped = std::make_unique<ProfilingBackend>(std::move(be));
       profiler = wrapped.get();
       be = std::move(wrapped);
     }
-    if (!o->json)
-      std::printf(
-          "bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld %s, %d threads; GEMM "
-          "peak %s\nCPU: %s\n",
-          (long long)o->model.vocab_size, (long long)o->model.hidden_size,
-          (long long)o->model.intermediate_size, (long long)o->model.num_layers,
-          (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch,
-          o->precisions.c_str(), o->threads, peak_text.c_str(), cpu_summary().c_str());
-    if (!o->json && o->backend != "cpu")
-      std::printf("backend: %s\n", backend_description(o->backend).c_str());
-    if (!o->json && profiler && on_device)
-      std::printf(
-          "--profile: each kernel between two events on the stream, read after the steps (no "
-          "wait per kernel)\n");
-    const bool any_bf16 = std::count(precision_list.begin(), precision_list.end(), Precision::bf16);
-    if (!o->json && any_bf16) std::printf("bf16 GEMMs: %s\n", be->bf16_gemm_path().c_str());
+    print_bench_header(be.get(), o.get(), peak_text, profiler, on_device, precision_list);
     if (!o->save.empty()) {
       std::error_code ec;
       fs::create_directories(o->save, ec);
@@ -264,82 +486,22 @@ Command add_bench_step_command(CLI::App& app) {
     while (std::getline(kinds, kind, ',')) {
       double first_precision_ms = 0.0;
       for (const Precision precision : precision_list) {
-        // The step of `bottle train` on one process, at the constant rate optimizer.lr.
-        TrainConfig train_config = bench_step_config(base);
-        train_config.training.precision = precision;
-        train_config.model = o->model;
-        train_config.model.bottleneck = parse_bottleneck_kind(kind);
-        train_config.parallel.tp_mode = default_tp_mode(train_config.model);
+        const TrainConfig train_config = kind_config(base, o->model, kind, precision);
         const ModelConfig& config = train_config.model;
-        // A folder --save cannot write into is refused before any step.
-        if (!o->save.empty()) {
-          try {
-            check_new_model_directory((fs::path(o->save) / kind).string());
-          } catch (const Error& e) {
-            fail("--save: {}", e.what());
-          }
-        }
-        // The host's memory bounds a host backend's run; a device's allocator refuses what
-        // does not fit it, naming its free memory.
-        if (!on_device) {
-          const std::string what = fmt::format("bench step: the {} model", kind),
-                            advice = "lower --batch, --seq or the model's size";
-          check_parameter_memory(config, true, 1, 1, world_communicator(), what, advice);
-          check_available_memory(
-              plan_rank_memory(train_config, tensor_parallel_of(train_config, nullptr), {}, 1),
-              world_communicator(), what, advice);
-        }
+        check_before_steps(o.get(), kind, train_config, on_device);
         const int64_t n = o->batch * o->seq;
-        // One batch of b rows of s tokens, stepped on every step: rows of a fixed stream, the
-        // targets the inputs shifted by one, as a token shard's window gives them.
-        std::vector<int32_t> stream(size_t(n + 1));
-        for (size_t i = 0; i < stream.size(); ++i)
-          stream[i] = int32_t((i * 2654435761u) % uint64_t(config.vocab_size));
+        const std::vector<int32_t> stream = batch_stream(n, config.vocab_size);
         // The peer's copy of the model after the steps, written while the model lives; the
         // peer runs once bottle's model has given its memory back (on a GPU they share it).
         const bool torch_row =
             o->torch && (on_device ? o->backend == "cuda" : precision == Precision::fp32);
         const fs::path peer_dir = scratch / fmt::format("{}-{}", kind, enum_name(precision));
         nlohmann::ordered_json row;
-        Timing t;
-        StepResult last;
-        std::map<std::string, KernelTime> step_kernels;  // the timed steps' (--profile)
-        double host_waits = 0;  // per timed step: the host waiting for the device
-        double flops = 0;
-        {
-          TrainStep train_step(train_config, *be, tensor_parallel_of(train_config, nullptr),
-                               nullptr, nullptr);
-          LlamaModel& model = train_step.model();
-          model.init_weights(uint64_t(train_config.training.seed));
-          train_step.allocate_activations();
-          be->from_host(train_step.inputs()[0], stream.data());
-          be->from_host(train_step.targets()[0], stream.data() + 1);
-          // TrainStep times each step to its last kernel's end (a device backend's waited for).
-          std::vector<double> ms;
-          int64_t waits_before = 0;  // the backend's host waits when the timed steps start
-          for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
-            if (step == o->warmup) {
-              if (profiler) profiler->reset();
-              waits_before = be->host_waits();
-            }
-            last = train_step.step(step);
-            if (step >= o->warmup) ms.push_back(last.seconds * 1e3);
-          }
-          host_waits = double(be->host_waits() - waits_before) / double(o->steps);
-          t = summarize(ms);
-          // Before the model is copied out for --save and the peer, which is not step work.
-          if (profiler) step_kernels = profiler->times();
-          flops = model.flops_per_step(n, o->seq);
-          if (!o->save.empty() && precision == precision_list.front()) {
-            const fs::path dir = fs::path(o->save) / kind;
-            save_model(model, dir.string());
-            write_token_shard((dir / "tokens.bin").string(), stream);
-          }
-          if (torch_row) {
-            save_model(model, peer_dir.string());
-            write_token_shard((peer_dir / "tokens.bin").string(), stream);
-          }
-        }
+        const TimedSteps timed =
+            run_timed_steps(train_config, be.get(), profiler, o.get(), stream, n, kind, precision,
+                            precision_list, torch_row, peer_dir);
+        const Timing& t = timed.t;
+        const double flops = timed.flops;
         const double gflops = flops / (t.median * 1e6);
         GemmPeak& peak = *peaks.at(precision);
         const std::optional<double> mfu = peak.utilization(gflops);
@@ -348,38 +510,8 @@ Command add_bench_step_command(CLI::App& app) {
         if (config.bottleneck == BottleneckKind::none && precision == precision_list.front())
           baseline_ms = t.median;
         if (precision == precision_list.front()) first_precision_ms = t.median;
-        row = {{"kind", kind},
-               {"precision", enum_name(precision)},
-               {"backend", o->backend},
-               {"rank",
-                config.bottleneck == BottleneckKind::none ? 0 : config.rank_of(ProjectionId::q)},
-               {"params", config.parameter_count()},
-               {"ms_per_step", t.median},
-               {"ms_min", t.min},
-               {"ms_max", t.max},
-               {"tokens_per_s", double(n) / (t.median / 1e3)},
-               {"gflops", gflops},
-               {"mfu", mfu ? nlohmann::json(*mfu) : nlohmann::json(nullptr)},
-               {"gemm_peak_gflops", peak.gflops()}};
-        if (o->peak_tflops > 0) {
-          row["mfu_nominal"] = mfu_nominal;
-          row["nominal_peak_tflops"] = o->peak_tflops;
-        }
-        if (o->backend != "cpu") row["device"] = backend_description(o->backend);
-        row["cpu"] = cpu_model();
-        row["onednn_isa"] = onednn_isa();
-        if (on_device) row["host_waits_per_step"] = host_waits;
-        row["loss"] = last.loss;
-        row["grad_norm"] = last.grad_norm;
-        row["lr"] = last.lr;
-        row["peak_bytes"] = MemoryStats::global().peak_total();
-        if (precision == Precision::bf16) row["bf16_gemm_path"] = be->bf16_gemm_path();
-        if (config.bottleneck != BottleneckKind::none && baseline_ms > 0 &&
-            precision == precision_list.front())
-          row["speedup_vs_full_rank"] = baseline_ms / t.median;
-        if (precision != precision_list.front())
-          row[fmt::format("speedup_vs_{}", enum_name(precision_list.front()))] =
-              first_precision_ms / t.median;
+        row = step_row(o.get(), be.get(), kind, precision, precision_list, config, timed, n, gflops,
+                       peak, mfu, mfu_nominal, on_device, baseline_ms, first_precision_ms);
         // The PyTorch peer: on the CPU in fp32 (CPU autocast is not the peer we time against);
         // on a GPU on the same GPU, fp32 as fp32 and bf16 as autocast-bf16 over fp32 weights.
         // A GPU run goes on when the peer fails (no CUDA PyTorch there, say), saying why.
@@ -454,28 +586,10 @@ Command add_bench_step_command(CLI::App& app) {
         if (o->json) {
           std::printf("%s\n", row.dump().c_str());
         } else {
-          std::string mfu_text = mfu ? fmt::format("{:.1f}%", 100.0 * *mfu)
-                                     : std::string(on_device ? "n/a (above the measured peak)"
-                                                             : "n/a (peak measured while busy)");
-          if (o->peak_tflops > 0)
-            mfu_text += fmt::format(" of measured GEMM peak, {:.1f}% of {:g} TFLOP/s nominal",
-                                    100.0 * mfu_nominal, o->peak_tflops);
-          std::printf(
-              "%-5s %-4s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU "
-              "%s",
-              kind.c_str(), enum_name(precision), (long long)config.parameter_count(), t.median,
-              t.min, t.max, double(n) / (t.median / 1e3), gflops, mfu_text.c_str());
-          if (row.contains("speedup_vs_full_rank"))
-            std::printf("  %.2fx vs full-rank", row["speedup_vs_full_rank"].get<double>());
-          for (const char* other : {"fp32", "bf16"})
-            if (row.contains(fmt::format("speedup_vs_{}", other)))
-              std::printf("  %.2fx vs %s", row[fmt::format("speedup_vs_{}", other)].get<double>(),
-                          other);
-          std::printf("%s\n", peer_text.c_str());
-          if (on_device)
-            std::printf("      host waits for the device: %.1f per step\n", host_waits);
+          print_step_line(o.get(), kind, precision, config, t, n, gflops, mfu, mfu_nominal,
+                          on_device, timed.host_waits, row, peer_text);
         }
-        if (profiler) print_profile(step_kernels, o->steps, t.median);
+        if (profiler) print_profile(timed.step_kernels, o->steps, t.median);
         std::fflush(stdout);
       }
     }

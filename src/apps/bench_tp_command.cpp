@@ -348,6 +348,215 @@ void print_fit_table(const TrainConfig& config, const std::string& path, Communi
     }
 }
 
+// The variants bench tp times: each mode as configured, with --variants grouping switched
+// and btp's RMSNorm statistic all-reduced, with --recompute every other policy of each.
+std::vector<Variant> bench_variants(const std::vector<const TpLayout*>& modes, bool grouping,
+                                    Recompute base, bool bottleneck, bool with_variants,
+                                    bool with_recompute) {
+  std::vector<Variant> variants;
+  for (const TpLayout* mode : modes)
+    variants.push_back({mode, grouping, NormStatistic::from_latent, base});
+  if (bottleneck && with_variants) {
+    variants.push_back({vanilla_mode(), !grouping, NormStatistic::from_latent, base});
+    variants.push_back({btp_mode(), !grouping, NormStatistic::from_latent, base});
+    variants.push_back({btp_mode(), grouping, NormStatistic::all_reduce, base});
+  }
+  if (with_recompute) {
+    const std::vector<Variant> kept = variants;
+    for (const Variant& v : kept)
+      if (v.statistic == NormStatistic::from_latent && v.grouping == grouping)
+        for (Recompute policy : recompute_policies(v.mode))
+          if (policy != base) variants.push_back({v.mode, v.grouping, v.statistic, policy});
+  }
+  return variants;
+}
+
+// Recomputation against the same variant keeping everything: activation memory saved, and the
+// time recomputing took (measured around the recomputation itself, and as the difference of
+// the iteration medians).
+struct Saving {
+  double saved_mb = 0, extra_ms = 0, mb_per_ms = 0;
+};
+Saving saving_of(const std::vector<ModeResult>& results, const ModeResult& r) {
+  Saving s;
+  for (const ModeResult& base : results)
+    if (base.variant.is_baseline_of(r.variant) && r.variant.recompute != Recompute::none) {
+      s.saved_mb = (double(base.activation_bytes()) - double(r.activation_bytes())) / 1e6;
+      s.extra_ms = r.iter_ms() - base.iter_ms();
+      s.mb_per_ms = r.recompute_ms() > 0 ? s.saved_mb / r.recompute_ms() : 0;
+    }
+  return s;
+}
+
+// One variant's result as one JSON object on a line; `per_rank`: every rank's bytes per tag.
+void print_result_json(const ModeResult& r, const Saving& saved, int tp, Precision precision,
+                       const std::vector<std::vector<size_t>>& per_rank) {
+  const double blocks = double(r.blocks);
+  nlohmann::ordered_json j{
+      {"mode", tp_mode_name(r.mode)},
+      {"variant", r.variant.label()},
+      {"grouping", r.variant.grouping},
+      {"model", bottleneck_kind_name(r.kind)},
+      {"tp", tp},
+      {"recompute", recompute_name(r.variant.recompute)},
+      {"precision", enum_name(precision)},
+      {"fwd_elems_per_block", double(r.fwd.elements) / blocks},
+      {"bwd_elems_per_block", double(r.bwd.elements) / blocks},
+      {"fwd_elems_per_token_block", r.fwd_per_token_block()},
+      {"bwd_elems_per_token_block", r.bwd_per_token_block()},
+      {"fwd_bytes_per_token_block", r.fwd_bytes_per_token_block()},
+      {"bwd_bytes_per_token_block", r.bwd_bytes_per_token_block()},
+      {"collectives_per_block", double(r.fwd.calls) / blocks},
+      {"bwd_collectives_per_block", double(r.bwd.calls) / blocks},
+      {"recompute_collectives", double(r.recompute_comm.calls) / blocks},
+      {"recompute_elems_per_block", double(r.recompute_comm.elements) / blocks},
+      {"fwd_comm_ms_per_block", r.fwd.seconds * 1e3 / blocks},
+      {"bwd_comm_ms_per_block", r.bwd.seconds * 1e3 / blocks},
+      {"comm_ms", r.comm_ms()},
+      {"compute_ms", r.iter_ms() - r.comm_ms()},
+      {"iter_ms", r.iter_ms()},
+      {"recompute_ms", r.recompute_ms()},
+      {"tokens_per_s", double(r.tokens) / (r.iter_ms() / 1e3)},
+      {"peak_bytes", r.memory.total()},
+      {"weights_bytes", r.memory[MemoryTag::weights]},
+      {"gradients_bytes", r.memory[MemoryTag::gradients]},
+      {"optimizer_bytes", r.memory[MemoryTag::optimizer]},
+      {"activation_bytes", r.activation_bytes()},
+      {"buffer_bytes", r.buffer_bytes()},
+      {"saved_mb", saved.saved_mb},
+      {"extra_ms", saved.extra_ms},
+      {"saved_mb_per_ms", saved.mb_per_ms}};
+  nlohmann::ordered_json ranks;
+  for (size_t tag = 0; tag < size_t(MemoryTag::count); ++tag)
+    for (const auto& rank : per_rank) ranks[memory_tag_name(MemoryTag(tag))].push_back(rank[tag]);
+  j["memory_per_rank"] = ranks;
+  auto add_spread = [&j](const std::string& key, const Spread& s) {
+    j[key + "_min"] = s.min;
+    j[key + "_max"] = s.max;
+  };
+  add_spread("iter_ms", r.iter);
+  add_spread("comm_ms", r.comm);
+  add_spread("recompute_ms", r.recompute);
+  j["block_comm_ms_per_pass"] = r.block_comm.median;
+  add_spread("block_comm_ms_per_pass", r.block_comm);
+  for (const Component& component : kComponents) {
+    const auto it = r.components.find(component.name);
+    if (it == r.components.end()) continue;
+    const std::string name = component.name;
+    j[name + "_compute_ms"] = it->second.compute_ms.median;
+    add_spread(name + "_compute_ms", it->second.compute_ms);
+    j[name + "_comm_ms"] = it->second.comm_ms.median;
+    add_spread(name + "_comm_ms", it->second.comm_ms);
+  }
+  if (!r.site_ms.empty()) {
+    nlohmann::ordered_json sites = nlohmann::ordered_json::object();
+    for (const auto& [site, s] : r.site_ms) sites[site] = s.median;
+    j["comm_ms_by_site"] = sites;
+  }
+  std::printf("%s\n", j.dump().c_str());
+}
+
+// One variant's result as one line of text.
+void print_result_line(const ModeResult& r, const Saving& saved) {
+  const double blocks = double(r.blocks);
+  std::printf(
+      "  %-34s %-5s fwd %9.0f bwd %9.0f elements (%9.0f + %9.0f bytes) per token and block "
+      "(%4.1f + %4.1f collectives, %4.1f recomputed) | iter %8.1f ms (comm %6.1f, compute "
+      "%8.1f, "
+      "recompute %6.1f) %8.0f tokens/s | total %9s, activations %9s, buffers %9s",
+      r.variant.label().c_str(), bottleneck_kind_name(r.kind), r.fwd_per_token_block(),
+      r.bwd_per_token_block(), r.fwd_bytes_per_token_block(), r.bwd_bytes_per_token_block(),
+      double(r.fwd.calls) / blocks, double(r.bwd.calls) / blocks,
+      double(r.recompute_comm.calls) / blocks, r.iter_ms(), r.comm_ms(), r.iter_ms() - r.comm_ms(),
+      r.recompute_ms(), double(r.tokens) / (r.iter_ms() / 1e3),
+      format_bytes(r.memory.total()).c_str(), format_bytes(r.activation_bytes()).c_str(),
+      format_bytes(r.buffer_bytes()).c_str());
+  std::printf(" | iter min %.1f max %.1f ms", r.iter.min, r.iter.max);
+  for (const Component& component : kComponents)
+    if (const auto it = r.components.find(component.name); it != r.components.end())
+      std::printf(" | %s compute %.2f comm %.2f ms", component.name, it->second.compute_ms.median,
+                  it->second.comm_ms.median);
+  if (r.variant.recompute != Recompute::none)
+    std::printf(" | saves %.1f MB for %.1f ms: %.1f MB/ms (iteration +%.1f ms)", saved.saved_mb,
+                r.recompute_ms(), saved.mb_per_ms, saved.extra_ms);
+  std::printf("\n");
+}
+
+// The variant of `mode` as configured (grouping, the latent's statistic) under `policy`.
+const ModeResult* find_result(const std::vector<ModeResult>& results, const TpLayout* mode,
+                              Recompute policy, bool grouping) {
+  for (const ModeResult& r : results)
+    if (r.mode == mode && r.variant.grouping == grouping &&
+        r.variant.statistic == NormStatistic::from_latent && r.variant.recompute == policy)
+      return &r;
+  return nullptr;
+}
+
+// The comparisons after the table: volumes and speedups against full-rank TP and vanilla,
+// memory, recomputation's MB per ms, grouping and the RMSNorm statistic, each against the
+// paper's figure where it gives one.
+void print_comparisons(const std::vector<ModeResult>& results, Recompute base, bool grouping) {
+  auto find = [&](const TpLayout* mode, Recompute policy) {
+    return find_result(results, mode, policy, grouping);
+  };
+  auto saving = [&](const ModeResult& r) { return saving_of(results, r); };
+  const ModeResult *full = find(full_mode(), base), *vanilla = find(vanilla_mode(), base),
+                   *btp = find(btp_mode(), base);
+  if (vanilla && btp) {
+    std::printf(
+        "  forward volume vs full-rank TP: vanilla %.3fx, btp %.3fx | btp iteration speedup: "
+        "%.2fx vs vanilla, %.2fx vs full-rank TP\n",
+        vanilla->fwd_per_token_block() / full->fwd_per_token_block(),
+        btp->fwd_per_token_block() / full->fwd_per_token_block(),
+        vanilla->iter_ms() / btp->iter_ms(), full->iter_ms() / btp->iter_ms());
+    auto buffers = [](const ModeResult* r) {
+      return double(r->activation_bytes() + r->buffer_bytes());
+    };
+    std::printf(
+        "  activations + buffers per rank, recompute \"%s\": btp %s vs vanilla %s = %.3fx "
+        "(paper, no recomputation, CoLA-7B at micro-batch 4 on 4 GPUs: 22.14 / 30.73 GB = "
+        "0.72x)\n",
+        recompute_name(base), format_bytes(size_t(buffers(btp))).c_str(),
+        format_bytes(size_t(buffers(vanilla))).c_str(), buffers(btp) / buffers(vanilla));
+    const ModeResult *lowrank = find(btp_mode(), Recompute::lowrank),
+                     *vanilla_block = find(vanilla_mode(), Recompute::block);
+    if (lowrank && vanilla_block)
+      std::printf(
+          "  recomputation: btp lowrank %.1f MB/ms vs vanilla block %.1f MB/ms = %.2fx (paper, "
+          "7B at micro-batch 4: 193.5 / 113.7 = 1.70x)\n",
+          saving(*lowrank).mb_per_ms, saving(*vanilla_block).mb_per_ms,
+          saving(*lowrank).mb_per_ms / saving(*vanilla_block).mb_per_ms);
+    const ModeResult *vanilla_ungrouped = nullptr, *btp_ungrouped = nullptr, *stat = nullptr;
+    for (const ModeResult& r : results) {
+      if (r.variant.recompute != base) continue;
+      if (r.variant.grouping != grouping)
+        (r.mode == vanilla_mode() ? vanilla_ungrouped : btp_ungrouped) = &r;
+      if (r.variant.statistic == NormStatistic::all_reduce) stat = &r;
+    }
+    if (vanilla_ungrouped && btp_ungrouped && stat)
+      std::printf(
+          "  grouping speedup: vanilla %.2fx, btp %.2fx | btp with RMSNorm's backward "
+          "statistic all-reduced: %.3fx the time of taking it from the latent\n",
+          std::pow(vanilla_ungrouped->iter_ms() / vanilla->iter_ms(), grouping ? 1 : -1),
+          std::pow(btp_ungrouped->iter_ms() / btp->iter_ms(), grouping ? 1 : -1),
+          stat->iter_ms() / btp->iter_ms());
+    // BOOST's grouping table: each group's compute and all-reduce, grouped vs not.
+    for (const auto& [grouped, ungrouped] :
+         {std::pair{vanilla, vanilla_ungrouped}, {btp, btp_ungrouped}}) {
+      if (!ungrouped || grouped->components.empty()) continue;
+      const ModeResult& on = grouping ? *grouped : *ungrouped;
+      const ModeResult& off = grouping ? *ungrouped : *grouped;
+      std::printf("  %s grouping on vs off, ms per step:", tp_mode_name(on.mode));
+      for (const Component& c : kComponents) {
+        const ComponentResult &a = on.components.at(c.name), &b = off.components.at(c.name);
+        std::printf(" %s compute %.2f vs %.2f, all-reduce %.2f vs %.2f |", c.name,
+                    a.compute_ms.median, b.compute_ms.median, a.comm_ms.median, b.comm_ms.median);
+      }
+      std::printf(" iteration %.1f vs %.1f\n", on.iter_ms(), off.iter_ms());
+    }
+  }
+}
+
 }  // namespace
 
 Command add_bench_tp_command(CLI::App& app) {
@@ -420,21 +629,9 @@ Command add_bench_tp_command(CLI::App& app) {
                    given.set.count("training.recompute") ? "--set" : o->config,
                    recompute_name(base), tp_mode_name(mode));
     }
-    std::vector<Variant> variants;
-    for (const TpLayout* mode : modes)
-      variants.push_back({mode, grouping, NormStatistic::from_latent, base});
-    if (config.model.bottleneck != BottleneckKind::none && o->variants) {
-      variants.push_back({vanilla_mode(), !grouping, NormStatistic::from_latent, base});
-      variants.push_back({btp_mode(), !grouping, NormStatistic::from_latent, base});
-      variants.push_back({btp_mode(), grouping, NormStatistic::all_reduce, base});
-    }
-    if (o->recompute) {
-      const std::vector<Variant> kept = variants;
-      for (const Variant& v : kept)
-        if (v.statistic == NormStatistic::from_latent && v.grouping == grouping)
-          for (Recompute policy : recompute_policies(v.mode))
-            if (policy != base) variants.push_back({v.mode, v.grouping, v.statistic, policy});
-    }
+    const std::vector<Variant> variants =
+        bench_variants(modes, grouping, base, config.model.bottleneck != BottleneckKind::none,
+                       o->variants, o->recompute);
     const bool leader = world.rank() == 0;
     const ModelConfig& m = config.model;
     if (leader && !o->json)
@@ -459,177 +656,17 @@ Command add_bench_tp_command(CLI::App& app) {
     // Every rank's bytes per tag, per variant (a collective: every rank takes part).
     std::vector<std::vector<std::vector<size_t>>> per_rank;
     for (const ModeResult& r : results) per_rank.push_back(gather_sizes(world, r.memory.bytes));
-    // Recomputation against the same variant keeping everything: activation memory saved,
-    // and the time recomputing took (measured around the recomputation itself, and as the
-    // difference of the iteration medians).
-    struct Saving {
-      double saved_mb = 0, extra_ms = 0, mb_per_ms = 0;
-    };
-    auto saving = [&](const ModeResult& r) {
-      Saving s;
-      for (const ModeResult& base : results)
-        if (base.variant.is_baseline_of(r.variant) && r.variant.recompute != Recompute::none) {
-          s.saved_mb = (double(base.activation_bytes()) - double(r.activation_bytes())) / 1e6;
-          s.extra_ms = r.iter_ms() - base.iter_ms();
-          s.mb_per_ms = r.recompute_ms() > 0 ? s.saved_mb / r.recompute_ms() : 0;
-        }
-      return s;
-    };
     for (const ModeResult& r : results) {
       if (!leader) break;
-      const double blocks = double(r.blocks);
-      const Saving saved = saving(r);
-      if (o->json) {
-        nlohmann::ordered_json j{
-            {"mode", tp_mode_name(r.mode)},
-            {"variant", r.variant.label()},
-            {"grouping", r.variant.grouping},
-            {"model", bottleneck_kind_name(r.kind)},
-            {"tp", world.size()},
-            {"recompute", recompute_name(r.variant.recompute)},
-            {"precision", enum_name(config.training.precision)},
-            {"fwd_elems_per_block", double(r.fwd.elements) / blocks},
-            {"bwd_elems_per_block", double(r.bwd.elements) / blocks},
-            {"fwd_elems_per_token_block", r.fwd_per_token_block()},
-            {"bwd_elems_per_token_block", r.bwd_per_token_block()},
-            {"fwd_bytes_per_token_block", r.fwd_bytes_per_token_block()},
-            {"bwd_bytes_per_token_block", r.bwd_bytes_per_token_block()},
-            {"collectives_per_block", double(r.fwd.calls) / blocks},
-            {"bwd_collectives_per_block", double(r.bwd.calls) / blocks},
-            {"recompute_collectives", double(r.recompute_comm.calls) / blocks},
-            {"recompute_elems_per_block", double(r.recompute_comm.elements) / blocks},
-            {"fwd_comm_ms_per_block", r.fwd.seconds * 1e3 / blocks},
-            {"bwd_comm_ms_per_block", r.bwd.seconds * 1e3 / blocks},
-            {"comm_ms", r.comm_ms()},
-            {"compute_ms", r.iter_ms() - r.comm_ms()},
-            {"iter_ms", r.iter_ms()},
-            {"recompute_ms", r.recompute_ms()},
-            {"tokens_per_s", double(r.tokens) / (r.iter_ms() / 1e3)},
-            {"peak_bytes", r.memory.total()},
-            {"weights_bytes", r.memory[MemoryTag::weights]},
-            {"gradients_bytes", r.memory[MemoryTag::gradients]},
-            {"optimizer_bytes", r.memory[MemoryTag::optimizer]},
-            {"activation_bytes", r.activation_bytes()},
-            {"buffer_bytes", r.buffer_bytes()},
-            {"saved_mb", saved.saved_mb},
-            {"extra_ms", saved.extra_ms},
-            {"saved_mb_per_ms", saved.mb_per_ms}};
-        nlohmann::ordered_json ranks;
-        for (size_t tag = 0; tag < size_t(MemoryTag::count); ++tag)
-          for (const auto& rank : per_rank[size_t(&r - results.data())])
-            ranks[memory_tag_name(MemoryTag(tag))].push_back(rank[tag]);
-        j["memory_per_rank"] = ranks;
-        auto add_spread = [&j](const std::string& key, const Spread& s) {
-          j[key + "_min"] = s.min;
-          j[key + "_max"] = s.max;
-        };
-        add_spread("iter_ms", r.iter);
-        add_spread("comm_ms", r.comm);
-        add_spread("recompute_ms", r.recompute);
-        j["block_comm_ms_per_pass"] = r.block_comm.median;
-        add_spread("block_comm_ms_per_pass", r.block_comm);
-        for (const Component& component : kComponents) {
-          const auto it = r.components.find(component.name);
-          if (it == r.components.end()) continue;
-          const std::string name = component.name;
-          j[name + "_compute_ms"] = it->second.compute_ms.median;
-          add_spread(name + "_compute_ms", it->second.compute_ms);
-          j[name + "_comm_ms"] = it->second.comm_ms.median;
-          add_spread(name + "_comm_ms", it->second.comm_ms);
-        }
-        if (!r.site_ms.empty()) {
-          nlohmann::ordered_json sites = nlohmann::ordered_json::object();
-          for (const auto& [site, s] : r.site_ms) sites[site] = s.median;
-          j["comm_ms_by_site"] = sites;
-        }
-        std::printf("%s\n", j.dump().c_str());
-      } else {
-        std::printf(
-            "  %-34s %-5s fwd %9.0f bwd %9.0f elements (%9.0f + %9.0f bytes) per token and block "
-            "(%4.1f + %4.1f collectives, %4.1f recomputed) | iter %8.1f ms (comm %6.1f, compute "
-            "%8.1f, "
-            "recompute %6.1f) %8.0f tokens/s | total %9s, activations %9s, buffers %9s",
-            r.variant.label().c_str(), bottleneck_kind_name(r.kind), r.fwd_per_token_block(),
-            r.bwd_per_token_block(), r.fwd_bytes_per_token_block(), r.bwd_bytes_per_token_block(),
-            double(r.fwd.calls) / blocks, double(r.bwd.calls) / blocks,
-            double(r.recompute_comm.calls) / blocks, r.iter_ms(), r.comm_ms(),
-            r.iter_ms() - r.comm_ms(), r.recompute_ms(), double(r.tokens) / (r.iter_ms() / 1e3),
-            format_bytes(r.memory.total()).c_str(), format_bytes(r.activation_bytes()).c_str(),
-            format_bytes(r.buffer_bytes()).c_str());
-        std::printf(" | iter min %.1f max %.1f ms", r.iter.min, r.iter.max);
-        for (const Component& component : kComponents)
-          if (const auto it = r.components.find(component.name); it != r.components.end())
-            std::printf(" | %s compute %.2f comm %.2f ms", component.name,
-                        it->second.compute_ms.median, it->second.comm_ms.median);
-        if (r.variant.recompute != Recompute::none)
-          std::printf(" | saves %.1f MB for %.1f ms: %.1f MB/ms (iteration +%.1f ms)",
-                      saved.saved_mb, r.recompute_ms(), saved.mb_per_ms, saved.extra_ms);
-        std::printf("\n");
-      }
+      const Saving saved = saving_of(results, r);
+      if (o->json)
+        print_result_json(r, saved, world.size(), config.training.precision,
+                          per_rank[size_t(&r - results.data())]);
+      else
+        print_result_line(r, saved);
       std::fflush(stdout);
     }
-    auto find = [&](const TpLayout* mode, Recompute policy) -> const ModeResult* {
-      for (const ModeResult& r : results)
-        if (r.mode == mode && r.variant.grouping == grouping &&
-            r.variant.statistic == NormStatistic::from_latent && r.variant.recompute == policy)
-          return &r;
-      return nullptr;
-    };
-    const ModeResult *full = find(full_mode(), base), *vanilla = find(vanilla_mode(), base),
-                     *btp = find(btp_mode(), base);
-    if (leader && !o->json && vanilla && btp) {
-      std::printf(
-          "  forward volume vs full-rank TP: vanilla %.3fx, btp %.3fx | btp iteration speedup: "
-          "%.2fx vs vanilla, %.2fx vs full-rank TP\n",
-          vanilla->fwd_per_token_block() / full->fwd_per_token_block(),
-          btp->fwd_per_token_block() / full->fwd_per_token_block(),
-          vanilla->iter_ms() / btp->iter_ms(), full->iter_ms() / btp->iter_ms());
-      auto buffers = [](const ModeResult* r) {
-        return double(r->activation_bytes() + r->buffer_bytes());
-      };
-      std::printf(
-          "  activations + buffers per rank, recompute \"%s\": btp %s vs vanilla %s = %.3fx "
-          "(paper, no recomputation, CoLA-7B at micro-batch 4 on 4 GPUs: 22.14 / 30.73 GB = "
-          "0.72x)\n",
-          recompute_name(base), format_bytes(size_t(buffers(btp))).c_str(),
-          format_bytes(size_t(buffers(vanilla))).c_str(), buffers(btp) / buffers(vanilla));
-      const ModeResult *lowrank = find(btp_mode(), Recompute::lowrank),
-                       *vanilla_block = find(vanilla_mode(), Recompute::block);
-      if (lowrank && vanilla_block)
-        std::printf(
-            "  recomputation: btp lowrank %.1f MB/ms vs vanilla block %.1f MB/ms = %.2fx (paper, "
-            "7B at micro-batch 4: 193.5 / 113.7 = 1.70x)\n",
-            saving(*lowrank).mb_per_ms, saving(*vanilla_block).mb_per_ms,
-            saving(*lowrank).mb_per_ms / saving(*vanilla_block).mb_per_ms);
-      const ModeResult *vanilla_ungrouped = nullptr, *btp_ungrouped = nullptr, *stat = nullptr;
-      for (const ModeResult& r : results) {
-        if (r.variant.recompute != base) continue;
-        if (r.variant.grouping != grouping)
-          (r.mode == vanilla_mode() ? vanilla_ungrouped : btp_ungrouped) = &r;
-        if (r.variant.statistic == NormStatistic::all_reduce) stat = &r;
-      }
-      if (vanilla_ungrouped && btp_ungrouped && stat)
-        std::printf(
-            "  grouping speedup: vanilla %.2fx, btp %.2fx | btp with RMSNorm's backward "
-            "statistic all-reduced: %.3fx the time of taking it from the latent\n",
-            std::pow(vanilla_ungrouped->iter_ms() / vanilla->iter_ms(), grouping ? 1 : -1),
-            std::pow(btp_ungrouped->iter_ms() / btp->iter_ms(), grouping ? 1 : -1),
-            stat->iter_ms() / btp->iter_ms());
-      // BOOST's grouping table: each group's compute and all-reduce, grouped vs not.
-      for (const auto& [grouped, ungrouped] :
-           {std::pair{vanilla, vanilla_ungrouped}, {btp, btp_ungrouped}}) {
-        if (!ungrouped || grouped->components.empty()) continue;
-        const ModeResult& on = grouping ? *grouped : *ungrouped;
-        const ModeResult& off = grouping ? *ungrouped : *grouped;
-        std::printf("  %s grouping on vs off, ms per step:", tp_mode_name(on.mode));
-        for (const Component& c : kComponents) {
-          const ComponentResult &a = on.components.at(c.name), &b = off.components.at(c.name);
-          std::printf(" %s compute %.2f vs %.2f, all-reduce %.2f vs %.2f |", c.name,
-                      a.compute_ms.median, b.compute_ms.median, a.comm_ms.median, b.comm_ms.median);
-        }
-        std::printf(" iteration %.1f vs %.1f\n", on.iter_ms(), off.iter_ms());
-      }
-    }
+    if (leader && !o->json) print_comparisons(results, base, grouping);
     return 0;
   };
 }

@@ -295,6 +295,39 @@ void prepare_tokens(DocumentReader& reader, const Tokenizer& tokenizer, int thre
   }
 }
 
+// An input directory around the output would read this run's (or an earlier run's) shards
+// back as text.
+void check_output_outside_inputs(const std::vector<std::string>& files, const std::string& output) {
+  const fs::path out_dir = fs::weakly_canonical(output);
+  for (const std::string& file : files) {
+    if (file == "-") continue;
+    const fs::path in = fs::weakly_canonical(file);
+    const auto [end, _] = std::mismatch(out_dir.begin(), out_dir.end(), in.begin(), in.end());
+    BOTTLE_CHECK(end != out_dir.end(),
+                 "{}: this input is inside --output {}; move the output "
+                 "out of the input directories",
+                 file, output);
+  }
+}
+
+// The tokenizer travels with the data, into OUT/tokenizer (bytes need none); a stale one of
+// another kind must not. Returns that folder.
+fs::path save_tokenizer(const fs::path& out, const Tokenizer& tokenizer, bool bytes) {
+  std::error_code ec;
+  const fs::path tokenizer_dir = out / "tokenizer";
+  if (fs::exists(tokenizer_dir)) {
+    fs::remove_all(tokenizer_dir, ec);
+    BOTTLE_CHECK(!ec, "{}: cannot remove the earlier tokenizer: {}", tokenizer_dir.string(),
+                 ec.message());
+    if (bytes) std::printf("removed stale %s\n", tokenizer_dir.c_str());
+  }
+  if (!bytes) {
+    fs::create_directories(tokenizer_dir);
+    tokenizer.save(tokenizer_dir);
+  }
+  return tokenizer_dir;
+}
+
 }  // namespace
 
 Command add_prepare_command(CLI::App& app) {
@@ -346,18 +379,7 @@ Command add_prepare_command(CLI::App& app) {
     if (o->inputs.empty()) o->inputs.push_back("-");
     const std::vector<std::string> files = expand_inputs(o->inputs);
     const std::string names = fmt::format("{}", fmt::join(o->inputs, ", "));
-    // An input directory around the output would read this run's (or an earlier run's)
-    // shards back as text.
-    const fs::path out_dir = fs::weakly_canonical(o->output);
-    for (const std::string& file : files) {
-      if (file == "-") continue;
-      const fs::path in = fs::weakly_canonical(file);
-      const auto [end, _] = std::mismatch(out_dir.begin(), out_dir.end(), in.begin(), in.end());
-      BOTTLE_CHECK(end != out_dir.end(),
-                   "{}: this input is inside --output {}; move the output "
-                   "out of the input directories",
-                   file, o->output);
-    }
+    check_output_outside_inputs(files, o->output);
     TextSourceOptions source;
     source.format = o->format == "text"    ? TextFormat::text
                     : o->format == "jsonl" ? TextFormat::jsonl
@@ -412,18 +434,7 @@ Command add_prepare_command(CLI::App& app) {
                     (unsigned long long)meta.shards[i].tokens);
       for (const fs::path& p : w->removed()) std::printf("removed stale %s\n", p.c_str());
     }
-    // The tokenizer travels with the data; a stale one of another kind must not.
-    const fs::path tokenizer_dir = out / "tokenizer";
-    if (fs::exists(tokenizer_dir)) {
-      fs::remove_all(tokenizer_dir, ec);
-      BOTTLE_CHECK(!ec, "{}: cannot remove the earlier tokenizer: {}", tokenizer_dir.string(),
-                   ec.message());
-      if (bytes) std::printf("removed stale %s\n", tokenizer_dir.c_str());
-    }
-    if (!bytes) {
-      fs::create_directories(tokenizer_dir);
-      tokenizer->save(tokenizer_dir);
-    }
+    const fs::path tokenizer_dir = save_tokenizer(out, *tokenizer, bytes);
 
     const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
     const uint64_t text_bytes = splits.bytes(), tokens = splits.tokens();

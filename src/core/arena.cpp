@@ -145,9 +145,9 @@ Tensor RegionAllocator::alloc(Shape shape, DType dtype) {
   t.shape = shape;
   t.dtype = dtype;
   const size_t rounded = aligned_size(t.nbytes());
-  BOTTLE_CHECK(offset_ + rounded <= region_.nbytes(),
-               "{}: the shared region of {} bytes is too small for {} more bytes at {}", what_,
-               region_.nbytes(), rounded, offset_);
+  BOTTLE_ASSERT(offset_ + rounded <= region_.nbytes(),
+                "{}: the shared region of {} bytes is too small for {} more bytes at {}", what_,
+                region_.nbytes(), rounded, offset_);
   t.data = static_cast<char*>(region_.data) + offset_;
   t.device = region_.device;
   offset_ += rounded;

@@ -26,7 +26,7 @@ class ForwardingBackend : public Backend {
   explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
 
   Backend& inner() const {
-    BOTTLE_CHECK(inner_ != nullptr, "{}: no inner backend to run an op on", name());
+    BOTTLE_ASSERT(inner_ != nullptr, "{}: no inner backend to run an op on", name());
     return *inner_;
   }
 

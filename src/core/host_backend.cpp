@@ -19,14 +19,14 @@ void* HostBackend::allocate(size_t bytes, const char* what) {
 void HostBackend::deallocate(void* p, size_t) { std::free(p); }
 
 void HostBackend::do_to_host(void* dst, Tensor src) {
-  BOTTLE_CHECK(src.device == Device::cpu, "{}: to_host of a {} tensor", name(),
-               device_name(src.device));
+  BOTTLE_ASSERT(src.device == Device::cpu, "{}: to_host of a {} tensor", name(),
+                device_name(src.device));
   if (src.nbytes()) std::memcpy(dst, src.data, src.nbytes());
 }
 
 void HostBackend::do_from_host(Tensor dst, const void* src) {
-  BOTTLE_CHECK(dst.device == Device::cpu, "{}: from_host into a {} tensor", name(),
-               device_name(dst.device));
+  BOTTLE_ASSERT(dst.device == Device::cpu, "{}: from_host into a {} tensor", name(),
+                device_name(dst.device));
   if (dst.nbytes()) std::memcpy(dst.data, src, dst.nbytes());
 }
 
@@ -65,8 +65,8 @@ bool HostBackend::copy_scalars(Tensor dst, Tensor src) {
   const bool down = dst.dtype == DType::f32 && src.dtype == DType::f64,
              up = dst.dtype == DType::f64 && src.dtype == DType::f32;
   if (!down && !up) return false;
-  BOTTLE_CHECK(dst.numel() == src.numel(), "copy of {} {} into {} {}", dtype_name(src.dtype),
-               src.shape.str(), dtype_name(dst.dtype), dst.shape.str());
+  BOTTLE_ASSERT(dst.numel() == src.numel(), "copy of {} {} into {} {}", dtype_name(src.dtype),
+                src.shape.str(), dtype_name(dst.dtype), dst.shape.str());
   for (int64_t i = 0; i < dst.numel(); ++i) {
     if (down)
       dst.f32()[i] = float(static_cast<const double*>(src.data)[i]);

@@ -106,8 +106,8 @@ class WideningBackend::Widened {
 
 WideningBackend::WideningBackend(std::unique_ptr<Backend> inner)
     : ForwardingBackend(std::move(inner)), native_gemm_(this->inner().bf16_gemm_path() != "none") {
-  BOTTLE_CHECK(this->inner().device() == Device::cpu,
-               "the widening backend runs host backends only, not '{}'", this->inner().name());
+  BOTTLE_ASSERT(this->inner().device() == Device::cpu,
+                "the widening backend runs host backends only, not '{}'", this->inner().name());
 }
 
 WideningBackend::~WideningBackend() {
@@ -138,11 +138,11 @@ void WideningBackend::do_copy(Tensor dst, Tensor src) {
   // Same dtypes, and device scalars (f64 and f32), are the inner backend's.
   if (dst.dtype == src.dtype || (dst.dtype != DType::bf16 && src.dtype != DType::bf16))
     return inner().copy(dst, src);
-  BOTTLE_CHECK(dst.numel() == src.numel() &&
-                   (dst.dtype == DType::f32 || dst.dtype == DType::bf16) &&
-                   (src.dtype == DType::f32 || src.dtype == DType::bf16),
-               "{} backend: copy of {} {} into {} {}", name(), dtype_name(src.dtype),
-               src.shape.str(), dtype_name(dst.dtype), dst.shape.str());
+  BOTTLE_ASSERT(dst.numel() == src.numel() &&
+                    (dst.dtype == DType::f32 || dst.dtype == DType::bf16) &&
+                    (src.dtype == DType::f32 || src.dtype == DType::bf16),
+                "{} backend: copy of {} {} into {} {}", name(), dtype_name(src.dtype),
+                src.shape.str(), dtype_name(dst.dtype), dst.shape.str());
   if (dst.dtype == DType::bf16)
     narrow(dst.bf16(), src.f32(), src.numel());
   else

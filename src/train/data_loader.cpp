@@ -92,10 +92,10 @@ TokenLoader::TokenLoader(const std::string& pattern, int64_t batch, int64_t seq,
       rank_(rank),
       world_(world),
       shuffle_(shuffle) {
-  BOTTLE_CHECK(batch > 0 && seq > 0, "{}: batch ({}) and sequence length ({}) must be positive",
-               pattern, batch, seq);
-  BOTTLE_CHECK(world > 0 && rank >= 0 && rank < world,
-               "{}: data-parallel rank {} is not in [0, {})", pattern, rank, world);
+  BOTTLE_ASSERT(batch > 0 && seq > 0, "{}: batch ({}) and sequence length ({}) must be positive",
+                pattern, batch, seq);
+  BOTTLE_ASSERT(world > 0 && rank >= 0 && rank < world,
+                "{}: data-parallel rank {} is not in [0, {})", pattern, rank, world);
   files_ = resolve_data_files(pattern);
   const uint64_t per_batch = uint64_t(batch) * uint64_t(seq);
   for (const std::string& file : files_) {
@@ -166,9 +166,9 @@ void TokenLoader::next(int32_t* inputs, int32_t* targets) {
 }
 
 void TokenLoader::next(Backend& be, Tensor inputs, Tensor targets) {
-  BOTTLE_CHECK(inputs.numel() == tokens_per_batch() && targets.numel() == tokens_per_batch(),
-               "{}: a batch of {} x {} tokens does not fill tensors {} and {}", pattern_, batch_,
-               seq_, inputs.shape.str(), targets.shape.str());
+  BOTTLE_ASSERT(inputs.numel() == tokens_per_batch() && targets.numel() == tokens_per_batch(),
+                "{}: a batch of {} x {} tokens does not fill tensors {} and {}", pattern_, batch_,
+                seq_, inputs.shape.str(), targets.shape.str());
   staged_inputs_.resize(size_t(tokens_per_batch()));
   staged_targets_.resize(size_t(tokens_per_batch()));
   next(staged_inputs_.data(), staged_targets_.data());
