@@ -19,8 +19,10 @@ fi
 cd "$(dirname "$0")/.."
 dirs=("$@")
 ((${#dirs[@]} > 0)) || dirs=(src)
-command -v ctags >/dev/null && ctags --version 2>/dev/null | grep -q Universal ||
-  { echo "function_lengths: needs universal-ctags (apt-get install universal-ctags)" >&2; exit 2; }
+if ! { command -v ctags >/dev/null && ctags --version 2>/dev/null | grep -q Universal; }; then
+  echo "function_lengths: needs universal-ctags (apt-get install universal-ctags)" >&2
+  exit 2
+fi
 # end, first line, name, file of every function definition; CUDA sources read as C++, with
 # __launch_bounds__(...) skipped (it would be taken for its kernel's name).
 list=$(ctags -x --_xformat='%{end} %n %N %F' --kinds-C++=f --fields=+ne \
