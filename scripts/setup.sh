@@ -19,6 +19,7 @@ packages=(
   python3-venv                     # .venv: the tokenizer oracles (tests/tokenizer_oracle.py)
   liblapacke-dev                   # bottle lowrank: truncated SVDs (LAPACK's dgesdd)
   jq                               # scripts/plan_check.sh: predictions beside bench tp's JSON
+  universal-ctags                  # tools/function_lengths.sh: the functions' extents
   python3-pip unzip                # the cudnn-frontend headers below (a PyPI wheel)
 )
 missing=()
