@@ -74,13 +74,15 @@ class Allocator {
   DType act_dtype_ = DType::f32;
 };
 
-// Every allocation is rounded up to this, so that views stay aligned for SIMD.
-inline constexpr size_t kAllocationAlignment = 64;
+// Every allocation is rounded up to this, so that views stay aligned: for SIMD on the host, and
+// on a GPU for the 128-bit loads of the kernels and the alignment cuBLASLt's fastest GEMM
+// kernels ask of each operand (256 bytes, as cudaMalloc's own blocks).
+inline constexpr size_t kAllocationAlignment = 256;
 size_t aligned_size(size_t bytes);
 
 class Backend;
 
-// 64-byte aligned, zero-initialised memory from a backend (host memory from
+// kAllocationAlignment-aligned, zero-initialised memory from a backend (host memory from
 // host_backend() when none is given), released when the arena dies.
 // `reserve_only`: plans a footprint without using memory. Each allocation reserves address
 // space that is never touched (its pages are never backed), so code that lays out buffers

@@ -49,8 +49,10 @@ void ParameterStore::declare(ParamSpec spec) {
   BOTTLE_CHECK(!values_.data, "parameter '{}' declared after allocation", spec.name);
   BOTTLE_CHECK(!index_.count(spec.name), "parameter '{}' declared twice", spec.name);
   if (spec.full_shape.rank == 0) spec.full_shape = spec.shape;
-  // Keep each parameter 64-byte aligned inside the flat buffer.
-  spec.offset = (count_ + 15) / 16 * 16;
+  // Each parameter starts on a multiple of 128 elements of the flat buffer: 256 bytes in the
+  // bf16 compute copy (512 in fp32), the alignment of the arenas, which cuBLASLt's fastest
+  // GEMM kernels ask of every operand.
+  spec.offset = (count_ + 127) / 128 * 128;
   count_ = spec.offset + spec.shape.numel();
   index_[spec.name] = specs_.size();
   specs_.push_back(std::move(spec));

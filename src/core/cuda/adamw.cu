@@ -13,7 +13,7 @@ constexpr int kVec = 4;  // elements per thread and iteration: one 128-bit load 
 
 // Whether element i decays: outside every no-decay range. The ranges are few (one per norm
 // weight) and ascending, so a binary search per group of kVec elements is cheap; parameters
-// start at multiples of kVec elements (the 64-byte alignment of the parameter store), so a
+// start at multiples of kVec elements (the parameter store's 128-element alignment), so a
 // group never straddles a range's end.
 __device__ __forceinline__ bool decays(const DecayGap* gaps, int64_t count, int64_t i) {
   int64_t lo = 0, hi = count;
