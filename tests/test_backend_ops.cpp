@@ -125,7 +125,8 @@ TEST_F(BackendOps, RmsnormShardBackwardOfTheWholeRowIsRmsnormBackward) {
     for (int64_t i = 0; i < N * C; ++i) wdout.f32()[i] = dout.f32()[i] * w.f32()[i % C];
     be->row_dot(dot, wdout, x);
     Tensor dx0 = randn({N, C}), dw0 = randn({C});
-    Tensor dx_whole = clone(dx0), dw_whole = clone(dw0), dx_shard = clone(dx0), dw_shard = clone(dw0);
+    Tensor dx_whole = clone(dx0), dw_whole = clone(dw0), dx_shard = clone(dx0),
+           dw_shard = clone(dw0);
     be->rmsnorm_backward(dx_whole, dw_whole, dout, x, w, rstd);
     be->rmsnorm_shard_backward(dx_shard, dw_shard, dout, x, w, rstd, dot, C);
     EXPECT_TRUE(all_close(dx_shard, dx_whole));
@@ -213,7 +214,6 @@ TEST_F(BackendOps, RopeMatchesFormula) {
   }
 }
 
-
 struct AttnCase {
   int64_t B, S, H, Hkv, hd;
 };
@@ -232,7 +232,6 @@ double attn_score(const AttnCase& c, const Tensor& q, const Tensor& k, int64_t b
   for (int64_t e = 0; e < c.hd; ++e) s += double(qi[e]) * kj[e];
   return s / std::sqrt(double(c.hd));
 }
-
 
 // lse is finite, max_j score_ij <= lse_i <= max + log(i + 1), and the probabilities it implies
 // over the causal row sum to 1, on both host backends: the statistic backward recomputes the

@@ -61,11 +61,15 @@ struct Arg {
   Init init = Init::normal;
   bool act = true;
   std::optional<DType> dtype;
-  double lo = 0.0, hi = 1.0;   // normal: mean and stddev; uniform: the range; ids: [0, hi)
+  double lo = 0.0, hi = 1.0;  // normal: mean and stddev; uniform: the range; ids: [0, hi)
   std::vector<double> given;  // Init::values, one per element
 
-  Arg stat() const { return with([](Arg& a) { a.act = false; }); }
-  Arg as(DType t) const { return with([t](Arg& a) { a.dtype = t; }); }
+  Arg stat() const {
+    return with([](Arg& a) { a.act = false; });
+  }
+  Arg as(DType t) const {
+    return with([t](Arg& a) { a.dtype = t; });
+  }
   Arg normal(double mean, double stddev) const {
     return with([=](Arg& a) { a.init = Init::normal, a.lo = mean, a.hi = stddev; });
   }
@@ -78,10 +82,14 @@ struct Arg {
   Arg ids(int32_t vocab) const {
     return with([=](Arg& a) { a.init = Init::ids, a.hi = vocab, a.act = false; });
   }
-  Arg zeros() const { return with([](Arg& a) { a.init = Init::zeros; }); }
+  Arg zeros() const {
+    return with([](Arg& a) { a.init = Init::zeros; });
+  }
   // NaN everywhere: an output the op must overwrite (a NaN the reference overwrites and the
   // backend under test leaves fails the comparison).
-  Arg nans() const { return with([](Arg& a) { a.init = Init::nans; }); }
+  Arg nans() const {
+    return with([](Arg& a) { a.init = Init::nans; });
+  }
   Arg values(std::vector<double> v) const {
     return with([&](Arg& a) { a.init = Init::values, a.given = std::move(v); });
   }
@@ -351,10 +359,10 @@ OpCase gemm_case(const GemmCase& g, std::optional<DType> a_type = {},
   if (a_type) a = a.as(*a_type);
   if (c_type) c = c.as(*c_type);
   return {
-      .name = fmt::format("gemm ta={} tb={} m={} n={} k={} batch={} pad={} alpha={} beta={}{}{}{}{}",
-                          g.ta, g.tb, g.m, g.n, g.k, g.batch, g.pad, g.alpha, g.beta,
-                          g.broadcast_a ? " broadcast A" : "", g.broadcast_b ? " broadcast B" : "",
-                          a_type ? " A f32" : "", c_type ? " C f32" : ""),
+      .name = fmt::format(
+          "gemm ta={} tb={} m={} n={} k={} batch={} pad={} alpha={} beta={}{}{}{}{}", g.ta, g.tb,
+          g.m, g.n, g.k, g.batch, g.pad, g.alpha, g.beta, g.broadcast_a ? " broadcast A" : "",
+          g.broadcast_b ? " broadcast B" : "", a_type ? " A f32" : "", c_type ? " C f32" : ""),
       .ops = {"gemm"},
       .args = {a, arg("b", {g.broadcast_b ? b_rows * ldb : g.batch * sb}),
                g.beta == 0.0f ? c.nans() : c},
@@ -387,8 +395,8 @@ OpCase attention_case(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd,
       .run =
           [](Backend& be, const Args& a) {
             be.attention_forward(a["out"], a["lse"], a["q"], a["k"], a["v"]);
-            be.attention_backward(a["dq"], a["dk"], a["dv"], a["dout"], a["out"], a["lse"],
-                                  a["q"], a["k"], a["v"]);
+            be.attention_backward(a["dq"], a["dk"], a["dv"], a["dout"], a["out"], a["lse"], a["q"],
+                                  a["k"], a["v"]);
           },
   };
   if (with_fd) op.fd = {.wrt = {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}}, .loss = {{"out", "dout"}}};
@@ -497,7 +505,8 @@ std::vector<OpCase> make_table() {
       add(gemm_case({ta, tb, 13, 11, 17, 1, 2, -1.5f, 0.5f}));
       add(gemm_case({ta, tb, 7, 24, 9, 3, 0, 1.0f, 1.0f, true, false}));
     }
-  for (bool tb : {false, true}) add(gemm_case({false, tb, 7, 24, 9, 3, 0, 1.0f, 0.0f, false, true}));
+  for (bool tb : {false, true})
+    add(gemm_case({false, tb, 7, 24, 9, 3, 0, 1.0f, 0.0f, false, true}));
   add(gemm_case({false, true, 64, 96, 128, 3, 3, 0.5f, 1.0f}));
   add(gemm_case({true, false, 33, 17, 70, 2, 1, 1.0f, 0.25f}));
   add(gemm_case({false, false, 40, 24, 32, 3, 0, 1.0f, 0.0f, true, false}));
@@ -550,8 +559,8 @@ std::vector<OpCase> make_table() {
             be.rmsnorm_forward(a["out"], a["rstd"], a["x"], a["weight"], 1e-5f);
             be.rmsnorm_backward(a["dx"], a["dweight"], a["dout"], a["x"], a["weight"], a["rstd"]);
           },
-      .fd = FiniteDifferences{.wrt = {{"x", "dx"}, {"weight", "dweight"}},
-                              .loss = {{"out", "dout"}}},
+      .fd =
+          FiniteDifferences{.wrt = {{"x", "dx"}, {"weight", "dweight"}}, .loss = {{"out", "dout"}}},
   });
   // The fused residual add + RMSNorm: the reference composes the two ops.
   add({
@@ -589,24 +598,23 @@ std::vector<OpCase> make_table() {
       .ops = {"layernorm_forward", "layernorm_backward"},
       .args = {arg("x", {N, C}).normal(0.7, 2), arg("weight", {C}).stat().normal(1, 0.5),
                arg("bias", {C}).stat().normal(0, 0.5), arg("out", {N, C}).nans(),
-               arg("mean", {N}).stat().nans(), arg("rstd", {N}).stat().nans(),
-               arg("dout", {N, C}), arg("dx", {N, C}), arg("dweight", {C}).stat(),
-               arg("dbias", {C}).stat()},
+               arg("mean", {N}).stat().nans(), arg("rstd", {N}).stat().nans(), arg("dout", {N, C}),
+               arg("dx", {N, C}), arg("dweight", {C}).stat(), arg("dbias", {C}).stat()},
       .compare = {"out", "mean", "rstd", "dx", "dweight", "dbias"},
       .run =
           [](Backend& be, const Args& a) {
             be.layernorm_forward(a["out"], a["mean"], a["rstd"], a["x"], a["weight"], a["bias"],
                                  1e-5f);
-            be.layernorm_backward(a["dx"], a["dweight"], a["dbias"], a["dout"], a["x"],
-                                  a["weight"], a["mean"], a["rstd"]);
+            be.layernorm_backward(a["dx"], a["dweight"], a["dbias"], a["dout"], a["x"], a["weight"],
+                                  a["mean"], a["rstd"]);
           },
       .fd = FiniteDifferences{.wrt = {{"x", "dx"}, {"weight", "dweight"}, {"bias", "dbias"}},
                               .loss = {{"out", "dout"}}},
   });
 
   // --- RoPE, in place: forward rotates x, backward rotates the gradient back.
-  for (const auto& [theta, shape] : {std::pair{10000.0f, Shape{2, 13, 3, 16}},
-                                     std::pair{500000.0f, Shape{2, 7, 4, 8}}}) {
+  for (const auto& [theta, shape] :
+       {std::pair{10000.0f, Shape{2, 13, 3, 16}}, std::pair{500000.0f, Shape{2, 7, 4, 8}}}) {
     add({
         .name = fmt::format("rope theta={}", theta),
         .ops = {"rope_forward", "rope_backward"},
@@ -665,8 +673,8 @@ std::vector<OpCase> make_table() {
               be.swiglu_forward(a["out"], a["gate"], a["up"], gate_act);
               be.swiglu_backward(a["dgate"], a["dup"], a["dout"], a["gate"], a["up"], gate_act);
             },
-        .fd = FiniteDifferences{.wrt = {{"gate", "dgate"}, {"up", "dup"}},
-                                .loss = {{"out", "dout"}}},
+        .fd =
+            FiniteDifferences{.wrt = {{"gate", "dgate"}, {"up", "dup"}}, .loss = {{"out", "dout"}}},
     });
 
   // --- Elementwise. Outputs may alias inputs where backend.h says so.
@@ -674,8 +682,8 @@ std::vector<OpCase> make_table() {
   add({
       .name = "add, accumulate",
       .ops = {"add", "accumulate"},
-      .args = {arg("a", s), arg("b", s), arg("out", s).nans(), arg("a_alias", s),
-               arg("b_alias", s), arg("dst", s)},
+      .args = {arg("a", s), arg("b", s), arg("out", s).nans(), arg("a_alias", s), arg("b_alias", s),
+               arg("dst", s)},
       .compare = {"out", "a_alias", "b_alias", "dst"},
       .run =
           [](Backend& be, const Args& a) {
@@ -895,8 +903,7 @@ std::vector<OpCase> make_table() {
               static const ElementRange gaps[] = {{0, 16}, {100, 60}, {401, 3}, {996, 4}};
               AdamWArgs x;
               x.lr = 1e-2f, x.weight_decay = 0.1f, x.step = 3, x.no_decay = gaps;
-              be.adamw_update(a["param"], a["compute"], a["grad"], a["m"], a["v"], a["control"],
-                              x);
+              be.adamw_update(a["param"], a["compute"], a["grad"], a["m"], a["v"], a["control"], x);
             },
     });
   }
@@ -927,7 +934,8 @@ class OpTable : public ::testing::TestWithParam<size_t> {
       EXPECT_TRUE(close(got[i], want[i], bf16 ? op.bf16 : op.f32));
     }
     for (const std::string& name : op.ops)
-      EXPECT_TRUE(oracle.called.contains(name)) << "the entry lists " << name << " but never calls it";
+      EXPECT_TRUE(oracle.called.contains(name))
+          << "the entry lists " << name << " but never calls it";
   }
 
   void finite_differences(const OpCase& op) {
@@ -1008,8 +1016,8 @@ TEST(OpTableCoverage, EveryBackendOpHasAnEntry) {
   std::set<std::string> tested;
   for (const OpCase& op : op_table()) {
     for (const std::string& name : op.ops) {
-      EXPECT_TRUE(declared.contains(name)) << op.name << " names " << name
-                                           << ", which backend.h does not declare";
+      EXPECT_TRUE(declared.contains(name))
+          << op.name << " names " << name << ", which backend.h does not declare";
       tested.insert(name);
     }
   }
