@@ -931,11 +931,19 @@ class OpTable : public ::testing::TestWithParam<size_t> {
     const Values got = run_op(*target, op, inputs, bf16, op.compare);
     for (size_t i = 0; i < want.size(); ++i) {
       SCOPED_TRACE("argument " + op.compare[i]);
-      EXPECT_TRUE(close(got[i], want[i], bf16 ? op.bf16 : op.f32));
+      EXPECT_TRUE(close(got[i], want[i], bf16 ? op.bf16 : f32_tolerance(op)));
     }
     for (const std::string& name : op.ops)
       EXPECT_TRUE(oracle.called.contains(name))
           << "the entry lists " << name << " but never calls it";
+  }
+
+  // A device backend's fp32 kernels (fused multiply-adds, tiled sums, the GPU's exp) are held
+  // to ten times what the host backends meet, the f32 bar cuda had before the table held cpu
+  // to the stricter one of test_backend_ops.
+  Tolerance f32_tolerance(const OpCase& op) const {
+    if (target->device() == Device::cpu) return op.f32;
+    return {10 * op.f32.nmse, 10 * op.f32.rel};
   }
 
   void finite_differences(const OpCase& op) {
