@@ -1033,6 +1033,23 @@ TEST(OpTableCoverage, EveryBackendOpHasAnEntry) {
     EXPECT_TRUE(tested.contains(name)) << "Backend op " << name << " has no entry in op_table()";
 }
 
+// The harness itself: an argument an entry lacks fails naming it, and the comparison fails
+// for an error just above the tolerance and a finite value where the reference has NaN.
+TEST(OpTableHarness, FailsWhereItShould) {
+  const Args args("an op", {{"x", Tensor{}}});
+  try {
+    args["y"];
+    ADD_FAILURE() << "no error for a missing argument";
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(), "op case 'an op' has no argument named 'y'");
+  }
+  const std::vector<double> want{1.0, -2.0, 4.0};
+  EXPECT_TRUE(close({1.0, -2.0, 4.0 + 3.9e-5}, want, {1e-10, 1e-5}));
+  EXPECT_FALSE(close({1.0, -2.0, 4.0 + 4.1e-5}, want, {1e-10, 1e-5}));  // max error
+  EXPECT_FALSE(close({1.0 + 3.9e-5, -2.0 - 3.9e-5, 4.0 + 3.9e-5}, want, {1e-10, 1e-5}));  // nmse
+  EXPECT_FALSE(close({1.0, -2.0, 4.0}, {1.0, -2.0, kNaN}, {1e-10, 1e-5}));
+}
+
 // cuDNN's SDPA (the cuda backend under attention "cudnn", which fails rather than fall back)
 // against the reference backend and against the same GPU's own kernels (attention "own"), in
 // bf16 (cuDNN's SDPA has no fp32): out, lse, and dq, dk, dv added into non-zero gradients. GQA
