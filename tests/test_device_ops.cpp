@@ -7,9 +7,10 @@
 // memory directly: every input is staged with from_host and every output read back with
 // to_host, so the backend under test may keep its tensors in device memory.
 //
-// What is not "op X against the reference" (operand checks of backend.cpp, aliasing rules,
-// allocation, bit-exact identities between ops, the oracle against formulas and finite
-// differences, non-finite inputs) lives in test_backend_ops.cpp.
+// An entry may also fill one input with NaN and ±inf and say what its outputs give (NaN must
+// not turn finite). What is not "op X against the reference" (operand checks of backend.cpp,
+// aliasing rules, allocation, bit-exact identities between ops, the oracle against formulas
+// and finite differences) lives in test_backend_ops.cpp.
 //
 //   test_device_ops [BACKEND] [gtest flags]     exit 77 (ctest: skipped) when BACKEND cannot
 //                                               run here, printing why
@@ -37,6 +38,7 @@
 #include "core/backend_options.h"
 #include "core/bf16.h"
 #include "core/forwarding_backend.h"
+#include "core/profiling_backend.h"
 
 namespace bottle {
 namespace {
@@ -140,6 +142,21 @@ struct FiniteDifferences {
   double tol = 2e-2;
 };
 
+// Non-finite inputs: a diverging run feeds NaN and ±inf to every kernel. With one input of the
+// entry filled with NaN, each listed output must give NaN everywhere, NaN somewhere (outputs
+// that only part of the input reaches), or zero (fill_zero overwrites): a kernel must not turn
+// NaN into a finite value that hides the divergence. With ±inf the values are not prescribed
+// (silu(-inf) is -inf on cpu, whose exp clamps, and NaN on reference), only that the kernels
+// stay defined (the sanitizer build runs this under UBSan). Outputs start finite here, so a NaN
+// in them came from the input.
+enum class Gives { nan_everywhere, nan_somewhere, zero };
+constexpr Gives kAll = Gives::nan_everywhere, kSome = Gives::nan_somewhere;
+
+struct Poison {
+  std::string input;
+  std::vector<std::pair<std::string, Gives>> gives;
+};
+
 struct OpCase {
   std::string name;              // shown in failures and in the gtest name
   std::vector<std::string> ops;  // the Backend ops it tests (the coverage list of backend.h)
@@ -151,6 +168,8 @@ struct OpCase {
   Tolerance f32{1e-10, 1e-5};
   Tolerance bf16{1e-4, 2e-2};
   std::optional<FiniteDifferences> fd;
+  // On the backend under test, the profiler around it and the reference, in f32.
+  std::vector<Poison> poison;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -399,7 +418,11 @@ OpCase attention_case(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd,
                                   a["k"], a["v"]);
           },
   };
-  if (with_fd) op.fd = {.wrt = {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}}, .loss = {{"out", "dout"}}};
+  if (with_fd) {
+    op.fd = {.wrt = {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}}, .loss = {{"out", "dout"}}};
+    op.poison = {{"q", {{"out", kAll}, {"lse", kAll}, {"dq", kAll}, {"dk", kAll}, {"dv", kAll}}},
+                 {"dout", {{"dq", kAll}, {"dk", kAll}, {"dv", kAll}}}};
+  }
   return op;
 }
 
@@ -417,6 +440,7 @@ OpCase adamw_case(int64_t step) {
             x.lr = 1e-2f, x.weight_decay = 0.1f, x.grad_scale = 0.5f, x.step = step;
             be.adamw_update(a["param"], Tensor{}, a["grad"], a["m"], a["v"], Tensor{}, x);
           },
+      .poison = {{"grad", {{"param", kAll}, {"m", kAll}, {"v", kAll}}}},
   };
 }
 
@@ -455,6 +479,7 @@ std::vector<OpCase> make_table() {
           },
       .f32 = {0, 0},
       .bf16 = {0, 0},
+      .poison = {{"x", {{"bf16", kAll}, {"back", kAll}}}},
   });
   add({
       .name = "copy_columns",
@@ -469,6 +494,7 @@ std::vector<OpCase> make_table() {
           },
       .f32 = {0, 0},
       .bf16 = {0, 0},
+      .poison = {{"whole", {{"f32", kSome}}}},
   });
   {
     std::vector<double> ids(N, 4.0);
@@ -498,7 +524,12 @@ std::vector<OpCase> make_table() {
     for (bool tb : {false, true}) {
       add(gemm_case({ta, tb, 37, 29, 45, 1, 0, 1.0f, 0.0f}));
       for (float beta : {0.0f, 1.0f}) {
-        for (int64_t pad : {0, 3}) add(gemm_case({ta, tb, 5, 7, 9, 3, pad, 0.75f, beta}));
+        for (int64_t pad : {0, 3}) {
+          OpCase g = gemm_case({ta, tb, 5, 7, 9, 3, pad, 0.75f, beta});
+          // Without padding or gaps every element of C is written.
+          if (pad == 0 && beta == 1.0f) g.poison = {{"a", {{"c", kAll}}}};
+          add(std::move(g));
+        }
         add(gemm_case({ta, tb, 37, 65, 70, 2, 1, 0.5f, beta}));
       }
       add(gemm_case({ta, tb, 13, 11, 17, 1, 0, 1.0f, 0.0f}));
@@ -531,6 +562,7 @@ std::vector<OpCase> make_table() {
             be.embedding_backward(a["dtable"], a["tokens2d"], a["dout"]);
           },
       .fd = FiniteDifferences{.wrt = {{"table", "dtable"}}, .loss = {{"out2d", "dout"}}},
+      .poison = {{"table", {{"out", kAll}, {"out2d", kAll}}}, {"dout", {{"dtable", kSome}}}},
   });
   // A rank holding vocabulary rows [5, 12): other tokens give zero rows and no gradient.
   add({
@@ -544,6 +576,7 @@ std::vector<OpCase> make_table() {
             be.embedding_shard_forward(a["out"], a["tokens"], a["table"], 5);
             be.embedding_shard_backward(a["dtable"], a["tokens"], a["dout"], 5);
           },
+      .poison = {{"table", {{"out", kSome}}}, {"dout", {{"dtable", kSome}}}},
   });
 
   // --- Norms.
@@ -561,6 +594,8 @@ std::vector<OpCase> make_table() {
           },
       .fd =
           FiniteDifferences{.wrt = {{"x", "dx"}, {"weight", "dweight"}}, .loss = {{"out", "dout"}}},
+      .poison = {{"x", {{"out", kAll}, {"rstd", kAll}, {"dx", kAll}, {"dweight", kAll}}},
+                 {"dout", {{"dx", kAll}, {"dweight", kAll}}}},
   });
   // The fused residual add + RMSNorm: the reference composes the two ops.
   add({
@@ -575,6 +610,7 @@ std::vector<OpCase> make_table() {
             be.residual_rmsnorm_forward(a["sum"], a["out"], a["rstd"], a["x"], a["residual"],
                                         a["weight"], 1e-5f);
           },
+      .poison = {{"x", {{"sum", kAll}, {"out", kAll}, {"rstd", kAll}}}},
   });
   // A slice of C columns of rows 3C wide: the slice's own statistic forward; backward given the
   // whole row's rstd and dot.
@@ -592,6 +628,8 @@ std::vector<OpCase> make_table() {
             be.rmsnorm_shard_backward(a["dx"], a["dweight"], a["dout"], a["x"], a["weight"],
                                       a["rstd"], a["dot"], 3 * C);
           },
+      .poison = {{"x", {{"out", kAll}, {"sumsq", kAll}, {"dx", kAll}, {"dweight", kAll}}},
+                 {"dout", {{"dx", kAll}, {"dweight", kAll}}}},
   });
   add({
       .name = "layernorm",
@@ -610,6 +648,9 @@ std::vector<OpCase> make_table() {
           },
       .fd = FiniteDifferences{.wrt = {{"x", "dx"}, {"weight", "dweight"}, {"bias", "dbias"}},
                               .loss = {{"out", "dout"}}},
+      .poison = {{"x",
+                  {{"out", kAll}, {"mean", kAll}, {"rstd", kAll}, {"dx", kAll}, {"dweight", kAll}}},
+                 {"dout", {{"dx", kAll}, {"dweight", kAll}, {"dbias", kAll}}}},
   });
 
   // --- RoPE, in place: forward rotates x, backward rotates the gradient back.
@@ -626,6 +667,7 @@ std::vector<OpCase> make_table() {
               be.rope_backward(a["dx"], theta);
             },
         .fd = FiniteDifferences{.wrt = {{"x", "dx"}}, .loss = {{"x", "dx"}}},
+        .poison = {{"x", {{"x", kAll}}}, {"dx", {{"dx", kAll}}}},
     });
   }
 
@@ -660,6 +702,7 @@ std::vector<OpCase> make_table() {
             be.silu_backward(a["dx"], a["dout"], a["x"]);
           },
       .fd = FiniteDifferences{.wrt = {{"x", "dx"}}, .loss = {{"out", "dout"}}},
+      .poison = {{"x", {{"out", kAll}, {"dx", kAll}}}},
   });
   for (bool gate_act : {true, false})
     add({
@@ -675,6 +718,12 @@ std::vector<OpCase> make_table() {
             },
         .fd =
             FiniteDifferences{.wrt = {{"gate", "dgate"}, {"up", "dup"}}, .loss = {{"out", "dout"}}},
+        // Without the activation dgate = dout * up does not read the gate.
+        .poison = {{"gate", gate_act ? std::vector<std::pair<std::string, Gives>>{{"out", kAll},
+                                                                                  {"dgate", kAll},
+                                                                                  {"dup", kAll}}
+                                     : std::vector<std::pair<std::string, Gives>>{{"out", kAll},
+                                                                                  {"dup", kAll}}}},
     });
 
   // --- Elementwise. Outputs may alias inputs where backend.h says so.
@@ -692,6 +741,7 @@ std::vector<OpCase> make_table() {
             be.add(a["b_alias"], a["a"], a["b_alias"]);
             be.accumulate(a["dst"], a["out"]);
           },
+      .poison = {{"a", {{"out", kAll}, {"b_alias", kAll}, {"dst", kAll}}}},
   });
   add({
       .name = "scale, multiply, divide",
@@ -707,6 +757,7 @@ std::vector<OpCase> make_table() {
             be.multiply(a["out"], a["x"], a["y"]);
             be.divide(a["out"], a["out"], a["divisor"]);  // aliasing its input
           },
+      .poison = {{"x", {{"x", kAll}, {"out", kAll}}}},
   });
   add({
       .name = "fill_zero",
@@ -716,6 +767,7 @@ std::vector<OpCase> make_table() {
       .run = [](Backend& be, const Args& a) { be.fill_zero(a["x"]); },
       .f32 = {0, 0},
       .bf16 = {0, 0},
+      .poison = {{"x", {{"x", Gives::zero}}}},
   });
   add({
       .name = "rms_from_sum_squares",
@@ -728,6 +780,7 @@ std::vector<OpCase> make_table() {
             be.rms_from_sum_squares(a["rms"], a["sumsq"], 48.0f, 1e-5f, false);
             be.rms_from_sum_squares(a["rstd"], a["sumsq"], 48.0f, 1e-5f, true);
           },
+      .poison = {{"sumsq", {{"rms", kAll}, {"rstd", kAll}}}},
   });
   add({
       .name = "scale_rows, row_dot",
@@ -741,6 +794,7 @@ std::vector<OpCase> make_table() {
             be.scale_rows(a["in_place"], a["in_place"], a["factor"]);
             be.row_dot(a["dot"], a["x"], a["y"]);
           },
+      .poison = {{"x", {{"out", kAll}, {"dot", kAll}}}, {"factor", {{"out", kAll}}}},
   });
 
   // --- Reductions, in double (f64 outputs, compared in double): one element, odd lengths,
@@ -758,6 +812,7 @@ std::vector<OpCase> make_table() {
             },
         .f32 = {1e-24, 1e-12},
         .bf16 = {1e-24, 1e-12},
+        .poison = {{"x", {{"sums", kAll}}}},
     });
   // The step's scalars on the device: ranges into slots (one without a range), means
   // accumulated, the scalar arithmetic, f64 → f32 → f64, the clip factor.
@@ -789,6 +844,7 @@ std::vector<OpCase> make_table() {
             },
         .f32 = {1e-24, 1e-12},
         .bf16 = {1e-24, 1e-12},
+        .poison = {{"x", {{"sums", kSome}, {"acc", kAll}}}},
     });
   }
   // clip_and_check: clipping above max_norm, none below it or with max_norm 0, and a skipped
@@ -829,6 +885,21 @@ std::vector<OpCase> make_table() {
             be.cross_entropy_forward(a["losses"], a["probs"], a["logits"], a["targets"]);
             be.cross_entropy_backward(a["dlogits"], a["probs"], a["targets"], 0.125f);
           },
+      .poison = {{"logits", {{"losses", kAll}, {"probs", kAll}, {"dlogits", kAll}}}},
+  });
+  // Backward from given probabilities (the NaN a diverging forward leaves in them must reach
+  // the gradient).
+  add({
+      .name = "cross_entropy_backward",
+      .ops = {"cross_entropy_backward"},
+      .args = {arg("probs", {N, 29}).uniform(0, 1), arg("targets", {N}).ids(29),
+               arg("dlogits", {N, 29})},
+      .compare = {"dlogits"},
+      .run =
+          [](Backend& be, const Args& a) {
+            be.cross_entropy_backward(a["dlogits"], a["probs"], a["targets"], 0.5f);
+          },
+      .poison = {{"probs", {{"dlogits", kAll}}}},
   });
   // Logits near 80: exp overflows unless the row's max is taken out first.
   add({
@@ -882,6 +953,12 @@ std::vector<OpCase> make_table() {
             be.cross_entropy_shard_backward(a["dlogits"], a["logits"], a["max"], a["sumexp"],
                                             a["targets"], 120, 0.5f);
           },
+      .poison = {{"logits",
+                  {{"local_max", kAll},
+                   {"local_sumexp", kAll},
+                   {"sumexp", kAll},
+                   {"losses", kAll},
+                   {"dlogits", kAll}}}},
   });
 
   // --- AdamW: the first step, a few, many (bias correction); then one pass over a flat buffer
@@ -946,6 +1023,44 @@ class OpTable : public ::testing::TestWithParam<size_t> {
     return {10 * op.f32.nmse, 10 * op.f32.rel};
   }
 
+  void non_finite(const OpCase& op, const Poison& p) {
+    std::vector<std::string> outputs;
+    for (const auto& [output, gives] : p.gives) outputs.push_back(output);
+    // The profiler wraps every op of a bench run, so it must stay defined for them too.
+    ProfilingBackend profiled(make_backend(g_backend));
+    for (Backend* be :
+         {target.get(), static_cast<Backend*>(&oracle), static_cast<Backend*>(&profiled)}) {
+      for (const double v : {kNaN, kInf, -kInf}) {
+        SCOPED_TRACE(fmt::format("{} on {}{} with {} = {}", op.name,
+                                 be == &profiled ? "profiling " : "", be->name(), p.input, v));
+        Values x = make_inputs(op, 5);
+        for (size_t i = 0; i < op.args.size(); ++i)
+          if (op.args[i].init == Init::nans) std::fill(x[i].begin(), x[i].end(), 0.5);
+        auto& in = x[index_of(op, p.input)];
+        std::fill(in.begin(), in.end(), v);
+        const Values y = run_op(*be, op, x, false, outputs);
+        if (!std::isnan(v)) continue;  // defined behaviour is all that ±inf must show
+        for (size_t i = 0; i < y.size(); ++i) {
+          const int64_t n = int64_t(y[i].size());
+          const int64_t nans =
+              std::count_if(y[i].begin(), y[i].end(), [](double e) { return std::isnan(e); });
+          const int64_t zeros = std::count(y[i].begin(), y[i].end(), 0.0);
+          switch (p.gives[i].second) {
+            case Gives::nan_everywhere:
+              EXPECT_EQ(nans, n) << outputs[i] << ": NaN in " << nans << " of " << n;
+              break;
+            case Gives::nan_somewhere:
+              EXPECT_GT(nans, 0) << outputs[i] << ": no NaN";
+              break;
+            case Gives::zero:
+              EXPECT_EQ(zeros, n) << outputs[i] << ": zero in " << zeros << " of " << n;
+              break;
+          }
+        }
+      }
+    }
+  }
+
   void finite_differences(const OpCase& op) {
     const FiniteDifferences& fd = *op.fd;
     SCOPED_TRACE(op.name + " (finite differences, f32) on " + g_backend);
@@ -998,6 +1113,7 @@ TEST_P(OpTable, AgainstReference) {
   compare(op, false);
   compare(op, true);
   if (op.fd) finite_differences(op);
+  for (const Poison& p : op.poison) non_finite(op, p);
 }
 
 std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
