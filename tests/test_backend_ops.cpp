@@ -3,8 +3,7 @@
 // ops (a whole-row shard backward, the vocabulary-parallel loss from its pieces, one-pass AdamW
 // as the per-parameter updates), aliasing, reductions in index order, the reference against
 // formulas and, element by element, against finite differences of its own forward kernels,
-// the add-into-gradients convention, allocation and staging, the operand checks of
-// backend.cpp, and the bf16 widening contract.
+// allocation and staging, the operand checks of backend.cpp, and the bf16 widening contract.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -67,8 +66,6 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   }
   return all_close(got.f32(), want.f32(), got.numel());
 }
-
-std::vector<float> snapshot(const Tensor& t) { return {t.f32(), t.f32() + t.numel()}; }
 
 class BackendOps : public ::testing::Test {
  protected:
@@ -506,76 +503,7 @@ TEST_F(BackendOps, AdamwFirstStepFromZeroMoments) {
 }
 
 // ---------------------------------------------------------------------------------------
-// Conventions: backward kernels add; dtype rejection.
-
-// Calls `call` twice from random non-zero gradients: the second increment must equal the first.
-class AddsConvention : public BackendOps {
- protected:
-  void check(const char* what, std::vector<Tensor> grads, const std::function<void()>& call) {
-    SCOPED_TRACE(what);
-    std::vector<std::vector<float>> g0, g1;
-    for (Tensor& g : grads) g0.push_back(snapshot(g));
-    call();
-    for (Tensor& g : grads) g1.push_back(snapshot(g));
-    call();
-    for (size_t t = 0; t < grads.size(); ++t) {
-      const int64_t n = grads[t].numel();
-      std::vector<float> first(n), second(n);
-      double first_norm = 0.0;
-      for (int64_t i = 0; i < n; ++i) {
-        first[i] = g1[t][i] - g0[t][i];
-        second[i] = grads[t].f32()[i] - g1[t][i];
-        first_norm += std::abs(first[i]);
-      }
-      EXPECT_GT(first_norm, 0.0) << "gradient " << t << " did not change";
-      EXPECT_TRUE(all_close(second.data(), first.data(), n, 1e-10, 1e-4)) << "gradient " << t;
-    }
-  }
-};
-
-TEST_F(AddsConvention, ReferenceBackwardKernelsAdd) {
-  Backend& be = *ref;
-  {
-    Tensor tokens = ids({9}, 5), dout = randn({9, 6}), dtable = randn({5, 6});
-    check("embedding_backward", {dtable}, [&] { be.embedding_backward(dtable, tokens, dout); });
-  }
-  {
-    Tensor x = randn({5, 8}), w = randn({8}, 0.5f, 1.0f), dout = randn({5, 8});
-    Tensor out = nans({5, 8}), rstd = nans({5}), mean = nans({5}), b = randn({8});
-    Tensor dx = randn({5, 8}), dw = randn({8}), db = randn({8});
-    be.rmsnorm_forward(out, rstd, x, w, 1e-5f);
-    check("rmsnorm_backward", {dx, dw}, [&] { be.rmsnorm_backward(dx, dw, dout, x, w, rstd); });
-    be.layernorm_forward(out, mean, rstd, x, w, b, 1e-5f);
-    check("layernorm_backward", {dx, dw, db},
-          [&] { be.layernorm_backward(dx, dw, db, dout, x, w, mean, rstd); });
-  }
-  {
-    Tensor q = randn({2, 5, 4, 4}), k = randn({2, 5, 2, 4}), v = randn({2, 5, 2, 4});
-    Tensor dout = randn(q.shape), out = nans(q.shape), lse = nans({2, 4, 5});
-    be.attention_forward(out, lse, q, k, v);
-    Tensor dq = randn(q.shape), dk = randn(k.shape), dv = randn(v.shape);
-    check("attention_backward", {dq, dk, dv},
-          [&] { be.attention_backward(dq, dk, dv, dout, out, lse, q, k, v); });
-  }
-  {
-    Tensor x = randn({7, 5}), up = randn({7, 5}), dout = randn({7, 5});
-    Tensor dx = randn({7, 5}), dup = randn({7, 5});
-    check("silu_backward", {dx}, [&] { be.silu_backward(dx, dout, x); });
-    for (bool act : {true, false})
-      check("swiglu_backward", {dx, dup}, [&] { be.swiglu_backward(dx, dup, dout, x, up, act); });
-  }
-  {
-    Tensor logits = randn({6, 9}), targets = ids({6}, 9), losses = nans({6}), probs = nans({6, 9});
-    be.cross_entropy_forward(losses, probs, logits, targets);
-    Tensor dlogits = randn({6, 9});
-    check("cross_entropy_backward", {dlogits},
-          [&] { be.cross_entropy_backward(dlogits, probs, targets, 0.25f); });
-  }
-  {
-    Tensor dst = randn({7, 5}), src = randn({7, 5});
-    check("accumulate", {dst}, [&] { be.accumulate(dst, src); });
-  }
-}
+// dtypes: the raw kernels are fp32; bf16 rounding; the widening backend.
 
 // The backends' own kernels are fp32: bf16 reaches them only through the widening backend
 // (make_backend wraps them in it), and each says so.

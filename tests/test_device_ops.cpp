@@ -170,6 +170,10 @@ struct OpCase {
   std::optional<FiniteDifferences> fd;
   // On the backend under test, the profiler around it and the reference, in f32.
   std::vector<Poison> poison;
+  // Gradients the run adds into (backend.h: every *_backward kernel ADDS): run from their
+  // random start and from zero, the difference must be the start, on the backend under test
+  // and on the reference, in f32.
+  std::vector<std::string> adds;
 };
 
 // ---------------------------------------------------------------------------------------
@@ -418,6 +422,9 @@ OpCase attention_case(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd,
                                   a["k"], a["v"]);
           },
   };
+  // The longer sequences are there for the cuda kernels' tiles; the shorter already cross the
+  // cpu backend's query blocks of 64, and keep the suite's time.
+  if (s < 200) op.adds = {"dq", "dk", "dv"};
   if (with_fd) {
     op.fd = {.wrt = {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}}, .loss = {{"out", "dout"}}};
     op.poison = {{"q", {{"out", kAll}, {"lse", kAll}, {"dq", kAll}, {"dk", kAll}, {"dv", kAll}}},
@@ -563,6 +570,7 @@ std::vector<OpCase> make_table() {
           },
       .fd = FiniteDifferences{.wrt = {{"table", "dtable"}}, .loss = {{"out2d", "dout"}}},
       .poison = {{"table", {{"out", kAll}, {"out2d", kAll}}}, {"dout", {{"dtable", kSome}}}},
+      .adds = {"dtable"},
   });
   // A rank holding vocabulary rows [5, 12): other tokens give zero rows and no gradient.
   add({
@@ -577,6 +585,7 @@ std::vector<OpCase> make_table() {
             be.embedding_shard_backward(a["dtable"], a["tokens"], a["dout"], 5);
           },
       .poison = {{"table", {{"out", kSome}}}, {"dout", {{"dtable", kSome}}}},
+      .adds = {"dtable"},
   });
 
   // --- Norms.
@@ -596,6 +605,7 @@ std::vector<OpCase> make_table() {
           FiniteDifferences{.wrt = {{"x", "dx"}, {"weight", "dweight"}}, .loss = {{"out", "dout"}}},
       .poison = {{"x", {{"out", kAll}, {"rstd", kAll}, {"dx", kAll}, {"dweight", kAll}}},
                  {"dout", {{"dx", kAll}, {"dweight", kAll}}}},
+      .adds = {"dx", "dweight"},
   });
   // The fused residual add + RMSNorm: the reference composes the two ops.
   add({
@@ -630,6 +640,7 @@ std::vector<OpCase> make_table() {
           },
       .poison = {{"x", {{"out", kAll}, {"sumsq", kAll}, {"dx", kAll}, {"dweight", kAll}}},
                  {"dout", {{"dx", kAll}, {"dweight", kAll}}}},
+      .adds = {"dx", "dweight"},
   });
   add({
       .name = "layernorm",
@@ -651,6 +662,7 @@ std::vector<OpCase> make_table() {
       .poison = {{"x",
                   {{"out", kAll}, {"mean", kAll}, {"rstd", kAll}, {"dx", kAll}, {"dweight", kAll}}},
                  {"dout", {{"dx", kAll}, {"dweight", kAll}, {"dbias", kAll}}}},
+      .adds = {"dx", "dweight", "dbias"},
   });
 
   // --- RoPE, in place: forward rotates x, backward rotates the gradient back.
@@ -703,6 +715,7 @@ std::vector<OpCase> make_table() {
           },
       .fd = FiniteDifferences{.wrt = {{"x", "dx"}}, .loss = {{"out", "dout"}}},
       .poison = {{"x", {{"out", kAll}, {"dx", kAll}}}},
+      .adds = {"dx"},
   });
   for (bool gate_act : {true, false})
     add({
@@ -724,6 +737,7 @@ std::vector<OpCase> make_table() {
                                                                                   {"dup", kAll}}
                                      : std::vector<std::pair<std::string, Gives>>{{"out", kAll},
                                                                                   {"dup", kAll}}}},
+        .adds = {"dgate", "dup"},
     });
 
   // --- Elementwise. Outputs may alias inputs where backend.h says so.
@@ -742,6 +756,7 @@ std::vector<OpCase> make_table() {
             be.accumulate(a["dst"], a["out"]);
           },
       .poison = {{"a", {{"out", kAll}, {"b_alias", kAll}, {"dst", kAll}}}},
+      .adds = {"dst"},
   });
   add({
       .name = "scale, multiply, divide",
@@ -886,6 +901,7 @@ std::vector<OpCase> make_table() {
             be.cross_entropy_backward(a["dlogits"], a["probs"], a["targets"], 0.125f);
           },
       .poison = {{"logits", {{"losses", kAll}, {"probs", kAll}, {"dlogits", kAll}}}},
+      .adds = {"dlogits"},
   });
   // Backward from given probabilities (the NaN a diverging forward leaves in them must reach
   // the gradient).
@@ -900,6 +916,7 @@ std::vector<OpCase> make_table() {
             be.cross_entropy_backward(a["dlogits"], a["probs"], a["targets"], 0.5f);
           },
       .poison = {{"probs", {{"dlogits", kAll}}}},
+      .adds = {"dlogits"},
   });
   // Logits near 80: exp overflows unless the row's max is taken out first.
   add({
@@ -959,6 +976,7 @@ std::vector<OpCase> make_table() {
                    {"sumexp", kAll},
                    {"losses", kAll},
                    {"dlogits", kAll}}}},
+      .adds = {"dlogits"},
   });
 
   // --- AdamW: the first step, a few, many (bias correction); then one pass over a flat buffer
@@ -1061,6 +1079,25 @@ class OpTable : public ::testing::TestWithParam<size_t> {
     }
   }
 
+  void adds_into(const OpCase& op) {
+    const Values start = make_inputs(op, 3);
+    Values zero = start;
+    for (const std::string& g : op.adds) {
+      auto& v = zero[index_of(op, g)];
+      std::fill(v.begin(), v.end(), 0.0);
+    }
+    for (Backend* be : {target.get(), static_cast<Backend*>(&oracle)}) {
+      SCOPED_TRACE(op.name + " adds into its gradients on " + std::string(be->name()));
+      const Values from_start = run_op(*be, op, start, false, op.adds);
+      const Values from_zero = run_op(*be, op, zero, false, op.adds);
+      for (size_t i = 0; i < op.adds.size(); ++i) {
+        std::vector<double> added(from_start[i].size());
+        for (size_t j = 0; j < added.size(); ++j) added[j] = from_start[i][j] - from_zero[i][j];
+        EXPECT_TRUE(close(added, start[index_of(op, op.adds[i])], {1e-10, 1e-4})) << op.adds[i];
+      }
+    }
+  }
+
   void finite_differences(const OpCase& op) {
     const FiniteDifferences& fd = *op.fd;
     SCOPED_TRACE(op.name + " (finite differences, f32) on " + g_backend);
@@ -1114,6 +1151,7 @@ TEST_P(OpTable, AgainstReference) {
   compare(op, true);
   if (op.fd) finite_differences(op);
   for (const Poison& p : op.poison) non_finite(op, p);
+  if (!op.adds.empty()) adds_into(op);
 }
 
 std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
