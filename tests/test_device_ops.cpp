@@ -144,13 +144,14 @@ struct FiniteDifferences {
 
 // Non-finite inputs: a diverging run feeds NaN and ±inf to every kernel. With one input of the
 // entry filled with NaN, each listed output must give NaN everywhere, NaN somewhere (outputs
-// that only part of the input reaches), or zero (fill_zero overwrites): a kernel must not turn
-// NaN into a finite value that hides the divergence. With ±inf the values are not prescribed
+// that only part of the input reaches), zero (fill_zero overwrites), or finite values (an
+// output the input does not reach): a kernel must not turn NaN into a finite value that hides
+// the divergence, nor spread it where the maths does not. With ±inf the values are not prescribed
 // (silu(-inf) is -inf on cpu, whose exp clamps, and NaN on reference), only that the kernels
 // stay defined (the sanitizer build runs this under UBSan). Outputs start finite here, so a NaN
 // in them came from the input.
-enum class Gives { nan_everywhere, nan_somewhere, zero };
-constexpr Gives kAll = Gives::nan_everywhere, kSome = Gives::nan_somewhere;
+enum class Gives { nan_everywhere, nan_somewhere, zero, finite };
+constexpr Gives kAll = Gives::nan_everywhere, kSome = Gives::nan_somewhere, kFinite = Gives::finite;
 
 struct Poison {
   std::string input;
@@ -604,7 +605,7 @@ std::vector<OpCase> make_table() {
       .fd =
           FiniteDifferences{.wrt = {{"x", "dx"}, {"weight", "dweight"}}, .loss = {{"out", "dout"}}},
       .poison = {{"x", {{"out", kAll}, {"rstd", kAll}, {"dx", kAll}, {"dweight", kAll}}},
-                 {"dout", {{"dx", kAll}, {"dweight", kAll}}}},
+                 {"dout", {{"out", kFinite}, {"rstd", kFinite}, {"dx", kAll}, {"dweight", kAll}}}},
       .adds = {"dx", "dweight"},
   });
   // The fused residual add + RMSNorm: the reference composes the two ops.
@@ -660,7 +661,12 @@ std::vector<OpCase> make_table() {
       .fd = FiniteDifferences{.wrt = {{"x", "dx"}, {"weight", "dweight"}, {"bias", "dbias"}},
                               .loss = {{"out", "dout"}}},
       .poison = {{"x",
-                  {{"out", kAll}, {"mean", kAll}, {"rstd", kAll}, {"dx", kAll}, {"dweight", kAll}}},
+                  {{"out", kAll},
+                   {"mean", kAll},
+                   {"rstd", kAll},
+                   {"dx", kAll},
+                   {"dweight", kAll},
+                   {"dbias", kFinite}}},  // dbias = Σ dout does not read x
                  {"dout", {{"dx", kAll}, {"dweight", kAll}, {"dbias", kAll}}}},
       .adds = {"dx", "dweight", "dbias"},
   });
@@ -732,11 +738,7 @@ std::vector<OpCase> make_table() {
         .fd =
             FiniteDifferences{.wrt = {{"gate", "dgate"}, {"up", "dup"}}, .loss = {{"out", "dout"}}},
         // Without the activation dgate = dout * up does not read the gate.
-        .poison = {{"gate", gate_act ? std::vector<std::pair<std::string, Gives>>{{"out", kAll},
-                                                                                  {"dgate", kAll},
-                                                                                  {"dup", kAll}}
-                                     : std::vector<std::pair<std::string, Gives>>{{"out", kAll},
-                                                                                  {"dup", kAll}}}},
+        .poison = {{"gate", {{"out", kAll}, {"dup", kAll}, {"dgate", gate_act ? kAll : kFinite}}}},
         .adds = {"dgate", "dup"},
     });
 
@@ -1063,6 +1065,8 @@ class OpTable : public ::testing::TestWithParam<size_t> {
           const int64_t nans =
               std::count_if(y[i].begin(), y[i].end(), [](double e) { return std::isnan(e); });
           const int64_t zeros = std::count(y[i].begin(), y[i].end(), 0.0);
+          const int64_t finite =
+              std::count_if(y[i].begin(), y[i].end(), [](double e) { return std::isfinite(e); });
           switch (p.gives[i].second) {
             case Gives::nan_everywhere:
               EXPECT_EQ(nans, n) << outputs[i] << ": NaN in " << nans << " of " << n;
@@ -1072,6 +1076,9 @@ class OpTable : public ::testing::TestWithParam<size_t> {
               break;
             case Gives::zero:
               EXPECT_EQ(zeros, n) << outputs[i] << ": zero in " << zeros << " of " << n;
+              break;
+            case Gives::finite:
+              EXPECT_EQ(finite, n) << outputs[i] << ": finite in " << finite << " of " << n;
               break;
           }
         }
