@@ -306,7 +306,10 @@ Values run_op(Backend& be, const OpCase& op, const Values& inputs, bool bf16,
   double err2 = 0, ref2 = 0, max_err = 0, max_ref = 0;
   size_t worst = 0;
   for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isfinite(want[i]) != std::isfinite(got[i]))
+    // A non-finite value must be the same one: NaN for NaN, an infinity of the same sign.
+    const bool same_non_finite = std::isnan(want[i]) ? std::isnan(got[i]) : got[i] == want[i];
+    if (std::isfinite(want[i]) != std::isfinite(got[i]) ||
+        (!std::isfinite(want[i]) && !same_non_finite))
       return ::testing::AssertionFailure()
              << "element " << i << ": got " << got[i] << ", want " << want[i];
     if (!std::isfinite(want[i])) continue;
@@ -1195,7 +1198,8 @@ TEST(OpTableCoverage, EveryBackendOpHasAnEntry) {
 }
 
 // The harness itself: an argument an entry lacks fails naming it, and the comparison fails
-// for an error just above the tolerance and a finite value where the reference has NaN.
+// for an error just above the tolerance and for another value where the reference has NaN
+// or an infinity.
 TEST(OpTableHarness, FailsWhereItShould) {
   const Args args("an op", {{"x", Tensor{}}});
   try {
@@ -1209,6 +1213,9 @@ TEST(OpTableHarness, FailsWhereItShould) {
   EXPECT_FALSE(close({1.0, -2.0, 4.0 + 4.1e-5}, want, {1e-10, 1e-5}));  // max error
   EXPECT_FALSE(close({1.0 + 3.9e-5, -2.0 - 3.9e-5, 4.0 + 3.9e-5}, want, {1e-10, 1e-5}));  // nmse
   EXPECT_FALSE(close({1.0, -2.0, 4.0}, {1.0, -2.0, kNaN}, {1e-10, 1e-5}));
+  EXPECT_FALSE(close({1.0, -2.0, kInf}, {1.0, -2.0, kNaN}, {1e-10, 1e-5}));
+  EXPECT_FALSE(close({1.0, -2.0, -kInf}, {1.0, -2.0, kInf}, {1e-10, 1e-5}));
+  EXPECT_TRUE(close({1.0, kNaN, -kInf}, {1.0, kNaN, -kInf}, {0, 0}));
 }
 
 // cuDNN's SDPA (the cuda backend under attention "cudnn", which fails rather than fall back)
