@@ -455,11 +455,12 @@ OpCase adamw_case(int64_t step) {
   };
 }
 
-std::vector<OpCase> make_table() {
-  std::vector<OpCase> t;
-  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
+// The entries by op family, each adding to the table.
+using Table = std::vector<OpCase>;
 
-  // --- Staging and copies.
+// Staging and copies.
+void staging_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   add({
       .name = "from_host, to_host",
       .ops = {"from_host", "to_host"},
@@ -528,9 +529,12 @@ std::vector<OpCase> make_table() {
         .bf16 = {0, 0},
     });
   }
+}
 
-  // --- GEMM: every transpose pair, batches with gaps, broadcast operands, alpha and beta, and
-  // the operand dtype mixes a bf16 run makes (bf16 × bf16 → bf16 or f32 gradients, f32 × bf16).
+// GEMM: every transpose pair, batches with gaps, broadcast operands, alpha and beta, and
+// the operand dtype mixes a bf16 run makes (bf16 × bf16 → bf16 or f32 gradients, f32 × bf16).
+void gemm_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       add(gemm_case({ta, tb, 37, 29, 45, 1, 0, 1.0f, 0.0f}));
@@ -556,8 +560,11 @@ std::vector<OpCase> make_table() {
   add(gemm_case({false, false, 200, 136, 264, 1, 0, 1.0f, 0.0f}));
   add(gemm_case({true, false, 48, 40, 56, 1, 0, 1.0f, 1.0f}, {}, DType::f32));
   add(gemm_case({false, true, 48, 40, 56, 2, 1, 1.0f, 0.0f}, DType::f32));
+}
 
-  // --- Embeddings. 37 tokens over 20 ids: repeated rows in backward.
+// Embeddings. 37 tokens over 20 ids: repeated rows in backward.
+void embedding_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   constexpr int32_t V = 20;
   add({
       .name = "embedding",
@@ -591,8 +598,11 @@ std::vector<OpCase> make_table() {
       .poison = {{"table", {{"out", kSome}}}, {"dout", {{"dtable", kSome}}}},
       .adds = {"dtable"},
   });
+}
 
-  // --- Norms.
+// Norms.
+void norm_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   add({
       .name = "rmsnorm",
       .ops = {"rmsnorm_forward", "rmsnorm_backward"},
@@ -673,8 +683,11 @@ std::vector<OpCase> make_table() {
                  {"dout", {{"dx", kAll}, {"dweight", kAll}, {"dbias", kAll}}}},
       .adds = {"dx", "dweight", "dbias"},
   });
+}
 
-  // --- RoPE, in place: forward rotates x, backward rotates the gradient back.
+// RoPE, in place: forward rotates x, backward rotates the gradient back.
+void rope_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   for (const auto& [theta, shape] :
        {std::pair{10000.0f, Shape{2, 13, 3, 16}}, std::pair{500000.0f, Shape{2, 7, 4, 8}}}) {
     add({
@@ -691,10 +704,13 @@ std::vector<OpCase> make_table() {
         .poison = {{"x", {{"x", kAll}}}, {"dx", {{"dx", kAll}}}},
     });
   }
+}
 
-  // --- Attention: GQA groups of 1 to 4, head sizes 4 to 128, the cpu backend's causal query
-  // blocks of 64 (S = 128, 192, 256), and longer sequences through the cuda backend's
-  // tensor-core path (bf16, hd 64 / 128: several key and query tiles, a ragged last tile).
+// Attention: GQA groups of 1 to 4, head sizes 4 to 128, the cpu backend's causal query
+// blocks of 64 (S = 128, 192, 256), and longer sequences through the cuda backend's
+// tensor-core path (bf16, hd 64 / 128: several key and query tiles, a ragged last tile).
+void attention_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   add(attention_case(1, 21, 4, 2, 16, /*with_fd=*/true));
   add(attention_case(2, 7, 4, 2, 8));
   add(attention_case(2, 7, 4, 4, 8));
@@ -709,8 +725,11 @@ std::vector<OpCase> make_table() {
   add(attention_case(1, 256, 8, 2, 32));
   add(attention_case(1, 257, 4, 1, 64));
   add(attention_case(2, 300, 4, 2, 128));
+}
 
-  // --- Activations.
+// Activations.
+void activation_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   add({
       .name = "silu",
       .ops = {"silu_forward", "silu_backward"},
@@ -744,8 +763,11 @@ std::vector<OpCase> make_table() {
         .poison = {{"gate", {{"out", kAll}, {"dup", kAll}, {"dgate", gate_act ? kAll : kFinite}}}},
         .adds = {"dgate", "dup"},
     });
+}
 
-  // --- Elementwise. Outputs may alias inputs where backend.h says so.
+// Elementwise. Outputs may alias inputs where backend.h says so.
+void elementwise_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   const Shape s{N, C};
   add({
       .name = "add, accumulate",
@@ -816,9 +838,12 @@ std::vector<OpCase> make_table() {
           },
       .poison = {{"x", {{"out", kAll}, {"dot", kAll}}}, {"factor", {{"out", kAll}}}},
   });
+}
 
-  // --- Reductions, in double (f64 outputs, compared in double): one element, odd lengths,
-  // and more than one thread's share.
+// Reductions, in double (f64 outputs, compared in double): one element, odd lengths,
+// and more than one thread's share.
+void reduction_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   for (int64_t n : {int64_t(1), int64_t(37), N * 100 + 3, int64_t(100003)})
     add({
         .name = fmt::format("sum, sum_squares n={}", n),
@@ -890,8 +915,11 @@ std::vector<OpCase> make_table() {
       .f32 = {0, 0},
       .bf16 = {0, 0},
   });
+}
 
-  // --- Cross-entropy.
+// Cross-entropy.
+void cross_entropy_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   constexpr int32_t VL = 300;
   add({
       .name = "cross_entropy",
@@ -983,11 +1011,14 @@ std::vector<OpCase> make_table() {
                    {"dlogits", kAll}}}},
       .adds = {"dlogits"},
   });
+}
 
-  // --- AdamW: the first step, a few, many (bias correction); then one pass over a flat buffer
-  // as AdamW::step issues it: no-decay ranges (aligned to groups of 4 and not), the compute
-  // copy in the activations' dtype, the device control tensor (a clip factor; a skipped step
-  // changes nothing).
+// AdamW: the first step, a few, many (bias correction); then one pass over a flat buffer
+// as AdamW::step issues it: no-decay ranges (aligned to groups of 4 and not), the compute
+// copy in the activations' dtype, the device control tensor (a clip factor; a skipped step
+// changes nothing).
+void adamw_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   for (int64_t step : {1, 3, 1000}) add(adamw_case(step));
   for (const double apply : {1.0, 0.0}) {
     const Shape p{1000};
@@ -1007,6 +1038,14 @@ std::vector<OpCase> make_table() {
             },
     });
   }
+}
+
+Table make_table() {
+  Table t;
+  for (auto* family :
+       {staging_cases, gemm_cases, embedding_cases, norm_cases, rope_cases, attention_cases,
+        activation_cases, elementwise_cases, reduction_cases, cross_entropy_cases, adamw_cases})
+    family(t);
   return t;
 }
 
