@@ -18,6 +18,8 @@
 #include <variant>
 
 #include "core/error.h"
+#include "core/file_read.h"
+#include "data/utf8.h"
 #include "model/llama.h"
 #include "parallel/tp_layouts.h"
 #include "train/memory_plan.h"
@@ -361,6 +363,10 @@ std::vector<ConfigKey> build_schema() {
                          "kernels)"));
   s.push_back(choice_key("training.on_nonfinite", FIELD(training.on_nonfinite), kOnNonfiniteNames,
                          "on a NaN/inf loss or gradient norm: stop, or skip the update"));
+  s.push_back(integer_key("training.max_skipped_steps", FIELD(training.max_skipped_steps),
+                          at_least(0),
+                          "under on_nonfinite = \"skip\": the most non-finite steps in a row "
+                          "before the run stops with an error naming the step"));
   s.push_back(integer_key("training.eval_interval", FIELD(training.eval_interval), at_least(0),
                           "steps between validation evaluations; 0 = never"));
   s.push_back(integer_key("training.eval_batches", FIELD(training.eval_batches), greater(0),
@@ -594,6 +600,16 @@ void assign(TrainConfig& config, const ConfigKey& key, const Value& value,
              source, key.path, v);
       break;
     }
+    case KeyType::string:
+      // Paths and names travel into JSON (trainer_state.json), gnuplot's script and one-line
+      // messages: a byte that is not UTF-8 or a control character would fail there, after the
+      // whole run; refused here, where it enters.
+      if (const std::string why = text_value_problem(std::get<std::string>(value)); !why.empty())
+        fail(
+            "{}: key '{}' holds {}; paths and names must be UTF-8 text without control "
+            "characters",
+            source, key.path, why);
+      break;
     case KeyType::choice: {
       const auto& s = std::get<std::string>(value);
       if (std::find(key.choices.begin(), key.choices.end(), s) == key.choices.end())
@@ -909,11 +925,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   BOTTLE_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
                "{}: the configuration file is not a regular file (a FIFO, device or directory)",
                path);
-  std::ifstream in(path, std::ios::binary);
-  BOTTLE_CHECK(in, "{}: cannot open the configuration file", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_train_config_string(text.str(), path, overrides, given);
+  return parse_train_config_string(
+      read_bounded_file(path, "the configuration file", kMaxConfigFileBytes), path, overrides,
+      given);
 }
 
 std::string config_difference(const TrainConfig& a, const TrainConfig& b) {
