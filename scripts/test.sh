@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # From a fresh Debian 12 machine: install, build, run the whole test suite.
 #   --sanitize: the same suite built with ASan + UBSan in build-sanitize/; any report fails it.
-#   --sanitize-quick: the same for the kernels, the hostile-input and CLI tests and the
-#     communicator (what CI runs: the whole suite under the sanitizers takes far longer).
+#   --sanitize-quick: the same for the kernels, the hostile-input and CLI tests, the
+#     communicator and stop signals (what CI runs: the whole suite under the sanitizers takes
+#     far longer).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -20,10 +21,11 @@ fi
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Release -DBOTTLE_SANITIZE=ON -DBOTTLE_CUDA=OFF >/dev/null
 tests=()
 if [ "$mode" = --sanitize-quick ]; then
-  # The kernels: the op table (every op against the reference) and backend_ops.
+  # The kernels: the op table (every op against the reference) and backend_ops; a stop
+  # signal at random moments of a training run.
   cmake --build build-sanitize -j"$(nproc)" --target bottle test_backend_ops test_device_ops \
-    test_hostile_fuzz test_cli test_comm test_fatal_error fatal_error_probe
-  tests=(-R '^(backend_ops|device_ops_cpu|hostile_fuzz|cli|comm_np2|fatal_error)$')
+    test_hostile_fuzz test_cli test_comm test_fatal_error fatal_error_probe test_signals
+  tests=(-R '^(backend_ops|device_ops_cpu|hostile_fuzz|cli|comm_np2|fatal_error|signals)$')
 else
   cmake --build build-sanitize -j"$(nproc)"
 fi

@@ -3,10 +3,12 @@
 // staged through the host communicator (make_group_communicator).
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -191,6 +193,36 @@ TEST(Comm, SplitIntoTwoGroups) {
 
   // A group's counters are its own.
   EXPECT_EQ(half->stats().by_site().count("test.half"), n > 2 ? 1u : 0u);
+}
+
+// Issue 29, rule 2: a group destroyed while its sends are in flight (an error unwinding the
+// pipeline before wait_sends) must not free what MPI still reads. The receiver posts its
+// receive only after the sender's group is gone and its heap churned: it must get the bytes
+// sent. 4 MB is past every eager limit, so MPI reads the sender's buffer late.
+TEST(Comm, GroupDestroyedWithSendsInFlightKeepsTheirBuffers) {
+  const int r = world().rank(), n = world().size();
+  if (n < 2) GTEST_SKIP();
+  constexpr size_t kCount = size_t(1) << 20;
+  for (int round = 0; round < 3; ++round) {
+    std::unique_ptr<Communicator> pair = world().split(r < 2 ? 0 : 1, r, "pair");
+    std::vector<int32_t> sent(kCount);
+    std::iota(sent.begin(), sent.end(), 7 * round);
+    if (r == 0) {
+      pair->send_async(view(sent), 1, 0, "test.in_flight");
+      pair.reset();
+      // Buffers freed by the destructor would be reused and overwritten here.
+      for (int i = 0; i < 8; ++i) {
+        std::vector<int32_t> junk(kCount, -1);
+        EXPECT_EQ(junk[kCount / 2], -1);
+      }
+    } else if (r == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::vector<int32_t> got(kCount, 0);
+      pair->recv(view(got), 0, 0, "test.in_flight");
+      EXPECT_TRUE(got == sent) << "round " << round << ": the receiver got other bytes";
+    }
+    world().barrier();
+  }
 }
 
 TEST(Comm, CountersFollowTheHeader) {

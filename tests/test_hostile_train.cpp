@@ -215,6 +215,109 @@ INSTANTIATE_TEST_SUITE_P(
                 "metrics.jsonl and metrics.plot's scratch file name the same file"}),
     case_name);
 
+// Issue 29, rules 5, 6 and 8: every read bounded before it happens (FIFOs, devices and huge
+// files behind each file bottle reads whole), every path and string checked where it enters
+// (bytes that are not UTF-8, line breaks, control characters), and every message naming its
+// file (tokenizers with huge ids or no ids, a misspelt command).
+INSTANTIATE_TEST_SUITE_P(
+    Issue29, HostileCase,
+    ::testing::Values(
+        // Rule 5: config.json, model.safetensors, tokenizer_config.json, trainer_state.json,
+        // the TOML and tokenize's --input as a FIFO, a device or a huge (sparse) file.
+        Hostile{"config_json_fifo",
+                "rm {dir}/model/config.json && mkfifo {dir}/model/config.json && {bottle} eval "
+                "--checkpoint {dir}/model --data {dir}/val.bin",
+                "{dir}/model/config.json: config.json is a FIFO, not a regular file"},
+        Hostile{"config_json_dev_zero",
+                "ln -sf /dev/zero {dir}/model/config.json && {bottle} eval --checkpoint "
+                "{dir}/model --data {dir}/val.bin",
+                "{dir}/model/config.json: config.json is a character device"},
+        Hostile{"config_json_3gb",
+                "truncate -s 3G {dir}/model/config.json && {bottle} eval --checkpoint {dir}/model "
+                "--data {dir}/val.bin",
+                "{dir}/model/config.json: config.json has 3221225472 bytes, more than the "
+                "104857600"},
+        Hostile{"safetensors_fifo",
+                "rm {dir}/model/model.safetensors && mkfifo {dir}/model/model.safetensors && "
+                "{bottle} eval --checkpoint {dir}/model --data {dir}/val.bin",
+                "{dir}/model/model.safetensors: the safetensors file is a FIFO"},
+        Hostile{"safetensors_dev_zero",
+                "ln -sf /dev/zero {dir}/model/model.safetensors && {bottle} eval --checkpoint "
+                "{dir}/model --data {dir}/val.bin",
+                "{dir}/model/model.safetensors: the safetensors file is a character device"},
+        Hostile{"tokenizer_config_fifo",
+                "mkfifo {dir}/model/tokenizer_config.json && {bottle} sample --checkpoint "
+                "{dir}/model --prompt hi --tokens 2",
+                "{dir}/model/tokenizer_config.json: the JSON file is a FIFO"},
+        Hostile{"tokenizer_config_dev_zero",
+                "ln -s /dev/zero {dir}/model/tokenizer_config.json && {bottle} sample "
+                "--checkpoint {dir}/model --prompt hi --tokens 2",
+                "{dir}/model/tokenizer_config.json: the JSON file is a character device"},
+        Hostile{"trainer_state_fifo",
+                "{bottle} train {dir}/tiny.toml >/dev/null && rm "
+                "{dir}/run/step_00000004/trainer_state.json && mkfifo "
+                "{dir}/run/step_00000004/trainer_state.json && {bottle} train {dir}/tiny.toml "
+                "--resume --set training.steps=5",
+                "{dir}/run/step_00000004/trainer_state.json: the JSON file is a FIFO"},
+        Hostile{"toml_200mb",
+                "cp {dir}/tiny.toml {dir}/big.toml && truncate -s 200M {dir}/big.toml && {bottle} "
+                "train {dir}/big.toml",
+                "{dir}/big.toml: the configuration file has 209715200 bytes, more than"},
+        Hostile{"tokenize_input_fifo", "{bottle} tokenize --input {fifo}",
+                "{dir}/fifo: --input is a FIFO"},
+        Hostile{"tokenize_input_dev_zero", "{bottle} tokenize --input /dev/zero",
+                "/dev/zero: --input is a character device"},
+        // Rule 6: paths and strings checked as the configuration is read, before any step.
+        Hostile{"folder_not_utf8",
+                "{bottle} train {dir}/tiny.toml --set checkpoint.folder={dir}/r$(printf '\377')",
+                "--set: key 'checkpoint.folder' holds byte 0xff at offset"},
+        Hostile{"folder_line_break",
+                "{bottle} train {dir}/tiny.toml --set \"checkpoint.folder={dir}/a$(printf "
+                "'x\ny')\"",
+                "--set: key 'checkpoint.folder' holds a line break at offset"},
+        Hostile{"folder_line_break_toml",
+                "sed -i 's|^folder = .*|folder = \"a\\\\nb\"|' {dir}/tiny.toml && {bottle} "
+                "train {dir}/tiny.toml",
+                "tiny.toml: key 'checkpoint.folder' holds a line break at offset 1"},
+        Hostile{"plot_escape_character",
+                "{bottle} train {dir}/tiny.toml --set \"metrics.plot=a$(printf '\033')b.png\"",
+                "key 'metrics.plot' holds the control character 0x1b at offset 1"},
+        Hostile{"data_overlong_utf8",
+                "{bottle} train {dir}/tiny.toml --set \"data.train={dir}/$(printf '\300\200')\"",
+                "key 'data.train' holds byte 0xc0 at offset"},
+        Hostile{"jsonl_not_utf8",
+                "{bottle} train {dir}/tiny.toml --set \"metrics.jsonl=m$(printf '\355\240\200')\"",
+                "key 'metrics.jsonl' holds byte 0xed at offset 1, which is not UTF-8"},
+        Hostile{"init_from_line_break",
+                "{bottle} train {dir}/tiny.toml --init-from \"$(printf '{dir}/mo\ndel')\"",
+                "holds a line break at offset"},
+        // Rule 8: messages name their file; a misspelt command is named with its likely
+        // meaning.
+        Hostile{"command_trian", "{bottle} trian {dir}/tiny.toml",
+                "unknown command 'trian'; did you mean 'train'?"},
+        Hostile{"command_smaple", "{bottle} smaple",
+                "unknown command 'smaple'; did you mean 'sample'?"},
+        Hostile{"command_evl", "{bottle} evl", "unknown command 'evl'; did you mean 'eval'?"},
+        Hostile{"command_unknown", "{bottle} frobnicate",
+                "unknown command 'frobnicate' (commands: "},
+        Hostile{"tokenizer_id_int_max",
+                "printf '{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 2147483647}, "
+                "\"merges\": []}}' > {dir}/tok.json && {bottle} tokenize --tokenizer "
+                "{dir}/tok.json --input {dir}/tiny.toml",
+                "{dir}/tok.json: model"},
+        Hostile{"tokenizer_id_huge_added",
+                "printf '{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}, "
+                "\"merges\": []}, \"added_tokens\": [{\"id\": 1073741824, \"content\": "
+                "\"<x>\", \"special\": true}]}' > {dir}/tok.json && {bottle} tokenize "
+                "--tokenizer {dir}/tok.json --input {dir}/tiny.toml",
+                "{dir}/tok.json: added_tokens"},
+        Hostile{"tokenizer_no_ids",
+                "printf '{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}' "
+                "> {dir}/tok.json && {bottle} tokenize --tokenizer {dir}/tok.json --input "
+                "{dir}/tiny.toml",
+                "{dir}/tok.json: the vocabulary is empty"}),
+    case_name);
+
 // A file-size limit (prlimit on the running process, once MPI has started) stands for a
 // full disk: writes past it fail with EFBIG, as they would with ENOSPC. Prints the run's
 // output and "status=N".

@@ -582,6 +582,44 @@ TEST_F(Train, ResumeIntoAnotherModelShape) {
   EXPECT_TRUE(entries_with_prefix(dir / "run", ".tmp-").empty());
 }
 
+// Issue 29, rule 7: a resume continues the same run. What changes the meaning of the saved data
+// position (the batch shape, the seed, the data) or of the weights (the tokenizer) is refused
+// naming the key, both values and the way forward; the same shards under another path are
+// kept, said in one line.
+TEST_F(Train, ResumeRefusesWhatChangesTheSavedState) {
+  const CommandResult first = train("--set training.steps=2");
+  ASSERT_EQ(first.status, 0) << first.output;
+  write_learnable_shard(dir / "other.bin", 4000, 9);
+  struct Change {
+    std::string set, key, was, now;
+  };
+  const std::vector<Change> changes = {
+      {"training.micro_batch_size=4", "training.micro_batch_size", "2", "4"},
+      {"training.micro_batch_size=1", "training.micro_batch_size", "2", "1"},
+      {"training.seq_len=8", "training.seq_len", "16", "8"},
+      {"training.seq_len=32", "training.seq_len", "16", "32"},
+      {"training.seed=8", "training.seed", "7", "8"},
+      {"data.train=" + (dir / "other.bin"), "data.train", "\"" + (dir / "train.bin") + "\"",
+       "\"" + (dir / "other.bin") + "\""},
+  };
+  for (const Change& c : changes) {
+    SCOPED_TRACE(c.set);
+    const CommandResult r = train("--resume --set training.steps=4 --set " + c.set);
+    expect_error(r, {"--resume", c.key + " = " + c.was, "says " + c.now, "--init-from",
+                     dir / "run/step_00000002", "saved position"});
+  }
+  EXPECT_EQ(entries_with_prefix(dir / "run", "step_"), std::vector<std::string>{"step_00000002"});
+  // The same shard under another spelling of its path: kept, and said.
+  fs::create_directories(dir / "moved");
+  fs::copy_file(dir / "train.bin", dir / "moved/train.bin");
+  const CommandResult moved =
+      train("--resume --set training.steps=3 --set data.train=" + (dir / "moved/train.bin"));
+  ASSERT_EQ(moved.status, 0) << moved.output;
+  EXPECT_NE(moved.output.find("the same 1 shard(s) by name and size, so the saved position"),
+            std::string::npos)
+      << moved.output;
+}
+
 // A huge learning rate without clipping breaks the model at step 2, in one of two ways
 // depending on the lr and the data: the loss itself becomes NaN (written as null in JSON), or
 // the activations overflow inside the norms so that the gradient norm is NaN while the loss
@@ -594,10 +632,30 @@ class NonFinite : public Train, public ::testing::WithParamInterface<const char*
   }
 };
 
+// The error comes after the step that was whole is saved: nothing trained is lost.
 TEST_P(NonFinite, Stops) {
   const CommandResult r = train(diverge());
   expect_error(r, {"step 2", "on_nonfinite"});
-  expect_no_checkpoint(dir / "run");
+  EXPECT_NE(r.output.find("step 1: checkpoint"), std::string::npos) << r.output;
+  EXPECT_EQ(entries_with_prefix(dir / "run", "step_"), std::vector<std::string>{"step_00000001"});
+  expect_complete_checkpoint(dir / "run/step_00000001");
+  EXPECT_TRUE(entries_with_prefix(dir / "run", ".tmp-").empty());
+}
+
+// Rule 7 of issue 29: skipping has a limit of steps in a row, after which the run stops with an
+// error naming the step (and saves the last whole one first).
+TEST_P(NonFinite, SkipsAtMostTheLimitInARow) {
+  for (const int limit : {0, 2}) {
+    SCOPED_TRACE(limit);
+    fs::remove_all(dir / "run");
+    const CommandResult r =
+        train(fmt::format("{} --set training.on_nonfinite=skip --set training.max_skipped_steps={}",
+                          diverge(), limit));
+    expect_error(r, {fmt::format("step {}:", 2 + limit), "in a row",
+                     fmt::format("training.max_skipped_steps = {}", limit)});
+    EXPECT_EQ(entries_with_prefix(dir / "run", "step_"),
+              std::vector<std::string>{fmt::format("step_{:08d}", 1 + limit)});
+  }
 }
 
 TEST_P(NonFinite, Skips) {

@@ -96,7 +96,8 @@ Command add_bench_tokenize_command(CLI::App& app) {
   app.add_flag("--json", o->json, "one JSON object per measurement");
   return [o] {
     const auto tokenizer = open_tokenizer(o->tokenizer);
-    const std::string text = utf8_replace_invalid(read_file_bytes(o->input));
+    const std::string text =
+        utf8_replace_invalid(read_file_bytes(o->input, "--input", kMaxTextInputBytes));
     std::vector<std::string> docs;
     if (o->documents == "file") {
       docs.push_back(text);

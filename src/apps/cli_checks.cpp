@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdlib>
@@ -38,6 +39,32 @@ CLI::Validator finite_in(double lo, double hi, bool hi_open) {
         return {};
       },
       range);
+}
+
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& names) {
+  // Levenshtein distance, with a transposition counted as one edit ("trian" -> "train").
+  auto distance = [](const std::string& a, const std::string& b) {
+    std::vector<std::vector<size_t>> d(a.size() + 1, std::vector<size_t>(b.size() + 1));
+    for (size_t i = 0; i <= a.size(); ++i) d[i][0] = i;
+    for (size_t j = 0; j <= b.size(); ++j) d[0][j] = j;
+    for (size_t i = 1; i <= a.size(); ++i)
+      for (size_t j = 1; j <= b.size(); ++j) {
+        d[i][j] = std::min(
+            {d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1)});
+        if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+          d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+      }
+    return d[a.size()][b.size()];
+  };
+  const size_t allowed = word.size() <= 4 ? 1 : 2;
+  std::string best;
+  size_t best_distance = allowed + 1;
+  for (const std::string& name : names)
+    if (const size_t dist = distance(word, name); dist < best_distance) {
+      best = name;
+      best_distance = dist;
+    }
+  return best.empty() ? std::string() : fmt::format("; did you mean '{}'?", best);
 }
 
 }  // namespace bottle

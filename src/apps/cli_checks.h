@@ -5,6 +5,8 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <limits>
+#include <string>
+#include <vector>
 
 namespace bottle {
 
@@ -17,5 +19,9 @@ CLI::Validator integer_in(int64_t lo, int64_t hi = kNoLimit);
 // A finite number in [lo, hi]; `hi_open`: hi itself excluded.
 CLI::Validator finite_in(double lo, double hi = std::numeric_limits<double>::infinity(),
                          bool hi_open = false);
+
+// "; did you mean 'train'?" for the name of `names` closest to `word` (at most two edits away,
+// or one for a short word), else "".
+std::string did_you_mean(const std::string& word, const std::vector<std::string>& names);
 
 }  // namespace bottle

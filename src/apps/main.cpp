@@ -1,21 +1,30 @@
 // `bottle`: the command line. Every error a user can cause ends here as one message on
 // stderr and exit status 1, on every rank of an mpirun job, without a hang.
+#include <fmt/ranges.h>
 #include <omp.h>
+#include <sys/resource.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <new>
 #include <string>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/version.h"
 #include "comm/communicator.h"
 #include "core/error.h"
+#include "core/stop_signals.h"
 #include "train/memory_plan.h"
 #include "train/train_config.h"
 
 int main(int argc, char** argv) {
+  // Before any thread exists: MPI's and OpenMP's threads are born with the stop signals
+  // blocked, and the main thread unblocks them once those are started (below), so that a
+  // Ctrl-C interrupts the main thread only (core/stop_signals.h).
+  bottle::block_stop_signals();
   CLI::App app{"bottle: a trainer for low-rank bottleneck LLaMA models"};
   app.require_subcommand(1);
   app.set_version_flag("--version", [] { return bottle::version_text(); });
@@ -65,6 +74,17 @@ int main(int argc, char** argv) {
       "tokenize",
       "encoding MB/s of a tokenizer on 1 and more threads, with the HF tokenizers peer");
   commands[bench_tokenize] = bottle::add_bench_tokenize_command(*bench_tokenize);
+  // A misspelt command would otherwise read "A subcommand is required": name it, and the
+  // command it most likely meant.
+  std::vector<std::string> names;
+  for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
+  if (argc > 1 && argv[1][0] != '-' &&
+      std::find(names.begin(), names.end(), std::string(argv[1])) == names.end()) {
+    std::fprintf(stderr, "bottle: error: unknown command '%s'%s (commands: %s; see --help)\n",
+                 argv[1], bottle::did_you_mean(argv[1], names).c_str(),
+                 fmt::format("{}", fmt::join(names, ", ")).c_str());
+    return 1;
+  }
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -88,6 +108,13 @@ int main(int argc, char** argv) {
     // Every rank joins the job before any check, so that an error found by all of them
     // (a bad configuration) is printed by all of them before the job ends.
     if (!launcher && !text_tool) bottle::world_communicator();
+      // OpenMP's pool, started here while the signals are blocked; a later, larger pool
+      // (--threads) adds threads that may take a signal, which then only sets train's flag.
+#pragma omp parallel
+    {}
+    // train unblocks them once its handler is installed (a Ctrl-C meanwhile waits for it, and
+    // stops the run before its first step); every other command takes them as they come.
+    if (!train->parsed()) bottle::unblock_stop_signals();
     // Two ranks of a text tool would write the same files at once.
     if (text_tool)
       if (const char* ranks = std::getenv("OMPI_COMM_WORLD_SIZE");
@@ -120,10 +147,17 @@ int main(int argc, char** argv) {
   } catch (const std::bad_alloc&) {
     // The plans refuse what will not fit; a failed allocation left is the machine's limit,
     // not a bug: the user can act on it.
+    // ulimit -v caps the address space below what the machine has: then it is the limit.
+    rlimit limit{};
+    const bool capped = getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
     const std::string text = fmt::format(
         "out of memory: an allocation failed with {} available (MemAvailable, within the "
-        "cgroup's limit); lower the batch, the sequence length or the model's size",
-        bottle::format_bytes(bottle::available_memory_bytes()));
+        "cgroup's limit){}; lower the batch, the sequence length or the model's size",
+        bottle::format_bytes(bottle::available_memory_bytes()),
+        capped ? fmt::format(", and the process's address space is limited to {} (ulimit -v), "
+                             "which is the limit here",
+                             bottle::format_bytes(size_t(limit.rlim_cur)))
+               : std::string());
     report("error", text.c_str());
     return 1;
   } catch (const std::exception& e) {

@@ -9,6 +9,7 @@
 #include "apps/commands.h"
 #include "apps/tokenizer_options.h"
 #include "core/error.h"
+#include "core/file_read.h"
 #include "core/json_io.h"
 #include "data/utf8.h"
 
@@ -21,11 +22,7 @@ std::string read_all(const std::string& path) {
     std::ios::sync_with_stdio(false);
     return std::string(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>());
   }
-  std::ifstream in(path, std::ios::binary);
-  BOTTLE_CHECK(in, "{}: cannot open input file", path);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  BOTTLE_CHECK(!in.bad(), "{}: read failed", path);
-  return text;
+  return read_bounded_file(path, "--input", kMaxTextInputBytes);
 }
 
 }  // namespace

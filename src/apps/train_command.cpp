@@ -4,6 +4,7 @@
 
 #include "apps/commands.h"
 #include "comm/communicator.h"
+#include "data/utf8.h"
 #include "train/plot.h"
 #include "train/trainer.h"
 
@@ -32,6 +33,9 @@ Command add_train_command(CLI::App& app) {
                  "train: a configuration file is required (e.g. configs/tiny.toml)");
     BOTTLE_CHECK(!(o->train.resume && !o->train.init_from.empty()),
                  "train: --resume and --init-from exclude each other");
+    if (const std::string why = text_value_problem(o->train.init_from); !why.empty())
+      fail("--init-from {} holds {}; paths must be UTF-8 text without control characters",
+           o->train.init_from, why);
     const TrainConfig config = load_train_config(o->config, o->overrides);
     o->train.config_path = o->config;
     const TrainResult r = train(config, o->train);

@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <thread>
 
 #include "core/bf16.h"
@@ -86,6 +87,19 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool owned)
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  // Sends still in flight: only an error path destroys a group before wait_sends (an
+  // exception unwinding the pipeline). MPI goes on reading their buffers until the job's
+  // end (MPI_Finalize completes them), so the buffers must outlive this object: they are
+  // handed to a list that is never freed, and the requests released to complete on their own.
+  if (!pending_sends_.empty()) {
+    static std::vector<std::vector<char>>& in_flight =
+        *std::make_unique<std::vector<std::vector<char>>>().release();
+    for (MPI_Request& r : pending_sends_)
+      if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+    for (std::vector<char>& b : pending_buffers_) in_flight.push_back(std::move(b));
+    pending_sends_.clear();
+    pending_buffers_.clear();
+  }
   if (!owned_ || comm_ == MPI_COMM_NULL) return;
   int finalized = 0;
   MPI_Finalized(&finalized);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/file_read.h"
 
 namespace bottle {
 
@@ -78,12 +79,8 @@ nlohmann::json parse_json_text(std::string_view text, const std::string& source)
 }
 
 nlohmann::json read_json_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  BOTTLE_CHECK(in, "{}: cannot open", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  BOTTLE_CHECK(!in.bad(), "{}: read failed", path);
-  return parse_json_text(text.str(), path);
+  // The type and size first: a FIFO, /dev/zero or a 3 GB file is refused before any read.
+  return parse_json_text(read_bounded_file(path, "the JSON file", kMaxJsonBytes), path);
 }
 
 }  // namespace bottle

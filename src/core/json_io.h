@@ -25,7 +25,8 @@ nlohmann::json parse_json_noting_duplicates(std::string_view text, std::string& 
 // check_json_bounds, or when an object holds a key twice (the message names the key and
 // where it is, e.g. "a.b").
 nlohmann::json parse_json_text(std::string_view text, const std::string& source);
-// Reads the whole file `path` and parses it as above; errors name `path`.
+// Reads the whole file `path` (a regular file of at most kMaxJsonBytes, checked before the
+// read) and parses it as above; errors name `path`.
 nlohmann::json read_json_file(const std::string& path);
 
 }  // namespace bottle

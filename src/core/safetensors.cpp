@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/bf16.h"
+#include "core/file_read.h"
 #include "core/json_io.h"
 
 namespace bottle {
@@ -151,6 +152,8 @@ SafeTensorsHeader read_safetensors_header(std::istream& in, uint64_t file_size,
 }
 
 SafeTensorsReader::SafeTensorsReader(std::string path) : path_(std::move(path)) {
+  // Before the open: a FIFO would block it, a device's size says nothing.
+  check_readable_file(path_, "the safetensors file", UINT64_MAX);
   std::ifstream in(path_, std::ios::binary);
   BOTTLE_CHECK(in, "{}: cannot open", path_);
   in.seekg(0, std::ios::end);

@@ -4,6 +4,7 @@
 #include <fstream>
 
 #include "core/error.h"
+#include "core/file_read.h"
 
 namespace bottle {
 
@@ -11,6 +12,9 @@ namespace {
 
 // Opens a shard and returns its size in bytes.
 uint64_t open_shard(std::ifstream& in, const std::string& path) {
+  // Before the open: a FIFO would block it, /dev/zero never end. A shard holds at most
+  // INT32_MAX tokens of 4 bytes after its header.
+  check_readable_file(path, "the token shard", 1024 + uint64_t(INT32_MAX) * 4);
   in.open(path, std::ios::binary);
   BOTTLE_CHECK(in, "{}: cannot open token shard", path);
   in.seekg(0, std::ios::end);

@@ -118,6 +118,8 @@ class HfBpeTokenizer final : public Tokenizer {
     } catch (const json::exception& e) {
       fail("{}: malformed tokenizer.json: {}", where, e.what());
     }
+    BOTTLE_CHECK(!id_to_token_.empty(),
+                 "{}: the vocabulary is empty (model.vocab and added_tokens hold no token)", where);
     byte_level_ = std::any_of(pre_.begin(), pre_.end(), [](const PreTokenizerStep& s) {
       return s.kind == PreTokenizerStep::byte_level;
     });
@@ -378,6 +380,10 @@ class HfBpeTokenizer final : public Tokenizer {
 
   void set_token(int32_t id, const std::string& token, const std::string& where,
                  bool added = false) {
+    // The table of ids is dense: an id of 2,147,483,647 would ask for gigabytes of it.
+    BOTTLE_CHECK(id >= 0 && id < kMaxTokenizerIds,
+                 "{}: token {:?} has id {}, outside [0, {}) (the ids a tokenizer may use)", where,
+                 token, id, kMaxTokenizerIds);
     if (size_t(id) >= id_to_token_.size()) id_to_token_.resize(size_t(id) + 1);
     std::string& slot = id_to_token_[size_t(id)];
     BOTTLE_CHECK(slot.empty() || slot == token, "{}: id {} is both {:?} and {:?}", where, id, slot,

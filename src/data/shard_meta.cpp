@@ -104,6 +104,13 @@ SplitMeta read_split_meta(const fs::path& path) {
   return m;
 }
 
+std::optional<std::pair<fs::path, SplitMeta>> split_meta_of_shard(const std::string& shard_path) {
+  const auto meta_path = meta_of_shard(shard_path);
+  std::error_code ec;
+  if (!meta_path || !fs::exists(*meta_path, ec)) return std::nullopt;
+  return std::pair{*meta_path, read_split_meta(*meta_path)};
+}
+
 std::optional<double> bytes_per_token(const std::vector<std::string>& shard_paths) {
   std::map<fs::path, SplitMeta> metas;
   for (const std::string& shard : shard_paths) {

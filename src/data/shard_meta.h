@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace bottle {
@@ -36,6 +37,12 @@ std::filesystem::path split_meta_path(const std::filesystem::path& dir, const st
 void write_split_meta(const std::filesystem::path& path, const SplitMeta& meta);
 // Reads a meta file; errors name the file and what is malformed in it.
 SplitMeta read_split_meta(const std::filesystem::path& path);
+
+// The description of the split a shard belongs to (<prefix>_<split>.json beside
+// <prefix>_<split>_NNNNNN.bin) with its path, or nullopt when the shard's name has no such form or
+// no such file lies beside it; a description that is not valid is an error naming it.
+std::optional<std::pair<std::filesystem::path, SplitMeta>> split_meta_of_shard(
+    const std::string& shard_path);
 
 // UTF-8 bytes per token of the data in `shard_paths` (llm.c shards named
 // <prefix>_<split>_NNNNNN.bin): total bytes / total tokens of the meta files that describe

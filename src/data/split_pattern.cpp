@@ -27,7 +27,7 @@ struct MatchDataDeleter {
 }  // namespace
 
 SplitPattern::SplitPattern(const std::string& pattern, const std::string& where)
-    : pattern_(pattern), compiled_(std::make_unique<Compiled>()) {
+    : pattern_(pattern), where_(where), compiled_(std::make_unique<Compiled>()) {
   int error = 0;
   PCRE2_SIZE offset = 0;
   // UCP: \s, \d, \w and case folding by Unicode properties, as the Rust engines do. The input
@@ -55,7 +55,8 @@ void SplitPattern::split(std::string_view text, bool keep_gaps,
     const int rc = pcre2_match(compiled_->code, subject, text.size(), start, PCRE2_NO_UTF_CHECK,
                                match.get(), nullptr);
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    BOTTLE_CHECK(rc >= 0, "split pattern {:?}: matching failed: {}", pattern_, pcre2_message(rc));
+    BOTTLE_CHECK(rc >= 0, "{}: split pattern {:?}: matching failed at byte {} of a text of {}: {}",
+                 where_, pattern_, start, text.size(), pcre2_message(rc));
     const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(match.get());
     const size_t begin = ovector[0], end = ovector[1];
     if (end == begin) {

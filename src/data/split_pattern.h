@@ -26,6 +26,7 @@ class SplitPattern {
 
  private:
   std::string pattern_;
+  std::string where_;  // the file and key, for a failure while matching
   struct Compiled;
   std::unique_ptr<Compiled> compiled_;
 };

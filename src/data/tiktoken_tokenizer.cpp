@@ -124,12 +124,13 @@ class TiktokenTokenizer final : public Tokenizer {
       const bool rank_ok =
           space != std::string_view::npos &&
           std::from_chars(line.data() + space + 1, rank_end, rank).ptr == rank_end && rank >= 0 &&
-          rank < (int64_t(1) << 31);
+          rank < kMaxTokenizerIds;
       const std::optional<std::string> token =
           space == std::string_view::npos ? std::nullopt : base64_decode(line.substr(0, space));
       BOTTLE_CHECK(rank_ok && token,
-                   "{}:{}: not a tiktoken rank line (expected \"<base64 token> <rank>\")", where,
-                   line_no);
+                   "{}:{}: not a tiktoken rank line (expected \"<base64 token> <rank>\", a rank "
+                   "in [0, {}))",
+                   where, line_no, kMaxTokenizerIds);
       BOTTLE_CHECK(ranks_.emplace(*token, int32_t(rank)).second, "{}:{}: token listed twice", where,
                    line_no);
       if (size_t(rank) >= bytes_of_.size()) bytes_of_.resize(size_t(rank) + 1);

@@ -64,13 +64,8 @@ bool ends_with(const fs::path& path, std::string_view suffix) {
 
 }  // namespace
 
-std::string read_file_bytes(const fs::path& path) {
-  BOTTLE_CHECK(fs::is_regular_file(path), "{}: no such file", path.string());
-  std::ifstream in(path, std::ios::binary);
-  BOTTLE_CHECK(in, "{}: cannot open", path.string());
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  BOTTLE_CHECK(!in.bad(), "{}: read failed", path.string());
-  return bytes;
+std::string read_file_bytes(const fs::path& path, const std::string& what, uint64_t max_bytes) {
+  return read_bounded_file(path.string(), what, max_bytes);
 }
 
 json byte_level_bpe_json(json vocab, json merges, bool ignore_merges, const json& split,
@@ -143,7 +138,10 @@ void write_hf_tokenizer_config(const fs::path& dir, const std::string& tokenizer
 std::unique_ptr<Tokenizer> make_byte_tokenizer() { return std::make_unique<ByteTokenizer>(); }
 
 std::unique_ptr<Tokenizer> find_tokenizer(const fs::path& dir) {
-  if (const fs::path config = dir / "tokenizer_config.json"; fs::is_regular_file(config)) {
+  // exists, not is_regular_file: a FIFO or device under that name is refused by name when read
+  // (without blocking), rather than passed over as if absent.
+  std::error_code ec;
+  if (const fs::path config = dir / "tokenizer_config.json"; fs::exists(config, ec)) {
     const json j = read_json_file(config.string());
     if (j.is_object() && j.contains(kBottleKindKey)) {
       BOTTLE_CHECK(j[kBottleKindKey] == "bytes", "{}: key '{}' is {}; bottle writes only \"bytes\"",

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "core/file_read.h"
 #include "data/tokenizer.h"
 
 namespace bottle {
@@ -30,10 +31,15 @@ void write_hf_tokenizer_config(const fs::path& dir, const std::string& tokenizer
 // own regex, no normalizer, ByteLevel decoding.
 nlohmann::json byte_level_bpe_json(nlohmann::json vocab, nlohmann::json merges, bool ignore_merges,
                                    const nlohmann::json& split, nlohmann::json added_tokens);
+// The most ids a tokenizer file may use (ids 0 .. this - 1): the tables by id are dense, and
+// the largest vocabularies in use hold about a million ids.
+inline constexpr int32_t kMaxTokenizerIds = int32_t(1) << 24;
 // Writes `bytes` to `path` through a temporary name; errors name the path.
 void write_file_atomically(const fs::path& path, std::string_view bytes);
-// The whole file; errors name it.
-std::string read_file_bytes(const fs::path& path);
+// The whole file, a regular one of at most `max_bytes` (checked before the read, so that a FIFO
+// or /dev/zero named as a tokenizer is refused at once); errors name it and `what` it is.
+std::string read_file_bytes(const fs::path& path, const std::string& what = "the tokenizer file",
+                            uint64_t max_bytes = kMaxTokenizerFileBytes);
 
 std::unique_ptr<Tokenizer> make_hf_bpe_tokenizer(const fs::path& path,
                                                  const SpecialTokenNames& names);

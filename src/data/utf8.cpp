@@ -1,5 +1,7 @@
 #include "data/utf8.h"
 
+#include <fmt/format.h>
+
 #include <cstdint>
 #include <cstring>
 
@@ -110,6 +112,25 @@ size_t utf8_complete_prefix(std::string_view text) {
     if (step_at(p + i, n - i).truncated) return i;
   }
   return n;
+}
+
+std::string text_value_problem(std::string_view text) {
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    if (c == '\n' || c == '\r') return fmt::format("a line break at offset {}", i);
+    if (c < 0x20 || c == 0x7f)
+      return fmt::format("the control character 0x{:02x} at offset {}", c, i);
+    // The sequence this lead byte starts, checked whole.
+    const size_t length = c < 0x80         ? 1
+                          : (c >> 5) == 6  ? 2
+                          : (c >> 4) == 14 ? 3
+                          : (c >> 3) == 30 ? 4
+                                           : 0;
+    if (length == 0 || i + length > text.size() || !utf8_valid(text.substr(i, length)))
+      return fmt::format("byte 0x{:02x} at offset {}, which is not UTF-8", c, i);
+    i += length;
+  }
+  return {};
 }
 
 }  // namespace bottle

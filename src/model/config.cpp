@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "core/file_read.h"
 #include "core/json_io.h"
 #include "model/hf_modeling_files.h"
 
@@ -269,12 +270,7 @@ void check_llama_only(const nlohmann::json& j, const ModelConfig& c, const std::
 }  // namespace
 
 ModelConfig read_hf_config(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  BOTTLE_CHECK(in, "{}: cannot open", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  BOTTLE_CHECK(!in.bad(), "{}: read failed", path);
-  return parse_hf_config(text.str(), path);
+  return parse_hf_config(read_bounded_file(path, "config.json", kMaxJsonBytes), path);
 }
 
 ModelConfig parse_hf_config(std::string_view text, const std::string& path) {

@@ -17,6 +17,7 @@
 #include "cluster_h100.h"
 #include "cluster_h200.h"
 #include "core/error.h"
+#include "core/file_read.h"
 
 namespace bottle {
 namespace {
@@ -165,11 +166,8 @@ ClusterSpec load_cluster(const std::string& preset_or_path) {
   BOTTLE_CHECK(fs::is_regular_file(preset_or_path, ec),
                "--cluster '{}' is neither a preset ({}) nor a cluster file", preset_or_path,
                fmt::join(cluster_presets(), ", "));
-  std::ifstream in(preset_or_path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  BOTTLE_CHECK(in.good() || in.eof(), "{}: cannot read the cluster file", preset_or_path);
-  return parse_cluster(text.str(), preset_or_path);
+  return parse_cluster(read_bounded_file(preset_or_path, "the cluster file", kMaxConfigFileBytes),
+                       preset_or_path);
 }
 
 std::string cluster_to_toml(const ClusterSpec& spec, const std::string& comment) {

@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "data/utf8.h"
 
 namespace bottle::config_keys {
 
@@ -143,6 +144,16 @@ void assign(TrainConfig& config, const ConfigKey& key, const Value& value,
              source, key.path, v);
       break;
     }
+    case KeyType::string:
+      // Paths and names travel into JSON (trainer_state.json), gnuplot's script and one-line
+      // messages: a byte that is not UTF-8 or a control character would fail there, after the
+      // whole run; refused here, where it enters.
+      if (const std::string why = text_value_problem(std::get<std::string>(value)); !why.empty())
+        fail(
+            "{}: key '{}' holds {}; paths and names must be UTF-8 text without control "
+            "characters",
+            source, key.path, why);
+      break;
     case KeyType::choice: {
       const auto& s = std::get<std::string>(value);
       if (std::find(key.choices.begin(), key.choices.end(), s) == key.choices.end())

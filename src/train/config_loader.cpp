@@ -8,13 +8,12 @@
 #include <charconv>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <optional>
 #include <set>
-#include <sstream>
 
 #include "core/arena.h"
 #include "core/error.h"
+#include "core/file_read.h"
 #include "model/llama.h"
 #include "train/config_key.h"
 #include "train/memory_plan.h"
@@ -362,11 +361,9 @@ TrainConfig load_train_config(const std::string& path, const std::vector<std::st
   BOTTLE_CHECK(!std::filesystem::exists(path, ec) || std::filesystem::is_regular_file(path, ec),
                "{}: the configuration file is not a regular file (a FIFO, device or directory)",
                path);
-  std::ifstream in(path, std::ios::binary);
-  BOTTLE_CHECK(in, "{}: cannot open the configuration file", path);
-  std::ostringstream text;
-  text << in.rdbuf();
-  return parse_train_config_string(text.str(), path, overrides, given);
+  return parse_train_config_string(
+      read_bounded_file(path, "the configuration file", kMaxConfigFileBytes), path, overrides,
+      given);
 }
 
 std::string config_difference(const TrainConfig& a, const TrainConfig& b) {

@@ -194,6 +194,10 @@ std::vector<ConfigKey> build_schema() {
                          "kernels)"));
   s.push_back(choice_key("training.on_nonfinite", FIELD(training.on_nonfinite), kOnNonfiniteNames,
                          "on a NaN/inf loss or gradient norm: stop, or skip the update"));
+  s.push_back(integer_key("training.max_skipped_steps", FIELD(training.max_skipped_steps),
+                          at_least(0),
+                          "under on_nonfinite = \"skip\": the most non-finite steps in a row "
+                          "before the run stops with an error naming the step"));
   s.push_back(integer_key("training.eval_interval", FIELD(training.eval_interval), at_least(0),
                           "steps between validation evaluations; 0 = never"));
   s.push_back(integer_key("training.eval_batches", FIELD(training.eval_batches), greater(0),

@@ -55,6 +55,7 @@ struct TrainingConfig {
   BackendKind backend = BackendKind::cpu;
   AttentionChoice attention = AttentionChoice::automatic;  // the cuda backend's attention kernels
   OnNonfinite on_nonfinite = OnNonfinite::stop;
+  int64_t max_skipped_steps = 10;  // on_nonfinite = "skip": non-finite steps in a row allowed
   int64_t eval_interval = 100;  // steps between validation evals; 0: never
   int64_t eval_batches = 8;
 };

@@ -160,8 +160,10 @@ StepResult TrainStep::step(int64_t step) {
   const double max_norm = config_.training.max_norm;
   be_.clip_and_check(control_, scalar(kLoss), scalar(kNorm), max_norm);
   r.lr = schedule_.at(step);
+  updating_ = true;
   optimizer_->step(be_, model_->parameters(), r.lr, control_);
   data_parallel_->gather_parameters(be_);
+  updating_ = false;
   // The step's collectives end (a device communicator's, waited for with its peers' errors
   // and a timeout, so that the read below never waits on a broken group), then the step's
   // one wait for the device: its loss and norm (a counting backend writes nothing: zeros).

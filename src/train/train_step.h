@@ -106,6 +106,9 @@ class TrainStep {
   // loss and gradient norm: the norm, the non-finite check and clipping happen on the device,
   // and AdamW reads their outcome there.
   StepResult step(int64_t step);
+  // True while step() changes the weights and moments: a step that throws meanwhile leaves
+  // them neither before nor after it, and they must not be saved as either.
+  bool updating() const { return updating_; }
   // The bytes the step's scalars take (workspace, beside the token buffers): the memory plan's.
   static size_t scalar_bytes();
 
@@ -115,6 +118,7 @@ class TrainStep {
   }
 
  private:
+  bool updating_ = false;
   const TrainConfig config_;
   Backend& be_;
   Communicator* pp_;

@@ -1,22 +1,27 @@
 #include "train/trainer.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 
 #include "comm/process_groups.h"
 #include "core/gemm_peak.h"
+#include "core/stop_signals.h"
 #include "core/token_shard.h"
 #include "data/byte_tokenizer.h"
+#include "data/shard_meta.h"
 #include "model/checkpoint.h"
 #include "parallel/tp_block.h"
 #include "train/checkpoint_store.h"
@@ -38,22 +43,66 @@ namespace {
 
 std::atomic<int> g_stop_signal{0};
 
-extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+// What the handler says at once on rank 0, before the step ends and the checkpoint is written:
+// under mpirun the launcher kills the ranks a few seconds after it forwarded the signal, and a
+// run killed meanwhile must still have said which checkpoint it leaves. The main loop writes
+// the text into the buffer the handler does not read, then flips `g_notice_current`; the
+// handler only reads, with write(2), which is async-signal-safe.
+struct Notice {
+  char text[2][512] = {};
+  size_t size[2] = {};
+};
+Notice g_notice;
+std::atomic<int> g_notice_current{-1};  // -1: nothing to say (not rank 0)
+
+void set_signal_notice(const std::string& text) {
+  const int next = g_notice_current.load() == 0 ? 1 : 0;
+  const size_t n = std::min(text.size(), sizeof(g_notice.text[next]));
+  std::memcpy(g_notice.text[next], text.data(), n);
+  g_notice.size[next] = n;
+  g_notice_current.store(next);
+}
+
+extern "C" void on_stop_signal(int sig) {
+  // The first signal only: a second one must not repeat the notice.
+  int expected = 0;
+  if (!g_stop_signal.compare_exchange_strong(expected, sig)) return;
+  if (const int i = g_notice_current.load(); i >= 0) {
+    const int saved_errno = errno;
+    const char head[] = "bottle: stop signal received: ";
+    ssize_t ignored = ::write(STDERR_FILENO, head, sizeof(head) - 1);
+    ignored = ::write(STDERR_FILENO, g_notice.text[i], g_notice.size[i]);
+    (void)ignored;
+    errno = saved_errno;
+  }
+}
 
 // SIGINT/SIGTERM/SIGHUP (a closed terminal or ssh session) ask the loop to finish its step,
-// checkpoint and exit 0; the previous handlers come back when training ends.
+// checkpoint and exit 0; the previous handlers come back when training ends. Installed before
+// the run is set up, so that a signal during the setup ends it cleanly too. SA_RESTART: a
+// system call the signal interrupts (a write, a read of the data) is resumed rather than
+// failing with EINTR; the signal reaches the main thread only (core/stop_signals.h).
 class StopSignals {
  public:
   StopSignals() {
     g_stop_signal.store(0);
+    g_notice_current.store(-1);
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
     sigemptyset(&sa.sa_mask);
+    // While one handler runs, the other stop signals wait.
+    sigaddset(&sa.sa_mask, SIGINT);
+    sigaddset(&sa.sa_mask, SIGTERM);
+    sigaddset(&sa.sa_mask, SIGHUP);
     sigaction(SIGINT, &sa, &old_int_);
     sigaction(SIGTERM, &sa, &old_term_);
     sigaction(SIGHUP, &sa, &old_hup_);
+    // main() kept them blocked until now (one that came meanwhile is delivered here).
+    unblock_stop_signals();
   }
   ~StopSignals() {
+    g_notice_current.store(-1);
     sigaction(SIGINT, &old_int_, nullptr);
     sigaction(SIGTERM, &old_term_, nullptr);
     sigaction(SIGHUP, &old_hup_, nullptr);
@@ -226,6 +275,44 @@ std::string job_description(const TrainConfig& config, const TrainOptions& optio
   return text;
 }
 
+// The shards' own description names the kind and vocabulary of the tokenizer they were made
+// with: a run told another one would save with its checkpoints a tokenizer whose ids mean other
+// text (and eval, sample and transformers would read them with it).
+void check_tokenizer_matches_shards(const Tokenizer* tokenizer,
+                                    const std::vector<std::string>& files,
+                                    const TrainConfig& config, const std::string& config_path) {
+  if (files.empty()) return;
+  const auto meta = split_meta_of_shard(files.front());
+  if (!meta || meta->second.tokenizer_kind.empty()) return;
+  const SplitMeta& m = meta->second;
+  const bool same =
+      tokenizer && tokenizer->kind() == m.tokenizer_kind && tokenizer->vocab_size() == m.vocab_size;
+  BOTTLE_CHECK(same,
+               "{}: {} is {}, but {} says the shards of data.train were made with {} ({} kind, "
+               "vocabulary {}); set data.tokenizer to that tokenizer, or leave it unset to use "
+               "the one `bottle prepare` saved beside the shards",
+               config_path,
+               config.data.tokenizer.empty()
+                   ? std::string("the run's tokenizer (data.tokenizer unset)")
+                   : "data.tokenizer = " + config.data.tokenizer,
+               tokenizer ? tokenizer->describe() : std::string("none"), meta->first.string(),
+               m.tokenizer, m.tokenizer_kind, m.vocab_size);
+}
+
+// Whether two tokenizers make the same ids: the same kind and vocabulary, and the same ids for
+// a text that touches letters, digits, spaces, punctuation and multi-byte characters.
+bool same_tokenizer(const Tokenizer* a, const Tokenizer* b) {
+  if (!a || !b) return a == b;
+  if (a->kind() != b->kind() || a->vocab_size() != b->vocab_size()) return false;
+  const std::string probe =
+      "Hello, world! 0123 456789\n\tThe  quick-brown fox's \u00e9t\u00e9 "
+      "\u4e2d\u6587 \U0001F600 <|endoftext|></s>";
+  std::vector<int32_t> ia, ib;
+  a->encode(probe, ia);
+  b->encode(probe, ib);
+  return ia == ib;
+}
+
 // Token ids must fit the model; the error names the data rather than a kernel. Checked in
 // the host copy of the batch, so the device is never waited for.
 void check_vocabulary(std::span<const int32_t> tokens, int64_t vocab, const std::string& data) {
@@ -272,8 +359,9 @@ class Trainer {
   // activations and opens the logs. Returns the result at once when --resume finds the run
   // complete: nothing is trained, logged or written then.
   std::optional<TrainResult> start();
-  // The steps from the current one to training.steps, or to a stop.
-  TrainResult run();
+  // The steps from the current one to training.steps, or to a stop (`signals`, installed
+  // before the setup, may already hold one).
+  TrainResult run(const StopSignals& signals);
 
  private:
   void set_up_model();
@@ -281,6 +369,11 @@ class Trainer {
   std::optional<TrainResult> resume();
   void open_logs();
 
+  TrainResult run_steps(const StopSignals& signals);
+  void save_before_failing(const std::string& what);
+  std::string newest_checkpoint() const;
+  void check_continues_the_run(const TrainerState& state, const std::string& checkpoint,
+                               const Tokenizer* saved_tokenizer) const;
   void read_batch();
   void log_step(const StepResult& r, double ms);
   bool eval_due() const;
@@ -373,6 +466,7 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   // Without one, a vocabulary that holds every byte is byte-level text (prepare's default),
   // whose tokenizer files let transformers read the checkpoints too.
   if (!tokenizer_ && config.model.vocab_size >= kByteVocabSize) tokenizer_ = make_byte_tokenizer();
+  check_tokenizer_matches_shards(tokenizer_.get(), loader_->files(), config, options.config_path);
   store_->set_tokenizer(tokenizer_.get());
 }
 
@@ -480,9 +574,10 @@ std::optional<TrainResult> Trainer::resume() {
                "--resume: the checkpoint {} holds another model than {} describes ({}: "
                "checkpoint vs config)",
                *latest, options_.config_path, diff);
-  checkpoint_tokenizer(*latest, saved);
-  const TrainerState state =
-      CheckpointStore::load(*latest, train_step_->model(), train_step_->optimizer());
+  const std::unique_ptr<Tokenizer> saved_tokenizer = checkpoint_tokenizer(*latest, saved);
+  const TrainerState state = read_trainer_state(*latest);
+  check_continues_the_run(state, *latest, saved_tokenizer.get());
+  CheckpointStore::load(*latest, train_step_->model(), train_step_->optimizer());
   step_ = state.step;
   loader_->set_position(state.train_position);
   last_saved_ = step_;
@@ -550,27 +645,187 @@ void Trainer::open_logs() {
               : std::string("tokenizer: none (token ids without a tokenizer)"));
 }
 
-TrainResult Trainer::run() {
+// A resume continues the run the checkpoint was saved by. Its data position counts windows of
+// micro_batch_size x seq_len + 1 tokens of data.train's shards, in the order training.seed
+// shuffles them: under another shape, seed or data it would skip or repeat data without a word.
+// Another tokenizer would travel into the later checkpoints beside weights trained on other ids.
+// So these are refused, each naming the key, both values and the way forward; data.train
+// spelt otherwise but naming the same shards (by name and size) is kept, said in one line.
+void Trainer::check_continues_the_run(const TrainerState& state, const std::string& checkpoint,
+                                      const Tokenizer* saved_tokenizer) const {
+  const std::string source = (fs::path(checkpoint) / kTrainerStateFile).string();
+  TrainConfig before;
+  try {
+    before = parse_train_config_string(state.config, source + " (its key 'config')");
+  } catch (const Error& e) {
+    fail(
+        "--resume: {}: the configuration the checkpoint was trained with does not read ({}); "
+        "start a new run from its weights with --init-from {}",
+        source, e.what(), checkpoint);
+  }
+  const std::string way_out = fmt::format(
+      "set it back to continue the run, or start a new run from these weights with --init-from "
+      "{} and another checkpoint.folder",
+      checkpoint);
+  const LoaderPosition at = state.train_position;
+  auto refuse = [&](const char* key, const std::string& was, const std::string& now,
+                    const char* why) {
+    fail(
+        "--resume: {} was trained with {} = {}, but {} says {}: {} (saved position: epoch {}, "
+        "shard {}, window {}); {}",
+        checkpoint, key, was, options_.config_path, now, why, at.epoch, at.shard_index,
+        at.window_index, way_out);
+  };
+  const char* shape =
+      "the saved data position counts windows of micro_batch_size x seq_len + 1 tokens, so data "
+      "would be skipped or repeated";
+  if (before.training.micro_batch_size != tc_.micro_batch_size)
+    refuse("training.micro_batch_size", std::to_string(before.training.micro_batch_size),
+           std::to_string(tc_.micro_batch_size), shape);
+  if (before.training.seq_len != tc_.seq_len)
+    refuse("training.seq_len", std::to_string(before.training.seq_len), std::to_string(tc_.seq_len),
+           shape);
+  const int64_t seed = state.seed.value_or(before.training.seed);
+  if (seed != tc_.seed)
+    refuse("training.seed", std::to_string(seed), std::to_string(tc_.seed),
+           "the seed orders the shards and windows of every epoch, so the saved position would "
+           "point elsewhere in another order");
+  if (before.data.train != config_.data.train) {
+    // The same shards under another path (a moved dataset) keep the position's meaning.
+    auto shards = [](const std::string& pattern) {
+      std::vector<std::pair<std::string, uintmax_t>> out;
+      try {
+        for (const std::string& f : resolve_data_files(pattern)) {
+          std::error_code ec;
+          out.emplace_back(fs::path(f).filename().string(), fs::file_size(f, ec));
+        }
+      } catch (const Error&) {
+        out.clear();
+      }
+      return out;
+    };
+    const auto was = shards(before.data.train), now = shards(config_.data.train);
+    if (was.empty() || was != now)
+      refuse("data.train", fmt::format("\"{}\"", before.data.train),
+             fmt::format("\"{}\"", config_.data.train),
+             "the saved position is a shard and window of that data");
+    if (leader_)
+      std::printf(
+          "data.train is now %s (was %s): the same %zu shard(s) by name and size, so the saved "
+          "position (epoch %llu, shard %llu, window %llu) is kept\n",
+          config_.data.train.c_str(), before.data.train.c_str(), now.size(),
+          (unsigned long long)at.epoch, (unsigned long long)at.shard_index,
+          (unsigned long long)at.window_index);
+  }
+  if (!same_tokenizer(saved_tokenizer, tokenizer_.get()))
+    fail(
+        "--resume: {} holds the tokenizer {}, but the run's is {} ({}): its weights were "
+        "trained on the checkpoint's ids; set data.tokenizer to the checkpoint's tokenizer (or "
+        "back to {}), or start a new run from these weights with --init-from {}",
+        checkpoint, saved_tokenizer ? saved_tokenizer->describe() : std::string("none"),
+        tokenizer_ ? tokenizer_->describe() : std::string("none"),
+        config_.data.tokenizer.empty() ? std::string("data.tokenizer unset")
+                                       : "data.tokenizer = " + config_.data.tokenizer,
+        before.data.tokenizer.empty() ? std::string("unset")
+                                      : fmt::format("\"{}\"", before.data.tokenizer),
+        checkpoint);
+}
+
+// The checkpoint a run killed now would leave: this run's last save, else the one it resumed
+// from, else none.
+std::string Trainer::newest_checkpoint() const {
+  if (last_saved_ < 0) return "none (nothing of this run is saved yet)";
+  return store_->latest() ? *store_->latest() : std::string("none");
+}
+
+TrainResult Trainer::run(const StopSignals& signals) {
+  try {
+    return run_steps(signals);
+  } catch (const Error& e) {
+    save_before_failing(e.what());
+    throw;
+  } catch (const std::exception& e) {
+    save_before_failing(e.what());
+    throw;
+  }
+}
+
+// An error in the middle of a run (an internal one above all) costs at most the step it broke:
+// the steps trained since the last checkpoint are saved first, when the weights are those of a
+// whole step. One process only: under mpirun the other ranks may wait in another collective,
+// and the job ends through report_fatal_error.
+void Trainer::save_before_failing(const std::string& what) {
+  if (world_.size() != 1 || step_ <= 0 || last_saved_ == step_ || !store_) return;
+  if (train_step_->updating()) {
+    message(fmt::format(
+        "the error below broke step {} while it updated the weights, which are therefore not "
+        "saved; the newest checkpoint is {}",
+        step_ + 1, newest_checkpoint()));
+    return;
+  }
+  try {
+    const std::string dir = save_checkpoint();
+    message(
+        fmt::format("step {}: checkpoint {} (saved before reporting the error below)", step_, dir));
+  } catch (const std::exception& e) {
+    message(
+        fmt::format("step {} could not be saved before the error below ({}): {}; the newest "
+                    "checkpoint is {}",
+                    step_, what.substr(0, 200), e.what(), newest_checkpoint()));
+  }
+}
+
+TrainResult Trainer::run_steps(const StopSignals& signals) {
   TrainResult result;
-  StopSignals signals;
+  // A signal during the setup: every rank learns of it before any step.
+  if (const StopRequest early = agree_on_stop(signals); early.signal != 0) {
+    message(fmt::format(
+        "stopped by signal {} before step {}: nothing trained, nothing saved by this run; the "
+        "newest checkpoint is {}",
+        early.signal, step_ + 1,
+        options_.resume && store_->latest() ? *store_->latest() : std::string("none")));
+    result.interrupted = true;
+    result.steps_done = step_;
+    result.last_checkpoint = store_->latest().value_or("");
+    return result;
+  }
+  int64_t skipped_in_a_row = 0;
   while (step_ < tc_.steps) {
     const auto t0 = std::chrono::steady_clock::now();
+    if (leader_)
+      set_signal_notice(
+          fmt::format("finishing step {}, then saving a checkpoint and exiting; the newest saved "
+                      "checkpoint, until \"stopped by signal\" is printed, is {}\n",
+                      step_ + 1, newest_checkpoint()));
     read_batch();
     kill_failpoint(world_.rank(), step_ + 1);
     const StepResult r = train_step_->step(step_);
-    if (r.skipped)
+    if (r.skipped) {
       message(fmt::format("step {}: loss {}, grad norm {}: not finite; step skipped", step_ + 1,
                           r.loss, r.grad_norm));
+      // Skipping for ever trains nothing: a run that diverged stops, naming the step.
+      if (++skipped_in_a_row > tc_.max_skipped_steps)
+        fail(
+            "{}: step {}: {} non-finite steps in a row (now loss {}, grad norm {}), more than "
+            "training.max_skipped_steps = {}; the run diverged: lower optimizer.lr or resume "
+            "from an earlier checkpoint",
+            options_.config_path, step_ + 1, skipped_in_a_row, r.loss, r.grad_norm,
+            tc_.max_skipped_steps);
+    } else {
+      skipped_in_a_row = 0;
+    }
     ++step_;
     log_step(
         r,
         std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     result.last_loss = r.loss;
-    if (eval_due()) {
+    // Before the evaluation: a stop saves at once, which under mpirun must fit in the
+    // launcher's grace period.
+    const StopRequest stop = agree_on_stop(signals);
+    if (eval_due() && !stop.any()) {
       result.last_val_loss = evaluate();
       if (metrics_) metrics_->log_eval(step_, result.last_val_loss);
     }
-    const StopRequest stop = agree_on_stop(signals);
     if (checkpoint_due() || stop.any()) {
       result.last_checkpoint = save_checkpoint();
       message(fmt::format("step {}: checkpoint {}", step_, result.last_checkpoint));
@@ -683,9 +938,10 @@ void Trainer::finish(TrainResult& result) {
 }  // namespace
 
 TrainResult train(const TrainConfig& config, const TrainOptions& options) {
+  StopSignals signals;
   Trainer trainer(config, options);
   if (std::optional<TrainResult> done = trainer.start()) return *done;
-  return trainer.run();
+  return trainer.run(signals);
 }
 
 }  // namespace bottle

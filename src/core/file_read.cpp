@@ -1,0 +1,86 @@
+#include "core/file_read.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace bottle {
+
+namespace {
+
+// What a non-regular file is, for the message.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+uint64_t check_stat(const struct stat& st, const std::string& path, const std::string& what,
+                    uint64_t max_bytes) {
+  BOTTLE_CHECK(S_ISREG(st.st_mode),
+               "{}: {} is {}, not a regular file; bottle reads it only from "
+               "a regular file",
+               path, what, file_kind(st.st_mode));
+  const uint64_t size = uint64_t(st.st_size);
+  BOTTLE_CHECK(size <= max_bytes,
+               "{}: {} has {} bytes, more than the {} bytes bottle reads for it; is it the right "
+               "file?",
+               path, what, size, max_bytes);
+  return size;
+}
+
+// Closes the descriptor however the read ends.
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+uint64_t check_readable_file(const std::string& path, const std::string& what, uint64_t max_bytes) {
+  struct stat st {};
+  BOTTLE_CHECK(::stat(path.c_str(), &st) == 0, "{}: cannot read {}: {}", path, what,
+               std::strerror(errno));
+  return check_stat(st, path, what, max_bytes);
+}
+
+std::string read_bounded_file(const std::string& path, const std::string& what,
+                              uint64_t max_bytes) {
+  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer. The type is then
+  // checked on the descriptor itself, so the file checked is the file read.
+  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)};
+  BOTTLE_CHECK(f.fd >= 0, "{}: cannot open {}: {}", path, what, std::strerror(errno));
+  struct stat st {};
+  BOTTLE_CHECK(::fstat(f.fd, &st) == 0, "{}: cannot read {}: {}", path, what, std::strerror(errno));
+  const uint64_t size = check_stat(st, path, what, max_bytes);
+  std::string bytes(size_t(size), '\0');
+  size_t got = 0;
+  // One byte more than the size: a file that grew meanwhile is noticed, not followed.
+  char extra = 0;
+  for (;;) {
+    char* into = got < bytes.size() ? bytes.data() + got : &extra;
+    const size_t want = got < bytes.size() ? bytes.size() - got : 1;
+    const ssize_t n = ::read(f.fd, into, want);
+    if (n < 0 && errno == EINTR) continue;
+    BOTTLE_CHECK(n >= 0, "{}: reading {} failed: {}", path, what, std::strerror(errno));
+    if (n == 0) break;
+    BOTTLE_CHECK(got < bytes.size(), "{}: {} grew while it was read (past {} bytes); refusing it",
+                 path, what, size);
+    got += size_t(n);
+  }
+  // A file that shrank meanwhile is read as it now is.
+  bytes.resize(got);
+  return bytes;
+}
+
+}  // namespace bottle

@@ -1,0 +1,39 @@
+#include "core/stop_signals.h"
+
+#include <pthread.h>
+
+namespace bottle {
+
+namespace {
+
+sigset_t stop_set() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGHUP);
+  return set;
+}
+
+// In a child of fork(), which inherits the calling thread's mask: a program it execs would
+// otherwise never see the stop signals.
+extern "C" void unblock_in_child() {
+  const sigset_t set = stop_set();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+}  // namespace
+
+void block_stop_signals() {
+  static const bool registered = pthread_atfork(nullptr, nullptr, &unblock_in_child) == 0;
+  (void)registered;
+  const sigset_t set = stop_set();
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+}
+
+void unblock_stop_signals() {
+  const sigset_t set = stop_set();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+}  // namespace bottle
