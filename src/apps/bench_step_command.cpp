@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -67,6 +68,27 @@ std::string backend_description(const std::string& name) {
   return name;
 }
 
+// --torch-blas, or its default: $BOTTLE_TORCH_BLAS, else best.
+bool torch_blas_best(const std::string& option) {
+  if (!option.empty()) return option == "best";
+  const char* env = std::getenv("BOTTLE_TORCH_BLAS");
+  return env == nullptr || std::string(env) != "environment";
+}
+
+// Why the peer's first step does not match bottle's (the same weights and batch, fp32): its
+// loss or gradient norm more than 1e-3 apart, relatively; empty when they agree. A peer on
+// other OpenBLAS kernels computes the same step to rounding, far inside that.
+std::string disagreement(const TorchStep& torch, const StepResult& first) {
+  auto apart = [](double a, double b) {
+    return !(std::abs(a - b) <= 1e-3 * std::max(std::abs(a), std::abs(b)));
+  };
+  if (apart(torch.first_loss, first.loss) || apart(torch.first_grad_norm, first.grad_norm))
+    return fmt::format("its first step disagrees with bottle's (loss {:.6g} vs {:.6g}, gradient "
+                       "norm {:.6g} vs {:.6g})",
+                       torch.first_loss, first.loss, torch.first_grad_norm, first.grad_norm);
+  return {};
+}
+
 }  // namespace
 
 // What bench step reads of a training configuration; a file's other training-run keys
@@ -95,6 +117,9 @@ Command add_bench_step_command(CLI::App& app) {
     std::string attention;   // --attention; empty: the config's training.attention, else auto
     double peak_tflops = 0;  // --peak-tflops; 0: none given
     bool torch = true, torch_compile = false, json = false, profile = false;
+    // --torch-blas: "best" (OpenBLAS's best core for the CPU over a weaker pinned one) or
+    // "environment"; the default is $BOTTLE_TORCH_BLAS, else best (the tests set environment).
+    std::string torch_blas;
   };
   auto o = std::make_shared<Options>();
   o->model.rank = 64;
@@ -143,6 +168,12 @@ Command add_bench_step_command(CLI::App& app) {
   app.add_option("--torch", o->torch,
                  "also time the PyTorch peer (true/false): on the CPU backends in fp32 rows, on "
                  "cuda on the same GPU in fp32 and bf16 (autocast) rows");
+  app.add_option("--torch-blas", o->torch_blas,
+                 "the CPU peer's OpenBLAS kernels: best (the best core the CPU's flags support, "
+                 "over a weaker OPENBLAS_CORETYPE the environment pins; its first loss and "
+                 "gradient norm must agree with bottle's, else the pinned core runs) or "
+                 "environment (default: $BOTTLE_TORCH_BLAS, else best)")
+      ->check(CLI::IsMember({"best", "environment"}));
   app.add_flag("--torch-compile", o->torch_compile,
                "also time the PyTorch peer under torch.compile (next to eager)");
   app.add_flag("--json", o->json, "one JSON object per kind");
@@ -302,7 +333,7 @@ Command add_bench_step_command(CLI::App& app) {
         const fs::path peer_dir = scratch / fmt::format("{}-{}", kind, enum_name(precision));
         nlohmann::ordered_json row;
         Timing t;
-        StepResult last;
+        StepResult first, last;
         std::map<std::string, KernelTime> step_kernels;  // the timed steps' (--profile)
         double host_waits = 0;  // per timed step: the host waiting for the device
         double flops = 0;
@@ -323,6 +354,7 @@ Command add_bench_step_command(CLI::App& app) {
               waits_before = be->host_waits();
             }
             last = train_step.step(step);
+            if (step == 0) first = last;
             if (step >= o->warmup) ms.push_back(last.seconds * 1e3);
           }
           host_waits = double(be->host_waits() - waits_before) / double(o->steps);
@@ -402,18 +434,41 @@ Command add_bench_step_command(CLI::App& app) {
               return std::nullopt;
             }
           };
-          if (const std::optional<TorchStep> torch = run_peer(false)) {
+          // On the CPU the peer runs OpenBLAS's best kernels for this CPU (--torch-blas best)
+          // when the environment pins weaker ones, if its first step agrees with bottle's.
+          mode.best_blas = !on_device && torch_blas_best(o->torch_blas);
+          std::optional<TorchStep> torch = run_peer(false);
+          std::string blas_fallback;  // why the pinned core ran after all
+          if (torch && mode.best_blas && !torch->blas_core_pinned.empty()) {
+            if (const std::string why = disagreement(*torch, first); !why.empty()) {
+              blas_fallback = fmt::format("OpenBLAS {} over the pinned {}: {}; ran the pinned core",
+                                          torch->blas_core, torch->blas_core_pinned, why);
+              mode.best_blas = false;
+              torch = run_peer(false);
+            }
+          }
+          if (torch) {
             row["torch_ms_per_step"] = torch->ms_median;
             row["torch_ms_min"] = torch->ms_min;
             row["torch_ms_max"] = torch->ms_max;
             row["torch_version"] = torch->version;
             row["torch_blas_core"] = torch->blas_core;
             row["torch_blas_core_source"] = torch->blas_core_source;
+            row["torch_blas_core_pinned"] = torch->blas_core_pinned;
+            if (!blas_fallback.empty()) row["torch_blas_fallback"] = blas_fallback;
+            row["torch_first_loss"] = torch->first_loss;
+            row["torch_first_grad_norm"] = torch->first_grad_norm;
+            row["first_loss"] = first.loss;
+            row["first_grad_norm"] = first.grad_norm;
             row["torch_device"] = torch->device;
             row["torch_dtype"] = torch->dtype;
             row["torch_attention"] = torch->attention;
             if (!torch->gpu.empty()) row["torch_gpu"] = torch->gpu;
             row["speedup_vs_torch"] = torch->ms_median / t.median;
+            const std::string kernels =
+                torch->blas_core_pinned.empty()
+                    ? torch->blas_core
+                    : fmt::format("{}, pinned {}", torch->blas_core, torch->blas_core_pinned);
             peer_text += on_device
                              ? fmt::format(
                                    "  | PyTorch {} eager ({}, {}) {:.1f} ms/step "
@@ -423,8 +478,9 @@ Command add_bench_step_command(CLI::App& app) {
                              : fmt::format(
                                    "  | PyTorch {} (OpenBLAS {}) {:.1f} ms/step "
                                    "[{:.1f}-{:.1f}]: bottle {:.2f}x",
-                                   torch->version, torch->blas_core, torch->ms_median,
+                                   torch->version, kernels, torch->ms_median,
                                    torch->ms_min, torch->ms_max, torch->ms_median / t.median);
+            if (!blas_fallback.empty()) peer_text += fmt::format(" ({})", blas_fallback);
           } else {
             peer_text += fmt::format("  | PyTorch: {}", row["torch_error"].get<std::string>());
           }
