@@ -326,7 +326,7 @@ Command add_bench_step_command(CLI::App& app) {
         std::vector<int32_t> stream(size_t(n + 1));
         for (size_t i = 0; i < stream.size(); ++i)
           stream[i] = int32_t((i * 2654435761u) % uint64_t(config.vocab_size));
-        // The peer's copy of the model after the steps, written while the model lives; the
+        // The peer's copy of the model before the steps, written while the model lives; the
         // peer runs once bottle's model has given its memory back (on a GPU they share it).
         const bool torch_row =
             o->torch && (on_device ? o->backend == "cuda" : precision == Precision::fp32);
@@ -345,6 +345,12 @@ Command add_bench_step_command(CLI::App& app) {
           train_step.allocate_activations();
           be->from_host(train_step.inputs()[0], stream.data());
           be->from_host(train_step.targets()[0], stream.data() + 1);
+          // The peer starts from the weights bottle's first step starts from, so that its first
+          // loss and gradient norm can be checked against bottle's before its time is quoted.
+          if (torch_row) {
+            save_model(model, peer_dir.string());
+            write_token_shard((peer_dir / "tokens.bin").string(), stream);
+          }
           // TrainStep times each step to its last kernel's end (a device backend's waited for).
           std::vector<double> ms;
           int64_t waits_before = 0;  // the backend's host waits when the timed steps start
@@ -366,10 +372,6 @@ Command add_bench_step_command(CLI::App& app) {
             const fs::path dir = fs::path(o->save) / kind;
             save_model(model, dir.string());
             write_token_shard((dir / "tokens.bin").string(), stream);
-          }
-          if (torch_row) {
-            save_model(model, peer_dir.string());
-            write_token_shard((peer_dir / "tokens.bin").string(), stream);
           }
         }
         const double gflops = flops / (t.median * 1e6);
