@@ -179,13 +179,14 @@ inline void store(const Tensor& t, int64_t i, float v) {
     t.f32()[i] = v;
 }
 
-// A small operand read whole by every row (a norm's weight [C]): its own memory, or widened
-// once per call into `ws`.
-inline const float* widened(const Tensor& t, Workspace& ws) {
-  if (t.dtype != DType::bf16) return t.f32();
-  float* w = ws.get(size_t(t.numel()));
+// A small operand read whole by every row (a norm's weight [C]) as an f32 tensor: itself, or
+// widened once per call into `ws`. The loops read it as `w.f32()[j]`, as they did before they
+// took bf16: through a plain pointer GCC vectorises them otherwise and sums in another order.
+inline Tensor widened(const Tensor& t, Workspace& ws) {
+  if (t.dtype != DType::bf16) return t;
+  float* w = ws.get(size_t(t.numel()));  // [numel]
   widen_bf16(w, t.bf16(), t.numel());
-  return w;
+  return Tensor{w, t.shape, DType::f32, t.device};
 }
 
 // An operand of an elementwise op and how the op uses it.

@@ -10,7 +10,7 @@ namespace bottle::cpu {
 void CpuBackend::rmsnorm_rows(Tensor out, Tensor rstd, Tensor sumsq, Tensor x, Tensor weight,
                               float eps) {
   const int64_t n = x.rows(), c = x.cols();
-  const float* w = widened(weight, weight_ws_);  // [c]
+  const Tensor w = widened(weight, weight_ws_);  // [c]
   const Slabs slabs(slab_ws_, 2, c, any_bf16({out, x}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -24,7 +24,7 @@ void CpuBackend::rmsnorm_rows(Tensor out, Tensor rstd, Tensor sumsq, Tensor x, T
     if (!sumsq.empty()) store(sumsq, i, ss);
     float* oi = ow.at(i * c, c);
 #pragma omp simd
-    for (int64_t j = 0; j < c; ++j) oi[j] = xi[j] * r * w[j];
+    for (int64_t j = 0; j < c; ++j) oi[j] = xi[j] * r * w.f32()[j];
   }
 }
 
@@ -42,7 +42,7 @@ void CpuBackend::do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Te
 void CpuBackend::do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x,
                                              Tensor residual, Tensor weight, float eps) {
   const int64_t n = x.rows(), c = x.cols();
-  const float* w = widened(weight, weight_ws_);  // [c]
+  const Tensor w = widened(weight, weight_ws_);  // [c]
   const Slabs slabs(slab_ws_, 4, c, any_bf16({sum, out, x, residual}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -60,7 +60,7 @@ void CpuBackend::do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd
     store(rstd, i, r);
     float* oi = ow.at(i * c, c);
 #pragma omp simd
-    for (int64_t j = 0; j < c; ++j) oi[j] = si[j] * r * w[j];
+    for (int64_t j = 0; j < c; ++j) oi[j] = si[j] * r * w.f32()[j];
   }
 }
 
@@ -87,7 +87,7 @@ void CpuBackend::rmsnorm_backward_rows(Tensor dx, Tensor dweight, Tensor dout, T
   const int nt = omp_get_max_threads();
   float* partial = dweight_ws_.get(size_t(nt) * c);  // [threads, c]
   std::memset(partial, 0, sizeof(float) * nt * c);
-  const float* w = widened(weight, weight_ws_);  // [c]
+  const Tensor w = widened(weight, weight_ws_);  // [c]
   const Slabs slabs(slab_ws_, 3, c, any_bf16({dx, dout, x}));
 #pragma omp parallel
   {
@@ -105,12 +105,12 @@ void CpuBackend::rmsnorm_backward_rows(Tensor dx, Tensor dweight, Tensor dout, T
         row_dot = load(dot, i);
       } else {
 #pragma omp simd reduction(+ : row_dot)
-        for (int64_t j = 0; j < c; ++j) row_dot += gi[j] * w[j] * xi[j];
+        for (int64_t j = 0; j < c; ++j) row_dot += gi[j] * w.f32()[j] * xi[j];
       }
       const float k = kmath::rmsnorm_dx_row_factor(r, row_dot, float(d));
 #pragma omp simd
       for (int64_t j = 0; j < c; ++j) {
-        dxi[j] += kmath::rmsnorm_dx_from_factor(gi[j], xi[j], w[j], r, k);
+        dxi[j] += kmath::rmsnorm_dx_from_factor(gi[j], xi[j], w.f32()[j], r, k);
         dw[j] += gi[j] * xi[j] * r;
       }
     }
@@ -131,8 +131,8 @@ void CpuBackend::do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dou
 void CpuBackend::do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x,
                                       Tensor weight, Tensor bias, float eps) {
   const int64_t n = x.rows(), c = x.cols();
-  const float* w = widened(weight, weight_ws_);  // [c]
-  const float* bs = widened(bias, bias_ws_);     // [c]
+  const Tensor w = widened(weight, weight_ws_);  // [c]
+  const Tensor bs = widened(bias, bias_ws_);    // [c]
   const Slabs slabs(slab_ws_, 2, c, any_bf16({out, x}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -150,7 +150,7 @@ void CpuBackend::do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tens
     store(rstd, i, r);
     float* oi = ow.at(i * c, c);
 #pragma omp simd
-    for (int64_t j = 0; j < c; ++j) oi[j] = (xi[j] - mu) * r * w[j] + bs[j];
+    for (int64_t j = 0; j < c; ++j) oi[j] = (xi[j] - mu) * r * w.f32()[j] + bs.f32()[j];
   }
 }
 
@@ -160,7 +160,7 @@ void CpuBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, 
   const int nt = omp_get_max_threads();
   float* partial = dweight_ws_.get(size_t(nt) * 2 * c);  // [threads, 2 (dweight, dbias), c]
   std::memset(partial, 0, sizeof(float) * nt * 2 * c);
-  const float* w = widened(weight, weight_ws_);  // [c]
+  const Tensor w = widened(weight, weight_ws_);  // [c]
   const Slabs slabs(slab_ws_, 3, c, any_bf16({dx, dout, x}));
 #pragma omp parallel
   {
@@ -177,7 +177,7 @@ void CpuBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, 
       float sum_g = 0.0f, sum_gx = 0.0f;  // over j of (g w) and (g w) * xhat
 #pragma omp simd reduction(+ : sum_g, sum_gx)
       for (int64_t j = 0; j < c; ++j) {
-        const float gw = gi[j] * w[j];
+        const float gw = gi[j] * w.f32()[j];
         sum_g += gw;
         sum_gx += gw * (xi[j] - mu) * r;
       }
@@ -186,7 +186,7 @@ void CpuBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, 
 #pragma omp simd
       for (int64_t j = 0; j < c; ++j) {
         const float xhat = (xi[j] - mu) * r;
-        dxi[j] += kmath::layernorm_dx(gi[j] * w[j], xhat, r, sum_g, sum_gx);
+        dxi[j] += kmath::layernorm_dx(gi[j] * w.f32()[j], xhat, r, sum_g, sum_gx);
         dw[j] += gi[j] * xhat;
         db[j] += gi[j];
       }
