@@ -13,7 +13,7 @@
 #include <thread>
 
 #include "core/bf16.h"
-#include "core/cpu_backend.h"
+#include "core/reference_backend.h"
 #include "core/safetensors.h"
 #include "test_util.h"
 #include "train/train_step.h"
@@ -323,7 +323,7 @@ TEST_F(Train, ResumeIsBitExactInBf16) {
   EXPECT_NE(half_text.find("\"torch_dtype\": \"bfloat16\""), std::string::npos) << half_text;
 }
 
-// A backend without bf16 kernels (the cpu backend's own, unwrapped) is refused with its
+// A backend without bf16 kernels (the reference's own, unwrapped) is refused with its
 // reason, never run in fp32.
 TEST_F(Train, Bf16OnABackendWithoutItIsRefused) {
   TrainConfig config;
@@ -331,12 +331,12 @@ TEST_F(Train, Bf16OnABackendWithoutItIsRefused) {
   config.training.micro_batch_size = 2;
   config.training.seq_len = 16;
   config.training.precision = Precision::bf16;
-  const std::unique_ptr<Backend> raw = make_cpu_backend();
+  const std::unique_ptr<Backend> raw = make_reference_backend();
   try {
     TrainStep step(config, *raw, tensor_parallel_of(config, nullptr), nullptr, nullptr);
     FAIL() << "bf16 ran on a backend without bf16 kernels";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("training.precision = \"bf16\" on the cpu backend: it "
+    EXPECT_NE(std::string(e.what()).find("training.precision = \"bf16\" on the reference backend: it "
                                          "has no bf16 kernels"),
               std::string::npos)
         << e.what();

@@ -59,6 +59,36 @@ class Decide(unittest.TestCase):
         self.assertEqual(openblas_core.decide("SkylakeX", flags(SAPPHIRE_RAPIDS), env),
                          (None, "chosen from the CPU's flags (OpenBLAS detected Prescott)"))
 
+    def test_a_pinned_weaker_core_is_kept_outside_benches(self):
+        env = {"OPENBLAS_CORETYPE": "HASWELL"}
+        self.assertEqual(openblas_core.decide("Haswell", flags(SAPPHIRE_RAPIDS), env),
+                         (None, "OPENBLAS_CORETYPE from the environment"))
+
+    def test_a_bench_runs_the_best_core_over_a_weaker_pinned_one(self):
+        for pinned in ("Haswell", "ZEN", "SANDYBRIDGE"):
+            with self.subTest(pinned=pinned):
+                env = {"OPENBLAS_CORETYPE": pinned, "BOTTLE_OPENBLAS_BEST": "1"}
+                self.assertEqual(
+                    openblas_core.decide("Haswell", flags(SAPPHIRE_RAPIDS), env),
+                    ("SKYLAKEX",
+                     f"chosen from the CPU's flags over the pinned OPENBLAS_CORETYPE={pinned}"))
+
+    def test_a_bench_keeps_a_pinned_core_as_good_or_unknown(self):
+        for pinned, cpu in (("SKYLAKEX", SAPPHIRE_RAPIDS), ("HASWELL", ZEN3),
+                            ("COOPERLAKE", SAPPHIRE_RAPIDS), ("NEOVERSEN1", SAPPHIRE_RAPIDS)):
+            with self.subTest(pinned=pinned):
+                env = {"OPENBLAS_CORETYPE": pinned, "BOTTLE_OPENBLAS_BEST": "1"}
+                self.assertEqual(openblas_core.decide("Haswell", flags(cpu), env),
+                                 (None, "OPENBLAS_CORETYPE from the environment"))
+
+    def test_the_re_executed_bench_reports_the_pinned_core(self):
+        env = {"OPENBLAS_CORETYPE": "SKYLAKEX", "BOTTLE_OPENBLAS_CHOSEN": "Haswell",
+               "BOTTLE_OPENBLAS_PINNED": "Haswell", "BOTTLE_OPENBLAS_BEST": "1"}
+        self.assertEqual(openblas_core.decide("SkylakeX", flags(SAPPHIRE_RAPIDS), env),
+                         (None, "chosen from the CPU's flags over the pinned "
+                                "OPENBLAS_CORETYPE=Haswell"))
+        self.assertEqual(openblas_core.pinned_core(env), "Haswell")
+
     def test_cpu_flags_of_this_machine_parse(self):
         with open("/proc/cpuinfo") as f:
             mine = openblas_core.cpu_flags(f.read())

@@ -55,11 +55,14 @@ def openblas_core():
     force, source = openblas_choice.decide(core, flags, os.environ)
     if force is None:
         return core, source
+    if "OPENBLAS_CORETYPE" in os.environ:  # a pinned core, overridden (benches only)
+        os.environ["BOTTLE_OPENBLAS_PINNED"] = os.environ["OPENBLAS_CORETYPE"]
     os.environ.update(OPENBLAS_CORETYPE=force, BOTTLE_OPENBLAS_CHOSEN=core)
     os.execv(sys.executable, [sys.executable] + sys.argv)
 
 
 BLAS_CORE, BLAS_CORE_SOURCE = openblas_core()
+BLAS_CORE_PINNED = openblas_choice.pinned_core(os.environ)
 
 import numpy as np
 import torch
@@ -451,10 +454,14 @@ def mode_bench(a, dtype):
         if cuda:
             torch.cuda.synchronize()
 
+    first = {}  # the first step's loss and gradient norm, which bench step checks
+
     def step(fn, x, y):
         loss = fn(x, y)
         loss.backward()
-        clip(plist, 1.0, **clip_args)
+        norm = clip(plist, 1.0, **clip_args)
+        if not first:
+            first.update(loss=float(loss), grad_norm=float(norm))
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss
@@ -487,7 +494,9 @@ def mode_bench(a, dtype):
     out = {"ms_per_step_median": med, "ms_per_step_min": min(times), "ms_per_step_max": max(times),
            "tokens_per_s": a.batch * a.seq / (med / 1e3), "threads": a.threads,
            "torch": torch.__version__, "blas": a.blas, "blas_core": BLAS_CORE,
-           "blas_core_source": BLAS_CORE_SOURCE, "device": a.device, "dtype": a.dtype,
+           "blas_core_source": BLAS_CORE_SOURCE, "blas_core_pinned": BLAS_CORE_PINNED,
+           "first_loss": first.get("loss"), "first_grad_norm": first.get("grad_norm"),
+           "device": a.device, "dtype": a.dtype,
            "attention": "sdpa" if model.sdpa else "baddbmm+softmax+bmm",
            "adamw": "fused" if fused else "foreach", "loss": float(loss),
            "compile": a.compile}

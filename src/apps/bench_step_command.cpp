@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -67,6 +68,27 @@ std::string backend_description(const std::string& name) {
   return name;
 }
 
+// --torch-blas, or its default: $BOTTLE_TORCH_BLAS, else best.
+bool torch_blas_best(const std::string& option) {
+  if (!option.empty()) return option == "best";
+  const char* env = std::getenv("BOTTLE_TORCH_BLAS");
+  return env == nullptr || std::string(env) != "environment";
+}
+
+// Why the peer's first step does not match bottle's (the same weights and batch, fp32): its
+// loss or gradient norm more than 1e-3 apart, relatively; empty when they agree. A peer on
+// other OpenBLAS kernels computes the same step to rounding, far inside that.
+std::string disagreement(const TorchStep& torch, const StepResult& first) {
+  auto apart = [](double a, double b) {
+    return !(std::abs(a - b) <= 1e-3 * std::max(std::abs(a), std::abs(b)));
+  };
+  if (apart(torch.first_loss, first.loss) || apart(torch.first_grad_norm, first.grad_norm))
+    return fmt::format("its first step disagrees with bottle's (loss {:.6g} vs {:.6g}, gradient "
+                       "norm {:.6g} vs {:.6g})",
+                       torch.first_loss, first.loss, torch.first_grad_norm, first.grad_norm);
+  return {};
+}
+
 }  // namespace
 
 // What bench step reads of a training configuration; a file's other training-run keys
@@ -97,6 +119,9 @@ struct BenchStepOptions {
   std::string attention;   // --attention; empty: the config's training.attention, else auto
   double peak_tflops = 0;  // --peak-tflops; 0: none given
   bool torch = true, torch_compile = false, json = false, profile = false;
+  // --torch-blas: "best" (OpenBLAS's best core for the CPU over a weaker pinned one) or
+  // "environment"; the default is $BOTTLE_TORCH_BLAS, else best (the tests set environment).
+  std::string torch_blas;
 };
 
 // The options whose presence, not only their value, says something.
@@ -150,6 +175,12 @@ BenchStepFlags add_bench_step_options(CLI::App& app, BenchStepOptions* o) {
   app.add_option("--torch", o->torch,
                  "also time the PyTorch peer (true/false): on the CPU backends in fp32 rows, on "
                  "cuda on the same GPU in fp32 and bf16 (autocast) rows");
+  app.add_option("--torch-blas", o->torch_blas,
+                 "the CPU peer's OpenBLAS kernels: best (the best core the CPU's flags support, "
+                 "over a weaker OPENBLAS_CORETYPE the environment pins; its first loss and "
+                 "gradient norm must agree with bottle's, else the pinned core runs) or "
+                 "environment (default: $BOTTLE_TORCH_BLAS, else best)")
+      ->check(CLI::IsMember({"best", "environment"}));
   app.add_flag("--torch-compile", o->torch_compile,
                "also time the PyTorch peer under torch.compile (next to eager)");
   app.add_flag("--json", o->json, "one JSON object per kind");
@@ -326,14 +357,15 @@ void check_before_steps(const BenchStepOptions* o, const std::string& kind,
 // What a kind's timed steps measured.
 struct TimedSteps {
   Timing t;
-  StepResult last;
+  StepResult first, last;  // the first step's (the peer's check) and the last timed step's
   std::map<std::string, KernelTime> step_kernels;  // the timed steps' (--profile)
   double host_waits = 0;  // per timed step: the host waiting for the device
   double flops = 0;
 };
 
-// The kind's steps on one batch (`stream`, n tokens): the warm-up, then the timed steps; then,
-// while the model lives, its copy for --save (with the first precision) and for the peer.
+// The kind's steps on one batch (`stream`, n tokens): the model's copy for the peer, the
+// warm-up, then the timed steps; then, while the model lives, its copy for --save (with the
+// first precision).
 TimedSteps run_timed_steps(const TrainConfig& train_config, Backend* be, ProfilingBackend* profiler,
                            const BenchStepOptions* o, const std::vector<int32_t>& stream, int64_t n,
                            const std::string& kind, Precision precision,
@@ -347,6 +379,12 @@ TimedSteps run_timed_steps(const TrainConfig& train_config, Backend* be, Profili
   train_step.allocate_activations();
   be->from_host(train_step.inputs()[0], stream.data());
   be->from_host(train_step.targets()[0], stream.data() + 1);
+  // The peer starts from the weights bottle's first step starts from, so that its first loss
+  // and gradient norm can be checked against bottle's before its time is quoted.
+  if (torch_row) {
+    save_model(model, peer_dir.string());
+    write_token_shard((peer_dir / "tokens.bin").string(), stream);
+  }
   // TrainStep times each step to its last kernel's end (a device backend's waited for).
   std::vector<double> ms;
   int64_t waits_before = 0;  // the backend's host waits when the timed steps start
@@ -356,6 +394,7 @@ TimedSteps run_timed_steps(const TrainConfig& train_config, Backend* be, Profili
       waits_before = be->host_waits();
     }
     r.last = train_step.step(step);
+    if (step == 0) r.first = r.last;
     if (step >= o->warmup) ms.push_back(r.last.seconds * 1e3);
   }
   r.host_waits = double(be->host_waits() - waits_before) / double(o->steps);
@@ -367,10 +406,6 @@ TimedSteps run_timed_steps(const TrainConfig& train_config, Backend* be, Profili
     const fs::path dir = fs::path(o->save) / kind;
     save_model(model, dir.string());
     write_token_shard((dir / "tokens.bin").string(), stream);
-  }
-  if (torch_row) {
-    save_model(model, peer_dir.string());
-    write_token_shard((peer_dir / "tokens.bin").string(), stream);
   }
   return r;
 }
@@ -448,6 +483,108 @@ void print_step_line(const BenchStepOptions* o, const std::string& kind, Precisi
 
 }  // namespace
 
+// The PyTorch peer's columns of a kind's row, from the model and batch in `peer_dir`, and its
+// part of the printed line. On the CPU in fp32 (CPU autocast is not the peer we time against);
+// on a GPU on the same GPU, fp32 as fp32 and bf16 as autocast-bf16 over fp32 weights. A GPU
+// run goes on when the peer fails (no CUDA PyTorch there, say), saying why.
+std::string peer_columns(const BenchStepOptions* o, bool on_device, Precision precision,
+                         const fs::path& peer_dir, const TimedSteps& timed,
+                         nlohmann::ordered_json& row) {
+  const Timing& t = timed.t;
+  std::string peer_text;
+  TorchBenchMode mode;
+  mode.device = on_device ? "cuda" : "cpu";
+  mode.dtype = precision == Precision::bf16 ? "autocast-bf16" : "f32";
+  auto run_peer = [&](bool compile) -> std::optional<TorchStep> {
+    mode.compile = compile;
+    try {
+      return run_torch_bench(peer_dir.string(), (peer_dir / "tokens.bin").string(),
+                             o->batch, o->seq, o->steps, o->warmup, o->threads, mode);
+    } catch (const Error& e) {
+      if (!on_device && !compile) throw;
+      const std::string what = e.what();
+      row[compile ? "torch_compile_error" : "torch_error"] =
+          what.substr(0, what.find('\n'));
+      if (compile) row["torch_compile_failed"] = true;
+      return std::nullopt;
+    }
+  };
+  // On the CPU the peer runs OpenBLAS's best kernels for this CPU (--torch-blas best) when the
+  // environment pins weaker ones, if its first step agrees with bottle's.
+  mode.best_blas = !on_device && torch_blas_best(o->torch_blas);
+  std::optional<TorchStep> torch = run_peer(false);
+  std::string blas_fallback;  // why the pinned core ran after all
+  if (torch && mode.best_blas && !torch->blas_core_pinned.empty()) {
+    if (const std::string why = disagreement(*torch, timed.first); !why.empty()) {
+      blas_fallback = fmt::format("OpenBLAS {} over the pinned {}: {}; ran the pinned core",
+                                  torch->blas_core, torch->blas_core_pinned, why);
+      mode.best_blas = false;
+      torch = run_peer(false);
+    }
+  }
+  if (torch) {
+    row["torch_ms_per_step"] = torch->ms_median;
+    row["torch_ms_min"] = torch->ms_min;
+    row["torch_ms_max"] = torch->ms_max;
+    row["torch_version"] = torch->version;
+    row["torch_blas_core"] = torch->blas_core;
+    row["torch_blas_core_source"] = torch->blas_core_source;
+    row["torch_blas_core_pinned"] = torch->blas_core_pinned;
+    if (!blas_fallback.empty()) row["torch_blas_fallback"] = blas_fallback;
+    row["torch_first_loss"] = torch->first_loss;
+    row["torch_first_grad_norm"] = torch->first_grad_norm;
+    row["first_loss"] = timed.first.loss;
+    row["first_grad_norm"] = timed.first.grad_norm;
+    row["torch_device"] = torch->device;
+    row["torch_dtype"] = torch->dtype;
+    row["torch_attention"] = torch->attention;
+    if (!torch->gpu.empty()) row["torch_gpu"] = torch->gpu;
+    row["speedup_vs_torch"] = torch->ms_median / t.median;
+    const std::string kernels =
+        torch->blas_core_pinned.empty()
+            ? torch->blas_core
+            : fmt::format("{}, pinned {}", torch->blas_core, torch->blas_core_pinned);
+    peer_text += on_device
+                     ? fmt::format(
+                           "  | PyTorch {} eager ({}, {}) {:.1f} ms/step "
+                           "[{:.1f}-{:.1f}]: bottle {:.2f}x",
+                           torch->version, torch->dtype, torch->attention, torch->ms_median,
+                           torch->ms_min, torch->ms_max, torch->ms_median / t.median)
+                     : fmt::format(
+                           "  | PyTorch {} (OpenBLAS {}) {:.1f} ms/step "
+                           "[{:.1f}-{:.1f}]: bottle {:.2f}x",
+                           torch->version, kernels, torch->ms_median,
+                           torch->ms_min, torch->ms_max, torch->ms_median / t.median);
+    if (!blas_fallback.empty()) peer_text += fmt::format(" ({})", blas_fallback);
+  } else {
+    peer_text += fmt::format("  | PyTorch: {}", row["torch_error"].get<std::string>());
+  }
+  if (o->torch_compile) {
+    const std::optional<TorchStep> compiled = run_peer(true);
+    if (compiled && !compiled->compile_failed) {
+      row["torch_compile_ms_per_step"] = compiled->ms_median;
+      row["torch_compile_ms_min"] = compiled->ms_min;
+      row["torch_compile_ms_max"] = compiled->ms_max;
+      row["speedup_vs_torch_compile"] = compiled->ms_median / t.median;
+      peer_text += fmt::format(
+          "  | torch.compile {:.1f} ms/step [{:.1f}-{:.1f}]: bottle "
+          "{:.2f}x",
+          compiled->ms_median, compiled->ms_min, compiled->ms_max,
+          compiled->ms_median / t.median);
+    } else {
+      if (compiled) {
+        row["torch_compile_failed"] = true;
+        row["torch_compile_error"] = compiled->compile_error;
+      }
+      peer_text += fmt::format("  | torch.compile failed: {}",
+                               row["torch_compile_error"].get<std::string>());
+    }
+  }
+  fs::remove_all(peer_dir);
+  fs::remove_all(peer_dir);
+  return peer_text;
+}
+
 Command add_bench_step_command(CLI::App& app) {
   auto o = std::make_shared<BenchStepOptions>();
   o->model.rank = 64;
@@ -512,77 +649,8 @@ Command add_bench_step_command(CLI::App& app) {
         if (precision == precision_list.front()) first_precision_ms = t.median;
         row = step_row(o.get(), be.get(), kind, precision, precision_list, config, timed, n, gflops,
                        peak, mfu, mfu_nominal, on_device, baseline_ms, first_precision_ms);
-        // The PyTorch peer: on the CPU in fp32 (CPU autocast is not the peer we time against);
-        // on a GPU on the same GPU, fp32 as fp32 and bf16 as autocast-bf16 over fp32 weights.
-        // A GPU run goes on when the peer fails (no CUDA PyTorch there, say), saying why.
-        std::string peer_text;
-        if (torch_row) {
-          TorchBenchMode mode;
-          mode.device = on_device ? "cuda" : "cpu";
-          mode.dtype = precision == Precision::bf16 ? "autocast-bf16" : "f32";
-          auto run_peer = [&](bool compile) -> std::optional<TorchStep> {
-            mode.compile = compile;
-            try {
-              return run_torch_bench(peer_dir.string(), (peer_dir / "tokens.bin").string(),
-                                     o->batch, o->seq, o->steps, o->warmup, o->threads, mode);
-            } catch (const Error& e) {
-              if (!on_device && !compile) throw;
-              const std::string what = e.what();
-              row[compile ? "torch_compile_error" : "torch_error"] =
-                  what.substr(0, what.find('\n'));
-              if (compile) row["torch_compile_failed"] = true;
-              return std::nullopt;
-            }
-          };
-          if (const std::optional<TorchStep> torch = run_peer(false)) {
-            row["torch_ms_per_step"] = torch->ms_median;
-            row["torch_ms_min"] = torch->ms_min;
-            row["torch_ms_max"] = torch->ms_max;
-            row["torch_version"] = torch->version;
-            row["torch_blas_core"] = torch->blas_core;
-            row["torch_blas_core_source"] = torch->blas_core_source;
-            row["torch_device"] = torch->device;
-            row["torch_dtype"] = torch->dtype;
-            row["torch_attention"] = torch->attention;
-            if (!torch->gpu.empty()) row["torch_gpu"] = torch->gpu;
-            row["speedup_vs_torch"] = torch->ms_median / t.median;
-            peer_text += on_device
-                             ? fmt::format(
-                                   "  | PyTorch {} eager ({}, {}) {:.1f} ms/step "
-                                   "[{:.1f}-{:.1f}]: bottle {:.2f}x",
-                                   torch->version, torch->dtype, torch->attention, torch->ms_median,
-                                   torch->ms_min, torch->ms_max, torch->ms_median / t.median)
-                             : fmt::format(
-                                   "  | PyTorch {} (OpenBLAS {}) {:.1f} ms/step "
-                                   "[{:.1f}-{:.1f}]: bottle {:.2f}x",
-                                   torch->version, torch->blas_core, torch->ms_median,
-                                   torch->ms_min, torch->ms_max, torch->ms_median / t.median);
-          } else {
-            peer_text += fmt::format("  | PyTorch: {}", row["torch_error"].get<std::string>());
-          }
-          if (o->torch_compile) {
-            const std::optional<TorchStep> compiled = run_peer(true);
-            if (compiled && !compiled->compile_failed) {
-              row["torch_compile_ms_per_step"] = compiled->ms_median;
-              row["torch_compile_ms_min"] = compiled->ms_min;
-              row["torch_compile_ms_max"] = compiled->ms_max;
-              row["speedup_vs_torch_compile"] = compiled->ms_median / t.median;
-              peer_text += fmt::format(
-                  "  | torch.compile {:.1f} ms/step [{:.1f}-{:.1f}]: bottle "
-                  "{:.2f}x",
-                  compiled->ms_median, compiled->ms_min, compiled->ms_max,
-                  compiled->ms_median / t.median);
-            } else {
-              if (compiled) {
-                row["torch_compile_failed"] = true;
-                row["torch_compile_error"] = compiled->compile_error;
-              }
-              peer_text += fmt::format("  | torch.compile failed: {}",
-                                       row["torch_compile_error"].get<std::string>());
-            }
-          }
-          fs::remove_all(peer_dir);
-        }
+        const std::string peer_text =
+            torch_row ? peer_columns(o.get(), on_device, precision, peer_dir, timed, row) : "";
         if (o->json) {
           std::printf("%s\n", row.dump().c_str());
         } else {

@@ -707,7 +707,18 @@ class Report {
         "The same model, weights and tokens, one training step (forward, backward, AdamW) on "
         "one process with all cores, in bottle and in PyTorch (Debian's python3-torch, eager):");
     line();
-    if (!r_.torch.empty()) linef("PyTorch {}.", r_.torch.front().value("torch_version", "unknown"));
+    if (!r_.torch.empty()) {
+      // The kernels the peer ran, and the ones the environment pinned when bench step chose
+      // better (or why it kept them): the ratio below is against the kernels named first.
+      const json& t = r_.torch.front();
+      const std::string pinned = t.value("torch_blas_core_pinned", "");
+      linef("PyTorch {}, OpenBLAS kernels {} ({}{}){}.", t.value("torch_version", "unknown"),
+            t.value("torch_blas_core", "unknown"), t.value("torch_blas_core_source", "unknown"),
+            pinned.empty() ? "" : fmt::format("; the environment pinned {}", pinned),
+            t.contains("torch_blas_fallback")
+                ? fmt::format("; {}", t.value("torch_blas_fallback", ""))
+                : std::string());
+    }
     line();
     line("| model | bottle (ms) | PyTorch (ms) | bottle vs PyTorch |");
     line("|---|---|---|---|");

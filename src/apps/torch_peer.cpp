@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
 
@@ -37,9 +38,10 @@ TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shar
                           int64_t seq, int64_t steps, int64_t warmup, int threads,
                           const TorchBenchMode& mode) {
   const std::string command = fmt::format(
-      "'{}' '{}' --checkpoint '{}' --data '{}' --batch {} --seq {} --bench --steps {} --warmup "
+      "{}'{}' '{}' --checkpoint '{}' --data '{}' --batch {} --seq {} --bench --steps {} --warmup "
       "{} --threads {} --device {} --dtype {}{}",
-      torch_python(mode.device), torch_script_path(), checkpoint, shard, batch, seq, steps, warmup,
+      mode.best_blas ? "BOTTLE_OPENBLAS_BEST=1 " : "", torch_python(mode.device),
+      torch_script_path(), checkpoint, shard, batch, seq, steps, warmup,
       threads, mode.device, mode.dtype, mode.compile ? " --compile" : "");
   const ShellResult r = run_shell(command + " 2>&1");
   const std::string& out = r.output;
@@ -72,6 +74,13 @@ TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shar
   t.version = text("torch");
   t.blas_core = text("blas_core");
   t.blas_core_source = text("blas_core_source");
+  t.blas_core_pinned = text("blas_core_pinned", "");
+  auto number = [&](const char* key) {
+    return j.contains(key) && j[key].is_number() ? j[key].get<double>()
+                                                 : std::numeric_limits<double>::quiet_NaN();
+  };
+  t.first_loss = number("first_loss");
+  t.first_grad_norm = number("first_grad_norm");
   t.device = text("device", mode.device.c_str());
   t.dtype = text("dtype", mode.dtype.c_str());
   t.attention = text("attention");

@@ -354,8 +354,10 @@ class Backend {
   std::vector<std::chrono::steady_clock::time_point> host_marks_;  // timing_mark's, host backends
 };
 
-// "cpu", "reference" or "cuda" (when compiled in and a GPU is visible). The host backends come
-// wrapped to take bf16 tensors (core/widening_backend.h).
+// "cpu", "reference" or "cuda" (when compiled in and a GPU is visible). cpu's kernels take bf16
+// tensors themselves; the reference comes wrapped to take them (core/widening_backend.h), and
+// so does "cpu-widened", the cpu kernels behind that wrapper: a fallback to name, and the bits
+// the native bf16 kernels are tested against.
 std::unique_ptr<Backend> make_backend(std::string_view name);
 // Why make_backend(name) would fail on this machine ("no CUDA device is visible", "this build
 // has no CUDA backend ..."), or empty when it would not: GPU tests skip with this reason.

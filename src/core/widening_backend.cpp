@@ -6,59 +6,20 @@
 
 #include "core/arena.h"
 #include "core/bf16.h"
+#include "core/bf16_convert.h"
 
 namespace bottle {
 namespace {
 
-void widen(float* dst, const uint16_t* src, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(src[i]);
-}
+using Strided = StridedMatrix;
 
-void narrow(uint16_t* dst, const float* src, int64_t n) {
-#pragma omp parallel for simd schedule(static)
-  for (int64_t i = 0; i < n; ++i) dst[i] = bf16_from_float(src[i]);
-}
-
-// A GEMM operand in memory: `batch` matrices (one when the batch stride is 0) of `rows` rows
-// of `cols` elements, row stride `ld`, batch stride `stride`. Its fp32 stand-in is compact
-// (row stride cols, batch stride rows·cols): the gaps between rows and between a batch's
-// matrices may be other tensors', which must be neither read nor written.
-struct Strided {
-  void* data = nullptr;
-  DType dtype = DType::f32;
-  int64_t rows = 0, cols = 0, ld = 0, batch = 1, stride = 0;
-  int64_t elements() const { return batch * rows * cols; }
-  // One run of elements (a whole tensor, a dense matrix): converted in parallel chunks.
-  bool contiguous() const {
-    return (rows == 1 || ld == cols) && (batch == 1 || stride == rows * cols);
-  }
-  uint16_t* row(int64_t r) const {  // r < batch·rows
-    return static_cast<uint16_t*>(data) + (r / rows) * stride + (r % rows) * ld;
-  }
-};
-
+void widen(float* dst, const uint16_t* src, int64_t n) { widen_bf16_parallel(dst, src, n); }
+void narrow(uint16_t* dst, const float* src, int64_t n) { narrow_bf16_parallel(dst, src, n); }
+void widen(float* dst, const Strided& m) { widen_matrix(dst, m); }
+void narrow(const Strided& m, const float* src) { narrow_matrix(m, src); }
 Strided operand(const void* data, DType dtype, int64_t rows, int64_t cols, int64_t ld,
                 int64_t batch, int64_t stride) {
-  return {const_cast<void*>(data), dtype, rows, cols, ld, stride == 0 ? 1 : batch, stride};
-}
-
-void widen(float* dst, const Strided& m) {
-  if (m.contiguous()) return widen(dst, static_cast<const uint16_t*>(m.data), m.elements());
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < m.batch * m.rows; ++r) {
-    const uint16_t* src = m.row(r);
-    for (int64_t j = 0; j < m.cols; ++j) dst[r * m.cols + j] = bf16_to_float(src[j]);
-  }
-}
-
-void narrow(const Strided& m, const float* src) {
-  if (m.contiguous()) return narrow(static_cast<uint16_t*>(m.data), src, m.elements());
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < m.batch * m.rows; ++r) {
-    uint16_t* dst = m.row(r);
-    for (int64_t j = 0; j < m.cols; ++j) dst[j] = bf16_from_float(src[r * m.cols + j]);
-  }
+  return strided_matrix(data, dtype, rows, cols, ld, batch, stride);
 }
 
 }  // namespace

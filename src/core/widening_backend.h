@@ -4,7 +4,10 @@
 // runs, and its bf16 outputs are rounded back to nearest even. So a bf16 run stores what a
 // native bf16 kernel that computes in fp32 would store, and on the reference backend this is
 // the exact oracle of it. GEMMs go to the wrapped backend as bf16 where it runs them on bf16
-// instructions (bf16_gemm_path()), else widened the same way.
+// instructions (bf16_gemm_path()), else widened the same way. make_backend wraps the reference
+// in it, and the cpu backend as "cpu-widened": the cpu kernels as bf16 ran before they took it
+// themselves, kept as a fallback and as the bits tests/test_bf16_host_kernels.cpp holds the
+// native kernels to.
 //
 // The scratch lives as long as one kernel call; it grows to the largest call's operands and
 // is counted as workspace memory.
