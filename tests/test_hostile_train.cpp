@@ -293,6 +293,9 @@ INSTANTIATE_TEST_SUITE_P(
                 "holds a line break at offset"},
         // Rule 8: messages name their file; a misspelt command is named with its likely
         // meaning.
+        Hostile{"tokenize_input_is_text", "{bottle} tokenize --input 'hello world'",
+                "--input hello world: no such file; --input reads a file, --text takes the text "
+                "itself"},
         Hostile{"command_trian", "{bottle} trian {dir}/tiny.toml",
                 "unknown command 'trian'; did you mean 'train'?"},
         Hostile{"command_smaple", "{bottle} smaple",

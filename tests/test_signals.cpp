@@ -147,21 +147,27 @@ TEST_F(Signals, AStopSignalAtAnyMomentEndsCleanly) {
 
 // A stopped run resumes where it stopped: the checkpoint the signal wrote is whole.
 TEST_F(Signals, AStoppedRunResumes) {
-  const std::vector<std::string> train = {bottle_binary(), "train", dir / "tiny.toml"};
-  // The first step usually comes within a second on an idle machine; the delay grows until a
-  // signal came after a step.
+  // A run too long to end by itself; the delay grows until the signal came after a step.
+  const std::vector<std::string> train = {bottle_binary(), "train", dir / "tiny.toml", "--set",
+                                          "training.steps=100000"};
   Outcome o;
-  for (double delay = 0.5; delay < 30; delay *= 2) {
+  std::smatch m;
+  const std::regex after("stopped by signal 2 after step ([0-9]+)");
+  for (double delay = 0.5; delay < 60; delay *= 2) {
     fs::remove_all(dir / "run");
     o = interrupt(train, delay, SIGINT);
-    expect_clean_end(o, SIGINT);
-    if (o.output.find("after step") != std::string::npos) break;
+    ASSERT_EQ(o.status, 0) << o.output;
+    if (std::regex_search(o.output, m, after)) break;
   }
-  ASSERT_NE(o.output.find("after step"), std::string::npos) << o.output;
-  const CommandResult resumed =
-      run(fmt::format("{} train {} --resume", bottle_binary(), dir / "tiny.toml"));
+  ASSERT_TRUE(std::regex_search(o.output, m, after)) << o.output;
+  const int64_t stopped = std::stoll(m[1].str());
+  const CommandResult resumed = run(fmt::format("{} train {} --resume --set training.steps={}",
+                                                bottle_binary(), dir / "tiny.toml", stopped + 2));
   EXPECT_EQ(resumed.status, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("resumed from " + (dir / "run/step_")), std::string::npos)
+  EXPECT_NE(
+      resumed.output.find(fmt::format("resumed from {} at step {}",
+                                      dir / fmt::format("run/step_{:08d}", stopped), stopped)),
+      std::string::npos)
       << resumed.output;
 }
 

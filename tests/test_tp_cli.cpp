@@ -81,7 +81,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadLayout{"rank_vanilla", 2,
                   "--set parallel.tp=2 --set parallel.tp_mode=vanilla --set model.rank=9",
                   "must divide the rank of the q projection (9)"},
-        BadLayout{"world_too_big", 2, "", "world size 2 does not equal"},
+        // parallel.dp set: unset, it is inferred from the world size (issue 29).
+        BadLayout{"world_too_big", 2, "--set parallel.dp=1", "world size 2 does not equal"},
         BadLayout{"world_too_small", 2, "--set parallel.tp=4", "world size 2 does not equal"},
         BadLayout{"btp_on_full_rank", 2,
                   "--set parallel.tp=2 --set model.bottleneck=none --set parallel.tp_mode=btp",

@@ -446,7 +446,7 @@ TEST(TrainConfig, RoundTrip) {
   for (const TrainConfig& c :
        {parse(""), parse(kFullFile),
         parse(kFullFile,
-              {"data.train=we\"ird\\path\nx", "model.rms_norm_eps=3.3e-7", "optimizer.lr=0.1",
+              {"data.train=we\"ird\\path \u00e9x", "model.rms_norm_eps=3.3e-7", "optimizer.lr=0.1",
                "model.rope_theta=12345.678", "lr_scheduler.min_lr_ratio=1"}),
         parse("[model]\nbottleneck = \"cola\"\nrank = 16")}) {
     const std::string text = to_toml(c);
@@ -466,6 +466,32 @@ TEST(TrainConfig, RoundTrip) {
   b.training.steps = 5;
   EXPECT_EQ(config_difference(a, b), "training.steps: 1000 vs 5");
   EXPECT_FALSE(a == b);
+}
+
+// Issue 29, rule 6: a string key that is not UTF-8 or holds a control character is refused as
+// it is read (file or --set), naming the key and the offset, before it could fail a run's end.
+TEST(TrainConfig, StringsMustBeUtf8WithoutControlCharacters) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"checkpoint.folder=run\xff", "byte 0xff at offset 3"},
+      {"checkpoint.folder=a\nb", "a line break at offset 1"},
+      {"metrics.plot=x\r.png", "a line break at offset 1"},
+      {"metrics.jsonl=m\x01.jsonl", "the control character 0x01 at offset 1"},
+      {"data.train=\xc0\x80", "byte 0xc0 at offset 0"},
+      {"data.val=v\xed\xa0\x80", "byte 0xed at offset 1"},
+      {"data.tokenizer=t\xe2\x82", "byte 0xe2 at offset 1"},
+  };
+  for (const auto& [set, why] : cases) {
+    const std::string e = error_of("", {set});
+    EXPECT_NE(e.find("--set: key '" + set.substr(0, set.find('=')) + "' holds " + why),
+              std::string::npos)
+        << e;
+  }
+  // In the file too (TOML's escapes make a line break), and valid UTF-8 passes.
+  EXPECT_NE(error_of("[checkpoint]\nfolder = \"a\\nb\"\n")
+                .find("key 'checkpoint.folder' holds a line break"),
+            std::string::npos);
+  EXPECT_EQ(parse("", {"checkpoint.folder=r\u00e9sum\u00e9 \u4e2d"}).checkpoint.folder,
+            "r\u00e9sum\u00e9 \u4e2d");
 }
 
 TEST(TrainConfig, DescribeKeys) {

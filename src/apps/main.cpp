@@ -27,6 +27,8 @@ int main(int argc, char** argv) {
   bottle::block_stop_signals();
   CLI::App app{"bottle: a trainer for low-rank bottleneck LLaMA models"};
   app.require_subcommand(1);
+  // Every option's --help line shows its default (subcommands inherit this as they are made).
+  app.option_defaults()->always_capture_default();
   app.set_version_flag("--version", [] { return bottle::version_text(); });
   std::map<CLI::App*, bottle::Command> commands;
   CLI::App* train = app.add_subcommand("train", "train a model from a TOML configuration");

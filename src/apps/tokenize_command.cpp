@@ -2,6 +2,7 @@
 // with --decode, a JSON array of ids → the text. What the exactness tests compare with the
 // reference libraries, and a way to look at what a tokenizer does to a text.
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <iterator>
@@ -30,17 +31,25 @@ std::string read_all(const std::string& path) {
 Command add_tokenize_command(CLI::App& app) {
   struct Options {
     TokenizerOptions tokenizer;
-    std::string input = "-";
+    std::string input = "-", text;
     bool decode = false;
   };
   auto o = std::make_shared<Options>();
   add_tokenizer_options(app, o->tokenizer, /*required=*/false);
-  app.add_option("--input", o->input,
-                 "the text (or, with --decode, a JSON array of ids); '-': stdin");
+  CLI::Option* input =
+      app.add_option("--input", o->input,
+                     "a file of the text (or, with --decode, of a JSON array of ids); '-': stdin");
+  app.add_option("--text", o->text, "the text itself (or, with --decode, the JSON array of ids)")
+      ->excludes(input);
   app.add_flag("--decode", o->decode, "ids → text instead of text → ids");
   return [o] {
     const auto tokenizer = open_tokenizer(o->tokenizer);
-    const std::string input = read_all(o->input);
+    // A text given to --input (a habit from other tools) is named, with the option it meant.
+    std::error_code ec;
+    if (o->text.empty() && o->input != "-" && !std::filesystem::exists(o->input, ec))
+      fail("--input {}: no such file; --input reads a file, --text takes the text itself",
+           o->input);
+    const std::string input = o->text.empty() ? read_all(o->input) : o->text;
     if (o->decode) {
       const nlohmann::json ids = parse_json_text(input, o->input);
       BOTTLE_CHECK(ids.is_array(), "{}: expected a JSON array of token ids", o->input);

@@ -36,7 +36,22 @@ Command add_train_command(CLI::App& app) {
     if (const std::string why = text_value_problem(o->train.init_from); !why.empty())
       fail("--init-from {} holds {}; paths must be UTF-8 text without control characters",
            o->train.init_from, why);
-    const TrainConfig config = load_train_config(o->config, o->overrides);
+    ConfigKeysGiven given;
+    TrainConfig config = load_train_config(o->config, o->overrides, &given);
+    // `mpirun -np N bottle train cfg.toml` without parallel.dp: the ranks that tp x pp leave
+    // are data-parallel replicas (torchrun's habit). Read again with the key set, so that
+    // every check sees it; every rank infers the same.
+    const int world = world_communicator().size();
+    const int64_t tp_pp = int64_t(config.parallel.tp) * config.parallel.pp;
+    if (world > 1 && !given.file.count("parallel.dp") && !given.set.count("parallel.dp") &&
+        world % tp_pp == 0 && world / tp_pp != config.parallel.dp) {
+      std::vector<std::string> with_dp = o->overrides;
+      with_dp.push_back(fmt::format("parallel.dp={}", world / tp_pp));
+      config = load_train_config(o->config, with_dp);
+      if (world_communicator().rank() == 0)
+        std::printf("parallel.dp = %lld: inferred from the job's %d ranks (tp %d x pp %d)\n",
+                    (long long)(world / tp_pp), world, config.parallel.tp, config.parallel.pp);
+    }
     o->train.config_path = o->config;
     const TrainResult r = train(config, o->train);
     if (world_communicator().rank() != 0 || r.already_complete) return 0;

@@ -241,7 +241,7 @@ std::vector<ConfigKey> build_schema() {
                           "checkpoints kept (older ones are removed)"));
   // [metrics]
   s.push_back(integer_key("metrics.log_freq", FIELD(metrics.log_freq), greater(0),
-                          "steps between log lines and metrics records"));
+                          "steps between printed log lines (metrics.jsonl records every step)"));
   s.push_back(string_key("metrics.jsonl", FIELD(metrics.jsonl),
                          "per-step metrics, one JSON object a line (relative to "
                          "checkpoint.folder)"));

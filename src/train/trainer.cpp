@@ -63,7 +63,18 @@ void set_signal_notice(const std::string& text) {
   g_notice_current.store(next);
 }
 
+std::atomic<bool> g_run_over{false};
+
 extern "C" void on_stop_signal(int sig) {
+  // After the run everything is saved and the process ends by itself (MPI_Finalize can take a
+  // moment): the signal is let pass, and a second one ends the process as it would have.
+  if (g_run_over.load()) {
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    sigaction(sig, &dfl, nullptr);
+    return;
+  }
   // The first signal only: a second one must not repeat the notice.
   int expected = 0;
   if (!g_stop_signal.compare_exchange_strong(expected, sig)) return;
@@ -78,7 +89,8 @@ extern "C" void on_stop_signal(int sig) {
 }
 
 // SIGINT/SIGTERM/SIGHUP (a closed terminal or ssh session) ask the loop to finish its step,
-// checkpoint and exit 0; the previous handlers come back when training ends. Installed before
+// checkpoint and exit 0. The handler stays after training ends: a signal then is let pass
+// (the run is saved), a second one ends the process. Installed before
 // the run is set up, so that a signal during the setup ends it cleanly too. SA_RESTART: a
 // system call the signal interrupts (a write, a read of the data) is resumed rather than
 // failing with EINTR; the signal reaches the main thread only (core/stop_signals.h).
@@ -87,6 +99,7 @@ class StopSignals {
   StopSignals() {
     g_stop_signal.store(0);
     g_notice_current.store(-1);
+    g_run_over.store(false);
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;
@@ -95,23 +108,15 @@ class StopSignals {
     sigaddset(&sa.sa_mask, SIGINT);
     sigaddset(&sa.sa_mask, SIGTERM);
     sigaddset(&sa.sa_mask, SIGHUP);
-    sigaction(SIGINT, &sa, &old_int_);
-    sigaction(SIGTERM, &sa, &old_term_);
-    sigaction(SIGHUP, &sa, &old_hup_);
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
     // main() kept them blocked until now (one that came meanwhile is delivered here).
     unblock_stop_signals();
   }
   ~StopSignals() {
     g_notice_current.store(-1);
-    sigaction(SIGINT, &old_int_, nullptr);
-    sigaction(SIGTERM, &old_term_, nullptr);
-    sigaction(SIGHUP, &old_hup_, nullptr);
+    g_run_over.store(true);
   }
   int requested() const { return g_stop_signal.load(); }
-
- private:
-  struct sigaction old_int_ {
-  }, old_term_{}, old_hup_{};
 };
 
 std::string in_folder(const std::string& folder, const std::string& path) {
