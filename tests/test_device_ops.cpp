@@ -171,9 +171,9 @@ struct OpCase {
   std::optional<FiniteDifferences> fd;
   // On the backend under test, the profiler around it and the reference, in f32.
   std::vector<Poison> poison;
-  // Gradients the run adds into (backend.h: every *_backward kernel ADDS): run from their
-  // random start and from zero, the difference must be the start, on the backend under test
-  // and on the reference, in f32.
+  // Gradients the run adds into (backend.h: parameter gradients and RMSNorm's dx): run from
+  // their random start and from zero, the difference must be the start, on the backend under
+  // test and on the reference, in f32.
   std::vector<std::string> adds;
 };
 
@@ -358,8 +358,9 @@ class Recorder final : public ForwardingBackend {
 
 // ---------------------------------------------------------------------------------------
 // The table. Shapes are small and odd, so that tiles and vector widths have remainders.
-// Backward kernels start from random non-zero gradients (the "backward ADDS" convention);
-// forward outputs start as NaN (a forward kernel overwrites).
+// Forward outputs and the activation gradients a backward kernel writes start as NaN (a kernel
+// that read them first would give NaN); the gradients a backward kernel adds into start from
+// random non-zero values, and `.adds` checks that it adds (backend.h).
 
 constexpr int64_t N = 37, C = 48;
 
@@ -408,7 +409,8 @@ OpCase gemm_case(const GemmCase& g, std::optional<DType> a_type = {},
   };
 }
 
-// Causal attention with GQA, forward then backward into non-zero gradients.
+// Causal attention with GQA, forward then backward. dq, dk, dv start as NaN: the backward
+// writes them (backend.h), and one that read them first would give NaN.
 OpCase attention_case(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd,
                       bool with_fd = false) {
   OpCase op{
@@ -416,8 +418,9 @@ OpCase attention_case(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd,
       .ops = {"attention_forward", "attention_backward"},
       .args = {arg("q", {b, s, h, hd}).normal(0, 1.5), arg("k", {b, s, hkv, hd}).normal(0, 1.5),
                arg("v", {b, s, hkv, hd}), arg("out", {b, s, h, hd}).nans(),
-               arg("lse", {b, h, s}).stat().nans(), arg("dq", {b, s, h, hd}),
-               arg("dk", {b, s, hkv, hd}), arg("dv", {b, s, hkv, hd}), arg("dout", {b, s, h, hd})},
+               arg("lse", {b, h, s}).stat().nans(), arg("dq", {b, s, h, hd}).nans(),
+               arg("dk", {b, s, hkv, hd}).nans(), arg("dv", {b, s, hkv, hd}).nans(),
+               arg("dout", {b, s, h, hd})},
       .compare = {"out", "lse", "dq", "dk", "dv"},
       .run =
           [](Backend& be, const Args& a) {
@@ -426,9 +429,6 @@ OpCase attention_case(int64_t b, int64_t s, int64_t h, int64_t hkv, int64_t hd,
                                   a["k"], a["v"]);
           },
   };
-  // The longer sequences are there for the cuda kernels' tiles; the shorter already cross the
-  // cpu backend's query blocks of 64, and keep the suite's time.
-  if (s < 200) op.adds = {"dq", "dk", "dv"};
   if (with_fd) {
     op.fd = {.wrt = {{"q", "dq"}, {"k", "dk"}, {"v", "dv"}}, .loss = {{"out", "dout"}}};
     op.poison = {{"q", {{"out", kAll}, {"lse", kAll}, {"dq", kAll}, {"dk", kAll}, {"dv", kAll}}},
@@ -662,7 +662,7 @@ void norm_cases(Table& t) {
       .args = {arg("x", {N, C}).normal(0.7, 2), arg("weight", {C}).stat().normal(1, 0.5),
                arg("bias", {C}).stat().normal(0, 0.5), arg("out", {N, C}).nans(),
                arg("mean", {N}).stat().nans(), arg("rstd", {N}).stat().nans(), arg("dout", {N, C}),
-               arg("dx", {N, C}), arg("dweight", {C}).stat(), arg("dbias", {C}).stat()},
+               arg("dx", {N, C}).nans(), arg("dweight", {C}).stat(), arg("dbias", {C}).stat()},
       .compare = {"out", "mean", "rstd", "dx", "dweight", "dbias"},
       .run =
           [](Backend& be, const Args& a) {
@@ -681,7 +681,7 @@ void norm_cases(Table& t) {
                    {"dweight", kAll},
                    {"dbias", kFinite}}},  // dbias = Σ dout does not read x
                  {"dout", {{"dx", kAll}, {"dweight", kAll}, {"dbias", kAll}}}},
-      .adds = {"dx", "dweight", "dbias"},
+      .adds = {"dweight", "dbias"},  // dx is written: it starts as NaN
   });
 }
 
@@ -733,7 +733,7 @@ void activation_cases(Table& t) {
   add({
       .name = "silu",
       .ops = {"silu_forward", "silu_backward"},
-      .args = {arg("x", {N, C}).normal(0, 3), arg("out", {N, C}).nans(), arg("dx", {N, C}),
+      .args = {arg("x", {N, C}).normal(0, 3), arg("out", {N, C}).nans(), arg("dx", {N, C}).nans(),
                arg("dout", {N, C})},
       .compare = {"out", "dx"},
       .run =
@@ -743,14 +743,13 @@ void activation_cases(Table& t) {
           },
       .fd = FiniteDifferences{.wrt = {{"x", "dx"}}, .loss = {{"out", "dout"}}},
       .poison = {{"x", {{"out", kAll}, {"dx", kAll}}}},
-      .adds = {"dx"},
   });
   for (bool gate_act : {true, false})
     add({
         .name = gate_act ? "swiglu" : "bilinear glu",
         .ops = {"swiglu_forward", "swiglu_backward"},
         .args = {arg("gate", {N, C}).normal(0, 3), arg("up", {N, C}), arg("out", {N, C}).nans(),
-                 arg("dgate", {N, C}), arg("dup", {N, C}), arg("dout", {N, C})},
+                 arg("dgate", {N, C}).nans(), arg("dup", {N, C}).nans(), arg("dout", {N, C})},
         .compare = {"out", "dgate", "dup"},
         .run =
             [gate_act](Backend& be, const Args& a) {
@@ -761,7 +760,6 @@ void activation_cases(Table& t) {
             FiniteDifferences{.wrt = {{"gate", "dgate"}, {"up", "dup"}}, .loss = {{"out", "dout"}}},
         // Without the activation dgate = dout * up does not read the gate.
         .poison = {{"gate", {{"out", kAll}, {"dup", kAll}, {"dgate", gate_act ? kAll : kFinite}}}},
-        .adds = {"dgate", "dup"},
     });
 }
 
@@ -917,7 +915,7 @@ void reduction_cases(Table& t) {
   });
 }
 
-// Cross-entropy.
+// Cross-entropy. dlogits starts as NaN: the backward kernels write it (backend.h).
 void cross_entropy_cases(Table& t) {
   auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   constexpr int32_t VL = 300;
@@ -926,7 +924,7 @@ void cross_entropy_cases(Table& t) {
       .ops = {"cross_entropy_forward", "cross_entropy_backward"},
       .args = {arg("logits", {N, VL}).normal(0, 3), arg("targets", {N}).ids(VL),
                arg("losses", {N}).stat().nans(), arg("probs", {N, VL}).nans(),
-               arg("dlogits", {N, VL})},
+               arg("dlogits", {N, VL}).nans()},
       .compare = {"losses", "probs", "dlogits"},
       .run =
           [](Backend& be, const Args& a) {
@@ -934,7 +932,6 @@ void cross_entropy_cases(Table& t) {
             be.cross_entropy_backward(a["dlogits"], a["probs"], a["targets"], 0.125f);
           },
       .poison = {{"logits", {{"losses", kAll}, {"probs", kAll}, {"dlogits", kAll}}}},
-      .adds = {"dlogits"},
   });
   // Backward from given probabilities (the NaN a diverging forward leaves in them must reach
   // the gradient).
@@ -942,14 +939,13 @@ void cross_entropy_cases(Table& t) {
       .name = "cross_entropy_backward",
       .ops = {"cross_entropy_backward"},
       .args = {arg("probs", {N, 29}).uniform(0, 1), arg("targets", {N}).ids(29),
-               arg("dlogits", {N, 29})},
+               arg("dlogits", {N, 29}).nans()},
       .compare = {"dlogits"},
       .run =
           [](Backend& be, const Args& a) {
             be.cross_entropy_backward(a["dlogits"], a["probs"], a["targets"], 0.5f);
           },
       .poison = {{"probs", {{"dlogits", kAll}}}},
-      .adds = {"dlogits"},
   });
   // Logits near 80: exp overflows unless the row's max is taken out first.
   add({
@@ -969,7 +965,7 @@ void cross_entropy_cases(Table& t) {
       .ops = {"cross_entropy_forward", "cross_entropy_backward"},
       .args = {arg("logits", {6, 20}).normal(0, 2), arg("targets", {6}).ids(20),
                arg("losses", {6}).stat().nans(), arg("probs", {6, 20}).nans(),
-               arg("dlogits", {6, 20}), arg("w", {6}).stat()},
+               arg("dlogits", {6, 20}).nans(), arg("w", {6}).stat()},
       .compare = {"losses", "dlogits"},
       .run =
           [](Backend& be, const Args& a) {
@@ -990,7 +986,7 @@ void cross_entropy_cases(Table& t) {
                arg("local_max", {N}).stat().nans(), arg("local_sumexp", {N}).stat().nans(),
                arg("max", {N}).stat(), arg("sumexp", {N}).stat().nans(),
                arg("target_logit", {N}).stat().nans(), arg("losses", {N}).stat().nans(),
-               arg("dlogits", {N, 100})},
+               arg("dlogits", {N, 100}).nans()},
       .compare = {"local_max", "local_sumexp", "sumexp", "target_logit", "losses", "dlogits"},
       .run =
           [](Backend& be, const Args& a) {
@@ -1009,7 +1005,6 @@ void cross_entropy_cases(Table& t) {
                    {"sumexp", kAll},
                    {"losses", kAll},
                    {"dlogits", kAll}}}},
-      .adds = {"dlogits"},
   });
 }
 

@@ -11,8 +11,14 @@
 //
 // Conventions:
 // - Row-major; "rows" are all leading dims flattened, "cols" the last dim.
-// - Every *_backward kernel ADDS into each gradient it produces (input and parameter
-//   gradients alike); callers zero gradient buffers when a fresh value is wanted.
+// - Activation gradients are written, parameter gradients accumulated (docs/design.md §11).
+//   A *_backward kernel WRITES each input gradient that it alone produces: silu_backward's dx,
+//   swiglu_backward's dgate and dup, layernorm_backward's dx, attention_backward's dq, dk and
+//   dv, the cross-entropies' dlogits. It ADDS into every parameter gradient (dweight, dbias,
+//   dtable; a GEMM's C with beta = 1) and into the input gradients that have more than one
+//   producer: rmsnorm_backward's and rmsnorm_shard_backward's dx (the residual stream's
+//   gradient, where the norm's share joins the skip connection's). So no caller zero-fills a
+//   buffer a kernel writes, and no kernel reads what it is about to overwrite.
 // - Tensors passed as outputs of a forward kernel are overwritten.
 #include <chrono>
 #include <memory>
@@ -147,6 +153,7 @@ class Backend {
 
   // out = x * rstd * weight, rstd[n] = 1/sqrt(mean(x[n,:]^2) + eps); x,out [N,C], rstd [N].
   void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps);
+  // dx += ∂/∂x (the residual stream's gradient has another producer); dweight +=.
   void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
                         Tensor rstd);
   // The residual add and the next RMSNorm in one pass: sum = x + residual, then out =
@@ -159,6 +166,7 @@ class Backend {
   // out = (x - mean) * rstd * weight + bias over the last dim; mean, rstd [N].
   void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
                          float eps);
+  // dx written; dweight, dbias +=.
   void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
                           Tensor weight, Tensor mean, Tensor rstd);
 
@@ -173,6 +181,7 @@ class Backend {
   // recomputes the probabilities from it (no [S,S] matrix is stored).
   // score_ij = q_i·k_j / sqrt(hd) for j <= i. Query head h reads kv head h / (H / Hkv).
   void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v);
+  // dq, dk, dv written (before RoPE's backward, which the caller runs on dq and dk).
   void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
                           Tensor q, Tensor k, Tensor v);
   // Which attention kernels run for q [batch, seq, heads, head_dim], k, v with kv_heads heads,
@@ -186,10 +195,12 @@ class Backend {
 
   // out = silu(x) = x * sigmoid(x).
   void silu_forward(Tensor out, Tensor x);
+  // dx = dout · silu'(x) (written).
   void silu_backward(Tensor dx, Tensor dout, Tensor x);
 
   // out = act(gate) * up, act = silu when gate_act, identity otherwise.
   void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act);
+  // dgate = dout · up · act'(gate), dup = dout · act(gate) (both written).
   void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
                        bool gate_act);
 
@@ -230,7 +241,7 @@ class Backend {
 
   // losses[n] = logsumexp(logits[n,:]) - logits[n, targets[n]]; probs [N,V] = softmax(logits).
   void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets);
-  // dlogits += scale * (probs - onehot(targets)).
+  // dlogits = scale * (probs - onehot(targets)) (written).
   void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale);
 
   // --- Tensor-parallel kernels: a rank holds a slice of the vocabulary or of the hidden dim.
@@ -241,8 +252,8 @@ class Backend {
   // max[n] = max_j logits[n,j]; sumexp[n] = Σ_j exp(logits[n,j] - max[n]).
   void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits);
   // The logits hold vocabulary columns [first, first + cols) and max, sumexp are the
-  // whole-vocabulary statistics: dlogits[n,j] += scale * (exp(logits[n,j] - max[n]) /
-  // sumexp[n] - [first + j == targets[n]]).
+  // whole-vocabulary statistics: dlogits[n,j] = scale * (exp(logits[n,j] - max[n]) /
+  // sumexp[n] - [first + j == targets[n]]) (written).
   void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
                                     Tensor targets, int64_t first, float scale);
   // Online RMSNorm on a slice of C of each row's columns: sumsq[n] = Σ_j x[n,j]^2 and

@@ -76,7 +76,7 @@ void ForwardingBackend::do_layernorm_forward(Tensor out, Tensor mean, Tensor rst
 }
 void ForwardingBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout,
                                               Tensor x, Tensor weight, Tensor mean, Tensor rstd) {
-  around("layernorm_backward", {dx, dx, dweight, dbias, dout, x, weight, mean, rstd}, 0.0,
+  around("layernorm_backward", {dx, dweight, dbias, dout, x, weight, mean, rstd}, 0.0,
          [&] { inner().layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd); });
 }
 void ForwardingBackend::do_rope_forward(Tensor x, float theta) {
@@ -92,7 +92,7 @@ void ForwardingBackend::do_attention_forward(Tensor out, Tensor lse, Tensor q, T
 void ForwardingBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout,
                                               Tensor out, Tensor lse, Tensor q, Tensor k,
                                               Tensor v) {
-  around("attention_backward", {dq, dq, dk, dk, dv, dv, dout, out, lse, q, k, v},
+  around("attention_backward", {dq, dk, dv, dout, out, lse, q, k, v},
          2.5 * causal_attention_flops(q),
          [&] { inner().attention_backward(dq, dk, dv, dout, out, lse, q, k, v); });
 }
@@ -100,7 +100,7 @@ void ForwardingBackend::do_silu_forward(Tensor out, Tensor x) {
   around("silu_forward", {out, x}, 0.0, [&] { inner().silu_forward(out, x); });
 }
 void ForwardingBackend::do_silu_backward(Tensor dx, Tensor dout, Tensor x) {
-  around("silu_backward", {dx, dx, dout, x}, 0.0, [&] { inner().silu_backward(dx, dout, x); });
+  around("silu_backward", {dx, dout, x}, 0.0, [&] { inner().silu_backward(dx, dout, x); });
 }
 void ForwardingBackend::do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) {
   around("swiglu_forward", {out, gate, up}, 0.0,
@@ -108,7 +108,7 @@ void ForwardingBackend::do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bo
 }
 void ForwardingBackend::do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate,
                                            Tensor up, bool gate_act) {
-  around("swiglu_backward", {dgate, dgate, dup, dup, dout, gate, up}, 0.0,
+  around("swiglu_backward", {dgate, dup, dout, gate, up}, 0.0,
          [&] { inner().swiglu_backward(dgate, dup, dout, gate, up, gate_act); });
 }
 void ForwardingBackend::do_add(Tensor out, Tensor a, Tensor b) {
@@ -173,7 +173,7 @@ void ForwardingBackend::do_cross_entropy_forward(Tensor losses, Tensor probs, Te
 }
 void ForwardingBackend::do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
                                                   float scale) {
-  around("cross_entropy_backward", {dlogits, dlogits, probs, targets}, 0.0,
+  around("cross_entropy_backward", {dlogits, probs, targets}, 0.0,
          [&] { inner().cross_entropy_backward(dlogits, probs, targets, scale); });
 }
 void ForwardingBackend::do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
@@ -194,7 +194,7 @@ void ForwardingBackend::do_cross_entropy_shard_backward(Tensor dlogits, Tensor l
                                                         Tensor sumexp, Tensor targets,
                                                         int64_t first, float scale) {
   around(
-      "cross_entropy_shard_backward", {dlogits, dlogits, logits, max, sumexp, targets}, 0.0, [&] {
+      "cross_entropy_shard_backward", {dlogits, logits, max, sumexp, targets}, 0.0, [&] {
         inner().cross_entropy_shard_backward(dlogits, logits, max, sumexp, targets, first, scale);
       });
 }

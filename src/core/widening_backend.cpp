@@ -179,7 +179,7 @@ void WideningBackend::do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd,
 void WideningBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout,
                                             Tensor x, Tensor weight, Tensor mean, Tensor rstd) {
   Widened w(*this);
-  inner().layernorm_backward(w.inout(dx), w.inout(dweight), w.inout(dbias), w.in(dout), w.in(x),
+  inner().layernorm_backward(w.out(dx), w.inout(dweight), w.inout(dbias), w.in(dout), w.in(x),
                              w.in(weight), w.in(mean), w.in(rstd));
 }
 void WideningBackend::do_rope_forward(Tensor x, float theta) {
@@ -197,7 +197,7 @@ void WideningBackend::do_attention_forward(Tensor out, Tensor lse, Tensor q, Ten
 void WideningBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout,
                                             Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
   Widened w(*this);
-  inner().attention_backward(w.inout(dq), w.inout(dk), w.inout(dv), w.in(dout), w.in(out),
+  inner().attention_backward(w.out(dq), w.out(dk), w.out(dv), w.in(dout), w.in(out),
                              w.in(lse), w.in(q), w.in(k), w.in(v));
 }
 void WideningBackend::do_silu_forward(Tensor out, Tensor x) {
@@ -206,7 +206,7 @@ void WideningBackend::do_silu_forward(Tensor out, Tensor x) {
 }
 void WideningBackend::do_silu_backward(Tensor dx, Tensor dout, Tensor x) {
   Widened w(*this);
-  inner().silu_backward(w.inout(dx), w.in(dout), w.in(x));
+  inner().silu_backward(w.out(dx), w.in(dout), w.in(x));
 }
 void WideningBackend::do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) {
   Widened w(*this);
@@ -215,7 +215,7 @@ void WideningBackend::do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool
 void WideningBackend::do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate,
                                          Tensor up, bool gate_act) {
   Widened w(*this);
-  inner().swiglu_backward(w.inout(dgate), w.inout(dup), w.in(dout), w.in(gate), w.in(up), gate_act);
+  inner().swiglu_backward(w.out(dgate), w.out(dup), w.in(dout), w.in(gate), w.in(up), gate_act);
 }
 void WideningBackend::do_add(Tensor out, Tensor a, Tensor b) {
   Widened w(*this);
@@ -271,7 +271,7 @@ void WideningBackend::do_cross_entropy_forward(Tensor losses, Tensor probs, Tens
 void WideningBackend::do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
                                                 float scale) {
   Widened w(*this);
-  inner().cross_entropy_backward(w.inout(dlogits), w.in(probs), targets, scale);
+  inner().cross_entropy_backward(w.out(dlogits), w.in(probs), targets, scale);
 }
 void WideningBackend::do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
                                                  int64_t first) {
@@ -291,7 +291,7 @@ void WideningBackend::do_cross_entropy_shard_backward(Tensor dlogits, Tensor log
                                                       Tensor sumexp, Tensor targets, int64_t first,
                                                       float scale) {
   Widened w(*this);
-  inner().cross_entropy_shard_backward(w.inout(dlogits), w.in(logits), w.in(max), w.in(sumexp),
+  inner().cross_entropy_shard_backward(w.out(dlogits), w.in(logits), w.in(max), w.in(sumexp),
                                        targets, first, scale);
 }
 void WideningBackend::do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,

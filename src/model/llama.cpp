@@ -358,7 +358,6 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   const int64_t n = batch_ * seq_;
   const int64_t first = vocab_first();
   if (stage_.last()) {
-    be.fill_zero(dlogits_);
     s.loss.backward(be, dlogits_, s.logits, targets, first, loss_scale / float(n));
     linear_backward(be, dfinal_, lm_head_.grad, dlogits_, s.final_norm.out, lm_head_.compute,
                     /*accumulate_dx=*/false);

@@ -18,8 +18,8 @@ struct Attention {
 
   // Rotates q and k in place (they are kept rotated for backward), then attends.
   void forward(Backend& be, Tensor q, Tensor k, Tensor v);
-  // dq, dk, dv += ∂/∂(q, k, v before RoPE). dq, dk must be zero on entry: RoPE's backward
-  // rotates them in place.
+  // dq, dk, dv = ∂/∂(q, k, v before RoPE), written: the attention kernel writes them, then
+  // RoPE's backward rotates dq and dk in place.
   void backward(Backend& be, Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor q, Tensor k,
                 Tensor v);
 };

@@ -12,7 +12,7 @@ struct CrossEntropy {
   void allocate_activations(Allocator& arena, int64_t rows, int64_t vocab);
   // Returns the mean loss over the N rows.
   float forward(Backend& be, Tensor logits, Tensor targets);
-  // dlogits += scale · ∂(sum of losses)/∂logits; scale = 1/N gives the mean's gradient.
+  // dlogits = scale · ∂(sum of losses)/∂logits; scale = 1/N gives the mean's gradient.
   void backward(Backend& be, Tensor dlogits, Tensor targets, float scale) {
     be.cross_entropy_backward(dlogits, probs, targets, scale);
   }

@@ -180,12 +180,11 @@ void Projection::up_backward(Backend& be, Tensor dy) {
 
 void Projection::latent_backward(Backend& be, Tensor u_prev, Tensor du_prev) {
   if (kind == BottleneckKind::svd) return;  // dz is du
-  be.fill_zero(dz);
+  // dz and dzn have one producer each: the kernels write them.
   if (!crossing) {
     be.silu_backward(dz, du, z);
     return;
   }
-  be.fill_zero(dzn);
   be.silu_backward(dzn, du, zn);
   be.layernorm_backward(dz, ln_w.grad, ln_b.grad, dzn, zc, ln_w.value, ln_mean, ln_rstd);
   linear_backward(be, du_prev, G.grad, dz, u_prev, G.compute);  // du_prev += dz G; dG += dzᵀ u_prev

@@ -244,7 +244,6 @@ void BtpBlock::backward(Backend& be, const TensorParallel& tp, const BlockLatent
   const std::array<Tensor, 1> d_res{d_residual};
   chunk_start_backward(be, tp, b, prev, down, d_res, "");
   chunk_end_backward(be, tp, down, g.gated, b.gated, nullptr, {}, {}, "");
-  be.fill_zero(g.gate_up);
   be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
   const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
   chunk_start_backward(be, tp, b, prev, gate_up, d_gate_up, "btp.bwd.gate_up");
@@ -252,7 +251,6 @@ void BtpBlock::backward(Backend& be, const TensorParallel& tp, const BlockLatent
                      "btp.bwd.norm2_stat");
   chunk_start_backward(be, tp, b, prev, o, d_res, "");
   chunk_end_backward(be, tp, o, g.attn, attention_output(b), nullptr, {}, {}, "");
-  be.fill_zero(g.qkv);
   b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
   chunk_start_backward(be, tp, b, prev, qkv, d_qkv, "btp.bwd.qkv");

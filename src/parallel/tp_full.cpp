@@ -92,7 +92,6 @@ class FullBlock final : public TpBlock {
     // d_residual is whole on every rank.
     reduce_from_backward(tp, d_residual);  // of mlp_out
     b[P::down].backward(be, g.gated, d_residual, gated, {}, {}, false);
-    be.fill_zero(g.gate_up);
     be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
     b[P::gate].backward(be, g.normed, g.gate, norm2.out, {}, {}, false);
     b[P::up].backward(be, g.normed, g.up, norm2.out, {}, {});
@@ -100,7 +99,6 @@ class FullBlock final : public TpBlock {
     norm2.backward(be, d_residual, g.normed, h);
     reduce_from_backward(tp, d_residual);  // of attn_out
     b[P::o].backward(be, g.attn, d_residual, attention_output(b), {}, {}, false);
-    be.fill_zero(g.qkv);
     attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
     b[P::q].backward(be, g.normed, g.q, norm1.out, {}, {}, false);
     b[P::k].backward(be, g.normed, g.k, norm1.out, {}, {});

@@ -257,7 +257,6 @@ void VanillaBlock::backward(Backend& be, const TensorParallel& tp, const BlockLa
   BlockGradients& g = grad;
   const std::array<Tensor, 1> d_out{d_residual};
   chunks_backward(be, tp, b, prev, kDown, gated, d_out, g.gated, "vanilla.bwd.down_in", nullptr);
-  be.fill_zero(g.gate_up);
   be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
   const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
   chunks_backward(be, tp, b, prev, kGateUp, norm2.out, d_gate_up, g.normed,
@@ -265,7 +264,6 @@ void VanillaBlock::backward(Backend& be, const TensorParallel& tp, const BlockLa
   norm2.backward(be, d_residual, g.normed, h);
   chunks_backward(be, tp, b, prev, kO, attention_output(b), d_out, g.attn, "vanilla.bwd.o_in",
                   nullptr);
-  be.fill_zero(g.qkv);
   attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
   chunks_backward(be, tp, b, prev, kQkv, norm1.out, d_qkv, g.normed, "vanilla.bwd.qkv_in", "qkv");

@@ -31,7 +31,7 @@ struct VocabParallelCrossEntropy {
   // host reads it when the step ends, not here.
   void forward(Backend& be, const TensorParallel& tp, Tensor logits, Tensor targets, int64_t first,
                Tensor loss_sum);
-  // dlogits += scale · ∂(Σ losses)/∂logits (no communication).
+  // dlogits = scale · ∂(Σ losses)/∂logits, written (no communication).
   void backward(Backend& be, Tensor dlogits, Tensor logits, Tensor targets, int64_t first,
                 float scale);
 

@@ -10,6 +10,8 @@
 // outputs rounded back once when the item or block is done; the GEMMs and the softmax run in
 // fp32 as for fp32 tensors. Scores and the log-sum-exp stay fp32 (§18).
 #include "core/cpu/cpu_backend.h"
+
+#include <cstring>
 #include <dnnl.h>
 
 #include "core/dnnl_gemm.h"
@@ -36,6 +38,15 @@ Block open_block(const Tensor& t, int64_t offset, int64_t rows, int64_t cols, in
   if (read)
     for (int64_t r = 0; r < rows; ++r) widen_bf16(slab + r * cols, t.bf16() + offset + r * ld, cols);
   return {slab, cols};
+}
+
+// A block whose values start at zero, to accumulate a gradient that is written, not added to
+// (backend.h): zeroed in place in fp32, as a zeroed slab over a bf16 tensor.
+Block open_zeroed_block(const Tensor& t, int64_t offset, int64_t rows, int64_t cols, int64_t ld,
+                        float* slab) {
+  const Block b = open_block(t, offset, rows, cols, ld, slab, false);
+  for (int64_t r = 0; r < rows; ++r) std::memset(b.p + r * b.ld, 0, sizeof(float) * size_t(cols));
+  return b;
 }
 
 // Rounds a block opened on a bf16 tensor back into it.
@@ -105,8 +116,10 @@ void CpuBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor d
     const int64_t k0 = (b * d.S * d.Hkv + g) * d.hd;
     const Block K = open_block(k, k0, d.S, d.hd, ldk, slabs.get(0), true);
     const Block V = open_block(v, k0, d.S, d.hd, ldk, slabs.get(1), true);
-    const Block dK = open_block(dk, k0, d.S, d.hd, ldk, slabs.get(2), true);
-    const Block dV = open_block(dv, k0, d.S, d.hd, ldk, slabs.get(3), true);
+    // dq, dk, dv are written (backend.h): dK and dV sum over the group's heads and query
+    // blocks from zero; each dQ block is one GEMM's product.
+    const Block dK = open_zeroed_block(dk, k0, d.S, d.hd, ldk, slabs.get(2));
+    const Block dV = open_zeroed_block(dv, k0, d.S, d.hd, ldk, slabs.get(3));
     for (int64_t h = g * d.rep; h < (g + 1) * d.rep; ++h) {
       const int64_t head = (b * d.S * d.H + h) * d.hd;
       const int64_t l0 = (b * d.H + h) * d.S;
@@ -116,7 +129,7 @@ void CpuBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor d
         const Block Q = open_block(q, at, rows, d.hd, ldq, slabs.get(4), true);
         const Block O = open_block(out, at, rows, d.hd, ldq, slabs.get(5), true);
         const Block dO = open_block(dout, at, rows, d.hd, ldq, slabs.get(6), true);
-        const Block dQ = open_block(dq, at, rows, d.hd, ldq, slabs.get(7), true);
+        const Block dQ = open_block(dq, at, rows, d.hd, ldq, slabs.get(7), false);
         // P = exp(Q Kᵀ/√hd − lse), dP = dO Vᵀ, dS = P ⊙ (dP − rowsum(dO ⊙ O))
         sgemm('N', 'T', rows, keys, d.hd, d.scale, Q.p, Q.ld, K.p, K.ld, 0.0f, p, keys);
         sgemm('N', 'T', rows, keys, d.hd, 1.0f, dO.p, dO.ld, V.p, V.ld, 0.0f, ds, keys);
@@ -135,9 +148,9 @@ void CpuBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor d
           }
           for (int64_t j = valid; j < keys; ++j) pr[j] = dr[j] = 0.0f;
         }
-        // dV += Pᵀ dO;  dQ += dS K / √hd;  dK += dSᵀ Q / √hd
+        // dV += Pᵀ dO;  dQ = dS K / √hd;  dK += dSᵀ Q / √hd
         sgemm('T', 'N', keys, d.hd, rows, 1.0f, p, keys, dO.p, dO.ld, 1.0f, dV.p, dV.ld);
-        sgemm('N', 'N', rows, d.hd, keys, d.scale, ds, keys, K.p, K.ld, 1.0f, dQ.p, dQ.ld);
+        sgemm('N', 'N', rows, d.hd, keys, d.scale, ds, keys, K.p, K.ld, 0.0f, dQ.p, dQ.ld);
         sgemm('T', 'N', keys, d.hd, rows, d.scale, ds, keys, Q.p, Q.ld, 1.0f, dK.p, dK.ld);
         close_block(dq, at, rows, d.hd, ldq, dQ);
       }

@@ -20,17 +20,18 @@ void CpuBackend::do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor lo
   }
 }
 
+// The backward kernels write dlogits, their only producer (backend.h).
 void CpuBackend::do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
                                            float scale) {
   const int64_t n = probs.rows(), v = probs.cols();
   const Slabs slabs(slab_ws_, 2, v, any_bf16({dlogits, probs}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    Window pw(probs, Access::read, slabs.get(0)), dw(dlogits, Access::read_write, slabs.get(1));
+    Window pw(probs, Access::read, slabs.get(0)), dw(dlogits, Access::write, slabs.get(1));
     const float* pi = pw.at(i * v, v);
     float* di = dw.at(i * v, v);
     for_row_with_target(v, targets.i32()[i], [=](int64_t j, bool is_target) {
-      di[j] += kmath::cross_entropy_dlogit(pi[j], is_target, scale);
+      di[j] = kmath::cross_entropy_dlogit(pi[j], is_target, scale);
     });
   }
 }
@@ -61,13 +62,13 @@ void CpuBackend::do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, 
   const Slabs slabs(slab_ws_, 2, v, any_bf16({dlogits, logits}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
-    Window lw(logits, Access::read, slabs.get(0)), dw(dlogits, Access::read_write, slabs.get(1));
+    Window lw(logits, Access::read, slabs.get(0)), dw(dlogits, Access::write, slabs.get(1));
     const float* li = lw.at(i * v, v);
     float* di = dw.at(i * v, v);
     const float mx = load(max, i), inv_sumexp = 1.0f / load(sumexp, i);
     // The target may lie in another rank's shard, outside [0, v).
     for_row_with_target(v, int64_t(targets.i32()[i]) - first, [=](int64_t j, bool is_target) {
-      di[j] += kmath::cross_entropy_dlogit(fast_exp(li[j] - mx) * inv_sumexp, is_target, scale);
+      di[j] = kmath::cross_entropy_dlogit(fast_exp(li[j] - mx) * inv_sumexp, is_target, scale);
     });
   }
 }

@@ -15,11 +15,12 @@ void CpuBackend::do_silu_forward(Tensor out, Tensor x) {
 }
 
 void CpuBackend::do_silu_backward(Tensor dx, Tensor dout, Tensor x) {
-  elementwise<3>(slab_ws_, x.numel(), {inout(dx), in(dout), in(x)}, [](int64_t n, auto p) {
+  // dx is written: its only producer (backend.h).
+  elementwise<3>(slab_ws_, x.numel(), {cpu::out(dx), in(dout), in(x)}, [](int64_t n, auto p) {
     float* ds = p[0];
     const float *gs = p[1], *xs = p[2];
 #pragma omp simd
-    for (int64_t i = 0; i < n; ++i) ds[i] += kmath::silu_dx(gs[i], xs[i], sigmoid(xs[i]));
+    for (int64_t i = 0; i < n; ++i) ds[i] = kmath::silu_dx(gs[i], xs[i], sigmoid(xs[i]));
   });
 }
 
@@ -43,7 +44,9 @@ void CpuBackend::do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate
 
 void CpuBackend::do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
                                     bool gate_act) {
-  elementwise<5>(slab_ws_, gate.numel(), {inout(dgate), inout(dup), in(dout), in(gate), in(up)},
+  // dgate and dup are written: their only producer (backend.h).
+  elementwise<5>(slab_ws_, gate.numel(),
+                 {cpu::out(dgate), cpu::out(dup), in(dout), in(gate), in(up)},
                  [gate_act](int64_t n, auto p) {
                    float *dg = p[0], *du = p[1];
                    const float *d = p[2], *g = p[3], *u = p[4];
@@ -51,14 +54,14 @@ void CpuBackend::do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tenso
 #pragma omp simd
                      for (int64_t i = 0; i < n; ++i) {
                        const float s = sigmoid(g[i]);
-                       du[i] += kmath::swiglu_dup(d[i], g[i], s, true);
-                       dg[i] += kmath::swiglu_dgate(d[i], g[i], u[i], s, true);
+                       du[i] = kmath::swiglu_dup(d[i], g[i], s, true);
+                       dg[i] = kmath::swiglu_dgate(d[i], g[i], u[i], s, true);
                      }
                    } else {
 #pragma omp simd
                      for (int64_t i = 0; i < n; ++i) {
-                       du[i] += kmath::swiglu_dup(d[i], g[i], 0.0f, false);
-                       dg[i] += kmath::swiglu_dgate(d[i], g[i], u[i], 0.0f, false);
+                       du[i] = kmath::swiglu_dup(d[i], g[i], 0.0f, false);
+                       dg[i] = kmath::swiglu_dgate(d[i], g[i], u[i], 0.0f, false);
                      }
                    }
                  });

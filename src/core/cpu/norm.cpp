@@ -169,7 +169,7 @@ void CpuBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, 
 #pragma omp for schedule(static)
     for (int64_t i = 0; i < n; ++i) {
       Window xw(x, Access::read, slabs.get(0)), gw(dout, Access::read, slabs.get(1)),
-          dxw(dx, Access::read_write, slabs.get(2));
+          dxw(dx, Access::write, slabs.get(2));  // dx written: its only producer (backend.h)
       const float* xi = xw.at(i * c, c);
       const float* gi = gw.at(i * c, c);
       float* dxi = dxw.at(i * c, c);
@@ -186,7 +186,7 @@ void CpuBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, 
 #pragma omp simd
       for (int64_t j = 0; j < c; ++j) {
         const float xhat = (xi[j] - mu) * r;
-        dxi[j] += kmath::layernorm_dx(gi[j] * w.f32()[j], xhat, r, sum_g, sum_gx);
+        dxi[j] = kmath::layernorm_dx(gi[j] * w.f32()[j], xhat, r, sum_g, sum_gx);
         dw[j] += gi[j] * xhat;
         db[j] += gi[j];
       }

@@ -495,8 +495,8 @@ __global__ void __launch_bounds__(TcDkDv<kHd>::kThreads, 2)
     const int64_t key = k0 + rr;
     if (key >= seq) continue;
     const int64_t idx = kv_head + key * kv_stride + d;
-    store(dk, idx, load(dk, idx) + out_k[rr * kLo + d]);
-    store(dv, idx, load(dv, idx) + out_v[rr * kLo + d]);
+    store(dk, idx, out_k[rr * kLo + d]);  // this block is the only writer of its keys
+    store(dv, idx, out_v[rr * kLo + d]);
   }
 #endif
 }
@@ -601,7 +601,7 @@ __global__ void __launch_bounds__(TcDq<kHd>::kThreads, 2)
     const int64_t row = q0 + rr;
     if (row >= seq) continue;
     const int64_t idx = q_head + row * q_stride + d;
-    store(dq, idx, load(dq, idx) + out_q[rr * kLo + d]);
+    store(dq, idx, out_q[rr * kLo + d]);  // this block is the only writer of its queries
   }
 #endif
 }

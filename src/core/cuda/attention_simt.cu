@@ -341,8 +341,8 @@ __global__ void __launch_bounds__(kThreads)
       const int d = lane + kWarp * j;
       if (d >= hd) continue;
       const int64_t e = kv_head + key * kv_stride + d;
-      store(dk, e, load(dk, e) + scale * dk_acc[i][j]);
-      store(dv, e, load(dv, e) + dv_acc[i][j]);
+      store(dk, e, scale * dk_acc[i][j]);  // this block is the only writer of its keys
+      store(dv, e, dv_acc[i][j]);
     }
   }
 }
@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(kThreads)
       const int d = lane + kWarp * j;
       if (d >= hd) continue;
       const int64_t e = q_head + row * q_stride + d;
-      store(dq, e, load(dq, e) + scale * acc[i][j]);
+      store(dq, e, scale * acc[i][j]);  // this block is the only writer of its queries
     }
   }
 }

@@ -19,13 +19,6 @@ struct Exp {
   __device__ __forceinline__ float operator()(float v) const { return expf(v); }
 };
 
-// See norm.cu: kernels.h's Array-to-ConstArray conversion is a host function.
-__device__ __forceinline__ float load_out(Array a, int64_t i) {
-  ConstArray c;
-  c.data = a.data;
-  c.dtype = a.dtype;
-  return load(c, i);
-}
 
 // A statistics block: wider for a long vocabulary row, so that fewer rows still fill the GPU.
 // Depends on v alone, hence so does the order of the merges.
@@ -127,8 +120,7 @@ __global__ void __launch_bounds__(kElementThreads)
   for (int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; j < v;
        j += int64_t(gridDim.y) * blockDim.x) {
     const int64_t i = row + j;
-    store(dlogits, i,
-          load_out(dlogits, i) + kmath::cross_entropy_dlogit(load(probs, i), j == t, scale));
+    store(dlogits, i, kmath::cross_entropy_dlogit(load(probs, i), j == t, scale));
   }
 }
 
@@ -143,7 +135,7 @@ __global__ void __launch_bounds__(kElementThreads)
        j += int64_t(gridDim.y) * blockDim.x) {
     const int64_t i = row + j;
     const float p = expf(load(logits, i) - mx) * inv_sumexp;
-    store(dlogits, i, load_out(dlogits, i) + kmath::cross_entropy_dlogit(p, j == t, scale));
+    store(dlogits, i, kmath::cross_entropy_dlogit(p, j == t, scale));
   }
 }
 

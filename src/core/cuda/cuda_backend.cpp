@@ -347,12 +347,23 @@ class CudaBackend final : public Backend {
     const char* name = "attention_backward";
     const AttentionShape s = attention_shape(name, q, k, v);
     if (const std::optional<cuda::SdpaShape> c = cudnn_shape(name, s, lse, {dout, out, q, k, v})) {
-      // cuDNN writes its gradients, and bottle's backward kernels add: cuDNN writes bf16 into
-      // scratch, then each is added into the caller's dq, dk, dv in their dtype.
-      // Each part starts on 256 bytes, as cudaMalloc's own blocks do.
+      // cuDNN writes its gradients, as bottle's backward kernels do (backend.h): straight into
+      // dq, dk, dv when they are bf16 (a bf16 run's activation gradients), else into bf16
+      // scratch converted into them. Each scratch part starts on 256 bytes, as cudaMalloc's
+      // own blocks do.
+      const size_t workspace_bytes = cudnn_->backward_workspace_bytes(*c);
+      const bool direct =
+          dq.dtype == DType::bf16 && dk.dtype == DType::bf16 && dv.dtype == DType::bf16;
+      if (direct) {
+        void* workspace = workspace_bytes ? scratch(workspace_bytes, "cuDNN attention workspace")
+                                          : nullptr;
+        cudnn_->backward(dq.data, dk.data, dv.data, dout.data, out.data, lse.f32(), q.data, k.data,
+                         v.data, *c, workspace);
+        launched(name);
+        return;
+      }
       const auto align = [](size_t bytes) { return (bytes + 255) & ~size_t(255); };
       const size_t q_bytes = align(2 * size_t(q.numel())), kv_bytes = align(2 * size_t(k.numel()));
-      const size_t workspace_bytes = cudnn_->backward_workspace_bytes(*c);
       char* base = static_cast<char*>(
           scratch(q_bytes + 2 * kv_bytes + workspace_bytes, "cuDNN attention gradients"));
       void* dq_s = base;                       // [B, S, H, hd] bf16
@@ -361,9 +372,9 @@ class CudaBackend final : public Backend {
       void* workspace = base + q_bytes + 2 * kv_bytes;
       cudnn_->backward(dq_s, dk_s, dv_s, dout.data, out.data, lse.f32(), q.data, k.data, v.data, *c,
                        workspace_bytes ? workspace : nullptr);
-      cuda::accumulate(stream_, arr(dq), {dq_s, DType::bf16}, dq.numel());
-      cuda::accumulate(stream_, arr(dk), {dk_s, DType::bf16}, dk.numel());
-      cuda::accumulate(stream_, arr(dv), {dv_s, DType::bf16}, dv.numel());
+      cuda::convert(stream_, arr(dq), {dq_s, DType::bf16}, dq.numel());
+      cuda::convert(stream_, arr(dk), {dk_s, DType::bf16}, dk.numel());
+      cuda::convert(stream_, arr(dv), {dv_s, DType::bf16}, dv.numel());
       launched(name);
       return;
     }

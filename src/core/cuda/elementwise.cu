@@ -105,12 +105,13 @@ struct SiluForward {
   }
 };
 
+// The backward kernels write their gradients: they are the only producers (backend.h).
 struct SiluBackward {
   Array dx;
-  ConstArray dx_in, dout, x;
+  ConstArray dout, x;
   __device__ void operator()(int64_t i) const {
     const float xv = load(x, i);
-    store(dx, i, load(dx_in, i) + kmath::silu_dx(load(dout, i), xv, sigmoid(xv)));
+    store(dx, i, kmath::silu_dx(load(dout, i), xv, sigmoid(xv)));
   }
 };
 
@@ -127,15 +128,13 @@ struct SwigluForward {
 
 struct SwigluBackward {
   Array dgate, dup;
-  ConstArray dgate_in, dup_in, dout, gate, up;
+  ConstArray dout, gate, up;
   bool gate_act;
   __device__ void operator()(int64_t i) const {
     const float d = load(dout, i), g = load(gate, i), u = load(up, i);
     const float s = gate_act ? sigmoid(g) : 0.0f;
-    const float dg = load(dgate_in, i) + kmath::swiglu_dgate(d, g, u, s, gate_act);
-    const float du = load(dup_in, i) + kmath::swiglu_dup(d, g, s, gate_act);
-    store(dgate, i, dg);
-    store(dup, i, du);
+    store(dgate, i, kmath::swiglu_dgate(d, g, u, s, gate_act));
+    store(dup, i, kmath::swiglu_dup(d, g, s, gate_act));
   }
 };
 
@@ -235,7 +234,7 @@ void silu_forward(cudaStream_t stream, Array out, ConstArray x, int64_t n) {
 }
 
 void silu_backward(cudaStream_t stream, Array dx, ConstArray dout, ConstArray x, int64_t n) {
-  for_each(stream, n, SiluBackward{dx, ConstArray(dx), dout, x});
+  for_each(stream, n, SiluBackward{dx, dout, x});
 }
 
 void swiglu_forward(cudaStream_t stream, Array out, ConstArray gate, ConstArray up, int64_t n,
@@ -245,9 +244,7 @@ void swiglu_forward(cudaStream_t stream, Array out, ConstArray gate, ConstArray 
 
 void swiglu_backward(cudaStream_t stream, Array dgate, Array dup, ConstArray dout, ConstArray gate,
                      ConstArray up, int64_t n, bool gate_act) {
-  for_each(
-      stream, n,
-      SwigluBackward{dgate, dup, ConstArray(dgate), ConstArray(dup), dout, gate, up, gate_act});
+  for_each(stream, n, SwigluBackward{dgate, dup, dout, gate, up, gate_act});
 }
 
 }  // namespace bottle::cuda

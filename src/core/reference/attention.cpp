@@ -123,9 +123,9 @@ void ReferenceBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Te
       }
     }
   }
-  for (int64_t i = 0; i < q.numel(); ++i) dq.f32()[i] += float(gq[i]);
-  for (int64_t i = 0; i < k.numel(); ++i) dk.f32()[i] += float(gk[i]);
-  for (int64_t i = 0; i < v.numel(); ++i) dv.f32()[i] += float(gv[i]);
+  for (int64_t i = 0; i < q.numel(); ++i) dq.f32()[i] = float(gq[i]);
+  for (int64_t i = 0; i < k.numel(); ++i) dk.f32()[i] = float(gk[i]);
+  for (int64_t i = 0; i < v.numel(); ++i) dv.f32()[i] = float(gv[i]);
 }
 
 }  // namespace bottle

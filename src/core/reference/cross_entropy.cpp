@@ -47,7 +47,7 @@ void ReferenceBackend::do_cross_entropy_backward(Tensor dlogits, Tensor probs, T
                  vocab);
     for (int64_t j = 0; j < vocab; ++j) {
       const double onehot = j == t ? 1.0 : 0.0;
-      dlogits.f32()[r * vocab + j] += float(double(scale) * (probs.f32()[r * vocab + j] - onehot));
+      dlogits.f32()[r * vocab + j] = float(double(scale) * (probs.f32()[r * vocab + j] - onehot));
     }
   }
 }
@@ -107,7 +107,7 @@ void ReferenceBackend::do_cross_entropy_shard_backward(Tensor dlogits, Tensor lo
     const int64_t target = int64_t(targets.i32()[r]) - first;
     for (int64_t j = 0; j < v; ++j) {
       const double p = std::exp(double(logits.f32()[r * v + j]) - max.f32()[r]) / sumexp.f32()[r];
-      dlogits.f32()[r * v + j] += float(double(scale) * (p - (j == target ? 1.0 : 0.0)));
+      dlogits.f32()[r * v + j] = float(double(scale) * (p - (j == target ? 1.0 : 0.0)));
     }
   }
 }

@@ -135,7 +135,7 @@ void ReferenceBackend::do_silu_backward(Tensor dx, Tensor dout, Tensor x) {
   need_numel(k, dout, x.numel(), "dout");
   for (int64_t i = 0; i < x.numel(); ++i) {
     const double xv = x.f32()[i], s = sigmoid(xv);
-    dx.f32()[i] += float(dout.f32()[i] * s * (1.0 + xv * (1.0 - s)));
+    dx.f32()[i] = float(dout.f32()[i] * s * (1.0 + xv * (1.0 - s)));
   }
 }
 
@@ -164,8 +164,8 @@ void ReferenceBackend::do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout,
     const double act = gate_act ? g * s : g;
     const double dact = gate_act ? s * (1.0 + g * (1.0 - s)) : 1.0;
     const double go = dout.f32()[i];
-    dgate.f32()[i] += float(go * up.f32()[i] * dact);
-    dup.f32()[i] += float(go * act);
+    dgate.f32()[i] = float(go * up.f32()[i] * dact);
+    dup.f32()[i] = float(go * act);
   }
 }
 

@@ -147,7 +147,7 @@ void ReferenceBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor d
     for (int64_t j = 0; j < c; ++j) {
       const double xhat = (xr[j] - mu) * rs;
       const double dxhat = double(gr[j]) * weight.f32()[j];
-      dx.f32()[r * c + j] += float(rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat));
+      dx.f32()[r * c + j] = float(rs * (dxhat - mean_dxhat - xhat * mean_dxhat_xhat));
       dweight.f32()[j] += float(gr[j] * xhat);
       dbias.f32()[j] += gr[j];
     }
