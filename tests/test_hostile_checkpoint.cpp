@@ -628,14 +628,14 @@ TEST_F(Run, ForeignStepFoldersAreRefusedAndKept) {
 // Names that are not a step folder's (a copy, a backup) are ignored: never resumed from, never
 // pruned.
 TEST_F(Run, CopiesOfStepFoldersAreIgnored) {
-  for (const std::string& name :
+  for (const std::string name :
        {"step_00000010.bak", "step_00000010 copy", "old_step_00000010", "step_", "step_1e3"})
     fs::copy(dir / "run/step_00000002", dir / ("run/" + name), fs::copy_options::recursive);
   const CommandResult r = train("--resume --set training.steps=4 --set checkpoint.keep=1");
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("resumed from " + dir / "run/step_00000002 at step 2"), std::string::npos)
       << r.output;
-  for (const std::string& name :
+  for (const std::string name :
        {"step_00000010.bak", "step_00000010 copy", "old_step_00000010", "step_", "step_1e3"})
     EXPECT_TRUE(fs::exists(dir / ("run/" + name + "/model.safetensors"))) << name;
   EXPECT_FALSE(fs::exists(dir / "run/step_00000002"));
