@@ -110,10 +110,8 @@ int main(int argc, char** argv) {
     // Every rank joins the job before any check, so that an error found by all of them
     // (a bad configuration) is printed by all of them before the job ends.
     if (!launcher && !text_tool) bottle::world_communicator();
-      // OpenMP's pool, started here while the signals are blocked; a later, larger pool
-      // (--threads) adds threads that may take a signal, which then only sets train's flag.
-#pragma omp parallel
-    {}
+    // OpenMP's pool, started here while the signals are blocked.
+    bottle::start_worker_threads();
     // train unblocks them once its handler is installed (a Ctrl-C meanwhile waits for it, and
     // stops the run before its first step); every other command takes them as they come.
     if (!train->parsed()) bottle::unblock_stop_signals();

@@ -36,4 +36,9 @@ void unblock_stop_signals() {
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
 }
 
+void start_worker_threads() {
+#pragma omp parallel
+  {}
+}
+
 }  // namespace bottle

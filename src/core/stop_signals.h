@@ -16,5 +16,9 @@ namespace bottle {
 void block_stop_signals();
 // Unblocks them in the calling thread only (signals that came meanwhile arrive now).
 void unblock_stop_signals();
+// Starts OpenMP's thread pool now, from the calling thread: called while the stop signals are
+// blocked, its workers are born with them blocked. (A later, larger pool, --threads, adds
+// threads that may take a signal, which then only sets train's flag.)
+void start_worker_threads();
 
 }  // namespace bottle

@@ -58,7 +58,7 @@ std::atomic<int> g_notice_current{-1};  // -1: nothing to say (not rank 0)
 void set_signal_notice(const std::string& text) {
   const int next = g_notice_current.load() == 0 ? 1 : 0;
   const size_t n = std::min(text.size(), sizeof(g_notice.text[next]));
-  std::memcpy(g_notice.text[next], text.data(), n);
+  std::copy_n(text.data(), n, g_notice.text[next]);
   g_notice.size[next] = n;
   g_notice_current.store(next);
 }
