@@ -214,20 +214,21 @@ BtpBlock::BtpBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAll
 void BtpBlock::forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
                        Tensor out) {
   BtpBlock& b = *this;
-  const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
-      gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
-  chunk_end_forward(be, tp, b, prev, qkv, x, &b.online1, b.qkv_latent.z, b.sumsq1, "btp.fwd.qkv");
+  const Group qkv_group(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
+      gate_up_group(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
+  chunk_end_forward(be, tp, b, prev, qkv_group, x, &b.online1, b.qkv_latent.z, b.sumsq1,
+                    "btp.fwd.qkv");
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
-  chunk_start_forward(be, tp, qkv, qkv_out);
+  chunk_start_forward(be, tp, qkv_group, qkv_out);
   b.attention.forward(be, b.q, b.k, b.v);
   chunk_end_forward(be, tp, b, prev, o, attention_output(b), nullptr, b[P::o].z, {}, "");
   copy_to_forward(tp, b[P::o].u);
   b[P::o].up_forward(be, b.h, false);
   be.add(b.h, b.h, x);
-  chunk_end_forward(be, tp, b, prev, gate_up, b.h, &b.online2, b.gate_up_latent.z, b.sumsq2,
+  chunk_end_forward(be, tp, b, prev, gate_up_group, b.h, &b.online2, b.gate_up_latent.z, b.sumsq2,
                     "btp.fwd.gate_up");
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
-  chunk_start_forward(be, tp, gate_up, gate_up_out);
+  chunk_start_forward(be, tp, gate_up_group, gate_up_out);
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
   chunk_end_forward(be, tp, b, prev, down, b.gated, nullptr, b[P::down].z, {}, "");
   copy_to_forward(tp, b[P::down].u);
@@ -239,22 +240,23 @@ void BtpBlock::backward(Backend& be, const TensorParallel& tp, const BlockLatent
                         Tensor d_residual) {
   BtpBlock& b = *this;
   BlockGradients& g = grad;
-  const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
-      gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
+  const Group qkv_group(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
+      gate_up_group(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
   const std::array<Tensor, 1> d_res{d_residual};
   chunk_start_backward(be, tp, b, prev, down, d_res, "");
   chunk_end_backward(be, tp, down, g.gated, b.gated, nullptr, {}, {}, "");
   be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
   const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
-  chunk_start_backward(be, tp, b, prev, gate_up, d_gate_up, "btp.bwd.gate_up");
-  chunk_end_backward(be, tp, gate_up, d_residual, b.h, &b.online2, g.normed, b.h,
+  chunk_start_backward(be, tp, b, prev, gate_up_group, d_gate_up, "btp.bwd.gate_up");
+  chunk_end_backward(be, tp, gate_up_group, d_residual, b.h, &b.online2, g.normed, b.h,
                      "btp.bwd.norm2_stat");
   chunk_start_backward(be, tp, b, prev, o, d_res, "");
   chunk_end_backward(be, tp, o, g.attn, attention_output(b), nullptr, {}, {}, "");
   b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
-  chunk_start_backward(be, tp, b, prev, qkv, d_qkv, "btp.bwd.qkv");
-  chunk_end_backward(be, tp, qkv, d_residual, x, &b.online1, g.normed, x, "btp.bwd.norm1_stat");
+  chunk_start_backward(be, tp, b, prev, qkv_group, d_qkv, "btp.bwd.qkv");
+  chunk_end_backward(be, tp, qkv_group, d_residual, x, &b.online1, g.normed, x,
+                     "btp.bwd.norm1_stat");
 }
 
 // The chunks' insides from what lowrank keeps: the latents z after each all-reduce (ΣS in
@@ -265,19 +267,19 @@ void BtpBlock::recompute(Backend& be, const TensorParallel& tp, const BlockLaten
   if (policy() != Recompute::lowrank) return TpBlock::recompute(be, tp, prev, x, out);
   const CommPhase phase(tp.comm, kRecomputePhase);
   BtpBlock& b = *this;
-  const Group qkv(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
-      gate_up(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
+  const Group qkv_group(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
+      gate_up_group(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
   const int64_t n = x.rows();
   b.online1.recompute(be, x, norm_statistic(b.qkv_latent.z, b.sumsq1, n));
-  latents_forward(be, tp, b, prev, qkv);
+  latents_forward(be, tp, b, prev, qkv_group);
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
-  chunk_start_forward(be, tp, qkv, qkv_out);
+  chunk_start_forward(be, tp, qkv_group, qkv_out);
   b.attention.forward(be, b.q, b.k, b.v);
   latents_forward(be, tp, b, prev, o);
   b.online2.recompute(be, b.h, norm_statistic(b.gate_up_latent.z, b.sumsq2, n));
-  latents_forward(be, tp, b, prev, gate_up);
+  latents_forward(be, tp, b, prev, gate_up_group);
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
-  chunk_start_forward(be, tp, gate_up, gate_up_out);
+  chunk_start_forward(be, tp, gate_up_group, gate_up_out);
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
   latents_forward(be, tp, b, prev, down);
 }
