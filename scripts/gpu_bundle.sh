@@ -19,7 +19,8 @@ cmake --build "$build" -j"$(nproc)" --target bottle test_device_ops test_model_b
 
 rm -rf "$bundle" "$bundle.tar.xz"
 mkdir -p "$bundle"/{bin,lib,ompi}
-cp "$build/bottle" "$build/tests/test_device_ops" "$build/tests/test_model_backends" "$bundle/bin/"
+cp "$build/bottle" "$build/tests/core/test_device_ops" "$build/tests/model/test_model_backends" \
+  "$bundle/bin/"
 
 # Open MPI's runtime at the paths `ompi_info --path all` reports (prefix /usr): OPAL_PREFIX
 # moves every prefix-relative one, OPAL_SYSCONFDIR the configuration.

@@ -50,7 +50,8 @@ if [ -f gpu-bundle.tar.xz ]; then
   tar -C /tmp -xJf gpu-bundle.tar.xz 2>/dev/null ||
     python3 -c 'import tarfile; tarfile.open("gpu-bundle.tar.xz").extractall("/tmp")'
   b=/tmp/gpu-bundle
-  bin=$b/bin tests=$b/bin libs=$b/lib
+  bin=$b/bin libs=$b/lib
+  device_ops=$b/bin/test_device_ops model_backends=$b/bin/test_model_backends
   # The C++ runtime: the machine's own when it is at least Debian 12's (GCC 12), since its CUDA
   # libraries may need a newer one than the bundle's; the bundle's otherwise.
   for dir in /usr/lib/x86_64-linux-gnu /usr/lib64; do
@@ -72,7 +73,8 @@ else
     tail -n 30 "$out/build.log" "$out/configure.log" 2>/dev/null
     exit 1
   }
-  bin=build-cuda tests=build-cuda/tests libs=
+  bin=build-cuda libs=
+  device_ops=build-cuda/tests/core/test_device_ops model_backends=build-cuda/tests/model/test_model_backends
   echo "built in build-cuda/"
 fi
 # This machine's CUDA libraries: the loader's, the toolkit's, or PyTorch's wheels'.
@@ -102,11 +104,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm 
   grep -E '^attention:|rror' || failed+=(cudnn_version)
 
 step "1. every op against the reference backend"
-check device_ops env BOTTLE_CUDA_SYNC=1 "$tests/test_device_ops" cuda
+check device_ops env BOTTLE_CUDA_SYNC=1 "$device_ops" cuda
 grep -E '^\[ +(OK|FAILED|SKIPPED) +\]' "$out/device_ops.log" | sed 's/^/  /'
 
 step "2. the whole model against the cpu backend"
-check model_backends "$tests/test_model_backends" cuda
+check model_backends "$model_backends" cuda
 grep -E 'vs cpu' "$out/model_backends.log" | sed 's/^/  /'
 
 step "3. bottle train on the GPU"

@@ -16,7 +16,7 @@ packages=(
   libsentencepiece-dev             # SentencePiece .model tokenizers
   libpcre2-dev                     # the tokenizers' split regexes (GPT-2, LLaMA-3, tiktoken)
   libzstd-dev zlib1g-dev zstd      # compressed corpora for bottle prepare (.zst, .gz)
-  python3-venv                     # .venv: the tokenizer oracles (tests/tokenizer_oracle.py)
+  python3-venv                     # .venv: the tokenizer oracles (tests/data/tokenizer_oracle.py)
   liblapacke-dev                   # bottle lowrank: truncated SVDs (LAPACK's dgesdd)
   jq                               # scripts/plan_check.sh: predictions beside bench tp's JSON
   universal-ctags                  # tools/function_lengths.sh: the functions' extents
@@ -34,7 +34,7 @@ if ((${#missing[@]})); then
 fi
 
 # .venv: the reference tokenizer libraries, pinned, for the tokenizer oracle test and the
-# benchmark peer (tests/tokenizer_oracle.py, tools/hf_tokenize_peer.py); nothing that builds or
+# benchmark peer (tests/data/tokenizer_oracle.py, tools/hf_tokenize_peer.py); nothing that builds or
 # runs bottle uses it. Made with Debian's Python; made again if a pinned version is missing.
 # sentencepiece stays at 0.2.1: 0.2.2 breaks ties between equal-scoring unigram segmentations
 # ("f"+"ff" or "ff"+"f") the other way from Debian's libsentencepiece 0.1.97, which bottle links.
@@ -53,7 +53,7 @@ if ! venv_ok; then
   venv_ok || { echo "setup: .venv still lacks ${venv_packages[*]}" >&2; exit 1; }
 fi
 
-# .venv-hf: transformers for the HF round trip (tests/hf_oracle.py), on Debian's PyTorch 1.13
+# .venv-hf: transformers for the HF round trip (tests/interop/hf_oracle.py), on Debian's PyTorch 1.13
 # (system site packages). transformers 4.45.2 is the newest whose generate() runs on it (4.46
 # imports torch.distributed.fsdp there, which Debian's torch cannot import on Python 3.11); its
 # tokenizers must be 0.20.x, so it cannot share .venv with the tokenizer oracles.

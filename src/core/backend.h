@@ -107,7 +107,7 @@ class Backend {
   virtual void synchronize() {}
   // How many times this backend has made the host wait for the device so far: stream
   // synchronisations and device-to-host copies (to_host, first_outside, sum, sum_squares). A
-  // training step is allowed one (tests/test_step_syncs.cpp); the host backends never wait,
+  // training step is allowed one (tests/train/test_step_syncs.cpp); the host backends never wait,
   // and the counting backend counts what a device backend would do.
   virtual int64_t host_waits() const { return 0; }
   // Points in the backend's stream of work, for a profile that must not wait after every op:

@@ -2,7 +2,7 @@
 // Pipeline schedules as pure functions (docs/design.md §8): (stages, stage, micro-batches) → the
 // ordered actions that stage runs. The executor only follows the list. Sends and receives
 // are blocking; every adjacent pair of stages posts its messages in the same order, so the
-// schedule cannot deadlock (tests/test_pipeline_schedule.cpp simulates every stage with
+// schedule cannot deadlock (tests/parallel/test_pipeline_schedule.cpp simulates every stage with
 // rendezvous semantics to check it).
 //   gpipe  all forwards, then all backwards: M micro-batches of activations alive.
 //   1f1b   warm-up forwards (stages - stage - 1), then one forward / one backward, then

@@ -77,10 +77,14 @@ TEST_P(Schedules, EveryStageFinishesAndRunsEachMicroBatchOnce) {
     EXPECT_EQ(int(backwards.size()), p.micro_batches);
     // The first stage receives nothing from before it, the last nothing from after it.
     for (const Action& a : lists.back()) {
-      if (s == 0) EXPECT_NE(a.kind, K::recv_activation);
-      if (s == 0) EXPECT_NE(a.kind, K::send_gradient);
-      if (s == p.stages - 1) EXPECT_NE(a.kind, K::send_activation);
-      if (s == p.stages - 1) EXPECT_NE(a.kind, K::recv_gradient);
+      if (s == 0) {
+        EXPECT_NE(a.kind, K::recv_activation);
+        EXPECT_NE(a.kind, K::send_gradient);
+      }
+      if (s == p.stages - 1) {
+        EXPECT_NE(a.kind, K::send_activation);
+        EXPECT_NE(a.kind, K::recv_gradient);
+      }
     }
   }
   EXPECT_TRUE(simulate(lists));

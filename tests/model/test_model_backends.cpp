@@ -145,7 +145,9 @@ std::vector<double> train_losses(Backend& be, const ModelConfig& model, Precisio
     const int64_t waits = be.host_waits();
     losses.push_back(step.step(s).loss);
     // One wait a step, for its loss and norm; the first may also grow the scratch buffers.
-    if (s > 0) EXPECT_LE(be.host_waits() - waits, 1) << be.name() << ", step " << s + 1;
+    if (s > 0) {
+      EXPECT_LE(be.host_waits() - waits, 1) << be.name() << ", step " << s + 1;
+    }
   }
   return losses;
 }

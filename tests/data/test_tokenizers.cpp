@@ -1,5 +1,5 @@
 // Tokenizers on hand-written files, with ids derived by hand (no Python: the exactness against
-// the libraries is tests/tokenizer_oracle.py's): a byte-level and a SentencePiece-style
+// the libraries is tests/data/tokenizer_oracle.py's): a byte-level and a SentencePiece-style
 // tokenizer.json and a tiktoken rank file, encode and decode (leftmost-lowest-rank merging,
 // ignore_merges, byte fallback, unk / fuse_unk, special tokens' strings encoded as text,
 // non-special added tokens matched), the shared merge loop on a long run, the document

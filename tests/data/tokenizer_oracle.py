@@ -4,8 +4,8 @@
 Run by ctest (test tokenizers_exact) with the Python of the repository's .venv, which
 scripts/setup.sh creates with pinned tokenizers, sentencepiece and tiktoken:
 
-    .venv/bin/python tests/tokenizer_oracle.py --bottle build/bottle --work /tmp/tok
-    .venv/bin/python tests/tokenizer_oracle.py --make-only --work /tmp/tok --bpe-vocab 4096
+    .venv/bin/python tests/data/tokenizer_oracle.py --bottle build/bottle --work /tmp/tok
+    .venv/bin/python tests/data/tokenizer_oracle.py --make-only --work /tmp/tok --bpe-vocab 4096
 
 It trains small tokenizers at test time on the fortunes files (Debian's package fortunes), one
 of each kind bottle reads, and writes them into --work:
@@ -25,7 +25,7 @@ of each kind bottle reads, and writes them into --work:
     tiktoken_gpt2/tokenizer.tiktoken gpt2_bpe's vocabulary as a tiktoken rank file (pattern
                                      r50k_base, <|endoftext|>=0)
     tiktoken_llama3/tokenizer.tiktoken  llama3_bpe's, with the LLaMA-3 regex given as the pattern
-    test_text.txt                    tests/data/tokenizer_test_text.txt and invalid UTF-8 bytes
+    test_text.txt                    tests/fixtures/tokenizer_test_text.txt and invalid UTF-8 bytes
 
 Then, for each tokenizer and each text (the test text, each of its paragraphs, edge cases, every
 fifth fortune), `bottle tokenize` must give exactly the library's ids; bottle's decode of the
@@ -66,8 +66,8 @@ except ImportError as e:  # a failure, never a skip: the comparison must run
     sys.exit(f"tokenizer_oracle: FAIL: {e}. The oracle's Python packages are missing: run "
              f"scripts/setup.sh (it creates .venv with them) and use .venv/bin/python.")
 
-SOURCE_DIR = Path(__file__).resolve().parent.parent
-TEST_TEXT = SOURCE_DIR / "tests" / "data" / "tokenizer_test_text.txt"
+SOURCE_DIR = Path(__file__).resolve().parents[2]
+TEST_TEXT = SOURCE_DIR / "tests" / "fixtures" / "tokenizer_test_text.txt"
 FORTUNES = Path("/usr/share/games/fortunes")
 
 # Invalid UTF-8 appended to the committed (valid) test text: a byte never in UTF-8, an overlong

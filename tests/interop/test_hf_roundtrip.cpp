@@ -1,4 +1,4 @@
-// The HF round trip, against transformers itself (tests/hf_oracle.py, run by the Python of
+// The HF round trip, against transformers itself (tests/interop/hf_oracle.py, run by the Python of
 // .venv-hf that scripts/setup.sh makes: transformers 4.45.2 on Debian's PyTorch):
 //  - bottle's models load in transformers with no missing, unexpected or mismatched keys and
 //    no warnings: full-rank as LlamaForCausalLM, SVD / CoLA / LaX through the modeling file
@@ -44,7 +44,7 @@ json oracle(const std::string& args) {
     ADD_FAILURE() << "no " << kHfPython << ": run scripts/setup.sh (it makes .venv-hf)";
     return json();
   }
-  return last_json(run(kHfPython + " " BOTTLE_SOURCE_DIR "/tests/hf_oracle.py " + args),
+  return last_json(run(kHfPython + " " BOTTLE_SOURCE_DIR "/tests/interop/hf_oracle.py " + args),
                    "hf_oracle.py " + args.substr(0, args.find(' ')));
 }
 
@@ -185,7 +185,7 @@ TEST(HfTokenizers, CheckpointAndExportTokenizersLoadWithAutoTokenizer) {
   {
     // The tokenizer test text without its special-token strings (LlamaTokenizer's slow class
     // matches those even with split_special_tokens) plus a line of runs of spaces and newlines.
-    std::ifstream in(BOTTLE_SOURCE_DIR "/tests/data/tokenizer_test_text.txt", std::ios::binary);
+    std::ifstream in(BOTTLE_SOURCE_DIR "/tests/fixtures/tokenizer_test_text.txt", std::ios::binary);
     std::string t((std::istreambuf_iterator<char>(in)), {});
     for (const char* special : {"<|endoftext|>", "<s>", "</s>", "<unk>"})
       for (size_t at; (at = t.find(special)) != std::string::npos;) t.erase(at, strlen(special));

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The transformers side of the HF round trip (tests/test_hf_roundtrip.cpp).
+"""The transformers side of the HF round trip (tests/interop/test_hf_roundtrip.cpp).
 
 Runs with the Python of .venv-hf (scripts/setup.sh: pinned transformers on Debian's PyTorch).
 Every mode prints one JSON object on stdout; errors print one line on stderr and exit 1.

@@ -41,7 +41,7 @@ TEST(ErrorMacros, AssertNamesFileAndLine) {
     BOTTLE_ASSERT(1 + 1 == 3, "two is {}", 1 + 1);
     ADD_FAILURE() << "BOTTLE_ASSERT did not throw";
   } catch (const InternalError& e) {
-    const std::string where = fmt::format("tests/test_train_config.cpp:{}", line);
+    const std::string where = fmt::format("tests/train/test_train_config.cpp:{}", line);
     EXPECT_EQ(std::string(e.what()), "internal error at " + where + ": two is 2");
     EXPECT_EQ(e.where(), where);
     EXPECT_EQ(e.message(), "two is 2");
@@ -58,7 +58,7 @@ TEST(ErrorMacros, AssertNamesFileAndLine) {
     EXPECT_EQ(std::string(e.what()), "run.toml: missing key 'model'");
   }
   EXPECT_EQ(source_path("/home/me/src/bottle/src/nn/linear.cpp"), "src/nn/linear.cpp");
-  EXPECT_EQ(source_path("/x/bottle/tests/test_train.cpp"), "tests/test_train.cpp");
+  EXPECT_EQ(source_path("/x/bottle/tests/train/test_train.cpp"), "tests/train/test_train.cpp");
   EXPECT_EQ(source_path("linear.cpp"), "linear.cpp");
 }
 
