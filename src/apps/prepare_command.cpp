@@ -1,10 +1,13 @@
 // `bottle prepare`: documents → llm.c token shards (docs/design.md §12, §13).
 //
 // Inputs are files, directories, globs or `-` (standard input; also when no --input is given),
-// as text (a file is one document) or JSONL (a line is one), gzip / zstd compressed or not
-// (data/text_source.h). Documents are numbered in input order from 0; document i goes to the
-// validation split iff floor((i+1)·f) > floor(i·f) for f = --val-fraction, which spreads
-// ⌊D·f⌋ validation documents evenly over the input, streaming, with no shuffle to seed.
+// as text or JSONL, gzip / zstd compressed or not (data/text_source.h). --documents says what
+// a document is: a JSONL record, or a text file's whole, its paragraphs or its lines; by
+// default a record for JSONL, a paragraph when the input is one text file (nanoGPT's
+// input.txt), a whole file when it is several. Documents are numbered in input order from 0;
+// document i goes to the validation split iff floor((i+1)·f) > floor(i·f) for f = --val-fraction,
+// which spreads ⌊D·f⌋ validation documents evenly over the input, streaming, with no shuffle to
+// seed.
 //
 // Without --tokenizer the tokens are bottle's byte-level ones (V = 256, token = byte value):
 // the shards hold the input bytes concatenated, losslessly (no UTF-8 repair, and no delimiter,
@@ -58,6 +61,7 @@ using Clock = std::chrono::steady_clock;
 // A batch ends at whichever comes first: enough documents to spread over the workers, enough
 // text to amortise a hand-over, little enough memory for two batches in flight.
 constexpr size_t kBatchDocuments = 1024;
+
 constexpr uint64_t kBatchBytes = uint64_t(8) << 20;
 // A document's token vector keeps its capacity for the next batch, unless it grew past this
 // (one huge document must not pin its memory for the rest of the run).
@@ -328,18 +332,68 @@ fs::path save_tokenizer(const fs::path& out, const Tokenizer& tokenizer, bool by
   return tokenizer_dir;
 }
 
+// --documents auto: a paragraph when the input is one text file (or standard input), whose
+// whole would be a single document; each file when it is several.
+TextDocuments text_documents(const std::string& documents, const std::vector<std::string>& files,
+                             TextFormat format) {
+  if (documents == "file") return TextDocuments::file;
+  if (documents == "paragraph") return TextDocuments::paragraph;
+  if (documents == "line") return TextDocuments::line;
+  size_t text_files = 0;
+  for (const std::string& f : files)
+    text_files += format_by_name(f == "-" ? std::string() : f, format) == TextFormat::text;
+  return text_files == 1 ? TextDocuments::paragraph : TextDocuments::file;
+}
+
+// What a document is, as the summary and the refusals say it.
+std::string documents_said(const TextSourceOptions& source, const std::vector<std::string>& files) {
+  bool text = false, jsonl = false;
+  for (const std::string& f : files)
+    (format_by_name(f == "-" ? std::string() : f, source.format) == TextFormat::text ? text
+                                                                                     : jsonl) =
+        true;
+  std::string said;
+  if (jsonl) said = fmt::format("a JSONL record's field '{}'", source.text_field);
+  if (text) {
+    if (!said.empty()) said += " or ";
+    said += source.documents == TextDocuments::file ? "a whole text file"
+            : source.documents == TextDocuments::paragraph
+                ? "a paragraph of text, which blank lines end"
+                : "a line of text";
+  }
+  return said;
+}
+
+// prepare's options, as CLI11 fills them.
+struct PrepareOptions {
+  std::vector<std::string> inputs;
+  std::string output, prefix = "data", format = "auto", text_field = "text";
+  std::string documents = "auto";
+  TokenizerOptions tokenizer;
+  double val_fraction = 0.05;
+  int64_t shard_tokens = 100'000'000;
+  int64_t threads = std::max(1u, std::thread::hardware_concurrency());
+  bool progress = false, no_progress = false;
+};
+
+// The reader's options: --format, and --documents resolved for these inputs (record means
+// JSONL whatever the names).
+TextSourceOptions source_options(const PrepareOptions& o, const std::vector<std::string>& files) {
+  TextSourceOptions source;
+  source.format = o.format == "text"                               ? TextFormat::text
+                  : o.format == "jsonl" || o.documents == "record" ? TextFormat::jsonl
+                                                                   : TextFormat::auto_detect;
+  BOTTLE_CHECK(!(o.format == "text" && o.documents == "record"),
+               "--documents record reads JSONL, but --format text was given: drop one of them");
+  source.documents = text_documents(o.documents, files, source.format);
+  source.text_field = o.text_field;
+  return source;
+}
+
 }  // namespace
 
 Command add_prepare_command(CLI::App& app) {
-  struct Options {
-    std::vector<std::string> inputs;
-    std::string output, prefix = "data", format = "auto", text_field = "text";
-    TokenizerOptions tokenizer;
-    double val_fraction = 0.05;
-    int64_t shard_tokens = 100'000'000;
-    int64_t threads = std::max(1u, std::thread::hardware_concurrency());
-    bool progress = false, no_progress = false;
-  };
+  using Options = PrepareOptions;
   auto o = std::make_shared<Options>();
   app.add_option("--input", o->inputs,
                  "text / JSONL files, directories, globs or '-' (none: standard input); .gz and "
@@ -348,9 +402,14 @@ Command add_prepare_command(CLI::App& app) {
       ->required();
   add_tokenizer_options(app, o->tokenizer, /*required=*/false);
   app.add_option("--format", o->format,
-                 "auto (.jsonl / .ndjson names are JSONL), text (a file is one document) or jsonl "
-                 "(a line is one)")
+                 "auto (.jsonl / .ndjson names are JSONL, and .json ones in JSON Lines form), "
+                 "text or jsonl")
       ->check(CLI::IsMember({"auto", "text", "jsonl"}));
+  app.add_option("--documents", o->documents,
+                 "what a document is: auto (record for JSONL; paragraph for one text file, file "
+                 "for several), file, paragraph (blank lines end one), line, or record (a JSONL "
+                 "line: --format jsonl)")
+      ->check(CLI::IsMember({"auto", "file", "paragraph", "line", "record"}));
   app.add_option("--text-field", o->text_field, "the JSONL field holding a document's text");
   app.add_option("--val-fraction", o->val_fraction,
                  "fraction of the documents, spread evenly, for validation (0 <= f < 1)")
@@ -380,17 +439,23 @@ Command add_prepare_command(CLI::App& app) {
     const std::vector<std::string> files = expand_inputs(o->inputs);
     const std::string names = fmt::format("{}", fmt::join(o->inputs, ", "));
     check_output_outside_inputs(files, o->output);
-    TextSourceOptions source;
-    source.format = o->format == "text"    ? TextFormat::text
-                    : o->format == "jsonl" ? TextFormat::jsonl
-                                           : TextFormat::auto_detect;
-    source.text_field = o->text_field;
+    const TextSourceOptions source = source_options(*o, files);
     DocumentReader reader(files, source);
 
     std::error_code ec;
+    // A refused run leaves no empty output directory behind that it made itself.
+    const bool made_output = !fs::exists(o->output, ec);
     fs::create_directories(o->output, ec);
     BOTTLE_CHECK(fs::is_directory(o->output), "{}: cannot create output directory{}", o->output,
                  ec ? ": " + ec.message() : "");
+    struct RemoveIfEmpty {
+      fs::path dir;
+      bool armed;
+      ~RemoveIfEmpty() {
+        std::error_code ignored;
+        if (armed && fs::is_empty(dir, ignored)) fs::remove(dir, ignored);
+      }
+    } remove_if_empty{o->output, made_output};
     const fs::path out(o->output);
     Splits splits{ShardWriter(out, o->prefix, "train", o->shard_tokens, tokenizer->vocab_size()),
                   ShardWriter(out, o->prefix, "val", o->shard_tokens, tokenizer->vocab_size()),
@@ -409,12 +474,18 @@ Command add_prepare_command(CLI::App& app) {
     const ShardWriter& train = splits.train;
     const ShardWriter& val = splits.val;
     const bool want_val = o->val_fraction > 0;
-    if (want_val && val.documents() == 0)
+    if (want_val && val.documents() == 0) {
+      // The finer splits of text not yet in use, then the way without validation.
+      const std::string finer = source.documents == TextDocuments::file        ? "paragraph or line"
+                                : source.documents == TextDocuments::paragraph ? "line"
+                                                                               : "";
       fail(
           "{}: {} document(s) are too few for --val-fraction {}: it takes {} for one validation "
-          "document (a text file is one document, a JSONL line one)",
-          names, splits.documents(), o->val_fraction,
-          documents_for_one_validation(o->val_fraction));
+          "document (a document is {}); {}pass --val-fraction 0 for no validation split",
+          names, splits.documents(), o->val_fraction, documents_for_one_validation(o->val_fraction),
+          documents_said(source, files),
+          finer.empty() ? "" : fmt::format("split the text finer (--documents {}), or ", finer));
+    }
     BOTTLE_CHECK(train.tokens() >= 2 && (!want_val || val.tokens() >= 2),
                  "{}: too few tokens to split: train has {} token(s) in {} document(s), "
                  "validation {} token(s) in {} document(s) (--val-fraction {}); each needs at "
@@ -438,10 +509,12 @@ Command add_prepare_command(CLI::App& app) {
 
     const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
     const uint64_t text_bytes = splits.bytes(), tokens = splits.tokens();
-    std::printf("input: %zu file(s), %llu bytes, %llu document(s) (train %llu, val %llu)\n",
-                files.size(), (unsigned long long)text_bytes,
-                (unsigned long long)splits.documents(), (unsigned long long)train.documents(),
-                (unsigned long long)val.documents());
+    std::printf(
+        "input: %zu file(s), %llu bytes, %llu document(s) (train %llu, val %llu); a document is "
+        "%s\n",
+        files.size(), (unsigned long long)text_bytes, (unsigned long long)splits.documents(),
+        (unsigned long long)train.documents(), (unsigned long long)val.documents(),
+        documents_said(source, files).c_str());
     std::printf("train: %llu tokens in %zu shard(s)\n", (unsigned long long)train.tokens(),
                 train_meta.shards.size());
     std::printf("val: %llu tokens in %zu shard(s)\n", (unsigned long long)val.tokens(),

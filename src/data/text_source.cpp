@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <string_view>
 #include <system_error>
@@ -282,17 +283,15 @@ std::unique_ptr<Decoder> open_decoder(const std::string& file, uint64_t& counter
   return std::make_unique<PlainDecoder>(std::move(input));
 }
 
-TextFormat format_of(const std::string& file, TextFormat requested) {
-  if (requested != TextFormat::auto_detect) return requested;
-  std::string_view name = file;
+// A name ending .json (before any .gz / .zst): JSON Lines or not is decided by the content.
+bool json_name(std::string_view name) {
   for (std::string_view ext : {".gz", ".zst"}) {
     if (ends_with(name, ext)) {
       name.remove_suffix(ext.size());
       break;
     }
   }
-  return ends_with(name, ".jsonl") || ends_with(name, ".ndjson") ? TextFormat::jsonl
-                                                                 : TextFormat::text;
+  return ends_with(name, ".json");
 }
 
 bool is_blank(std::string_view line) {
@@ -308,6 +307,20 @@ std::string shorten(std::string message) {
 }
 
 }  // namespace
+
+TextFormat format_by_name(const std::string& file, TextFormat requested) {
+  if (requested != TextFormat::auto_detect) return requested;
+  std::string_view name = file;
+  for (std::string_view ext : {".gz", ".zst"}) {
+    if (ends_with(name, ext)) {
+      name.remove_suffix(ext.size());
+      break;
+    }
+  }
+  return ends_with(name, ".jsonl") || ends_with(name, ".ndjson") || ends_with(name, ".json")
+             ? TextFormat::jsonl
+             : TextFormat::text;
+}
 
 std::vector<std::string> expand_inputs(const std::vector<std::string>& inputs) {
   std::vector<std::string> found;
@@ -352,17 +365,33 @@ struct DocumentReader::State {
   std::vector<char> block = std::vector<char>(kBlockBytes);
   size_t block_pos = 0, block_end = 0;
   std::string carry;
+  bool line_ended = false;  // the line next_line gave last ended in '\n'
+  // A line read to decide a .json file's format, given again by the next next_line.
+  std::optional<std::string> pushed_back;
 
-  // The next line of the open JSONL file, without its '\n'; false at the end. The view lives
+  // A text file split into paragraphs or lines: the document being gathered, where it
+  // starts, and whether it holds a non-blank line and a blank one after it.
+  std::string gathering, gathering_origin;
+  bool gathered_text = false, gathered_blank = false;
+
+  // The next line of the open file, without its '\n'; false at the end. The view lives
   // until the next call.
   bool next_line(std::string_view& line) {
+    if (pushed_back) {
+      carry = std::move(*pushed_back);
+      pushed_back.reset();
+      line = carry;
+      return true;
+    }
     carry.clear();
+    line_ended = true;
     while (true) {
       if (block_pos == block_end) {
         block_pos = 0;
         block_end = decoder->read(block.data(), block.size());
         if (block_end == 0) {
           if (carry.empty()) return false;  // no partial line: the file ended with '\n'
+          line_ended = false;
           line = carry;
           return true;
         }
@@ -429,9 +458,73 @@ struct DocumentReader::State {
     const std::string& file = files[next_file++];
     decoder = open_decoder(file, bytes_read);
     name = file == "-" ? kStdinName : file;
-    format = format_of(file == "-" ? std::string() : file, options.format);
+    format = format_by_name(file == "-" ? std::string() : file, options.format);
     line_number = 0;
     block_pos = block_end = 0;
+    pushed_back.reset();
+    if (options.format == TextFormat::auto_detect && json_name(name)) check_json_lines();
+  }
+
+  // A .json file read as JSON Lines: its first non-blank line must be a whole JSON object.
+  // Pretty-printed JSON or an array is refused, not tokenized as the text of its syntax.
+  void check_json_lines() {
+    std::string_view line;
+    int64_t skipped = 0;
+    bool got = false;
+    while ((got = next_line(line)) && is_blank(line)) ++skipped;
+    if (!got) return;  // empty or blank: no documents
+    const bool object = json::accept(line.begin(), line.end()) &&
+                        line.find_first_not_of(" \t\r") != std::string_view::npos &&
+                        line[line.find_first_not_of(" \t\r")] == '{';
+    BOTTLE_CHECK(object,
+                 "{}: a .json file is read as JSON Lines (one object per line, as "
+                 "datasets.to_json writes), but its line {} is not a whole JSON object; convert "
+                 "it to JSON Lines, or pass --format text to read the file as text",
+                 name, skipped + 1);
+    pushed_back = std::string(line);
+    line_number = skipped;
+  }
+
+  // The next document of a text file split into paragraphs or lines; false at its end.
+  bool next_split(Document& doc) {
+    const bool by_line = options.documents == TextDocuments::line;
+    std::string_view line;
+    while (next_line(line)) {
+      ++line_number;
+      const bool blank = is_blank(line);
+      // A non-blank line after a whole document starts the next one.
+      if (!blank && gathered_text && (by_line || gathered_blank)) {
+        take_gathered(doc);
+        append_line(line);
+        gathered_text = true;
+        gathering_origin = fmt::format("{}:{}", name, line_number);
+        return true;
+      }
+      append_line(line);
+      if (blank) {
+        gathered_blank = gathered_text;
+      } else if (!gathered_text) {
+        gathered_text = true;
+        gathering_origin = fmt::format("{}:{}", name, line_number);
+      }
+    }
+    if (gathering.empty()) return false;
+    if (gathering_origin.empty()) gathering_origin = name;  // blank lines only
+    take_gathered(doc);
+    return true;
+  }
+
+  void append_line(std::string_view line) {
+    gathering.append(line);
+    if (line_ended) gathering.push_back('\n');
+  }
+
+  void take_gathered(Document& doc) {
+    doc.text = std::move(gathering);
+    doc.origin = std::move(gathering_origin);
+    gathering.clear();
+    gathering_origin.clear();
+    gathered_text = gathered_blank = false;
   }
 };
 
@@ -459,10 +552,15 @@ bool DocumentReader::next(Document& doc) {
       if (s.next_file == s.files.size()) return false;
       s.open_next();
     }
-    if (s.format == TextFormat::text) {
+    if (s.format == TextFormat::text && s.options.documents == TextDocuments::file) {
       s.read_whole(doc);
       s.decoder.reset();
       return true;
+    }
+    if (s.format == TextFormat::text) {
+      if (s.next_split(doc)) return true;
+      s.decoder.reset();
+      continue;
     }
     std::string_view line;
     while (s.next_line(line)) {

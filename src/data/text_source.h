@@ -4,11 +4,19 @@
 // and "-" (standard input). Compression is recognised by its magic bytes, whatever the name:
 // gzip (zlib; concatenated members too) and zstd (libzstd; concatenated frames too).
 // Formats:
-//   text   the whole file (or standard input) is one document
+//   text   documents split by `documents`: the whole file (or standard input), paragraphs
+//          (a run of blank lines ends one) or lines
 //   jsonl  one JSON object per line, the document is its string field `text_field` (C4,
-//          FineWeb dumps); blank lines are skipped
-// With format auto, a name ending .jsonl or .ndjson (before any .gz / .zst) is jsonl, anything
-// else text. Errors name the file, and for JSONL the line number and what is wrong.
+//          FineWeb dumps, what `datasets.to_json` writes); blank lines are skipped
+// With format auto, a name ending .jsonl or .ndjson (before any .gz / .zst) is jsonl; a name
+// ending .json is jsonl when its first line is a whole JSON object, and refused when it is
+// JSON of another shape (an array, an object over several lines), which no split reads as
+// documents; anything else is text. Errors name the file, and for JSONL the line number and
+// what is wrong.
+//
+// Splitting text loses no byte: a paragraph or line keeps its line end, and blank lines stay
+// with the document before them (the leading ones of a file with its first), so the
+// documents of a file concatenate to the file.
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -17,11 +25,19 @@
 namespace bottle {
 
 enum class TextFormat { auto_detect, text, jsonl };
+// How a text input splits into documents.
+enum class TextDocuments { file, paragraph, line };
+inline constexpr const char* kTextDocumentsNames[] = {"file", "paragraph", "line"};
 
 struct TextSourceOptions {
   TextFormat format = TextFormat::auto_detect;
+  TextDocuments documents = TextDocuments::file;
   std::string text_field = "text";
 };
+
+// The format `file` is read in under `requested` by its name alone (a .json file's content
+// decides at read time): what `bottle prepare` reports before it reads.
+TextFormat format_by_name(const std::string& file, TextFormat requested);
 
 struct Document {
   std::string text;    // the document's bytes as read (not yet checked for UTF-8)

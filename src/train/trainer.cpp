@@ -418,7 +418,7 @@ class Trainer {
   bool leader_ = false;  // writes metrics, plots and checkpoints
   std::unique_ptr<Backend> be_;
   std::string attention_path_;  // which attention kernels run, and why (the run's first line)
-  MemoryBreakdown plan_;  // this rank's planned footprint
+  MemoryBreakdown plan_;        // this rank's planned footprint
   std::unique_ptr<TrainStep> train_step_;
   std::unique_ptr<TokenLoader> loader_, val_;
   std::unique_ptr<FolderLock> lock_;  // rank 0: checkpoint.folder is this run's alone
@@ -515,10 +515,21 @@ void Trainer::set_up_model() {
 void Trainer::open_data() {
   const int64_t B = tc_.micro_batch_size, S = tc_.seq_len;
   // Each DP rank reads every dp-th window: together they read what one process would.
-  loader_ = std::make_unique<TokenLoader>(config_.data.train, B, S, uint64_t(tc_.seed),
-                                          groups_.dp_rank, int(config_.parallel.dp));
+  // A split that cannot be opened is named by its key; a missing validation split also says
+  // how to train without one (prepare --val-fraction 0 writes none).
+  auto open_split = [&](const char* key, const std::string& pattern, auto&&... args) {
+    try {
+      return std::make_unique<TokenLoader>(pattern, B, S, args...);
+    } catch (const Error& e) {
+      const bool val = std::string_view(key) == "data.val";
+      fail("{}: key '{}': {}{}", options_.config_path, key, e.what(),
+           val ? "; remove data.val (or set it to \"\") to train without a validation split" : "");
+    }
+  };
+  loader_ = open_split("data.train", config_.data.train, uint64_t(tc_.seed), groups_.dp_rank,
+                       int(config_.parallel.dp));
   if (!config_.data.val.empty()) {
-    val_ = std::make_unique<TokenLoader>(config_.data.val, B, S, 0, 0, 1, false);
+    val_ = open_split("data.val", config_.data.val, uint64_t(0), 0, 1, false);
     // More batches than the split holds would wrap around and count batches twice.
     BOTTLE_CHECK(tc_.eval_interval == 0 || uint64_t(tc_.eval_batches) <= val_->windows_per_epoch(),
                  "{}: key 'training.eval_batches' is {}, but data.val ({}) holds {} batch(es) of "

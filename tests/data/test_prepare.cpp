@@ -217,6 +217,95 @@ TEST(Prepare, InputTooSmallToSplitIsAnError) {
   EXPECT_TRUE(!fs::exists(dir / "out") || fs::is_empty(dir / "out"));
 }
 
+// nanoGPT's habit: one input.txt, prepared with defaults. Its paragraphs are the documents
+// (every 20th for validation at 0.05), and a text too short to split says what to do and
+// leaves no output directory behind.
+TEST(Prepare, OneTextFileSplitsIntoParagraphsByDefault) {
+  TempDir dir;
+  std::string input, val;
+  int lines = 0;
+  for (int i = 0; i < 40; ++i) {
+    const std::string paragraph =
+        fmt::format("CITIZEN {}:\nspeak, speak {}\n{}", i, std::string(size_t(i % 7), '!'),
+                    i + 1 < 40 ? "\n" : "");
+    lines += 2;
+    input += paragraph;
+    if (i == 19 || i == 39) val += paragraph;
+  }
+  write_text(dir / "input.txt", input);
+  CommandResult r = run(fmt::format("{} prepare --input {} --output {} --no-progress",
+                                    bottle_binary(), dir / "input.txt", dir / "out"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("40 document(s) (train 38, val 2); a document is a paragraph"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(read_token_shard(dir / "out/data_val_000000.bin"), tokens_of(val));
+  EXPECT_EQ(read_token_shard(dir / "out/data_train_000000.bin").size() + val.size(), input.size());
+  r = run(fmt::format("{} prepare --input {} --output {} --documents line --val-fraction 0.5",
+                      bottle_binary(), dir / "input.txt", dir / "lines"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(fmt::format("{} document(s)", lines)), std::string::npos) << r.output;
+
+  // One paragraph: the refusal names the finer split and the way without validation.
+  write_text(dir / "one.txt", "a single paragraph\nof two lines\n");
+  for (const auto& [documents, finer] : {std::pair{"", "--documents line"},
+                                         {"--documents file", "--documents paragraph or line"},
+                                         {"--documents line", ""}}) {
+    r = run(fmt::format("{} prepare --input {} --output {} {}", bottle_binary(), dir / "one.txt",
+                        dir / "none", documents));
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find("too few for --val-fraction 0.05"), std::string::npos) << r.output;
+    if (*finer) {
+      EXPECT_NE(r.output.find(finer), std::string::npos) << r.output;
+    }
+    EXPECT_NE(r.output.find("pass --val-fraction 0 for no validation split"), std::string::npos)
+        << r.output;
+    EXPECT_FALSE(fs::exists(dir / "none")) << documents;
+  }
+  // An output directory that existed before is kept, empty or not.
+  fs::create_directories(dir / "mine");
+  r = run(fmt::format("{} prepare --input {} --output {}", bottle_binary(), dir / "one.txt",
+                      dir / "mine"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_TRUE(fs::is_directory(dir / "mine"));
+}
+
+// A .json file in JSON Lines form (datasets.to_json) is read as records; other JSON is
+// refused by name, saying what to do.
+TEST(Prepare, JsonLinesInADotJsonFile) {
+  TempDir dir;
+  std::string jsonl, text;
+  for (int i = 0; i < 4; ++i) {
+    jsonl += fmt::format("{{\"text\": \"record {}\"}}\n", i);
+    text += fmt::format("record {}", i);
+  }
+  write_text(dir / "train.json", jsonl);
+  CommandResult r = run(fmt::format("{} prepare --input {} --output {} --val-fraction 0",
+                                    bottle_binary(), dir / "train.json", dir / "out"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(read_token_shard(dir / "out/data_train_000000.bin"), tokens_of(text));
+  EXPECT_NE(r.output.find("a document is a JSONL record's field 'text'"), std::string::npos)
+      << r.output;
+  write_text(dir / "array.json", "[\n" + jsonl + "]\n");
+  r = run(fmt::format("{} prepare --input {} --output {} --val-fraction 0", bottle_binary(),
+                      dir / "array.json", dir / "bad"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find(dir / "array.json" + ": a .json file is read as JSON Lines"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir / "bad"));
+  // record forces JSONL; with --format text it contradicts itself.
+  write_text(dir / "records.txt", jsonl);
+  r = run(fmt::format("{} prepare --input {} --output {} --val-fraction 0 --documents record",
+                      bottle_binary(), dir / "records.txt", dir / "rec"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(read_token_shard(dir / "rec/data_train_000000.bin"), tokens_of(text));
+  r = run(fmt::format("{} prepare --input {} --output {} --documents record --format text",
+                      bottle_binary(), dir / "records.txt", dir / "rec2"));
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("--documents record reads JSONL"), std::string::npos) << r.output;
+}
+
 TEST(Prepare, ValidationTakesEveryKthDocument) {
   TempDir dir;
   // 10 JSONL documents at f = 0.25: documents 3 and 7 (floor((i+1)/4) steps) for validation.

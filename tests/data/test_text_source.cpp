@@ -247,20 +247,99 @@ TEST(TextSource, JsonlLines) {
   EXPECT_EQ(docs[1].origin, dir / "a.jsonl:4");
   EXPECT_EQ(docs[2].origin, dir / "a.jsonl:5");
 
-  // Another field, a forced format, and auto-detection by name (.ndjson; .json is text).
+  // Another field, a forced format, and auto-detection by name (.ndjson) and by content (a
+  // .json file in JSON Lines form, as datasets.to_json writes it).
   write_file(dir / "b.txt", "{\"content\": \"c\"}\n");
   write_file(dir / "c.ndjson", "{\"content\": \"d\"}\n");
   write_file(dir / "d.json", "{\"content\": \"e\"}\n");
   TextSourceOptions content;
   content.text_field = "content";
   EXPECT_EQ(texts_of(read_all({dir / "c.ndjson", dir / "d.json"}, content)),
-            (std::vector<std::string>{"d", "{\"content\": \"e\"}\n"}));
+            (std::vector<std::string>{"d", "e"}));
   content.format = TextFormat::jsonl;
   EXPECT_EQ(texts_of(read_all({dir / "b.txt"}, content)), std::vector<std::string>{"c"});
   TextSourceOptions text;
   text.format = TextFormat::text;
   EXPECT_EQ(texts_of(read_all({dir / "c.ndjson"}, text)),
             std::vector<std::string>{"{\"content\": \"d\"}\n"});
+}
+
+// A .json file is JSON Lines when its first non-blank line is a whole object; JSON of any other
+// shape is refused by name with the way forward, never read as the text of its syntax.
+TEST(TextSource, JsonFilesAreJsonLinesOrRefused) {
+  TempDir dir;
+  write_file(dir / "records.json", "\n{\"text\": \"a\"}\n{\"text\": \"b\"}\n");
+  const std::vector<Document> docs = read_all({gzip(dir / "records.json")});
+  EXPECT_EQ(texts_of(docs), (std::vector<std::string>{"a", "b"}));
+  ASSERT_EQ(docs.size(), 2u);
+  EXPECT_EQ(docs[0].origin, dir / "records.json.gz:2");  // line numbers count the blank line
+  EXPECT_EQ(docs[1].origin, dir / "records.json.gz:3");
+  write_file(dir / "empty.json", "\n \n");
+  EXPECT_TRUE(read_all({dir / "empty.json"}).empty());
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"array.json", "[{\"text\": \"a\"}, {\"text\": \"b\"}]\n"},
+      {"pretty.json", "{\n  \"text\": \"a\"\n}\n"},
+      {"scalar.json", "\"just a string\"\n"},
+      {"broken.json", "{\"text\": \"a\"\n"},
+      {"two.json", "{\"text\": \"a\"} {\"text\": \"b\"}\n"},
+  };
+  for (const auto& [name, content] : refused) {
+    write_file(dir / name, content);
+    try {
+      read_all({dir / name});
+      ADD_FAILURE() << name << " was read";
+    } catch (const Error& e) {
+      EXPECT_TRUE(starts_with(e.what(), dir / name + ": a .json file is read as JSON Lines"));
+      EXPECT_TRUE(contains(e.what(), "--format text"));
+    }
+    // Named as text, it is read as text.
+    TextSourceOptions text;
+    text.format = TextFormat::text;
+    EXPECT_EQ(texts_of(read_all({dir / name}, text)), std::vector<std::string>{content}) << name;
+  }
+}
+
+// Paragraphs and lines: every byte kept, line ends and blank lines with the document before
+// them (the leading ones with the first), whatever the line ends and the last line.
+TEST(TextSource, ParagraphsAndLinesLoseNoByte) {
+  TempDir dir;
+  struct Case {
+    std::string text;
+    std::vector<std::string> paragraphs, lines;
+  };
+  const std::vector<Case> cases = {
+      {"First Citizen:\nBefore we proceed.\n\nAll:\nSpeak, speak.\n",
+       {"First Citizen:\nBefore we proceed.\n\n", "All:\nSpeak, speak.\n"},
+       {"First Citizen:\n", "Before we proceed.\n\n", "All:\n", "Speak, speak.\n"}},
+      {"\n\na\r\n \t\r\n\nb\nc",
+       {"\n\na\r\n \t\r\n\n", "b\nc"},
+       {"\n\na\r\n \t\r\n\n", "b\n", "c"}},
+      {"one line, no end", {"one line, no end"}, {"one line, no end"}},
+      {"\n \n", {"\n \n"}, {"\n \n"}},
+      {"", {}, {}},
+  };
+  for (const Case& c : cases) {
+    write_file(dir / "t.txt", c.text);
+    TextSourceOptions options;
+    options.documents = TextDocuments::paragraph;
+    EXPECT_EQ(texts_of(read_all({dir / "t.txt"}, options)), c.paragraphs) << c.text;
+    options.documents = TextDocuments::line;
+    EXPECT_EQ(texts_of(read_all({zstd(dir / "t.txt")}, options)), c.lines) << c.text;
+  }
+  // Across files and past a decompressed block (1 MiB), origins at each document's first
+  // line that is not blank.
+  std::string big;
+  while (big.size() < (size_t(3) << 19)) big += "a long paragraph line\n";
+  write_file(dir / "big.txt", "\n" + big + "\nnext\n");
+  write_file(dir / "small.txt", "x\n\ny");
+  TextSourceOptions options;
+  options.documents = TextDocuments::paragraph;
+  const std::vector<Document> docs = read_all({dir / "big.txt", dir / "small.txt"}, options);
+  EXPECT_EQ(texts_of(docs), (std::vector<std::string>{"\n" + big + "\n", "next\n", "x\n\n", "y"}));
+  ASSERT_EQ(docs.size(), 4u);
+  EXPECT_EQ(docs[0].origin, dir / "big.txt:2");
+  EXPECT_EQ(docs[2].origin, dir / "small.txt:1");
+  EXPECT_EQ(docs[3].origin, dir / "small.txt:3");
 }
 
 // Lines and documents longer than a decompressed block (1 MiB), in every compression.
