@@ -195,7 +195,13 @@ class HfBpeTokenizer final : public Tokenizer {
     if (eos_) names.eos = id_to_token_[size_t(*eos_)];
     if (unk_) names.unk = id_to_token_[size_t(*unk_)];
     json added = json::object();
-    for (const json& t : added_tokens_) added[std::to_string(t["id"].get<int64_t>())] = t;
+    // tokenizer_config.json's entries are AddedToken's arguments, keyed by id: an "id" inside
+    // one makes the tokenizers library print "Ignored unknown kwarg option id" on every load.
+    for (json t : added_tokens_) {
+      const std::string id = std::to_string(t["id"].get<int64_t>());
+      t.erase("id");
+      added[id] = std::move(t);
+    }
     write_hf_tokenizer_config(
         dir, "PreTrainedTokenizerFast", names,
         {{"added_tokens_decoder", added}, {"clean_up_tokenization_spaces", false}});

@@ -130,6 +130,11 @@ void write_hf_tokenizer_config(const fs::path& dir, const std::string& tokenizer
     config[key] = name ? json(*name) : json();
     if (name) special[key] = *name;
   }
+  if (names.eos) {
+    config["pad_token"] = *names.eos;
+    special["pad_token"] = *names.eos;
+  }
+  config["model_input_names"] = {"input_ids", "attention_mask"};
   config.update(extra);
   write_file_atomically(dir / "tokenizer_config.json", config.dump(2) + "\n");
   write_file_atomically(dir / "special_tokens_map.json", special.dump(2) + "\n");

@@ -23,7 +23,9 @@ struct SpecialTokenNames {
 SpecialTokenNames read_special_token_names(const fs::path& dir);
 
 // Writes tokenizer_config.json (with `extra` merged in) and special_tokens_map.json into
-// `dir`, as transformers' save_pretrained does.
+// `dir`, as transformers' save_pretrained does. The model takes input_ids and attention_mask
+// only (no token_type_ids: `model.generate(**tokenizer(text, return_tensors="pt"))` works), and
+// EOS pads where there is one (LLaMA's tokenizers have no pad token), so that batches pad.
 void write_hf_tokenizer_config(const fs::path& dir, const std::string& tokenizer_class,
                                const SpecialTokenNames& names, const nlohmann::json& extra);
 // A byte-level BPE tokenizer.json as HF tokenizers writes one (what bottle saves for

@@ -347,6 +347,8 @@ void write_hf_config(const ModelConfig& c, const std::string& path, DType stored
   j["hidden_act"] = "silu";
   j["bos_token_id"] = ids.bos ? nlohmann::ordered_json(*ids.bos) : nlohmann::ordered_json();
   j["eos_token_id"] = ids.eos ? nlohmann::ordered_json(*ids.eos) : nlohmann::ordered_json();
+  // generate() pads finished sequences of a batch with EOS, as the tokenizer files do.
+  j["pad_token_id"] = ids.eos ? nlohmann::ordered_json(*ids.eos) : nlohmann::ordered_json();
   j["torch_dtype"] = stored == DType::bf16 ? "bfloat16" : "float32";
   if (c.bottleneck != BottleneckKind::none) {
     nlohmann::ordered_json b;

@@ -416,15 +416,22 @@ TEST(SaveAndFind, TokenizerJsonRoundTrip) {
     const json config = json::parse(read_bytes(out + "/tokenizer_config.json"));
     const json map = json::parse(read_bytes(out + "/special_tokens_map.json"));
     EXPECT_EQ(config["tokenizer_class"], "PreTrainedTokenizerFast");
+    EXPECT_EQ(config["model_input_names"], json({"input_ids", "attention_mask"}));
     if (std::string(name) == "gpt") {
       EXPECT_EQ(config["bos_token"], "<|pad|>");
       EXPECT_EQ(config["eos_token"], "<|endoftext|>");
       EXPECT_TRUE(config["unk_token"].is_null());
-      EXPECT_EQ(map, json({{"bos_token", "<|pad|>"}, {"eos_token", "<|endoftext|>"}}));
+      EXPECT_EQ(map, json({{"bos_token", "<|pad|>"},
+                           {"eos_token", "<|endoftext|>"},
+                           {"pad_token", "<|endoftext|>"}}));
       EXPECT_EQ(config["added_tokens_decoder"]["262"]["content"], "[X]");
+      EXPECT_FALSE(config["added_tokens_decoder"]["262"].contains("id"));
       EXPECT_EQ(found->bos_id(), 263);
     } else {
-      EXPECT_EQ(map, json({{"bos_token", "<s>"}, {"eos_token", "</s>"}, {"unk_token", "<unk>"}}));
+      EXPECT_EQ(map, json({{"bos_token", "<s>"},
+                           {"eos_token", "</s>"},
+                           {"pad_token", "</s>"},
+                           {"unk_token", "<unk>"}}));
       EXPECT_EQ(found->bos_id(), 1);
     }
   }

@@ -5,6 +5,7 @@ Runs with the Python of .venv-hf (scripts/setup.sh: pinned transformers on Debia
 Every mode prints one JSON object on stdout; errors print one line on stderr and exit 1.
 
   model --model DIR [--tokens FILE] [--generate IDS --new-tokens N] [--text FILE]
+        [--prompt TEXT]
       Loads DIR as transformers would: LlamaForCausalLM for config.json's LlamaForCausalLM,
       else AutoModelForCausalLM with trust_remote_code (bottle's modeling file). Reports the
       class, the missing / unexpected / mismatched keys and every warning logged while loading.
@@ -14,6 +15,10 @@ Every mode prints one JSON object on stdout; errors print one line on stderr and
       stopping early. --text: AutoTokenizer.from_pretrained(DIR)'s ids of the file's text
       (no special tokens added, special tokens' strings taken as text, as bottle encodes a
       corpus) and its class; --slow: the slow (Python) tokenizer class instead.
+      --prompt TEXT: transformers' usual call, model.generate(**tokenizer(TEXT,
+      return_tensors="pt"), max_new_tokens=N, do_sample=False), with AutoTokenizer of DIR;
+      reports the new ids, whether the last is EOS, and everything the load and the call
+      printed, logged or warned.
   save-llama --out DIR --hidden D --intermediate F --layers L --heads H --kv-heads K --vocab V
              [--tied] --dtype f32|bf16|f16 [--max-shard-size SIZE] [--seed S]
       A random LlamaForCausalLM written by save_pretrained (safetensors; sharded with an index
@@ -118,7 +123,52 @@ def mode_model(args):
             out["generated"] = ids[0, prompt.shape[1]:].tolist()
     if args.text:
         out.update(tokenize(args.model, args.text, not args.slow))
+    if args.prompt is not None:
+        out.update(generate_from_text(model, args.model, args.prompt, args.new_tokens))
     print(json.dumps(out))
+
+
+def generate_from_text(model, directory, prompt, new_tokens):
+    """The call users copy from transformers' documentation, watched for every complaint."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    collect = Collect()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(collect)
+    # The tokenizers library prints its complaints from Rust, past Python's sys.stdout.
+    sys.stdout.flush()
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as printed, warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        os.dup2(printed.fileno(), 1)
+        os.dup2(printed.fileno(), 2)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(directory)
+            inputs = tokenizer(prompt, return_tensors="pt")
+            with torch.no_grad():
+                ids = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+        printed.seek(0)
+        output = printed.read().decode("utf-8", "replace")
+    logger.removeHandler(collect)
+    new = ids[0, inputs["input_ids"].shape[1]:].tolist()
+    # transformers 4.45 announces a change of its own on every LLaMA forward, whatever the
+    # model files say: not a complaint about them.
+    notice = "Starting from v4.46, the `logits` model output will have the same type"
+    complaints = collect.messages + [str(w.message) for w in caught] + output.splitlines()
+    return {
+        "prompt_inputs": sorted(inputs.keys()),
+        "prompt_generated": new,
+        "prompt_ended_at_eos": bool(new) and new[-1] == tokenizer.eos_token_id,
+        "prompt_complaints": [c for c in complaints if c.strip() and not c.startswith(notice)],
+    }
 
 
 def tokenize(directory, text_file, use_fast):
@@ -244,6 +294,7 @@ def main():
     m.add_argument("--model", required=True)
     m.add_argument("--tokens")
     m.add_argument("--generate")
+    m.add_argument("--prompt")
     m.add_argument("--new-tokens", type=int, default=32)
     m.add_argument("--text")
     m.add_argument("--slow", action="store_true")

@@ -5,7 +5,8 @@
 //    bottle writes; their fp32 logits agree within 1e-4 and greedy generate() gives the ids of
 //    `bottle sample --temperature 0`;
 //  - training checkpoints and exports carry tokenizers that AutoTokenizer loads and that
-//    encode as bottle does;
+//    encode as bottle does, and `model.generate(**tokenizer(text, return_tensors="pt"))` runs
+//    on them without a complaint;
 //  - LLaMA checkpoints saved by transformers (one file or sharded; f32, bf16, f16) evaluate in
 //    bottle with transformers' loss and train on with --init-from on TP and PP layouts;
 //  - bottle lowrank; and bad input, one clear error each.
@@ -231,7 +232,13 @@ TEST(HfTokenizers, CheckpointAndExportTokenizersLoadWithAutoTokenizer) {
         EXPECT_EQ(slow["tokenizer_class"], "LlamaTokenizer");
         EXPECT_EQ(slow["tokenizer_ids"], ours) << model_dir;
       }
-      const json fast = oracle(fmt::format("model --model {} --text {}", model_dir, text));
+      const json fast = oracle(fmt::format(
+          "model --model {} --text {} --prompt 'Q: why?' --new-tokens 8", model_dir, text));
+      // transformers' usual call: no token_type_ids, nothing printed, logged or warned.
+      EXPECT_EQ(fast["prompt_inputs"], json({"attention_mask", "input_ids"}));
+      EXPECT_EQ(fast["prompt_complaints"], json::array()) << model_dir;
+      const size_t generated = fast["prompt_generated"].size();
+      EXPECT_TRUE(generated == 8 || (generated >= 1 && fast["prompt_ended_at_eos"])) << fast;
       EXPECT_TRUE(fast["tokenizer_class"].get<std::string>().ends_with("Fast"));
       if (k.fast_exact) {
         EXPECT_EQ(fast["tokenizer_ids"], ours) << model_dir;
