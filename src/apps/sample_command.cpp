@@ -1,7 +1,10 @@
 // `bottle sample --checkpoint DIR --prompt TEXT [--tokens N] [--temperature T] [--top-k K]
-// [--seed S] [--json]`: generation from a model directory with the tokenizer saved in it
-// (byte-level when it holds none). The text streams out as it is made, never cutting a UTF-8
-// character; --json prints the ids instead (what a comparison with transformers reads).
+// [--top-p P] [--num-samples M] [--ignore-eos] [--seed S] [--json]`: generation from a model
+// directory with the tokenizer saved in it (byte-level when it holds none). The text streams
+// out as it is made, never cutting a UTF-8 character; --json prints the ids instead (what a
+// comparison with transformers reads). A sample ends after N tokens or at the end of a
+// document: EOS, or the delimiter prepare writes before every document (BOS where the
+// tokenizer has one), which is not printed.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -27,22 +30,32 @@ const CommandKeys kSampleKeys{"sample",
                               {},
                               {},
                               "it runs the checkpoint's model on one process, with --tokens, "
-                              "--temperature, --top-k and --seed"};
+                              "--temperature, --top-k, --top-p and --seed"};
 
-// Draws from softmax(logits / T) restricted to the k largest (k = 0: all); T = 0: argmax.
-int32_t draw(const float* logits, int64_t vocab, float temperature, int64_t top_k,
+// Draws from softmax(logits / T) restricted to the k largest (k = 0: all), then to the fewest
+// most likely whose probabilities sum to at least p (nucleus sampling; p = 1: all); T = 0:
+// argmax.
+int32_t draw(const float* logits, int64_t vocab, float temperature, int64_t top_k, double top_p,
              std::mt19937_64& rng) {
   std::vector<int32_t> ids(static_cast<size_t>(vocab));
   for (int64_t i = 0; i < vocab; ++i) ids[i] = int32_t(i);
   auto by_logit = [&](int32_t a, int32_t b) { return logits[a] > logits[b]; };
   if (temperature <= 0.0f) return *std::min_element(ids.begin(), ids.end(), by_logit);
-  const int64_t keep = top_k > 0 ? std::min(top_k, vocab) : vocab;
+  int64_t keep = top_k > 0 ? std::min(top_k, vocab) : vocab;
   std::partial_sort(ids.begin(), ids.begin() + keep, ids.end(), by_logit);
   std::vector<double> weights(static_cast<size_t>(keep));
   for (int64_t i = 0; i < keep; ++i)
     weights[i] = std::exp(double(logits[ids[i]] - logits[ids[0]]) / temperature);
   double total = 0.0;
   for (double w : weights) total += w;
+  if (top_p < 1.0) {
+    // The weights fall with i: the nucleus is a prefix of them.
+    double mass = 0.0;
+    int64_t nucleus = 0;
+    while (nucleus < keep && mass < top_p * total) mass += weights[nucleus++];
+    keep = std::max<int64_t>(nucleus, 1);
+    total = mass;
+  }
   // A uniform from 53 random bits: the same stream on every standard library.
   double u = double(rng() >> 11) * 0x1.0p-53 * total;
   for (int64_t i = 0; i < keep; ++i) {
@@ -84,10 +97,11 @@ class TextStream {
 Command add_sample_command(CLI::App& app) {
   struct Options {
     std::string checkpoint, prompt;
-    int64_t tokens = 200, top_k = 0;
+    int64_t tokens = 200, top_k = 0, num_samples = 1;
     float temperature = 0.8f;
+    double top_p = 1.0;
     uint64_t seed = 0;
-    bool json = false;
+    bool json = false, ignore_eos = false;
     std::vector<std::string> overrides;
   };
   auto o = std::make_shared<Options>();
@@ -102,10 +116,20 @@ Command add_sample_command(CLI::App& app) {
       ->check(finite_in(0, 1e30));
   app.add_option("--top-k", o->top_k, "sample among the k most likely tokens (0 = all)")
       ->check(integer_in(0));
+  app.add_option(
+         "--top-p", o->top_p,
+         "sample among the fewest most likely tokens whose probabilities sum to p (1 = all)")
+      ->check(finite_in(0, 1));
+  app.add_option("--num-samples", o->num_samples,
+                 "samples of the prompt, one after another from one random stream")
+      ->check(integer_in(1, 1'000'000));
+  app.add_flag("--ignore-eos", o->ignore_eos,
+               "keep generating past the end of a document (EOS or the document delimiter)");
   app.add_option("--seed", o->seed, "random seed")->check(integer_in(0));
   app.add_flag("--json", o->json,
-               "print one JSON object at the end instead of streaming text: {\"prompt_ids\", "
-               "\"ids\" (the generated ones), \"text\" (their decoded continuation)}");
+               "print one JSON object per sample instead of streaming text: {\"prompt_ids\", "
+               "\"ids\" (the generated ones), \"text\" (their decoded continuation), "
+               "\"stop\" (\"tokens\" or \"eos\")}");
   app.add_option("--set", o->overrides,
                  "train's section.key=value; sample runs on one process and takes none");
   return [o] {
@@ -142,7 +166,12 @@ Command add_sample_command(CLI::App& app) {
     for (int32_t t : tokens)
       BOTTLE_CHECK(t < vocab, "sample: prompt token {} is outside the model's vocabulary of {}", t,
                    vocab);
-    const size_t prompt_tokens = tokens.size();
+    const std::vector<int32_t> prompt_ids = tokens;
+    // The tokens that end a document: EOS, and the delimiter prepare writes before each one.
+    std::vector<int32_t> ends;
+    if (!o->ignore_eos)
+      for (const std::optional<int32_t> id : {tokenizer->eos_id(), tokenizer->document_delimiter()})
+        if (id) ends.push_back(*id);
     // One fixed window; the causal mask makes the positions after the last token irrelevant.
     const int64_t window = std::min<int64_t>(c.max_seq_len, int64_t(tokens.size()) + o->tokens);
     model->allocate_activations(1, window);
@@ -151,41 +180,56 @@ Command add_sample_command(CLI::App& app) {
     std::vector<int32_t> staged(static_cast<size_t>(window));   // the window, on the host
     std::vector<float> last(static_cast<size_t>(vocab));  // the last position's logits, on the host
     std::mt19937_64 rng(o->seed);
-    // The prompt as given, then what the model adds: the decoded continuation beyond the
-    // decoded prompt (a tokenizer need not give the prompt's bytes back exactly).
-    if (!o->json) std::fwrite(o->prompt.data(), 1, o->prompt.size(), stdout);
     const std::string decoded_prompt = tokenizer->decode(tokens);
-    TextStream stream;
-    auto continuation = [&] {
-      const std::string all = tokenizer->decode(tokens);
-      return all.starts_with(decoded_prompt) ? all.substr(decoded_prompt.size()) : all;
+    // The decoded continuation beyond the decoded prompt (a tokenizer need not give the
+    // prompt's bytes back exactly); `generated` excludes an ending token.
+    auto continuation = [&](const std::vector<int32_t>& generated) {
+      std::vector<int32_t> all = prompt_ids;
+      all.insert(all.end(), generated.begin(), generated.end());
+      const std::string text = tokenizer->decode(all);
+      return text.starts_with(decoded_prompt) ? text.substr(decoded_prompt.size()) : text;
     };
-    for (int64_t i = 0; i < o->tokens; ++i) {
-      const int64_t start = std::max<int64_t>(0, int64_t(tokens.size()) - window);
-      const int64_t used = int64_t(tokens.size()) - start;
-      std::fill(staged.begin(), staged.end(), 0);
-      std::copy(tokens.begin() + start, tokens.end(), staged.begin());
-      be->from_host(input, staged.data());
-      const Tensor logits = model->forward_logits(*be, input);
-      be->to_host(last.data(), logits.view((used - 1) * vocab, {vocab}));
-      BOTTLE_CHECK(std::all_of(last.begin(), last.end(), [](float x) { return std::isfinite(x); }),
-                   "{}: the model gives non-finite logits after {} tokens; its weights are "
-                   "damaged",
-                   o->checkpoint, tokens.size());
-      tokens.push_back(draw(last.data(), drawable, o->temperature, o->top_k, rng));
-      if (!o->json) stream.update(continuation(), /*last=*/false);
+    for (int64_t sample = 0; sample < o->num_samples; ++sample) {
+      // The prompt as given, then what the model adds.
+      if (!o->json) {
+        if (sample > 0) std::fputs("---\n", stdout);
+        std::fwrite(o->prompt.data(), 1, o->prompt.size(), stdout);
+      }
+      tokens = prompt_ids;
+      std::vector<int32_t> generated;
+      bool ended = false;
+      TextStream stream;
+      for (int64_t i = 0; i < o->tokens && !ended; ++i) {
+        const int64_t start = std::max<int64_t>(0, int64_t(tokens.size()) - window);
+        const int64_t used = int64_t(tokens.size()) - start;
+        std::fill(staged.begin(), staged.end(), 0);
+        std::copy(tokens.begin() + start, tokens.end(), staged.begin());
+        be->from_host(input, staged.data());
+        const Tensor logits = model->forward_logits(*be, input);
+        be->to_host(last.data(), logits.view((used - 1) * vocab, {vocab}));
+        BOTTLE_CHECK(
+            std::all_of(last.begin(), last.end(), [](float x) { return std::isfinite(x); }),
+            "{}: the model gives non-finite logits after {} tokens; its weights are damaged",
+            o->checkpoint, tokens.size());
+        const int32_t id = draw(last.data(), drawable, o->temperature, o->top_k, o->top_p, rng);
+        tokens.push_back(id);
+        ended = std::find(ends.begin(), ends.end(), id) != ends.end();
+        if (!ended) generated.push_back(id);
+        if (!o->json && !ended) stream.update(continuation(generated), /*last=*/false);
+      }
+      if (o->json) {
+        const nlohmann::json out = {
+            {"prompt_ids", prompt_ids},
+            {"ids", std::vector<int32_t>(tokens.begin() + long(prompt_ids.size()), tokens.end())},
+            {"text", continuation(generated)},
+            {"stop", ended ? "eos" : "tokens"}};
+        std::printf("%s\n",
+                    out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        continue;
+      }
+      if (!generated.empty()) stream.update(continuation(generated), /*last=*/true);
+      std::fputc('\n', stdout);
     }
-    if (o->json) {
-      const nlohmann::json out = {
-          {"prompt_ids", std::vector<int32_t>(tokens.begin(), tokens.begin() + prompt_tokens)},
-          {"ids", std::vector<int32_t>(tokens.begin() + prompt_tokens, tokens.end())},
-          {"text", continuation()}};
-      std::printf("%s\n",
-                  out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-      return 0;
-    }
-    if (tokens.size() > prompt_tokens) stream.update(continuation(), /*last=*/true);
-    std::fputc('\n', stdout);
     return 0;
   };
 }

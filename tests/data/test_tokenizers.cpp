@@ -789,6 +789,79 @@ TEST_F(RoundTrip, CheckpointWhoseTokenizerExceedsItsConfigIsRefused) {
                    {copy + "/config.json", "vocab_size = 272"});
 }
 
+// --num-samples draws one sample after another from one random stream; --top-p 0 keeps only
+// the most likely token (greedy), and --top-p 1 changes nothing.
+TEST_F(RoundTrip, SampleTopPAndSeveralSamples) {
+  auto samples = [&](const std::string& options) {
+    const CommandResult r =
+        run(fmt::format("{} sample --checkpoint {} --prompt 'the river' --tokens 12 --json "
+                        "--ignore-eos {} 2>/dev/null",
+                        bottle_binary(), checkpoint_, options));
+    EXPECT_EQ(r.status, 0) << r.output;
+    std::vector<json> out;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) out.push_back(json::parse(line));
+    return out;
+  };
+  const std::vector<json> greedy = samples("--temperature 0");
+  ASSERT_EQ(greedy.size(), 1u);
+  EXPECT_EQ(samples("--temperature 1 --top-p 0")[0]["ids"], greedy[0]["ids"]);
+  const std::vector<json> three = samples("--temperature 1 --seed 5 --num-samples 3");
+  ASSERT_EQ(three.size(), 3u);
+  EXPECT_EQ(samples("--temperature 1 --seed 5")[0]["ids"], three[0]["ids"]);
+  EXPECT_EQ(samples("--temperature 1 --seed 5 --top-p 1 --num-samples 3"), three);
+  EXPECT_NE(three[0]["ids"], three[1]["ids"]);  // 12 tokens drawn at T = 1 from 272
+  for (const json& j : three) EXPECT_EQ(j["stop"], "tokens");
+  // In text, the samples follow one another, each after the prompt, "---" between them.
+  const CommandResult text =
+      run(fmt::format("{} sample --checkpoint {} --prompt 'the river' --tokens 6 --num-samples 2 "
+                      "--seed 5 2>/dev/null",
+                      bottle_binary(), checkpoint_));
+  ASSERT_EQ(text.status, 0) << text.output;
+  EXPECT_TRUE(text.output.starts_with("the river")) << text.output;
+  EXPECT_NE(text.output.find("\n---\nthe river"), std::string::npos) << text.output;
+  expect_one_error(run(fmt::format("{} sample --checkpoint {} --prompt a --top-p 1.5",
+                                   bottle_binary(), checkpoint_)),
+                   {"--top-p"});
+}
+
+// A model that learnt where documents end stops there: one-line documents (prepare
+// --documents line), each after the delimiter <|endoftext|>, so "a\n" is followed by it.
+TEST(SampleStops, AtTheEndOfADocument) {
+  TempDir dir;
+  const std::string tokenizer = write_json(dir, "tok/tokenizer.json", byte_level_json());
+  std::string lines;
+  for (int i = 0; i < 400; ++i) lines += "a\n";
+  write_text(dir / "lines.txt", lines);
+  const CommandResult p =
+      run(fmt::format("{} prepare --tokenizer {} --input {} --output {} --documents line "
+                      "--val-fraction 0 --no-progress",
+                      bottle_binary(), tokenizer, dir / "lines.txt", dir / "data"));
+  ASSERT_EQ(p.status, 0) << p.output;
+  write_train_config(dir / "train.toml", 272, dir / "data", dir / "run");
+  const CommandResult t =
+      run(fmt::format("{} train {} --set training.steps=60", bottle_binary(), dir / "train.toml"));
+  ASSERT_EQ(t.status, 0) << t.output;
+  const std::string checkpoint = only_checkpoint(dir / "run");
+  const CommandResult r = run(fmt::format(
+      "{} sample --checkpoint {} --prompt a --tokens 10 --temperature 0 --json 2>/dev/null",
+      bottle_binary(), checkpoint));
+  ASSERT_EQ(r.status, 0) << r.output;
+  const json j = json::parse(r.output);
+  EXPECT_EQ(j["stop"], "eos") << j;
+  EXPECT_EQ(j["ids"].back(), 261) << j;  // the delimiter ends the sample, and is not its text
+  EXPECT_EQ(j["text"], "\n") << j;
+  const CommandResult text = run(
+      fmt::format("{} sample --checkpoint {} --prompt a --tokens 10 --temperature 0 2>/dev/null",
+                  bottle_binary(), checkpoint));
+  EXPECT_EQ(text.output, "a\n\n") << text.output;
+  const CommandResult on = run(fmt::format(
+      "{} sample --checkpoint {} --prompt a --tokens 10 --temperature 0 --json --ignore-eos "
+      "2>/dev/null",
+      bottle_binary(), checkpoint));
+  EXPECT_EQ(json::parse(on.output)["ids"].size(), 10u) << on.output;
+}
+
 TEST(ByteLevelRoundTrip, BitsPerByteIsLossOverLn2) {
   TempDir dir;
   std::string inputs;
