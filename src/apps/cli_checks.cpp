@@ -5,7 +5,11 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+
+#include "comm/communicator.h"
+#include "train/checkpoint_store.h"
 
 namespace bottle {
 
@@ -65,6 +69,14 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
       best_distance = dist;
     }
   return best.empty() ? std::string() : fmt::format("; did you mean '{}'?", best);
+}
+
+std::string checkpoint_option(const std::string& given, const std::string& command) {
+  const std::string dir = model_directory(given);
+  if (dir != given && world_communicator().rank() == 0)
+    std::fprintf(stderr, "%s: %s is a run's folder: its newest checkpoint is %s\n", command.c_str(),
+                 given.c_str(), dir.c_str());
+  return dir;
 }
 
 }  // namespace bottle

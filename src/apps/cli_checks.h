@@ -20,6 +20,11 @@ CLI::Validator integer_in(int64_t lo, int64_t hi = kNoLimit);
 CLI::Validator finite_in(double lo, double hi = std::numeric_limits<double>::infinity(),
                          bool hi_open = false);
 
+// The model directory of a command's --checkpoint: the directory given, or for a run's folder
+// its newest checkpoint, which the first rank names on stderr ("eval: runs/tiny is a run's
+// folder: its newest checkpoint is runs/tiny/step_00002000").
+std::string checkpoint_option(const std::string& given, const std::string& command);
+
 // "; did you mean 'train'?" for the name of `names` closest to `word` (at most two edits away,
 // or one for a short word), else "".
 std::string did_you_mean(const std::string& word, const std::vector<std::string>& names);

@@ -3,20 +3,25 @@
 // [k·B·S + j·S, … + S) and its targets the same window shifted by one (docs/design.md §12). Under
 // any layout (mpirun -np tp·pp·dp): DP replica r evaluates batches r, r + dp, ...; each
 // batch runs through the pipeline stages forward only; the loss sums add up exactly.
+#include <fmt/ranges.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <regex>
+#include <set>
 
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/process_groups.h"
 #include "data/shard_meta.h"
 #include "model/checkpoint.h"
+#include "train/data_files.h"
 #include "train/data_loader.h"
 #include "train/memory_plan.h"
 #include "train/run_tokenizer.h"
@@ -45,6 +50,52 @@ double exact_sum(Communicator& world, double mine) {
   return total;
 }
 
+// prepare writes a directory's splits as <prefix>_train_NNNNNN.bin and <prefix>_val_NNNNNN.bin:
+// a directory holding both is evaluated on its validation split, never on the two mixed, and
+// says so on stderr; any other --data is taken as it is.
+std::string validation_split_of(const std::string& data) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(data, ec)) return data;
+  std::set<std::string> train, val;
+  static const std::regex kShard("(.+)_(train|val)_[0-9]+\\.bin");
+  for (const auto& e : fs::directory_iterator(data, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (std::regex_match(name, m, kShard)) (m[2] == "val" ? val : train).insert(m[1]);
+  }
+  if (train.empty() || val.empty()) return data;
+  BOTTLE_CHECK(val.size() == 1,
+               "{}: --data holds the validation shards of several data sets ({}); name one, as "
+               "'{}/PREFIX_val_*.bin'",
+               data, fmt::join(val, ", "), data);
+  const std::string pattern = (fs::path(data) / (*val.begin() + "_val_*.bin")).string();
+  if (world_communicator().rank() == 0)
+    std::fprintf(stderr,
+                 "eval: %s holds a train and a validation split: evaluating the validation split "
+                 "%s\n",
+                 data.c_str(), pattern.c_str());
+  return pattern;
+}
+
+// The shards record the tokenizer prepare made them with: a model of another tokenizer would
+// give a loss of ids that mean other text.
+void check_tokenizer_matches_data(const Tokenizer* tokenizer, const std::string& checkpoint,
+                                  const std::string& data) {
+  const std::vector<std::string> files = resolve_data_files(data);
+  const auto meta = split_meta_of_shard(files.front());
+  if (!meta || meta->second.tokenizer_kind.empty()) return;
+  const SplitMeta& m = meta->second;
+  const std::string kind = tokenizer ? std::string(tokenizer->kind()) : "bytes";
+  const int64_t vocab = tokenizer ? tokenizer->vocab_size() : 256;
+  BOTTLE_CHECK(kind == m.tokenizer_kind && vocab == m.vocab_size,
+               "{}: the shards were made with {} ({} kind, vocabulary {}), but the model of {} "
+               "reads {}; evaluate it on shards that `bottle prepare --tokenizer {}` made",
+               meta->first.string(), m.tokenizer, m.tokenizer_kind, m.vocab_size, checkpoint,
+               tokenizer ? tokenizer->describe() : std::string("byte-level ids (no tokenizer)"),
+               checkpoint);
+}
+
 }  // namespace
 
 Command add_eval_command(CLI::App& app) {
@@ -56,9 +107,14 @@ Command add_eval_command(CLI::App& app) {
     std::vector<std::string> overrides;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--checkpoint", o->checkpoint, "model directory (config.json + model.safetensors)")
+  app.add_option("--checkpoint", o->checkpoint,
+                 "model directory (config.json + model.safetensors), or a run's folder for its "
+                 "newest checkpoint")
       ->required();
-  app.add_option("--data", o->data, "token shard: a file, a directory or a glob")->required();
+  app.add_option("--data", o->data,
+                 "token shards: a file, a glob, or a directory (its validation split where it "
+                 "holds prepare's train and val shards)")
+      ->required();
   app.add_option("--batches", o->batches, "number of batches (default: every full batch)")
       ->check(integer_in(1));
   app.add_option("--seq", o->seq, "sequence length (default: min(1024, max_position_embeddings))")
@@ -73,6 +129,8 @@ Command add_eval_command(CLI::App& app) {
                  "parallel.pp, parallel.dp (under mpirun -np tp*pp*dp)");
   return [o] {
     if (o->threads > 0) omp_set_num_threads(o->threads);
+    o->checkpoint = checkpoint_option(o->checkpoint, "eval");
+    o->data = validation_split_of(o->data);
     auto be = make_backend(o->backend);
     const ModelConfig c = read_model_config(o->checkpoint);
     ConfigKeysGiven given;
@@ -96,7 +154,9 @@ Command add_eval_command(CLI::App& app) {
     check_parameter_memory(c, false, p.tp * p.pp, 1, world, what, advice);
     check_available_memory(plan_model_memory(c, tp, o->batch, seq, false, stage), world, what,
                            advice);
-    checkpoint_tokenizer(o->checkpoint, c);  // a checkpoint that disagrees with itself
+    // A checkpoint that disagrees with itself, or with the shards' own description.
+    check_tokenizer_matches_data(checkpoint_tokenizer(o->checkpoint, c).get(), o->checkpoint,
+                                 o->data);
     LlamaModel model(c, tp, 1, stage, /*reserve_only=*/false, *be);
     load_model_weights(model, o->checkpoint);
     TokenLoader loader(o->data, o->batch, seq, 0, groups.dp_rank, p.dp, /*shuffle=*/false);

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/communicator.h"
 #include "model/checkpoint.h"
@@ -18,7 +19,9 @@ Command add_export_command(CLI::App& app) {
     std::string checkpoint, out, dtype = "f32";
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--checkpoint", o->checkpoint, "checkpoint directory (any layout)")->required();
+  app.add_option("--checkpoint", o->checkpoint,
+                 "checkpoint directory (any layout), or a run's folder for its newest one")
+      ->required();
   app.add_option("--out", o->out,
                  "new directory for config.json, model.safetensors and the tokenizer")
       ->required();
@@ -28,6 +31,7 @@ Command add_export_command(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "bf16"}));
   return [o] {
     namespace fs = std::filesystem;
+    o->checkpoint = checkpoint_option(o->checkpoint, "export");
     BOTTLE_CHECK(fs::weakly_canonical(o->out) != fs::weakly_canonical(o->checkpoint),
                  "export: --out must differ from --checkpoint ({})", o->checkpoint);
     BOTTLE_CHECK(world_communicator().size() == 1,

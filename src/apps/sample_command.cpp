@@ -105,7 +105,9 @@ Command add_sample_command(CLI::App& app) {
     std::vector<std::string> overrides;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--checkpoint", o->checkpoint, "model directory (config.json + model.safetensors)")
+  app.add_option("--checkpoint", o->checkpoint,
+                 "model directory (config.json + model.safetensors), or a run's folder for its "
+                 "newest checkpoint")
       ->required();
   app.add_option("--prompt", o->prompt,
                  "text to continue (encoded with the checkpoint's tokenizer)")
@@ -136,6 +138,7 @@ Command add_sample_command(CLI::App& app) {
     BOTTLE_CHECK(world_communicator().size() == 1,
                  "sample runs on one process; run it without mpirun (the job has {} ranks)",
                  world_communicator().size());
+    o->checkpoint = checkpoint_option(o->checkpoint, "sample");
     {
       // Memory first: a model the machine cannot hold is refused before it is loaded.
       const ModelConfig c = read_model_config(o->checkpoint);

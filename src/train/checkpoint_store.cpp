@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -260,6 +261,16 @@ void CheckpointStore::check_no_foreign_steps() const {
 std::vector<std::string> CheckpointStore::list() const { return list(true); }
 
 std::vector<std::string> CheckpointStore::incomplete() const { return list(false); }
+
+std::optional<std::string> CheckpointStore::newest(const std::string& folder) {
+  return CheckpointStore(ReadOnly{}, folder).latest();
+}
+
+std::string model_directory(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / "config.json", ec) || !fs::is_directory(path, ec)) return path;
+  return CheckpointStore::newest(path).value_or(path);
+}
 
 std::optional<std::string> CheckpointStore::latest() const {
   std::vector<std::string> all = list();

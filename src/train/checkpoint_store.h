@@ -27,6 +27,11 @@ namespace bottle {
 // The file that marks a step folder as one bottle wrote.
 inline constexpr const char* kCheckpointMarker = "bottle_checkpoint";
 
+// The model directory a command was given: `path` itself when it holds config.json; for a
+// run's folder (checkpoint.folder), its newest complete checkpoint (the caller says which);
+// else `path` unchanged (the loader's error names what is missing).
+std::string model_directory(const std::string& path);
+
 class CheckpointStore {
  public:
   // Throws naming the folder when it cannot hold checkpoints (a file, a symlink loop, an
@@ -43,6 +48,9 @@ class CheckpointStore {
   // Our step folders without trainer_state.json (a damaged one), oldest step first.
   std::vector<std::string> incomplete() const;
   std::optional<std::string> latest() const;
+  // The newest complete checkpoint in `folder`, read only: no check that the folder could be
+  // written to, as a run's would be.
+  static std::optional<std::string> newest(const std::string& folder);
   // Throws naming the first entry named like a step folder that the store did not write.
   void check_no_foreign_steps() const;
   // The step of a step folder's name (step_00000200: 200), none for any other name.
@@ -55,6 +63,8 @@ class CheckpointStore {
   static TrainerState load(const std::string& dir, LlamaModel& model, AdamW& optimizer);
 
  private:
+  struct ReadOnly {};
+  CheckpointStore(ReadOnly, std::string folder) : folder_(std::move(folder)), keep_(0) {}
   std::string save_unchecked(const LlamaModel& model, const AdamW& optimizer,
                              const TrainerState& state, int64_t step, Communicator* dp,
                              Communicator* world);

@@ -789,6 +789,32 @@ TEST_F(RoundTrip, CheckpointWhoseTokenizerExceedsItsConfigIsRefused) {
                    {copy + "/config.json", "vocab_size = 272"});
 }
 
+// eval takes a run's folder for its newest checkpoint and prepare's output directory for its
+// validation split (never the two splits mixed), and refuses shards of another tokenizer.
+TEST_F(RoundTrip, EvalFindsTheCheckpointAndTheSplitAndRefusesOtherTokens) {
+  const TempDir& dir = *dir_;
+  std::string named_output, found_output;
+  const json named = eval_json(checkpoint_, dir / "data/data_val_*.bin", &named_output);
+  const json found = eval_json(dir / "run", dir / "data", &found_output);
+  EXPECT_EQ(found["loss"], named["loss"]) << found_output;
+  EXPECT_NE(found_output.find(fmt::format("eval: {} is a run's folder: its newest checkpoint is {}",
+                                          dir / "run", checkpoint_)),
+            std::string::npos)
+      << found_output;
+  EXPECT_NE(found_output.find("evaluating the validation split " + dir / "data/data_val_*.bin"),
+            std::string::npos)
+      << found_output;
+  // The same text as byte-level shards: the model's ids would mean other text.
+  const CommandResult p =
+      run(fmt::format("{} prepare --input {} --output {} --val-fraction 0 --no-progress",
+                      bottle_binary(), dir / "d0.txt", dir / "bytes"));
+  ASSERT_EQ(p.status, 0) << p.output;
+  expect_one_error(
+      run(fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16", bottle_binary(),
+                      checkpoint_, dir / "bytes")),
+      {dir / "bytes/data_train.json", "byte-level", "bottle prepare --tokenizer " + checkpoint_});
+}
+
 // --num-samples draws one sample after another from one random stream; --top-p 0 keeps only
 // the most likely token (greedy), and --top-p 1 changes nothing.
 TEST_F(RoundTrip, SampleTopPAndSeveralSamples) {
