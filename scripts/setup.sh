@@ -20,6 +20,7 @@ packages=(
   liblapacke-dev                   # bottle lowrank: truncated SVDs (LAPACK's dgesdd)
   jq                               # scripts/plan_check.sh: predictions beside bench tp's JSON
   universal-ctags                  # tools/function_lengths.sh: the functions' extents
+  bsdutils                         # script(1): a terminal for the progress-line test
   python3-pip unzip                # the cudnn-frontend headers below (a PyPI wheel)
 )
 missing=()

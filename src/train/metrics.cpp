@@ -2,7 +2,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -12,13 +14,41 @@
 
 namespace bottle {
 
+namespace {
+
+// mpirun (Open MPI) and MPICH's launcher tell a rank the job's size in these, which a process
+// started alone never has (PMIX_RANK, set in both, would not tell). Under a launcher stdout is
+// its pseudo-terminal, whatever mpirun's own output is.
+bool launched_by_mpirun() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
+    if (std::getenv(name) != nullptr) return true;
+  return false;
+}
+
+// 83 s as "1:23", 4000 s as "1:06:40".
+std::string clock_time(double seconds) {
+  const auto s = int64_t(std::max(0.0, seconds) + 0.5);
+  return s >= 3600 ? fmt::format("{}:{:02d}:{:02d}", s / 3600, s / 60 % 60, s % 60)
+                   : fmt::format("{}:{:02d}", s / 60, s % 60);
+}
+
+// 12345678 tokens as "12.3M".
+std::string token_count(double tokens) {
+  if (tokens >= 1e9) return fmt::format("{:.2f}B", tokens / 1e9);
+  if (tokens >= 1e6) return fmt::format("{:.2f}M", tokens / 1e6);
+  if (tokens >= 1e3) return fmt::format("{:.1f}k", tokens / 1e3);
+  return fmt::format("{:.0f}", tokens);
+}
+
+}  // namespace
+
 MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, int64_t total_steps,
                              int64_t first_step, bool resumed)
     : path_(jsonl_path),
       log_freq_(log_freq),
       total_steps_(total_steps),
       first_step_(first_step),
-      tty_(::isatty(STDOUT_FILENO)) {
+      tty_(::isatty(STDOUT_FILENO) && !launched_by_mpirun()) {
   namespace fs = std::filesystem;
   // A device or FIFO (/dev/full, /dev/zero) would never end when read back on resume or
   // for the plot, and is no record of the run.
@@ -61,21 +91,37 @@ void MetricsLogger::end_progress_line() {
 void MetricsLogger::log_step(const nlohmann::json& row) {
   write_line(row.dump());
   const int64_t step = row["step"].get<int64_t>();
-  elapsed_ms_ += row["ms"].get<double>();
+  const double ms = row["ms"].get<double>();
+  elapsed_ms_ += ms;
+  interval_ms_ += ms;
+  interval_token_ms_ += row["tokens_per_s"].get<double>() * ms;
+  if (row["mfu"].is_number())
+    interval_mfu_ms_ += row["mfu"].get<double>() * ms;
+  else
+    interval_mfu_known_ = false;
   const double eta_s = elapsed_ms_ / double(step - first_step_) * double(total_steps_ - step) / 1e3;
+  const std::string mfu = interval_mfu_known_
+                              ? fmt::format("{:.1f}%", 100.0 * interval_mfu_ms_ / interval_ms_)
+                              : std::string("n/a");
   const std::string line = fmt::format(
-      "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {} | peak "
-      "{}",
+      "step {:>6}/{} | loss {:.4f} | lr {:.2e} | grad norm {:.3f} | {:.0f} tok/s | MFU {} | "
+      "tokens {} | epoch {} | {} elapsed, ETA {} | peak {}",
       step, total_steps_, row["loss"].get<double>(), row["lr"].get<double>(),
-      row["grad_norm"].get<double>(), row["tokens_per_s"].get<double>(),
-      row["mfu"].is_number() ? fmt::format("{:.1f}%", 100.0 * row["mfu"].get<double>()) : "n/a",
+      row["grad_norm"].get<double>(), interval_token_ms_ / interval_ms_, mfu,
+      token_count(row["tokens_seen"].get<double>()), row["epoch"].get<int64_t>() + 1,
+      clock_time(elapsed_ms_ / 1e3), clock_time(eta_s),
       format_bytes(row["peak_bytes"].get<size_t>()));
+  const bool printed_line = step % log_freq_ == 0 || step == total_steps_;
   if (tty_) {
-    std::printf("\r%s | ETA %.0fs\033[K", line.c_str(), eta_s);
+    std::printf("\r%s\033[K", line.c_str());
     progress_open_ = true;
-    if (step % log_freq_ == 0 || step == total_steps_) end_progress_line();
-  } else if (step % log_freq_ == 0 || step == total_steps_) {
+    if (printed_line) end_progress_line();
+  } else if (printed_line) {
     std::printf("%s\n", line.c_str());
+  }
+  if (printed_line) {
+    interval_ms_ = interval_token_ms_ = interval_mfu_ms_ = 0.0;
+    interval_mfu_known_ = true;
   }
   std::fflush(stdout);
 }

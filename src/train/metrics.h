@@ -1,6 +1,10 @@
 #pragma once
-// Per-step metrics: one plain line per log_freq steps (or, on a terminal, one progress line
-// updated in place with an ETA), and one JSON object per step in metrics.jsonl.
+// Per-step metrics: one JSON object per step in metrics.jsonl, and a printed line every
+// log_freq steps (on a terminal, one progress line updated in place between them). A printed
+// line gives the step's loss, lr and grad norm, and over the steps since the line before, the
+// tokens per second and MFU (time-weighted: total tokens and FLOPs over total time, not one
+// step's); then the tokens seen, the epoch, the time elapsed and the ETA. Under mpirun, whose
+// output is a pseudo-terminal even when redirected, lines are always plain.
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -16,7 +20,8 @@ class MetricsLogger {
                 int64_t first_step, bool resumed);
   ~MetricsLogger();
 
-  // `row` must hold step (1-based), loss, lr, grad_norm, tokens_per_s, mfu, peak_bytes, ms.
+  // `row` must hold step (1-based), loss, lr, grad_norm, tokens_per_s, mfu, peak_bytes, ms,
+  // tokens_seen (the run's, a resumed run's earlier ones included) and epoch (0-based).
   void log_step(const nlohmann::json& row);
   // Adds val_loss to the step's JSON line and prints it on its own line.
   void log_eval(int64_t step, double val_loss);
@@ -36,7 +41,10 @@ class MetricsLogger {
   int64_t log_freq_, total_steps_, first_step_;
   bool tty_;
   bool progress_open_ = false;
-  double elapsed_ms_ = 0.0;
+  double elapsed_ms_ = 0.0;  // this process's steps
+  // Since the last printed line: steps' time, and time-weighted rates (Σ rate·ms).
+  double interval_ms_ = 0.0, interval_token_ms_ = 0.0, interval_mfu_ms_ = 0.0;
+  bool interval_mfu_known_ = true;
 };
 
 }  // namespace bottle

@@ -891,6 +891,8 @@ void Trainer::log_step(const StepResult& r, double ms) {
                         {"activation_bytes", MemoryStats::global().peak(MemoryTag::activations)},
                         {"memory", memory},
                         {"ms", ms},
+                        {"tokens_seen", step_ * config_.tokens_per_step()},
+                        {"epoch", loader_->epoch()},
                         {"skipped", r.skipped}});
 }
 

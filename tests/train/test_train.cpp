@@ -336,9 +336,10 @@ TEST_F(Train, Bf16OnABackendWithoutItIsRefused) {
     TrainStep step(config, *raw, tensor_parallel_of(config, nullptr), nullptr, nullptr);
     FAIL() << "bf16 ran on a backend without bf16 kernels";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("training.precision = \"bf16\" on the reference backend: it "
-                                         "has no bf16 kernels"),
-              std::string::npos)
+    EXPECT_NE(
+        std::string(e.what()).find("training.precision = \"bf16\" on the reference backend: it "
+                                   "has no bf16 kernels"),
+        std::string::npos)
         << e.what();
   }
 }
@@ -685,6 +686,63 @@ INSTANTIATE_TEST_SUITE_P(Lr, NonFinite, ::testing::Values("1e6", "1e30"), [](con
 
 // ---------------------------------------------------------------------------------------
 // 6. bottle plot.
+
+// A printed line every log_freq steps: its tok/s and MFU are the interval's, time-weighted
+// from the steps metrics.jsonl records (every step), with the tokens seen, the epoch, the
+// time elapsed and the ETA. On a terminal the line is updated in place, except under a
+// launcher (mpirun's pseudo-terminal), where every line is plain.
+TEST_F(Train, ProgressLinesAverageTheirInterval) {
+  const CommandResult r =
+      train("--set training.steps=12 --set metrics.log_freq=5 --set training.eval_interval=0");
+  ASSERT_EQ(r.status, 0) << r.output;
+  std::vector<nlohmann::json> rows;  // metrics.jsonl's step lines
+  std::ifstream jsonl(dir / "run/metrics.jsonl");
+  for (std::string line; std::getline(jsonl, line);)
+    if (line.find("\"loss\"") != std::string::npos) rows.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(rows.size(), 12u);
+  std::vector<std::string> printed;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);)
+    if (line.starts_with("step ") && line.find("tok/s") != std::string::npos)
+      printed.push_back(line);
+  ASSERT_EQ(printed.size(), 3u) << r.output;  // steps 5, 10, 12
+  size_t first = 0;
+  for (size_t k = 0; k < printed.size(); ++k) {
+    const size_t last = k < 2 ? 5 * (k + 1) : 12;
+    double ms = 0.0, token_ms = 0.0, mfu_ms = 0.0;
+    for (size_t i = first; i < last; ++i) {
+      const nlohmann::json& row = rows[i];
+      ms += row["ms"].get<double>();
+      token_ms += row["tokens_per_s"].get<double>() * row["ms"].get<double>();
+      mfu_ms += row["mfu"].is_number() ? row["mfu"].get<double>() * row["ms"].get<double>() : 0;
+    }
+    first = last;
+    EXPECT_NE(printed[k].find(fmt::format("| {:.0f} tok/s |", token_ms / ms)), std::string::npos)
+        << printed[k];
+    if (rows[0]["mfu"].is_number()) {
+      EXPECT_NE(printed[k].find(fmt::format("| MFU {:.1f}% |", 100.0 * mfu_ms / ms)),
+                std::string::npos)
+          << printed[k];
+    }
+    // micro_batch_size x seq_len per step, under a thousand: printed whole.
+    const int64_t tokens = int64_t(last) * 2 * 16;
+    EXPECT_EQ(rows[last - 1]["tokens_seen"], tokens);
+    EXPECT_NE(printed[k].find(fmt::format("| tokens {} | epoch 1 |", tokens)),
+              std::string::npos)
+        << printed[k];
+    EXPECT_NE(printed[k].find(" elapsed, ETA "), std::string::npos) << printed[k];
+  }
+  // On a terminal (script(1) gives one): updated in place; under a launcher: plain lines.
+  const std::string folder = dir / "tty";
+  for (const bool launched : {false, true}) {
+    fs::remove_all(folder);
+    const CommandResult t = run(fmt::format(
+        "script -qec \"{}{} --set training.steps=6 --set metrics.log_freq=3 {}\" /dev/null",
+        launched ? "OMPI_COMM_WORLD_SIZE=1 " : "", train_command(""), folder_arg(folder)));
+    ASSERT_EQ(t.status, 0) << t.output;
+    EXPECT_EQ(t.output.find("\x1b[K") != std::string::npos, !launched) << t.output;
+  }
+}
 
 TEST_F(Train, PlotWritesAPng) {
   {
