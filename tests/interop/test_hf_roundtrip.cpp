@@ -415,5 +415,52 @@ TEST(HfImport, BadCheckpointsGetOneClearError) {
   expect_error(missing, gone);
 }
 
+// A newcomer's first hour, with nothing a new user would not know: one plain input.txt
+// prepared with defaults, a copy of configs/tiny.toml edited to point at it, then eval,
+// sample and export given the run's folder, and transformers' usual call on the export.
+TEST(Newcomer, InputTxtToTransformersGenerate) {
+  TempDir dir;
+  const std::vector<std::string> words = {"the",   "king", "lord", "good", "sir",  "come",
+                                          "speak", "now",  "what", "love", "thou", "art"};
+  std::string text;
+  for (int p = 0; text.size() < 200'000; ++p)
+    text += fmt::format("CITIZEN {}:\n{}\n", p, sentences_of(words, p, 90));
+  { std::ofstream(dir / "input.txt", std::ios::binary) << text; }
+  const CommandResult prepared =
+      run(fmt::format("cd {} && {} prepare --input input.txt --output "
+                      "data/shakespeare",
+                      dir.str(), bottle_binary()));
+  ASSERT_EQ(prepared.status, 0) << prepared.output;
+  EXPECT_NE(prepared.output.find("a document is a paragraph"), std::string::npos)
+      << prepared.output;
+  // The user's copy of tiny.toml, its data and folder edited as its comments say.
+  std::ifstream in(BOTTLE_SOURCE_DIR "/configs/tiny.toml");
+  std::string config((std::istreambuf_iterator<char>(in)), {});
+  for (const auto& [from, to] :
+       {std::pair{"data/fortunes", "data/shakespeare"}, std::pair{"runs/tiny", "runs/shakespeare"}})
+    for (size_t at; (at = config.find(from)) != std::string::npos;)
+      config.replace(at, strlen(from), to);
+  std::ofstream(dir / "mine.toml") << config;
+  const std::string cd = "cd " + dir.str() + " && " + bottle_binary();
+  const CommandResult trained = run(cd + " train mine.toml --set training.steps=30");
+  ASSERT_EQ(trained.status, 0) << trained.output;
+  const CommandResult evaluated =
+      run(cd + " eval --checkpoint runs/shakespeare --data data/shakespeare");
+  ASSERT_EQ(evaluated.status, 0) << evaluated.output;
+  EXPECT_NE(evaluated.output.find("bits per byte"), std::string::npos) << evaluated.output;
+  const CommandResult sampled =
+      run(cd + " sample --checkpoint runs/shakespeare --prompt 'CITIZEN 7:' --tokens 40");
+  ASSERT_EQ(sampled.status, 0) << sampled.output;
+  EXPECT_NE(sampled.output.find("CITIZEN 7:"), std::string::npos) << sampled.output;
+  const CommandResult exported =
+      run(cd + " export --checkpoint runs/shakespeare --out shakespeare-hf");
+  ASSERT_EQ(exported.status, 0) << exported.output;
+  const json hf = oracle(fmt::format("model --model {} --prompt 'CITIZEN 7:' --new-tokens 16",
+                                     dir / "shakespeare-hf"));
+  expect_clean_load(hf, "BottleForCausalLM");
+  EXPECT_EQ(hf["prompt_complaints"], json::array());
+  EXPECT_EQ(hf["prompt_generated"].size(), 16u);  // byte-level: no EOS to stop at
+}
+
 }  // namespace
 }  // namespace bottle::testing
