@@ -28,8 +28,11 @@ for tp in 1 2; do
   # Only the JSON lines: mpirun may print its own.
   "${mpi[@]}" -np "$tp" "$bottle" bench tp "$config" --set parallel.tp="$tp" --threads 1 \
     --json --steps "$steps" --warmup 1 | grep '^{' > "$out/bench_tp$tp.json"
+  # In the precision bench tp ran in (the configuration's), not the calibrated machine's
+  # native one that plan would take unless told.
+  precision=$(grep -E '^precision *=' "$config" | head -1 | sed -E 's/.*"(.*)".*/\1/')
   "$bottle" plan "$config" --cluster "$out/cluster.toml" --tp "$tp" --gpus "$tp" --json \
-    | grep '^{' > "$out/plan_tp$tp.json"
+    --set training.precision="${precision:-fp32}" | grep '^{' > "$out/plan_tp$tp.json"
   # bench tp runs the configuration's micro-batch once: the planned row of one micro-batch.
   micro_batch=$(jq -s '[.[] | select(has("step_s") and .micro_batches == 1)]
                        | map(.micro_batch_size) | max // empty' "$out/plan_tp$tp.json")

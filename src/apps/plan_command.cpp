@@ -3,6 +3,7 @@
 // step (plan/planner.h) and ranked, best first. `bottle plan --calibrate FILE` measures this
 // machine (GEMMs, memory bandwidth, attention, the collectives of the ranks it runs on) and
 // writes it as a cluster file, so that the same model predicts the benches here.
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
@@ -28,11 +29,50 @@ const CommandKeys kPlanKeys{
      "checkpoint.", "metrics."},
     "it predicts one training step per layout of the configuration's model"};
 
+// The columns of one planned layout (memory as its total; --json has the breakdown).
+void print_row(const std::string& rank, const Prediction& r, int width) {
+  std::printf(
+      "  %-4s %-*s %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %10.0f %4.0f%% %10s %s\n",
+      rank.c_str(), width, r.label().c_str(), r.step, r.compute, r.tp_comm, r.bubble, r.p2p,
+      r.dp_comm, r.recompute, r.optimizer, r.tokens_per_s, 100 * r.mfu,
+      format_bytes(r.memory.total()).c_str(), r.fits ? "yes" : "no");
+}
+
+void print_header(int width) {
+  std::printf("  %-4s %-*s %7s %7s %7s %7s %7s %7s %7s %7s %10s %5s %10s %s\n", "#", width,
+              "layout", "step s", "compute", "tp comm", "bubble", "p2p", "dp+pp", "recomp", "optim",
+              "tokens/s", "MFU", "memory", "fits");
+}
+
+// The fastest fitting layout of each TP mode (the full-rank baseline apart), in the order of
+// the table, numbered as there: what a comparison of the modes reads first.
+void print_best_per_mode(const std::vector<Prediction>& rows, int width) {
+  std::vector<std::string> seen;
+  std::vector<std::pair<size_t, const Prediction*>> best;
+  size_t planned = 0;
+  for (const Prediction& r : rows) {
+    if (!r.excluded.empty()) continue;
+    ++planned;
+    if (!r.fits) continue;
+    const std::string mode = std::string(tp_mode_name(r.config.parallel.tp_mode)) +
+                             (r.full_rank_baseline ? " (full-rank model)" : "");
+    if (std::find(seen.begin(), seen.end(), mode) != seen.end()) continue;
+    seen.push_back(mode);
+    best.emplace_back(planned, &r);
+  }
+  if (best.empty()) return;
+  std::printf("best per TP mode:\n");
+  print_header(width);
+  for (const auto& [rank, r] : best) print_row(std::to_string(rank), *r, width);
+  std::printf("every layout, fastest first:\n");
+}
+
 void print_table(const std::vector<Prediction>& rows, size_t top, bool all) {
-  std::printf("  %-4s %-52s %8s %8s %8s %7s %7s %7s %8s %7s %10s %5s %10s %-5s %s\n", "#", "layout",
-              "step s", "compute", "tp comm", "bubble", "p2p", "dp+pp", "recomp", "optim",
-              "tokens/s", "MFU", "memory", "fits",
-              "GiB: weights + gradients + optimizer + activations + buffers");
+  // The layout column as wide as its longest label.
+  int width = 6;
+  for (const Prediction& r : rows) width = std::max(width, int(r.label().size()));
+  print_best_per_mode(rows, width);
+  print_header(width);
   size_t shown = 0, planned = 0, excluded = 0;
   for (const Prediction& r : rows) {
     if (!r.excluded.empty()) {
@@ -42,16 +82,7 @@ void print_table(const std::vector<Prediction>& rows, size_t top, bool all) {
     ++planned;
     if (!all && shown >= top) continue;
     ++shown;
-    const MemoryBreakdown& m = r.memory;
-    auto gib = [](size_t bytes) { return double(bytes) / double(1 << 30); };
-    std::printf(
-        "  %-4zu %-52s %8.3f %8.3f %8.3f %7.3f %7.3f %7.3f %8.3f %7.3f %10.0f %4.0f%% %10s %-5s "
-        "%.1f + %.1f + %.1f + %.1f + %.1f\n",
-        planned, r.label().c_str(), r.step, r.compute, r.tp_comm, r.bubble, r.p2p, r.dp_comm,
-        r.recompute, r.optimizer, r.tokens_per_s, 100 * r.mfu, format_bytes(m.total()).c_str(),
-        r.fits ? "yes" : "no", gib(m[MemoryTag::weights]), gib(m[MemoryTag::gradients]),
-        gib(m[MemoryTag::optimizer]), gib(m[MemoryTag::activations]),
-        gib(m[MemoryTag::comm] + m[MemoryTag::workspace]));
+    print_row(std::to_string(planned), r, width);
   }
   if (planned > shown)
     std::printf("  … %zu more planned layouts (--all shows them)\n", planned - shown);
@@ -64,7 +95,7 @@ void print_table(const std::vector<Prediction>& rows, size_t top, bool all) {
       std::printf("  … %zu more (--all lists them)\n", excluded - top);
       break;
     }
-    std::printf("  %-52s %s\n", r.label().c_str(), r.excluded.c_str());
+    std::printf("  %-*s %s\n", width, r.label().c_str(), r.excluded.c_str());
   }
 }
 
@@ -135,9 +166,16 @@ Command add_plan_command(CLI::App& app) {
                  "file (plan --calibrate FILE writes one for this machine)",
                  fmt::join(cluster_presets(), ", "));
     ConfigKeysGiven given;
-    const TrainConfig config = load_train_config(o->config, o->overrides, &given);
+    TrainConfig config = load_train_config(o->config, o->overrides, &given);
     check_honoured_keys(config, given, o->config, kPlanKeys);
     const ClusterSpec cluster = load_cluster(o->cluster);
+    // Unless told, a cluster is planned in its native precision: the faster of its bf16 and
+    // fp32 rates (bf16 on every GPU), not the configuration's default fp32.
+    const bool precision_given =
+        given.file.count("training.precision") || given.set.count("training.precision");
+    if (!precision_given)
+      config.training.precision =
+          cluster.bf16_tflops > cluster.fp32_tflops ? Precision::bf16 : Precision::fp32;
     PlanRequest request;
     request.gpus =
         o->gpus ? o->gpus : int(config.parallel.tp * config.parallel.pp * config.parallel.dp);
@@ -166,19 +204,27 @@ Command add_plan_command(CLI::App& app) {
     }
     const ModelConfig& m = config.model;
     std::printf(
-        "bottle plan: %s, %s model d=%lld d_ff=%lld r=%lld L=%lld H=%lld V=%lld, sequence %lld, "
-        "%s; %d GPU(s) of %s (%s: %d per node, %s, %g TFLOP/s bf16, %g GiB at %g GB/s: a "
-        "layout fits when its largest rank's plan does); "
-        "efficiencies: GEMM %g, bandwidth %g; predicted step = compute + TP collectives + "
-        "pipeline bubble + sends + DP/PP reductions + recomputation + optimizer, nothing "
-        "overlapped\n",
+        "bottle plan: %s, %s model d=%lld d_ff=%lld r=%lld L=%lld H=%lld V=%lld, sequence "
+        "%lld\n",
         o->config.c_str(), bottleneck_kind_name(m.bottleneck), (long long)m.hidden_size,
         (long long)m.intermediate_size, (long long)m.rank, (long long)m.num_layers,
-        (long long)m.num_heads, (long long)m.vocab_size, (long long)config.training.seq_len,
-        enum_name(config.training.precision), request.gpus, cluster.name.c_str(),
-        cluster.source.c_str(), cluster.gpus_per_node, cluster.gpu_name.c_str(),
-        cluster.bf16_tflops, cluster.memory_gib, cluster.memory_bandwidth_gbs,
+        (long long)m.num_heads, (long long)m.vocab_size, (long long)config.training.seq_len);
+    std::printf(
+        "precision: %s%s\n", enum_name(config.training.precision),
+        precision_given ? "" : " (the cluster's native one; training.precision sets another)");
+    std::printf(
+        "cluster: %d GPU(s) of %s (%s): %d per node, %s, %g TFLOP/s bf16, %g GiB at %g "
+        "GB/s\n",
+        request.gpus, cluster.name.c_str(), cluster.source.c_str(), cluster.gpus_per_node,
+        cluster.gpu_name.c_str(), cluster.bf16_tflops, cluster.memory_gib,
+        cluster.memory_bandwidth_gbs);
+    std::printf(
+        "model: efficiencies GEMM %g, bandwidth %g; a layout fits when its largest rank's "
+        "memory plan does\n",
         cluster.gemm_efficiency, cluster.bandwidth_efficiency);
+    std::printf(
+        "step (seconds) = compute + TP collectives + pipeline bubble + sends + DP/PP "
+        "reductions + recomputation + optimizer, nothing overlapped\n");
     print_table(rows, o->top, o->all);
     return 0;
   };

@@ -223,8 +223,10 @@ TEST(PlanCli, VolumesEqualBenchTpCounters) {
   const auto bench = run(fmt::format("{} {} bench tp {} --json --steps 1 --warmup 0", mpirun(2),
                                      bottle_binary(), (dir / "c.toml")));
   ASSERT_EQ(bench.status, 0) << bench.output;
-  const auto plan = run(fmt::format("{} plan {} --cluster a100-perlmutter --tp 2 --json",
-                                    bottle_binary(), (dir / "c.toml")));
+  // In the precision bench tp ran in: plan would otherwise take the cluster's bf16.
+  const auto plan = run(fmt::format(
+      "{} plan {} --cluster a100-perlmutter --tp 2 --json --set training.precision=fp32",
+      bottle_binary(), (dir / "c.toml")));
   ASSERT_EQ(plan.status, 0) << plan.output;
   std::map<std::string, nlohmann::json> planned;
   std::istringstream lines(plan.output);
@@ -265,6 +267,24 @@ TEST(PlanCli, RanksLayoutsAndExplainsExclusions) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find("btp tp2 pp1 dp2"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("full (full-rank model) tp4 pp1 dp1"), std::string::npos);
+  // The cluster's native precision unless told, the best layout of each mode first, and rows
+  // a terminal can show.
+  EXPECT_NE(r.output.find("precision: bf16 (the cluster's native one"), std::string::npos)
+      << r.output;
+  const size_t best = r.output.find("best per TP mode:"),
+               every = r.output.find("every layout, fastest first:");
+  ASSERT_NE(best, std::string::npos) << r.output;
+  ASSERT_NE(every, std::string::npos) << r.output;
+  const std::string summary = r.output.substr(best, every - best);
+  for (const char* mode : {"\n  1    ", " btp tp", " vanilla tp", " full (full-rank model) tp"})
+    EXPECT_NE(summary.find(mode), std::string::npos) << mode << " in\n" << summary;
+  std::istringstream lines(r.output);
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 180u) << line;
+  const auto fp32 =
+      run(fmt::format("{} plan {} --cluster h100 --gpus 4 --global-batch 8 --set "
+                      "training.precision=fp32",
+                      bottle_binary(), (dir / "c.toml")));
+  EXPECT_NE(fp32.output.find("precision: fp32\n"), std::string::npos) << fp32.output;
   // On 3 GPUs nothing of this model splits 3 ways: one exclusion per TP mode, saying why.
   const auto odd = run(fmt::format("{} plan {} --cluster h100 --gpus 3 --global-batch 3 --all",
                                    bottle_binary(), (dir / "c.toml")));
