@@ -20,6 +20,7 @@ Command add_bench_paper_command(CLI::App& bench);
 Command add_export_command(CLI::App& app);
 Command add_lowrank_command(CLI::App& app);
 Command add_plan_command(CLI::App& app);
+Command add_inspect_command(CLI::App& app);
 Command add_bench_pipeline_command(CLI::App& bench);
 Command add_bench_tokenize_command(CLI::App& bench);
 

@@ -52,6 +52,9 @@ int main(int argc, char** argv) {
   CLI::App* plan = app.add_subcommand(
       "plan", "predict step time and memory of every layout on a GPU cluster (--calibrate: here)");
   commands[plan] = bottle::add_plan_command(*plan);
+  CLI::App* inspect = app.add_subcommand(
+      "inspect", "what a checkpoint, a run's folder or prepared data holds (no weight loaded)");
+  commands[inspect] = bottle::add_inspect_command(*inspect);
   CLI::App* plot =
       app.add_subcommand("plot", "draw loss and learning rate of metrics.jsonl files as a PNG");
   commands[plot] = bottle::add_plot_command(*plot);
@@ -96,10 +99,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "bottle: error: %s (see --help)\n", e.what());
     return 1;
   }
-  // A launcher runs mpirun itself, and the text tools (prepare, tokenize, bench tokenize) are
-  // one process's work on files: none joins an MPI job (nor pays for starting one).
+  // A launcher runs mpirun itself, and the text tools (prepare, tokenize, bench tokenize,
+  // inspect) are one process's work on files: none joins an MPI job (nor pays for starting
+  // one).
   const bool launcher = bench_paper->parsed();
-  const bool text_tool = prepare->parsed() || tokenize->parsed() || bench_tokenize->parsed();
+  const bool text_tool =
+      prepare->parsed() || tokenize->parsed() || bench_tokenize->parsed() || inspect->parsed();
   auto report = [&](const char* kind, const char* message) {
     if (launcher || text_tool)
       std::fprintf(stderr, "bottle: %s: %s\n", kind, message);

@@ -727,8 +727,7 @@ TEST_F(Train, ProgressLinesAverageTheirInterval) {
     // micro_batch_size x seq_len per step, under a thousand: printed whole.
     const int64_t tokens = int64_t(last) * 2 * 16;
     EXPECT_EQ(rows[last - 1]["tokens_seen"], tokens);
-    EXPECT_NE(printed[k].find(fmt::format("| tokens {} | epoch 1 |", tokens)),
-              std::string::npos)
+    EXPECT_NE(printed[k].find(fmt::format("| tokens {} | epoch 1 |", tokens)), std::string::npos)
         << printed[k];
     EXPECT_NE(printed[k].find(" elapsed, ETA "), std::string::npos) << printed[k];
   }
@@ -742,6 +741,54 @@ TEST_F(Train, ProgressLinesAverageTheirInterval) {
     ASSERT_EQ(t.status, 0) << t.output;
     EXPECT_EQ(t.output.find("\x1b[K") != std::string::npos, !launched) << t.output;
   }
+}
+
+// inspect reads a run's folder, a checkpoint and data without loading a weight: what the
+// checkpoints, the model, the step, the data position and the logged losses are.
+TEST_F(Train, InspectTellsWhatARunHolds) {
+  ASSERT_EQ(train("--set training.steps=10").status, 0);
+  auto inspect = [&](const std::string& path) {
+    const CommandResult r = run(fmt::format("{} inspect {} --json", bottle_binary(), path));
+    EXPECT_EQ(r.status, 0) << r.output;
+    return nlohmann::json::parse(r.output, nullptr, false);
+  };
+  std::map<int64_t, double> loss;  // metrics.jsonl's, by step
+  std::ifstream jsonl(dir / "run/metrics.jsonl");
+  for (std::string line; std::getline(jsonl, line);)
+    if (const auto j = nlohmann::json::parse(line); j.contains("loss"))
+      loss[j["step"].get<int64_t>()] = j["loss"].get<double>();
+  const nlohmann::json run_folder = inspect(dir / "run");
+  EXPECT_EQ(run_folder["run"]["checkpoints"], nlohmann::json({5, 10})) << run_folder;
+  EXPECT_EQ(run_folder["run"]["newest"], dir / "run/step_00000010");
+  EXPECT_EQ(run_folder["run"]["logged"]["loss"].get<double>(), loss[10]);
+  const nlohmann::json& model = run_folder["model"];
+  EXPECT_EQ(model["kind"], "cola");
+  EXPECT_EQ(model["training"]["step"], 10);
+  EXPECT_EQ(model["training"]["seed"], 7);
+  const nlohmann::json five = inspect(dir / "run/step_00000005");
+  EXPECT_EQ(five["model"]["training"]["step"], 5);
+  EXPECT_EQ(five["model"]["training"]["logged"]["loss"].get<double>(), loss[5]);
+  EXPECT_EQ(five["model"]["training"]["data_position"]["window"], 5);
+  EXPECT_EQ(five["model"]["parameters"], model["parameters"]);
+  // Text, and errors naming what is wrong.
+  const CommandResult text = run(fmt::format("{} inspect {}", bottle_binary(), dir / "run"));
+  ASSERT_EQ(text.status, 0) << text.output;
+  EXPECT_NE(text.output.find("2 checkpoint(s) (steps [5,10])"), std::string::npos) << text.output;
+  EXPECT_NE(text.output.find("step 10 (10 optimizer steps), seed 7"), std::string::npos)
+      << text.output;
+  for (const auto& [path, needle] :
+       {std::pair{dir / "nothing", dir / "nothing: no such file or directory"},
+        std::pair{dir / "train.bin", dir / "train.bin: no split description"}}) {
+    const CommandResult r = run(fmt::format("{} inspect {}", bottle_binary(), path));
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+  }
+  std::ofstream(dir / "run/step_00000005/trainer_state.json") << "{\"step\": ";
+  const CommandResult damaged =
+      run(fmt::format("{} inspect {}", bottle_binary(), dir / "run/step_00000005"));
+  EXPECT_EQ(damaged.status, 1) << damaged.output;
+  EXPECT_NE(damaged.output.find(dir / "run/step_00000005/trainer_state.json"), std::string::npos)
+      << damaged.output;
 }
 
 TEST_F(Train, PlotWritesAPng) {

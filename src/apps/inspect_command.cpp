@@ -1,0 +1,252 @@
+// `bottle inspect PATH [--json]`: what a checkpoint, a run or a data set holds, without
+// loading a weight. PATH may be
+//   - a model directory (a checkpoint or an export): the model, its parameters, the dtype its
+//     weights are stored in, its tokenizer and, for a training checkpoint, the step, the data
+//     position, the seed and the loss the run logged at that step;
+//   - a run's folder (checkpoint.folder): its checkpoints, then its newest one as above, and
+//     the last losses of metrics.jsonl;
+//   - prepare's output (a directory of shards or one shard): each split's documents, tokens,
+//     shards and tokenizer.
+// Every file read is bounded (core/file_read.h through read_json_file); errors name the file.
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <regex>
+#include <set>
+
+#include "apps/commands.h"
+#include "core/error.h"
+#include "core/json_io.h"
+#include "data/shard_meta.h"
+#include "model/checkpoint.h"
+#include "train/checkpoint_store.h"
+#include "train/run_tokenizer.h"
+#include "train/trainer_state.h"
+
+namespace bottle {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+
+// The last step line at or before `step` of a run's metrics.jsonl, and its last val_loss
+// line there: what the run logged when it saved that checkpoint.
+ojson logged_losses(const fs::path& metrics, std::optional<int64_t> step) {
+  ojson out = ojson::object();
+  std::error_code ec;
+  if (!fs::is_regular_file(metrics, ec)) return out;
+  std::ifstream in(metrics);
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
+    const int64_t s = j["step"].get<int64_t>();
+    if (step && s > *step) continue;
+    if (j.contains("loss") && j["loss"].is_number()) {
+      out["step"] = s;
+      out["loss"] = j["loss"];
+    }
+    if (j.contains("val_loss") && j["val_loss"].is_number()) {
+      out["val_step"] = s;
+      out["val_loss"] = j["val_loss"];
+    }
+  }
+  return out;
+}
+
+ojson model_json(const std::string& dir) {
+  const ModelConfig c = read_model_config(dir);
+  ojson m;
+  m["directory"] = dir;
+  m["kind"] = bottleneck_kind_name(c.bottleneck);
+  m["hidden_size"] = c.hidden_size;
+  m["intermediate_size"] = c.intermediate_size;
+  m["num_layers"] = c.num_layers;
+  m["num_heads"] = c.num_heads;
+  m["num_kv_heads"] = c.num_kv_heads;
+  m["vocab_size"] = c.vocab_size;
+  m["max_seq_len"] = c.max_seq_len;
+  m["tie_embeddings"] = c.tie_embeddings;
+  if (c.bottleneck != BottleneckKind::none) {
+    ojson ranks = ojson::object();
+    for (int i = 0; i < kNumProjections; ++i)
+      ranks[kProjectionNames[i]] = c.rank_of(ProjectionId(i));
+    m["ranks"] = ranks;
+  }
+  m["parameters"] = c.parameter_count();
+  const nlohmann::json config = read_json_file((fs::path(dir) / "config.json").string());
+  m["stored_dtype"] = config.value("torch_dtype", std::string("float32"));
+  const std::unique_ptr<Tokenizer> tokenizer = checkpoint_tokenizer(dir, c);
+  m["tokenizer"] =
+      tokenizer ? tokenizer->describe() : std::string("none (byte-level ids, no tokenizer)");
+  std::error_code ec;
+  if (fs::exists(fs::path(dir) / kTrainerStateFile, ec)) {
+    const TrainerState state = read_trainer_state(dir);
+    ojson t;
+    t["step"] = state.step;
+    t["optimizer_steps"] = state.optimizer_steps;
+    t["data_position"] = {{"epoch", state.train_position.epoch},
+                          {"shard", state.train_position.shard_index},
+                          {"window", state.train_position.window_index}};
+    t["seed"] = state.seed ? ojson(*state.seed) : ojson();
+    t["logged"] = logged_losses(fs::path(dir).parent_path() / "metrics.jsonl", state.step);
+    m["training"] = t;
+  }
+  return m;
+}
+
+// The splits of prepare's output: `path` a directory of shards or one shard.
+ojson data_json(const std::string& path) {
+  std::set<fs::path> metas;
+  static const std::regex kShard("(.+)_(train|val)_[0-9]+\\.bin");
+  std::vector<fs::path> shards;
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) {
+    for (const auto& e : fs::directory_iterator(path, ec))
+      if (std::regex_match(e.path().filename().string(), kShard)) shards.push_back(e.path());
+  } else {
+    shards.push_back(path);
+  }
+  for (const fs::path& shard : shards)
+    if (const auto meta = split_meta_of_shard(shard.string())) metas.insert(meta->first);
+  BOTTLE_CHECK(!metas.empty(),
+               "{}: no split description (PREFIX_train.json, PREFIX_val.json) of `bottle "
+               "prepare` found for its shards",
+               path);
+  ojson splits = ojson::array();
+  for (const fs::path& file : metas) {
+    const SplitMeta m = read_split_meta(file);
+    splits.push_back({{"description", file.string()},
+                      {"split", m.split},
+                      {"documents", m.documents},
+                      {"bytes", m.bytes},
+                      {"tokens", m.tokens},
+                      {"shards", m.shards.size()},
+                      {"vocab_size", m.vocab_size},
+                      {"tokenizer", m.tokenizer}});
+  }
+  return ojson{{"data", splits}};
+}
+
+ojson inspect(const std::string& path) {
+  std::error_code ec;
+  BOTTLE_CHECK(fs::exists(path, ec), "{}: no such file or directory", path);
+  if (fs::exists(fs::path(path) / "config.json", ec)) return ojson{{"model", model_json(path)}};
+  if (fs::is_directory(path, ec)) {
+    const std::optional<std::string> newest = CheckpointStore::newest(path);
+    if (newest) {
+      ojson run;
+      run["folder"] = path;
+      ojson steps = ojson::array();
+      for (const auto& e : fs::directory_iterator(path, ec))
+        if (const auto step = CheckpointStore::step_of(e.path().filename().string());
+            step && fs::exists(e.path() / kTrainerStateFile, ec))
+          steps.push_back(*step);
+      std::sort(steps.begin(), steps.end());
+      run["checkpoints"] = steps;
+      run["newest"] = *newest;
+      run["logged"] = logged_losses(fs::path(path) / "metrics.jsonl", std::nullopt);
+      return ojson{{"run", run}, {"model", model_json(*newest)}};
+    }
+  }
+  return data_json(path);
+}
+
+void print_model(const ojson& m) {
+  std::printf("model: %s (%s), %s parameters, stored as %s\n",
+              m["directory"].get<std::string>().c_str(), m["kind"].get<std::string>().c_str(),
+              fmt::format("{}", m["parameters"].get<int64_t>()).c_str(),
+              m["stored_dtype"].get<std::string>().c_str());
+  std::printf(
+      "  d %lld, d_ff %lld, %lld layers, %lld heads (%lld kv), vocabulary %lld, "
+      "positions %lld%s\n",
+      (long long)m["hidden_size"].get<int64_t>(), (long long)m["intermediate_size"].get<int64_t>(),
+      (long long)m["num_layers"].get<int64_t>(), (long long)m["num_heads"].get<int64_t>(),
+      (long long)m["num_kv_heads"].get<int64_t>(), (long long)m["vocab_size"].get<int64_t>(),
+      (long long)m["max_seq_len"].get<int64_t>(),
+      m["tie_embeddings"].get<bool>() ? ", tied embeddings" : "");
+  if (m.contains("ranks")) {
+    std::string ranks;
+    for (const auto& [name, r] : m["ranks"].items())
+      ranks += fmt::format("{}{} {}", ranks.empty() ? "" : ", ", name, r.get<int64_t>());
+    std::printf("  ranks: %s\n", ranks.c_str());
+  }
+  std::printf("  tokenizer: %s\n", m["tokenizer"].get<std::string>().c_str());
+  if (!m.contains("training")) return;
+  const ojson& t = m["training"];
+  const ojson& p = t["data_position"];
+  std::printf(
+      "  step %lld (%lld optimizer steps), seed %s, data position: epoch %llu, shard %llu, "
+      "window %llu\n",
+      (long long)t["step"].get<int64_t>(), (long long)t["optimizer_steps"].get<int64_t>(),
+      t["seed"].is_null() ? "unrecorded" : t["seed"].dump().c_str(),
+      (unsigned long long)p["epoch"].get<uint64_t>(),
+      (unsigned long long)p["shard"].get<uint64_t>(),
+      (unsigned long long)p["window"].get<uint64_t>());
+  const ojson& l = t["logged"];
+  if (l.contains("loss"))
+    std::printf("  logged at step %lld: loss %.4f%s\n", (long long)l["step"].get<int64_t>(),
+                l["loss"].get<double>(),
+                l.contains("val_loss")
+                    ? fmt::format(", val loss {:.4f} (step {})", l["val_loss"].get<double>(),
+                                  l["val_step"].get<int64_t>())
+                          .c_str()
+                    : "");
+}
+
+void print_text(const ojson& out) {
+  if (out.contains("run")) {
+    const ojson& r = out["run"];
+    std::printf("run: %s, %zu checkpoint(s) (steps %s), newest %s\n",
+                r["folder"].get<std::string>().c_str(), r["checkpoints"].size(),
+                r["checkpoints"].dump().c_str(), r["newest"].get<std::string>().c_str());
+    const ojson& l = r["logged"];
+    if (l.contains("loss"))
+      std::printf("  last logged: step %lld, loss %.4f%s\n", (long long)l["step"].get<int64_t>(),
+                  l["loss"].get<double>(),
+                  l.contains("val_loss")
+                      ? fmt::format(", val loss {:.4f} (step {})", l["val_loss"].get<double>(),
+                                    l["val_step"].get<int64_t>())
+                            .c_str()
+                      : "");
+  }
+  if (out.contains("model")) print_model(out["model"]);
+  if (out.contains("data"))
+    for (const ojson& s : out["data"])
+      std::printf(
+          "%s split (%s): %llu documents, %llu bytes, %llu tokens in %zu shard(s); "
+          "vocabulary %lld, tokenizer %s\n",
+          s["split"].get<std::string>().c_str(), s["description"].get<std::string>().c_str(),
+          (unsigned long long)s["documents"].get<uint64_t>(),
+          (unsigned long long)s["bytes"].get<uint64_t>(),
+          (unsigned long long)s["tokens"].get<uint64_t>(), s["shards"].get<size_t>(),
+          (long long)s["vocab_size"].get<int64_t>(), s["tokenizer"].get<std::string>().c_str());
+}
+
+}  // namespace
+
+Command add_inspect_command(CLI::App& app) {
+  struct Options {
+    std::string path;
+    bool json = false;
+  };
+  auto o = std::make_shared<Options>();
+  app.add_option("path", o->path,
+                 "a model directory (checkpoint or export), a run's folder, or prepare's "
+                 "output (a directory of shards or one shard)")
+      ->required();
+  app.add_flag("--json", o->json, "print one JSON object");
+  return [o] {
+    const ojson out = inspect(o->path);
+    if (o->json)
+      std::printf("%s\n",
+                  out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+    else
+      print_text(out);
+    return 0;
+  };
+}
+
+}  // namespace bottle
