@@ -34,12 +34,13 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -q "${missing[@]}"
 fi
 
-# .venv: the reference tokenizer libraries, pinned, for the tokenizer oracle test and the
+# .venv: the reference tokenizer libraries and TensorBoard, pinned, for the oracle tests and the
 # benchmark peer (tests/data/tokenizer_oracle.py, tools/hf_tokenize_peer.py); nothing that builds or
 # runs bottle uses it. Made with Debian's Python; made again if a pinned version is missing.
 # sentencepiece stays at 0.2.1: 0.2.2 breaks ties between equal-scoring unigram segmentations
 # ("f"+"ff" or "ff"+"f") the other way from Debian's libsentencepiece 0.1.97, which bottle links.
-venv_packages=(tokenizers==0.23.3 sentencepiece==0.2.1 tiktoken==0.14.0)
+# tensorboard: its own reader checks bottle's event files (tests/train/tensorboard_oracle.py).
+venv_packages=(tokenizers==0.23.3 sentencepiece==0.2.1 tiktoken==0.14.0 tensorboard==2.21.0)
 venv_ok() {
   [ -x .venv/bin/python ] && .venv/bin/python - "${venv_packages[@]}" <<'PY' 2>/dev/null
 import sys

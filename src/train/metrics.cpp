@@ -43,7 +43,7 @@ std::string token_count(double tokens) {
 }  // namespace
 
 MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, int64_t total_steps,
-                             int64_t first_step, bool resumed)
+                             int64_t first_step, bool resumed, const std::string& tensorboard_dir)
     : path_(jsonl_path),
       log_freq_(log_freq),
       total_steps_(total_steps),
@@ -70,6 +70,8 @@ MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, in
   for (const std::string& line : kept) out_ << line << "\n";
   out_.flush();
   BOTTLE_CHECK(out_, "{}: write failed (metrics.jsonl): {}", path_, std::strerror(errno));
+  if (!tensorboard_dir.empty())
+    tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir, first_step);
 }
 
 void MetricsLogger::write_line(const std::string& line) {
@@ -91,6 +93,11 @@ void MetricsLogger::end_progress_line() {
 void MetricsLogger::log_step(const nlohmann::json& row) {
   write_line(row.dump());
   const int64_t step = row["step"].get<int64_t>();
+  if (tensorboard_) {
+    for (const char* name : {"loss", "lr", "grad_norm", "tokens_per_s", "mfu"})
+      if (row[name].is_number())
+        tensorboard_->scalar(fmt::format("train/{}", name), step, row[name]);
+  }
   const double ms = row["ms"].get<double>();
   elapsed_ms_ += ms;
   interval_ms_ += ms;
@@ -128,6 +135,7 @@ void MetricsLogger::log_step(const nlohmann::json& row) {
 
 void MetricsLogger::log_eval(int64_t step, double val_loss) {
   write_line(nlohmann::json{{"step", step}, {"val_loss", val_loss}}.dump());
+  if (tensorboard_) tensorboard_->scalar("val/loss", step, val_loss);
   message(fmt::format("step {:>6}/{} | val loss {:.4f}", step, total_steps_, val_loss));
 }
 

@@ -7,8 +7,11 @@
 // output is a pseudo-terminal even when redirected, lines are always plain.
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+
+#include "train/tensorboard.h"
 
 namespace bottle {
 
@@ -16,8 +19,9 @@ class MetricsLogger {
  public:
   // Resuming at `first_step` drops lines of later steps that an interrupted run had logged
   // after its last checkpoint, so the file has each step once.
+  // `tensorboard_dir`: also an event file there (train/ and val/ scalars); "" for none.
   MetricsLogger(const std::string& jsonl_path, int64_t log_freq, int64_t total_steps,
-                int64_t first_step, bool resumed);
+                int64_t first_step, bool resumed, const std::string& tensorboard_dir = "");
   ~MetricsLogger();
 
   // `row` must hold step (1-based), loss, lr, grad_norm, tokens_per_s, mfu, peak_bytes, ms,
@@ -30,7 +34,9 @@ class MetricsLogger {
   // A write to metrics.jsonl failed (a full disk): "" while every write succeeded, else the
   // reason. The trainer stops at the end of the step, with a checkpoint, rather than go on
   // with a truncated file; writes after a failure are not attempted.
-  const std::string& write_error() const { return write_error_; }
+  const std::string& write_error() const {
+    return write_error_.empty() && tensorboard_ ? tensorboard_->write_error() : write_error_;
+  }
 
  private:
   void end_progress_line();
@@ -38,6 +44,7 @@ class MetricsLogger {
   std::string path_;
   std::string write_error_;
   std::ofstream out_;
+  std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t log_freq_, total_steps_, first_step_;
   bool tty_;
   bool progress_open_ = false;

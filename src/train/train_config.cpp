@@ -247,6 +247,9 @@ std::vector<ConfigKey> build_schema() {
                          "checkpoint.folder)"));
   s.push_back(string_key("metrics.plot", FIELD(metrics.plot),
                          "loss curve image (relative to checkpoint.folder)"));
+  s.push_back(string_key("metrics.tensorboard", FIELD(metrics.tensorboard),
+                         "a directory for TensorBoard's event files of the train/ and val/ "
+                         "scalars (relative to checkpoint.folder; empty: none)"));
   // [parallel]
   s.push_back(integer_key("parallel.tp", FIELD(parallel.tp), greater(0), "tensor-parallel ranks"));
   s.push_back(integer_key("parallel.pp", FIELD(parallel.pp), greater(0), "pipeline stages"));

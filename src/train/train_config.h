@@ -56,7 +56,7 @@ struct TrainingConfig {
   AttentionChoice attention = AttentionChoice::automatic;  // the cuda backend's attention kernels
   OnNonfinite on_nonfinite = OnNonfinite::stop;
   int64_t max_skipped_steps = 10;  // on_nonfinite = "skip": non-finite steps in a row allowed
-  int64_t eval_interval = 100;  // steps between validation evals; 0: never
+  int64_t eval_interval = 100;     // steps between validation evals; 0: never
   int64_t eval_batches = 8;
 };
 
@@ -94,6 +94,7 @@ struct MetricsConfig {
   int64_t log_freq = 1;
   std::string jsonl = "metrics.jsonl";  // relative paths: relative to checkpoint.folder
   std::string plot = "loss.png";        // likewise
+  std::string tensorboard;              // an event file's directory, likewise; "": none
 };
 
 struct ParallelConfig {

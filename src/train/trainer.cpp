@@ -624,7 +624,10 @@ void Trainer::open_logs() {
   if (leader_) {
     metrics_ = std::make_unique<MetricsLogger>(
         in_folder(config_.checkpoint.folder, config_.metrics.jsonl), config_.metrics.log_freq,
-        tc_.steps, step_, options_.resume);
+        tc_.steps, step_, options_.resume,
+        config_.metrics.tensorboard.empty()
+            ? std::string()
+            : in_folder(config_.checkpoint.folder, config_.metrics.tensorboard));
     const fs::path resolved = fs::path(config_.checkpoint.folder) / "train_config.toml";
     std::error_code ec;
     fs::create_directories(config_.checkpoint.folder, ec);

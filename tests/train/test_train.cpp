@@ -791,6 +791,54 @@ TEST_F(Train, InspectTellsWhatARunHolds) {
       << damaged.output;
 }
 
+// metrics.tensorboard: TensorBoard's own reader finds every step's scalars once, equal to
+// metrics.jsonl's, also after a resume from an earlier checkpoint than the last logged step.
+TEST_F(Train, TensorBoardReadsTheEventFiles) {
+  const std::string python = BOTTLE_SOURCE_DIR "/.venv/bin/python";
+  ASSERT_TRUE(fs::exists(python)) << "no " << python << ": run scripts/setup.sh (it makes .venv)";
+  ASSERT_EQ(train("--set training.steps=10 --set metrics.tensorboard=tb").status, 0);
+  fs::remove_all(dir / "run/step_00000010");  // the run resumes from step 5, logs 6.. again
+  const CommandResult resumed =
+      train("--resume --set training.steps=12 --set metrics.tensorboard=tb");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  size_t files = 0;
+  for (const auto& e : fs::directory_iterator(dir / "run/tb"))
+    files += e.path().filename().string().starts_with("events.out.tfevents.");
+  EXPECT_EQ(files, 2u);
+  const CommandResult read = run(fmt::format("{} {}/tests/train/tensorboard_oracle.py {}", python,
+                                             BOTTLE_SOURCE_DIR, dir / "run/tb"));
+  ASSERT_EQ(read.status, 0) << read.output;
+  const auto scalars = nlohmann::json::parse(read.output.substr(read.output.find('{')));
+  std::map<int64_t, double> loss, val_loss;  // metrics.jsonl's, by step
+  std::ifstream jsonl(dir / "run/metrics.jsonl");
+  for (std::string line; std::getline(jsonl, line);) {
+    const auto j = nlohmann::json::parse(line);
+    (j.contains("loss") ? loss : val_loss)[j["step"].get<int64_t>()] =
+        j.contains("loss") ? j["loss"].get<double>() : j["val_loss"].get<double>();
+  }
+  ASSERT_EQ(loss.size(), 12u);
+  for (const auto& [tag, expected] : {std::pair{"train/loss", &loss}, {"val/loss", &val_loss}}) {
+    SCOPED_TRACE(tag);
+    ASSERT_TRUE(scalars.contains(tag)) << scalars.dump();
+    const nlohmann::json& events = scalars[tag];
+    ASSERT_EQ(events.size(), expected->size()) << events.dump();
+    size_t i = 0;
+    for (const auto& [step, value] : *expected) {
+      EXPECT_EQ(events[i][0], step);
+      EXPECT_EQ(events[i][1].get<double>(), double(float(value))) << "step " << step;
+      ++i;
+    }
+  }
+  for (const char* tag : {"train/lr", "train/grad_norm", "train/tokens_per_s"})
+    EXPECT_EQ(scalars[tag].size(), 12u) << tag;
+  // An event directory that is a file is refused by name.
+  std::ofstream(dir / "notadir") << "x";
+  const CommandResult bad =
+      train(fmt::format("--set metrics.tensorboard={} {}", dir / "notadir", folder_arg(dir / "b")));
+  EXPECT_EQ(bad.status, 1) << bad.output;
+  EXPECT_NE(bad.output.find(dir / "notadir"), std::string::npos) << bad.output;
+}
+
 TEST_F(Train, PlotWritesAPng) {
   {
     std::ofstream out(dir / "metrics.jsonl");
