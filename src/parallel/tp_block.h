@@ -77,7 +77,8 @@ struct BlockLatents {
 // Activation gradients within one block's backward (from BlockAllocators::grads, which blocks
 // share: backward visits one block at a time).
 struct BlockGradients {
-  Tensor normed;    // [N, d_res] ∂/∂(RMSNorm output)
+  Tensor normed;    // [N, d_res] ∂/∂(RMSNorm output); forward's scratch in full and vanilla
+                    // (the o projection's output before the residual add)
   Tensor attn;      // [N, dq]
   Tensor qkv;       // [N·(dq + 2·dkv)]
   Tensor q, k, v;   // views into qkv

@@ -72,10 +72,11 @@ class FullBlock final : public TpBlock {
     b[P::k].forward(be, k, norm1.out, {});
     b[P::v].forward(be, v, norm1.out, {});
     attention.forward(be, q, k, v);
-    b[P::o].forward(be, h, attention_output(b), {});
-    reduce_from_forward(tp, h, "full.fwd.attn_out");  // N·d
-    be.add(h, h, x);
-    norm2.forward(be, h);
+    // The o projection's output before the residual add, in a buffer only backward uses.
+    const Tensor o_out = grad.normed;  // [N, d]
+    b[P::o].forward(be, o_out, attention_output(b), {});
+    reduce_from_forward(tp, o_out, "full.fwd.attn_out");  // N·d
+    norm2.forward_residual(be, h, o_out, x);
     copy_to_forward(tp, norm2.out);
     b[P::gate].forward(be, gate, norm2.out, {});
     b[P::up].forward(be, up, norm2.out, {});

@@ -238,10 +238,12 @@ void VanillaBlock::forward(Backend& be, const TensorParallel& tp, const BlockLat
   const std::array<Tensor, 3> qkv_out{q, k, v};
   chunks_forward(be, tp, b, prev, kQkv, norm1.out, qkv_out, qkv, "vanilla.fwd.qkv_out", "qkv");
   attention.forward(be, q, k, v);
-  const std::array<Tensor, 1> h_out{h};
-  chunks_forward(be, tp, b, prev, kO, attention_output(b), h_out, h, "vanilla.fwd.o_out", nullptr);
-  be.add(h, h, x);
-  norm2.forward(be, h);
+  // The o projection's output before the residual add, in a buffer only backward uses.
+  const Tensor o_out = grad.normed;  // [N, d]
+  const std::array<Tensor, 1> o_outs{o_out};
+  chunks_forward(be, tp, b, prev, kO, attention_output(b), o_outs, o_out, "vanilla.fwd.o_out",
+                 nullptr);
+  norm2.forward_residual(be, h, o_out, x);
   const std::array<Tensor, 2> gate_up_out{gate, up};
   chunks_forward(be, tp, b, prev, kGateUp, norm2.out, gate_up_out, gate_up,
                  "vanilla.fwd.gate_up_out", "gate_up");
