@@ -1,5 +1,5 @@
 #pragma once
-// Which thread a stop signal (SIGINT, SIGTERM, SIGHUP) reaches. The kernel hands a signal sent
+// Which thread a stop signal (SIGINT, SIGTERM, SIGHUP, SIGUSR1) reaches. The kernel hands a signal sent
 // to the process to any thread that does not block it: an OpenMP worker, oneDNN's, Open MPI's
 // progress threads. There it interrupts whatever system call the thread waits in, and a
 // library that does not retry after EINTR goes on with a half-done call. So the process blocks
@@ -10,7 +10,7 @@
 
 namespace bottle {
 
-// Blocks SIGINT, SIGTERM and SIGHUP in the calling thread, so that threads it starts from now
+// Blocks SIGINT, SIGTERM, SIGHUP and SIGUSR1 in the calling thread, so that threads it starts from now
 // on are born with them blocked; a process forked meanwhile (Open MPI's singleton daemon)
 // unblocks them before it execs, so that it still ends on a signal.
 void block_stop_signals();

@@ -64,6 +64,9 @@ void set_signal_notice(const std::string& text) {
 }
 
 std::atomic<bool> g_run_over{false};
+// Under a launcher (mpirun), which kills the job seconds after it forwards a Ctrl-C or SIGTERM
+// but forwards SIGUSR1 and lets the ranks end by themselves.
+bool g_under_launcher = false;
 
 extern "C" void on_stop_signal(int sig) {
   // After the run everything is saved and the process ends by itself (MPI_Finalize can take a
@@ -83,23 +86,32 @@ extern "C" void on_stop_signal(int sig) {
     const char head[] = "bottle: stop signal received: ";
     ssize_t ignored = ::write(STDERR_FILENO, head, sizeof(head) - 1);
     ignored = ::write(STDERR_FILENO, g_notice.text[i], g_notice.size[i]);
+    if (g_under_launcher && sig != SIGUSR1) {
+      const char hint[] =
+          "bottle: mpirun ends the job a few seconds after forwarding this signal, which can cut "
+          "the save short; to stop with a checkpoint, send SIGUSR1 to mpirun (kill -USR1 "
+          "MPIRUN_PID), which it forwards and then waits\n";
+      ignored = ::write(STDERR_FILENO, hint, sizeof(hint) - 1);
+    }
     (void)ignored;
     errno = saved_errno;
   }
 }
 
-// SIGINT/SIGTERM/SIGHUP (a closed terminal or ssh session) ask the loop to finish its step,
-// checkpoint and exit 0. The handler stays after training ends: a signal then is let pass
-// (the run is saved), a second one ends the process. Installed before
-// the run is set up, so that a signal during the setup ends it cleanly too. SA_RESTART: a
-// system call the signal interrupts (a write, a read of the data) is resumed rather than
-// failing with EINTR; the signal reaches the main thread only (core/stop_signals.h).
+// SIGINT/SIGTERM/SIGHUP (a closed terminal or ssh session)/SIGUSR1 (what mpirun forwards
+// without ending the job, and Slurm's --signal sends before a time limit) ask the loop to
+// finish its step, checkpoint and exit 0. The handler stays after training ends: a signal then is
+// let pass (the run is saved), a second one ends the process. Installed before the run is set up,
+// so that a signal during the setup ends it cleanly too. SA_RESTART: a system call the signal
+// interrupts (a write, a read of the data) is resumed rather than failing with EINTR; the signal
+// reaches the main thread only (core/stop_signals.h).
 class StopSignals {
  public:
   StopSignals() {
     g_stop_signal.store(0);
     g_notice_current.store(-1);
     g_run_over.store(false);
+    g_under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE");
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;
@@ -108,7 +120,8 @@ class StopSignals {
     sigaddset(&sa.sa_mask, SIGINT);
     sigaddset(&sa.sa_mask, SIGTERM);
     sigaddset(&sa.sa_mask, SIGHUP);
-    for (const int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+    sigaddset(&sa.sa_mask, SIGUSR1);
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaction(sig, &sa, nullptr);
     // main() kept them blocked until now (one that came meanwhile is delivered here).
     unblock_stop_signals();
   }
