@@ -154,6 +154,16 @@ ojson inspect(const std::string& path) {
   return data_json(path);
 }
 
+// "step 30: loss 3.1819, val loss 3.2001 (step 30)" from logged_losses' object.
+std::string logged_text(const ojson& l) {
+  std::string text =
+      fmt::format("step {}: loss {:.4f}", l["step"].get<int64_t>(), l["loss"].get<double>());
+  if (l.contains("val_loss"))
+    text += fmt::format(", val loss {:.4f} (step {})", l["val_loss"].get<double>(),
+                        l["val_step"].get<int64_t>());
+  return text;
+}
+
 void print_model(const ojson& m) {
   std::printf("model: %s (%s), %s parameters, stored as %s\n",
               m["directory"].get<std::string>().c_str(), m["kind"].get<std::string>().c_str(),
@@ -185,15 +195,8 @@ void print_model(const ojson& m) {
       (unsigned long long)p["epoch"].get<uint64_t>(),
       (unsigned long long)p["shard"].get<uint64_t>(),
       (unsigned long long)p["window"].get<uint64_t>());
-  const ojson& l = t["logged"];
-  if (l.contains("loss"))
-    std::printf("  logged at step %lld: loss %.4f%s\n", (long long)l["step"].get<int64_t>(),
-                l["loss"].get<double>(),
-                l.contains("val_loss")
-                    ? fmt::format(", val loss {:.4f} (step {})", l["val_loss"].get<double>(),
-                                  l["val_step"].get<int64_t>())
-                          .c_str()
-                    : "");
+  if (t["logged"].contains("loss"))
+    std::printf("  logged at %s\n", logged_text(t["logged"]).c_str());
 }
 
 void print_text(const ojson& out) {
@@ -202,15 +205,8 @@ void print_text(const ojson& out) {
     std::printf("run: %s, %zu checkpoint(s) (steps %s), newest %s\n",
                 r["folder"].get<std::string>().c_str(), r["checkpoints"].size(),
                 r["checkpoints"].dump().c_str(), r["newest"].get<std::string>().c_str());
-    const ojson& l = r["logged"];
-    if (l.contains("loss"))
-      std::printf("  last logged: step %lld, loss %.4f%s\n", (long long)l["step"].get<int64_t>(),
-                  l["loss"].get<double>(),
-                  l.contains("val_loss")
-                      ? fmt::format(", val loss {:.4f} (step {})", l["val_loss"].get<double>(),
-                                    l["val_step"].get<int64_t>())
-                            .c_str()
-                      : "");
+    if (r["logged"].contains("loss"))
+      std::printf("  last logged at %s\n", logged_text(r["logged"]).c_str());
   }
   if (out.contains("model")) print_model(out["model"]);
   if (out.contains("data"))

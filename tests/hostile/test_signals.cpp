@@ -122,6 +122,31 @@ log_freq = 3
     EXPECT_EQ(o.output.find("internal error"), std::string::npos) << o.output;
   }
 
+#ifdef BOTTLE_MPIEXEC
+  // `mpirun -np 2 bottle train` (2 data-parallel ranks) sent `sig` once it has trained a step:
+  // the delay doubles until the run stopped after one.
+  Outcome stop_mpirun_job(int sig) {
+    const std::vector<std::string> job = {BOTTLE_MPIEXEC,
+                                          BOTTLE_MPIEXEC_NUMPROC_FLAG,
+                                          "2",
+                                          "--oversubscribe",
+                                          bottle_binary(),
+                                          "train",
+                                          dir / "tiny.toml",
+                                          "--set",
+                                          "parallel.dp=2",
+                                          "--set",
+                                          "training.steps=100000"};
+    Outcome o;
+    for (double delay = 2; delay < 40; delay *= 2) {
+      fs::remove_all(dir / "run");
+      o = interrupt(job, delay, sig);
+      if (o.output.find("after step") != std::string::npos) break;
+    }
+    return o;
+  }
+#endif
+
   TempDir dir;
 };
 
@@ -179,31 +204,11 @@ TEST_F(Signals, AStoppedRunResumes) {
 }
 
 #ifdef BOTTLE_MPIEXEC
-// The job `mpirun -np 2 bottle train` with 2 data-parallel ranks, for as long as it is let run.
-std::vector<std::string> mpirun_job(const TempDir& dir) {
-  return {BOTTLE_MPIEXEC,
-          BOTTLE_MPIEXEC_NUMPROC_FLAG,
-          "2",
-          "--oversubscribe",
-          bottle_binary(),
-          "train",
-          dir / "tiny.toml",
-          "--set",
-          "parallel.dp=2",
-          "--set",
-          "training.steps=100000"};
-}
-
 // Under mpirun, SIGUSR1 to the launcher: Open MPI forwards it to every rank and waits for the
 // job; the ranks stop after the same step, rank 0 says which, the checkpoint is complete and
 // the job (mpirun too) exits 0.
 TEST_F(Signals, UnderMpirunSigusr1StopsTheJobWithACheckpoint) {
-  Outcome o;
-  for (double delay = 2; delay < 40; delay *= 2) {
-    fs::remove_all(dir / "run");
-    o = interrupt(mpirun_job(dir), delay, SIGUSR1);
-    if (o.output.find("after step") != std::string::npos) break;
-  }
+  const Outcome o = stop_mpirun_job(SIGUSR1);
   ASSERT_EQ(o.status, 0) << o.output;
   EXPECT_EQ(o.output.find("bottle: error"), std::string::npos) << o.output;
   std::smatch m;
@@ -227,12 +232,7 @@ TEST_F(Signals, UnderMpirunSigusr1StopsTheJobWithACheckpoint) {
 // checkpoint reach the output on a loaded machine (issue 29, rule 1). Run it with
 // --gtest_also_run_disabled_tests.
 TEST_F(Signals, DISABLED_UnderMpirunAStopEndsTheJobCleanly) {
-  Outcome o;
-  for (double delay = 2; delay < 40; delay *= 2) {
-    fs::remove_all(dir / "run");
-    o = interrupt(mpirun_job(dir), delay, SIGINT);
-    if (o.output.find("after step") != std::string::npos) break;
-  }
+  const Outcome o = stop_mpirun_job(SIGINT);
   ASSERT_TRUE(o.status == 0 || o.status == 1) << o.output;
   EXPECT_EQ(o.output.find("bottle: error"), std::string::npos) << o.output;
   EXPECT_EQ(o.output.find("internal error"), std::string::npos) << o.output;
