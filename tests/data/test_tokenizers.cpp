@@ -888,6 +888,45 @@ TEST(SampleStops, AtTheEndOfADocument) {
   EXPECT_EQ(json::parse(on.output)["ids"].size(), 10u) << on.output;
 }
 
+// Issue 29, rule 7: a run's tokenizer must be the shards' (kind and vocabulary, as their
+// description records), and a resume's the checkpoint's (the same ids for a probe text).
+TEST(TokenizerChanges, AreRefusedByName) {
+  TempDir dir;
+  const std::string tokenizer = write_json(dir, "a/tokenizer.json", byte_level_json());
+  std::string inputs;
+  for (int d = 0; d < 3; ++d) {
+    write_text(dir / fmt::format("d{}.txt", d), sentences(20 + d, 100));
+    inputs += fmt::format(" {}", dir / fmt::format("d{}.txt", d));
+  }
+  const CommandResult p = run(
+      fmt::format("{} prepare --tokenizer {} --input{} --output {} --val-fraction 0 --no-progress",
+                  bottle_binary(), tokenizer, inputs, dir / "data"));
+  ASSERT_EQ(p.status, 0) << p.output;
+  write_train_config(dir / "train.toml", 272, dir / "data", dir / "run");
+  ASSERT_EQ(run(fmt::format("{} train {}", bottle_binary(), dir / "train.toml")).status, 0);
+  // The same kind and vocabulary without merges: other ids for the same text.
+  json plain = byte_level_json();
+  plain["model"]["merges"] = json::array();
+  const std::string unmerged = write_json(dir, "b/tokenizer.json", plain);
+  expect_one_error(
+      run(fmt::format("{} train {} --resume --set training.steps=5 --set "
+                      "data.tokenizer={}",
+                      bottle_binary(), dir / "train.toml", unmerged)),
+      {"--resume:", "holds the tokenizer", "data.tokenizer = " + unmerged, "--init-from"});
+  // Another vocabulary than the shards were made with, on a fresh run and on a resume.
+  json bigger = byte_level_json();
+  bigger["added_tokens"].push_back(added_token(270, "<|big|>", true));
+  const std::string other = write_json(dir, "c/tokenizer.json", bigger);
+  for (const std::string& resume : {std::string(), std::string("--resume")})
+    expect_one_error(
+        run(fmt::format("{} train {} {} --set training.steps=5 --set data.tokenizer={} --set "
+                        "checkpoint.folder={}",
+                        bottle_binary(), dir / "train.toml", resume, other,
+                        dir / (resume.empty() ? "fresh" : "run"))),
+        {"data.tokenizer = " + other, dir / "data/data_train.json",
+         "says the shards of data.train were made with"});
+}
+
 TEST(ByteLevelRoundTrip, BitsPerByteIsLossOverLn2) {
   TempDir dir;
   std::string inputs;
