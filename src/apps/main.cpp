@@ -20,6 +20,25 @@
 #include "train/memory_plan.h"
 #include "train/train_config.h"
 
+namespace {
+
+// What a failed allocation says: the memory available, and the address-space limit where
+// ulimit -v sets one below it.
+std::string out_of_memory_message() {
+  rlimit limit{};
+  const bool capped = getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+  return fmt::format(
+      "out of memory: an allocation failed with {} available (MemAvailable, within the "
+      "cgroup's limit){}; lower the batch, the sequence length or the model's size",
+      bottle::format_bytes(bottle::available_memory_bytes()),
+      capped ? fmt::format(", and the process's address space is limited to {} (ulimit -v), "
+                           "which is the limit here",
+                           bottle::format_bytes(size_t(limit.rlim_cur)))
+             : std::string());
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   // Before any thread exists: MPI's and OpenMP's threads are born with the stop signals
   // blocked, and the main thread unblocks them once those are started (below), so that a
@@ -125,9 +144,8 @@ int main(int argc, char** argv) {
       if (const char* ranks = std::getenv("OMPI_COMM_WORLD_SIZE");
           ranks && std::string(ranks) != "1")
         bottle::fail("{} runs as one process; run it without mpirun (the job has {} ranks)",
-                     tokenize->parsed()  ? "tokenize"
-                     : prepare->parsed() ? "prepare"
-                                         : "bench tokenize",
+                     bench_tokenize->parsed() ? std::string("bench tokenize")
+                                              : app.get_subcommands().front()->get_name(),
                      ranks);
     // Test failpoints: BOTTLE_FAILPOINT=bad_alloc fails an allocation on every rank, as the
     // machine's limit would after the plans let a run start; =internal_error breaks an
@@ -153,17 +171,7 @@ int main(int argc, char** argv) {
     // The plans refuse what will not fit; a failed allocation left is the machine's limit,
     // not a bug: the user can act on it.
     // ulimit -v caps the address space below what the machine has: then it is the limit.
-    rlimit limit{};
-    const bool capped = getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
-    const std::string text = fmt::format(
-        "out of memory: an allocation failed with {} available (MemAvailable, within the "
-        "cgroup's limit){}; lower the batch, the sequence length or the model's size",
-        bottle::format_bytes(bottle::available_memory_bytes()),
-        capped ? fmt::format(", and the process's address space is limited to {} (ulimit -v), "
-                             "which is the limit here",
-                             bottle::format_bytes(size_t(limit.rlim_cur)))
-               : std::string());
-    report("error", text.c_str());
+    report("error", out_of_memory_message().c_str());
     return 1;
   } catch (const std::exception& e) {
     report("internal error", e.what());

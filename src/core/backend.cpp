@@ -124,9 +124,12 @@ class OpCheck {
     ids(tokens, "tokens");
     numel(rows, tokens.numel() * table.cols(), what);
   }
-  void rope(const Tensor& x) const {
-    check(x.shape.rank == 4 && x.shape[3] % 2 == 0,
-          "takes [B, S, heads, head_dim] with an even head_dim, not {}", x.shape.str());
+  void rope(const Tensor& q, const Tensor& k) const {
+    check(q.shape.rank == 4 && q.shape[3] % 2 == 0 && k.shape.rank == 4 &&
+              k.shape[0] == q.shape[0] && k.shape[1] == q.shape[1] && k.shape[3] == q.shape[3],
+          "takes q [B, S, H, head_dim] and k [B, S, Hkv, head_dim] with an even head_dim, not "
+          "{} and {}",
+          q.shape.str(), k.shape.str());
   }
   void attention(const Tensor& q, const Tensor& k, const Tensor& v) const {
     check(q.shape.rank == 4 && k.shape.rank == 4 && k.shape == v.shape &&
@@ -273,20 +276,20 @@ void Backend::layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor
   do_layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd);
 }
 
-void Backend::rope_forward(Tensor x, float theta) {
+void Backend::rope_forward(Tensor q, Tensor k, float theta) {
   const OpCheck c(*this, "rope_forward");
-  c.here({x});
-  c.floats({x});
-  c.rope(x);
-  do_rope_forward(x, theta);
+  c.here({q, k});
+  c.floats({q, k});
+  c.rope(q, k);
+  do_rope_forward(q, k, theta);
 }
 
-void Backend::rope_backward(Tensor dx, float theta) {
+void Backend::rope_backward(Tensor dq, Tensor dk, float theta) {
   const OpCheck c(*this, "rope_backward");
-  c.here({dx});
-  c.floats({dx});
-  c.rope(dx);
-  do_rope_backward(dx, theta);
+  c.here({dq, dk});
+  c.floats({dq, dk});
+  c.rope(dq, dk);
+  do_rope_backward(dq, dk, theta);
 }
 
 void Backend::attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {

@@ -170,11 +170,12 @@ class Backend {
   void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
                           Tensor weight, Tensor mean, Tensor rstd);
 
-  // In-place rotary embedding (HF rotate-half) of x [B,S,heads,hd]; position = index in S.
-  // Backward rotates the gradient back in place (the rotation is orthogonal). Overwrites,
-  // it does not add: RoPE is applied to a buffer the caller owns.
-  void rope_forward(Tensor x, float theta);
-  void rope_backward(Tensor dx, float theta);
+  // In-place rotary embedding (HF rotate-half) of q [B,S,H,hd] and k [B,S,Hkv,hd] together
+  // (one pass, one launch); position = index in S. Backward rotates their gradients back in
+  // place (the rotation is orthogonal). Overwrites, it does not add: RoPE is applied to
+  // buffers the caller owns.
+  void rope_forward(Tensor q, Tensor k, float theta);
+  void rope_backward(Tensor dq, Tensor dk, float theta);
 
   // Causal attention with GQA. q [B,S,H,hd], k,v [B,S,Hkv,hd], out [B,S,H,hd];
   // lse [B,H,S] = log Σ_j exp(score_ij), the softmax statistic kept for backward, which
@@ -309,8 +310,8 @@ class Backend {
                                     Tensor bias, float eps) = 0;
   virtual void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
                                      Tensor weight, Tensor mean, Tensor rstd) = 0;
-  virtual void do_rope_forward(Tensor x, float theta) = 0;
-  virtual void do_rope_backward(Tensor dx, float theta) = 0;
+  virtual void do_rope_forward(Tensor q, Tensor k, float theta) = 0;
+  virtual void do_rope_backward(Tensor dq, Tensor dk, float theta) = 0;
   virtual void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) = 0;
   virtual void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
                                      Tensor lse, Tensor q, Tensor k, Tensor v) = 0;

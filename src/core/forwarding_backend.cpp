@@ -79,11 +79,11 @@ void ForwardingBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor 
   around("layernorm_backward", {dx, dweight, dbias, dout, x, weight, mean, rstd}, 0.0,
          [&] { inner().layernorm_backward(dx, dweight, dbias, dout, x, weight, mean, rstd); });
 }
-void ForwardingBackend::do_rope_forward(Tensor x, float theta) {
-  around("rope_forward", {x, x}, 0.0, [&] { inner().rope_forward(x, theta); });
+void ForwardingBackend::do_rope_forward(Tensor q, Tensor k, float theta) {
+  around("rope_forward", {q, k, q, k}, 0.0, [&] { inner().rope_forward(q, k, theta); });
 }
-void ForwardingBackend::do_rope_backward(Tensor dx, float theta) {
-  around("rope_backward", {dx, dx}, 0.0, [&] { inner().rope_backward(dx, theta); });
+void ForwardingBackend::do_rope_backward(Tensor dq, Tensor dk, float theta) {
+  around("rope_backward", {dq, dk, dq, dk}, 0.0, [&] { inner().rope_backward(dq, dk, theta); });
 }
 void ForwardingBackend::do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
   around("attention_forward", {out, lse, q, k, v}, causal_attention_flops(q),
@@ -193,10 +193,9 @@ void ForwardingBackend::do_logits_row_stats(Tensor max, Tensor sumexp, Tensor lo
 void ForwardingBackend::do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max,
                                                         Tensor sumexp, Tensor targets,
                                                         int64_t first, float scale) {
-  around(
-      "cross_entropy_shard_backward", {dlogits, logits, max, sumexp, targets}, 0.0, [&] {
-        inner().cross_entropy_shard_backward(dlogits, logits, max, sumexp, targets, first, scale);
-      });
+  around("cross_entropy_shard_backward", {dlogits, logits, max, sumexp, targets}, 0.0, [&] {
+    inner().cross_entropy_shard_backward(dlogits, logits, max, sumexp, targets, first, scale);
+  });
 }
 void ForwardingBackend::do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
                                                  float eps) {

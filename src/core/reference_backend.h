@@ -69,8 +69,8 @@ class ReferenceBackend final : public HostBackend {
                              Tensor weight, Tensor mean, Tensor rstd) override;
 
   // Rotary embedding (rope.cpp).
-  void do_rope_forward(Tensor x, float theta) override;
-  void do_rope_backward(Tensor dx, float theta) override;
+  void do_rope_forward(Tensor q, Tensor k, float theta) override;
+  void do_rope_backward(Tensor dq, Tensor dk, float theta) override;
 
   // Causal GQA attention (attention.cpp).
   void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;

@@ -182,13 +182,13 @@ void WideningBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor db
   inner().layernorm_backward(w.out(dx), w.inout(dweight), w.inout(dbias), w.in(dout), w.in(x),
                              w.in(weight), w.in(mean), w.in(rstd));
 }
-void WideningBackend::do_rope_forward(Tensor x, float theta) {
+void WideningBackend::do_rope_forward(Tensor q, Tensor k, float theta) {
   Widened w(*this);
-  inner().rope_forward(w.inout(x), theta);
+  inner().rope_forward(w.inout(q), w.inout(k), theta);
 }
-void WideningBackend::do_rope_backward(Tensor dx, float theta) {
+void WideningBackend::do_rope_backward(Tensor dq, Tensor dk, float theta) {
   Widened w(*this);
-  inner().rope_backward(w.inout(dx), theta);
+  inner().rope_backward(w.inout(dq), w.inout(dk), theta);
 }
 void WideningBackend::do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
   Widened w(*this);
@@ -197,8 +197,8 @@ void WideningBackend::do_attention_forward(Tensor out, Tensor lse, Tensor q, Ten
 void WideningBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout,
                                             Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) {
   Widened w(*this);
-  inner().attention_backward(w.out(dq), w.out(dk), w.out(dv), w.in(dout), w.in(out),
-                             w.in(lse), w.in(q), w.in(k), w.in(v));
+  inner().attention_backward(w.out(dq), w.out(dk), w.out(dv), w.in(dout), w.in(out), w.in(lse),
+                             w.in(q), w.in(k), w.in(v));
 }
 void WideningBackend::do_silu_forward(Tensor out, Tensor x) {
   Widened w(*this);

@@ -44,8 +44,8 @@ class WideningBackend final : public ForwardingBackend {
                             Tensor bias, float eps) override;
   void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
                              Tensor weight, Tensor mean, Tensor rstd) override;
-  void do_rope_forward(Tensor x, float theta) override;
-  void do_rope_backward(Tensor dx, float theta) override;
+  void do_rope_forward(Tensor q, Tensor k, float theta) override;
+  void do_rope_backward(Tensor dq, Tensor dk, float theta) override;
   void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
                              Tensor q, Tensor k, Tensor v) override;

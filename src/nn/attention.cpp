@@ -19,8 +19,7 @@ void Attention::forward(Backend& be, Tensor q, Tensor k, Tensor v) {
   q = reshaped(q, q_shape());
   k = reshaped(k, kv_shape());
   v = reshaped(v, kv_shape());
-  be.rope_forward(q, rope_theta);
-  be.rope_forward(k, rope_theta);
+  be.rope_forward(q, k, rope_theta);
   be.attention_forward(out, lse, q, k, v);
 }
 
@@ -30,8 +29,7 @@ void Attention::backward(Backend& be, Tensor dq, Tensor dk, Tensor dv, Tensor do
   dk = reshaped(dk, kv_shape());
   be.attention_backward(dq, dk, reshaped(dv, kv_shape()), reshaped(dout, q_shape()), out, lse,
                         reshaped(q, q_shape()), reshaped(k, kv_shape()), reshaped(v, kv_shape()));
-  be.rope_backward(dq, rope_theta);
-  be.rope_backward(dk, rope_theta);
+  be.rope_backward(dq, dk, rope_theta);
 }
 
 }  // namespace bottle

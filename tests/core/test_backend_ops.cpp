@@ -186,27 +186,30 @@ TEST_F(BackendOps, ReductionsAreInIndexOrder) {
 // The reference against formulas: RoPE's rotation, attention's softmax statistic.
 
 TEST_F(BackendOps, RopeMatchesFormula) {
-  const int64_t B = 1, S = 5, Hh = 2, hd = 6;
+  const int64_t B = 1, S = 5, Hh = 2, Hkv = 1, hd = 6;
   const float theta = 10000.0f;
-  Tensor x = randn({B, S, Hh, hd}), y = clone(x);
-  ref->rope_forward(y, theta);
-  for (int64_t s = 0; s < S; ++s)
-    for (int64_t h = 0; h < Hh; ++h)
-      for (int64_t i = 0; i < hd / 2; ++i) {
-        const double angle = double(s) * std::pow(double(theta), -2.0 * double(i) / hd);
-        const float* xv = x.f32() + (s * Hh + h) * hd;
-        const float* yv = y.f32() + (s * Hh + h) * hd;
-        EXPECT_NEAR(yv[i], xv[i] * std::cos(angle) - xv[i + hd / 2] * std::sin(angle), 1e-6);
-        EXPECT_NEAR(yv[i + hd / 2], xv[i + hd / 2] * std::cos(angle) + xv[i] * std::sin(angle),
-                    1e-6);
-      }
+  // q with Hh heads and k with Hkv (GQA), rotated in one call.
+  Tensor x = randn({B, S, Hh, hd}), y = clone(x), xk = randn({B, S, Hkv, hd}), yk = clone(xk);
+  ref->rope_forward(y, yk, theta);
+  for (const auto& [in, out, heads] : {std::tuple{&x, &y, Hh}, std::tuple{&xk, &yk, Hkv}})
+    for (int64_t s = 0; s < S; ++s)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t i = 0; i < hd / 2; ++i) {
+          const double angle = double(s) * std::pow(double(theta), -2.0 * double(i) / hd);
+          const float* xv = in->f32() + (s * heads + h) * hd;
+          const float* yv = out->f32() + (s * heads + h) * hd;
+          EXPECT_NEAR(yv[i], xv[i] * std::cos(angle) - xv[i + hd / 2] * std::sin(angle), 1e-6);
+          EXPECT_NEAR(yv[i + hd / 2], xv[i + hd / 2] * std::cos(angle) + xv[i] * std::sin(angle),
+                      1e-6);
+        }
   // Backward is the inverse rotation.
   for (Backend* be : {ref.get(), cpu.get()}) {
     SCOPED_TRACE(be->name());
-    Tensor z = clone(x);
-    be->rope_forward(z, theta);
-    be->rope_backward(z, theta);
+    Tensor z = clone(x), zk = clone(xk);
+    be->rope_forward(z, zk, theta);
+    be->rope_backward(z, zk, theta);
     EXPECT_TRUE(all_close(z.f32(), x.f32(), x.numel(), 1e-12, 1e-6));
+    EXPECT_TRUE(all_close(zk.f32(), xk.f32(), xk.numel(), 1e-12, 1e-6));
   }
 }
 
@@ -808,14 +811,16 @@ TEST_F(ReferenceGradcheck, CrossEntropyEmbeddingRope) {
     check("embedding dtable", table, dtable, loss);
   }
   {
-    Tensor x = randn({1, 6, 2, 8}), wout = randn({1, 6, 2, 8}), y = nans({1, 6, 2, 8});
+    // The loss reads q alone; k is rotated beside it.
+    Tensor x = randn({1, 6, 2, 8}), wout = randn({1, 6, 2, 8}), y = nans({1, 6, 2, 8}),
+           k = randn({1, 6, 1, 8});
     auto loss = [&] {
       std::copy_n(x.f32(), x.numel(), y.f32());
-      be.rope_forward(y, 100.0f);
+      be.rope_forward(y, k, 100.0f);
       return dot(y, wout);
     };
-    Tensor dx = clone(wout);
-    be.rope_backward(dx, 100.0f);
+    Tensor dx = clone(wout), dk = randn({1, 6, 1, 8});
+    be.rope_backward(dx, dk, 100.0f);
     check("rope dx", x, dx, loss);
   }
 }

@@ -120,7 +120,8 @@ class Bf16HostKernels : public ::testing::Test {
       int64_t bad = 0, worst = -1;
       for (int64_t i = 0; i < a[k].numel(); ++i) {
         const double got = value(a[k], i), want = value(r[k], i);
-        ASSERT_TRUE(std::isfinite(got) && std::isfinite(want)) << i << ": " << got << " vs " << want;
+        ASSERT_TRUE(std::isfinite(got) && std::isfinite(want))
+            << i << ": " << got << " vs " << want;
         const double ulp = a[k].dtype == DType::bf16
                                ? std::ldexp(1.0, std::ilogb(std::max(std::abs(want), 1e-30)) - 7)
                                : 0.0;
@@ -145,8 +146,7 @@ TEST_F(Bf16HostKernels, Elementwise) {
   for (bool act : {true, false}) {
     check(act ? "swiglu_forward" : "swiglu_forward identity", {bf(s), bf(s), bf(s)},
           [act](Backend& be, auto t) { be.swiglu_forward(t[0], t[1], t[2], act); });
-    check(act ? "swiglu_backward" : "swiglu_backward identity",
-          {bf(s), bf(s), bf(s), bf(s), bf(s)},
+    check(act ? "swiglu_backward" : "swiglu_backward identity", {bf(s), bf(s), bf(s), bf(s), bf(s)},
           [act](Backend& be, auto t) { be.swiglu_backward(t[0], t[1], t[2], t[3], t[4], act); });
   }
   check("add", {bf(s), bf(s), bf(s)}, [](Backend& be, auto t) { be.add(t[0], t[1], t[2]); });
@@ -172,8 +172,7 @@ TEST_F(Bf16HostKernels, Elementwise) {
 
 TEST_F(Bf16HostKernels, Reductions) {
   const std::vector<Tensor> ts = make({bf({3, 70001})});
-  for (const auto& [name, f] :
-       std::vector<std::pair<const char*, double (Backend::*)(Tensor)>>{
+  for (const auto& [name, f] : std::vector<std::pair<const char*, double (Backend::*)(Tensor)>>{
            {"sum_squares", &Backend::sum_squares}, {"sum", &Backend::sum}}) {
     const double a = ((*native).*f)(ts[0]), b = ((*widened).*f)(ts[0]),
                  r = ((*reference).*f)(ts[0]);
@@ -202,8 +201,9 @@ TEST_F(Bf16HostKernels, Norms) {
         [](Backend& be, auto t) {
           be.rmsnorm_shard_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], 2 * kCols);
         });
-  check("layernorm_forward", {bf(s), f32(r), f32(r), bf(s), f32(w), f32(w)},
-        [](Backend& be, auto t) { be.layernorm_forward(t[0], t[1], t[2], t[3], t[4], t[5], 1e-5f); });
+  check(
+      "layernorm_forward", {bf(s), f32(r), f32(r), bf(s), f32(w), f32(w)},
+      [](Backend& be, auto t) { be.layernorm_forward(t[0], t[1], t[2], t[3], t[4], t[5], 1e-5f); });
   check("layernorm_backward", {bf(s), f32(w), f32(w), bf(s), bf(s), f32(w), f32(r, 0.1f), pos(r)},
         [](Backend& be, auto t) {
           be.layernorm_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7]);
@@ -212,13 +212,16 @@ TEST_F(Bf16HostKernels, Norms) {
         [](Backend& be, auto t) { be.rms_from_sum_squares(t[0], t[1], 301.0f, 1e-5f, true); });
   check("scale_rows", {bf(s), bf(s), f32(r)},
         [](Backend& be, auto t) { be.scale_rows(t[0], t[1], t[2]); });
-  check("row_dot", {f32(r), bf(s), bf(s)}, [](Backend& be, auto t) { be.row_dot(t[0], t[1], t[2]); });
+  check("row_dot", {f32(r), bf(s), bf(s)},
+        [](Backend& be, auto t) { be.row_dot(t[0], t[1], t[2]); });
 }
 
 TEST_F(Bf16HostKernels, Rope) {
-  const Shape s{2, 9, 3, 16};
-  check("rope_forward", {bf(s)}, [](Backend& be, auto t) { be.rope_forward(t[0], 10000.0f); });
-  check("rope_backward", {bf(s)}, [](Backend& be, auto t) { be.rope_backward(t[0], 10000.0f); });
+  const Shape s{2, 9, 3, 16}, sk{2, 9, 1, 16};
+  check("rope_forward", {bf(s), bf(sk)},
+        [](Backend& be, auto t) { be.rope_forward(t[0], t[1], 10000.0f); });
+  check("rope_backward", {bf(s), bf(sk)},
+        [](Backend& be, auto t) { be.rope_backward(t[0], t[1], 10000.0f); });
 }
 
 // Two query blocks (S = 200 > 128), GQA with two query heads per kv head.
@@ -238,10 +241,10 @@ TEST_F(Bf16HostKernels, Attention) {
     be.attention_forward(t[4], t[5], t[6], t[7], t[8]);
   };
   check("attention_backward, fp32 out",
-        {bf(q), bf(kv), bf(kv), bf(q), f32(q), f32(lse), bf(q), bf(kv), bf(kv)}, backward,
-        forward);
-  check("attention_backward", {bf(q), bf(kv), bf(kv), bf(q), bf(q), f32(lse), bf(q), bf(kv), bf(kv)},
-        backward, forward, false);
+        {bf(q), bf(kv), bf(kv), bf(q), f32(q), f32(lse), bf(q), bf(kv), bf(kv)}, backward, forward);
+  check("attention_backward",
+        {bf(q), bf(kv), bf(kv), bf(q), bf(q), f32(lse), bf(q), bf(kv), bf(kv)}, backward, forward,
+        false);
 }
 
 TEST_F(Bf16HostKernels, CrossEntropy) {

@@ -685,23 +685,28 @@ void norm_cases(Table& t) {
   });
 }
 
-// RoPE, in place: forward rotates x, backward rotates the gradient back.
+// RoPE, in place on q and k in one call: forward rotates them, backward rotates their
+// gradients back; k with fewer heads (GQA) and with as many.
 void rope_cases(Table& t) {
   auto add = [&](OpCase op) { t.push_back(std::move(op)); };
-  for (const auto& [theta, shape] :
-       {std::pair{10000.0f, Shape{2, 13, 3, 16}}, std::pair{500000.0f, Shape{2, 7, 4, 8}}}) {
+  for (const auto& [theta, q, k] : {std::tuple{10000.0f, Shape{2, 13, 3, 16}, Shape{2, 13, 1, 16}},
+                                    std::tuple{500000.0f, Shape{2, 7, 4, 8}, Shape{2, 7, 4, 8}}}) {
     add({
-        .name = fmt::format("rope theta={}", theta),
+        .name = fmt::format("rope theta={} kv_heads={}", theta, k[2]),
         .ops = {"rope_forward", "rope_backward"},
-        .args = {arg("x", shape), arg("dx", shape)},
-        .compare = {"x", "dx"},
+        .args = {arg("q", q), arg("k", k), arg("dq", q), arg("dk", k)},
+        .compare = {"q", "k", "dq", "dk"},
         .run =
             [theta](Backend& be, const Args& a) {
-              be.rope_forward(a["x"], theta);
-              be.rope_backward(a["dx"], theta);
+              be.rope_forward(a["q"], a["k"], theta);
+              be.rope_backward(a["dq"], a["dk"], theta);
             },
-        .fd = FiniteDifferences{.wrt = {{"x", "dx"}}, .loss = {{"x", "dx"}}},
-        .poison = {{"x", {{"x", kAll}}}, {"dx", {{"dx", kAll}}}},
+        .fd = FiniteDifferences{.wrt = {{"q", "dq"}, {"k", "dk"}},
+                                .loss = {{"q", "dq"}, {"k", "dk"}}},
+        .poison = {{"q", {{"q", kAll}, {"k", kFinite}}},
+                   {"k", {{"k", kAll}, {"q", kFinite}}},
+                   {"dq", {{"dq", kAll}}},
+                   {"dk", {{"dk", kAll}}}},
     });
   }
 }

@@ -59,8 +59,8 @@ class CpuBackend final : public HostBackend {
   void do_row_dot(Tensor out, Tensor a, Tensor b) override;
 
   // rope.cpp
-  void do_rope_forward(Tensor x, float theta) override;
-  void do_rope_backward(Tensor dx, float theta) override;
+  void do_rope_forward(Tensor q, Tensor k, float theta) override;
+  void do_rope_backward(Tensor dq, Tensor dk, float theta) override;
 
   // attention.cpp
   void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;

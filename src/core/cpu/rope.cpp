@@ -26,8 +26,8 @@ const RopeTable& CpuBackend::rope_table(int64_t S, int64_t hd, float theta) {
 }
 
 void CpuBackend::rope(Tensor x, float theta, float direction) {
-  const int64_t B = x.shape[0], S = x.shape[1], heads = x.shape[2], hd = x.shape[3],
-                half = hd / 2, row = heads * hd;
+  const int64_t B = x.shape[0], S = x.shape[1], heads = x.shape[2], hd = x.shape[3], half = hd / 2,
+                row = heads * hd;
   const RopeTable& t = rope_table(S, hd, theta);
   const Slabs slabs(slab_ws_, 1, row, x.dtype == DType::bf16);
 #pragma omp parallel for schedule(static)
@@ -50,7 +50,13 @@ void CpuBackend::rope(Tensor x, float theta, float direction) {
   }
 }
 
-void CpuBackend::do_rope_forward(Tensor x, float theta) { rope(x, theta, 1.0f); }
-void CpuBackend::do_rope_backward(Tensor dx, float theta) { rope(dx, theta, -1.0f); }
+void CpuBackend::do_rope_forward(Tensor q, Tensor k, float theta) {
+  rope(q, theta, 1.0f);
+  rope(k, theta, 1.0f);
+}
+void CpuBackend::do_rope_backward(Tensor dq, Tensor dk, float theta) {
+  rope(dq, theta, -1.0f);
+  rope(dk, theta, -1.0f);
+}
 
 }  // namespace bottle::cpu

@@ -9,6 +9,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -19,6 +20,7 @@
 #include "core/arena.h"
 #include "core/cuda/attention_cudnn.h"
 #include "core/cuda/kernels.h"
+#include "core/kernel_math.h"
 
 namespace bottle {
 namespace {
@@ -90,6 +92,7 @@ class CudaBackend final : public Backend {
     for (cudaEvent_t e : staging_done_) cudaEventDestroy(e);
     if (range_table_) cudaFree(range_table_);
     if (gap_table_) cudaFree(gap_table_);
+    if (rope_table_) cudaFree(rope_table_);
     if (staging_) cudaFreeHost(staging_);
     if (scratch_) cudaFree(scratch_);
     cudaFree(gemm_workspace_);
@@ -324,9 +327,11 @@ class CudaBackend final : public Backend {
     launched(k);
   }
 
-  void do_rope_forward(Tensor x, float theta) override { rope("rope_forward", x, theta, 1.0f); }
-  void do_rope_backward(Tensor dx, float theta) override {
-    rope("rope_backward", dx, theta, -1.0f);
+  void do_rope_forward(Tensor q, Tensor k, float theta) override {
+    rope("rope_forward", q, k, theta, 1.0f);
+  }
+  void do_rope_backward(Tensor dq, Tensor dk, float theta) override {
+    rope("rope_backward", dq, dk, theta, -1.0f);
   }
 
   void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override {
@@ -355,8 +360,8 @@ class CudaBackend final : public Backend {
       const bool direct =
           dq.dtype == DType::bf16 && dk.dtype == DType::bf16 && dv.dtype == DType::bf16;
       if (direct) {
-        void* workspace = workspace_bytes ? scratch(workspace_bytes, "cuDNN attention workspace")
-                                          : nullptr;
+        void* workspace =
+            workspace_bytes ? scratch(workspace_bytes, "cuDNN attention workspace") : nullptr;
         cudnn_->backward(dq.data, dk.data, dv.data, dout.data, out.data, lse.f32(), q.data, k.data,
                          v.data, *c, workspace);
         launched(name);
@@ -690,9 +695,31 @@ class CudaBackend final : public Backend {
     launched(k);
   }
 
-  void rope(const char* k, Tensor x, float theta, float direction) {
-    cuda::rope(stream_, arr(x), x.shape[0], x.shape[1], x.shape[2], x.shape[3], theta, direction);
-    launched(k);
+  void rope(const char* kernel, Tensor q, Tensor k, float theta, float direction) {
+    const int64_t seq = q.shape[1], hd = q.shape[3];
+    cuda::rope(stream_, arr(q), arr(k), rope_table(seq, hd, theta), q.shape[0], seq, q.shape[2],
+               k.shape[2], hd, direction);
+    launched(kernel);
+  }
+
+  // cos and sin of every (position, pair), [2, seq, hd/2], computed on the host exactly as the
+  // cpu backend computes its table (the same float expressions, the host's cosf / sinf) and
+  // uploaded once per (seq, hd, theta): a run asks for one shape every time.
+  const float* rope_table(int64_t seq, int64_t hd, float theta) {
+    const auto key = std::make_tuple(seq, hd, theta);
+    if (rope_table_ && rope_key_ == key) return static_cast<const float*>(rope_table_);
+    const int64_t half = hd / 2;
+    std::vector<float> table(size_t(2 * seq * half));  // [2, seq, hd/2]
+    for (int64_t s = 0; s < seq; ++s)
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = float(s) * kmath::rope_inv_freq(i, hd, theta);
+        table[size_t(s * half + i)] = std::cos(angle);
+        table[size_t((seq + s) * half + i)] = std::sin(angle);
+      }
+    rope_key_ = key;
+    return static_cast<const float*>(upload_table(rope_table_, rope_table_bytes_, rope_table_host_,
+                                                  table.data(), table.size() * sizeof(float),
+                                                  "RoPE table"));
   }
 
   // The shape cuDNN runs this attention call at, or nothing where the own kernels run it:
@@ -924,6 +951,10 @@ class CudaBackend final : public Backend {
   void* gap_table_ = nullptr;
   size_t gap_table_bytes_ = 0;
   std::vector<unsigned char> gap_table_host_;
+  void* rope_table_ = nullptr;  // rope_table's, for rope_key_
+  size_t rope_table_bytes_ = 0;
+  std::vector<unsigned char> rope_table_host_;
+  std::tuple<int64_t, int64_t, float> rope_key_{};
   AttentionChoice attention_ = AttentionChoice::automatic;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the own kernels run every attention
   std::string cudnn_absent_;                     // why cudnn_ is null (empty under "own")

@@ -85,9 +85,11 @@ void embedding_forward(cudaStream_t stream, Array out, const int32_t* tokens, in
 void embedding_backward(cudaStream_t stream, Array dtable, const int32_t* tokens, int64_t n,
                         ConstArray dout, int64_t table_rows, int64_t cols, int64_t first);
 
-// --- Rotary embedding (rope.cu), in place on x [B, S, heads, hd]; direction -1 undoes it.
-void rope(cudaStream_t stream, Array x, int64_t batch, int64_t seq, int64_t heads, int64_t hd,
-          float theta, float direction);
+// --- Rotary embedding (rope.cu), in place on q [B, S, q_heads, hd] and k [B, S, k_heads, hd]
+// in one launch, from `table` [2, seq, hd/2] (the cos, then the sin, of every position and
+// pair, on the device); direction -1 undoes it.
+void rope(cudaStream_t stream, Array q, Array k, const float* table, int64_t batch, int64_t seq,
+          int64_t q_heads, int64_t k_heads, int64_t hd, float direction);
 
 // --- Norms (norm.cu). Statistics arrays (rstd, mean, sumsq, dot) are per row.
 // out = x * rstd * w; rstd[r] = 1/sqrt(mean_j x² + eps). `rstd` and `sumsq` may each be

@@ -1,4 +1,5 @@
-// Rotary embedding (HF rotate-half), in place on x [B, S, heads, hd], angles in double.
+// Rotary embedding (HF rotate-half), in place on q [B, S, H, hd] and k [B, S, Hkv, hd], angles
+// in double.
 #include <cmath>
 
 #include "core/reference/common.h"
@@ -37,12 +38,14 @@ void rope(Tensor x, float theta, double sign, const char* kernel) {
 
 }  // namespace
 
-void ReferenceBackend::do_rope_forward(Tensor x, float theta) {
-  rope(x, theta, +1.0, "rope_forward");
+void ReferenceBackend::do_rope_forward(Tensor q, Tensor k, float theta) {
+  rope(q, theta, +1.0, "rope_forward");
+  rope(k, theta, +1.0, "rope_forward");
 }
 
-void ReferenceBackend::do_rope_backward(Tensor dx, float theta) {
-  rope(dx, theta, -1.0, "rope_backward");
+void ReferenceBackend::do_rope_backward(Tensor dq, Tensor dk, float theta) {
+  rope(dq, theta, -1.0, "rope_backward");
+  rope(dk, theta, -1.0, "rope_backward");
 }
 
 }  // namespace bottle
