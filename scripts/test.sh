@@ -21,11 +21,11 @@ fi
 cmake -S . -B build-sanitize -DCMAKE_BUILD_TYPE=Release -DBOTTLE_SANITIZE=ON -DBOTTLE_CUDA=OFF >/dev/null
 tests=()
 if [ "$mode" = --sanitize-quick ]; then
-  # The kernels: the op table (every op against the reference) and backend_ops. (The stop
-  # signal test, `signals`, joins them once it has run clean under the sanitizers here.)
+  # The kernels: the op table (every op against the reference) and backend_ops; hostile
+  # files, the CLI, the collectives, a failing rank, and stop signals at random moments.
   cmake --build build-sanitize -j"$(nproc)" --target bottle test_backend_ops test_device_ops \
-    test_hostile_fuzz test_cli test_comm test_fatal_error fatal_error_probe
-  tests=(-R '^(backend_ops|device_ops_cpu|hostile_fuzz|cli|comm_np2|fatal_error)$')
+    test_hostile_fuzz test_cli test_comm test_fatal_error fatal_error_probe test_signals
+  tests=(-R '^(backend_ops|device_ops_cpu|hostile_fuzz|cli|comm_np2|fatal_error|signals)$')
 else
   cmake --build build-sanitize -j"$(nproc)"
 fi
