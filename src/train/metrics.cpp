@@ -32,7 +32,7 @@ std::string clock_time(double seconds) {
                    : fmt::format("{}:{:02d}", s / 60, s % 60);
 }
 
-// 12345678 tokens as "12.3M".
+// 12345678 tokens as "12.35M", 1234 as "1.2k".
 std::string token_count(double tokens) {
   if (tokens >= 1e9) return fmt::format("{:.2f}B", tokens / 1e9);
   if (tokens >= 1e6) return fmt::format("{:.2f}M", tokens / 1e6);
