@@ -13,7 +13,6 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <set>
 
 #include "apps/cli_checks.h"
@@ -58,12 +57,10 @@ std::string validation_split_of(const std::string& data) {
   std::error_code ec;
   if (!fs::is_directory(data, ec)) return data;
   std::set<std::string> train, val;
-  static const std::regex kShard("(.+)_(train|val)_[0-9]+\\.bin");
-  for (const auto& e : fs::directory_iterator(data, ec)) {
-    std::smatch m;
-    const std::string name = e.path().filename().string();
-    if (std::regex_match(name, m, kShard)) (m[2] == "val" ? val : train).insert(m[1]);
-  }
+  for (const auto& e : fs::directory_iterator(data, ec))
+    if (const auto name = parse_shard_name(e.path().filename().string()))
+      if (name->split == "train" || name->split == "val")
+        (name->split == "val" ? val : train).insert(name->prefix);
   if (train.empty() || val.empty()) return data;
   BOTTLE_CHECK(val.size() == 1,
                "{}: --data holds the validation shards of several data sets ({}); name one, as "

@@ -14,7 +14,6 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <regex>
 #include <set>
 
 #include "apps/commands.h"
@@ -100,12 +99,11 @@ ojson model_json(const std::string& dir) {
 // The splits of prepare's output: `path` a directory of shards or one shard.
 ojson data_json(const std::string& path) {
   std::set<fs::path> metas;
-  static const std::regex kShard("(.+)_(train|val)_[0-9]+\\.bin");
   std::vector<fs::path> shards;
   std::error_code ec;
   if (fs::is_directory(path, ec)) {
     for (const auto& e : fs::directory_iterator(path, ec))
-      if (std::regex_match(e.path().filename().string(), kShard)) shards.push_back(e.path());
+      if (parse_shard_name(e.path().filename().string())) shards.push_back(e.path());
   } else {
     shards.push_back(path);
   }

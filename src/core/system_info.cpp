@@ -5,6 +5,7 @@
 #include <oneapi/dnnl/dnnl.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -94,6 +95,10 @@ std::string cpu_summary() {
   return fmt::format("{} ({}), oneDNN {}", cpu_model(),
                      isa.empty() ? std::string("no AVX") : fmt::format("{}", fmt::join(isa, ", ")),
                      onednn_isa());
+}
+
+bool launched_by_mpirun() {
+  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
 }
 
 }  // namespace bottle

@@ -20,4 +20,10 @@ std::string onednn_isa();
 // One line: "AMD EPYC (avx2, fma), oneDNN avx2".
 std::string cpu_summary();
 
+// Whether a launcher started this process as a rank of a job: mpirun (Open MPI) and MPICH's
+// set the job's size in OMPI_COMM_WORLD_SIZE / PMI_SIZE, which a process started alone never
+// has (PMIX_RANK, set in both, would not tell). Under one, stdout is the launcher's (a
+// pseudo-terminal for Open MPI), and a Ctrl-C ends the job a few seconds after it is forwarded.
+bool launched_by_mpirun();
+
 }  // namespace bottle

@@ -30,18 +30,32 @@ std::string string_at(const json& object, const char* key, const fs::path& path)
 
 // The meta file of a shard named <prefix>_<split>_NNNNNN.bin: <prefix>_<split>.json beside it;
 // nullopt for a shard not named so (it was not written by prepare).
-std::optional<fs::path> meta_of_shard(const fs::path& shard) {
-  const std::string name = shard.filename().string();
+// What precedes _NNNNNN.bin (six or more digits) in a shard's file name, or nullopt.
+std::optional<std::string> shard_stem(const std::string& name) {
   constexpr std::string_view kExt = ".bin";
   if (!name.ends_with(kExt)) return std::nullopt;
   size_t digits = name.size() - kExt.size();
   const size_t end = digits;
   while (digits > 0 && name[digits - 1] >= '0' && name[digits - 1] <= '9') --digits;
   if (end - digits < 6 || digits < 2 || name[digits - 1] != '_') return std::nullopt;
-  return shard.parent_path() / (name.substr(0, digits - 1) + ".json");
+  return name.substr(0, digits - 1);
+}
+
+std::optional<fs::path> meta_of_shard(const fs::path& shard) {
+  const std::optional<std::string> stem = shard_stem(shard.filename().string());
+  if (!stem) return std::nullopt;
+  return shard.parent_path() / (*stem + ".json");
 }
 
 }  // namespace
+
+std::optional<ShardName> parse_shard_name(const std::string& name) {
+  const std::optional<std::string> stem = shard_stem(name);
+  if (!stem) return std::nullopt;
+  const size_t cut = stem->rfind('_');
+  if (cut == std::string::npos || cut == 0 || cut + 1 == stem->size()) return std::nullopt;
+  return ShardName{stem->substr(0, cut), stem->substr(cut + 1)};
+}
 
 fs::path split_meta_path(const fs::path& dir, const std::string& prefix, const std::string& split) {
   return dir / (prefix + "_" + split + ".json");

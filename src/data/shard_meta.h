@@ -38,6 +38,13 @@ void write_split_meta(const std::filesystem::path& path, const SplitMeta& meta);
 // Reads a meta file; errors name the file and what is malformed in it.
 SplitMeta read_split_meta(const std::filesystem::path& path);
 
+// The parts of a shard's file name <prefix>_<split>_NNNNNN.bin (six or more digits), or nullopt
+// for any other name.
+struct ShardName {
+  std::string prefix, split;
+};
+std::optional<ShardName> parse_shard_name(const std::string& file_name);
+
 // The description of the split a shard belongs to (<prefix>_<split>.json beside
 // <prefix>_<split>_NNNNNN.bin) with its path, or nullopt when the shard's name has no such form or
 // no such file lies beside it; a description that is not valid is an error naming it.

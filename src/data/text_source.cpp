@@ -283,16 +283,15 @@ std::unique_ptr<Decoder> open_decoder(const std::string& file, uint64_t& counter
   return std::make_unique<PlainDecoder>(std::move(input));
 }
 
-// A name ending .json (before any .gz / .zst): JSON Lines or not is decided by the content.
-bool json_name(std::string_view name) {
-  for (std::string_view ext : {".gz", ".zst"}) {
-    if (ends_with(name, ext)) {
-      name.remove_suffix(ext.size());
-      break;
-    }
-  }
-  return ends_with(name, ".json");
+// A file's name without a .gz or .zst suffix: the name its format is told by.
+std::string_view without_compression(std::string_view name) {
+  for (std::string_view ext : {".gz", ".zst"})
+    if (ends_with(name, ext)) return name.substr(0, name.size() - ext.size());
+  return name;
 }
+
+// A name ending .json (before any .gz / .zst): JSON Lines or not is decided by the content.
+bool json_name(std::string_view name) { return ends_with(without_compression(name), ".json"); }
 
 bool is_blank(std::string_view line) {
   return line.find_first_not_of(" \t\r") == std::string_view::npos;
@@ -310,13 +309,7 @@ std::string shorten(std::string message) {
 
 TextFormat format_by_name(const std::string& file, TextFormat requested) {
   if (requested != TextFormat::auto_detect) return requested;
-  std::string_view name = file;
-  for (std::string_view ext : {".gz", ".zst"}) {
-    if (ends_with(name, ext)) {
-      name.remove_suffix(ext.size());
-      break;
-    }
-  }
+  const std::string_view name = without_compression(file);
   return ends_with(name, ".jsonl") || ends_with(name, ".ndjson") || ends_with(name, ".json")
              ? TextFormat::jsonl
              : TextFormat::text;

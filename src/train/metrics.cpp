@@ -4,26 +4,17 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
 
 #include "core/arena.h"
 #include "core/error.h"
+#include "core/system_info.h"
 
 namespace bottle {
 
 namespace {
-
-// mpirun (Open MPI) and MPICH's launcher tell a rank the job's size in these, which a process
-// started alone never has (PMIX_RANK, set in both, would not tell). Under a launcher stdout is
-// its pseudo-terminal, whatever mpirun's own output is.
-bool launched_by_mpirun() {
-  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"})
-    if (std::getenv(name) != nullptr) return true;
-  return false;
-}
 
 // 83 s as "1:23", 4000 s as "1:06:40".
 std::string clock_time(double seconds) {

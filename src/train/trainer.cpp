@@ -19,6 +19,7 @@
 #include "comm/process_groups.h"
 #include "core/gemm_peak.h"
 #include "core/stop_signals.h"
+#include "core/system_info.h"
 #include "core/token_shard.h"
 #include "data/byte_tokenizer.h"
 #include "data/shard_meta.h"
@@ -111,7 +112,7 @@ class StopSignals {
     g_stop_signal.store(0);
     g_notice_current.store(-1);
     g_run_over.store(false);
-    g_under_launcher = std::getenv("OMPI_COMM_WORLD_SIZE") || std::getenv("PMI_SIZE");
+    g_under_launcher = launched_by_mpirun();
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sa.sa_flags = SA_RESTART;
