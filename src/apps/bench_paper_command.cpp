@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/paper_figures.h"
 #include "apps/paper_prediction.h"
@@ -309,7 +310,9 @@ Command add_bench_paper_command(CLI::App& app) {
     int max_ranks = 4;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--out", o->out, "directory for report.md, the plots and the logs")->required();
+  app.add_option("--out", o->out, "directory for report.md, the plots and the logs")
+      ->required()
+      ->check(output_path());
   app.add_flag("--quick", o->quick, "small shapes and few steps (under 3 minutes on 2 cores)");
   app.add_option("--memory-limit", o->memory_limit,
                  "per-rank limit of the micro-batch sweep (default: the model state per rank "

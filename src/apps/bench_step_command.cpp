@@ -189,7 +189,8 @@ BenchStepFlags add_bench_step_options(CLI::App& app, BenchStepOptions* o) {
   app.add_option("--save", o->save,
                  "write each kind's model after its steps and the tokens it stepped on to "
                  "DIR/KIND (config.json, model.safetensors, tokens.bin: a shard of that one "
-                 "batch that `bottle train` reads)");
+                 "batch that `bottle train` reads)")
+      ->check(output_path());
   return {config, kv_heads, kinds, precisions, backend, attention};
 }
 

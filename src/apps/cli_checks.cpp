@@ -9,6 +9,7 @@
 #include <cstdlib>
 
 #include "comm/communicator.h"
+#include "data/utf8.h"
 #include "train/checkpoint_store.h"
 
 namespace bottle {
@@ -27,6 +28,17 @@ CLI::Validator integer_in(int64_t lo, int64_t hi) {
         return {};
       },
       range);
+}
+
+CLI::Validator output_path() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        if (const std::string why = text_value_problem(text); !why.empty())
+          return fmt::format("holds {}; paths must be UTF-8 text without control characters",
+                             why);
+        return {};
+      },
+      "PATH");
 }
 
 CLI::Validator finite_in(double lo, double hi, bool hi_open) {

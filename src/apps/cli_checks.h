@@ -20,6 +20,11 @@ CLI::Validator integer_in(int64_t lo, int64_t hi = kNoLimit);
 CLI::Validator finite_in(double lo, double hi = std::numeric_limits<double>::infinity(),
                          bool hi_open = false);
 
+// A path a command writes to: UTF-8 text without control characters (a line break would split
+// the messages, JSON and scripts that name it), refused where it enters rather than after the
+// work.
+CLI::Validator output_path();
+
 // The model directory of a command's --checkpoint: the directory given, or for a run's folder
 // its newest checkpoint, which the first rank names on stderr ("eval: runs/tiny is a run's
 // folder: its newest checkpoint is runs/tiny/step_00002000").

@@ -24,7 +24,8 @@ Command add_export_command(CLI::App& app) {
       ->required();
   app.add_option("--out", o->out,
                  "new directory for config.json, model.safetensors and the tokenizer")
-      ->required();
+      ->required()
+      ->check(output_path());
   app.add_option("--dtype", o->dtype,
                  "the weights' dtype in the file: f32 (as trained), or bf16 (rounded to nearest "
                  "even: half the bytes, for inference)")

@@ -86,9 +86,11 @@ ojson model_json(const std::string& dir) {
     ojson t;
     t["step"] = state.step;
     t["optimizer_steps"] = state.optimizer_steps;
-    t["data_position"] = {{"epoch", state.train_position.epoch},
-                          {"shard", state.train_position.shard_index},
-                          {"window", state.train_position.window_index}};
+    // One source's position, or one per source of a mixture (data.train's order).
+    ojson sources = ojson::array();
+    for (const LoaderPosition& p : state.train_position.sources)
+      sources.push_back({{"epoch", p.epoch}, {"shard", p.shard_index}, {"window", p.window_index}});
+    t["data_position"] = sources.size() == 1 ? sources[0] : sources;
     t["seed"] = state.seed ? ojson(*state.seed) : ojson();
     t["logged"] = logged_losses(fs::path(dir).parent_path() / "metrics.jsonl", state.step);
     m["training"] = t;
@@ -162,6 +164,15 @@ std::string logged_text(const ojson& l) {
   return text;
 }
 
+// "epoch 1, shard 0, window 2", or "source 1: ...; source 2: ..." for a mixture.
+std::string position_text(const ojson& position) {
+  DataPosition p;
+  for (const ojson& s : position.is_array() ? position : ojson::array({position}))
+    p.sources.push_back(
+        {s["epoch"].get<uint64_t>(), s["shard"].get<uint64_t>(), s["window"].get<uint64_t>()});
+  return describe_position(p);
+}
+
 void print_model(const ojson& m) {
   std::printf("model: %s (%s), %s parameters, stored as %s\n",
               m["directory"].get<std::string>().c_str(), m["kind"].get<std::string>().c_str(),
@@ -184,15 +195,10 @@ void print_model(const ojson& m) {
   std::printf("  tokenizer: %s\n", m["tokenizer"].get<std::string>().c_str());
   if (!m.contains("training")) return;
   const ojson& t = m["training"];
-  const ojson& p = t["data_position"];
-  std::printf(
-      "  step %lld (%lld optimizer steps), seed %s, data position: epoch %llu, shard %llu, "
-      "window %llu\n",
-      (long long)t["step"].get<int64_t>(), (long long)t["optimizer_steps"].get<int64_t>(),
-      t["seed"].is_null() ? "unrecorded" : t["seed"].dump().c_str(),
-      (unsigned long long)p["epoch"].get<uint64_t>(),
-      (unsigned long long)p["shard"].get<uint64_t>(),
-      (unsigned long long)p["window"].get<uint64_t>());
+  std::printf("  step %lld (%lld optimizer steps), seed %s, data position: %s\n",
+              (long long)t["step"].get<int64_t>(), (long long)t["optimizer_steps"].get<int64_t>(),
+              t["seed"].is_null() ? "unrecorded" : t["seed"].dump().c_str(),
+              position_text(t["data_position"]).c_str());
   if (t["logged"].contains("loss"))
     std::printf("  logged at %s\n", logged_text(t["logged"]).c_str());
 }

@@ -57,7 +57,9 @@ Command add_lowrank_command(CLI::App& app) {
   app.add_option("--rank", o->rank, "rank r of every projection, at most min(d_in, d_out)")
       ->required()
       ->check(integer_in(1));
-  app.add_option("--out", o->out, "new directory for the low-rank model")->required();
+  app.add_option("--out", o->out, "new directory for the low-rank model")
+      ->required()
+      ->check(output_path());
   app.add_option("--data", o->data,
                  "token shards (file, directory or glob): report the loss before and after");
   app.add_option("--batch", o->batch, "rows per batch of the loss")->check(integer_in(1));

@@ -399,7 +399,8 @@ Command add_prepare_command(CLI::App& app) {
                  "text / JSONL files, directories, globs or '-' (none: standard input); .gz and "
                  ".zst are read as such");
   app.add_option("--output", o->output, "directory for the shards (created if missing)")
-      ->required();
+      ->required()
+      ->check(output_path());
   add_tokenizer_options(app, o->tokenizer, /*required=*/false);
   app.add_option("--format", o->format,
                  "auto (.jsonl / .ndjson names are JSONL, and .json ones in JSON Lines form), "

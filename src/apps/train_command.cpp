@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <filesystem>
 
+#include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/communicator.h"
 #include "data/utf8.h"
@@ -73,7 +74,8 @@ Command add_plot_command(CLI::App& app) {
   app.add_option("metrics", o->metrics,
                  "metrics.jsonl written by bottle train; several: their runs in one plot")
       ->required();
-  app.add_option("--out", o->out, "PNG to write (default: beside the first metrics, loss.png)");
+  app.add_option("--out", o->out, "PNG to write (default: beside the first metrics, loss.png)")
+      ->check(output_path());
   return [o] {
     const std::string out =
         o->out.empty()

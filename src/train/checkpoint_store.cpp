@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <span>
+#include <thread>
 
 #include "core/json_io.h"
 #include "core/safetensors.h"
@@ -36,12 +39,16 @@ void fsync_path(const fs::path& path) {
 
 // Test failpoint: BOTTLE_FAILPOINT=checkpoint_write:N kills the process (SIGKILL, no
 // clean-up) after the N-th file of a checkpoint is written.
+// BOTTLE_FAILPOINT=slow_checkpoint:S makes every save take S seconds more (after its first
+// file), as a large model's does: a launcher's kill then lands in the middle of it.
 void failpoint(int files_written) {
   static const char* spec = std::getenv("BOTTLE_FAILPOINT");
   if (!spec) return;
-  const std::string s(spec), prefix = "checkpoint_write:";
+  const std::string s(spec), prefix = "checkpoint_write:", slow = "slow_checkpoint:";
   if (s.rfind(prefix, 0) == 0 && std::atoi(s.c_str() + prefix.size()) == files_written)
     std::raise(SIGKILL);
+  if (s.rfind(slow, 0) == 0 && files_written == 1)
+    std::this_thread::sleep_for(std::chrono::seconds(std::atoi(s.c_str() + slow.size())));
 }
 
 // Why the entry `e`, named like a step folder, is not one the store wrote ("" when it is):
@@ -147,6 +154,7 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
       marker.close();
       BOTTLE_CHECK(marker, "{}: write failed", (temp / kCheckpointMarker).string());
     }
+    failpoint(1);
     for (const fs::path& file :
          write_model_description(model.config(), temp, DType::f32, special_token_ids(tokenizer_)))
       fsync_path(file);
@@ -261,6 +269,19 @@ void CheckpointStore::check_no_foreign_steps() const {
 std::vector<std::string> CheckpointStore::list() const { return list(true); }
 
 std::vector<std::string> CheckpointStore::incomplete() const { return list(false); }
+
+std::vector<int64_t> CheckpointStore::interrupted_saves() const {
+  std::vector<int64_t> steps;
+  std::error_code ec;
+  const std::string prefix = kTempPrefix;
+  for (const auto& e : fs::directory_iterator(folder_, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && !name.starts_with(prefix + "old-"))
+      if (const auto step = step_of(name.substr(prefix.size()))) steps.push_back(*step);
+  }
+  std::sort(steps.begin(), steps.end());
+  return steps;
+}
 
 std::optional<std::string> CheckpointStore::newest(const std::string& folder) {
   return CheckpointStore(ReadOnly{}, folder).latest();

@@ -48,6 +48,9 @@ class CheckpointStore {
   // Our step folders without trainer_state.json (a damaged one), oldest step first.
   std::vector<std::string> incomplete() const;
   std::optional<std::string> latest() const;
+  // The steps whose save never completed (the store's .tmp-step_N folders: a process killed
+  // while writing), oldest first; the next save removes their folders.
+  std::vector<int64_t> interrupted_saves() const;
   // The newest complete checkpoint in `folder`, read only: no check that the folder could be
   // written to, as a run's would be.
   static std::optional<std::string> newest(const std::string& folder);

@@ -63,6 +63,19 @@ std::string format_value(const ConfigKey& key, const Value& v) {
   if (const auto* i = std::get_if<int64_t>(&v)) return fmt::format("{}", *i);
   if (const auto* d = std::get_if<double>(&v)) return format_number(*d, key.single);
   if (const auto* b = std::get_if<bool>(&v)) return *b ? "true" : "false";
+  // One path is written as a string, as the key was before it took several.
+  if (const auto* paths = std::get_if<std::vector<std::string>>(&v)) {
+    if (paths->size() <= 1) return toml_string(paths->empty() ? std::string() : paths->front());
+    std::string out = "[";
+    for (size_t i = 0; i < paths->size(); ++i) out += (i ? ", " : "") + toml_string((*paths)[i]);
+    return out + "]";
+  }
+  if (const auto* numbers = std::get_if<std::vector<double>>(&v)) {
+    std::string out = "[";
+    for (size_t i = 0; i < numbers->size(); ++i)
+      out += (i ? ", " : "") + format_number((*numbers)[i], false);
+    return out + "]";
+  }
   return toml_string(std::get<std::string>(v));
 }
 
@@ -86,6 +99,10 @@ const char* type_noun(KeyType t) {
       return "a boolean";
     case KeyType::bytes:
       return "a byte size (an integer, or a string such as \"20GiB\")";
+    case KeyType::paths:
+      return "a string or an array of strings";
+    case KeyType::numbers:
+      return "an array of numbers";
     default:
       return "a string";
   }
@@ -103,6 +120,10 @@ const char* type_word(KeyType t) {
       return "string";
     case KeyType::bytes:
       return "bytes";
+    case KeyType::paths:
+      return "paths";
+    case KeyType::numbers:
+      return "numbers";
     default:
       return "choice";
   }
@@ -144,6 +165,22 @@ void assign(TrainConfig& config, const ConfigKey& key, const Value& value,
              source, key.path, v);
       break;
     }
+    case KeyType::paths:
+      for (const std::string& s : std::get<std::vector<std::string>>(value)) {
+        if (const std::string why = text_value_problem(s); !why.empty())
+          fail(
+              "{}: key '{}' holds {}; paths and names must be UTF-8 text without control "
+              "characters",
+              source, key.path, why);
+        if (s.empty()) fail("{}: key '{}' lists an empty path", source, key.path);
+      }
+      break;
+    case KeyType::numbers:
+      for (const double v : std::get<std::vector<double>>(value))
+        if (!in_range(key.range, v) || !std::isfinite(v))
+          fail("{}: key '{}' must hold numbers {}, got {}", source, key.path,
+               describe_range(key.range), v);
+      break;
     case KeyType::string:
       // Paths and names travel into JSON (trainer_state.json), gnuplot's script and one-line
       // messages: a byte that is not UTF-8 or a control character would fail there, after the

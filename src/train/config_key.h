@@ -18,10 +18,14 @@
 
 namespace bottle::config_keys {
 
-// monostate: an optional key without a value (omitted from the TOML).
-using Value = std::variant<std::monostate, int64_t, double, bool, std::string>;
+// monostate: an optional key without a value (omitted from the TOML). The vectors: a list of
+// paths (one, written as a plain string, or several) and a list of numbers.
+using Value = std::variant<std::monostate, int64_t, double, bool, std::string,
+                           std::vector<std::string>, std::vector<double>>;
 
-enum class KeyType { integer, number, boolean, string, choice, bytes };
+// paths: a string, or an array of strings (several sources); numbers: an array of numbers,
+// unset when empty.
+enum class KeyType { integer, number, boolean, string, choice, bytes, paths, numbers };
 
 struct Bound {
   double value;
@@ -117,7 +121,15 @@ ConfigKey field_key(std::string path, F field, KeySpec spec) {
       for (size_t i = 0; i < names.size(); ++i)
         if (s == names[i]) field(c) = T(i);
     };
-  } else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string>) {
+  } else if constexpr (std::is_same_v<T, std::vector<double>>) {
+    k.optional = true;
+    k.get = [field](const TrainConfig& c) -> Value {
+      if (field(c).empty()) return std::monostate{};
+      return field(c);
+    };
+    k.set = [field](TrainConfig& c, const Value& v) { field(c) = std::get<T>(v); };
+  } else if constexpr (std::is_same_v<T, bool> || std::is_same_v<T, std::string> ||
+                       std::is_same_v<T, std::vector<std::string>>) {
     k.get = [field](const TrainConfig& c) -> Value { return T(field(c)); };
     k.set = [field](TrainConfig& c, const Value& v) { field(c) = std::get<T>(v); };
   } else if constexpr (std::is_integral_v<T>) {
@@ -186,6 +198,25 @@ ConfigKey optional_bool_key(std::string path, F field, std::string doc, std::str
 template <typename F>
 ConfigKey string_key(std::string path, F field, std::string doc) {
   return field_key(std::move(path), field, {.type = KeyType::string, .doc = std::move(doc)});
+}
+
+// One path or several: a TOML string, or an array of strings; "" is none.
+template <typename F>
+ConfigKey paths_key(std::string path, F field, std::string doc) {
+  static_assert(std::is_same_v<FieldType<F>, std::vector<std::string>>);
+  return field_key(std::move(path), field, {.type = KeyType::paths, .doc = std::move(doc)});
+}
+
+// A list of numbers in `range`, each: a TOML array; unset when empty.
+template <typename F>
+ConfigKey numbers_key(std::string path, F field, Range range, std::string doc,
+                      std::string default_note) {
+  static_assert(std::is_same_v<FieldType<F>, std::vector<double>>);
+  return field_key(std::move(path), field,
+                   {.type = KeyType::numbers,
+                    .range = range,
+                    .doc = std::move(doc),
+                    .default_note = std::move(default_note)});
 }
 
 // A byte count: a TOML integer, or a string with a unit ("20GiB"); unset when 0.

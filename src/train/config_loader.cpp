@@ -105,6 +105,36 @@ Value value_from_node(const ConfigKey& key, const toml::node& node, const std::s
       if (const auto* v = node.as_string())
         if (const auto bytes = parse_byte_size(v->get())) return *bytes;
       break;
+    case KeyType::paths:
+      if (const auto* v = node.as_string())
+        return v->get().empty() ? std::vector<std::string>{} : std::vector<std::string>{v->get()};
+      if (const auto* a = node.as_array()) {
+        std::vector<std::string> paths;
+        for (const toml::node& item : *a) {
+          const auto* v = item.as_string();
+          if (!v)
+            fail("{}: key '{}' must be {}; item {} is {}", source, key.path, type_noun(key.type),
+                 paths.size() + 1, toml_type_name(item));
+          paths.push_back(v->get());
+        }
+        return paths;
+      }
+      break;
+    case KeyType::numbers:
+      if (const auto* a = node.as_array()) {
+        std::vector<double> numbers;
+        for (const toml::node& item : *a) {
+          if (const auto* v = item.as_floating_point())
+            numbers.push_back(v->get());
+          else if (const auto* i = item.as_integer())
+            numbers.push_back(double(i->get()));
+          else
+            fail("{}: key '{}' must be {}; item {} is {}", source, key.path, type_noun(key.type),
+                 numbers.size() + 1, toml_type_name(item));
+        }
+        return numbers;
+      }
+      break;
   }
   fail("{}: key '{}' must be {}, got {}", source, key.path, type_noun(key.type),
        toml_type_name(node));
@@ -151,6 +181,21 @@ std::optional<Value> value_from_text(const ConfigKey& key, const std::string& ra
     case KeyType::bytes:
       if (const auto bytes = parse_byte_size(unquote(raw))) return Value(*bytes);
       return std::nullopt;
+    case KeyType::paths:
+    case KeyType::numbers:
+      // An array as TOML writes it (--set 'data.train=["a", "b"]'); one path may be bare.
+      if (raw.starts_with('[')) {
+        toml::table parsed;
+        try {
+          parsed = toml::parse("value = " + raw);
+        } catch (const toml::parse_error&) {
+          return std::nullopt;
+        }
+        return value_from_node(key, *parsed.get("value"), "--set");
+      }
+      if (key.type == KeyType::numbers) return std::nullopt;
+      return raw.empty() || unquote(raw).empty() ? Value(std::vector<std::string>{})
+                                                 : Value(std::vector<std::string>{unquote(raw)});
     default:
       return unquote(raw);
   }
@@ -195,6 +240,20 @@ std::string suggestion(const std::string& path) {
 
 [[noreturn]] void unknown_key(const std::string& source, const std::string& path) {
   fail("{}: unknown key '{}'{}", source, path, suggestion(path));
+}
+
+// A mixture names each source once and gives each one weight.
+void check_data_sources(const DataConfig& data, const std::string& source) {
+  for (size_t i = 0; i < data.train.size(); ++i)
+    for (size_t j = 0; j < i; ++j)
+      BOTTLE_CHECK(data.train[i] != data.train[j],
+                   "{}: key 'data.train' lists {} twice (sources {} and {}); give a source "
+                   "more weight in data.weights instead",
+                   source, toml_string(data.train[i]), j + 1, i + 1);
+  BOTTLE_CHECK(data.weights.empty() || data.weights.size() == data.train.size(),
+               "{}: key 'data.weights' holds {} weight(s) for {} data.train source(s); give one "
+               "per source, in data.train's order",
+               source, data.weights.size(), data.train.size());
 }
 
 // ---------------------------------------------------------------------------------------
@@ -278,6 +337,7 @@ struct Loader {
                  "{}: key 'training.attention' = \"cudnn\" is cuDNN's attention on the GPU: it "
                  "needs training.backend = \"cuda\", not \"{}\" (choose \"auto\" or \"own\")",
                  source, enum_name(t.backend));
+    check_data_sources(config.data, source);
     check_batch_shape(m, t.micro_batch_size, t.seq_len, source + ": key",
                       "'training.micro_batch_size'", "'training.seq_len'");
     // Tokens per step (b·s·accum·dp) count the whole job's work: they must fit too.
@@ -373,6 +433,12 @@ std::string config_difference(const TrainConfig& a, const TrainConfig& b) {
       return fmt::format("{}: {} vs {}", key.path, format_value(key, va), format_value(key, vb));
   }
   return {};
+}
+
+std::string config_value_text(const TrainConfig& config, const std::string& path) {
+  const ConfigKey* key = find_key(path);
+  BOTTLE_ASSERT(key, "config_value_text: no key '{}'", path);
+  return format_value(*key, key->get(config));
 }
 
 std::string to_toml(const TrainConfig& config) {

@@ -152,7 +152,12 @@ void TokenLoader::load(uint64_t epoch, uint64_t file) {
 }
 
 void TokenLoader::next(int32_t* inputs, int32_t* targets) {
-  const Slot s = locate(epoch_, cursor_ + uint64_t(rank_));
+  read(uint64_t(rank_), inputs, targets);
+  advance(uint64_t(world_));
+}
+
+void TokenLoader::read(uint64_t ahead, int32_t* inputs, int32_t* targets) {
+  const Slot s = locate(epoch_, cursor_ + ahead);
   use_epoch(s.epoch);
   const uint64_t file = order_[s.shard_index];
   load(s.epoch, file);
@@ -160,7 +165,10 @@ void TokenLoader::next(int32_t* inputs, int32_t* targets) {
   const int32_t* window = tokens_.data() + loaded_windows_[s.window_index] * per_batch;
   std::copy(window, window + per_batch, inputs);
   std::copy(window + 1, window + 1 + per_batch, targets);
-  cursor_ += uint64_t(world_);
+}
+
+void TokenLoader::advance(uint64_t elements) {
+  cursor_ += elements;
   epoch_ += cursor_ / total_windows_;
   cursor_ %= total_windows_;
 }

@@ -55,6 +55,14 @@ class TokenLoader {
   std::span<const int32_t> staged_inputs() const { return staged_inputs_; }
   std::span<const int32_t> staged_targets() const { return staged_targets_; }
 
+  // The parts of next(), for a mixture that hands out windows of several loaders
+  // (train/data_mixture.h): read() fills a batch from stream element `ahead` past the
+  // position, which it leaves; advance() moves the position by `elements`.
+  void read(uint64_t ahead, int32_t* inputs, int32_t* targets);
+  void advance(uint64_t elements);
+  // Stream elements before the position, over all epochs: what one reader has consumed.
+  uint64_t consumed() const { return epoch_ * total_windows_ + cursor_; }
+
   LoaderPosition position() const;
   // Restores a position from position(); errors when it does not fit these shards.
   void set_position(const LoaderPosition& p);
@@ -62,6 +70,7 @@ class TokenLoader {
   int64_t batch() const { return batch_; }
   int64_t seq() const { return seq_; }
   int64_t tokens_per_batch() const { return batch_ * seq_; }
+  const std::string& pattern() const { return pattern_; }
   const std::vector<std::string>& files() const { return files_; }
   // The shard file the last next() read from (for errors about its tokens).
   const std::string& last_file() const {

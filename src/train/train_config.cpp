@@ -122,6 +122,47 @@ ConfigKey tp_mode_key(std::string path, std::string doc, std::string default_not
 #define FIELD(member) \
   [](auto& c) -> auto& { return c.member; }
 
+namespace {
+
+// [data], [checkpoint], [metrics]: where a run reads and writes.
+void add_run_keys(std::vector<ConfigKey>& s) {
+  // [data]
+  s.push_back(paths_key("data.train", FIELD(data.train),
+                        "training tokens: a shard file, a directory or a glob (required to "
+                        "train); an array of them is a mixture of sources, weighed by "
+                        "data.weights"));
+  s.push_back(numbers_key("data.weights", FIELD(data.weights), greater(0),
+                          "each data.train source's share of the training batches, in its "
+                          "order (normalised; [3, 1] = 75 % and 25 %)",
+                          "each source's size in tokens, as one concatenated dataset"));
+  s.push_back(string_key("data.val", FIELD(data.val),
+                         "validation tokens: a shard file, a directory or a glob; empty = none"));
+  s.push_back(string_key("data.tokenizer", FIELD(data.tokenizer),
+                         "the tokenizer saved with every checkpoint: a SentencePiece .model, a "
+                         "tokenizer.json, a .tiktoken file or a directory; empty = the one "
+                         "`bottle prepare` saved beside data.train's shards, if any"));
+  // [checkpoint]
+  s.push_back(string_key("checkpoint.folder", FIELD(checkpoint.folder),
+                         "directory of the run: checkpoints, metrics, plots"));
+  s.push_back(integer_key("checkpoint.interval", FIELD(checkpoint.interval), at_least(0),
+                          "steps between checkpoints; 0 = only at the end"));
+  s.push_back(integer_key("checkpoint.keep", FIELD(checkpoint.keep), at_least(1),
+                          "checkpoints kept (older ones are removed)"));
+  // [metrics]
+  s.push_back(integer_key("metrics.log_freq", FIELD(metrics.log_freq), greater(0),
+                          "steps between printed log lines (metrics.jsonl records every step)"));
+  s.push_back(string_key("metrics.jsonl", FIELD(metrics.jsonl),
+                         "per-step metrics, one JSON object a line (relative to "
+                         "checkpoint.folder)"));
+  s.push_back(string_key("metrics.plot", FIELD(metrics.plot),
+                         "loss curve image (relative to checkpoint.folder)"));
+  s.push_back(string_key("metrics.tensorboard", FIELD(metrics.tensorboard),
+                         "a directory for TensorBoard's event files of the train/ and val/ "
+                         "scalars (relative to checkpoint.folder; empty: none)"));
+}
+
+}  // namespace
+
 std::vector<ConfigKey> build_schema() {
   std::vector<ConfigKey> s;
   // [model]
@@ -222,34 +263,7 @@ std::vector<ConfigKey> build_schema() {
                          "linear or constant"));
   s.push_back(number_key("lr_scheduler.min_lr_ratio", FIELD(lr_scheduler.min_lr_ratio),
                          closed(0, 1), "final learning rate as a fraction of optimizer.lr"));
-  // [data]
-  s.push_back(string_key("data.train", FIELD(data.train),
-                         "training tokens: a shard file, a directory or a glob (required to "
-                         "train)"));
-  s.push_back(string_key("data.val", FIELD(data.val),
-                         "validation tokens: a shard file, a directory or a glob; empty = none"));
-  s.push_back(string_key("data.tokenizer", FIELD(data.tokenizer),
-                         "the tokenizer saved with every checkpoint: a SentencePiece .model, a "
-                         "tokenizer.json, a .tiktoken file or a directory; empty = the one "
-                         "`bottle prepare` saved beside data.train's shards, if any"));
-  // [checkpoint]
-  s.push_back(string_key("checkpoint.folder", FIELD(checkpoint.folder),
-                         "directory of the run: checkpoints, metrics, plots"));
-  s.push_back(integer_key("checkpoint.interval", FIELD(checkpoint.interval), at_least(0),
-                          "steps between checkpoints; 0 = only at the end"));
-  s.push_back(integer_key("checkpoint.keep", FIELD(checkpoint.keep), at_least(1),
-                          "checkpoints kept (older ones are removed)"));
-  // [metrics]
-  s.push_back(integer_key("metrics.log_freq", FIELD(metrics.log_freq), greater(0),
-                          "steps between printed log lines (metrics.jsonl records every step)"));
-  s.push_back(string_key("metrics.jsonl", FIELD(metrics.jsonl),
-                         "per-step metrics, one JSON object a line (relative to "
-                         "checkpoint.folder)"));
-  s.push_back(string_key("metrics.plot", FIELD(metrics.plot),
-                         "loss curve image (relative to checkpoint.folder)"));
-  s.push_back(string_key("metrics.tensorboard", FIELD(metrics.tensorboard),
-                         "a directory for TensorBoard's event files of the train/ and val/ "
-                         "scalars (relative to checkpoint.folder; empty: none)"));
+  add_run_keys(s);
   // [parallel]
   s.push_back(integer_key("parallel.tp", FIELD(parallel.tp), greater(0), "tensor-parallel ranks"));
   s.push_back(integer_key("parallel.pp", FIELD(parallel.pp), greater(0), "pipeline stages"));

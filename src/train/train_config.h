@@ -77,8 +77,13 @@ struct LrSchedulerConfig {
 };
 
 struct DataConfig {
-  std::string train;  // a shard file, a directory or a glob; the trainer requires it
-  std::string val;    // empty: no validation
+  // Shard files, directories or globs, one per source; the trainer requires one. Several make
+  // a weighted mixture (train/data_mixture.h).
+  std::vector<std::string> train;
+  // Each source's share of the training windows, in train's order (any positive scale);
+  // empty: each source weighs its size, as if the sources were one.
+  std::vector<double> weights;
+  std::string val;  // empty: no validation
   // A tokenizer file or directory; empty: the one `bottle prepare` saved beside the training
   // shards (DIR/tokenizer), else none (byte-level data). It travels into every checkpoint.
   std::string tokenizer;
@@ -182,6 +187,10 @@ void check_honoured_keys(const TrainConfig& config, const ConfigKeysGiven& given
 // The whole resolved configuration as TOML (every key that has a value; unset optional keys
 // appear as comments). Parsing it again gives an equal TrainConfig.
 std::string to_toml(const TrainConfig& config);
+
+// The value of key `path` ("data.train") in `config` as TOML writes it ("unset" when it has
+// none), for messages.
+std::string config_value_text(const TrainConfig& config, const std::string& path);
 
 // Every key with its type, range, default and a one-line description (--help-config).
 std::string describe_config_keys();

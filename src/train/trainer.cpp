@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <set>
 
 #include "comm/process_groups.h"
 #include "core/gemm_peak.h"
@@ -28,6 +29,7 @@
 #include "train/checkpoint_store.h"
 #include "train/data_files.h"
 #include "train/data_loader.h"
+#include "train/data_mixture.h"
 #include "train/folder_lock.h"
 #include "train/job_agreement.h"
 #include "train/memory_plan.h"
@@ -239,6 +241,24 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
                  "{}: checkpoint.folder ({}) is the directory of the run's tokenizer, which the "
                  "run would overwrite with its own copy; choose another checkpoint.folder",
                  config_path, config.checkpoint.folder);
+  // TensorBoard's directory receives event files: never among the run's inputs, never inside
+  // a checkpoint.
+  if (!config.metrics.tensorboard.empty()) {
+    const fs::path events = resolved(
+        "metrics.tensorboard", in_folder(config.checkpoint.folder, config.metrics.tensorboard));
+    const fs::path inside = events.lexically_relative(folder);
+    const std::string first = inside.empty() ? "" : inside.begin()->string();
+    BOTTLE_CHECK(first.rfind("step_", 0) != 0 && first.rfind(".tmp-", 0) != 0,
+                 "{}: metrics.tensorboard ({}) lies inside a checkpoint of checkpoint.folder, "
+                 "which a checkpoint would overwrite or remove",
+                 config_path, events.string());
+    for (const Output& input : others)
+      if (input.key == "data" || input.key.starts_with("a file of"))
+        BOTTLE_CHECK(input.path.parent_path() != events,
+                     "{}: metrics.tensorboard ({}) is the directory of {} ({}): the run's event "
+                     "files would go among its inputs; choose another directory",
+                     config_path, events.string(), input.key, input.path.string());
+  }
   for (size_t i = 0; i < outputs.size(); ++i) {
     const Output& out = outputs[i];
     // A device (/dev/full) or FIFO takes no file and may block, or never end when read back.
@@ -275,8 +295,11 @@ std::string job_description(const TrainConfig& config, const TrainOptions& optio
     init_from.replace(at, 1, "\\n");
   text += fmt::format("\n[]\n--resume = {}\n--init-from = \"{}\"\n", options.resume, init_from);
   text += "\n[data]\n";
-  for (const auto& [key, pattern] :
-       {std::pair{"train's files", config.data.train}, std::pair{"val's files", config.data.val}}) {
+  std::vector<std::pair<std::string, std::string>> splits;
+  for (size_t i = 0; i < config.data.train.size(); ++i)
+    splits.emplace_back(fmt::format("train source {}'s files", i + 1), config.data.train[i]);
+  splits.emplace_back("val's files", config.data.val);
+  for (const auto& [key, pattern] : splits) {
     std::string files;
     try {
       if (!pattern.empty())
@@ -300,22 +323,26 @@ std::string job_description(const TrainConfig& config, const TrainOptions& optio
 void check_tokenizer_matches_shards(const Tokenizer* tokenizer,
                                     const std::vector<std::string>& files,
                                     const TrainConfig& config, const std::string& config_path) {
-  if (files.empty()) return;
-  const auto meta = split_meta_of_shard(files.front());
-  if (!meta || meta->second.tokenizer_kind.empty()) return;
-  const SplitMeta& m = meta->second;
-  const bool same =
-      tokenizer && tokenizer->kind() == m.tokenizer_kind && tokenizer->vocab_size() == m.vocab_size;
-  BOTTLE_CHECK(same,
-               "{}: {} is {}, but {} says the shards of data.train were made with {} ({} kind, "
-               "vocabulary {}); set data.tokenizer to that tokenizer, or leave it unset to use "
-               "the one `bottle prepare` saved beside the shards",
-               config_path,
-               config.data.tokenizer.empty()
-                   ? std::string("the run's tokenizer (data.tokenizer unset)")
-                   : "data.tokenizer = " + config.data.tokenizer,
-               tokenizer ? tokenizer->describe() : std::string("none"), meta->first.string(),
-               m.tokenizer, m.tokenizer_kind, m.vocab_size);
+  // Each directory's description once (a mixture's sources may come from several).
+  std::set<fs::path> seen;
+  for (const std::string& file : files) {
+    if (!seen.insert(fs::path(file).parent_path()).second) continue;
+    const auto meta = split_meta_of_shard(file);
+    if (!meta || meta->second.tokenizer_kind.empty()) continue;
+    const SplitMeta& m = meta->second;
+    const bool same = tokenizer && tokenizer->kind() == m.tokenizer_kind &&
+                      tokenizer->vocab_size() == m.vocab_size;
+    BOTTLE_CHECK(same,
+                 "{}: {} is {}, but {} says the shards of data.train were made with {} ({} kind, "
+                 "vocabulary {}); set data.tokenizer to that tokenizer, or leave it unset to use "
+                 "the one `bottle prepare` saved beside the shards",
+                 config_path,
+                 config.data.tokenizer.empty()
+                     ? std::string("the run's tokenizer (data.tokenizer unset)")
+                     : "data.tokenizer = " + config.data.tokenizer,
+                 tokenizer ? tokenizer->describe() : std::string("none"), meta->first.string(),
+                 m.tokenizer, m.tokenizer_kind, m.vocab_size);
+  }
 }
 
 // Whether two tokenizers make the same ids: the same kind and vocabulary, and the same ids for
@@ -434,7 +461,8 @@ class Trainer {
   std::string attention_path_;  // which attention kernels run, and why (the run's first line)
   MemoryBreakdown plan_;        // this rank's planned footprint
   std::unique_ptr<TrainStep> train_step_;
-  std::unique_ptr<TokenLoader> loader_, val_;
+  std::unique_ptr<DataMixture> loader_;  // data.train's sources
+  std::unique_ptr<TokenLoader> val_;
   std::unique_ptr<FolderLock> lock_;  // rank 0: checkpoint.folder is this run's alone
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<Tokenizer> tokenizer_;    // null for byte-level data
@@ -531,19 +559,24 @@ void Trainer::open_data() {
   // Each DP rank reads every dp-th window: together they read what one process would.
   // A split that cannot be opened is named by its key; a missing validation split also says
   // how to train without one (prepare --val-fraction 0 writes none).
-  auto open_split = [&](const char* key, const std::string& pattern, auto&&... args) {
+  auto open_split = [&](const char* key, auto open) {
     try {
-      return std::make_unique<TokenLoader>(pattern, B, S, args...);
+      return open();
     } catch (const Error& e) {
       const bool val = std::string_view(key) == "data.val";
       fail("{}: key '{}': {}{}", options_.config_path, key, e.what(),
            val ? "; remove data.val (or set it to \"\") to train without a validation split" : "");
     }
   };
-  loader_ = open_split("data.train", config_.data.train, uint64_t(tc_.seed), groups_.dp_rank,
-                       int(config_.parallel.dp));
+  loader_ = open_split("data.train", [&] {
+    return std::make_unique<DataMixture>(config_.data.train, config_.data.weights, B, S,
+                                         uint64_t(tc_.seed), groups_.dp_rank,
+                                         int(config_.parallel.dp));
+  });
   if (!config_.data.val.empty()) {
-    val_ = open_split("data.val", config_.data.val, uint64_t(0), 0, 1, false);
+    val_ = open_split("data.val", [&] {
+      return std::make_unique<TokenLoader>(config_.data.val, B, S, uint64_t(0), 0, 1, false);
+    });
     // More batches than the split holds would wrap around and count batches twice.
     BOTTLE_CHECK(tc_.eval_interval == 0 || uint64_t(tc_.eval_batches) <= val_->windows_per_epoch(),
                  "{}: key 'training.eval_batches' is {}, but data.val ({}) holds {} batch(es) of "
@@ -587,11 +620,24 @@ std::optional<TrainResult> Trainer::start() {
 std::optional<TrainResult> Trainer::resume() {
   const auto latest = store_->latest();
   const std::vector<std::string> incomplete = store_->incomplete();
-  BOTTLE_CHECK(latest, "--resume: no checkpoint in {} (checkpoint.folder){}",
+  const std::vector<int64_t> interrupted = store_->interrupted_saves();
+  BOTTLE_CHECK(latest, "--resume: no checkpoint in {} (checkpoint.folder){}{}",
                config_.checkpoint.folder,
                incomplete.empty() ? std::string()
                                   : fmt::format("; {} has no {} (an interrupted or foreign write)",
-                                                incomplete.back(), kTrainerStateFile));
+                                                incomplete.back(), kTrainerStateFile),
+               interrupted.empty()
+                   ? std::string()
+                   : fmt::format("; the save of step {} did not complete (the process ended "
+                                 "while writing it)",
+                                 interrupted.back()));
+  // A save that a killed process left unfinished (a launcher's kill after a stop signal) is
+  // said, with the checkpoint resumed from instead.
+  if (leader_)
+    for (const int64_t step : interrupted)
+      std::printf("the save of step %lld did not complete (the process ended while writing it); "
+                  "resuming from %s\n",
+                  (long long)step, latest->c_str());
   // A newer step directory that is not a complete checkpoint is passed over, openly.
   if (leader_)
     for (const std::string& dir : incomplete)
@@ -676,6 +722,7 @@ void Trainer::open_logs() {
   message(tokenizer_
               ? fmt::format("tokenizer: {} (saved with every checkpoint)", tokenizer_->describe())
               : std::string("tokenizer: none (token ids without a tokenizer)"));
+  if (loader_->source_count() > 1) message("data.train: " + loader_->describe());
 }
 
 // A resume continues the run the checkpoint was saved by. Its data position counts windows of
@@ -700,14 +747,11 @@ void Trainer::check_continues_the_run(const TrainerState& state, const std::stri
       "set it back to continue the run, or start a new run from these weights with --init-from "
       "{} and another checkpoint.folder",
       checkpoint);
-  const LoaderPosition at = state.train_position;
+  const std::string at = describe_position(state.train_position);
   auto refuse = [&](const char* key, const std::string& was, const std::string& now,
                     const char* why) {
-    fail(
-        "--resume: {} was trained with {} = {}, but {} says {}: {} (saved position: epoch {}, "
-        "shard {}, window {}); {}",
-        checkpoint, key, was, options_.config_path, now, why, at.epoch, at.shard_index,
-        at.window_index, way_out);
+    fail("--resume: {} was trained with {} = {}, but {} says {}: {} (saved position: {}); {}",
+         checkpoint, key, was, options_.config_path, now, why, at, way_out);
   };
   const char* shape =
       "the saved data position counts windows of micro_batch_size x seq_len + 1 tokens, so data "
@@ -724,13 +768,17 @@ void Trainer::check_continues_the_run(const TrainerState& state, const std::stri
            "the seed orders the shards and windows of every epoch, so the saved position would "
            "point elsewhere in another order");
   if (before.data.train != config_.data.train) {
-    // The same shards under another path (a moved dataset) keep the position's meaning.
-    auto shards = [](const std::string& pattern) {
-      std::vector<std::pair<std::string, uintmax_t>> out;
+    // The same shards under another path (a moved dataset) keep the position's meaning: each
+    // source's files by name and size, in data.train's order.
+    auto shards = [](const std::vector<std::string>& patterns) {
+      std::vector<std::vector<std::pair<std::string, uintmax_t>>> out;
       try {
-        for (const std::string& f : resolve_data_files(pattern)) {
-          std::error_code ec;
-          out.emplace_back(fs::path(f).filename().string(), fs::file_size(f, ec));
+        for (const std::string& pattern : patterns) {
+          out.emplace_back();
+          for (const std::string& f : resolve_data_files(pattern)) {
+            std::error_code ec;
+            out.back().emplace_back(fs::path(f).filename().string(), fs::file_size(f, ec));
+          }
         }
       } catch (const Error&) {
         out.clear();
@@ -738,17 +786,24 @@ void Trainer::check_continues_the_run(const TrainerState& state, const std::stri
       return out;
     };
     const auto was = shards(before.data.train), now = shards(config_.data.train);
+    const std::string was_text = config_value_text(before, "data.train"),
+                      now_text = config_value_text(config_, "data.train");
     if (was.empty() || was != now)
-      refuse("data.train", fmt::format("\"{}\"", before.data.train),
-             fmt::format("\"{}\"", config_.data.train),
-             "the saved position is a shard and window of that data");
+      refuse("data.train", was_text, now_text,
+             "the saved position is a shard and window of each source of that data");
     if (leader_)
       std::printf(
-          "data.train is now %s (was %s): the same %zu shard(s) by name and size, so the saved "
-          "position (epoch %llu, shard %llu, window %llu) is kept\n",
-          config_.data.train.c_str(), before.data.train.c_str(), now.size(),
-          (unsigned long long)at.epoch, (unsigned long long)at.shard_index,
-          (unsigned long long)at.window_index);
+          "data.train is now %s (was %s): the same shards by name and size, so the saved "
+          "position (%s) is kept\n",
+          now_text.c_str(), was_text.c_str(), at.c_str());
+  }
+  // The mixture's choices follow its weights over the whole run: others would first make up
+  // for the steps already trained.
+  if (before.data.weights != config_.data.weights) {
+    refuse("data.weights", config_value_text(before, "data.weights"),
+           config_value_text(config_, "data.weights"),
+           "each source's share of the batches is counted from the first step, so new weights "
+           "would first over-draw the sources they raise");
   }
   if (!same_tokenizer(saved_tokenizer, tokenizer_.get()))
     fail(

@@ -54,7 +54,7 @@ TrainerState state_from_json(const nlohmann::json& state, const std::string& dir
   if (state.contains("seed")) s.seed = integer("seed", INT64_MIN, INT64_MAX);
   BOTTLE_CHECK(state.contains("train_position"), "{}: missing key 'train_position'", path);
   try {
-    s.train_position = state["train_position"].get<LoaderPosition>();
+    s.train_position = state["train_position"].get<DataPosition>();
   } catch (const Error& e) {
     fail("{}: key 'train_position': {}", path, e.what());
   }

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "train/data_loader.h"
+#include "train/data_mixture.h"
 
 namespace bottle {
 
@@ -19,7 +19,7 @@ inline constexpr const char* kStepPrefix = "step_";
 struct TrainerState {
   int64_t step = 0;             // the steps trained
   int64_t optimizer_steps = 0;  // AdamW's steps: at most `step`, skipped steps take none
-  LoaderPosition train_position;
+  DataPosition train_position;  // one LoaderPosition per data.train source
   std::optional<int64_t> seed;  // training.seed; checkpoints of older versions lack it
   // The resolved configuration as TOML, for people: --resume reads the configuration it is
   // given. Left empty when the file holds none (or not as text), as no reader needs it.

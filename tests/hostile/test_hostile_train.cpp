@@ -291,6 +291,20 @@ INSTANTIATE_TEST_SUITE_P(
         Hostile{"init_from_line_break",
                 "{bottle} train {dir}/tiny.toml --init-from \"$(printf '{dir}/mo\ndel')\"",
                 "holds a line break at offset"},
+        Hostile{"export_out_line_break",
+                "{bottle} export --checkpoint {dir}/model --out \"$(printf '{dir}/o\nut')\"",
+                "holds a line break at offset"},
+        Hostile{"prepare_output_escape",
+                "{bottle} prepare --input {dir}/tiny.toml --output \"$(printf '{dir}/o\033ut')\"",
+                "holds the control character 0x1b at offset"},
+        // Rule 4: TensorBoard's event files never go among the run's inputs or into a
+        // checkpoint.
+        Hostile{"tensorboard_in_data",
+                "{bottle} train {dir}/tiny.toml --set metrics.tensorboard={dir}",
+                "metrics.tensorboard ({dir}) is the directory of data ({dir}/train.bin)"},
+        Hostile{"tensorboard_in_checkpoint",
+                "{bottle} train {dir}/tiny.toml --set metrics.tensorboard=step_00000002/tb",
+                "metrics.tensorboard ({dir}/run/step_00000002/tb) lies inside a checkpoint"},
         // Rule 8: messages name their file; a misspelt command is named with its likely
         // meaning.
         Hostile{"tokenize_input_is_text", "{bottle} tokenize --input 'hello world'",

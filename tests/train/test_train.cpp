@@ -616,9 +616,46 @@ TEST_F(Train, ResumeRefusesWhatChangesTheSavedState) {
   const CommandResult moved =
       train("--resume --set training.steps=3 --set data.train=" + (dir / "moved/train.bin"));
   ASSERT_EQ(moved.status, 0) << moved.output;
-  EXPECT_NE(moved.output.find("the same 1 shard(s) by name and size, so the saved position"),
+  EXPECT_NE(moved.output.find("the same shards by name and size, so the saved position"),
             std::string::npos)
       << moved.output;
+}
+
+// A weighted mixture of two sources (data.train an array, data.weights): resumed bit for bit,
+// one position per source saved, its sources and shares said on the first lines; another
+// weighting or order of the sources on resume is refused, naming the key.
+TEST_F(Train, AMixtureOfSourcesResumesBitExactAndKeepsItsWeights) {
+  write_learnable_shard(dir / "small.bin", 8 * 32 + 1, 3);
+  const std::string sources =
+      fmt::format("--set 'data.train=[\"{}\", \"{}\"]'", dir / "train.bin", dir / "small.bin");
+  const std::string mixture =
+      "--set lr_scheduler.decay=constant " + sources + " --set 'data.weights=[1, 3]'";
+  ASSERT_NO_FATAL_FAILURE(resume_matches(*this, dir / "a", dir / "b", mixture, 10, 20));
+  const CommandResult a = train(folder_arg(dir / "c") + " " + mixture + " --set training.steps=1");
+  ASSERT_EQ(a.status, 0) << a.output;
+  EXPECT_NE(a.output.find(fmt::format("data.train: 2 sources: {} 25.0 % (124 windows per epoch), "
+                                      "{} 75.0 % (8)",
+                                      dir / "train.bin", dir / "small.bin")),
+            std::string::npos)
+      << a.output;
+  // 10 steps of one window: 2.5 from train.bin, 7.5 from small.bin (8 windows per epoch).
+  std::ifstream in(dir / "b/step_00000010/trainer_state.json");
+  const auto state = nlohmann::json::parse(in);
+  EXPECT_EQ(state.at("train_position").dump(), R"([{"epoch":0,"shard_index":0,"window_index":3},)"
+                                               R"({"epoch":0,"shard_index":0,"window_index":7}])");
+  const CommandResult reweighed =
+      train(folder_arg(dir / "b") +
+            " --resume --set training.steps=22 --set lr_scheduler.decay=constant " + sources +
+            " --set 'data.weights=[1, 1]'");
+  expect_error(reweighed, {"--resume", "data.weights = [1.0, 3.0]", "says [1.0, 1.0]",
+                           "counted from the first step", "--init-from"});
+  const CommandResult reordered = train(
+      fmt::format("{} --resume --set training.steps=22 --set lr_scheduler.decay=constant --set "
+                  "'data.train=[\"{}\", \"{}\"]' --set 'data.weights=[1, 3]'",
+                  folder_arg(dir / "b"), dir / "small.bin", dir / "train.bin"));
+  expect_error(reordered,
+               {"--resume", "data.train = [", "each source of that data",
+                "source 1: epoch 0, shard 0, window 5; source 2: epoch 1, shard 0, window 7"});
 }
 
 // A huge learning rate without clipping breaks the model at step 2, in one of two ways

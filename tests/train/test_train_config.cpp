@@ -89,7 +89,7 @@ TEST(TrainConfig, Defaults) {
   EXPECT_EQ(c.lr_scheduler.warmup_steps, 0);
   EXPECT_EQ(c.lr_scheduler.decay, LrDecay::cosine);
   EXPECT_DOUBLE_EQ(c.lr_scheduler.min_lr_ratio, 0.1);
-  EXPECT_EQ(c.data.train, "");
+  EXPECT_TRUE(c.data.train.empty());
   EXPECT_EQ(c.data.val, "");
   EXPECT_EQ(c.checkpoint.folder, "checkpoints");
   EXPECT_EQ(c.checkpoint.interval, 0);
@@ -220,7 +220,7 @@ TEST(TrainConfig, FullFile) {
   EXPECT_EQ(c.lr_scheduler.warmup_steps, 5);
   EXPECT_EQ(c.lr_scheduler.decay, LrDecay::linear);
   EXPECT_EQ(c.lr_scheduler.min_lr_ratio, 0.0);
-  EXPECT_EQ(c.data.train, "data/x/train_*.bin");
+  EXPECT_EQ(c.data.train, std::vector<std::string>{"data/x/train_*.bin"});
   EXPECT_EQ(c.data.val, "data/x/val.bin");
   EXPECT_EQ(c.checkpoint.folder, "runs/x");
   EXPECT_EQ(c.checkpoint.interval, 10);
@@ -289,7 +289,7 @@ TEST(TrainConfig, WrongTypes) {
   EXPECT_EQ(error_of("[parallel]\ngrouping = 1\n"),
             "test.toml: key 'parallel.grouping' must be a boolean, got integer");
   EXPECT_EQ(error_of("[data]\ntrain = 3\n"),
-            "test.toml: key 'data.train' must be a string, got integer");
+            "test.toml: key 'data.train' must be a string or an array of strings, got integer");
   EXPECT_EQ(error_of("[training]\nprecision = [1]\n"),
             "test.toml: key 'training.precision' must be a string, got array");
   EXPECT_EQ(error_of("[model]\nranks = 4\n"),
@@ -414,7 +414,7 @@ TEST(TrainConfig, SetOverrides) {
   EXPECT_DOUBLE_EQ(c.optimizer.lr, 1e-3);
   EXPECT_DOUBLE_EQ(c.optimizer.weight_decay, 1.0);
   EXPECT_TRUE(c.parallel.grouping);
-  EXPECT_EQ(c.data.train, "a b.bin");
+  EXPECT_EQ(c.data.train, std::vector<std::string>{"a b.bin"});
   EXPECT_EQ(c.data.val, "plain/path.bin");
   EXPECT_EQ(c.checkpoint.folder, "single");
   EXPECT_EQ(c.training.precision, Precision::fp32);
@@ -440,6 +440,52 @@ TEST(TrainConfig, SetErrors) {
   EXPECT_EQ(error_of("", {"optimizer.lr=-1"}), "--set: key 'optimizer.lr' must be > 0, got -1");
   EXPECT_CONTAINS(error_of("", {"parallel.tp_mode=megatron"}), "'parallel.tp_mode' must be one of");
   EXPECT_CONTAINS(error_of("", {"model.ranks=4"}), "'model.ranks' is a table");
+}
+
+// data.train: one path as a string (as before mixtures), several as an array, weighed by
+// data.weights; both from the file and from --set, written back the same way.
+TEST(TrainConfig, DataTrainTakesSeveralSources) {
+  const TrainConfig one = parse("[data]\ntrain = \"a.bin\"\n");
+  EXPECT_EQ(one.data.train, std::vector<std::string>{"a.bin"});
+  EXPECT_TRUE(one.data.weights.empty());
+  EXPECT_CONTAINS(to_toml(one), "train = \"a.bin\"\n");
+  EXPECT_CONTAINS(to_toml(one), "# weights: unset (default: each source's size");
+  EXPECT_TRUE(parse("[data]\ntrain = \"\"\n").data.train.empty());
+  const TrainConfig mix = parse("[data]\ntrain = [\"web/\", \"code/*.bin\"]\nweights = [3, 1.5]\n");
+  EXPECT_EQ(mix.data.train, (std::vector<std::string>{"web/", "code/*.bin"}));
+  EXPECT_EQ(mix.data.weights, (std::vector<double>{3.0, 1.5}));
+  EXPECT_CONTAINS(to_toml(mix), "train = [\"web/\", \"code/*.bin\"]\nweights = [3.0, 1.5]\n");
+  const TrainConfig again = parse_train_config_string(to_toml(mix), "again.toml");
+  EXPECT_TRUE(again == mix) << config_difference(again, mix);
+  // --set: a TOML array, or one bare path.
+  const TrainConfig set = parse("", {"data.train=[\"x.bin\", 'y.bin']", "data.weights=[1, 2]"});
+  EXPECT_EQ(set.data.train, (std::vector<std::string>{"x.bin", "y.bin"}));
+  EXPECT_EQ(set.data.weights, (std::vector<double>{1.0, 2.0}));
+  EXPECT_EQ(parse("", {"data.train=plain.bin"}).data.train, std::vector<std::string>{"plain.bin"});
+  // Every error names the key and says what to give.
+  EXPECT_EQ(error_of("[data]\ntrain = [\"a\", 3]\n"),
+            "test.toml: key 'data.train' must be a string or an array of strings; item 2 is "
+            "integer");
+  EXPECT_EQ(error_of("[data]\ntrain = [\"a\", \"\"]\n"),
+            "test.toml: key 'data.train' lists an empty path");
+  EXPECT_EQ(error_of("[data]\ntrain = [\"a\", \"b\", \"a\"]\n"),
+            "test.toml: key 'data.train' lists \"a\" twice (sources 1 and 3); give a source more "
+            "weight in data.weights instead");
+  EXPECT_EQ(error_of("[data]\ntrain = [\"a\", \"b\"]\nweights = [1]\n"),
+            "test.toml: key 'data.weights' holds 1 weight(s) for 2 data.train source(s); give one "
+            "per source, in data.train's order");
+  EXPECT_EQ(error_of("[data]\ntrain = [\"a\", \"b\"]\nweights = [1, 0]\n"),
+            "test.toml: key 'data.weights' must hold numbers > 0, got 0");
+  EXPECT_EQ(error_of("[data]\nweights = 1\n"),
+            "test.toml: key 'data.weights' must be an array of numbers, got integer");
+  EXPECT_EQ(error_of("[data]\nweights = [1, \"2\"]\n"),
+            "test.toml: key 'data.weights' must be an array of numbers; item 2 is string");
+  EXPECT_EQ(error_of("", {"data.weights=2"}),
+            "--set: key 'data.weights' must be an array of numbers, got '2'");
+  EXPECT_EQ(error_of("", {"data.train=[\"a\""}),
+            "--set: key 'data.train' must be a string or an array of strings, got '[\"a\"'");
+  EXPECT_CONTAINS(error_of("[data]\ntrain = [\"a\\u0001\"]\n"),
+                  "key 'data.train' holds the control character 0x01 at offset 1");
 }
 
 TEST(TrainConfig, RoundTrip) {
