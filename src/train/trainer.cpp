@@ -621,23 +621,23 @@ std::optional<TrainResult> Trainer::resume() {
   const auto latest = store_->latest();
   const std::vector<std::string> incomplete = store_->incomplete();
   const std::vector<int64_t> interrupted = store_->interrupted_saves();
-  BOTTLE_CHECK(latest, "--resume: no checkpoint in {} (checkpoint.folder){}{}",
-               config_.checkpoint.folder,
-               incomplete.empty() ? std::string()
-                                  : fmt::format("; {} has no {} (an interrupted or foreign write)",
-                                                incomplete.back(), kTrainerStateFile),
-               interrupted.empty()
-                   ? std::string()
-                   : fmt::format("; the save of step {} did not complete (the process ended "
-                                 "while writing it)",
-                                 interrupted.back()));
+  BOTTLE_CHECK(
+      latest, "--resume: no checkpoint in {} (checkpoint.folder){}{}", config_.checkpoint.folder,
+      incomplete.empty() ? std::string()
+                         : fmt::format("; {} has no {} (an interrupted or foreign write)",
+                                       incomplete.back(), kTrainerStateFile),
+      interrupted.empty() ? std::string()
+                          : fmt::format("; the save of step {} did not complete (the process ended "
+                                        "while writing it)",
+                                        interrupted.back()));
   // A save that a killed process left unfinished (a launcher's kill after a stop signal) is
   // said, with the checkpoint resumed from instead.
   if (leader_)
     for (const int64_t step : interrupted)
-      std::printf("the save of step %lld did not complete (the process ended while writing it); "
-                  "resuming from %s\n",
-                  (long long)step, latest->c_str());
+      std::printf(
+          "the save of step %lld did not complete (the process ended while writing it); "
+          "resuming from %s\n",
+          (long long)step, latest->c_str());
   // A newer step directory that is not a complete checkpoint is passed over, openly.
   if (leader_)
     for (const std::string& dir : incomplete)
@@ -805,6 +805,17 @@ void Trainer::check_continues_the_run(const TrainerState& state, const std::stri
            "each source's share of the batches is counted from the first step, so new weights "
            "would first over-draw the sources they raise");
   }
+  // Another accumulation or data-parallel width keeps the windows' order and the position
+  // (one stream of windows for the whole job): each step now takes another number of them.
+  const int64_t windows_before = before.training.grad_accum_steps * before.parallel.dp,
+                windows_now = tc_.grad_accum_steps * config_.parallel.dp;
+  if (windows_before != windows_now && leader_)
+    std::printf(
+        "training.grad_accum_steps x parallel.dp is now %lld x %lld (was %lld x %lld): the data "
+        "continues from the saved position (%s), %lld windows a step instead of %lld\n",
+        (long long)tc_.grad_accum_steps, (long long)config_.parallel.dp,
+        (long long)before.training.grad_accum_steps, (long long)before.parallel.dp, at.c_str(),
+        (long long)windows_now, (long long)windows_before);
   if (!same_tokenizer(saved_tokenizer, tokenizer_.get()))
     fail(
         "--resume: {} holds the tokenizer {}, but the run's is {} ({}): its weights were "
@@ -881,10 +892,14 @@ TrainResult Trainer::run_steps(const StopSignals& signals) {
   while (step_ < tc_.steps) {
     const auto t0 = std::chrono::steady_clock::now();
     if (leader_)
-      set_signal_notice(
-          fmt::format("finishing step {}, then saving a checkpoint and exiting; the newest saved "
-                      "checkpoint, until \"stopped by signal\" is printed, is {}\n",
-                      step_ + 1, newest_checkpoint()));
+      set_signal_notice(fmt::format(
+          "finishing step {}{}, then saving a checkpoint and exiting; the newest saved "
+          "checkpoint, until \"stopped by signal\" is printed, is {}\n",
+          step_ + 1,
+          // The ranks agree on a stop after each step: one that gets the signal later (mpirun
+          // signals them one after another) makes it the step after.
+          world_.size() > 1 ? " (or the next, if another rank gets the signal later)" : "",
+          newest_checkpoint()));
     read_batch();
     kill_failpoint(world_.rank(), step_ + 1);
     const StepResult r = train_step_->step(step_);

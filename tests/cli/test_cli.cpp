@@ -3,6 +3,7 @@
 // exit status 1 — never a crash.
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "test_util.h"
 
@@ -229,6 +230,44 @@ TEST(Version, NamesTheBuildTheBackendsAndTheCpu) {
   for (const char* part : {"bottle ", "commit ", "compiled for: x86-64", "backend cpu: oneDNN",
                            "backend reference", "communicator mpi: ", "this CPU: ", "oneDNN "})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << " missing in:\n" << r.output;
+}
+
+// The first hour: every command's --help shows the default of every numeric option that has
+// one (what is not REQUIRED has one), so that nothing is guessed.
+TEST(Help, ShowsEveryNumericDefault) {
+  int numeric = 0;
+  for (const char* command : {"train", "eval", "prepare", "tokenize", "sample", "export", "lowrank",
+                              "plan", "inspect", "plot", "bench step", "bench tp", "bench norm",
+                              "bench paper", "bench pipeline", "bench tokenize"}) {
+    SCOPED_TRACE(command);
+    const CommandResult r = run(fmt::format("timeout 10 {} {} --help", bottle_binary(), command));
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      const bool option = line.find_first_not_of(' ') != std::string::npos &&
+                          line.substr(line.find_first_not_of(' ')).starts_with("--");
+      const bool typed = line.find(" INT") != std::string::npos ||
+                         line.find(" UINT") != std::string::npos ||
+                         line.find(" FLOAT") != std::string::npos;
+      if (!option || !typed || line.find("REQUIRED") != std::string::npos) continue;
+      ++numeric;
+      EXPECT_NE(line.find('='), std::string::npos) << "no default shown: " << line;
+    }
+  }
+  // The lines were read: there are dozens of numeric options.
+  EXPECT_GT(numeric, 30);
+  // As CLI11 prints it: sample's --tokens is 200 unless told.
+  const CommandResult sample = run(fmt::format("{} sample --help", bottle_binary()));
+  EXPECT_NE(sample.output.find("--tokens INT:an integer >= 0=200"), std::string::npos)
+      << sample.output;
+}
+
+// The first hour: `tokenize --text` encodes the text itself (byte-level without a tokenizer),
+// where --input reads a file.
+TEST(Tokenize, TextIsTheTextItself) {
+  const CommandResult r = run(fmt::format("{} tokenize --text 'hi there'", bottle_binary()));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(r.output, "[104,105,32,116,104,101,114,101]\n");
 }
 
 }  // namespace

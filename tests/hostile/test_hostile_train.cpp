@@ -310,6 +310,13 @@ INSTANTIATE_TEST_SUITE_P(
         Hostile{"tokenize_input_is_text", "{bottle} tokenize --input 'hello world'",
                 "--input hello world: no such file; --input reads a file, --text takes the text "
                 "itself"},
+        // The first hour: a copied config whose data.val split was never made (prepare
+        // --val-fraction 0) names the key and how to train without one.
+        Hostile{"val_split_missing",
+                "{bottle} train {dir}/tiny.toml --set 'data.val={dir}/data_val_*.bin'",
+                "key 'data.val': {dir}/data_val_*.bin: no token shard found (a .bin file, a "
+                "directory of them or a glob); remove data.val (or set it to \"\") to train "
+                "without a validation split"},
         Hostile{"command_trian", "{bottle} trian {dir}/tiny.toml",
                 "unknown command 'trian'; did you mean 'train'?"},
         Hostile{"command_smaple", "{bottle} smaple",
@@ -594,6 +601,20 @@ TEST_F(HostileTrain, RanksGivenDifferentConfigurationsFailTogether) {
       run(fmt::format("timeout -k 5 120 {} --oversubscribe {} 1 {} : {} 1 {}", BOTTLE_MPIEXEC,
                       BOTTLE_MPIEXEC_NUMPROC_FLAG, common, BOTTLE_MPIEXEC_NUMPROC_FLAG, common));
   EXPECT_EQ(same.status, 0) << same.output;
+}
+
+// The first hour: `mpirun -np 2 bottle train cfg.toml` with no parallel.dp trains two
+// data-parallel replicas, as torchrun-style launchers do, and says so once.
+TEST_F(HostileTrain, MpirunWithoutParallelDpInfersItFromTheWorld) {
+  const CommandResult r = run(fmt::format("{} {} train {} --set training.steps=2", mpirun(2, 60),
+                                          bottle_binary(), dir / "tiny.toml"));
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_EQ(count_occurrences(r.output,
+                              "parallel.dp = 2: inferred from the job's 2 ranks (tp 1 "
+                              "x pp 1)"),
+            1)
+      << r.output;
+  EXPECT_NE(r.output.find("on 2 rank(s)"), std::string::npos) << r.output;
 }
 
 // Case 13: rank 1 stopped (SIGSTOP) leaves rank 0 waiting in a collective without spinning.

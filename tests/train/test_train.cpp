@@ -619,6 +619,16 @@ TEST_F(Train, ResumeRefusesWhatChangesTheSavedState) {
   EXPECT_NE(moved.output.find("the same shards by name and size, so the saved position"),
             std::string::npos)
       << moved.output;
+  // Another accumulation keeps the stream of windows and its position: said in one line.
+  const CommandResult accumulated =
+      train("--resume --set training.steps=4 --set training.grad_accum_steps=2 --set data.train=" +
+            (dir / "moved/train.bin"));
+  ASSERT_EQ(accumulated.status, 0) << accumulated.output;
+  EXPECT_NE(accumulated.output.find("training.grad_accum_steps x parallel.dp is now 2 x 1 (was 1 "
+                                    "x 1): the data continues from the saved position (epoch 0, "
+                                    "shard 0, window 3), 2 windows a step instead of 1"),
+            std::string::npos)
+      << accumulated.output;
 }
 
 // A weighted mixture of two sources (data.train an array, data.weights): resumed bit for bit,
