@@ -37,6 +37,25 @@ class FileDescriptor {
   int fd_;
 };
 
+// The child's own process group: a terminal's Ctrl-C or hang-up, which reach the whole
+// foreground group, stop bottle's run (which then ends cleanly, plot included) and not the
+// gnuplot drawing its last plot. Destroyed however the spawn ends.
+class SpawnAttributes {
+ public:
+  SpawnAttributes() {
+    ::posix_spawnattr_init(&attributes_);
+    ::posix_spawnattr_setflags(&attributes_, POSIX_SPAWN_SETPGROUP);
+    ::posix_spawnattr_setpgroup(&attributes_, 0);  // a new group, led by the child
+  }
+  SpawnAttributes(const SpawnAttributes&) = delete;
+  SpawnAttributes& operator=(const SpawnAttributes&) = delete;
+  ~SpawnAttributes() { ::posix_spawnattr_destroy(&attributes_); }
+  posix_spawnattr_t* get() { return &attributes_; }
+
+ private:
+  posix_spawnattr_t attributes_;
+};
+
 // What posix_spawn does to the child's descriptors, destroyed however the spawn ends.
 class SpawnActions {
  public:
@@ -123,8 +142,10 @@ void run_gnuplot(const fs::path& script, const fs::path& png) {
   ::posix_spawn_file_actions_adddup2(actions.get(), messages.get(), STDERR_FILENO);
   std::string program = "gnuplot";
   std::vector<char*> argv = {program.data(), script_arg.data(), nullptr};
+  SpawnAttributes attributes;
   pid_t pid = -1;
-  const int spawned = ::posix_spawnp(&pid, "gnuplot", actions.get(), nullptr, argv.data(), environ);
+  const int spawned =
+      ::posix_spawnp(&pid, "gnuplot", actions.get(), attributes.get(), argv.data(), environ);
   BOTTLE_CHECK(spawned != ENOENT,
                "{}: cannot draw the plot: gnuplot is not on PATH (Debian package gnuplot-nox)",
                png.string());

@@ -141,13 +141,17 @@ std::string in_folder(const std::string& folder, const std::string& path) {
 
 // Test failpoint: BOTTLE_FAILPOINT=kill_rank:R:S kills world rank R (SIGKILL, nothing
 // flushed) as it starts step S, to check that a dead rank ends the job instead of hanging it.
+// BOTTLE_FAILPOINT=internal_error_at_step:S fails an internal check as step S starts, to show
+// that an internal error in the middle of a run first saves the steps trained before it.
 void kill_failpoint(int rank, int64_t step) {
   const char* spec = std::getenv("BOTTLE_FAILPOINT");
   int kill_rank = -1;
-  long long kill_step = -1;
+  long long kill_step = -1, error_step = -1;
   if (spec && std::sscanf(spec, "kill_rank:%d:%lld", &kill_rank, &kill_step) == 2 &&
       kill_rank == rank && kill_step == step)
     std::raise(SIGKILL);
+  if (spec && std::sscanf(spec, "internal_error_at_step:%lld", &error_step) == 1)
+    BOTTLE_ASSERT(error_step != step, "BOTTLE_FAILPOINT={} at step {}", spec, step);
 }
 
 // The regular files directly in `dir` (a model or tokenizer directory: a few files), none when

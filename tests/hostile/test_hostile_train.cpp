@@ -99,6 +99,25 @@ TEST_F(HostileTrain, InternalErrorNamesFileAndLine) {
   EXPECT_EQ(r.output.find("bottle: error: "), std::string::npos) << r.output;
 }
 
+// Issue 29, rule 6: an internal error in the middle of a run never costs it the steps trained
+// (checkpoint.interval = 0: nothing was saved before). Step 3 fails an internal check; steps 1
+// and 2 are saved first, then the error is reported with its file and line.
+TEST_F(HostileTrain, AnInternalErrorMidRunSavesTheStepsBeforeIt) {
+  const CommandResult r =
+      run_case("BOTTLE_FAILPOINT=internal_error_at_step:3 {bottle} train {dir}/tiny.toml");
+  EXPECT_EQ(r.status, 2) << r.output;
+  EXPECT_NE(r.output.find("step 2: checkpoint " + dir / "run/step_00000002" +
+                          " (saved before reporting the error below)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("bottle: internal error: at src/train/trainer.cpp:"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::exists(dir / "run/step_00000002/trainer_state.json")) << r.output;
+  const CommandResult resumed = run_case("{bottle} train {dir}/tiny.toml --resume");
+  EXPECT_EQ(resumed.status, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("at step 2"), std::string::npos) << resumed.output;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, HostileCase,
     ::testing::Values(
