@@ -194,8 +194,9 @@ std::optional<Value> value_from_text(const ConfigKey& key, const std::string& ra
         return value_from_node(key, *parsed.get("value"), "--set");
       }
       if (key.type == KeyType::numbers) return std::nullopt;
-      return raw.empty() || unquote(raw).empty() ? Value(std::vector<std::string>{})
-                                                 : Value(std::vector<std::string>{unquote(raw)});
+      if (const std::string one = unquote(raw); !one.empty())
+        return Value(std::vector<std::string>{one});
+      return Value(std::vector<std::string>{});
     default:
       return unquote(raw);
   }
