@@ -192,6 +192,12 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
     return path;
   };
   const fs::path folder = resolved("checkpoint.folder", config.checkpoint.folder);
+  // Checkpoints live in step_* (and .tmp-*) folders of checkpoint.folder.
+  auto inside_a_checkpoint = [&](const fs::path& path) {
+    const fs::path inside = path.lexically_relative(folder);
+    const std::string first = inside.empty() ? "" : inside.begin()->string();
+    return first.rfind("step_", 0) == 0 || first.rfind(".tmp-", 0) == 0;
+  };
   struct Output {
     std::string key;
     fs::path path;
@@ -250,9 +256,7 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
   if (!config.metrics.tensorboard.empty()) {
     const fs::path events = resolved(
         "metrics.tensorboard", in_folder(config.checkpoint.folder, config.metrics.tensorboard));
-    const fs::path inside = events.lexically_relative(folder);
-    const std::string first = inside.empty() ? "" : inside.begin()->string();
-    BOTTLE_CHECK(first.rfind("step_", 0) != 0 && first.rfind(".tmp-", 0) != 0,
+    BOTTLE_CHECK(!inside_a_checkpoint(events),
                  "{}: metrics.tensorboard ({}) lies inside a checkpoint of checkpoint.folder, "
                  "which a checkpoint would overwrite or remove",
                  config_path, events.string());
@@ -272,10 +276,7 @@ void check_output_paths(const TrainConfig& config, const std::string& config_pat
                  config_path, out.key, out.path.string());
     BOTTLE_CHECK(out.path != folder, "{}: {} names checkpoint.folder itself ({})", config_path,
                  out.key, out.path.string());
-    // Checkpoints live in step_* (and .tmp-*) folders of checkpoint.folder.
-    const fs::path inside = out.path.lexically_relative(folder);
-    const std::string first = inside.empty() ? "" : inside.begin()->string();
-    BOTTLE_CHECK(first.rfind("step_", 0) != 0 && first.rfind(".tmp-", 0) != 0,
+    BOTTLE_CHECK(!inside_a_checkpoint(out.path),
                  "{}: {} ({}) lies inside a checkpoint of checkpoint.folder, which a checkpoint "
                  "would overwrite or remove",
                  config_path, out.key, out.path.string());
