@@ -41,8 +41,7 @@ std::string out_of_memory_message() {
 
 int main(int argc, char** argv) {
   // Before any thread exists: MPI's and OpenMP's threads are born with the stop signals
-  // blocked, and the main thread unblocks them once those are started (below), so that a
-  // Ctrl-C interrupts the main thread only (core/stop_signals.h).
+  // blocked, so that no signal handler ever runs on a thread in a GEMM (core/stop_signals.h).
   bottle::block_stop_signals();
   CLI::App app{"bottle: a trainer for low-rank bottleneck LLaMA models"};
   app.require_subcommand(1);
@@ -134,10 +133,9 @@ int main(int argc, char** argv) {
     // Every rank joins the job before any check, so that an error found by all of them
     // (a bad configuration) is printed by all of them before the job ends.
     if (!launcher && !text_tool) bottle::world_communicator();
-    // OpenMP's pool, started here while the signals are blocked.
-    bottle::start_worker_threads();
-    // train unblocks them once its handler is installed (a Ctrl-C meanwhile waits for it, and
-    // stops the run before its first step); every other command takes them as they come.
+    // train reads them on a thread of its own while they stay blocked (a Ctrl-C before that
+    // waits for it, and stops the run before its first step); every other command takes them
+    // as they come, with their default action.
     if (!train->parsed()) bottle::unblock_stop_signals();
     // Two ranks of a text tool would write the same files at once.
     if (text_tool)

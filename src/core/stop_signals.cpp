@@ -1,14 +1,31 @@
 #include "core/stop_signals.h"
 
+#include <poll.h>
 #include <pthread.h>
+#include <sys/eventfd.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
 
-#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <string>
+
+#include "core/error.h"
 
 namespace bottle {
 
 namespace {
 
-sigset_t stop_set() {
+// In a child of fork(), which inherits the calling thread's mask: a program it execs would
+// otherwise never see the stop signals.
+extern "C" void unblock_in_child() {
+  const sigset_t set = stop_signal_set();
+  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
+}
+
+}  // namespace
+
+sigset_t stop_signal_set() {
   sigset_t set;
   sigemptyset(&set);
   sigaddset(&set, SIGINT);
@@ -18,35 +35,62 @@ sigset_t stop_set() {
   return set;
 }
 
-// In a child of fork(), which inherits the calling thread's mask: a program it execs would
-// otherwise never see the stop signals.
-extern "C" void unblock_in_child() {
-  const sigset_t set = stop_set();
-  pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
-}
-
-}  // namespace
-
 void block_stop_signals() {
   static const bool registered = pthread_atfork(nullptr, nullptr, &unblock_in_child) == 0;
   (void)registered;
-  const sigset_t set = stop_set();
+  const sigset_t set = stop_signal_set();
   pthread_sigmask(SIG_BLOCK, &set, nullptr);
 }
 
 void unblock_stop_signals() {
-  const sigset_t set = stop_set();
+  const sigset_t set = stop_signal_set();
   pthread_sigmask(SIG_UNBLOCK, &set, nullptr);
 }
 
-void start_worker_threads() {
-  // Each thread does something, so that the region stays: GCC drops an empty one (the function
-  // compiled to a bare return), and the pool then started in the first real region, after
-  // train had unblocked the signals, so that a Ctrl-C could land on an OpenMP worker in the
-  // middle of a oneDNN GEMM (issue 29: heap corruption, about 1 run in 20).
-  std::atomic<int> started{0};
-#pragma omp parallel
-  started.fetch_add(1, std::memory_order_relaxed);
+StopSignalWatcher::StopSignalWatcher(std::function<void(int)> on_signal)
+    : on_signal_(std::move(on_signal)) {
+  block_stop_signals();  // before the thread starts: it inherits the block
+  const sigset_t set = stop_signal_set();
+  signals_ = ::signalfd(-1, &set, SFD_CLOEXEC);
+  if (signals_ < 0) fail("cannot watch the stop signals: signalfd: {}", std::strerror(errno));
+  wake_ = ::eventfd(0, EFD_CLOEXEC);
+  if (wake_ < 0) {
+    const int error = errno;
+    ::close(signals_);
+    fail("cannot watch the stop signals: eventfd: {}", std::strerror(error));
+  }
+  thread_ = std::thread([this] { watch(); });
+}
+
+StopSignalWatcher::~StopSignalWatcher() {
+  const uint64_t one = 1;
+  ssize_t ignored = ::write(wake_, &one, sizeof(one));
+  (void)ignored;
+  thread_.join();
+  ::close(signals_);
+  ::close(wake_);
+}
+
+void StopSignalWatcher::watch() {
+  pthread_setname_np(pthread_self(), "stop signals");
+  pollfd fds[2] = {{signals_, POLLIN, 0}, {wake_, POLLIN, 0}};
+  for (;;) {
+    // poll is not restarted after a signal, but none reaches this thread (all are blocked).
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      const std::string line = fmt::format(
+          "bottle: the stop signals are no longer watched (poll: {}); a Ctrl-C will wait for the "
+          "run to end\n",
+          std::strerror(errno));
+      ssize_t ignored = ::write(STDERR_FILENO, line.data(), line.size());
+      (void)ignored;
+      return;
+    }
+    if (fds[1].revents) return;
+    signalfd_siginfo info{};
+    if (::read(signals_, &info, sizeof(info)) == ssize_t(sizeof(info)))
+      on_signal_(int(info.ssi_signo));
+  }
 }
 
 }  // namespace bottle

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/stop_signals.h"
 
 extern char** environ;
 
@@ -39,13 +40,21 @@ class FileDescriptor {
 
 // The child's own process group: a terminal's Ctrl-C or hang-up, which reach the whole
 // foreground group, stop bottle's run (which then ends cleanly, plot included) and not the
-// gnuplot drawing its last plot. Destroyed however the spawn ends.
+// gnuplot drawing its last plot. Its signals as a program expects them: the run keeps the stop
+// signals blocked (core/stop_signals.h) and posix_spawn, unlike fork, runs no atfork handler to
+// unblock them. Destroyed however the spawn ends.
 class SpawnAttributes {
  public:
   SpawnAttributes() {
     ::posix_spawnattr_init(&attributes_);
-    ::posix_spawnattr_setflags(&attributes_, POSIX_SPAWN_SETPGROUP);
+    ::posix_spawnattr_setflags(
+        &attributes_, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
     ::posix_spawnattr_setpgroup(&attributes_, 0);  // a new group, led by the child
+    sigset_t none;
+    sigemptyset(&none);
+    ::posix_spawnattr_setsigmask(&attributes_, &none);
+    const sigset_t stop = stop_signal_set();
+    ::posix_spawnattr_setsigdefault(&attributes_, &stop);
   }
   SpawnAttributes(const SpawnAttributes&) = delete;
   SpawnAttributes& operator=(const SpawnAttributes&) = delete;

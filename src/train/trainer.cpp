@@ -49,8 +49,8 @@ std::atomic<int> g_stop_signal{0};
 // What the handler says at once on rank 0, before the step ends and the checkpoint is written:
 // under mpirun the launcher kills the ranks a few seconds after it forwarded the signal, and a
 // run killed meanwhile must still have said which checkpoint it leaves. The main loop writes
-// the text into the buffer the handler does not read, then flips `g_notice_current`; the
-// handler only reads, with write(2), which is async-signal-safe.
+// the text into the buffer the watcher does not read, then flips `g_notice_current`; the
+// watcher's thread only reads it.
 struct Notice {
   char text[2][512] = {};
   size_t size[2] = {};
@@ -66,26 +66,17 @@ void set_signal_notice(const std::string& text) {
   g_notice_current.store(next);
 }
 
-std::atomic<bool> g_run_over{false};
 // Under a launcher (mpirun), which kills the job seconds after it forwards a Ctrl-C or SIGTERM
 // but forwards SIGUSR1 and lets the ranks end by themselves.
 bool g_under_launcher = false;
 
-extern "C" void on_stop_signal(int sig) {
-  // After the run everything is saved and the process ends by itself (MPI_Finalize can take a
-  // moment): the signal is let pass, and a second one ends the process as it would have.
-  if (g_run_over.load()) {
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    sigaction(sig, &dfl, nullptr);
-    return;
-  }
-  // The first signal only: a second one must not repeat the notice.
+// On the watcher's thread (core/stop_signals.h), while the run trains: the first stop signal
+// asks the loop to stop and says at once what it leaves; later ones change nothing.
+void on_stop_signal(int sig) {
   int expected = 0;
   if (!g_stop_signal.compare_exchange_strong(expected, sig)) return;
   if (const int i = g_notice_current.load(); i >= 0) {
-    const int saved_errno = errno;
+    // write(2), not stdio: the main thread may be in the middle of a line of its own.
     const char head[] = "bottle: stop signal received: ";
     ssize_t ignored = ::write(STDERR_FILENO, head, sizeof(head) - 1);
     ignored = ::write(STDERR_FILENO, g_notice.text[i], g_notice.size[i]);
@@ -97,42 +88,46 @@ extern "C" void on_stop_signal(int sig) {
       ignored = ::write(STDERR_FILENO, hint, sizeof(hint) - 1);
     }
     (void)ignored;
-    errno = saved_errno;
   }
+}
+
+// After the run everything is saved and the process ends by itself (MPI_Finalize can take a
+// moment): a stop signal is let pass, and a second one ends the process as it would have. A
+// handler is safe again then: no GEMM runs after the run.
+extern "C" void on_stop_signal_after_run(int sig) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
 }
 
 // SIGINT/SIGTERM/SIGHUP (a closed terminal or ssh session)/SIGUSR1 (what mpirun forwards
 // without ending the job, and Slurm's --signal sends before a time limit) ask the loop to
-// finish its step, checkpoint and exit 0. The handler stays after training ends: a signal then is
-// let pass (the run is saved), a second one ends the process. Installed before the run is set up,
-// so that a signal during the setup ends it cleanly too. SA_RESTART: a system call the signal
-// interrupts (a write, a read of the data) is resumed rather than failing with EINTR; the signal
-// reaches the main thread only (core/stop_signals.h).
+// finish its step, checkpoint and exit 0. Watched from before the run is set up, so that a signal
+// during the setup ends it cleanly too; while the run lives the signals stay blocked in every
+// thread and are read on the watcher's (core/stop_signals.h: a handler on a thread in a oneDNN
+// GEMM corrupts the heap).
 class StopSignals {
  public:
   StopSignals() {
     g_stop_signal.store(0);
     g_notice_current.store(-1);
-    g_run_over.store(false);
     g_under_launcher = launched_by_mpirun();
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sa.sa_flags = SA_RESTART;
-    sigemptyset(&sa.sa_mask);
-    // While one handler runs, the other stop signals wait.
-    sigaddset(&sa.sa_mask, SIGINT);
-    sigaddset(&sa.sa_mask, SIGTERM);
-    sigaddset(&sa.sa_mask, SIGHUP);
-    sigaddset(&sa.sa_mask, SIGUSR1);
-    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaction(sig, &sa, nullptr);
-    // main() kept them blocked until now (one that came meanwhile is delivered here).
-    unblock_stop_signals();
+    watcher_.emplace(on_stop_signal);
   }
   ~StopSignals() {
     g_notice_current.store(-1);
-    g_run_over.store(true);
+    watcher_.reset();
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal_after_run;
+    sigemptyset(&sa.sa_mask);
+    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaction(sig, &sa, nullptr);
+    unblock_stop_signals();  // one that came after the watcher ended is let pass here
   }
   int requested() const { return g_stop_signal.load(); }
+
+ private:
+  std::optional<StopSignalWatcher> watcher_;
 };
 
 std::string in_folder(const std::string& folder, const std::string& path) {
