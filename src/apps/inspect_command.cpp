@@ -18,6 +18,7 @@
 
 #include "apps/commands.h"
 #include "core/error.h"
+#include "core/file_read.h"
 #include "core/json_io.h"
 #include "data/shard_meta.h"
 #include "model/checkpoint.h"
@@ -37,21 +38,22 @@ ojson logged_losses(const fs::path& metrics, std::optional<int64_t> step) {
   ojson out = ojson::object();
   std::error_code ec;
   if (!fs::is_regular_file(metrics, ec)) return out;
-  std::ifstream in(metrics);
-  for (std::string line; std::getline(in, line);) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) continue;
-    const int64_t s = j["step"].get<int64_t>();
-    if (step && s > *step) continue;
-    if (j.contains("loss") && j["loss"].is_number()) {
-      out["step"] = s;
-      out["loss"] = j["loss"];
-    }
-    if (j.contains("val_loss") && j["val_loss"].is_number()) {
-      out["val_step"] = s;
-      out["val_loss"] = j["val_loss"];
-    }
-  }
+  for_each_bounded_line(
+      metrics.string(), "the run's metrics.jsonl", kMaxJsonLinesFileBytes, kMaxJsonLineBytes,
+      [&](std::string_view line, int64_t) {
+        const auto j = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
+        if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer()) return;
+        const int64_t s = j["step"].get<int64_t>();
+        if (step && s > *step) return;
+        if (j.contains("loss") && j["loss"].is_number()) {
+          out["step"] = s;
+          out["loss"] = j["loss"];
+        }
+        if (j.contains("val_loss") && j["val_loss"].is_number()) {
+          out["val_step"] = s;
+          out["val_loss"] = j["val_loss"];
+        }
+      });
   return out;
 }
 

@@ -54,15 +54,26 @@ uint64_t check_readable_file(const std::string& path, const std::string& what, u
   return check_stat(st, path, what, max_bytes);
 }
 
-std::string read_bounded_file(const std::string& path, const std::string& what,
-                              uint64_t max_bytes) {
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer. The type is then
-  // checked on the descriptor itself, so the file checked is the file read.
-  Fd f{::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY)};
+namespace {
+
+// Opens `path` for reading without blocking (a FIFO would wait for a writer) and checks the type
+// and size on the descriptor itself, so that the file checked is the file read.
+void open_checked(Fd& f, const std::string& path, const std::string& what, uint64_t max_bytes,
+                  uint64_t& size) {
+  f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   BOTTLE_CHECK(f.fd >= 0, "{}: cannot open {}: {}", path, what, std::strerror(errno));
   struct stat st {};
   BOTTLE_CHECK(::fstat(f.fd, &st) == 0, "{}: cannot read {}: {}", path, what, std::strerror(errno));
-  const uint64_t size = check_stat(st, path, what, max_bytes);
+  size = check_stat(st, path, what, max_bytes);
+}
+
+}  // namespace
+
+std::string read_bounded_file(const std::string& path, const std::string& what,
+                              uint64_t max_bytes) {
+  Fd f;
+  uint64_t size = 0;
+  open_checked(f, path, what, max_bytes, size);
   std::string bytes(size_t(size), '\0');
   size_t got = 0;
   // One byte more than the size: a file that grew meanwhile is noticed, not followed.
@@ -81,6 +92,44 @@ std::string read_bounded_file(const std::string& path, const std::string& what,
   // A file that shrank meanwhile is read as it now is.
   bytes.resize(got);
   return bytes;
+}
+
+void for_each_bounded_line(const std::string& path, const std::string& what, uint64_t max_bytes,
+                           size_t max_line_bytes,
+                           const std::function<void(std::string_view, int64_t)>& on_line) {
+  Fd f;
+  uint64_t size = 0;
+  open_checked(f, path, what, max_bytes, size);
+  std::string line;   // the line being read, up to max_line_bytes
+  char chunk[65536];  // [64 KiB] of the file
+  int64_t number = 1;
+  uint64_t total = 0;
+  auto too_long = [&] {
+    fail(
+        "{}:{}: {} has a line of more than {} bytes, which no such file has; is it the right "
+        "file?",
+        path, number, what, max_line_bytes);
+  };
+  for (;;) {
+    const ssize_t n = ::read(f.fd, chunk, sizeof(chunk));
+    if (n < 0 && errno == EINTR) continue;
+    BOTTLE_CHECK(n >= 0, "{}: reading {} failed: {}", path, what, std::strerror(errno));
+    if (n == 0) break;
+    total += uint64_t(n);
+    BOTTLE_CHECK(total <= max_bytes, "{}: {} grew while it was read (past {} bytes); refusing it",
+                 path, what, max_bytes);
+    std::string_view rest(chunk, size_t(n));
+    for (size_t end; (end = rest.find('\n')) != std::string_view::npos;) {
+      if (line.size() + end > max_line_bytes) too_long();
+      line.append(rest.substr(0, end));
+      on_line(line, number++);
+      line.clear();
+      rest.remove_prefix(end + 1);
+    }
+    if (line.size() + rest.size() > max_line_bytes) too_long();
+    line.append(rest);
+  }
+  if (!line.empty()) on_line(line, number);
 }
 
 }  // namespace bottle

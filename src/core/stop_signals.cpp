@@ -59,14 +59,32 @@ StopSignalWatcher::StopSignalWatcher(std::function<void(int)> on_signal)
     ::close(signals_);
     fail("cannot watch the stop signals: eventfd: {}", std::strerror(error));
   }
-  thread_ = std::thread([this] { watch(); });
+  // A small stack of its own (it polls, reads and writes): under an address-space limit
+  // (ulimit -v) a default 8 MiB one may not fit, and the run should meet that limit where its
+  // memory is planned, with a message that says so.
+  pthread_attr_t attributes;
+  pthread_attr_init(&attributes);
+  pthread_attr_setstacksize(&attributes, size_t(256) << 10);
+  const int error = pthread_create(
+      &thread_, &attributes,
+      [](void* self) -> void* {
+        static_cast<StopSignalWatcher*>(self)->watch();
+        return nullptr;
+      },
+      this);
+  pthread_attr_destroy(&attributes);
+  if (error != 0) {
+    ::close(signals_);
+    ::close(wake_);
+    fail("cannot start the thread that watches the stop signals: {}", std::strerror(error));
+  }
 }
 
 StopSignalWatcher::~StopSignalWatcher() {
   const uint64_t one = 1;
   ssize_t ignored = ::write(wake_, &one, sizeof(one));
   (void)ignored;
-  thread_.join();
+  pthread_join(thread_, nullptr);
   ::close(signals_);
   ::close(wake_);
 }

@@ -12,9 +12,10 @@
 // from a signalfd on a thread of its own, which runs no kernel. Nothing is interrupted either: no
 // system call of any thread sees EINTR. Commands that do not train unblock them and take their
 // default action (the process ends; no handler runs).
+#include <pthread.h>
+
 #include <csignal>
 #include <functional>
-#include <thread>
 
 namespace bottle {
 
@@ -44,7 +45,7 @@ class StopSignalWatcher {
   std::function<void(int)> on_signal_;
   int signals_ = -1;  // signalfd of the stop signals
   int wake_ = -1;     // eventfd written by the destructor to end the thread
-  std::thread thread_;
+  pthread_t thread_{};
 };
 
 }  // namespace bottle

@@ -163,7 +163,9 @@ ClusterSpec load_cluster(const std::string& preset_or_path) {
       return parse_cluster(std::string(p.text), fmt::format("preset {}", p.name));
   namespace fs = std::filesystem;
   std::error_code ec;
-  BOTTLE_CHECK(fs::is_regular_file(preset_or_path, ec),
+  // Anything that exists is taken as the cluster file, which is then refused by what it is (a
+  // FIFO, a device, too large) rather than as an unknown preset.
+  BOTTLE_CHECK(fs::exists(fs::symlink_status(preset_or_path, ec)),
                "--cluster '{}' is neither a preset ({}) nor a cluster file", preset_or_path,
                fmt::join(cluster_presets(), ", "));
   return parse_cluster(read_bounded_file(preset_or_path, "the cluster file", kMaxConfigFileBytes),

@@ -10,6 +10,7 @@
 
 #include "core/arena.h"
 #include "core/error.h"
+#include "core/file_read.h"
 #include "core/system_info.h"
 
 namespace bottle {
@@ -49,12 +50,15 @@ MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, in
   if (!fs::path(path_).parent_path().empty()) fs::create_directories(fs::path(path_).parent_path());
   std::vector<std::string> kept;
   if (resumed) {
-    std::ifstream in(path_);
-    for (std::string line; std::getline(in, line);) {
-      const auto j = nlohmann::json::parse(line, nullptr, false);
-      if (!j.is_discarded() && j.contains("step") && j["step"].get<int64_t>() <= first_step)
-        kept.push_back(line);
-    }
+    if (fs::exists(path_, ec))
+      for_each_bounded_line(
+          path_, "metrics.jsonl", kMaxJsonLinesFileBytes, kMaxJsonLineBytes,
+          [&](std::string_view line, int64_t) {
+            const auto j = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
+            if (!j.is_discarded() && j.contains("step") && j["step"].is_number_integer() &&
+                j["step"].get<int64_t>() <= first_step)
+              kept.emplace_back(line);
+          });
   }
   out_.open(path_, std::ios::trunc);
   BOTTLE_CHECK(out_, "{}: cannot open for writing (metrics.jsonl)", path_);

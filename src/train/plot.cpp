@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/file_read.h"
 #include "core/stop_signals.h"
 
 extern char** environ;
@@ -231,31 +232,30 @@ void plot_metrics(const std::vector<std::string>& jsonl_paths, const std::string
   std::string lr_curve;
   for (size_t i = 0; i < runs; ++i) {
     const std::string& jsonl_path = jsonl_paths[i];
-    std::ifstream in(jsonl_path);
-    BOTTLE_CHECK(in, "{}: cannot open", jsonl_path);
     const fs::path train_dat = data_file(i, "train"), val_dat = data_file(i, "val");
     const std::string train_in_script = gnuplot_path(train_dat),
                       val_in_script = gnuplot_path(val_dat),
                       name = runs == 1 ? "" : gnuplot_string(label(i), "the run's folder name");
     std::ofstream train(train_dat), val(val_dat);
-    int64_t rows = 0, val_rows = 0, line_no = 0;
-    for (std::string line; std::getline(in, line);) {
-      ++line_no;
-      if (line.empty()) continue;
-      const auto j = nlohmann::json::parse(line, nullptr, false);
-      BOTTLE_CHECK(!j.is_discarded() && j.is_object() && is_number(j, "step"),
-                   "{}:{}: not a metrics line", jsonl_path, line_no);
-      // A skipped step's non-finite loss is null in JSON: it has no point on the curve.
-      if (is_number(j, "loss") && is_number(j, "lr")) {
-        train << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << " "
-              << j["lr"].get<double>() << "\n";
-        ++rows;
-      }
-      if (is_number(j, "val_loss")) {
-        val << j["step"].get<int64_t>() << " " << j["val_loss"].get<double>() << "\n";
-        ++val_rows;
-      }
-    }
+    int64_t rows = 0, val_rows = 0;
+    for_each_bounded_line(
+        jsonl_path, "the metrics to plot", kMaxJsonLinesFileBytes, kMaxJsonLineBytes,
+        [&](std::string_view line, int64_t line_no) {
+          if (line.empty()) return;
+          const auto j = nlohmann::json::parse(line.begin(), line.end(), nullptr, false);
+          BOTTLE_CHECK(!j.is_discarded() && j.is_object() && is_number(j, "step"),
+                       "{}:{}: not a metrics line", jsonl_path, line_no);
+          // A skipped step's non-finite loss is null in JSON: it has no point on the curve.
+          if (is_number(j, "loss") && is_number(j, "lr")) {
+            train << j["step"].get<int64_t>() << " " << j["loss"].get<double>() << " "
+                  << j["lr"].get<double>() << "\n";
+            ++rows;
+          }
+          if (is_number(j, "val_loss")) {
+            val << j["step"].get<int64_t>() << " " << j["val_loss"].get<double>() << "\n";
+            ++val_rows;
+          }
+        });
     train.close();
     val.close();
     BOTTLE_CHECK(train && val, "{}: cannot write the plot's data beside it (disk full?)", png_path);

@@ -282,6 +282,19 @@ INSTANTIATE_TEST_SUITE_P(
                 "cp {dir}/tiny.toml {dir}/big.toml && truncate -s 200M {dir}/big.toml && {bottle} "
                 "train {dir}/big.toml",
                 "{dir}/big.toml: the configuration file has 209715200 bytes, more than"},
+        // JSON Lines are streamed with a bound on each line: a sparse 3 GB file of zeros is
+        // refused at its first megabyte, not read whole (it took 26 s and 4.3 GB).
+        Hostile{"plot_jsonl_3gb", "truncate -s 3G {dir}/big.jsonl && {bottle} plot {dir}/big.jsonl",
+                "{dir}/big.jsonl:1: the metrics to plot has a line of more than 1048576 bytes"},
+        Hostile{"resume_metrics_3gb",
+                "{bottle} train {dir}/tiny.toml >/dev/null && truncate -s 3G "
+                "{dir}/run/metrics.jsonl && {bottle} train {dir}/tiny.toml --resume --set "
+                "training.steps=5",
+                "metrics.jsonl has a line of more than 1048576 bytes"},
+        Hostile{"plan_cluster_fifo",
+                "mkfifo {dir}/cluster.toml && {bottle} plan {dir}/tiny.toml --cluster "
+                "{dir}/cluster.toml",
+                "{dir}/cluster.toml: the cluster file is a FIFO"},
         Hostile{"tokenize_input_fifo", "{bottle} tokenize --input {fifo}",
                 "{dir}/fifo: --input is a FIFO"},
         Hostile{"tokenize_input_dev_zero", "{bottle} tokenize --input /dev/zero",
