@@ -67,7 +67,13 @@ Command add_tokenize_command(CLI::App& app) {
     // Text tokenizers see Unicode, as their reference libraries do: invalid UTF-8 becomes
     // U+FFFD first. Bytes are bytes.
     const std::string text = tokenizer->kind() == "bytes" ? input : utf8_replace_invalid(input);
-    const std::vector<int32_t> ids = tokenizer->encode(text);
+    // An encoding error (a split pattern that gives up on this text) names the text too.
+    std::vector<int32_t> ids;
+    try {
+      ids = tokenizer->encode(text);
+    } catch (const Error& e) {
+      fail("{}: {}", o->text.empty() ? (o->input == "-" ? "stdin" : o->input) : "--text", e.what());
+    }
     std::string out = "[";
     for (size_t i = 0; i < ids.size(); ++i) out += (i ? "," : "") + std::to_string(ids[i]);
     out += "]\n";

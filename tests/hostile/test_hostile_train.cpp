@@ -367,6 +367,16 @@ INSTANTIATE_TEST_SUITE_P(
                 "\"<x>\", \"special\": true}]}' > {dir}/tok.json && {bottle} tokenize "
                 "--tokenizer {dir}/tok.json --input {dir}/tiny.toml",
                 "{dir}/tok.json: added_tokens"},
+        // A split pattern that gives up on a text (catastrophic backtracking) names the
+        // tokenizer, the pattern and the text's file.
+        Hostile{"tokenizer_split_gives_up",
+                "printf '{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1}, "
+                "\"merges\": []}, \"pre_tokenizer\": {\"type\": \"Split\", \"pattern\": "
+                "{\"Regex\": \"(a|aa)+$\"}, \"behavior\": \"Isolated\", \"invert\": false}}' "
+                "> {dir}/tok.json && yes a | head -n 5000 | tr -d '\\n' > {dir}/a.txt && echo b >> "
+                "{dir}/a.txt && {bottle} tokenize --tokenizer {dir}/tok.json --input {dir}/a.txt",
+                "{dir}/a.txt: {dir}/tok.json: pre_tokenizer: Split: split pattern \"(a|aa)+$\": "
+                "matching failed at byte 0 of a text of 5002: "},
         Hostile{"tokenizer_no_ids",
                 "printf '{\"model\": {\"type\": \"BPE\", \"vocab\": {}, \"merges\": []}}' "
                 "> {dir}/tok.json && {bottle} tokenize --tokenizer {dir}/tok.json --input "
