@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -295,6 +296,14 @@ INSTANTIATE_TEST_SUITE_P(
                 "mkfifo {dir}/cluster.toml && {bottle} plan {dir}/tiny.toml --cluster "
                 "{dir}/cluster.toml",
                 "{dir}/cluster.toml: the cluster file is a FIFO"},
+        Hostile{"tokenizer_json_fifo",
+                "mkfifo {dir}/tokenizer.json && {bottle} tokenize --tokenizer {dir}/tokenizer.json "
+                "--text hi",
+                "{dir}/tokenizer.json: the tokenizer file is a FIFO"},
+        Hostile{"tokenizer_json_dev_zero",
+                "ln -s /dev/zero {dir}/tokenizer.json && {bottle} tokenize --tokenizer "
+                "{dir}/tokenizer.json --text hi",
+                "{dir}/tokenizer.json: the tokenizer file is a character device"},
         Hostile{"tokenize_input_fifo", "{bottle} tokenize --input {fifo}",
                 "{dir}/fifo: --input is a FIFO"},
         Hostile{"tokenize_input_dev_zero", "{bottle} tokenize --input /dev/zero",
@@ -580,6 +589,54 @@ TEST_F(HostileTrain, OneRunPerFolder) {
   EXPECT_NE(after_kill.output.find("resumed from"), std::string::npos) << after_kill.output;
 }
 
+// Rule 3 again: two runs started at the same moment on one new folder. Exactly one takes it
+// and trains; the other is refused naming that one's pid. Three rounds, the start order
+// alternating.
+TEST_F(HostileTrain, TwoRunsStartedTogetherOnOneFolderTrainOne) {
+  const std::string args = "--set training.steps=1000000";
+  for (int round = 0; round < 3; ++round) {
+    SCOPED_TRACE(fmt::format("round {}", round));
+    std::filesystem::remove_all(dir / "run");
+    std::optional<BackgroundRun> a, b;
+    // Names of their own each round: a pid file left by the last round would be read first.
+    const std::string na = fmt::format("a{}", round), nb = fmt::format("b{}", round);
+    if (round % 2 == 0) {
+      a.emplace(*this, args, na);
+      b.emplace(*this, args, nb);
+    } else {
+      b.emplace(*this, args, nb);
+      a.emplace(*this, args, na);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (a->alive() && b->alive() && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_NE(a->alive(), b->alive()) << a->output() << "\n---\n" << b->output();
+    const BackgroundRun& winner = a->alive() ? *a : *b;
+    const BackgroundRun& loser = a->alive() ? *b : *a;
+    EXPECT_NE(loser.output().find(fmt::format(
+                  "checkpoint.folder is in use by another bottle train (held by host {}",
+                  [] {
+                    char host[256] = {};
+                    ::gethostname(host, sizeof(host) - 1);
+                    return std::string(host);
+                  }())),
+              std::string::npos)
+        << loser.output();
+    EXPECT_NE(loser.output().find(fmt::format(" pid {} since ", winner.pid())), std::string::npos)
+        << loser.output();
+    // The winner trains on, alone: it stops cleanly once it has logged a step.
+    for (int i = 0; i < 3000 && winner.alive(); ++i) {
+      std::error_code ec;
+      if (std::filesystem::file_size(dir / "run/metrics.jsonl", ec) > 0 && !ec) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    ::kill(winner.pid(), SIGTERM);
+    ASSERT_TRUE(winner.wait_for_exit(30)) << winner.output();
+    EXPECT_NE(winner.output().find("stopped by signal 15 after step"), std::string::npos)
+        << winner.output();
+  }
+}
+
 #ifdef BOTTLE_MPIEXEC
 // CPU seconds (user + system, all threads) that process `pid` has used.
 double cpu_seconds(int pid) {
@@ -599,9 +656,15 @@ double cpu_seconds(int pid) {
 // a hang, a heap error or mismatched ranks training on.
 TEST_F(HostileTrain, RanksGivenDifferentConfigurationsFailTogether) {
   write_random_shard(dir / "other.bin", 20000, 64, 3);
+  // The second part may read another TOML file: the same text with one more setting.
+  {
+    std::ifstream in(dir / "tiny.toml");
+    std::ofstream(dir / "other.toml") << in.rdbuf() << "\n[optimizer]\nlr = 0.25\n";
+  }
   struct Case {
     int first_ranks;  // ranks of the first part; the second has one
     std::string differs, message;
+    std::string second_config = "tiny.toml";
   };
   const std::vector<Case> cases = {
       {1, "--set training.seed=8", "key 'training.seed' is 8 on rank 1"},
@@ -612,17 +675,20 @@ TEST_F(HostileTrain, RanksGivenDifferentConfigurationsFailTogether) {
       {1, "--set training.seq_len=8", "key 'training.seq_len' is 8 on rank 1"},
       {1, "--set data.train=" + dir / "other.bin", "key 'data.train' is"},
       {1, "--resume", "key '--resume' is true on rank 1"},
-      {2, "--set training.seed=8", "key 'training.seed' is 8 on rank 2"}};
+      {2, "--set training.seed=8", "key 'training.seed' is 8 on rank 2"},
+      {1, "", "key 'optimizer.lr' is 0.25 on rank 1 (" + dir / "other.toml" + ")", "other.toml"},
+      {1, "--init-from " + dir / "model", "key '--init-from' is"}};
   for (const Case& c : cases) {
-    SCOPED_TRACE(c.differs);
+    SCOPED_TRACE(c.differs + " " + c.second_config);
     const int ranks = c.first_ranks + 1;
-    const std::string common =
-        fmt::format("{} train {} --set parallel.dp={}", bottle_binary(), dir / "tiny.toml", ranks);
+    auto part = [&](const std::string& config) {
+      return fmt::format("{} train {} --set parallel.dp={}", bottle_binary(), dir / config, ranks);
+    };
     const auto t0 = std::chrono::steady_clock::now();
     const CommandResult r =
         run(fmt::format("timeout -k 5 60 {} --oversubscribe {} {} {} : {} 1 {} {}", BOTTLE_MPIEXEC,
-                        BOTTLE_MPIEXEC_NUMPROC_FLAG, c.first_ranks, common,
-                        BOTTLE_MPIEXEC_NUMPROC_FLAG, common, c.differs));
+                        BOTTLE_MPIEXEC_NUMPROC_FLAG, c.first_ranks, part("tiny.toml"),
+                        BOTTLE_MPIEXEC_NUMPROC_FLAG, part(c.second_config), c.differs));
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     EXPECT_EQ(r.status, 1) << (r.status == 124 ? "hung: " : "") << r.output;
