@@ -713,9 +713,13 @@ TEST_F(HostileTrain, RanksGivenDifferentConfigurationsFailTogether) {
 
 // The first hour: `mpirun -np 2 bottle train cfg.toml` with no parallel.dp trains two
 // data-parallel replicas, as torchrun-style launchers do, and says so once.
+// mpirun's own output is a terminal here (script(1) gives one), as in a newcomer's shell: the
+// ranks still print plain progress lines, never a line updated in place (the issue: 30
+// carriage-return updates in a 30-step log).
 TEST_F(HostileTrain, MpirunWithoutParallelDpInfersItFromTheWorld) {
-  const CommandResult r = run(fmt::format("{} {} train {} --set training.steps=2", mpirun(2, 60),
-                                          bottle_binary(), dir / "tiny.toml"));
+  const CommandResult r =
+      run(fmt::format("script -qec \"{} {} train {} --set training.steps=2\" /dev/null",
+                      mpirun(2, 60), bottle_binary(), dir / "tiny.toml"));
   EXPECT_EQ(r.status, 0) << r.output;
   EXPECT_EQ(count_occurrences(r.output,
                               "parallel.dp = 2: inferred from the job's 2 ranks (tp 1 "
@@ -723,6 +727,8 @@ TEST_F(HostileTrain, MpirunWithoutParallelDpInfersItFromTheWorld) {
             1)
       << r.output;
   EXPECT_NE(r.output.find("on 2 rank(s)"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("\x1b[K"), std::string::npos) << r.output;
+  EXPECT_EQ(count_occurrences(r.output, "/2 | loss "), 2) << r.output;  // each step once
 }
 
 // Case 13: rank 1 stopped (SIGSTOP) leaves rank 0 waiting in a collective without spinning.
