@@ -525,6 +525,18 @@ bool wait_until_holding(const BackgroundRun& run, const std::string& folder, dou
   return false;
 }
 
+// Sends `run` SIGTERM once it has logged a step (a line in run/metrics.jsonl under `dir`), so
+// that it stops with a checkpoint; true when it has then ended within 30 s.
+bool stop_once_it_logs(const BackgroundRun& run, const std::string& dir) {
+  for (int i = 0; i < 3000 && run.alive(); ++i) {
+    std::error_code ec;
+    if (std::filesystem::file_size(dir + "/run/metrics.jsonl", ec) > 0 && !ec) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ::kill(run.pid(), SIGTERM);
+  return run.wait_for_exit(30);
+}
+
 // Issue 29, rule 3: one run per checkpoint.folder. While a run trains, a second one on the
 // same folder (however the path is spelled, resuming or not, under mpirun too) is refused at
 // once naming the folder and the holder's host and pid; once the holder has ended, by a
@@ -561,13 +573,7 @@ TEST_F(HostileTrain, OneRunPerFolder) {
 #endif
   EXPECT_TRUE(first.alive()) << "the refused runs stopped the holder: " << first.output();
   // The holder stops with a checkpoint on SIGTERM once it trains; then the folder is free.
-  for (int i = 0; i < 3000 && first.alive(); ++i) {
-    std::error_code ec;
-    if (std::filesystem::file_size(dir / "run/metrics.jsonl", ec) > 0 && !ec) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-  ::kill(first.pid(), SIGTERM);
-  ASSERT_TRUE(first.wait_for_exit(30)) << first.output();
+  ASSERT_TRUE(stop_once_it_logs(first, dir.str())) << first.output();
   const int64_t saved = newest_step(dir / "run");
   ASSERT_GT(saved, 0) << first.output();
   const CommandResult third = run_case(
@@ -625,13 +631,7 @@ TEST_F(HostileTrain, TwoRunsStartedTogetherOnOneFolderTrainOne) {
     EXPECT_NE(loser.output().find(fmt::format(" pid {} since ", winner.pid())), std::string::npos)
         << loser.output();
     // The winner trains on, alone: it stops cleanly once it has logged a step.
-    for (int i = 0; i < 3000 && winner.alive(); ++i) {
-      std::error_code ec;
-      if (std::filesystem::file_size(dir / "run/metrics.jsonl", ec) > 0 && !ec) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    ::kill(winner.pid(), SIGTERM);
-    ASSERT_TRUE(winner.wait_for_exit(30)) << winner.output();
+    ASSERT_TRUE(stop_once_it_logs(winner, dir.str())) << winner.output();
     EXPECT_NE(winner.output().find("stopped by signal 15 after step"), std::string::npos)
         << winner.output();
   }
