@@ -56,15 +56,15 @@ uint64_t check_readable_file(const std::string& path, const std::string& what, u
 
 namespace {
 
-// Opens `path` for reading without blocking (a FIFO would wait for a writer) and checks the type
-// and size on the descriptor itself, so that the file checked is the file read.
-void open_checked(Fd& f, const std::string& path, const std::string& what, uint64_t max_bytes,
-                  uint64_t& size) {
+// Opens `path` into `f` for reading without blocking (a FIFO would wait for a writer) and checks
+// the type and size on the descriptor itself, so that the file checked is the file read; returns
+// the size.
+uint64_t open_checked(Fd& f, const std::string& path, const std::string& what, uint64_t max_bytes) {
   f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   BOTTLE_CHECK(f.fd >= 0, "{}: cannot open {}: {}", path, what, std::strerror(errno));
   struct stat st {};
   BOTTLE_CHECK(::fstat(f.fd, &st) == 0, "{}: cannot read {}: {}", path, what, std::strerror(errno));
-  size = check_stat(st, path, what, max_bytes);
+  return check_stat(st, path, what, max_bytes);
 }
 
 }  // namespace
@@ -72,8 +72,7 @@ void open_checked(Fd& f, const std::string& path, const std::string& what, uint6
 std::string read_bounded_file(const std::string& path, const std::string& what,
                               uint64_t max_bytes) {
   Fd f;
-  uint64_t size = 0;
-  open_checked(f, path, what, max_bytes, size);
+  const uint64_t size = open_checked(f, path, what, max_bytes);
   std::string bytes(size_t(size), '\0');
   size_t got = 0;
   // One byte more than the size: a file that grew meanwhile is noticed, not followed.
@@ -98,8 +97,7 @@ void for_each_bounded_line(const std::string& path, const std::string& what, uin
                            size_t max_line_bytes,
                            const std::function<void(std::string_view, int64_t)>& on_line) {
   Fd f;
-  uint64_t size = 0;
-  open_checked(f, path, what, max_bytes, size);
+  open_checked(f, path, what, max_bytes);
   std::string line;   // the line being read, up to max_line_bytes
   char chunk[65536];  // [64 KiB] of the file
   int64_t number = 1;
