@@ -31,9 +31,12 @@
 
 namespace bottle {
 
-// C[i] = alpha * op(A[i]) * op(B[i]) + beta * C[i], i < batch, row-major.
+// C[i] = alpha * op(A[i]) * op(B[i]) + beta * C_in[i], i < batch, row-major.
 // op(A) is m x k, op(B) is k x n, C is m x n. lda/ldb/ldc are row strides of the stored
 // matrices (A stored k x m when trans_a); stride_* are batch strides, in elements.
+// C_in is C itself unless c_in is given: then it is read there, laid out like C (ldc,
+// stride_c, c_dtype), and C is only written. A residual add then rides in the GEMM's
+// epilogue (y = u Bᵀ + x), rounded once with the product, instead of a kernel of its own.
 // Each operand has its dtype: bf16 operands are multiplied exactly and summed in fp32, and a
 // bf16 C receives the fp32 result rounded to nearest even (docs/design.md, mixed precision).
 struct GemmArgs {
@@ -46,6 +49,7 @@ struct GemmArgs {
   int64_t ldb = 0, stride_b = 0;
   void* c = nullptr;
   int64_t ldc = 0, stride_c = 0;
+  const void* c_in = nullptr;  // null: C_in is c
   int64_t batch = 1;
   DType a_dtype = DType::f32, b_dtype = DType::f32, c_dtype = DType::f32;
   // The operands' dtypes from the tensors they come from.
@@ -55,6 +59,9 @@ struct GemmArgs {
   bool any_bf16() const {
     return a_dtype == DType::bf16 || b_dtype == DType::bf16 || c_dtype == DType::bf16;
   }
+  // Whether C_in is read from memory other than C.
+  bool reads_other_c() const { return c_in != nullptr && c_in != c && beta != 0.0f; }
+  const void* c_read() const { return c_in ? c_in : c; }
 };
 
 // A range [offset, offset + count) of a flat buffer, in elements.

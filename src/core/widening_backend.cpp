@@ -139,7 +139,15 @@ void WideningBackend::do_gemm(const GemmArgs& g) {
   place(a, true, false, f.a, f.lda, f.stride_a);
   place(b, true, false, f.b, f.ldb, f.stride_b);
   const void* c_data = nullptr;
-  place(c, g.beta != 0.0f, true, c_data, f.ldc, f.stride_c);
+  if (g.reads_other_c()) {
+    // C_in shares C's layout and dtype, so both widen to the same compact strides.
+    const Strided c_in = operand(g.c_in, g.c_dtype, g.m, g.n, g.ldc, g.batch, g.stride_c);
+    int64_t ld = 0, stride = 0;
+    place(c_in, true, false, f.c_in, ld, stride);
+    place(c, false, true, c_data, f.ldc, f.stride_c);
+  } else {
+    place(c, g.beta != 0.0f, true, c_data, f.ldc, f.stride_c);
+  }
   f.c = const_cast<void*>(c_data);
   f.a_dtype = f.b_dtype = f.c_dtype = DType::f32;
   inner().gemm(f);

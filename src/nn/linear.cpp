@@ -2,7 +2,7 @@
 
 namespace bottle {
 
-void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, bool accumulate) {
+void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor residual) {
   const int64_t n = x.rows(), in = x.cols(), out = w.rows();
   BOTTLE_ASSERT(w.cols() == in && y.cols() == out && y.rows() == n,
                 "linear_forward: x {} · W{}ᵀ does not give y {}", x.shape.str(), w.shape.str(),
@@ -13,9 +13,18 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, bool accumulate) 
   g.a = x.data, g.lda = in;
   g.b = w.data, g.ldb = in;
   g.c = y.data, g.ldc = out;
-  g.beta = accumulate ? 1.0f : 0.0f;
+  add_residual(g, residual, y);
   g.dtypes_of(x, w, y);
   be.gemm(g);
+}
+
+void add_residual(GemmArgs& g, Tensor residual, Tensor y) {
+  if (residual.empty()) return;
+  BOTTLE_ASSERT(residual.shape == y.shape && residual.dtype == y.dtype,
+                "residual {} {} is not laid out like the output {} {}", dtype_name(residual.dtype),
+                residual.shape.str(), dtype_name(y.dtype), y.shape.str());
+  g.c_in = residual.data;
+  g.beta = 1.0f;
 }
 
 void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w,

@@ -5,15 +5,15 @@
 namespace bottle {
 namespace {
 
-// y[N, out] (+)= x[:, offset : offset + W.cols] · Wᵀ, x with row stride ldx.
-void strided_forward(Backend& be, Tensor y, Tensor x, int64_t offset, Tensor w, bool accumulate) {
+// y[N, out] = x[:, offset : offset + W.cols] · Wᵀ (+ residual), x with row stride ldx.
+void strided_forward(Backend& be, Tensor y, Tensor x, int64_t offset, Tensor w, Tensor residual) {
   GemmArgs g;
   g.trans_b = true;
   g.m = x.rows(), g.n = w.rows(), g.k = w.cols();
   g.a = x.at(offset), g.lda = x.cols();
   g.b = w.data, g.ldb = w.cols();
   g.c = y.data, g.ldc = y.cols();
-  g.beta = accumulate ? 1.0f : 0.0f;
+  add_residual(g, residual, y);
   g.dtypes_of(x, w, y);
   be.gemm(g);
 }
@@ -116,12 +116,12 @@ ProjectionSlabs allocate_grouped_activations(const ProjectionAllocators& from, i
   return slabs;
 }
 
-void Projection::forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool accumulate) {
-  if (!bottleneck()) return linear_forward(be, y, x, weight.compute, accumulate);
+void Projection::forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, Tensor residual) {
+  if (!bottleneck()) return linear_forward(be, y, x, weight.compute, residual);
   BOTTLE_ASSERT(!sharded(), "a sharded projection needs its latent gathered between stages");
   down_forward(be, x);
   latent_forward(be, u_prev);
-  up_forward(be, y, accumulate);
+  up_forward(be, y, residual);
 }
 
 void Projection::backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_prev,
@@ -151,8 +151,8 @@ void Projection::latent_forward(Backend& be, Tensor u_prev) {
   be.silu_forward(u, pre);
 }
 
-void Projection::up_forward(Backend& be, Tensor y, bool accumulate) {
-  strided_forward(be, y, u, sharded() ? shard_offset : 0, B.compute, accumulate);
+void Projection::up_forward(Backend& be, Tensor y, Tensor residual) {
+  strided_forward(be, y, u, sharded() ? shard_offset : 0, B.compute, residual);
 }
 
 void Projection::up_backward(Backend& be, Tensor dy) {

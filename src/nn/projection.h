@@ -76,9 +76,10 @@ struct Projection {
   bool sharded() const { return shard_rank != 0 && shard_rank != rank; }
   void allocate_activations(const ProjectionAllocators& from, int64_t rows);
 
-  // y[N, d_out] = P(x[N, d_in]) (+= when accumulate). u_prev: the previous block's u of the
-  // same projection (lax with crossing), else empty. Not for sharded projections.
-  void forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, bool accumulate = false);
+  // y[N, d_out] = P(x[N, d_in]) (+ residual[N, d_out], added in the last GEMM's epilogue).
+  // u_prev: the previous block's u of the same projection (lax with crossing), else empty.
+  // Not for sharded projections.
+  void forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, Tensor residual = {});
   // dx += ∂/∂x (dx = when !accumulate_dx), parameter grads +=, du_prev += ∂/∂u_prev
   // (crossing). Zeroes du when done.
   void backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_prev, Tensor du_prev,
@@ -87,7 +88,7 @@ struct Projection {
   // The stages (forward() = down, latent, up).
   void down_forward(Backend& be, Tensor x);  // z (z_shard when sharded) = x Aᵀ
   void latent_forward(Backend& be, Tensor u_prev);
-  void up_forward(Backend& be, Tensor y, bool accumulate);
+  void up_forward(Backend& be, Tensor y, Tensor residual = {});  // y = u Bᵀ (+ residual)
   void up_backward(Backend& be, Tensor dy);  // du (du_shard when sharded) += dy B
   void latent_backward(Backend& be, Tensor u_prev, Tensor du_prev);
   void down_backward(Backend& be, Tensor dx, Tensor x, bool accumulate_dx = true);

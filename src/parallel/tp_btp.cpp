@@ -223,8 +223,7 @@ void BtpBlock::forward(Backend& be, const TensorParallel& tp, const BlockLatents
   b.attention.forward(be, b.q, b.k, b.v);
   chunk_end_forward(be, tp, b, prev, o, attention_output(b), nullptr, b[P::o].z, {}, "");
   copy_to_forward(tp, b[P::o].u);
-  b[P::o].up_forward(be, b.h, false);
-  be.add(b.h, b.h, x);
+  b[P::o].up_forward(be, b.h, x);  // h = x + B_o u: the residual add is the GEMM's
   chunk_end_forward(be, tp, b, prev, gate_up_group, b.h, &b.online2, b.gate_up_latent.z, b.sumsq2,
                     "btp.fwd.gate_up");
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
@@ -232,8 +231,7 @@ void BtpBlock::forward(Backend& be, const TensorParallel& tp, const BlockLatents
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
   chunk_end_forward(be, tp, b, prev, down, b.gated, nullptr, b[P::down].z, {}, "");
   copy_to_forward(tp, b[P::down].u);
-  b[P::down].up_forward(be, out, false);
-  be.add(out, out, b.h);
+  b[P::down].up_forward(be, out, b.h);
 }
 
 void BtpBlock::backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,

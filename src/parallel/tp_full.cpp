@@ -81,6 +81,10 @@ class FullBlock final : public TpBlock {
     b[P::gate].forward(be, gate, norm2.out, {});
     b[P::up].forward(be, up, norm2.out, {});
     be.swiglu_forward(gated, gate, up, dims.gate_act);
+    if (tp.size() == 1) {  // the all-reduce is the identity: the residual add is the GEMM's
+      b[P::down].forward(be, out, gated, {}, h);
+      return;
+    }
     b[P::down].forward(be, out, gated, {});
     reduce_from_forward(tp, out, "full.fwd.mlp_out");  // N·d
     be.add(out, out, h);

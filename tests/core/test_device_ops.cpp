@@ -367,11 +367,14 @@ constexpr int64_t N = 37, C = 48;
 // GEMM: C = alpha op(A) op(B) + beta C over a batch, with padded rows (pad), gaps between batch
 // entries, and one A or B broadcast over the batch (stride 0). The whole C buffer is compared,
 // so padding and gaps must be left alone; with beta = 0, C starts as NaN, which must not leak.
+// With a separate C input (c_in, laid out like C: the residual add in a GEMM's epilogue), C
+// starts as NaN whatever beta is, and c_in must come back unchanged.
 struct GemmCase {
   bool ta, tb;
   int64_t m, n, k, batch, pad;
   float alpha, beta;
   bool broadcast_a = false, broadcast_b = false;
+  bool separate_c = false;
 };
 
 OpCase gemm_case(const GemmCase& g, std::optional<DType> a_type = {},
@@ -386,15 +389,23 @@ OpCase gemm_case(const GemmCase& g, std::optional<DType> a_type = {},
   Arg c = arg("c", {g.batch * sc});
   if (a_type) a = a.as(*a_type);
   if (c_type) c = c.as(*c_type);
+  std::vector<Arg> args{a, arg("b", {g.broadcast_b ? b_rows * ldb : g.batch * sb}),
+            g.beta == 0.0f || g.separate_c ? c.nans() : c};
+  std::vector<std::string> compare{"c"};
+  if (g.separate_c) {
+    Arg c_in = arg("c_in", {g.batch * sc});
+    args.push_back(c_type ? c_in.as(*c_type) : c_in);
+    compare.push_back("c_in");
+  }
   return {
       .name = fmt::format(
-          "gemm ta={} tb={} m={} n={} k={} batch={} pad={} alpha={} beta={}{}{}{}{}", g.ta, g.tb,
+          "gemm ta={} tb={} m={} n={} k={} batch={} pad={} alpha={} beta={}{}{}{}{}{}", g.ta, g.tb,
           g.m, g.n, g.k, g.batch, g.pad, g.alpha, g.beta, g.broadcast_a ? " broadcast A" : "",
-          g.broadcast_b ? " broadcast B" : "", a_type ? " A f32" : "", c_type ? " C f32" : ""),
+          g.broadcast_b ? " broadcast B" : "", a_type ? " A f32" : "", c_type ? " C f32" : "",
+          g.separate_c ? " C from c_in" : ""),
       .ops = {"gemm"},
-      .args = {a, arg("b", {g.broadcast_b ? b_rows * ldb : g.batch * sb}),
-               g.beta == 0.0f ? c.nans() : c},
-      .compare = {"c"},
+      .args = args,
+      .compare = compare,
       .run =
           [=](Backend& be, const Args& t) {
             GemmArgs x;
@@ -403,6 +414,7 @@ OpCase gemm_case(const GemmCase& g, std::optional<DType> a_type = {},
             x.a = t["a"].data, x.lda = lda, x.stride_a = sa;
             x.b = t["b"].data, x.ldb = ldb, x.stride_b = sb;
             x.c = t["c"].data, x.ldc = ldc, x.stride_c = sc;
+            if (g.separate_c) x.c_in = t["c_in"].data;
             x.dtypes_of(t["a"], t["b"], t["c"]);
             be.gemm(x);
           },
@@ -560,6 +572,13 @@ void gemm_cases(Table& t) {
   add(gemm_case({false, false, 200, 136, 264, 1, 0, 1.0f, 0.0f}));
   add(gemm_case({true, false, 48, 40, 56, 1, 0, 1.0f, 1.0f}, {}, DType::f32));
   add(gemm_case({false, true, 48, 40, 56, 2, 1, 1.0f, 0.0f}, DType::f32));
+  // C read from c_in: the residual add of y = u Bᵀ + x, padded and batched, in every dtype mix.
+  for (bool tb : {false, true}) {
+    add(gemm_case({false, tb, 37, 29, 45, 1, 0, 1.0f, 1.0f, false, false, true}));
+    add(gemm_case({false, tb, 5, 7, 9, 3, 3, 0.75f, 0.5f, false, false, true}));
+  }
+  add(gemm_case({true, false, 13, 11, 17, 1, 2, 1.0f, 1.0f, false, false, true}, DType::f32));
+  add(gemm_case({false, true, 13, 11, 17, 2, 1, 1.0f, 1.0f, false, false, true}, {}, DType::f32));
 }
 
 // Embeddings. 37 tokens over 20 ids: repeated rows in backward.

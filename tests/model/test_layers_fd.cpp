@@ -260,16 +260,24 @@ TEST_P(ProjectionFd, Gradients) {
     return dot(c, y);
   };
 
-  // forward(..., accumulate) adds into y.
+  // forward(..., residual) adds the residual: read from y itself, or from another tensor
+  // (the GEMM's C ≠ D), which it leaves as it was.
   loss();
   const std::vector<float> plain = copy_of(y);
-  Tensor y_acc = act.alloc({n, dout});
-  fill_normal(y_acc, rng, 0.0f, 1.0f);
-  const std::vector<float> base = copy_of(y_acc);
-  p.forward(*be, y_acc, x, u_prev, /*accumulate=*/true);
+  Tensor residual = act.alloc({n, dout});
+  fill_normal(residual, rng, 0.0f, 1.0f);
+  const std::vector<float> base = copy_of(residual);
+  Tensor y_sum = act.alloc({n, dout});
+  fill_normal(y_sum, rng, 0.0f, 1.0f);  // garbage the forward must overwrite
+  p.forward(*be, y_sum, x, u_prev, residual);
+  for (int64_t i = 0; i < y.numel(); ++i) {
+    ASSERT_NEAR(y_sum.f32()[i], base[i] + plain[i], 1e-5f * (1.0f + std::abs(plain[i])))
+        << "forward with a residual at " << i;
+    ASSERT_EQ(residual.f32()[i], base[i]) << "the residual was written at " << i;
+  }
+  p.forward(*be, residual, x, u_prev, residual);
   for (int64_t i = 0; i < y.numel(); ++i)
-    ASSERT_NEAR(y_acc.f32()[i], base[i] + plain[i], 1e-5f * (1.0f + std::abs(plain[i])))
-        << "accumulating forward at " << i;
+    ASSERT_EQ(residual.f32()[i], y_sum.f32()[i]) << "forward adding into y at " << i;
 
   // Analytic gradients with dy = c.
   loss();

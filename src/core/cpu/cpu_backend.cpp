@@ -4,6 +4,8 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
+
 #include "core/cpu_backend.h"
 #include "core/dnnl_gemm.h"
 
@@ -30,10 +32,28 @@ std::string CpuBackend::bf16_gemm_path() const {
 }
 
 void CpuBackend::do_gemm(const GemmArgs& args) {
+  if (args.reads_other_c()) return gemm_from_other_c(args);
   if (!args.any_bf16() ||
       (!bf16_matmul().empty() && args.a_dtype == DType::bf16 && args.b_dtype == DType::bf16))
     return dnnl_gemm(args);
   widened_gemm(args);
+}
+
+// oneDNN's sum post-op reads C where it writes it, so C_in is copied there first: the
+// product and C_in are then added in fp32 and rounded once, as with a separate C.
+void CpuBackend::gemm_from_other_c(const GemmArgs& g) {
+  const size_t row_bytes = size_t(g.n) * dtype_size(g.c_dtype);
+  const int64_t rows = g.batch * g.m;
+#pragma omp parallel for schedule(static)
+  for (int64_t i = 0; i < rows; ++i) {
+    const int64_t offset = (i / g.m) * g.stride_c + (i % g.m) * g.ldc;
+    std::memcpy(static_cast<char*>(g.c) + offset * int64_t(dtype_size(g.c_dtype)),
+                static_cast<const char*>(g.c_in) + offset * int64_t(dtype_size(g.c_dtype)),
+                row_bytes);
+  }
+  GemmArgs same = g;
+  same.c_in = nullptr;
+  do_gemm(same);
 }
 
 void CpuBackend::widened_gemm(const GemmArgs& g) {

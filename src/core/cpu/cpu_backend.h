@@ -125,6 +125,7 @@ class CpuBackend final : public HostBackend {
 
   // bf16 GEMMs where oneDNN has none on this CPU: operands widened as compact matrices.
   void widened_gemm(const GemmArgs& args);
+  void gemm_from_other_c(const GemmArgs& args);
 
   // Scratch: attention's scores, per-thread parameter-gradient partials, the bf16 windows'
   // slabs, widened norm weights and biases, widened GEMM operands.

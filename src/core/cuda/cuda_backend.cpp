@@ -814,9 +814,11 @@ class CudaBackend final : public Backend {
     const int64_t b_rows = g.trans_b ? g.k : g.n, b_cols = g.trans_b ? g.n : g.k;
     const int64_t a_rows = g.trans_a ? g.m : g.k, a_cols = g.trans_a ? g.k : g.m;
     const size_t ea = dtype_size(g.a_dtype), eb = dtype_size(g.b_dtype), ec = dtype_size(g.c_dtype);
+    // C_in (cuBLASLt's C) takes D's layout; its alignment is the lesser of the two.
     const uint32_t align_a = alignment_of(g.a, g.stride_a * int64_t(ea), g.batch),
                    align_b = alignment_of(g.b, g.stride_b * int64_t(eb), g.batch),
-                   align_c = alignment_of(g.c, g.stride_c * int64_t(ec), g.batch);
+                   align_c = std::min(alignment_of(g.c, g.stride_c * int64_t(ec), g.batch),
+                                      alignment_of(g.c_read(), g.stride_c * int64_t(ec), g.batch));
     cublasLtMatrixLayout_t lb = layout(g.b_dtype, b_rows, b_cols, g.ldb, g.batch, g.stride_b);
     cublasLtMatrixLayout_t la = layout(g.a_dtype, a_rows, a_cols, g.lda, g.batch, g.stride_a);
     cublasLtMatrixLayout_t lc = layout(g.c_dtype, g.n, g.m, g.ldc, g.batch, g.stride_c);
@@ -868,7 +870,8 @@ class CudaBackend final : public Backend {
       it = plans_.emplace(key, plan).first;
     }
     check_cublas(
-        cublasLtMatmul(lt_, it->second.desc, &g.alpha, g.b, lb, g.a, la, &g.beta, g.c, lc, g.c, lc,
+        cublasLtMatmul(lt_, it->second.desc, &g.alpha, g.b, lb, g.a, la, &g.beta, g.c_read(), lc,
+                       g.c, lc,
                        &it->second.algo, gemm_workspace_, kGemmWorkspaceBytes, stream_),
         "cublasLtMatmul");
     launched("gemm");
@@ -879,6 +882,12 @@ class CudaBackend final : public Backend {
     const size_t e = dtype_size(g.c_dtype);
     for (int64_t i = 0; i < g.batch; ++i) {
       char* c = static_cast<char*>(g.c) + i * g.stride_c * int64_t(e);
+      if (g.reads_other_c()) {
+        const char* c_in = static_cast<const char*>(g.c_in) + i * g.stride_c * int64_t(e);
+        check_cuda(cudaMemcpy2DAsync(c, g.ldc * e, c_in, g.ldc * e, g.n * e, g.m,
+                                     cudaMemcpyDeviceToDevice, stream_),
+                   "gemm (k = 0)");
+      }
       if (g.beta == 0.0f) {
         check_cuda(cudaMemset2DAsync(c, g.ldc * e, 0, g.n * e, g.m, stream_), "gemm (k = 0)");
       } else {
@@ -913,8 +922,9 @@ class CudaBackend final : public Backend {
     if (na) cuda::convert(stream_, {wa, DType::f32}, {g.a, DType::bf16}, na), f.a = wa;
     if (nb) cuda::convert(stream_, {wb, DType::f32}, {g.b, DType::bf16}, nb), f.b = wb;
     if (nc) {
-      if (g.beta != 0.0f) cuda::convert(stream_, {wc, DType::f32}, {g.c, DType::bf16}, nc);
+      if (g.beta != 0.0f) cuda::convert(stream_, {wc, DType::f32}, {g.c_read(), DType::bf16}, nc);
       f.c = wc;
+      f.c_in = nullptr;  // widened into wc
     }
     launched("gemm (widening)");
     gemm_lt(f);

@@ -17,10 +17,12 @@ void ReferenceBackend::do_gemm(const GemmArgs& g) {
   const float* a = static_cast<const float*>(g.a);
   const float* b = static_cast<const float*>(g.b);
   float* c = static_cast<float*>(g.c);
+  const float* c_in = static_cast<const float*>(g.c_read());
   for (int64_t i = 0; i < g.batch; ++i) {
     const float* ai = a + i * g.stride_a;
     const float* bi = b + i * g.stride_b;
     float* ci = c + i * g.stride_c;
+    const float* ci_in = c_in + i * g.stride_c;
     for (int64_t r = 0; r < g.m; ++r) {
       for (int64_t col = 0; col < g.n; ++col) {
         double sum = 0.0;
@@ -29,10 +31,10 @@ void ReferenceBackend::do_gemm(const GemmArgs& g) {
           const double bv = g.trans_b ? bi[col * g.ldb + p] : bi[p * g.ldb + col];
           sum += av * bv;
         }
-        float& out = ci[r * g.ldc + col];
+        const int64_t at = r * g.ldc + col;
         double value = double(g.alpha) * sum;
-        if (g.beta != 0.0f) value += double(g.beta) * double(out);  // beta == 0: ignore C
-        out = float(value);
+        if (g.beta != 0.0f) value += double(g.beta) * double(ci_in[at]);  // beta == 0: ignore C
+        ci[at] = float(value);
       }
     }
   }
