@@ -1,7 +1,8 @@
 // Cross-entropy over rows of logits, whole-vocabulary and vocabulary-parallel. A row's
 // statistics come from one block per row in a single read of the logits (an online softmax);
 // the gradients are elementwise over a grid of rows by column slices. Logits are read in their
-// own dtype, element by element: no fp32 copy of them is ever made.
+// own dtype, kPack elements per 128-bit load where a row is whole packs of aligned arrays
+// (element by element otherwise): no fp32 copy of them is ever made.
 #include "core/cuda/common.cuh"
 
 namespace bottle::cuda {
@@ -21,8 +22,14 @@ struct Exp {
 
 
 // A statistics block: wider for a long vocabulary row, so that fewer rows still fill the GPU.
-// Depends on v alone, hence so does the order of the merges.
-int row_threads(int64_t v) { return v >= 8192 ? kMaxRowThreads : kElementThreads; }
+// Depends on the row's lanes (v, or v / kPack when packed) alone, hence so does the order of
+// the merges.
+int row_threads(int64_t lanes) { return lanes >= 4096 ? kMaxRowThreads : kElementThreads; }
+
+// Whether rows of v logits are whole packs of aligned arrays.
+bool packed_rows(int64_t v, std::initializer_list<const void*> arrays) {
+  return v % kPack == 0 && packable(arrays);
+}
 
 // A gradient grid: blockIdx.x is the row, blockIdx.y a slice of its columns (grid-strided
 // where a row needs more than the y dimension's limit of slices).
@@ -51,13 +58,19 @@ __device__ __forceinline__ void warp_merge_down(kmath::SoftmaxState& s) {
 }
 
 // The online softmax state of logits[row, 0..v), returned to every thread. Each thread folds
-// in its strided elements in order, then the block merges lanes and warps in a tree fixed by
+// in its strided runs of kW elements in order, then the block merges lanes and warps in a tree fixed by
 // blockDim; lane 0's result is broadcast so that every thread holds the very same bits.
+template <int kW>
 __device__ kmath::SoftmaxState row_softmax_state(ConstArray logits, int64_t row, int64_t v) {
   __shared__ float warp_max[kMaxRowThreads / kWarp], warp_sumexp[kMaxRowThreads / kWarp];
   __shared__ float result_max, result_sumexp;  // floats: a __shared__ has no initialiser
   kmath::SoftmaxState s;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x) merge(s, load(logits, row + j), 1.0f);
+  for (int64_t j = int64_t(threadIdx.x) * kW; j < v; j += int64_t(blockDim.x) * kW) {
+    float x[kW];
+    load_lanes<kW>(logits, row + j, x);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) merge(s, x[e], 1.0f);
+  }
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int warps = blockDim.x / kWarp;
   warp_merge_down(s);
@@ -84,6 +97,7 @@ __device__ kmath::SoftmaxState row_softmax_state(ConstArray logits, int64_t row,
   return s;
 }
 
+template <int kW>
 __global__ void __launch_bounds__(kMaxRowThreads)
     cross_entropy_forward_kernel(Array losses, Array probs, ConstArray logits,
                                  const int32_t* targets, int64_t v) {
@@ -96,34 +110,50 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     // An out-of-range target gives a NaN loss rather than a read outside the row.
     target_logit = t >= 0 && t < v ? load(logits, row + t) : NAN;
   }
-  const kmath::SoftmaxState s = row_softmax_state(logits, row, v);
+  const kmath::SoftmaxState s = row_softmax_state<kW>(logits, row, v);
   if (threadIdx.x == 0) store(losses, r, kmath::cross_entropy_loss(s.sumexp, s.max, target_logit));
   const float inv_sumexp = 1.0f / s.sumexp;
-  for (int64_t j = threadIdx.x; j < v; j += blockDim.x)
-    store(probs, row + j, expf(load(logits, row + j) - s.max) * inv_sumexp);
+  for (int64_t j = int64_t(threadIdx.x) * kW; j < v; j += int64_t(blockDim.x) * kW) {
+    float x[kW];
+    load_lanes<kW>(logits, row + j, x);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) x[e] = expf(x[e] - s.max) * inv_sumexp;
+    store_lanes<kW>(probs, row + j, x);
+  }
 }
 
+template <int kW>
 __global__ void __launch_bounds__(kMaxRowThreads)
     logits_row_stats_kernel(Array max, Array sumexp, ConstArray logits, int64_t v) {
   const int64_t r = blockIdx.x;
-  const kmath::SoftmaxState s = row_softmax_state(logits, r * v, v);
+  const kmath::SoftmaxState s = row_softmax_state<kW>(logits, r * v, v);
   if (threadIdx.x != 0) return;
   store(max, r, s.max);  // NaN for a row with a NaN logit, as on the host backends
   store(sumexp, r, s.sumexp);
 }
 
+// Thread t of slice y takes the kW columns from kW (y · blockDim + t), then every
+// kW · gridDim.y · blockDim further on.
+#define BOTTLE_FOR_SLICE_LANES(j, v)                                                \
+  for (int64_t j = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * kW; j < (v); \
+       j += int64_t(gridDim.y) * blockDim.x * kW)
+
+template <int kW>
 __global__ void __launch_bounds__(kElementThreads)
     cross_entropy_backward_kernel(Array dlogits, ConstArray probs, const int32_t* targets,
                                   int64_t v, float scale) {
   const int64_t r = blockIdx.x, row = r * v;
   const int64_t t = targets[r];
-  for (int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; j < v;
-       j += int64_t(gridDim.y) * blockDim.x) {
-    const int64_t i = row + j;
-    store(dlogits, i, kmath::cross_entropy_dlogit(load(probs, i), j == t, scale));
+  BOTTLE_FOR_SLICE_LANES(j, v) {
+    float p[kW];
+    load_lanes<kW>(probs, row + j, p);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) p[e] = kmath::cross_entropy_dlogit(p[e], j + e == t, scale);
+    store_lanes<kW>(dlogits, row + j, p);
   }
 }
 
+template <int kW>
 __global__ void __launch_bounds__(kElementThreads)
     cross_entropy_shard_backward_kernel(Array dlogits, ConstArray logits, ConstArray max,
                                         ConstArray sumexp, const int32_t* targets, int64_t v,
@@ -131,13 +161,17 @@ __global__ void __launch_bounds__(kElementThreads)
   const int64_t r = blockIdx.x, row = r * v;
   const int64_t t = int64_t(targets[r]) - first;
   const float mx = load(max, r), inv_sumexp = 1.0f / load(sumexp, r);
-  for (int64_t j = int64_t(blockIdx.y) * blockDim.x + threadIdx.x; j < v;
-       j += int64_t(gridDim.y) * blockDim.x) {
-    const int64_t i = row + j;
-    const float p = expf(load(logits, i) - mx) * inv_sumexp;
-    store(dlogits, i, kmath::cross_entropy_dlogit(p, j == t, scale));
+  BOTTLE_FOR_SLICE_LANES(j, v) {
+    float x[kW];
+    load_lanes<kW>(logits, row + j, x);
+#pragma unroll
+    for (int e = 0; e < kW; ++e)
+      x[e] = kmath::cross_entropy_dlogit(expf(x[e] - mx) * inv_sumexp, j + e == t, scale);
+    store_lanes<kW>(dlogits, row + j, x);
   }
 }
+
+#undef BOTTLE_FOR_SLICE_LANES
 
 __global__ void cross_entropy_shard_partials_kernel(Array sumexp, Array target_logit,
                                                     ConstArray local_sumexp, ConstArray local_max,
@@ -169,29 +203,47 @@ __global__ void cross_entropy_shard_losses_kernel(Array losses, ConstArray sumex
 void cross_entropy_forward(cudaStream_t stream, Array losses, Array probs, ConstArray logits,
                            const int32_t* targets, int64_t rows, int64_t v) {
   if (rows == 0) return;
-  cross_entropy_forward_kernel<<<unsigned(rows), row_threads(v), 0, stream>>>(losses, probs, logits,
-                                                                              targets, v);
+  if (packed_rows(v, {probs.data, logits.data}))
+    cross_entropy_forward_kernel<kPack>
+        <<<unsigned(rows), row_threads(v / kPack), 0, stream>>>(losses, probs, logits, targets, v);
+  else
+    cross_entropy_forward_kernel<1>
+        <<<unsigned(rows), row_threads(v), 0, stream>>>(losses, probs, logits, targets, v);
 }
 
 void cross_entropy_backward(cudaStream_t stream, Array dlogits, ConstArray probs,
                             const int32_t* targets, int64_t rows, int64_t v, float scale) {
   if (rows == 0) return;
-  cross_entropy_backward_kernel<<<row_slices_grid(rows, v), kElementThreads, 0, stream>>>(
-      dlogits, probs, targets, v, scale);
+  if (packed_rows(v, {dlogits.data, probs.data}))
+    cross_entropy_backward_kernel<kPack><<<row_slices_grid(rows, v), kElementThreads, 0, stream>>>(
+        dlogits, probs, targets, v, scale);
+  else
+    cross_entropy_backward_kernel<1><<<row_slices_grid(rows, v), kElementThreads, 0, stream>>>(
+        dlogits, probs, targets, v, scale);
 }
 
 void logits_row_stats(cudaStream_t stream, Array max, Array sumexp, ConstArray logits, int64_t rows,
                       int64_t v) {
   if (rows == 0) return;
-  logits_row_stats_kernel<<<unsigned(rows), row_threads(v), 0, stream>>>(max, sumexp, logits, v);
+  if (packed_rows(v, {logits.data}))
+    logits_row_stats_kernel<kPack>
+        <<<unsigned(rows), row_threads(v / kPack), 0, stream>>>(max, sumexp, logits, v);
+  else
+    logits_row_stats_kernel<1><<<unsigned(rows), row_threads(v), 0, stream>>>(max, sumexp, logits, v);
 }
 
 void cross_entropy_shard_backward(cudaStream_t stream, Array dlogits, ConstArray logits,
                                   ConstArray max, ConstArray sumexp, const int32_t* targets,
                                   int64_t rows, int64_t v, int64_t first, float scale) {
   if (rows == 0) return;
-  cross_entropy_shard_backward_kernel<<<row_slices_grid(rows, v), kElementThreads, 0, stream>>>(
-      dlogits, logits, max, sumexp, targets, v, first, scale);
+  if (packed_rows(v, {dlogits.data, logits.data}))
+    cross_entropy_shard_backward_kernel<kPack>
+        <<<row_slices_grid(rows, v), kElementThreads, 0, stream>>>(dlogits, logits, max, sumexp,
+                                                                   targets, v, first, scale);
+  else
+    cross_entropy_shard_backward_kernel<1>
+        <<<row_slices_grid(rows, v), kElementThreads, 0, stream>>>(dlogits, logits, max, sumexp,
+                                                                   targets, v, first, scale);
 }
 
 void cross_entropy_shard_partials(cudaStream_t stream, Array sumexp, Array target_logit,

@@ -2,6 +2,8 @@
 // the parameter gradients (dweight, dbias) from a second kernel in which each block owns a
 // tile of columns and sums over every row in an order fixed by the shape, which keeps them
 // deterministic without atomics or a scratch buffer.
+#include <type_traits>
+
 #include "core/cuda/common.cuh"
 
 namespace bottle::cuda {
@@ -23,22 +25,32 @@ __device__ __forceinline__ float load_out(Array a, int64_t i) {
   return load(c, i);
 }
 
-// A row kernel's block: one thread per column up to kMaxRowThreads, so a narrow row leaves
-// no warp idle. Depends on cols alone, hence so does the order of the block's sums.
-int row_threads(int64_t cols) {
-  const int64_t rounded = (cols + kWarp - 1) / kWarp * kWarp;
+// A row kernel's block: one thread per column (per pack of kPack columns when the row is
+// packed) up to kMaxRowThreads, so a narrow row leaves no warp idle. Depends on the shape
+// alone, hence so does the order of the block's sums.
+int row_threads(int64_t lanes) {
+  const int64_t rounded = (lanes + kWarp - 1) / kWarp * kWarp;
   return int(rounded < kWarp ? kWarp : rounded > kMaxRowThreads ? kMaxRowThreads : rounded);
 }
 
+// The row kernels below are written over kW adjacent columns per thread and step: kPack (one
+// 128-bit access per array) when every row is whole packs of aligned arrays, else 1. Thread t
+// takes columns [kW t, kW t + kW), then kW·blockDim further on, and so on.
+#define BOTTLE_FOR_ROW_LANES(j, cols) \
+  for (int64_t j = int64_t(threadIdx.x) * kW; j < (cols); j += int64_t(blockDim.x) * kW)
+
+template <int kW>
 __global__ void __launch_bounds__(kMaxRowThreads)
     rmsnorm_forward_kernel(Array out, Array rstd, Array sumsq, ConstArray x, ConstArray weight,
                            int64_t cols, float eps) {
   __shared__ float shared[kWarp];
   const int64_t r = blockIdx.x, row = r * cols;
   float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    const float v = load(x, row + j);
-    ss += v * v;
+  BOTTLE_FOR_ROW_LANES(j, cols) {
+    float v[kW];
+    load_lanes<kW>(x, row + j, v);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) ss += v[e] * v[e];
   }
   ss = block_sum(ss, shared);
   const float rs = kmath::rstd_from_sum_squares(ss, float(cols), eps);
@@ -47,12 +59,19 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     if (sumsq.data != nullptr) store(sumsq, r, ss);
   }
   // Every thread has read its x before the block sum's barrier, so out may alias x.
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-    store(out, row + j, load(x, row + j) * rs * load(weight, j));
+  BOTTLE_FOR_ROW_LANES(j, cols) {
+    float v[kW], w[kW];
+    load_lanes<kW>(x, row + j, v);
+    load_lanes<kW>(weight, j, w);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) v[e] = v[e] * rs * w[e];
+    store_lanes<kW>(out, row + j, v);
+  }
 }
 
 // One block per row: the sum is formed in fp32, stored once and its squares summed; the second
 // walk forms it again from x and residual (sum is rounded in bf16, and aliases neither).
+template <int kW>
 __global__ void __launch_bounds__(kMaxRowThreads)
     residual_rmsnorm_forward_kernel(Array sum, Array out, Array rstd, ConstArray x,
                                     ConstArray residual, ConstArray weight, int64_t cols,
@@ -60,18 +79,32 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   __shared__ float shared[kWarp];
   const int64_t r = blockIdx.x, row = r * cols;
   float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    const float s = load(x, row + j) + load(residual, row + j);
-    store(sum, row + j, s);
-    ss += s * s;
+  BOTTLE_FOR_ROW_LANES(j, cols) {
+    float a[kW], b[kW];
+    load_lanes<kW>(x, row + j, a);
+    load_lanes<kW>(residual, row + j, b);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) {
+      a[e] += b[e];
+      ss += a[e] * a[e];
+    }
+    store_lanes<kW>(sum, row + j, a);
   }
   ss = block_sum(ss, shared);
   const float rs = kmath::rstd_from_sum_squares(ss, float(cols), eps);
   if (threadIdx.x == 0) store(rstd, r, rs);
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-    store(out, row + j, (load(x, row + j) + load(residual, row + j)) * rs * load(weight, j));
+  BOTTLE_FOR_ROW_LANES(j, cols) {
+    float a[kW], b[kW], w[kW];
+    load_lanes<kW>(x, row + j, a);
+    load_lanes<kW>(residual, row + j, b);
+    load_lanes<kW>(weight, j, w);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) a[e] = (a[e] + b[e]) * rs * w[e];
+    store_lanes<kW>(out, row + j, a);
+  }
 }
 
+template <int kW>
 __global__ void __launch_bounds__(kMaxRowThreads)
     rmsnorm_backward_dx_kernel(Array dx, ConstArray dout, ConstArray x, ConstArray weight,
                                ConstArray rstd, ConstArray dot, int64_t cols, float d) {
@@ -83,41 +116,69 @@ __global__ void __launch_bounds__(kMaxRowThreads)
     row_dot = load(dot, r);
   } else {
     row_dot = 0.0f;
-    for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-      row_dot += load(dout, row + j) * load(weight, j) * load(x, row + j);
+    BOTTLE_FOR_ROW_LANES(j, cols) {
+      float g[kW], w[kW], v[kW];
+      load_lanes<kW>(dout, row + j, g);
+      load_lanes<kW>(weight, j, w);
+      load_lanes<kW>(x, row + j, v);
+#pragma unroll
+      for (int e = 0; e < kW; ++e) row_dot += g[e] * w[e] * v[e];
+    }
     row_dot = block_sum(row_dot, shared);
   }
   const float factor = kmath::rmsnorm_dx_row_factor(rs, row_dot, d);
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    const int64_t i = row + j;
-    const float g = load(dout, i), w = load(weight, j);
-    store(dx, i, load_out(dx, i) + kmath::rmsnorm_dx_from_factor(g, load(x, i), w, rs, factor));
+  BOTTLE_FOR_ROW_LANES(j, cols) {
+    float g[kW], w[kW], v[kW], acc[kW];
+    load_lanes<kW>(dout, row + j, g);
+    load_lanes<kW>(weight, j, w);
+    load_lanes<kW>(x, row + j, v);
+    load_lanes<kW>(dx, row + j, acc);
+#pragma unroll
+    for (int e = 0; e < kW; ++e)
+      acc[e] += kmath::rmsnorm_dx_from_factor(g[e], v[e], w[e], rs, factor);
+    store_lanes<kW>(dx, row + j, acc);
   }
 }
 
+template <int kW>
 __global__ void __launch_bounds__(kMaxRowThreads)
     layernorm_forward_kernel(Array out, Array mean, Array rstd, ConstArray x, ConstArray weight,
                              ConstArray bias, int64_t cols, float eps) {
   __shared__ float shared[kWarp];
   const int64_t r = blockIdx.x, row = r * cols;
   float s = 0.0f;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) s += load(x, row + j);
+  BOTTLE_FOR_ROW_LANES(j, cols) {
+    float v[kW];
+    load_lanes<kW>(x, row + j, v);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) s += v[e];
+  }
   const float mu = block_sum(s, shared) / float(cols);
   // The variance from deviations, not E[x²] - mean², which cancels when |mean| >> std.
   float var = 0.0f;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    const float dev = load(x, row + j) - mu;
-    var += dev * dev;
+  BOTTLE_FOR_ROW_LANES(j, cols) {
+    float v[kW];
+    load_lanes<kW>(x, row + j, v);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) var += (v[e] - mu) * (v[e] - mu);
   }
   const float rs = kmath::rstd_from_sum_squares(block_sum(var, shared), float(cols), eps);
   if (threadIdx.x == 0) {
     store(mean, r, mu);
     store(rstd, r, rs);
   }
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x)
-    store(out, row + j, (load(x, row + j) - mu) * rs * load(weight, j) + load(bias, j));
+  BOTTLE_FOR_ROW_LANES(j, cols) {
+    float v[kW], w[kW], b[kW];
+    load_lanes<kW>(x, row + j, v);
+    load_lanes<kW>(weight, j, w);
+    load_lanes<kW>(bias, j, b);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) v[e] = (v[e] - mu) * rs * w[e] + b[e];
+    store_lanes<kW>(out, row + j, v);
+  }
 }
 
+template <int kW>
 __global__ void __launch_bounds__(kMaxRowThreads)
     layernorm_backward_dx_kernel(Array dx, ConstArray dout, ConstArray x, ConstArray weight,
                                  ConstArray mean, ConstArray rstd, int64_t cols) {
@@ -125,19 +186,46 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const int64_t r = blockIdx.x, row = r * cols;
   const float mu = load(mean, r), rs = load(rstd, r);
   float sum_g = 0.0f, sum_gx = 0.0f;
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    const float gw = load(dout, row + j) * load(weight, j);
-    sum_g += gw;
-    sum_gx += gw * ((load(x, row + j) - mu) * rs);
+  BOTTLE_FOR_ROW_LANES(j, cols) {
+    float g[kW], w[kW], v[kW];
+    load_lanes<kW>(dout, row + j, g);
+    load_lanes<kW>(weight, j, w);
+    load_lanes<kW>(x, row + j, v);
+#pragma unroll
+    for (int e = 0; e < kW; ++e) {
+      const float gw = g[e] * w[e];
+      sum_g += gw;
+      sum_gx += gw * ((v[e] - mu) * rs);
+    }
   }
   const float mean_g = block_sum(sum_g, shared) / float(cols);
   const float mean_gx = block_sum(sum_gx, shared) / float(cols);
-  for (int64_t j = threadIdx.x; j < cols; j += blockDim.x) {
-    const int64_t i = row + j;
-    const float gw = load(dout, i) * load(weight, j);
-    const float xhat = (load(x, i) - mu) * rs;
-    store(dx, i, kmath::layernorm_dx(gw, xhat, rs, mean_g, mean_gx));  // its only producer
+  BOTTLE_FOR_ROW_LANES(j, cols) {
+    float g[kW], w[kW], v[kW];
+    load_lanes<kW>(dout, row + j, g);
+    load_lanes<kW>(weight, j, w);
+    load_lanes<kW>(x, row + j, v);
+#pragma unroll
+    for (int e = 0; e < kW; ++e)
+      v[e] = kmath::layernorm_dx(g[e] * w[e], (v[e] - mu) * rs, rs, mean_g, mean_gx);
+    store_lanes<kW>(dx, row + j, v);  // its only producer
   }
+}
+
+#undef BOTTLE_FOR_ROW_LANES
+
+// Launches a row kernel, one block per row, packed when every row is whole packs and every
+// array is aligned.
+template <typename Launch>
+void launch_rows(cudaStream_t stream, int64_t rows, int64_t cols,
+                 std::initializer_list<const void*> arrays, const Launch& launch) {
+  if (rows == 0) return;
+  if (cols % kPack == 0 && packable(arrays))
+    launch(std::integral_constant<int, kPack>{}, dim3(unsigned(rows)),
+           dim3(row_threads(cols / kPack)), stream);
+  else
+    launch(std::integral_constant<int, 1>{}, dim3(unsigned(rows)), dim3(row_threads(cols)),
+           stream);
 }
 
 // The per-element terms of the parameter gradients, summed over the rows by
@@ -198,17 +286,21 @@ void launch_param_grad(cudaStream_t stream, Array out0, Array out1, const Terms&
 
 void rmsnorm_forward(cudaStream_t stream, Array out, Array rstd, Array sumsq, ConstArray x,
                      ConstArray weight, int64_t rows, int64_t cols, float eps) {
-  if (rows == 0) return;
-  rmsnorm_forward_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(out, rstd, sumsq, x,
-                                                                           weight, cols, eps);
+  launch_rows(stream, rows, cols, {out.data, x.data, weight.data},
+              [&](auto w, dim3 grid, dim3 block, cudaStream_t s) {
+                rmsnorm_forward_kernel<decltype(w)::value>
+                    <<<grid, block, 0, s>>>(out, rstd, sumsq, x, weight, cols, eps);
+              });
 }
 
 void residual_rmsnorm_forward(cudaStream_t stream, Array sum, Array out, Array rstd, ConstArray x,
                               ConstArray residual, ConstArray weight, int64_t rows, int64_t cols,
                               float eps) {
-  if (rows == 0) return;
-  residual_rmsnorm_forward_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(
-      sum, out, rstd, x, residual, weight, cols, eps);
+  launch_rows(stream, rows, cols, {sum.data, out.data, x.data, residual.data, weight.data},
+              [&](auto w, dim3 grid, dim3 block, cudaStream_t s) {
+                residual_rmsnorm_forward_kernel<decltype(w)::value>
+                    <<<grid, block, 0, s>>>(sum, out, rstd, x, residual, weight, cols, eps);
+              });
 }
 
 void rmsnorm_backward(cudaStream_t stream, Array dx, Array dweight, ConstArray dout, ConstArray x,
@@ -217,24 +309,32 @@ void rmsnorm_backward(cudaStream_t stream, Array dx, Array dweight, ConstArray d
   if (rows == 0) return;
   // Without a given dot the row is the whole normalised vector, whatever d says.
   const float width = float(dot.data == nullptr ? cols : d);
-  rmsnorm_backward_dx_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(
-      dx, dout, x, weight, rstd, dot, cols, width);
+  launch_rows(stream, rows, cols, {dx.data, dout.data, x.data, weight.data},
+              [&](auto w, dim3 grid, dim3 block, cudaStream_t s) {
+                rmsnorm_backward_dx_kernel<decltype(w)::value>
+                    <<<grid, block, 0, s>>>(dx, dout, x, weight, rstd, dot, cols, width);
+              });
   launch_param_grad(stream, dweight, Array{}, RmsnormParamTerms{dout, x, rstd}, rows, cols);
 }
 
 void layernorm_forward(cudaStream_t stream, Array out, Array mean, Array rstd, ConstArray x,
                        ConstArray weight, ConstArray bias, int64_t rows, int64_t cols, float eps) {
-  if (rows == 0) return;
-  layernorm_forward_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(
-      out, mean, rstd, x, weight, bias, cols, eps);
+  launch_rows(stream, rows, cols, {out.data, x.data, weight.data, bias.data},
+              [&](auto w, dim3 grid, dim3 block, cudaStream_t s) {
+                layernorm_forward_kernel<decltype(w)::value>
+                    <<<grid, block, 0, s>>>(out, mean, rstd, x, weight, bias, cols, eps);
+              });
 }
 
 void layernorm_backward(cudaStream_t stream, Array dx, Array dweight, Array dbias, ConstArray dout,
                         ConstArray x, ConstArray weight, ConstArray mean, ConstArray rstd,
                         int64_t rows, int64_t cols) {
   if (rows == 0) return;
-  layernorm_backward_dx_kernel<<<unsigned(rows), row_threads(cols), 0, stream>>>(
-      dx, dout, x, weight, mean, rstd, cols);
+  launch_rows(stream, rows, cols, {dx.data, dout.data, x.data, weight.data},
+              [&](auto w, dim3 grid, dim3 block, cudaStream_t s) {
+                layernorm_backward_dx_kernel<decltype(w)::value>
+                    <<<grid, block, 0, s>>>(dx, dout, x, weight, mean, rstd, cols);
+              });
   launch_param_grad(stream, dweight, dbias, LayernormParamTerms{dout, x, mean, rstd}, rows, cols);
 }
 
