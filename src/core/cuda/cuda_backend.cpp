@@ -323,7 +323,7 @@ class CudaBackend final : public Backend {
     const char* k = "layernorm_backward";
     const int64_t n = x.rows(), c = x.cols();
     cuda::layernorm_backward(stream_, arr(dx), arr(dweight), arr(dbias), carr(dout), carr(x),
-                             carr(weight), carr(mean), carr(rstd), n, c);
+                             carr(weight), carr(mean), carr(rstd), n, c, norm_scratch(n, c, k));
     launched(k);
   }
 
@@ -691,8 +691,13 @@ class CudaBackend final : public Backend {
                      Tensor rstd, Tensor dot, int64_t d) {
     const int64_t n = x.rows(), c = x.cols();  // dot is optional, as in norm_forward
     cuda::rmsnorm_backward(stream_, arr(dx), arr(dweight), carr(dout), carr(x), carr(weight),
-                           carr(rstd), carr(dot), n, c, d);
+                           carr(rstd), carr(dot), n, c, d, norm_scratch(n, c, k));
     launched(k);
+  }
+  // The partial sums of a norm's parameter gradients over row chunks (cuda::kernels.h).
+  float* norm_scratch(int64_t rows, int64_t cols, const char* what) {
+    const size_t bytes = cuda::norm_backward_scratch_bytes(rows, cols);
+    return bytes ? static_cast<float*>(scratch(bytes, what)) : nullptr;
   }
 
   void rope(const char* kernel, Tensor q, Tensor k, float theta, float direction) {

@@ -101,17 +101,21 @@ void rmsnorm_forward(cudaStream_t stream, Array out, Array rstd, Array sumsq, Co
 void residual_rmsnorm_forward(cudaStream_t stream, Array sum, Array out, Array rstd, ConstArray x,
                               ConstArray residual, ConstArray weight, int64_t rows, int64_t cols,
                               float eps);
+// The norms' backward kernels sum their parameter gradients over row chunks, whose partial sums
+// wait in `scratch`: device memory of norm_backward_scratch_bytes(rows, cols) bytes (null when
+// that is 0).
+size_t norm_backward_scratch_bytes(int64_t rows, int64_t cols);
 // dx += rstd w dout - x rstd³ dot / d, with dot[r] = Σ_j w dout x over the whole row of d
 // columns (for a plain RMSNorm the caller passes dot = null: it is computed here over the
 // cols, and d = cols); dweight += Σ_r dout x rstd.
 void rmsnorm_backward(cudaStream_t stream, Array dx, Array dweight, ConstArray dout, ConstArray x,
                       ConstArray weight, ConstArray rstd, ConstArray dot, int64_t rows,
-                      int64_t cols, int64_t d);
+                      int64_t cols, int64_t d, float* scratch);
 void layernorm_forward(cudaStream_t stream, Array out, Array mean, Array rstd, ConstArray x,
                        ConstArray weight, ConstArray bias, int64_t rows, int64_t cols, float eps);
 void layernorm_backward(cudaStream_t stream, Array dx, Array dweight, Array dbias, ConstArray dout,
                         ConstArray x, ConstArray weight, ConstArray mean, ConstArray rstd,
-                        int64_t rows, int64_t cols);
+                        int64_t rows, int64_t cols, float* scratch);
 
 // --- Attention (attention.cu): causal, GQA, FlashAttention-2 tiling with an online softmax;
 // only the log-sum-exp lse [B, H, S] (f32) is kept. q, out [B, S, H, hd]; k, v [B, S, Hkv, hd].

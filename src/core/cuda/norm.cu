@@ -1,7 +1,7 @@
 // RMSNorm and LayerNorm, forward and backward. Row statistics come from one block per row;
 // the parameter gradients (dweight, dbias) from a second kernel in which each block owns a
-// tile of columns and sums over every row in an order fixed by the shape, which keeps them
-// deterministic without atomics or a scratch buffer.
+// tile of columns and a chunk of rows, summed in an order fixed by the shape (and the device's
+// size), then the chunks' sums added up in order: deterministic without atomics.
 #include <type_traits>
 
 #include "core/cuda/common.cuh"
@@ -247,18 +247,25 @@ struct LayernormParamTerms {
   }
 };
 
-// out_k[j] += Σ_r term_k(r, j) for the block's tile of columns. Thread (tx, ty) sums rows
-// ty, ty + kRowGroups, ... of column tile + tx in order; the row groups' partial sums are then
-// added in the order of ty. Both orders depend on the shape alone.
+// The parameter gradients' reduction over the rows, for the block's tile of columns and its
+// chunk of rows (blockIdx.y of gridDim.y, so that a narrow norm still fills the device: one
+// tile per 32 columns alone gave 64 blocks at d = 2048). Thread (tx, ty) sums rows ty,
+// ty + kRowGroups, ... of the chunk in order; the row groups' sums are then added in the order
+// of ty. With one chunk the block adds its sum to out_k[j]; with several it writes it to
+// partials [kCount][chunks][cols], which param_grad_finish_kernel adds up in chunk order. Every
+// order depends on the shape and the device's size alone.
 template <typename Terms>
 __global__ void __launch_bounds__(kParamThreads)
-    param_grad_kernel(Array out0, Array out1, Terms terms, int64_t rows, int64_t cols) {
+    param_grad_kernel(Array out0, Array out1, float* partials, Terms terms, int64_t rows,
+                      int64_t cols, int64_t chunk_rows) {
   __shared__ float partial[Terms::kCount][kRowGroups][kTileCols];
   const int64_t j = int64_t(blockIdx.x) * kTileCols + threadIdx.x;
+  const int64_t begin = int64_t(blockIdx.y) * chunk_rows;
+  const int64_t end = begin + chunk_rows < rows ? begin + chunk_rows : rows;
   float acc[Terms::kCount] = {};
   if (j < cols) {
 #pragma unroll 4
-    for (int64_t r = threadIdx.y; r < rows; r += kRowGroups) terms.add(acc, r, r * cols + j);
+    for (int64_t r = begin + threadIdx.y; r < end; r += kRowGroups) terms.add(acc, r, r * cols + j);
   }
 #pragma unroll
   for (int k = 0; k < Terms::kCount; ++k) partial[k][threadIdx.y][threadIdx.x] = acc[k];
@@ -268,18 +275,55 @@ __global__ void __launch_bounds__(kParamThreads)
   for (int k = 0; k < Terms::kCount; ++k) {
     float s = 0.0f;
     for (int g = 0; g < kRowGroups; ++g) s += partial[k][g][threadIdx.x];
+    if (gridDim.y > 1) {
+      partials[(int64_t(k) * gridDim.y + blockIdx.y) * cols + j] = s;
+      continue;
+    }
     const Array out = k == 0 ? out0 : out1;
     store(out, j, load_out(out, j) + s);
   }
 }
 
+// out_k[j] += Σ_c partials[k][c][j], c in order.
+__global__ void param_grad_finish_kernel(Array out0, Array out1, const float* partials, int count,
+                                         int64_t chunks, int64_t cols) {
+  for (int64_t j = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; j < cols;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    for (int k = 0; k < count; ++k) {
+      float s = 0.0f;
+      for (int64_t c = 0; c < chunks; ++c) s += partials[(k * chunks + c) * cols + j];
+      const Array out = k == 0 ? out0 : out1;
+      store(out, j, load_out(out, j) + s);
+    }
+  }
+}
+
+// Row chunks of the parameter-gradient reduction: as many as make the column tiles one wave of
+// the device, each of at least kMinChunkRows rows.
+constexpr int64_t kMinChunkRows = int64_t(kRowGroups) * 8;
+int64_t param_grad_chunks(int64_t rows, int64_t cols) {
+  const int64_t tiles = (cols + kTileCols - 1) / kTileCols;
+  const int64_t wave = resident_threads() / kParamThreads;
+  int64_t chunks = tiles >= wave ? 1 : (wave + tiles - 1) / tiles;
+  const int64_t most = (rows + kMinChunkRows - 1) / kMinChunkRows;
+  if (chunks > most) chunks = most;
+  if (chunks > 65535) chunks = 65535;
+  return chunks < 1 ? 1 : chunks;
+}
+
 template <typename Terms>
-void launch_param_grad(cudaStream_t stream, Array out0, Array out1, const Terms& terms,
-                       int64_t rows, int64_t cols) {
+void launch_param_grad(cudaStream_t stream, Array out0, Array out1, float* partials,
+                       const Terms& terms, int64_t rows, int64_t cols) {
   if (cols == 0) return;
   const unsigned tiles = unsigned((cols + kTileCols - 1) / kTileCols);
-  param_grad_kernel<Terms>
-      <<<tiles, dim3(kTileCols, kRowGroups), 0, stream>>>(out0, out1, terms, rows, cols);
+  const int64_t chunks = param_grad_chunks(rows, cols);
+  const int64_t chunk_rows = (rows + chunks - 1) / chunks;
+  param_grad_kernel<Terms><<<dim3(tiles, unsigned(chunks)), dim3(kTileCols, kRowGroups), 0,
+                             stream>>>(out0, out1, partials, terms, rows, cols, chunk_rows);
+  if (chunks == 1) return;
+  constexpr int kFinishThreads = 256;
+  param_grad_finish_kernel<<<grid_for(cols, kFinishThreads), kFinishThreads, 0, stream>>>(
+      out0, out1, partials, Terms::kCount, chunks, cols);
 }
 
 }  // namespace
@@ -303,9 +347,14 @@ void residual_rmsnorm_forward(cudaStream_t stream, Array sum, Array out, Array r
               });
 }
 
+size_t norm_backward_scratch_bytes(int64_t rows, int64_t cols) {
+  const int64_t chunks = param_grad_chunks(rows, cols);
+  return chunks == 1 ? 0 : size_t(2 * chunks * cols) * sizeof(float);  // LayerNorm's two outputs
+}
+
 void rmsnorm_backward(cudaStream_t stream, Array dx, Array dweight, ConstArray dout, ConstArray x,
                       ConstArray weight, ConstArray rstd, ConstArray dot, int64_t rows,
-                      int64_t cols, int64_t d) {
+                      int64_t cols, int64_t d, float* scratch) {
   if (rows == 0) return;
   // Without a given dot the row is the whole normalised vector, whatever d says.
   const float width = float(dot.data == nullptr ? cols : d);
@@ -314,7 +363,8 @@ void rmsnorm_backward(cudaStream_t stream, Array dx, Array dweight, ConstArray d
                 rmsnorm_backward_dx_kernel<decltype(w)::value>
                     <<<grid, block, 0, s>>>(dx, dout, x, weight, rstd, dot, cols, width);
               });
-  launch_param_grad(stream, dweight, Array{}, RmsnormParamTerms{dout, x, rstd}, rows, cols);
+  launch_param_grad(stream, dweight, Array{}, scratch, RmsnormParamTerms{dout, x, rstd}, rows,
+                    cols);
 }
 
 void layernorm_forward(cudaStream_t stream, Array out, Array mean, Array rstd, ConstArray x,
@@ -328,14 +378,15 @@ void layernorm_forward(cudaStream_t stream, Array out, Array mean, Array rstd, C
 
 void layernorm_backward(cudaStream_t stream, Array dx, Array dweight, Array dbias, ConstArray dout,
                         ConstArray x, ConstArray weight, ConstArray mean, ConstArray rstd,
-                        int64_t rows, int64_t cols) {
+                        int64_t rows, int64_t cols, float* scratch) {
   if (rows == 0) return;
   launch_rows(stream, rows, cols, {dx.data, dout.data, x.data, weight.data},
               [&](auto w, dim3 grid, dim3 block, cudaStream_t s) {
                 layernorm_backward_dx_kernel<decltype(w)::value>
                     <<<grid, block, 0, s>>>(dx, dout, x, weight, mean, rstd, cols);
               });
-  launch_param_grad(stream, dweight, dbias, LayernormParamTerms{dout, x, mean, rstd}, rows, cols);
+  launch_param_grad(stream, dweight, dbias, scratch, LayernormParamTerms{dout, x, mean, rstd}, rows,
+                    cols);
 }
 
 }  // namespace bottle::cuda
