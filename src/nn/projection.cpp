@@ -157,7 +157,7 @@ void Projection::up_forward(Backend& be, Tensor y, Tensor residual) {
 
 void Projection::up_backward(Backend& be, Tensor dy) {
   if (!sharded()) {
-    linear_backward(be, du, B.grad, dy, u, B.compute);  // du += dy B; dB += dyᵀ u
+    linear_backward(be, du, B.grad, dy, u, B.compute, shares_du());  // du (+)= dy B; dB += dyᵀ u
     return;
   }
   GemmArgs g;  // du_shard = dy B
@@ -192,7 +192,7 @@ void Projection::latent_backward(Backend& be, Tensor u_prev, Tensor du_prev) {
 
 void Projection::down_backward(Backend& be, Tensor dx, Tensor x, bool accumulate_dx) {
   strided_backward(be, dx, A.grad, dz, sharded() ? shard_offset : 0, x, A.compute, accumulate_dx);
-  be.fill_zero(du);
+  if (shares_du()) be.fill_zero(du);
 }
 
 }  // namespace bottle

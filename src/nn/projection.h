@@ -66,14 +66,17 @@ struct Projection {
   Tensor u;         // [N, rank] σ(z or zn); the latent B reads (svd: z itself)
   Tensor z_shard;   // [N, shard_rank] A's output when sharded, gathered into z
   Tensor du_shard;  // [N, shard_rank] B's input gradient when sharded, gathered into du
-  // Gradients of the latent. du persists through the backward of the next block, which
-  // adds the crossing's share into it before this projection's backward runs.
+  // Gradients of the latent. Under LaX du persists through the backward of the next block,
+  // which adds the crossing's share into it before this projection's backward runs, so B's
+  // backward adds into it and it is zeroed after use; otherwise B's backward is its only
+  // producer and writes it (shares_du()).
   Tensor du;   // [N, rank]
   Tensor dz;   // [N, rank] (svd: du itself)
   Tensor dzn;  // [N, rank] ∂/∂zn when crossing
 
   bool bottleneck() const { return kind != BottleneckKind::none; }
   bool sharded() const { return shard_rank != 0 && shard_rank != rank; }
+  bool shares_du() const { return kind == BottleneckKind::lax; }
   void allocate_activations(const ProjectionAllocators& from, int64_t rows);
 
   // y[N, d_out] = P(x[N, d_in]) (+ residual[N, d_out], added in the last GEMM's epilogue).
@@ -81,7 +84,7 @@ struct Projection {
   // Not for sharded projections.
   void forward(Backend& be, Tensor y, Tensor x, Tensor u_prev, Tensor residual = {});
   // dx += ∂/∂x (dx = when !accumulate_dx), parameter grads +=, du_prev += ∂/∂u_prev
-  // (crossing). Zeroes du when done.
+  // (crossing). Zeroes du when done where it is shared (shares_du()).
   void backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_prev, Tensor du_prev,
                 bool accumulate_dx = true);
 
@@ -89,7 +92,8 @@ struct Projection {
   void down_forward(Backend& be, Tensor x);  // z (z_shard when sharded) = x Aᵀ
   void latent_forward(Backend& be, Tensor u_prev);
   void up_forward(Backend& be, Tensor y, Tensor residual = {});  // y = u Bᵀ (+ residual)
-  void up_backward(Backend& be, Tensor dy);  // du (du_shard when sharded) += dy B
+  // du (du_shard when sharded) = dy B, += where du is shared; dB += dyᵀ u.
+  void up_backward(Backend& be, Tensor dy);
   void latent_backward(Backend& be, Tensor u_prev, Tensor du_prev);
   void down_backward(Backend& be, Tensor dx, Tensor x, bool accumulate_dx = true);
 };

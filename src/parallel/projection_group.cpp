@@ -130,7 +130,8 @@ void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x,
         Projection& p = *group[i];
         return GemmOperands{p.dz.at(held_offset(p)), x.data, p.A.grad.data};
       });
-  for (Projection* p : group) be.fill_zero(p->du);
+  for (Projection* p : group)
+    if (p->shares_du()) be.fill_zero(p->du);
 }
 
 }  // namespace bottle

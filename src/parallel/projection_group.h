@@ -21,7 +21,7 @@ void group_up_forward(Backend& be, ProjectionSpan group, std::span<const Tensor>
 void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor> dys,
                        std::span<const Tensor> du_out, bool accumulate, bool grouping);
 // dx (+)= Σ_p dz_p[:, held columns] A_p (= when !accumulate_dx); dA_p += dz_p[:, held]ᵀ x.
-// Zeroes each du_p (its next use accumulates).
+// Zeroes each du_p that is shared (Projection::shares_du: its next use accumulates).
 void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x, bool accumulate_dx,
                          bool grouping);
 

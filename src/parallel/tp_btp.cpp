@@ -45,7 +45,7 @@ class BtpBlock final : public TpBlock {
 
   OnlineRMSNorm online1, online2;  // this rank's d/t columns
   Tensor sumsq1, sumsq2;           // [N] fp32 ΣS of each norm when the latent slabs are bf16
-  Tensor latent_part;  // [N·Σr] B's partial latent gradients before their all-reduce (comm)
+  Tensor latent_part;  // [N·Σr] LaX: B's partial latent gradients before their all-reduce (comm)
 };
 
 struct Group {
@@ -130,32 +130,46 @@ void chunk_start_forward(Backend& be, const TensorParallel& tp, const Group& g,
   group_up_forward(be, g.span(), outputs, tp.grouping);
 }
 
+// The group's latent gradients as one flat tensor: they lie one after another (its du slab, or
+// the one du of a single projection).
+Tensor group_du(const Group& g) {
+  int64_t total = 0;
+  for (size_t i = 0; i < g.size; ++i) {
+    BOTTLE_ASSERT(g[i].du.data == g[0].du.at(total), "btp: the latent gradients of a group are "
+                                                     "not one after another");
+    total += g[i].du.numel();
+  }
+  return Tensor{g[0].du.data, {total}, g[0].du.dtype, g[0].du.device};
+}
+
 // The chunk's start in backward: B's (column-parallel) latent gradient is a partial sum;
 // copy_to's backward all-reduces it, then the latent stage runs on the whole latent.
 void chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
                           const BlockLatents& prev, const Group& g, std::span<const Tensor> dys,
                           const char* group_site) {
+  // Under LaX the crossing of the next block may already have added its share to du, so B's
+  // partial sum goes to a buffer of its own and is added after the all-reduce. Otherwise B's
+  // product is du's only producer: it is written into du and all-reduced there.
+  const bool shared = g[0].shares_du();
+  const Tensor whole = shared ? b.latent_part.view(0, {group_du(g).numel()}) : group_du(g);
   std::array<Tensor, 3> parts{};
   int64_t offset = 0;
   for (size_t i = 0; i < g.size; ++i) {
-    parts[i] = b.latent_part.view(offset, g[i].du.shape);
+    parts[i] = whole.view(offset, g[i].du.shape);
     offset += g[i].du.numel();
   }
-  // The crossing of the next block may already have added its share to du, so B's partial
-  // sum goes to a buffer of its own.
   {
     const ComponentTimer timer(tp, g.component);
     group_up_backward(be, g.span(), dys, {parts.data(), g.size}, false, tp.grouping);
   }
   if (tp.grouping || g.size == 1) {
-    copy_to_backward(tp, b.latent_part.view(0, {offset}),
-                     g.size == 1 ? site("bwd", g, 0) : std::string(group_site));
+    copy_to_backward(tp, whole, g.size == 1 ? site("bwd", g, 0) : std::string(group_site));
   } else {
     for (size_t i = 0; i < g.size; ++i) copy_to_backward(tp, parts[i], site("bwd", g, i));
   }
   const ComponentTimer timer(tp, g.component);
   for (size_t i = 0; i < g.size; ++i) {
-    be.accumulate(g[i].du, parts[i]);
+    if (shared) be.accumulate(g[i].du, parts[i]);
     g[i].latent_backward(be, prev_latent(prev, b, g.ids[i]), prev_latent_grad(prev, b, g.ids[i]));
   }
 }
@@ -203,7 +217,8 @@ BtpBlock::BtpBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAll
     sumsq1 = a.kept.alloc({n});
     sumsq2 = a.kept.alloc({n});
   }
-  if (!bottleneck()) return;
+  // B's partial latent gradients need a buffer of their own only where du is shared (LaX).
+  if (!bottleneck() || !proj[0].shares_du()) return;
   int64_t widest_group = 0;
   for (const auto& slabs : {qkv_latent, gate_up_latent})
     widest_group = std::max(widest_group, slabs.du.numel());

@@ -119,13 +119,14 @@ void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
     du_out[i] = members[i]->sharded() ? members[i]->du_shard : members[i]->du;
   }
   const ProjectionSpan group{members.data(), ids.size()};
-  // dys are whole on every rank. A whole du may hold the next block's crossing share
-  // already: B's product adds to it.
+  // dys are whole on every rank. A whole LaX du may hold the next block's crossing share
+  // already: B's product adds to it (a sharded one is gathered, then added); any other du
+  // has B's product as its only producer, which writes it.
   for (const Tensor& dy : dys) reduce_from_backward(tp, dy);
-  const bool sharded = members[0]->sharded();
+  const bool adds = !members[0]->sharded() && members[0]->shares_du();
   {
     const ComponentTimer timer(tp, component);
-    group_up_backward(be, group, dys, {du_out.data(), ids.size()}, !sharded, tp.grouping);
+    group_up_backward(be, group, dys, {du_out.data(), ids.size()}, adds, tp.grouping);
   }
   latents_backward(be, tp, b, prev, group, ids, component);
   if (tp.grouping) {
