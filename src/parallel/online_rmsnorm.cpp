@@ -13,6 +13,7 @@ void OnlineRMSNorm::allocate_activations(Allocator& arena, int64_t rows, int64_t
 }
 
 void OnlineRMSNorm::forward_local(Backend& be, Tensor x, Tensor sumsq) {
+  if (one_rank) return be.rmsnorm_forward(out, rstd, x, weight.value, eps);
   be.rmsnorm_shard_forward(out, sumsq, x, weight.value, eps);
 }
 
@@ -32,10 +33,7 @@ void OnlineRMSNorm::scale_partials(Backend& be, std::span<const Tensor> partials
 }
 
 void OnlineRMSNorm::finish(Backend& be, std::span<const Tensor> outputs, Tensor sumsq_total) {
-  if (one_rank) {
-    be.rms_from_sum_squares(rstd, sumsq_total, float(d), eps, /*reciprocal=*/true);
-    return;
-  }
+  if (one_rank) return;
   set_whole_rms(be, sumsq_total);
   for (const Tensor& z : outputs) be.scale_rows(z, z, rstd);
   be.scale_rows(out, out, factor);
@@ -43,10 +41,7 @@ void OnlineRMSNorm::finish(Backend& be, std::span<const Tensor> outputs, Tensor 
 
 void OnlineRMSNorm::recompute(Backend& be, Tensor x, Tensor sumsq_total) {
   forward_local(be, x, factor);  // factor holds S_i until set_whole_rms
-  if (one_rank) {
-    be.rms_from_sum_squares(rstd, sumsq_total, float(d), eps, /*reciprocal=*/true);
-    return;
-  }
+  if (one_rank) return;
   set_local_rms(be, factor);
   set_whole_rms(be, sumsq_total);
   be.scale_rows(out, out, factor);
@@ -54,6 +49,7 @@ void OnlineRMSNorm::recompute(Backend& be, Tensor x, Tensor sumsq_total) {
 
 void OnlineRMSNorm::latent_statistic(Backend& be,
                                      std::span<const std::pair<Tensor, Tensor>> latents) {
+  if (one_rank) return;  // backward takes c from the whole row itself
   be.fill_zero(dot);
   for (const auto& [z, dz] : latents) {
     be.row_dot(factor, dz, z);
@@ -64,6 +60,7 @@ void OnlineRMSNorm::latent_statistic(Backend& be,
 
 void OnlineRMSNorm::backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dn, Tensor x,
                              std::string_view site) {
+  if (one_rank) return be.rmsnorm_backward(dx, weight.grad, dn, x, weight.value, rstd);
   if (tp.norm_backward == NormStatistic::all_reduce) {
     // out = x ⊙ γ · rstd, so Σ_local γ dn x = <dn, out> / rstd.
     be.row_dot(dot, dn, out);

@@ -29,10 +29,11 @@ struct OnlineRMSNorm {
   Param weight;      // γ_i [d/t]
   float eps{};       // model.rms_norm_eps: whoever binds the weight sets it
   int64_t d = 0;     // the whole hidden width
-  // The TP group has one rank: x is the whole row, rms_i is the row's rms, and the forward is
-  // the plain RMSNorm feeding the GEMM. The partials need no rescaling (the factor rms_i /
-  // rms is 1) and `out` is already exact, so scale_partials does nothing and finish only
-  // sets rstd: three row scalings per norm fewer, and z = RMSNorm(x) Aᵀ rounded once.
+  // The TP group has one rank: x is the whole row and the norm is the plain RMSNorm, one
+  // kernel each way (rmsnorm_forward, rmsnorm_backward, which takes c from the row itself).
+  // The partials need no rescaling (the factor rms_i / rms is 1) and `out` is already exact,
+  // so scale_partials, finish and latent_statistic do nothing, ΣS is neither written nor
+  // read, and z = RMSNorm(x) Aᵀ is rounded once.
   bool one_rank = false;
   Tensor out;        // [N, d/t] x ⊙ γ / rms_i for the GEMM; after finish() x ⊙ γ / rms
   Tensor rms_local;  // [N]
