@@ -32,7 +32,44 @@ void for_runs(Backend& be, ProjectionSpan group, bool grouping, MakeShape make_s
   }
 }
 
+// The members' `field` tensors as one flat tensor where they lie one after another, else empty.
+Tensor flat(ProjectionSpan group, Tensor Projection::*field) {
+  const Tensor& first = group.front()->*field;
+  int64_t total = 0;
+  for (const Projection* p : group) {
+    const Tensor& t = p->*field;
+    if (t.data != first.at(total) || t.dtype != first.dtype) return {};
+    total += t.numel();
+  }
+  return Tensor{first.data, {total}, first.dtype, first.device};
+}
+
+// Whether the group's latent stage is σ alone on every member, in one pass over its slabs.
+bool one_sigma(ProjectionSpan group) {
+  if (group.size() < 2) return false;
+  for (const Projection* p : group)
+    if (p->kind != BottleneckKind::cola || p->crossing) return false;
+  return !flat(group, &Projection::z).empty() && !flat(group, &Projection::u).empty() &&
+         !flat(group, &Projection::du).empty() && !flat(group, &Projection::dz).empty();
+}
+
 }  // namespace
+
+void group_latent_forward(Backend& be, ProjectionSpan group, std::span<const Tensor> u_prevs) {
+  if (one_sigma(group))
+    return be.silu_forward(flat(group, &Projection::u), flat(group, &Projection::z));
+  for (size_t i = 0; i < group.size(); ++i) group[i]->latent_forward(be, u_prevs[i]);
+}
+
+void group_latent_backward(Backend& be, ProjectionSpan group, std::span<const Tensor> u_prevs,
+                           std::span<const Tensor> du_prevs) {
+  if (one_sigma(group)) {
+    return be.silu_backward(flat(group, &Projection::dz), flat(group, &Projection::du),
+                            flat(group, &Projection::z));
+  }
+  for (size_t i = 0; i < group.size(); ++i)
+    group[i]->latent_backward(be, u_prevs[i], du_prevs[i]);
+}
 
 void group_down_forward(Backend& be, ProjectionSpan group, Tensor x, bool grouping) {
   for_runs(

@@ -13,6 +13,15 @@ namespace bottle {
 
 using ProjectionSpan = std::span<Projection* const>;
 
+// The latent stage of each member (Projection::latent_forward, given its u_prev): one σ over
+// the group's z and u slabs where every member is CoLA without a crossing and they lie one
+// after another (allocate_grouped_activations), else member by member. The same values
+// either way: σ is elementwise.
+void group_latent_forward(Backend& be, ProjectionSpan group, std::span<const Tensor> u_prevs);
+// Its backward (Projection::latent_backward), one σ' over the slabs where the forward had one.
+void group_latent_backward(Backend& be, ProjectionSpan group, std::span<const Tensor> u_prevs,
+                           std::span<const Tensor> du_prevs);
+
 // z_p (z_shard_p when sharded) = x A_pᵀ.
 void group_down_forward(Backend& be, ProjectionSpan group, Tensor x, bool grouping);
 // y_p = u_p[:, held columns] B_pᵀ.

@@ -76,8 +76,10 @@ Tensor norm_statistic(Tensor slab, Tensor own, int64_t rows) {
 
 void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const BlockLatents& prev,
                      const Group& g) {
+  std::array<Tensor, 3> u_prev{};
+  for (size_t i = 0; i < g.size; ++i) u_prev[i] = prev_latent(prev, b, g.ids[i]);
   const ComponentTimer timer(tp, g.component);
-  for (size_t i = 0; i < g.size; ++i) g[i].latent_forward(be, prev_latent(prev, b, g.ids[i]));
+  group_latent_forward(be, g.span(), {u_prev.data(), g.size});
 }
 
 // reduce_from's forward on the A outputs of a group (the statistic, when present, travels
@@ -167,11 +169,15 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
   } else {
     for (size_t i = 0; i < g.size; ++i) copy_to_backward(tp, parts[i], site("bwd", g, i));
   }
-  const ComponentTimer timer(tp, g.component);
+  std::array<Tensor, 3> u_prev{}, du_prev{};
   for (size_t i = 0; i < g.size; ++i) {
-    if (shared) be.accumulate(g[i].du, parts[i]);
-    g[i].latent_backward(be, prev_latent(prev, b, g.ids[i]), prev_latent_grad(prev, b, g.ids[i]));
+    u_prev[i] = prev_latent(prev, b, g.ids[i]);
+    du_prev[i] = prev_latent_grad(prev, b, g.ids[i]);
   }
+  const ComponentTimer timer(tp, g.component);
+  if (shared)
+    for (size_t i = 0; i < g.size; ++i) be.accumulate(g[i].du, parts[i]);
+  group_latent_backward(be, g.span(), {u_prev.data(), g.size}, {du_prev.data(), g.size});
 }
 
 // A's backward is local (row-parallel: each rank's input columns; the latent gradient is

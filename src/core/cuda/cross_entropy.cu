@@ -22,9 +22,8 @@ struct Exp {
 
 
 // A statistics block: wider for a long vocabulary row, so that fewer rows still fill the GPU.
-// Depends on the row's lanes (v, or v / kPack when packed) alone, hence so does the order of
-// the merges.
-int row_threads(int64_t lanes) { return lanes >= 4096 ? kMaxRowThreads : kElementThreads; }
+// Depends on v alone, hence so does the order of the merges.
+int row_threads(int64_t v) { return v >= 8192 ? kMaxRowThreads : kElementThreads; }
 
 // Whether rows of v logits are whole packs of aligned arrays.
 bool packed_rows(int64_t v, std::initializer_list<const void*> arrays) {
@@ -205,7 +204,7 @@ void cross_entropy_forward(cudaStream_t stream, Array losses, Array probs, Const
   if (rows == 0) return;
   if (packed_rows(v, {probs.data, logits.data}))
     cross_entropy_forward_kernel<kPack>
-        <<<unsigned(rows), row_threads(v / kPack), 0, stream>>>(losses, probs, logits, targets, v);
+        <<<unsigned(rows), row_threads(v), 0, stream>>>(losses, probs, logits, targets, v);
   else
     cross_entropy_forward_kernel<1>
         <<<unsigned(rows), row_threads(v), 0, stream>>>(losses, probs, logits, targets, v);
@@ -227,7 +226,7 @@ void logits_row_stats(cudaStream_t stream, Array max, Array sumexp, ConstArray l
   if (rows == 0) return;
   if (packed_rows(v, {logits.data}))
     logits_row_stats_kernel<kPack>
-        <<<unsigned(rows), row_threads(v / kPack), 0, stream>>>(max, sumexp, logits, v);
+        <<<unsigned(rows), row_threads(v), 0, stream>>>(max, sumexp, logits, v);
   else
     logits_row_stats_kernel<1><<<unsigned(rows), row_threads(v), 0, stream>>>(max, sumexp, logits, v);
 }

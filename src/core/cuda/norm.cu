@@ -299,7 +299,7 @@ __global__ void param_grad_finish_kernel(Array out0, Array out1, const float* pa
 }
 
 // Row chunks of the parameter-gradient reduction: as many as make the column tiles one wave of
-// the device, each of at least kMinChunkRows rows.
+// the device, but no more than one per kMinChunkRows rows (so a chunk has at least half that).
 constexpr int64_t kMinChunkRows = int64_t(kRowGroups) * 8;
 int64_t param_grad_chunks(int64_t rows, int64_t cols) {
   const int64_t tiles = (cols + kTileCols - 1) / kTileCols;
