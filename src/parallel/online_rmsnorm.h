@@ -26,9 +26,9 @@
 namespace bottle {
 
 struct OnlineRMSNorm {
-  Param weight;      // γ_i [d/t]
-  float eps{};       // model.rms_norm_eps: whoever binds the weight sets it
-  int64_t d = 0;     // the whole hidden width
+  Param weight;   // γ_i [d/t]
+  float eps{};    // model.rms_norm_eps: whoever binds the weight sets it
+  int64_t d = 0;  // the whole hidden width
   // The TP group has one rank: x is the whole row and the norm is the plain RMSNorm, one
   // kernel each way (rmsnorm_forward, rmsnorm_backward, which takes c from the row itself).
   // The partials need no rescaling (the factor rms_i / rms is 1) and `out` is already exact,

@@ -67,8 +67,7 @@ void group_latent_backward(Backend& be, ProjectionSpan group, std::span<const Te
     return be.silu_backward(flat(group, &Projection::dz), flat(group, &Projection::du),
                             flat(group, &Projection::z));
   }
-  for (size_t i = 0; i < group.size(); ++i)
-    group[i]->latent_backward(be, u_prevs[i], du_prevs[i]);
+  for (size_t i = 0; i < group.size(); ++i) group[i]->latent_backward(be, u_prevs[i], du_prevs[i]);
 }
 
 void group_down_forward(Backend& be, ProjectionSpan group, Tensor x, bool grouping) {

@@ -390,7 +390,7 @@ OpCase gemm_case(const GemmCase& g, std::optional<DType> a_type = {},
   if (a_type) a = a.as(*a_type);
   if (c_type) c = c.as(*c_type);
   std::vector<Arg> args{a, arg("b", {g.broadcast_b ? b_rows * ldb : g.batch * sb}),
-            g.beta == 0.0f || g.separate_c ? c.nans() : c};
+                        g.beta == 0.0f || g.separate_c ? c.nans() : c};
   std::vector<std::string> compare{"c"};
   if (g.separate_c) {
     Arg c_in = arg("c_in", {g.batch * sc});

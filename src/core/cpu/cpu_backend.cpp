@@ -60,8 +60,10 @@ void CpuBackend::widened_gemm(const GemmArgs& g) {
   if (g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0) return dnnl_gemm(g);
   const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
   const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
-  const StridedMatrix a = strided_matrix(g.a, g.a_dtype, a_rows, a_cols, g.lda, g.batch, g.stride_a);
-  const StridedMatrix b = strided_matrix(g.b, g.b_dtype, b_rows, b_cols, g.ldb, g.batch, g.stride_b);
+  const StridedMatrix a =
+      strided_matrix(g.a, g.a_dtype, a_rows, a_cols, g.lda, g.batch, g.stride_a);
+  const StridedMatrix b =
+      strided_matrix(g.b, g.b_dtype, b_rows, b_cols, g.ldb, g.batch, g.stride_b);
   const StridedMatrix c = strided_matrix(g.c, g.c_dtype, g.m, g.n, g.ldc, g.batch, g.stride_c);
   auto size = [](const StridedMatrix& m) { return m.dtype == DType::bf16 ? m.elements() : 0; };
   // One scratch for the three compact fp32 stand-ins: [a | b | c].

@@ -40,7 +40,8 @@ struct Pack {
 __device__ __forceinline__ Pack load_pack(ConstArray a, int64_t i) {
   Pack p;
   if (a.dtype == DType::bf16) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.data) + i);
+    const uint4 raw =
+        *reinterpret_cast<const uint4*>(static_cast<const __nv_bfloat16*>(a.data) + i);
     const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
     for (int k = 0; k < kPack / 2; ++k) {

@@ -20,7 +20,6 @@ struct Exp {
   __device__ __forceinline__ float operator()(float v) const { return expf(v); }
 };
 
-
 // A statistics block: wider for a long vocabulary row, so that fewer rows still fill the GPU.
 // Depends on v alone, hence so does the order of the merges.
 int row_threads(int64_t v) { return v >= 8192 ? kMaxRowThreads : kElementThreads; }
@@ -57,8 +56,8 @@ __device__ __forceinline__ void warp_merge_down(kmath::SoftmaxState& s) {
 }
 
 // The online softmax state of logits[row, 0..v), returned to every thread. Each thread folds
-// in its strided runs of kW elements in order, then the block merges lanes and warps in a tree fixed by
-// blockDim; lane 0's result is broadcast so that every thread holds the very same bits.
+// in its strided runs of kW elements in order, then the block merges lanes and warps in a tree
+// fixed by blockDim; lane 0's result is broadcast so that every thread holds the very same bits.
 template <int kW>
 __device__ kmath::SoftmaxState row_softmax_state(ConstArray logits, int64_t row, int64_t v) {
   __shared__ float warp_max[kMaxRowThreads / kWarp], warp_sumexp[kMaxRowThreads / kWarp];
@@ -133,7 +132,7 @@ __global__ void __launch_bounds__(kMaxRowThreads)
 
 // Thread t of slice y takes the kW columns from kW (y · blockDim + t), then every
 // kW · gridDim.y · blockDim further on.
-#define BOTTLE_FOR_SLICE_LANES(j, v)                                                \
+#define BOTTLE_FOR_SLICE_LANES(j, v)                                               \
   for (int64_t j = (int64_t(blockIdx.y) * blockDim.x + threadIdx.x) * kW; j < (v); \
        j += int64_t(gridDim.y) * blockDim.x * kW)
 
@@ -228,7 +227,8 @@ void logits_row_stats(cudaStream_t stream, Array max, Array sumexp, ConstArray l
     logits_row_stats_kernel<kPack>
         <<<unsigned(rows), row_threads(v), 0, stream>>>(max, sumexp, logits, v);
   else
-    logits_row_stats_kernel<1><<<unsigned(rows), row_threads(v), 0, stream>>>(max, sumexp, logits, v);
+    logits_row_stats_kernel<1>
+        <<<unsigned(rows), row_threads(v), 0, stream>>>(max, sumexp, logits, v);
 }
 
 void cross_entropy_shard_backward(cudaStream_t stream, Array dlogits, ConstArray logits,

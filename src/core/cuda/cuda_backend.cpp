@@ -876,8 +876,7 @@ class CudaBackend final : public Backend {
     }
     check_cublas(
         cublasLtMatmul(lt_, it->second.desc, &g.alpha, g.b, lb, g.a, la, &g.beta, g.c_read(), lc,
-                       g.c, lc,
-                       &it->second.algo, gemm_workspace_, kGemmWorkspaceBytes, stream_),
+                       g.c, lc, &it->second.algo, gemm_workspace_, kGemmWorkspaceBytes, stream_),
         "cublasLtMatmul");
     launched("gemm");
   }

@@ -31,9 +31,10 @@ __global__ void embedding_forward_kernel(Array out,              // [n, cols]
 // order of the reference backend, so the result does not depend on the launch geometry.
 //
 // blockIdx.x picks a tile of kThreads · kW columns (thread = kW adjacent columns, one pack
-// when rows are whole packs of aligned arrays, so dout and dtable accesses are coalesced); blockIdx.y picks the table rows with row % gridDim.y == blockIdx.y, which
-// spreads the otherwise serial loop over the tokens across gridDim.y blocks. Every block reads
-// all n token ids, a tile at a time through shared memory, and skips the ones it does not own.
+// when rows are whole packs of aligned arrays, so dout and dtable accesses are coalesced);
+// blockIdx.y picks the table rows with row % gridDim.y == blockIdx.y, which spreads the otherwise
+// serial loop over the tokens across gridDim.y blocks. Every block reads all n token ids, a tile at
+// a time through shared memory, and skips the ones it does not own.
 template <int kW>
 __global__ void embedding_backward_kernel(Array dtable,           // [table_rows, cols]
                                           ConstArray dtable_in,   // dtable, read
@@ -99,8 +100,8 @@ void embedding_backward(cudaStream_t stream, Array dtable, const int32_t* tokens
     embedding_backward_kernel<kPack><<<grid, kThreads, 0, stream>>>(
         dtable, ConstArray(dtable), tokens, dout, n, table_rows, cols, first);
   else
-    embedding_backward_kernel<1><<<grid, kThreads, 0, stream>>>(
-        dtable, ConstArray(dtable), tokens, dout, n, table_rows, cols, first);
+    embedding_backward_kernel<1><<<grid, kThreads, 0, stream>>>(dtable, ConstArray(dtable), tokens,
+                                                                dout, n, table_rows, cols, first);
 }
 
 }  // namespace bottle::cuda

@@ -104,6 +104,18 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   }
 }
 
+// What a backward row walk reads at columns [j, j + kW) of row `row`: dout, weight and x.
+template <int kW>
+struct BackwardLanes {
+  float g[kW], w[kW], v[kW];
+  __device__ __forceinline__ BackwardLanes(ConstArray dout, ConstArray weight, ConstArray x,
+                                           int64_t row, int64_t j) {
+    load_lanes<kW>(dout, row + j, g);
+    load_lanes<kW>(weight, j, w);
+    load_lanes<kW>(x, row + j, v);
+  }
+};
+
 template <int kW>
 __global__ void __launch_bounds__(kMaxRowThreads)
     rmsnorm_backward_dx_kernel(Array dx, ConstArray dout, ConstArray x, ConstArray weight,
@@ -117,25 +129,20 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   } else {
     row_dot = 0.0f;
     BOTTLE_FOR_ROW_LANES(j, cols) {
-      float g[kW], w[kW], v[kW];
-      load_lanes<kW>(dout, row + j, g);
-      load_lanes<kW>(weight, j, w);
-      load_lanes<kW>(x, row + j, v);
+      const BackwardLanes<kW> l(dout, weight, x, row, j);
 #pragma unroll
-      for (int e = 0; e < kW; ++e) row_dot += g[e] * w[e] * v[e];
+      for (int e = 0; e < kW; ++e) row_dot += l.g[e] * l.w[e] * l.v[e];
     }
     row_dot = block_sum(row_dot, shared);
   }
   const float factor = kmath::rmsnorm_dx_row_factor(rs, row_dot, d);
   BOTTLE_FOR_ROW_LANES(j, cols) {
-    float g[kW], w[kW], v[kW], acc[kW];
-    load_lanes<kW>(dout, row + j, g);
-    load_lanes<kW>(weight, j, w);
-    load_lanes<kW>(x, row + j, v);
+    const BackwardLanes<kW> l(dout, weight, x, row, j);
+    float acc[kW];
     load_lanes<kW>(dx, row + j, acc);
 #pragma unroll
     for (int e = 0; e < kW; ++e)
-      acc[e] += kmath::rmsnorm_dx_from_factor(g[e], v[e], w[e], rs, factor);
+      acc[e] += kmath::rmsnorm_dx_from_factor(l.g[e], l.v[e], l.w[e], rs, factor);
     store_lanes<kW>(dx, row + j, acc);
   }
 }
@@ -187,28 +194,23 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const float mu = load(mean, r), rs = load(rstd, r);
   float sum_g = 0.0f, sum_gx = 0.0f;
   BOTTLE_FOR_ROW_LANES(j, cols) {
-    float g[kW], w[kW], v[kW];
-    load_lanes<kW>(dout, row + j, g);
-    load_lanes<kW>(weight, j, w);
-    load_lanes<kW>(x, row + j, v);
+    const BackwardLanes<kW> l(dout, weight, x, row, j);
 #pragma unroll
     for (int e = 0; e < kW; ++e) {
-      const float gw = g[e] * w[e];
+      const float gw = l.g[e] * l.w[e];
       sum_g += gw;
-      sum_gx += gw * ((v[e] - mu) * rs);
+      sum_gx += gw * ((l.v[e] - mu) * rs);
     }
   }
   const float mean_g = block_sum(sum_g, shared) / float(cols);
   const float mean_gx = block_sum(sum_gx, shared) / float(cols);
   BOTTLE_FOR_ROW_LANES(j, cols) {
-    float g[kW], w[kW], v[kW];
-    load_lanes<kW>(dout, row + j, g);
-    load_lanes<kW>(weight, j, w);
-    load_lanes<kW>(x, row + j, v);
+    const BackwardLanes<kW> l(dout, weight, x, row, j);
+    float out[kW];
 #pragma unroll
     for (int e = 0; e < kW; ++e)
-      v[e] = kmath::layernorm_dx(g[e] * w[e], (v[e] - mu) * rs, rs, mean_g, mean_gx);
-    store_lanes<kW>(dx, row + j, v);  // its only producer
+      out[e] = kmath::layernorm_dx(l.g[e] * l.w[e], (l.v[e] - mu) * rs, rs, mean_g, mean_gx);
+    store_lanes<kW>(dx, row + j, out);  // its only producer
   }
 }
 
@@ -224,8 +226,7 @@ void launch_rows(cudaStream_t stream, int64_t rows, int64_t cols,
     launch(std::integral_constant<int, kPack>{}, dim3(unsigned(rows)),
            dim3(row_threads(cols / kPack)), stream);
   else
-    launch(std::integral_constant<int, 1>{}, dim3(unsigned(rows)), dim3(row_threads(cols)),
-           stream);
+    launch(std::integral_constant<int, 1>{}, dim3(unsigned(rows)), dim3(row_threads(cols)), stream);
 }
 
 // The per-element terms of the parameter gradients, summed over the rows by
@@ -318,8 +319,9 @@ void launch_param_grad(cudaStream_t stream, Array out0, Array out1, float* parti
   const unsigned tiles = unsigned((cols + kTileCols - 1) / kTileCols);
   const int64_t chunks = param_grad_chunks(rows, cols);
   const int64_t chunk_rows = (rows + chunks - 1) / chunks;
-  param_grad_kernel<Terms><<<dim3(tiles, unsigned(chunks)), dim3(kTileCols, kRowGroups), 0,
-                             stream>>>(out0, out1, partials, terms, rows, cols, chunk_rows);
+  param_grad_kernel<Terms>
+      <<<dim3(tiles, unsigned(chunks)), dim3(kTileCols, kRowGroups), 0, stream>>>(
+          out0, out1, partials, terms, rows, cols, chunk_rows);
   if (chunks == 1) return;
   constexpr int kFinishThreads = 256;
   param_grad_finish_kernel<<<grid_for(cols, kFinishThreads), kFinishThreads, 0, stream>>>(
