@@ -943,20 +943,23 @@ void reduction_cases(Table& t) {
 void cross_entropy_cases(Table& t) {
   auto add = [&](OpCase op) { t.push_back(std::move(op)); };
   constexpr int32_t VL = 300;
-  add({
-      .name = "cross_entropy",
-      .ops = {"cross_entropy_forward", "cross_entropy_backward"},
-      .args = {arg("logits", {N, VL}).normal(0, 3), arg("targets", {N}).ids(VL),
-               arg("losses", {N}).stat().nans(), arg("probs", {N, VL}).nans(),
-               arg("dlogits", {N, VL}).nans()},
-      .compare = {"losses", "probs", "dlogits"},
-      .run =
-          [](Backend& be, const Args& a) {
-            be.cross_entropy_forward(a["losses"], a["probs"], a["logits"], a["targets"]);
-            be.cross_entropy_backward(a["dlogits"], a["probs"], a["targets"], 0.125f);
-          },
-      .poison = {{"logits", {{"losses", kAll}, {"probs", kAll}, {"dlogits", kAll}}}},
-  });
+  // Rows of 300 logits go element by element on a device backend, rows of 296 in packs of 8.
+  for (const int32_t v : {VL, VL - 4}) {
+    add({
+        .name = fmt::format("cross_entropy V={}", v),
+        .ops = {"cross_entropy_forward", "cross_entropy_backward"},
+        .args = {arg("logits", {N, v}).normal(0, 3), arg("targets", {N}).ids(v),
+                 arg("losses", {N}).stat().nans(), arg("probs", {N, v}).nans(),
+                 arg("dlogits", {N, v}).nans()},
+        .compare = {"losses", "probs", "dlogits"},
+        .run =
+            [](Backend& be, const Args& a) {
+              be.cross_entropy_forward(a["losses"], a["probs"], a["logits"], a["targets"]);
+              be.cross_entropy_backward(a["dlogits"], a["probs"], a["targets"], 0.125f);
+            },
+        .poison = {{"logits", {{"losses", kAll}, {"probs", kAll}, {"dlogits", kAll}}}},
+    });
+  }
   // Backward from given probabilities (the NaN a diverging forward leaves in them must reach
   // the gradient).
   add({
@@ -999,37 +1002,38 @@ void cross_entropy_cases(Table& t) {
           },
       .fd = FiniteDifferences{.wrt = {{"logits", "dlogits"}}, .loss = {{"losses", "w"}}},
   });
-  // A vocabulary shard holding columns [120, 220) of 300: the shard's statistics; a whole-row
-  // max that differs from the local one, as another shard's larger logits make it; the
-  // partials, losses and gradient.
-  add({
-      .name = "vocab-parallel cross_entropy",
-      .ops = {"logits_row_stats", "cross_entropy_shard_partials", "cross_entropy_shard_losses",
-              "cross_entropy_shard_backward"},
-      .args = {arg("logits", {N, 100}).normal(1, 3), arg("targets", {N}).ids(VL),
-               arg("local_max", {N}).stat().nans(), arg("local_sumexp", {N}).stat().nans(),
-               arg("max", {N}).stat(), arg("sumexp", {N}).stat().nans(),
-               arg("target_logit", {N}).stat().nans(), arg("losses", {N}).stat().nans(),
-               arg("dlogits", {N, 100}).nans()},
-      .compare = {"local_max", "local_sumexp", "sumexp", "target_logit", "losses", "dlogits"},
-      .run =
-          [](Backend& be, const Args& a) {
-            be.logits_row_stats(a["local_max"], a["local_sumexp"], a["logits"]);
-            be.add(a["max"], a["local_max"], a["max"]);
-            be.cross_entropy_shard_partials(a["sumexp"], a["target_logit"], a["local_sumexp"],
-                                            a["local_max"], a["max"], a["logits"], a["targets"],
-                                            120);
-            be.cross_entropy_shard_losses(a["losses"], a["sumexp"], a["target_logit"], a["max"]);
-            be.cross_entropy_shard_backward(a["dlogits"], a["logits"], a["max"], a["sumexp"],
-                                            a["targets"], 120, 0.5f);
-          },
-      .poison = {{"logits",
-                  {{"local_max", kAll},
-                   {"local_sumexp", kAll},
-                   {"sumexp", kAll},
-                   {"losses", kAll},
-                   {"dlogits", kAll}}}},
-  });
+  // A vocabulary shard holding columns [120, 220) (or [120, 224), whole packs of 8) of 300: the
+  // shard's statistics; a whole-row max that differs from the local one, as another shard's
+  // larger logits make it; the partials, losses and gradient.
+  for (const int64_t w : {100, 104})
+    add({
+        .name = fmt::format("vocab-parallel cross_entropy, shard of {}", w),
+        .ops = {"logits_row_stats", "cross_entropy_shard_partials", "cross_entropy_shard_losses",
+                "cross_entropy_shard_backward"},
+        .args = {arg("logits", {N, w}).normal(1, 3), arg("targets", {N}).ids(VL),
+                 arg("local_max", {N}).stat().nans(), arg("local_sumexp", {N}).stat().nans(),
+                 arg("max", {N}).stat(), arg("sumexp", {N}).stat().nans(),
+                 arg("target_logit", {N}).stat().nans(), arg("losses", {N}).stat().nans(),
+                 arg("dlogits", {N, w}).nans()},
+        .compare = {"local_max", "local_sumexp", "sumexp", "target_logit", "losses", "dlogits"},
+        .run =
+            [](Backend& be, const Args& a) {
+              be.logits_row_stats(a["local_max"], a["local_sumexp"], a["logits"]);
+              be.add(a["max"], a["local_max"], a["max"]);
+              be.cross_entropy_shard_partials(a["sumexp"], a["target_logit"], a["local_sumexp"],
+                                              a["local_max"], a["max"], a["logits"], a["targets"],
+                                              120);
+              be.cross_entropy_shard_losses(a["losses"], a["sumexp"], a["target_logit"], a["max"]);
+              be.cross_entropy_shard_backward(a["dlogits"], a["logits"], a["max"], a["sumexp"],
+                                              a["targets"], 120, 0.5f);
+            },
+        .poison = {{"logits",
+                    {{"local_max", kAll},
+                     {"local_sumexp", kAll},
+                     {"sumexp", kAll},
+                     {"losses", kAll},
+                     {"dlogits", kAll}}}},
+    });
 }
 
 // AdamW: the first step, a few, many (bias correction); then one pass over a flat buffer
