@@ -9,11 +9,11 @@ namespace bottle {
 // y[N,out] = x[N,in] · Wᵀ + residual[N,out] when a residual is given (the GEMM's C input:
 // it may be y itself, and is added in the GEMM's epilogue, rounded once with the product).
 void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor residual = {});
-// dx[N,in] += dy[N,out] · W (= when !accumulate_dx: saves zeroing a fresh buffer; skipped
-// when dx is empty); dW[out,in] += dyᵀ · x.
 // Makes g's C input the residual (beta 1), checked to be laid out like y; nothing when empty.
 void add_residual(GemmArgs& g, Tensor residual, Tensor y);
 
+// dx[N,in] += dy[N,out] · W (= when !accumulate_dx: saves zeroing a fresh buffer; skipped
+// when dx is empty); dW[out,in] += dyᵀ · x.
 void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w,
                      bool accumulate_dx = true);
 
