@@ -27,6 +27,16 @@ std::string holder_of(int fd) {
   return text;
 }
 
+// The holder writes who it is right after it takes the lock: a run that lost a race by a
+// moment waits for that (up to 2 s) so that its message names the winner.
+std::string holder_once_written(int fd) {
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    if (std::string text = holder_of(fd); !text.empty()) return text;
+    ::usleep(20'000);
+  }
+  return "";
+}
+
 std::string this_host() {
   char host[256] = {};
   if (::gethostname(host, sizeof(host) - 1) != 0) return "an unknown host";
@@ -49,7 +59,7 @@ FolderLock::FolderLock(const std::string& folder) {
   }
   if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
-    const std::string holder = err == EWOULDBLOCK ? holder_of(fd_) : "";
+    const std::string holder = err == EWOULDBLOCK ? holder_once_written(fd_) : "";
     ::close(fd_);
     if (err != EWOULDBLOCK)
       fail("{}: cannot lock checkpoint.folder ({}): {}", folder, path, std::strerror(err));
