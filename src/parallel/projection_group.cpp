@@ -32,7 +32,8 @@ void for_runs(Backend& be, ProjectionSpan group, bool grouping, MakeShape make_s
   }
 }
 
-// The members' `field` tensors as one flat tensor where they lie one after another, else empty.
+}  // namespace
+
 Tensor flat(ProjectionSpan group, Tensor Projection::*field) {
   const Tensor& first = group.front()->*field;
   int64_t total = 0;
@@ -43,6 +44,8 @@ Tensor flat(ProjectionSpan group, Tensor Projection::*field) {
   }
   return Tensor{first.data, {total}, first.dtype, first.device};
 }
+
+namespace {
 
 // Whether the group's latent stage is σ alone on every member, in one pass over its slabs.
 bool one_sigma(ProjectionSpan group) {

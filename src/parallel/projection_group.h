@@ -13,6 +13,10 @@ namespace bottle {
 
 using ProjectionSpan = std::span<Projection* const>;
 
+// The members' `field` tensors (z, u, du, dz) as one flat tensor where they lie one after
+// another (grouped activations, or a single projection), else empty.
+Tensor flat(ProjectionSpan group, Tensor Projection::*field);
+
 // The latent stage of each member (Projection::latent_forward, given its u_prev): one σ over
 // the group's z and u slabs where every member is CoLA without a crossing and they lie one
 // after another (allocate_grouped_activations), else member by member. The same values

@@ -135,14 +135,9 @@ void chunk_start_forward(Backend& be, const TensorParallel& tp, const Group& g,
 // The group's latent gradients as one flat tensor: they lie one after another (its du slab, or
 // the one du of a single projection).
 Tensor group_du(const Group& g) {
-  int64_t total = 0;
-  for (size_t i = 0; i < g.size; ++i) {
-    BOTTLE_ASSERT(g[i].du.data == g[0].du.at(total),
-                  "btp: the latent gradients of a group are "
-                  "not one after another");
-    total += g[i].du.numel();
-  }
-  return Tensor{g[0].du.data, {total}, g[0].du.dtype, g[0].du.device};
+  const Tensor du = flat(g.span(), &Projection::du);
+  BOTTLE_ASSERT(!du.empty(), "btp: the latent gradients of a group are not one after another");
+  return du;
 }
 
 // The chunk's start in backward: B's (column-parallel) latent gradient is a partial sum;
