@@ -167,6 +167,7 @@ BlockSpec LlamaModel::block_spec(int layer, int64_t batch, int64_t seq, Recomput
           .t = tp_.size(),
           .tp_rank = tp_.rank(),
           .crossing = c.bottleneck == BottleneckKind::lax && layer > 0,
+          .grouping = tp_.grouping,
           .norm_eps = c.rms_norm_eps,
           .rope_theta = c.rope_theta,
           .gate_act = c.gate_act(),

@@ -72,11 +72,19 @@ void allocate_private(Projection& p, const ProjectionAllocators& from, int64_t r
   }
 }
 
+// The stages below see z, u, du and dz as contiguous [N, rank]; interleaved ones are a group's
+// columns, which only parallel/projection_group.h walks.
+void require_own_latents(const Projection& p) {
+  BOTTLE_ASSERT(!p.interleaved(),
+                "a projection whose latents are a group's interleaved columns runs with its group");
+}
+
 }  // namespace
 
 void Projection::allocate_activations(const ProjectionAllocators& from, int64_t rows) {
   if (!bottleneck()) return;
   if (shard_rank == 0) shard_rank = rank;
+  ld = 0;
   z = from.z.alloc_act({rows, rank});
   du = from.du.alloc_act({rows, rank});
   if (kind == BottleneckKind::svd) {
@@ -90,27 +98,35 @@ void Projection::allocate_activations(const ProjectionAllocators& from, int64_t 
 }
 
 ProjectionSlabs allocate_grouped_activations(const ProjectionAllocators& from, int64_t rows,
-                                             std::span<Projection* const> group, int64_t z_tail) {
-  int64_t total = 0;
+                                             std::span<Projection* const> group,
+                                             LatentLayout layout, int64_t z_tail) {
+  int64_t width = 0;  // Σr
   for (Projection* p : group) {
     BOTTLE_ASSERT(p->bottleneck(), "grouped activations need bottleneck projections");
+    BOTTLE_ASSERT(layout == LatentLayout::stacked || (!p->crossing && !p->sharded()),
+                  "interleaved latents are for projections without a crossing, not sharded");
     if (p->shard_rank == 0) p->shard_rank = p->rank;
-    total += rows * p->rank;
+    width += p->rank;
   }
+  const int64_t total = rows * width;
   ProjectionSlabs slabs;
   slabs.z = from.z.alloc_act({total + z_tail});
   slabs.du = from.du.alloc_act({total});
   const bool svd = group.front()->kind == BottleneckKind::svd;
   Tensor u_slab = svd ? slabs.z : from.u.alloc_act({total});
   Tensor dz_slab = svd ? slabs.du : from.grads.alloc_act({total});
-  int64_t offset = 0;
+  const bool interleaved = layout == LatentLayout::interleaved;
+  int64_t offset = 0;  // of the member's first element: its first column, or its first row
   for (Projection* p : group) {
+    p->ld = interleaved ? width : 0;
+    // Interleaved, a member's [N, r_p] view starts at its first column and is read with row
+    // stride Σr (latent_stride()): its last row ends inside the slab too.
     auto view = [&](Tensor slab) { return slab.view(offset, {rows, p->rank}); };
     p->z = view(slabs.z);
     p->du = view(slabs.du);
     p->u = view(u_slab);
     p->dz = view(dz_slab);
-    offset += rows * p->rank;
+    offset += interleaved ? p->rank : rows * p->rank;
     allocate_private(*p, from, rows);
   }
   return slabs;
@@ -134,11 +150,13 @@ void Projection::backward(Backend& be, Tensor dx, Tensor dy, Tensor x, Tensor u_
 }
 
 void Projection::down_forward(Backend& be, Tensor x) {
+  require_own_latents(*this);
   linear_forward(be, sharded() ? z_shard : z, x, A.compute);
 }
 
 void Projection::latent_forward(Backend& be, Tensor u_prev) {
   if (kind == BottleneckKind::svd) return;
+  require_own_latents(*this);
   Tensor pre = z;
   if (crossing) {
     BOTTLE_ASSERT(!u_prev.empty(),
@@ -152,10 +170,12 @@ void Projection::latent_forward(Backend& be, Tensor u_prev) {
 }
 
 void Projection::up_forward(Backend& be, Tensor y, Tensor residual) {
+  require_own_latents(*this);
   strided_forward(be, y, u, sharded() ? shard_offset : 0, B.compute, residual);
 }
 
 void Projection::up_backward(Backend& be, Tensor dy) {
+  require_own_latents(*this);
   if (!sharded()) {
     linear_backward(be, du, B.grad, dy, u, B.compute, shares_du());  // du (+)= dy B; dB += dyᵀ u
     return;
@@ -180,6 +200,7 @@ void Projection::up_backward(Backend& be, Tensor dy) {
 
 void Projection::latent_backward(Backend& be, Tensor u_prev, Tensor du_prev) {
   if (kind == BottleneckKind::svd) return;  // dz is du
+  require_own_latents(*this);
   // dz and dzn have one producer each: the kernels write them.
   if (!crossing) {
     be.silu_backward(dz, du, z);
@@ -191,6 +212,7 @@ void Projection::latent_backward(Backend& be, Tensor u_prev, Tensor du_prev) {
 }
 
 void Projection::down_backward(Backend& be, Tensor dx, Tensor x, bool accumulate_dx) {
+  require_own_latents(*this);
   strided_backward(be, dx, A.grad, dz, sharded() ? shard_offset : 0, x, A.compute, accumulate_dx);
   if (shares_du()) be.fill_zero(du);
 }

@@ -49,6 +49,9 @@ struct Projection {
   int64_t shard_rank = 0, shard_offset = 0;  // latent columns held by A and B (0: all)
   bool crossing = false;                     // lax in every block but the first
   float ln_eps = 1e-6f;
+  // The group's Σr where z, u, du and dz are its interleaved columns (LatentLayout::
+  // interleaved), their row stride; 0 where they are [N, rank] of their own.
+  int64_t ld = 0;
 
   Param weight;  // [d_out, d_in], full-rank only
   Param A;       // [shard_rank, d_in]
@@ -57,7 +60,7 @@ struct Projection {
   Param ln_w;    // [rank]
   Param ln_b;    // [rank]
 
-  // Activations of one micro-batch of N rows.
+  // Activations of one micro-batch of N rows (z, u, du, dz: row stride latent_stride()).
   Tensor z;         // [N, rank] A x
   Tensor zc;        // [N, rank] z + u_prev Gᵀ when crossing
   Tensor zn;        // [N, rank] LN_r(zc) when crossing
@@ -77,6 +80,10 @@ struct Projection {
   bool bottleneck() const { return kind != BottleneckKind::none; }
   bool sharded() const { return shard_rank != 0 && shard_rank != rank; }
   bool shares_du() const { return kind == BottleneckKind::lax; }
+  // Whether z, u, du and dz are columns of a group's [N, Σr] buffers: only the group's
+  // functions (parallel/projection_group.h) run such a projection's stages.
+  bool interleaved() const { return ld != 0; }
+  int64_t latent_stride() const { return ld ? ld : rank; }  // of z, u, du, dz
   void allocate_activations(const ProjectionAllocators& from, int64_t rows);
 
   // y[N, d_out] = P(x[N, d_in]) (+ residual[N, d_out], added in the last GEMM's epilogue).
@@ -98,9 +105,20 @@ struct Projection {
   void down_backward(Backend& be, Tensor dx, Tensor x, bool accumulate_dx = true);
 };
 
+// How a group's latents share their slabs.
+enum class LatentLayout {
+  // Member after member, each [N, r_p]: what work done member by member needs (grouping off:
+  // an all-reduce each; LaX: the crossing and LN_r run on each member's own rows).
+  stacked,
+  // One [N, Σr] buffer, member p in columns [o_p, o_p + r_p) (row stride Σr): the group's A's
+  // are then one GEMM each way, the input gradient one GEMM with k = Σr instead of a GEMM per
+  // member adding into dx, and the σ and row statistics run once on the whole buffer.
+  interleaved,
+};
+
 // Activations of projections that read one input (q, k, v; gate, up) so that grouped work
-// sees contiguous memory: z, u, du and dz each come from one slab holding the members one
-// after another. The z slab has `z_tail` more elements after them (btp sends its RMSNorm
+// sees contiguous memory: z, u, du and dz each come from one slab holding the members in
+// `layout`. The z slab has `z_tail` more elements after them (btp sends its RMSNorm
 // statistics in the same all-reduce).
 struct ProjectionSlabs {
   Tensor z;   // [Σ N·rank + z_tail]
@@ -108,6 +126,6 @@ struct ProjectionSlabs {
 };
 ProjectionSlabs allocate_grouped_activations(const ProjectionAllocators& from, int64_t rows,
                                              std::span<Projection* const> group,
-                                             int64_t z_tail = 0);
+                                             LatentLayout layout, int64_t z_tail = 0);
 
 }  // namespace bottle

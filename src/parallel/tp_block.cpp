@@ -6,7 +6,8 @@
 
 namespace bottle {
 
-TpBlock::TpBlock(const TpLayout& layout, const BlockSpec& spec) : policy_(spec.policy) {
+TpBlock::TpBlock(const TpLayout& layout, const BlockSpec& spec)
+    : policy_(spec.policy), grouping_(spec.grouping) {
   const ModelShape& m = spec.model;
   dims = layout.block_dims(m, spec.t);
   dims.batch = spec.batch;
@@ -62,8 +63,13 @@ void TpBlock::allocate_buffers(const BlockAllocators& a, int64_t slab_tail) {
   if (bottleneck()) {
     const std::array<Projection*, 3> qkv_group{&(*this)[P::q], &(*this)[P::k], &(*this)[P::v]};
     const std::array<Projection*, 2> gate_up_group{&(*this)[P::gate], &(*this)[P::up]};
-    qkv_latent = allocate_grouped_activations(from, n, qkv_group, slab_tail);
-    gate_up_latent = allocate_grouped_activations(from, n, gate_up_group, slab_tail);
+    // Grouping runs a group's A's as one GEMM on interleaved latents. Without it each member
+    // is reduced on its own, and under LaX each member's crossing and LN_r read its own rows:
+    // both want them stacked.
+    const LatentLayout layout =
+        grouping_ && !lax ? LatentLayout::interleaved : LatentLayout::stacked;
+    qkv_latent = allocate_grouped_activations(from, n, qkv_group, layout, slab_tail);
+    gate_up_latent = allocate_grouped_activations(from, n, gate_up_group, layout, slab_tail);
     (*this)[P::o].allocate_activations(from, n);
     (*this)[P::down].allocate_activations(from, n);
   }

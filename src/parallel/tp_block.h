@@ -53,6 +53,7 @@ struct BlockSpec {
   ModelShape model;
   int t = 1, tp_rank = 0;  // the TP degree and this rank
   bool crossing = false;   // LaX in every block but the model's first
+  bool grouping = true;    // parallel.grouping: the block lays its grouped latents out for it
   float norm_eps{}, rope_theta{};
   bool gate_act{};
   int64_t batch = 0, seq = 0;  // of a micro-batch
@@ -139,6 +140,7 @@ class TpBlock {
 
  private:
   Recompute policy_;
+  bool grouping_;
 };
 
 // full and vanilla: the two whole-row RMSNorms (replicated on every rank), bound to the

@@ -18,6 +18,7 @@
 // one by vocabulary rows like the head, its rows summed by an all-reduce of N·d, each rank
 // keeping its columns. The last residual is all-gathered (N·d) before the final norm.
 #include <algorithm>
+#include <vector>
 
 #include "parallel/component_times.h"
 #include "parallel/mappings.h"
@@ -91,6 +92,7 @@ void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64
     reduce_from_forward(tp, slab, g.size == 1 ? site(pass, g, 0) : std::string(group_site));
     return;
   }
+  BOTTLE_ASSERT(!g[0].interleaved(), "btp: one all-reduce per member needs stacked latents");
   int64_t offset = 0;  // of member i's latent in the slab
   for (size_t i = 0; i < g.size; ++i) {
     const int64_t count = g[i].z.numel() + (i + 1 == g.size ? tail : 0);
@@ -113,13 +115,12 @@ void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
     const ComponentTimer timer(tp, g.component);
     group_down_forward(be, g.span(), x, tp.grouping);
   }
-  std::array<Tensor, 3> z{};
-  for (size_t i = 0; i < g.size && i < z.size(); ++i) z[i] = g[i].z;
-  if (norm) norm->scale_partials(be, {z.data(), g.size}, sumsq);
+  const std::vector<Tensor> z = rows_of(g.span(), &Projection::z);
+  if (norm) norm->scale_partials(be, z, sumsq);
   const bool stat_in_slab = norm && own_sumsq.empty();
   reduce_latents(tp, g, slab, stat_in_slab ? sumsq.numel() : 0, "fwd", group_site);
   if (norm && !stat_in_slab) reduce_from_forward(tp, sumsq, std::string(group_site) + ".stat");
-  if (norm) norm->finish(be, {z.data(), g.size}, sumsq);
+  if (norm) norm->finish(be, z, sumsq);
   latents_forward(be, tp, b, prev, g);
 }
 
@@ -149,21 +150,23 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
   // partial sum goes to a buffer of its own and is added after the all-reduce. Otherwise B's
   // product is du's only producer: it is written into du and all-reduced there.
   const bool shared = g[0].shares_du();
-  const Tensor whole = shared ? b.latent_part.view(0, {group_du(g).numel()}) : group_du(g);
-  std::array<Tensor, 3> parts{};
+  const Tensor du = group_du(g);  // [Σ N·r], or [N, Σr] interleaved
+  std::array<Tensor, 3> parts{};  // shared: B's partial sums, stacked like du
   int64_t offset = 0;
-  for (size_t i = 0; i < g.size; ++i) {
-    parts[i] = whole.view(offset, g[i].du.shape);
+  for (size_t i = 0; shared && i < g.size; ++i) {
+    parts[i] = b.latent_part.view(offset, g[i].du.shape);
     offset += g[i].du.numel();
   }
+  const Tensor whole = shared ? b.latent_part.view(0, {du.numel()}) : du;
   {
     const ComponentTimer timer(tp, g.component);
-    group_up_backward(be, g.span(), dys, {parts.data(), g.size}, false, tp.grouping);
+    group_up_backward(be, g.span(), dys, {parts.data(), shared ? g.size : 0}, false, tp.grouping);
   }
   if (tp.grouping || g.size == 1) {
     copy_to_backward(tp, whole, g.size == 1 ? site("bwd", g, 0) : std::string(group_site));
   } else {
-    for (size_t i = 0; i < g.size; ++i) copy_to_backward(tp, parts[i], site("bwd", g, i));
+    for (size_t i = 0; i < g.size; ++i)
+      copy_to_backward(tp, shared ? parts[i] : g[i].du, site("bwd", g, i));
   }
   std::array<Tensor, 3> u_prev{}, du_prev{};
   for (size_t i = 0; i < g.size; ++i) {
@@ -189,9 +192,11 @@ void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, T
   }
   if (tp.norm_backward == NormStatistic::from_latent) {
     // Before group_down_backward zeroes du (svd: dz is du).
-    std::array<std::pair<Tensor, Tensor>, 3> latents{};
-    for (size_t i = 0; i < g.size && i < latents.size(); ++i) latents[i] = {g[i].z, g[i].dz};
-    norm->latent_statistic(be, {latents.data(), g.size});
+    const std::vector<Tensor> z = rows_of(g.span(), &Projection::z),
+                              dz = rows_of(g.span(), &Projection::dz);
+    std::vector<std::pair<Tensor, Tensor>> latents;
+    for (size_t i = 0; i < z.size(); ++i) latents.emplace_back(z[i], dz[i]);
+    norm->latent_statistic(be, latents);
   }
   {
     const ComponentTimer timer(tp, g.component);

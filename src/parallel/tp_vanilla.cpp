@@ -47,34 +47,38 @@ struct Chunk {
 void latents_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
                      const BlockLatents& prev, ProjectionSpan group,
                      std::span<const ProjectionId> ids, const char* component) {
+  std::array<Tensor, 3> u_prev{};
   for (size_t i = 0; i < group.size(); ++i) {
     Projection& p = *group[i];
     // gather's backward (keep own slice of dz) is A's strided backward, which reads dz's
     // columns from shard_offset: no call of its own.
     if (p.sharded())
       gather_last_dim_forward(be, tp, p.z, p.z_shard, b.gather, "vanilla.fwd.lax_gather");
-    const ComponentTimer timer(tp, component);
-    p.latent_forward(be, prev_latent(prev, b, ids[i]));
+    u_prev[i] = prev_latent(prev, b, ids[i]);
   }
+  const ComponentTimer timer(tp, component);
+  group_latent_forward(be, group, {u_prev.data(), group.size()});
 }
 
 void latents_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
                       const BlockLatents& prev, ProjectionSpan group,
                       std::span<const ProjectionId> ids, const char* component) {
+  std::array<Tensor, 3> u_prev{}, du_prev{};
   for (size_t i = 0; i < group.size(); ++i) {
     Projection& p = *group[i];
-    Tensor whole;
-    if (p.sharded()) {
-      const int64_t n = p.du.rows();
-      whole = b.grad_gather.view(n * p.rank, {n, p.rank});  // after the gather's own scratch
-      // B reads its columns of u (scatter's forward, inside B's strided GEMM): its backward
-      // all-gathers the slices of ∂u.
-      scatter_last_dim_backward(be, tp, whole, p.du_shard, b.grad_gather, "vanilla.bwd.lax_gather");
-    }
+    u_prev[i] = prev_latent(prev, b, ids[i]);
+    du_prev[i] = prev_latent_grad(prev, b, ids[i]);
+    if (!p.sharded()) continue;
+    const int64_t n = p.du.rows();
+    const Tensor whole = b.grad_gather.view(n * p.rank, {n, p.rank});  // after the gather's own
+    // B reads its columns of u (scatter's forward, inside B's strided GEMM): its backward
+    // all-gathers the slices of ∂u.
+    scatter_last_dim_backward(be, tp, whole, p.du_shard, b.grad_gather, "vanilla.bwd.lax_gather");
     const ComponentTimer timer(tp, component);
-    if (p.sharded()) be.accumulate(p.du, whole);
-    p.latent_backward(be, prev_latent(prev, b, ids[i]), prev_latent_grad(prev, b, ids[i]));
+    be.accumulate(p.du, whole);
   }
+  const ComponentTimer timer(tp, component);
+  group_latent_backward(be, group, {u_prev.data(), group.size()}, {du_prev.data(), group.size()});
 }
 
 // outputs_p = chunk_p(x), then reduce_from: one all-reduce over the contiguous outputs
@@ -113,11 +117,7 @@ void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
                      std::span<const Tensor> dys, Tensor dx, const char* group_site,
                      const char* component) {
   std::array<Projection*, 3> members{};
-  std::array<Tensor, 3> du_out{};
-  for (size_t i = 0; i < ids.size(); ++i) {
-    members[i] = &b[ids[i]];
-    du_out[i] = members[i]->sharded() ? members[i]->du_shard : members[i]->du;
-  }
+  for (size_t i = 0; i < ids.size(); ++i) members[i] = &b[ids[i]];
   const ProjectionSpan group{members.data(), ids.size()};
   // dys are whole on every rank. A whole LaX du may hold the next block's crossing share
   // already: B's product adds to it (a sharded one is gathered, then added); any other du
@@ -126,7 +126,7 @@ void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
   const bool adds = !members[0]->sharded() && members[0]->shares_du();
   {
     const ComponentTimer timer(tp, component);
-    group_up_backward(be, group, dys, {du_out.data(), ids.size()}, adds, tp.grouping);
+    group_up_backward(be, group, dys, {}, adds, tp.grouping);
   }
   latents_backward(be, tp, b, prev, group, ids, component);
   if (tp.grouping) {

@@ -1,0 +1,170 @@
+// Linear layer grouping (parallel/projection_group.h) on one group of three CoLA or SVD
+// projections with uneven ranks (q 5, k and v 3: GQA's shapes), run through the group's
+// forward and backward in three layouts on the same values:
+//   stacked                 each member's latents [N, r_p] one after another (LaX, grouping off)
+//   interleaved             one [N, Σr] buffer, the A's one [Σr, d_in] matrix in memory
+//   interleaved, A's apart  one [N, Σr] buffer, the A's in separate allocations
+// Every output and gradient agrees with the stacked run (fp32, up to the rounding of one GEMM
+// with k = Σr against three adding into dx), and the interleaved run with the A's together
+// issues one GEMM for each of x Aᵀ, dZ A and dZᵀ x where the stacked run issues 2, 3 and 2
+// (the B's batch where the allocator happened to space them evenly: not counted here).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/arena.h"
+#include "core/backend.h"
+#include "core/profiling_backend.h"
+#include "nn/projection.h"
+#include "parallel/projection_group.h"
+
+namespace bottle {
+namespace {
+
+constexpr int64_t kRows = 6, kDin = 16, kDout = 8;
+constexpr std::array<int64_t, 3> kRanks = {5, 3, 3};
+
+enum class Layout { stacked, interleaved, interleaved_apart };
+
+struct Outputs {
+  std::map<std::string, std::vector<float>> tensors;  // by name
+  std::map<std::string, int64_t> gemms;               // calls per GEMM shape
+};
+
+std::vector<float> host_copy(Tensor t) { return {t.f32(), t.f32() + t.numel()}; }
+
+void fill(Tensor t, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  for (int64_t i = 0; i < t.numel(); ++i) t.f32()[i] = dist(rng);
+}
+
+Outputs run(BottleneckKind kind, Layout layout) {
+  auto profiled = std::make_unique<ProfilingBackend>(make_backend("cpu"));
+  ProfilingBackend& be = *profiled;
+  Arena weights(MemoryTag::weights), act(MemoryTag::activations);
+  int64_t width = 0;
+  for (int64_t r : kRanks) width += r;
+  // The A's of the group: one [Σr, d_in] allocation, or one each.
+  const Tensor a_values = weights.alloc({width, kDin}), a_grads = weights.alloc({width, kDin});
+  fill(a_values, 1, 0.3f);
+
+  std::array<Projection, 3> members;
+  std::array<Projection*, 3> group{};
+  int64_t row = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    Projection& p = members[i];
+    p.kind = kind;
+    p.d_in = kDin;
+    p.d_out = kDout;
+    p.rank = kRanks[i];
+    const Tensor value = a_values.view(row * kDin, {p.rank, kDin});
+    if (layout == Layout::interleaved_apart) {
+      p.A = Param(weights.alloc({p.rank, kDin}), weights.alloc({p.rank, kDin}));
+      be.copy(p.A.value, value);
+    } else {
+      p.A = Param(value, a_grads.view(row * kDin, {p.rank, kDin}));
+    }
+    p.B = Param(weights.alloc({kDout, p.rank}), weights.alloc({kDout, p.rank}));
+    fill(p.B.value, 10 + uint32_t(i), 0.4f);
+    row += p.rank;
+    group[i] = &p;
+  }
+  const ProjectionAllocators from{act, act, act, act, act};
+  allocate_grouped_activations(
+      from, kRows, group,
+      layout == Layout::stacked ? LatentLayout::stacked : LatentLayout::interleaved);
+  EXPECT_EQ(members[1].interleaved(), layout != Layout::stacked);
+
+  const Tensor x = act.alloc({kRows, kDin}), dx = act.alloc({kRows, kDin});
+  fill(x, 2, 1.0f);
+  fill(dx, 3, 1.0f);  // garbage the backward overwrites
+  std::array<Tensor, 3> ys{}, dys{};
+  for (size_t i = 0; i < ys.size(); ++i) {
+    ys[i] = act.alloc({kRows, kDout});
+    dys[i] = act.alloc({kRows, kDout});
+    fill(dys[i], 20 + uint32_t(i), 1.0f);
+  }
+  const std::array<Tensor, 3> none{};
+  be.reset();
+  group_down_forward(be, group, x, true);
+  group_latent_forward(be, group, none);
+  group_up_forward(be, group, ys, true);
+  group_up_backward(be, group, dys, {}, false, true);
+  group_latent_backward(be, group, none, none);
+  group_down_backward(be, group, dx, x, false, true);
+
+  Outputs out;
+  for (const auto& [name, time] : be.times())
+    if (name.starts_with("gemm")) out.gemms[name] = time.calls;
+  out.tensors["dx"] = host_copy(dx);
+  for (size_t i = 0; i < members.size(); ++i) {
+    const Projection& p = members[i];
+    const std::string id = std::to_string(i);
+    out.tensors["y" + id] = host_copy(ys[i]);
+    out.tensors["dA" + id] = host_copy(p.A.grad);
+    out.tensors["dB" + id] = host_copy(p.B.grad);
+    // The latents, gathered row by row whatever their row stride.
+    for (const auto& [field, name] : {std::pair{&Projection::z, "z"},
+                                      {&Projection::u, "u"},
+                                      {&Projection::du, "du"},
+                                      {&Projection::dz, "dz"}}) {
+      const Tensor t = p.*field;
+      std::vector<float> rows;
+      for (int64_t r = 0; r < kRows; ++r)
+        for (int64_t c = 0; c < p.rank; ++c) rows.push_back(t.f32()[r * p.latent_stride() + c]);
+      out.tensors[name + id] = rows;
+    }
+  }
+  return out;
+}
+
+int64_t calls_with_k(const Outputs& o, const std::string& suffix) {
+  int64_t calls = 0;
+  for (const auto& [name, count] : o.gemms)
+    if (name.find(suffix) != std::string::npos) calls += count;
+  return calls;
+}
+
+class ProjectionGroup : public ::testing::TestWithParam<BottleneckKind> {};
+
+TEST_P(ProjectionGroup, InterleavedLatentsMatchStackedOnes) {
+  const Outputs stacked = run(GetParam(), Layout::stacked);
+  for (Layout layout : {Layout::interleaved, Layout::interleaved_apart}) {
+    const Outputs other = run(GetParam(), layout);
+    for (const auto& [name, want] : stacked.tensors) {
+      const std::vector<float>& got = other.tensors.at(name);
+      ASSERT_EQ(got.size(), want.size()) << name;
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_NEAR(got[i], want[i], 1e-5f * (1.0f + std::abs(want[i])))
+            << name << "[" << i << "], layout " << int(layout);
+    }
+  }
+}
+
+// x's gradient: 16 columns from k = Σr = 11 once, or k = 5 and k = 3 (twice) adding up.
+TEST_P(ProjectionGroup, StackedAsGiveOneGemmEachWay) {
+  const Outputs stacked = run(GetParam(), Layout::stacked);
+  const Outputs together = run(GetParam(), Layout::interleaved);
+  EXPECT_EQ(calls_with_k(stacked, "6x16x5 NN") + calls_with_k(stacked, "6x16x3 NN"), 3);
+  EXPECT_EQ(calls_with_k(together, "6x16x11 NN"), 1);
+  EXPECT_EQ(calls_with_k(together, "6x16x5 NN") + calls_with_k(together, "6x16x3 NN"), 0);
+  EXPECT_EQ(calls_with_k(together, "6x11x16 NT"), 1);  // Z = x [A_p]ᵀ
+  EXPECT_EQ(calls_with_k(together, "11x16x6 TN"), 1);  // [dA_p] += dZᵀ x
+  // Stacked: q alone, k and v as one batched GEMM (their operands are equally spaced).
+  EXPECT_EQ(calls_with_k(stacked, "x16 NT"), 2);
+  EXPECT_EQ(calls_with_k(stacked, "x16x6 TN"), 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Kinds, ProjectionGroup,
+                         ::testing::Values(BottleneckKind::svd, BottleneckKind::cola),
+                         [](const auto& info) { return bottleneck_kind_name(info.param); });
+
+}  // namespace
+}  // namespace bottle
