@@ -81,10 +81,6 @@ Tensor stacked_A(ProjectionSpan group, Tensor Param::*field) {
   return Tensor{first.data, {rows, front.d_in}, first.dtype, first.device};
 }
 
-}  // namespace
-
-namespace {
-
 // Whether the group's latent stage is σ alone on every member, in one pass over its slabs.
 bool one_sigma(ProjectionSpan group) {
   if (group.size() < 2) return false;
