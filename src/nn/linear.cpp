@@ -56,6 +56,12 @@ void gemm_grouped(Backend& be, GemmArgs shape, const std::vector<GemmOperands>& 
   auto spacing = [](const void* x, const void* y, DType dtype) {
     return (static_cast<const char*>(y) - static_cast<const char*>(x)) / int64_t(dtype_size(dtype));
   };
+  // Whether `count` outputs `sc` apart touch disjoint elements: whole [m, ldc] matrices one
+  // after another, or column blocks side by side within one row of ldc (the interleaved
+  // [N, Σr] latents a group's input gradients write). Anything else would race.
+  auto disjoint = [&](int64_t sc, int64_t count) {
+    return sc >= shape.m * shape.ldc || (sc >= shape.n && (count - 1) * sc + shape.n <= shape.ldc);
+  };
   size_t i = 0;
   while (i < items.size()) {
     size_t j = i + 1;
@@ -64,12 +70,11 @@ void gemm_grouped(Backend& be, GemmArgs shape, const std::vector<GemmOperands>& 
       sa = spacing(items[i].a, items[j].a, shape.a_dtype);
       sb = spacing(items[i].b, items[j].b, shape.b_dtype);
       sc = spacing(items[i].c, items[j].c, shape.c_dtype);
-      // The outputs must not overlap (a zero or small spacing would race).
-      const bool ok = sc >= shape.m * shape.ldc && sa >= 0 && sb >= 0;
-      if (ok)
+      if (sa >= 0 && sb >= 0 && disjoint(sc, 2))
         while (j < items.size() && spacing(items[j - 1].a, items[j].a, shape.a_dtype) == sa &&
                spacing(items[j - 1].b, items[j].b, shape.b_dtype) == sb &&
-               spacing(items[j - 1].c, items[j].c, shape.c_dtype) == sc)
+               spacing(items[j - 1].c, items[j].c, shape.c_dtype) == sc &&
+               disjoint(sc, int64_t(j - i + 1)))
           ++j;
       else
         j = i + 1;

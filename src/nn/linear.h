@@ -20,7 +20,9 @@ void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Ten
 // One GEMM shape applied to several operand triples (grouped projections: A_q, A_k, A_v
 // reading one input; B_k, B_v; ...). `shape` gives trans, m, n, k, alpha, beta and the
 // leading dimensions; each item its a, b, c. Runs of items whose pointers are equally
-// spaced (a zero spacing broadcasts one operand) go to the backend as one batched GEMM.
+// spaced (a zero spacing broadcasts one operand) and whose outputs are disjoint (whole
+// matrices one after another, or column blocks side by side in rows of ldc) go to the
+// backend as one batched GEMM.
 struct GemmOperands {
   const void* a;
   const void* b;

@@ -368,41 +368,47 @@ constexpr int64_t N = 37, C = 48;
 // entries, and one A or B broadcast over the batch (stride 0). The whole C buffer is compared,
 // so padding and gaps must be left alone; with beta = 0, C starts as NaN, which must not leak.
 // With a separate C input (c_in, laid out like C: the residual add in a GEMM's epilogue), C
-// starts as NaN whatever beta is, and c_in must come back unchanged.
+// starts as NaN whatever beta is, and c_in must come back unchanged. With column_blocks the
+// batch's outputs lie side by side in the rows of one C (the interleaved [N, Σr] latents whose
+// blocks a group's input gradients write in one batched GEMM): the batch stride is less than
+// a row, the elements stay disjoint, and the columns between blocks must be left alone.
 struct GemmCase {
   bool ta, tb;
   int64_t m, n, k, batch, pad;
   float alpha, beta;
   bool broadcast_a = false, broadcast_b = false;
   bool separate_c = false;
+  bool column_blocks = false;
 };
 
 OpCase gemm_case(const GemmCase& g, std::optional<DType> a_type = {},
                  std::optional<DType> c_type = {}) {
   const int64_t a_rows = g.ta ? g.k : g.m, a_cols = g.ta ? g.m : g.k;
   const int64_t b_rows = g.tb ? g.n : g.k, b_cols = g.tb ? g.k : g.n;
-  const int64_t lda = a_cols + g.pad, ldb = b_cols + g.pad, ldc = g.n + g.pad;
+  const int64_t lda = a_cols + g.pad, ldb = b_cols + g.pad;
   const int64_t sa = g.broadcast_a ? 0 : a_rows * lda + (g.pad ? 5 : 0);
   const int64_t sb = g.broadcast_b ? 0 : b_rows * ldb + g.pad;
-  const int64_t sc = g.m * ldc + (g.pad ? 3 : 0);
+  // Column blocks: [m, batch·(n + pad) + pad], block i from column i·(n + pad).
+  const int64_t ldc = g.column_blocks ? g.batch * (g.n + g.pad) + g.pad : g.n + g.pad;
+  const int64_t sc = g.column_blocks ? g.n + g.pad : g.m * ldc + (g.pad ? 3 : 0);
   Arg a = arg("a", {g.broadcast_a ? a_rows * lda : g.batch * sa});
-  Arg c = arg("c", {g.batch * sc});
+  Arg c = arg("c", {g.column_blocks ? g.m * ldc : g.batch * sc});
   if (a_type) a = a.as(*a_type);
   if (c_type) c = c.as(*c_type);
   std::vector<Arg> args{a, arg("b", {g.broadcast_b ? b_rows * ldb : g.batch * sb}),
                         g.beta == 0.0f || g.separate_c ? c.nans() : c};
   std::vector<std::string> compare{"c"};
   if (g.separate_c) {
-    Arg c_in = arg("c_in", {g.batch * sc});
+    Arg c_in = arg("c_in", {g.column_blocks ? g.m * ldc : g.batch * sc});
     args.push_back(c_type ? c_in.as(*c_type) : c_in);
     compare.push_back("c_in");
   }
   return {
       .name = fmt::format(
-          "gemm ta={} tb={} m={} n={} k={} batch={} pad={} alpha={} beta={}{}{}{}{}{}", g.ta, g.tb,
-          g.m, g.n, g.k, g.batch, g.pad, g.alpha, g.beta, g.broadcast_a ? " broadcast A" : "",
+          "gemm ta={} tb={} m={} n={} k={} batch={} pad={} alpha={} beta={}{}{}{}{}{}{}", g.ta,
+          g.tb, g.m, g.n, g.k, g.batch, g.pad, g.alpha, g.beta, g.broadcast_a ? " broadcast A" : "",
           g.broadcast_b ? " broadcast B" : "", a_type ? " A f32" : "", c_type ? " C f32" : "",
-          g.separate_c ? " C from c_in" : ""),
+          g.separate_c ? " C from c_in" : "", g.column_blocks ? " column blocks" : ""),
       .ops = {"gemm"},
       .args = args,
       .compare = compare,
@@ -579,6 +585,16 @@ void gemm_cases(Table& t) {
   }
   add(gemm_case({true, false, 13, 11, 17, 1, 2, 1.0f, 1.0f, false, false, true}, DType::f32));
   add(gemm_case({false, true, 13, 11, 17, 2, 1, 1.0f, 1.0f, false, false, true}, {}, DType::f32));
+  // Outputs side by side in one C: ∂u of a group's members, du_p = dy_p · B_p into the
+  // interleaved latents' gradient (beta 0 and 1), with gaps between blocks and without, in
+  // bf16 and with fp32 gradients; and the same into a separate C input.
+  for (int64_t pad : {0, 2})
+    for (float beta : {0.0f, 1.0f}) {
+      add(gemm_case({false, false, 37, 9, 24, 3, pad, 1.0f, beta, false, false, false, true}));
+      add(gemm_case({false, true, 21, 16, 13, 2, pad, 0.5f, beta, false, false, false, true}, {},
+                    DType::f32));
+    }
+  add(gemm_case({true, false, 13, 7, 17, 3, 1, 1.0f, 1.0f, false, false, true, true}));
 }
 
 // Embeddings. 37 tokens over 20 ids: repeated rows in backward.

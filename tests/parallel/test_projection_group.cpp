@@ -7,7 +7,7 @@
 // Every output and gradient agrees with the stacked run (fp32, up to the rounding of one GEMM
 // with k = Σr against three adding into dx), and the interleaved run with the A's together
 // issues one GEMM for each of x Aᵀ, dZ A and dZᵀ x where the stacked run issues 2, 3 and 2
-// (the B's batch where the allocator happened to space them evenly: not counted here).
+// (the B's and dy's lie one after another here, so k's and v's batch in every layout).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -54,6 +54,10 @@ Outputs run(BottleneckKind kind, Layout layout) {
   // The A's of the group: one [Σr, d_in] allocation, or one each.
   const Tensor a_values = weights.alloc({width, kDin}), a_grads = weights.alloc({width, kDin});
   fill(a_values, 1, 0.3f);
+  // The B's, one after another in one allocation each for values and gradients, so that k's
+  // and v's are equally spaced whatever the arena does (ColumnBlocksOfOneBufferBatch).
+  const Tensor b_values = weights.alloc({kDout * width}), b_grads = weights.alloc({kDout * width});
+  fill(b_values, 10, 0.4f);
 
   std::array<Projection, 3> members;
   std::array<Projection*, 3> group{};
@@ -71,8 +75,8 @@ Outputs run(BottleneckKind kind, Layout layout) {
     } else {
       p.A = Param(value, a_grads.view(row * kDin, {p.rank, kDin}));
     }
-    p.B = Param(weights.alloc({kDout, p.rank}), weights.alloc({kDout, p.rank}));
-    fill(p.B.value, 10 + uint32_t(i), 0.4f);
+    p.B = Param(b_values.view(row * kDout, {kDout, p.rank}),
+                b_grads.view(row * kDout, {kDout, p.rank}));
     row += p.rank;
     group[i] = &p;
   }
@@ -85,11 +89,13 @@ Outputs run(BottleneckKind kind, Layout layout) {
   const Tensor x = act.alloc({kRows, kDin}), dx = act.alloc({kRows, kDin});
   fill(x, 2, 1.0f);
   fill(dx, 3, 1.0f);  // garbage the backward overwrites
+  // [member][N][d_out] each: equally spaced, as above.
+  const Tensor y_all = act.alloc({3, kRows, kDout}), dy_all = act.alloc({3, kRows, kDout});
+  fill(dy_all, 20, 1.0f);
   std::array<Tensor, 3> ys{}, dys{};
   for (size_t i = 0; i < ys.size(); ++i) {
-    ys[i] = act.alloc({kRows, kDout});
-    dys[i] = act.alloc({kRows, kDout});
-    fill(dys[i], 20 + uint32_t(i), 1.0f);
+    ys[i] = y_all.view(int64_t(i) * kRows * kDout, {kRows, kDout});
+    dys[i] = dy_all.view(int64_t(i) * kRows * kDout, {kRows, kDout});
   }
   const std::array<Tensor, 3> none{};
   be.reset();
@@ -160,6 +166,17 @@ TEST_P(ProjectionGroup, StackedAsGiveOneGemmEachWay) {
   // Stacked: q alone, k and v as one batched GEMM (their operands are equally spaced).
   EXPECT_EQ(calls_with_k(stacked, "x16 NT"), 2);
   EXPECT_EQ(calls_with_k(stacked, "x16x6 TN"), 2);
+}
+
+// ∂u_p = dy_p B_p for k and v (r = 3): their gradients are column blocks 3 apart in rows of 11
+// when interleaved, whole [6, 3] matrices apart when stacked; either way the outputs are
+// disjoint, and with dy and B equally spaced (allocated so above) it is one batched GEMM.
+TEST_P(ProjectionGroup, ColumnBlocksOfOneBufferBatch) {
+  for (Layout layout : {Layout::stacked, Layout::interleaved}) {
+    const Outputs o = run(GetParam(), layout);
+    EXPECT_EQ(calls_with_k(o, "6x3x8 NN"), 1) << "layout " << int(layout);
+    EXPECT_EQ(calls_with_k(o, "6x5x8 NN"), 1) << "layout " << int(layout);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, ProjectionGroup,
