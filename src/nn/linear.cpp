@@ -2,7 +2,10 @@
 
 namespace bottle {
 
-void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor residual) {
+namespace {
+
+// y[N,out] = x[N,in] · Wᵀ, checked.
+GemmArgs forward_args(Tensor y, Tensor x, Tensor w) {
   const int64_t n = x.rows(), in = x.cols(), out = w.rows();
   BOTTLE_ASSERT(w.cols() == in && y.cols() == out && y.rows() == n,
                 "linear_forward: x {} · W{}ᵀ does not give y {}", x.shape.str(), w.shape.str(),
@@ -13,8 +16,54 @@ void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor residual) 
   g.a = x.data, g.lda = in;
   g.b = w.data, g.ldb = in;
   g.c = y.data, g.ldc = out;
-  add_residual(g, residual, y);
   g.dtypes_of(x, w, y);
+  return g;
+}
+
+// dx[N,in] = beta · dx + dy[N,out] · W[out,in].
+void input_gradient(Backend& be, Tensor dx, Tensor dy, Tensor w, float beta) {
+  const int64_t n = dy.rows(), in = w.cols(), out = w.rows();
+  GemmArgs g;
+  g.m = n, g.n = in, g.k = out;
+  g.a = dy.data, g.lda = out;
+  g.b = w.data, g.ldb = in;
+  g.c = dx.data, g.ldc = in;
+  g.beta = beta;
+  g.dtypes_of(dy, w, dx);
+  be.gemm(g);
+}
+
+// dW[out,in] += dyᵀ[out,N] · x[N,in].
+GemmArgs weight_gradient_args(Tensor dw, Tensor dy, Tensor x) {
+  const int64_t n = x.rows(), in = x.cols(), out = dy.cols();
+  GemmArgs g;
+  g.trans_a = true;
+  g.m = out, g.n = in, g.k = n;
+  g.a = dy.data, g.lda = out;
+  g.b = x.data, g.ldb = in;
+  g.c = dw.data, g.ldc = in;
+  g.beta = 1.0f;
+  g.dtypes_of(dy, x, dw);
+  return g;
+}
+
+// Calls run(begin, end) for each run [begin, end) of members whose weights have equal shapes.
+template <typename Run>
+void for_equal_weights(std::span<const Tensor> ws, Run run) {
+  size_t i = 0;
+  while (i < ws.size()) {
+    size_t j = i + 1;
+    while (j < ws.size() && ws[j].shape == ws[i].shape && ws[j].dtype == ws[i].dtype) ++j;
+    run(i, j);
+    i = j;
+  }
+}
+
+}  // namespace
+
+void linear_forward(Backend& be, Tensor y, Tensor x, Tensor w, Tensor residual) {
+  GemmArgs g = forward_args(y, x, w);
+  add_residual(g, residual, y);
   be.gemm(g);
 }
 
@@ -29,26 +78,8 @@ void add_residual(GemmArgs& g, Tensor residual, Tensor y) {
 
 void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w,
                      bool accumulate_dx) {
-  const int64_t n = x.rows(), in = x.cols(), out = w.rows();
-  if (!dx.empty()) {
-    GemmArgs g;  // dx[N,in] += dy[N,out] · W[out,in]
-    g.m = n, g.n = in, g.k = out;
-    g.a = dy.data, g.lda = out;
-    g.b = w.data, g.ldb = in;
-    g.c = dx.data, g.ldc = in;
-    g.beta = accumulate_dx ? 1.0f : 0.0f;
-    g.dtypes_of(dy, w, dx);
-    be.gemm(g);
-  }
-  GemmArgs g;  // dW[out,in] += dyᵀ[out,N] · x[N,in]
-  g.trans_a = true;
-  g.m = out, g.n = in, g.k = n;
-  g.a = dy.data, g.lda = out;
-  g.b = x.data, g.ldb = in;
-  g.c = dw.data, g.ldc = in;
-  g.beta = 1.0f;
-  g.dtypes_of(dy, x, dw);
-  be.gemm(g);
+  if (!dx.empty()) input_gradient(be, dx, dy, w, accumulate_dx ? 1.0f : 0.0f);
+  be.gemm(weight_gradient_args(dw, dy, x));
 }
 
 void gemm_grouped(Backend& be, GemmArgs shape, const std::vector<GemmOperands>& items) {
@@ -86,6 +117,35 @@ void gemm_grouped(Backend& be, GemmArgs shape, const std::vector<GemmOperands>& 
     be.gemm(g);
     i = j;
   }
+}
+
+void linear_forward_shared_input(Backend& be, std::span<const Tensor> ys, Tensor x,
+                                 std::span<const Tensor> ws) {
+  BOTTLE_ASSERT(ys.size() == ws.size(), "linear_forward_shared_input: {} outputs for {} weights",
+                ys.size(), ws.size());
+  for_equal_weights(ws, [&](size_t begin, size_t end) {
+    std::vector<GemmOperands> items;  // y_p[N,out] = x[N,in] · W_pᵀ
+    for (size_t p = begin; p < end; ++p) {
+      const GemmArgs g = forward_args(ys[p], x, ws[p]);
+      items.push_back({g.a, g.b, g.c});
+    }
+    gemm_grouped(be, forward_args(ys[begin], x, ws[begin]), items);
+  });
+}
+
+void linear_backward_shared_input(Backend& be, Tensor dx, std::span<const Tensor> dws,
+                                  std::span<const Tensor> dys, Tensor x,
+                                  std::span<const Tensor> ws) {
+  BOTTLE_ASSERT(dws.size() == ws.size() && dys.size() == ws.size(),
+                "linear_backward_shared_input: {} gradients and {} outputs for {} weights",
+                dws.size(), dys.size(), ws.size());
+  // dx[N,in] = Σ_p dy_p[N,out_p] · W_p: the first member writes, the rest add.
+  for (size_t p = 0; p < ws.size(); ++p) input_gradient(be, dx, dys[p], ws[p], p > 0 ? 1.0f : 0.0f);
+  for_equal_weights(ws, [&](size_t begin, size_t end) {
+    std::vector<GemmOperands> items;  // dW_p[out,in] += dy_pᵀ[out,N] · x[N,in]
+    for (size_t p = begin; p < end; ++p) items.push_back({dys[p].data, x.data, dws[p].data});
+    gemm_grouped(be, weight_gradient_args(dws[begin], dys[begin], x), items);
+  });
 }
 
 }  // namespace bottle

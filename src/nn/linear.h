@@ -1,5 +1,6 @@
 #pragma once
 // Full-rank linear map y = x · Wᵀ with W stored [out, in] (the HF / PyTorch layout).
+#include <span>
 #include <vector>
 
 #include "core/backend.h"
@@ -29,5 +30,17 @@ struct GemmOperands {
   void* c;
 };
 void gemm_grouped(Backend& be, GemmArgs shape, const std::vector<GemmOperands>& items);
+
+// Full-rank projections that read one input (q, k, v; gate, up): y_p[N,out_p] = x · W_pᵀ and
+// its backward, each run of members with equal widths as one batched GEMM with x broadcast
+// (batch stride 0) where their weights and outputs are equally spaced (declared and allocated
+// side by side). x's gradient is a sum over the members, so it stays one GEMM per member:
+// the first writes dx (written, not accumulated: design §11), the rest add. The products are the
+// members' own, computed alike: batching changes the number of launches, not what each sums.
+void linear_forward_shared_input(Backend& be, std::span<const Tensor> ys, Tensor x,
+                                 std::span<const Tensor> ws);
+void linear_backward_shared_input(Backend& be, Tensor dx, std::span<const Tensor> dws,
+                                  std::span<const Tensor> dys, Tensor x,
+                                  std::span<const Tensor> ws);
 
 }  // namespace bottle

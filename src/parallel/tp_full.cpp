@@ -4,6 +4,11 @@
 // backward 2·d (copy_to in front of q/k/v and in front of gate/up). 2 collectives each way.
 // Embedding and LM head: both split by vocabulary rows; the embedding's rows are summed by one
 // all-reduce of N·d, and the residual reaches the final norm whole.
+#include <array>
+#include <span>
+#include <vector>
+
+#include "nn/linear.h"
 #include "nn/rmsnorm.h"
 #include "parallel/mappings.h"
 #include "parallel/tp_layout.h"
@@ -15,6 +20,41 @@ using P = ProjectionId;
 
 // Split by their inputs (rows of W's input side): the second of each pair of Megatron layers.
 bool row_parallel(ProjectionId p) { return p == P::o || p == P::down; }
+
+constexpr std::array<ProjectionId, 3> kQkv{P::q, P::k, P::v};
+constexpr std::array<ProjectionId, 2> kGateUp{P::gate, P::up};
+
+std::vector<Tensor> weights(const TpBlock& b, std::span<const ProjectionId> ids,
+                            Tensor Param::*field) {
+  std::vector<Tensor> out;
+  for (ProjectionId id : ids) out.push_back(b[id].weight.*field);
+  return out;
+}
+
+// ys[i] = x W_iᵀ for projections that read one input. Grouping runs them as batched GEMMs
+// where their widths agree (their weights are declared side by side: design §6); without it
+// each runs its own.
+void shared_input_forward(Backend& be, const TensorParallel& tp, TpBlock& b,
+                          std::span<const ProjectionId> ids, std::span<const Tensor> ys, Tensor x) {
+  if (!tp.grouping) {
+    for (size_t i = 0; i < ids.size(); ++i) b[ids[i]].forward(be, ys[i], x, {});
+    return;
+  }
+  linear_forward_shared_input(be, ys, x, weights(b, ids, &Param::compute));
+}
+
+// dx = Σ dy_i W_i (written: the first member's GEMM has beta 0), dW_i += dy_iᵀ x.
+void shared_input_backward(Backend& be, const TensorParallel& tp, TpBlock& b,
+                           std::span<const ProjectionId> ids, Tensor dx,
+                           std::span<const Tensor> dys, Tensor x) {
+  if (!tp.grouping) {
+    for (size_t i = 0; i < ids.size(); ++i)
+      b[ids[i]].backward(be, dx, dys[i], x, {}, {}, /*accumulate_dx=*/i > 0);
+    return;
+  }
+  linear_backward_shared_input(be, dx, weights(b, ids, &Param::grad), dys, x,
+                               weights(b, ids, &Param::compute));
+}
 
 class FullLayout final : public TpLayout {
  public:
@@ -68,9 +108,7 @@ class FullBlock final : public TpBlock {
     TpBlock& b = *this;
     norm1.forward(be, x);
     copy_to_forward(tp, norm1.out);
-    b[P::q].forward(be, q, norm1.out, {});
-    b[P::k].forward(be, k, norm1.out, {});
-    b[P::v].forward(be, v, norm1.out, {});
+    shared_input_forward(be, tp, b, kQkv, std::array{q, k, v}, norm1.out);
     attention.forward(be, q, k, v);
     // The o projection's output before the residual add, in a buffer only backward uses.
     const Tensor o_out = grad.normed;  // [N, d]
@@ -78,8 +116,7 @@ class FullBlock final : public TpBlock {
     reduce_from_forward(tp, o_out, "full.fwd.attn_out");  // N·d
     norm2.forward_residual(be, h, o_out, x);
     copy_to_forward(tp, norm2.out);
-    b[P::gate].forward(be, gate, norm2.out, {});
-    b[P::up].forward(be, up, norm2.out, {});
+    shared_input_forward(be, tp, b, kGateUp, std::array{gate, up}, norm2.out);
     be.swiglu_forward(gated, gate, up, dims.gate_act);
     if (tp.size() == 1) {  // the all-reduce is the identity: the residual add is the GEMM's
       b[P::down].forward(be, out, gated, {}, h);
@@ -98,16 +135,13 @@ class FullBlock final : public TpBlock {
     reduce_from_backward(tp, d_residual);  // of mlp_out
     b[P::down].backward(be, g.gated, d_residual, gated, {}, {}, false);
     be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
-    b[P::gate].backward(be, g.normed, g.gate, norm2.out, {}, {}, false);
-    b[P::up].backward(be, g.normed, g.up, norm2.out, {}, {});
+    shared_input_backward(be, tp, b, kGateUp, g.normed, std::array{g.gate, g.up}, norm2.out);
     copy_to_backward(tp, g.normed, "full.bwd.mlp_in");  // N·d
     norm2.backward(be, d_residual, g.normed, h);
     reduce_from_backward(tp, d_residual);  // of attn_out
     b[P::o].backward(be, g.attn, d_residual, attention_output(b), {}, {}, false);
     attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
-    b[P::q].backward(be, g.normed, g.q, norm1.out, {}, {}, false);
-    b[P::k].backward(be, g.normed, g.k, norm1.out, {}, {});
-    b[P::v].backward(be, g.normed, g.v, norm1.out, {}, {});
+    shared_input_backward(be, tp, b, kQkv, g.normed, std::array{g.q, g.k, g.v}, norm1.out);
     copy_to_backward(tp, g.normed, "full.bwd.attn_in");  // N·d
     norm1.backward(be, d_residual, g.normed, x);
   }

@@ -8,6 +8,8 @@
 // with k = Σr against three adding into dx), and the interleaved run with the A's together
 // issues one GEMM for each of x Aᵀ, dZ A and dZᵀ x where the stacked run issues 2, 3 and 2
 // (the B's and dy's lie one after another here, so k's and v's batch in every layout).
+// Full-rank q/k/v (linear_forward_shared_input and its backward) give the bits of one GEMM
+// per projection, with k's and v's forward and weight gradient as one batched GEMM each.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +23,7 @@
 #include "core/arena.h"
 #include "core/backend.h"
 #include "core/profiling_backend.h"
+#include "nn/linear.h"
 #include "nn/projection.h"
 #include "parallel/projection_group.h"
 
@@ -177,6 +180,63 @@ TEST_P(ProjectionGroup, ColumnBlocksOfOneBufferBatch) {
     EXPECT_EQ(calls_with_k(o, "6x3x8 NN"), 1) << "layout " << int(layout);
     EXPECT_EQ(calls_with_k(o, "6x5x8 NN"), 1) << "layout " << int(layout);
   }
+}
+
+// Full-rank q [8, 16], k and v [4, 16] (GQA's shapes), declared one after another, reading
+// one x: grouped, then one projection at a time as with grouping off.
+Outputs run_full_rank(bool grouped) {
+  auto profiled = std::make_unique<ProfilingBackend>(make_backend("cpu"));
+  ProfilingBackend& be = *profiled;
+  Arena weights(MemoryTag::weights), act(MemoryTag::activations);
+  constexpr std::array<int64_t, 3> kOut = {8, 4, 4};
+  const Tensor w_all = weights.alloc({16 * kDin}), dw_all = weights.alloc({16 * kDin});
+  fill(w_all, 1, 0.3f);
+  fill(dw_all, 4, 0.1f);  // gradients accumulate into what is there
+  const Tensor y_all = act.alloc({16 * kRows}), dy_all = act.alloc({16 * kRows});
+  fill(dy_all, 20, 1.0f);
+  const Tensor x = act.alloc({kRows, kDin}), dx = act.alloc({kRows, kDin});
+  fill(x, 2, 1.0f);
+  fill(dx, 3, 1.0f);  // garbage the backward overwrites
+  std::array<Tensor, 3> ws{}, dws{}, ys{}, dys{};
+  int64_t row = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    ws[i] = w_all.view(row * kDin, {kOut[i], kDin});
+    dws[i] = dw_all.view(row * kDin, {kOut[i], kDin});
+    ys[i] = y_all.view(row * kRows, {kRows, kOut[i]});
+    dys[i] = dy_all.view(row * kRows, {kRows, kOut[i]});
+    row += kOut[i];
+  }
+  be.reset();
+  if (grouped) {
+    linear_forward_shared_input(be, ys, x, ws);
+    linear_backward_shared_input(be, dx, dws, dys, x, ws);
+  } else {
+    for (size_t i = 0; i < ws.size(); ++i) linear_forward(be, ys[i], x, ws[i]);
+    for (size_t i = 0; i < ws.size(); ++i)
+      linear_backward(be, dx, dws[i], dys[i], x, ws[i], /*accumulate_dx=*/i > 0);
+  }
+  Outputs out;
+  for (const auto& [name, time] : be.times())
+    if (name.starts_with("gemm")) out.gemms[name] = time.calls;
+  out.tensors["y"] = host_copy(y_all);
+  out.tensors["dx"] = host_copy(dx);
+  out.tensors["dW"] = host_copy(dw_all);
+  return out;
+}
+
+TEST(ProjectionGroupFullRank, SharedInputBatchesEqualWidthsAndKeepsTheBits) {
+  const Outputs alone = run_full_rank(false), grouped = run_full_rank(true);
+  for (const auto& [name, want] : alone.tensors) {
+    const std::vector<float>& got = grouped.tensors.at(name);
+    ASSERT_EQ(got.size(), want.size()) << name;
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << name << "[" << i << "]";
+  }
+  // y = x Wᵀ and dW += dyᵀ x: q alone, k and v as one batched GEMM; dx: one per member.
+  EXPECT_EQ(calls_with_k(alone, "x16 NT"), 3);
+  EXPECT_EQ(calls_with_k(grouped, "x16 NT"), 2);
+  EXPECT_EQ(calls_with_k(alone, "x16x6 TN"), 3);
+  EXPECT_EQ(calls_with_k(grouped, "x16x6 TN"), 2);
+  EXPECT_EQ(calls_with_k(grouped, "6x16x8 NN") + calls_with_k(grouped, "6x16x4 NN"), 3);
 }
 
 INSTANTIATE_TEST_SUITE_P(Kinds, ProjectionGroup,
