@@ -35,6 +35,14 @@ class MpiRuntime {
       // FUNNELED: only the main thread communicates (OpenMP workers never do). The fatal
       // error watchdog's MPI_Abort is the one exception; Open MPI's abort does not rely on
       // the thread level.
+      //
+      // A process started without mpirun is an Open MPI singleton, and by default its
+      // MPI_Init starts a helper daemon (orted) that calls setsid only once it runs. A Ctrl-C
+      // or hang-up that reaches the process group in that window kills the daemon, and
+      // MPI_Init then aborts the run ("Unable to start a daemon"). bottle never spawns
+      // processes, so the singleton needs no daemon: ask for none, unless the user's
+      // environment already decided. Under mpirun this parameter is not read.
+      ::setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
       int provided = 0;
       if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
         std::fputs("bottle: error: MPI_Init_thread failed\n", stderr);

@@ -6,6 +6,7 @@
 // instrumented build aborts on its first report, which shows here as status 134); the
 // checkpoint it names is complete. Under mpirun the job stops the same way, with rank 0's
 // line. Bounded in time: runs are started until the budget is spent (at least a few).
+#include <fmt/ranges.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -14,7 +15,10 @@
 #include <fstream>
 #include <random>
 #include <regex>
+#include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "test_util.h"
 
@@ -248,6 +252,36 @@ TEST_F(Signals, NoThreadOfARunTakesAStopSignal) {
   }
   EXPECT_GE(threads, 3) << "no OpenMP worker to check";
   EXPECT_EQ(watchers, 1);
+  ::kill(pid, SIGTERM);
+  const Outcome o = wait_for(pid, log);
+  expect_clean_end(o, SIGTERM);
+}
+
+// A run started without mpirun (an Open MPI singleton) starts no helper process. Open MPI's
+// singleton daemon (orted) is a child that leaves the run's process group only once it runs,
+// so a Ctrl-C in that window killed it and MPI_Init aborted the run: run 16 of
+// AStopSignalAtAnyMomentEndsCleanly, SIGHUP to the group 0.08 s in, once in CI. Read from
+// /proc while the run trains: no process has the run as its parent.
+TEST_F(Signals, ARunOutsideMpirunStartsNoHelperProcess) {
+  const std::string log = dir / "children.log";
+  const pid_t pid =
+      start({bottle_binary(), "train", dir / "tiny.toml", "--set", "training.steps=100000"}, log);
+  ASSERT_GT(pid, 0);
+  wait_for_a_step(pid, log);
+  std::vector<std::string> children;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line) || line.rfind(')') == std::string::npos) continue;
+    // pid (comm) state ppid ...: comm may hold spaces, so read after its closing parenthesis.
+    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    std::string state;
+    pid_t parent = 0;
+    rest >> state >> parent;
+    if (parent == pid) children.push_back(line.substr(0, line.rfind(')') + 1));
+  }
+  EXPECT_TRUE(children.empty()) << "the run's children: "
+                                << fmt::format("{}", fmt::join(children, ", "));
   ::kill(pid, SIGTERM);
   const Outcome o = wait_for(pid, log);
   expect_clean_end(o, SIGTERM);
