@@ -272,13 +272,15 @@ TEST_F(Signals, ARunOutsideMpirunStartsNoHelperProcess) {
   for (const auto& entry : fs::directory_iterator("/proc")) {
     std::ifstream stat(entry.path() / "stat");
     std::string line;
-    if (!std::getline(stat, line) || line.rfind(')') == std::string::npos) continue;
+    if (!std::getline(stat, line)) continue;
     // pid (comm) state ppid ...: comm may hold spaces, so read after its closing parenthesis.
-    std::istringstream rest(line.substr(line.rfind(')') + 1));
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(line.substr(close + 1));
     std::string state;
     pid_t parent = 0;
     rest >> state >> parent;
-    if (parent == pid) children.push_back(line.substr(0, line.rfind(')') + 1));
+    if (parent == pid) children.push_back(line.substr(0, close + 1));
   }
   EXPECT_TRUE(children.empty()) << "the run's children: "
                                 << fmt::format("{}", fmt::join(children, ", "));
