@@ -415,6 +415,10 @@ TEST_F(Signals, UnderMpirunACtrlCSavesOrSaysWhatIsSaved) {
 // kills the ranks in the middle of the stop's save. The notice named that earlier checkpoint,
 // which is complete; --resume says that the save of the killed step did not complete and
 // continues from it.
+// No evaluation in the stopped run: from the Ctrl-C to the SIGKILL mpirun's event loop sleeps
+// and reads none of the ranks' output, so rank 0's "val loss" lines (thousands of tiny steps a
+// second, every fifth evaluated) filled its terminal and held it in a write before it could
+// save, in 1 run of 3 (CI saw it once); a real run prints a line every few seconds.
 TEST_F(Signals, UnderMpirunASaveCutShortIsSaidAndResumedFromTheOneBefore) {
   const std::string mpirun =
       fmt::format("{} {} 2 --oversubscribe {} train {} --set parallel.dp=2", BOTTLE_MPIEXEC,
@@ -426,9 +430,15 @@ TEST_F(Signals, UnderMpirunASaveCutShortIsSaidAndResumedFromTheOneBefore) {
   const Outcome o = interrupt(
       {BOTTLE_MPIEXEC, BOTTLE_MPIEXEC_NUMPROC_FLAG, "2", "--oversubscribe", bottle_binary(),
        "train", dir / "tiny.toml", "--set", "parallel.dp=2", "--resume", "--set",
-       "training.steps=100000", "--set", "checkpoint.interval=0", "--set", "metrics.log_freq=100"},
+       "training.steps=100000", "--set", "checkpoint.interval=0", "--set", "metrics.log_freq=100",
+       "--set", "training.eval_interval=0"},
       3, SIGINT);
   ::unsetenv("BOTTLE_FAILPOINT");
+  // The kill landed in the save: its temporary folder is there for --resume to report.
+  bool save_begun = false;
+  for (const auto& e : fs::directory_iterator(dir / "run"))
+    save_begun |= e.path().filename().string().starts_with(".tmp-step_");
+  EXPECT_TRUE(save_begun) << "mpirun killed the ranks before the stop's save began:\n" << o.output;
   std::smatch m;
   EXPECT_FALSE(std::regex_search(o.output, m, std::regex("stopped by signal [0-9]"))) << o.output;
   EXPECT_EQ(o.output.find("internal error"), std::string::npos) << o.output;
