@@ -418,7 +418,7 @@ TEST_F(Signals, UnderMpirunACtrlCSavesOrSaysWhatIsSaved) {
 // No evaluation in the stopped run: from the Ctrl-C to the SIGKILL mpirun's event loop sleeps
 // and reads none of the ranks' output, so rank 0's "val loss" lines (thousands of tiny steps a
 // second, every fifth evaluated) filled its terminal and held it in a write before it could
-// save, in 1 run of 3 (CI saw it once); a real run prints a line every few seconds.
+// save, in 3 runs of 28 here (CI saw it once); a real run prints a line every few seconds.
 TEST_F(Signals, UnderMpirunASaveCutShortIsSaidAndResumedFromTheOneBefore) {
   const std::string mpirun =
       fmt::format("{} {} 2 --oversubscribe {} train {} --set parallel.dp=2", BOTTLE_MPIEXEC,
