@@ -10,8 +10,38 @@
 # Then packs the folder into BUNDLE.tar.xz (libdnnl alone is 40 MB: compressed, the whole
 # bundle fits the device tool's 64 MiB carry).
 #   scripts/gpu_bundle.sh [BUNDLE]        (default: gpu-bundle, ignored by git)
+#   scripts/gpu_bundle.sh --check [BUNDLE] checks an existing BUNDLE.tar.xz: its size beside the
+#                                         working tree within the device tool's 64 MiB carry,
+#                                         and every file scripts/gpu_check.sh runs inside it
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# check_bundle TARBALL: what scripts/gpu_check.sh needs is in it, and the tree plus it travel.
+check_bundle() {
+  local tarball=$1 limit=$((64 << 20)) tree packed
+  [ -f "$tarball" ] || { echo "gpu bundle: $tarball does not exist" >&2; return 1; }
+  packed=$(stat -c %s "$tarball")
+  tree=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s + 0}')
+  local listing missing=()
+  listing=$(tar -tJf "$tarball")
+  local name
+  for name in bin/bottle bin/test_device_ops bin/test_model_backends lib/libdnnl.so.2 \
+    lib/libfmt.so.9 ompi/usr/bin/orterun ompi/usr/bin/orted ompi/usr/bin/mpirun \
+    ompi/etc/openmpi/openmpi-mca-params.conf; do
+    grep -q "^[^/]*/$name\$" <<<"$listing" || missing+=("$name")
+  done
+  echo "gpu bundle: $tarball $((packed >> 20)) MiB packed ($packed bytes), with the working tree" \
+    "$(((packed + tree) >> 20)) MiB of the 64 MiB a device call carries; $(wc -l <<<"$listing") entries"
+  if ((${#missing[@]})); then
+    echo "gpu bundle: missing from $tarball: ${missing[*]}" >&2
+    return 1
+  fi
+  ((packed + tree <= limit)) || { echo "gpu bundle: over the 64 MiB carry" >&2; return 1; }
+}
+if [ "${1:-}" = --check ]; then
+  check_bundle "${2:-gpu-bundle}.tar.xz"
+  exit
+fi
 bundle=${1:-gpu-bundle}
 build=${BOTTLE_GPU_BUILD:-build-cuda}  # an existing CUDA build may be reused
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBOTTLE_NATIVE=OFF -DBOTTLE_CUDA=ON >/dev/null
@@ -46,3 +76,4 @@ done
 
 tar -C "$(dirname "$bundle")" -cJf "$bundle.tar.xz" "$(basename "$bundle")"
 echo "gpu bundle: $(du -sh "$bundle" | cut -f1) in $bundle, $(du -sh "$bundle.tar.xz" | cut -f1) packed in $bundle.tar.xz"
+check_bundle "$bundle.tar.xz"

@@ -61,6 +61,25 @@ void print_profile(const std::map<std::string, KernelTime>& times, int64_t steps
               total / double(steps), step_ms, 100.0 * total / double(steps) / step_ms);
 }
 
+// The same profile in a kind's JSON row: backend ops (launches) and milliseconds in them per
+// step, attention's share, and each op's calls and milliseconds per step (what the GPU window's
+// summary reads: scripts/gpu_check.sh).
+void add_profile(nlohmann::ordered_json& row, const std::map<std::string, KernelTime>& times,
+                 int64_t steps) {
+  double calls = 0.0, ms = 0.0, attention_ms = 0.0;
+  nlohmann::ordered_json ops = nlohmann::ordered_json::object();
+  for (const auto& [name, t] : times) {
+    calls += double(t.calls);
+    ms += t.ms;
+    if (name.starts_with("attention")) attention_ms += t.ms;
+    ops[name] = {{"calls", double(t.calls) / double(steps)}, {"ms", t.ms / double(steps)}};
+  }
+  row["ops_per_step"] = calls / double(steps);
+  row["kernel_ms_per_step"] = ms / double(steps);
+  row["attention_ms_per_step"] = attention_ms / double(steps);
+  row["profile"] = std::move(ops);
+}
+
 // The line of backend_names() that describes `name`, e.g. "cuda: CUDA runtime 13.0, ...".
 std::string backend_description(const std::string& name) {
   for (const std::string& line : backend_names())
@@ -439,6 +458,9 @@ nlohmann::ordered_json step_row(const BenchStepOptions* o, Backend* be, const st
     row["nominal_peak_tflops"] = o->peak_tflops;
   }
   if (o->backend != "cpu") row["device"] = backend_description(o->backend);
+  // Asked again: the backend prepared this shape before the first step, so this is cached.
+  row["attention"] = be->attention_path(o->batch, o->seq, config.num_heads, config.num_kv_heads,
+                                        config.head_dim(), compute_dtype(precision));
   row["cpu"] = cpu_model();
   row["onednn_isa"] = onednn_isa();
   if (on_device) row["host_waits_per_step"] = host_waits;
@@ -652,13 +674,14 @@ Command add_bench_step_command(CLI::App& app) {
                        peak, mfu, mfu_nominal, on_device, baseline_ms, first_precision_ms);
         const std::string peer_text =
             torch_row ? peer_columns(o.get(), on_device, precision, peer_dir, timed, row) : "";
+        if (profiler) add_profile(row, timed.step_kernels, o->steps);
         if (o->json) {
           std::printf("%s\n", row.dump().c_str());
         } else {
           print_step_line(o.get(), kind, precision, config, t, n, gflops, mfu, mfu_nominal,
                           on_device, timed.host_waits, row, peer_text);
+          if (profiler) print_profile(timed.step_kernels, o->steps, t.median);
         }
-        if (profiler) print_profile(timed.step_kernels, o->steps, t.median);
         std::fflush(stdout);
       }
     }

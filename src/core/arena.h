@@ -46,6 +46,9 @@ class MemoryStats {
 // Bytes per tag: a rank's footprint, measured or planned.
 struct MemoryBreakdown {
   std::array<size_t, size_t(MemoryTag::count)> bytes{};
+  // Of bytes[workspace]: the attention's device workspace (cuDNN's backward), named apart in
+  // describe_memory because it grows with the square of the sequence.
+  size_t attention = 0;
   size_t& operator[](MemoryTag tag) { return bytes[size_t(tag)]; }
   size_t operator[](MemoryTag tag) const { return bytes[size_t(tag)]; }
   size_t total() const;

@@ -4,9 +4,27 @@
 // its kernels lack, a limit of its kernels). Messages name the backend and the op.
 #include "core/backend.h"
 
+#include <type_traits>
 #include <utility>
 
 namespace bottle {
+
+GemmArgs GemmArgs::item(int64_t i) const {
+  const auto offset = [i](auto* p, int64_t stride, DType t) {
+    using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(p)>>,
+                                    const char, char>;
+    return p ? static_cast<decltype(p)>(static_cast<Byte*>(p) + i * stride * int64_t(dtype_size(t)))
+             : p;
+  };
+  GemmArgs one = *this;
+  one.a = offset(a, stride_a, a_dtype);
+  one.b = offset(b, stride_b, b_dtype);
+  one.c = offset(c, stride_c, c_dtype);
+  one.c_in = offset(c_in, stride_c, c_dtype);
+  one.batch = 1;
+  one.stride_a = one.stride_b = one.stride_c = 0;
+  return one;
+}
 
 namespace {
 

@@ -62,6 +62,10 @@ struct GemmArgs {
   // Whether C_in is read from memory other than C.
   bool reads_other_c() const { return c_in != nullptr && c_in != c && beta != 0.0f; }
   const void* c_read() const { return c_in ? c_in : c; }
+  // Item i of the batch as a GEMM of its own (batch 1), its operands offset by the strides
+  // (0 for a broadcast operand): what a backend runs item by item where it has no batched
+  // kernel for these strides.
+  GemmArgs item(int64_t i) const;
 };
 
 // A range [offset, offset + count) of a flat buffer, in elements.
@@ -199,6 +203,13 @@ class Backend {
   virtual std::string attention_path(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                      int64_t head_dim, DType dtype) {
     return "own CPU kernel";
+  }
+  // Device workspace the same attention takes beyond the activations (cuDNN's backward: its
+  // dP or dQ workspace, core/attention_workspace.h), for the memory plan; 0 for the host
+  // backends, whose attention needs none.
+  virtual int64_t attention_workspace_bytes(int64_t batch, int64_t seq, int64_t heads,
+                                            int64_t kv_heads, int64_t head_dim, DType dtype) {
+    return 0;
   }
 
   // out = silu(x) = x * sigmoid(x).

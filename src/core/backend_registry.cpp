@@ -83,6 +83,15 @@ std::vector<std::string> backend_names() {
                                  "reference: naive loops (the test oracle)"};
 #ifdef BOTTLE_HAVE_CUDA
   names.push_back(cuda_description());
+  // Which attention a bf16 run on the GPU would get, known before any run: cuDNN's SDPA where
+  // the library loads (asked without a GPU), else the own kernels, saying why.
+#ifdef BOTTLE_HAVE_CUDNN
+  names.push_back("cuda attention: " + cuda::cudnn_library_status());
+#else
+  names.push_back(
+      "cuda attention: own kernels only (this build has no cuDNN attention: cudnn-frontend was "
+      "not found when it was configured; scripts/setup.sh installs it)");
+#endif
 #endif
   return names;
 }

@@ -84,6 +84,10 @@ class CountingBackend final : public ForwardingBackend {
                              int64_t head_dim, DType dtype) override {
     return Backend::attention_path(batch, seq, heads, kv_heads, head_dim, dtype);
   }
+  int64_t attention_workspace_bytes(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, DType dtype) override {
+    return Backend::attention_workspace_bytes(batch, seq, heads, kv_heads, head_dim, dtype);
+  }
   // What a device backend would wait for: every synchronize and every op that returns device
   // data to the host (to_host, first_outside, sum, sum_squares).
   void synchronize() override { ++host_waits_; }

@@ -50,6 +50,10 @@ class ForwardingBackend : public Backend {
                              int64_t head_dim, DType dtype) override {
     return inner().attention_path(batch, seq, heads, kv_heads, head_dim, dtype);
   }
+  int64_t attention_workspace_bytes(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, DType dtype) override {
+    return inner().attention_workspace_bytes(batch, seq, heads, kv_heads, head_dim, dtype);
+  }
 
   // The ops, each through around().
   void do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,

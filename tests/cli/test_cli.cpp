@@ -230,6 +230,17 @@ TEST(Version, NamesTheBuildTheBackendsAndTheCpu) {
   for (const char* part : {"bottle ", "commit ", "compiled for: x86-64", "backend cpu: oneDNN",
                            "backend reference", "communicator mpi: ", "this CPU: ", "oneDNN "})
     EXPECT_NE(r.output.find(part), std::string::npos) << part << " missing in:\n" << r.output;
+  // A build with the cuda backend says, without a GPU, which attention a bf16 GPU run would get:
+  // cuDNN's with its version and library, or the own kernels and why.
+  if (r.output.find("backend cuda: ") != std::string::npos) {
+    const size_t at = r.output.find("backend cuda attention: ");
+    ASSERT_NE(at, std::string::npos) << r.output;
+    const std::string line = r.output.substr(at, r.output.find('\n', at) - at);
+    EXPECT_TRUE(line.find("cuDNN 9.") != std::string::npos ||
+                line.find("cuDNN not loadable: ") != std::string::npos ||
+                line.find("own kernels only (this build has no cuDNN") != std::string::npos)
+        << line;
+  }
 }
 
 // The first hour: every command's --help shows the default of every numeric option that has

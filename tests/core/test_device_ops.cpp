@@ -1298,7 +1298,7 @@ TEST(OpTableHarness, FailsWhereItShould) {
 
 // cuDNN's SDPA (the cuda backend under attention "cudnn", which fails rather than fall back)
 // against the reference backend and against the same GPU's own kernels (attention "own"), in
-// bf16 (cuDNN's SDPA has no fp32): out, lse, and dq, dk, dv added into non-zero gradients. GQA
+// bf16 (cuDNN's SDPA has no fp32): out, lse, and dq, dk, dv written over NaN (backend.h). GQA
 // and sequence lengths that are not multiples of cuDNN's 64- or 128-row tiles. Skipped, saying
 // why, where cuDNN cannot be loaded or the backend under test is not cuda.
 class CudnnAttentionOps : public ::testing::Test {

@@ -25,6 +25,7 @@ namespace bottle {
 namespace {
 
 std::string g_backend = "cuda";
+BackendOptions g_options;  // "cuda:own": the own attention kernels (backend_test_main.h)
 
 struct ModelCase {
   BottleneckKind kind;
@@ -92,7 +93,7 @@ LossAndGrads forward_backward(Backend& be, const ModelConfig& config, DType comp
 
 class ModelBackends : public ::testing::TestWithParam<ModelCase> {
  protected:
-  std::unique_ptr<Backend> target = make_backend(g_backend);
+  std::unique_ptr<Backend> target = make_backend(g_backend, g_options);
   std::unique_ptr<Backend> cpu = make_backend("cpu");
 };
 
@@ -186,5 +187,5 @@ INSTANTIATE_TEST_SUITE_P(Kinds, ModelBackends,
 }  // namespace bottle
 
 int main(int argc, char** argv) {
-  return bottle::testing::run_on_backend(argc, argv, bottle::g_backend);
+  return bottle::testing::run_on_backend(argc, argv, bottle::g_backend, &bottle::g_options);
 }

@@ -24,6 +24,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "core/attention_workspace.h"
 #include "core/error.h"
 
 // The frontend's dynamic loading resolves every cuDNN symbol through this handle, which
@@ -72,6 +73,10 @@ const Library& library() {
     // the same library), unless the user chose one.
     ::setenv("CUDNN_FRONTEND_CUDART_LIB_NAME",
              fmt::format("libcudart.so.{}", CUDART_VERSION / 1000).c_str(), 0);
+    // The deterministic backward's dP workspace is bounded (core/attention_workspace.h), unless
+    // the user bounded it: above the bound, Hopper with cuDNN >= 9.25 takes the ordered-dQ
+    // engine, whose workspace is linear in the sequence.
+    ::setenv(kCudnnDpWorkspaceLimitVariable, std::to_string(kSdpaDpWorkspaceBound).c_str(), 0);
     dlerror();
     void* handle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
     if (!handle) {
@@ -212,6 +217,8 @@ class CudnnSdpa final : public CudnnAttention {
                        version_text(version_));
   }
 
+  size_t version() const override { return version_; }
+
   std::string prepare(const SdpaShape& shape) override { return graphs(shape).refused; }
 
   size_t forward_workspace_bytes(const SdpaShape& shape) override {
@@ -319,6 +326,16 @@ class CudnnSdpa final : public CudnnAttention {
 };
 
 }  // namespace
+
+std::string cudnn_library_status() {
+  const Library& lib = library();
+  if (!lib.version) return "cuDNN not loadable: " + lib.why;
+  Dl_info info{};
+  const void* symbol = dlsym(fe::cudnn_dlhandle, "cudnnGetVersion");
+  const char* file =
+      symbol && dladdr(symbol, &info) && info.dli_fname ? info.dli_fname : "libcudnn.so.9";
+  return fmt::format("cuDNN {} SDPA, from {}", version_text(lib.version), file);
+}
 
 CudnnLoad load_cudnn_attention(void* stream) {
   const Library& lib = library();

@@ -36,6 +36,8 @@ class CudnnAttention {
   virtual ~CudnnAttention() = default;
   // "cuDNN 9.19.0 SDPA (fused flash attention, deterministic backward)".
   virtual std::string description() const = 0;
+  // cudnnGetVersion() of the library loaded: 91900 for 9.19.0.
+  virtual size_t version() const = 0;
   // Builds the shape's graphs unless they are cached. Empty when cuDNN runs the shape, else
   // why not, in cuDNN's words (its support check refused it); asked again, it answers the same.
   virtual std::string prepare(const SdpaShape& shape) = 0;
@@ -46,8 +48,8 @@ class CudnnAttention {
   // overwritten; q, k, v, out bf16. `workspace` holds forward_workspace_bytes(shape) bytes.
   virtual void forward(void* out, float* lse, const void* q, const void* k, const void* v,
                        const SdpaShape& shape, void* workspace) = 0;
-  // dq, dk, dv = the gradients, bf16, written (not added: the backend adds them into its
-  // callers' buffers). `workspace` holds backward_workspace_bytes(shape) bytes.
+  // dq, dk, dv = the gradients, bf16, written, as every backward kernel writes its
+  // gradients (backend.h). `workspace` holds backward_workspace_bytes(shape) bytes.
   virtual void backward(void* dq, void* dk, void* dv, const void* dout, const void* out,
                         const float* lse, const void* q, const void* k, const void* v,
                         const SdpaShape& shape, void* workspace) = 0;
@@ -65,5 +67,10 @@ struct CudnnLoad {
 // without cuDNN: that is a CudnnLoad with `why` set.
 CudnnLoad load_cudnn_attention(void* stream);
 using CudnnLoader = CudnnLoad (*)(void* stream);
+
+// The cuDNN this process would load, for `bottle --version`, without a GPU: "cuDNN 9.19.0 SDPA,
+// from /usr/lib/.../libcudnn.so.9" or why none loads ("cuDNN not loadable: libcudnn.so.9:
+// cannot open shared object file ...").
+std::string cudnn_library_status();
 
 }  // namespace bottle::cuda

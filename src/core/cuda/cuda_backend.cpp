@@ -14,11 +14,14 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <set>
 #include <tuple>
 #include <vector>
 
 #include "core/arena.h"
+#include "core/attention_workspace.h"
 #include "core/cuda/attention_cudnn.h"
+#include "core/cuda/growing_buffer.h"
 #include "core/cuda/kernels.h"
 #include "core/kernel_math.h"
 
@@ -62,6 +65,8 @@ class CudaBackend final : public Backend {
     check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
     device_ = local_rank() % devices;
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaDeviceGetAttribute(&sm_major_, cudaDevAttrComputeCapabilityMajor, device_),
+               "cudaDeviceGetAttribute");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
     check_cublas(cublasLtCreate(&lt_), "cublasLtCreate");
     check_cuda(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes), "cudaMalloc (GEMM workspace)");
@@ -90,11 +95,11 @@ class CudaBackend final : public Backend {
     for (auto& [key, plan] : plans_) cublasLtMatmulDescDestroy(plan.desc);
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     for (cudaEvent_t e : staging_done_) cudaEventDestroy(e);
-    if (range_table_) cudaFree(range_table_);
-    if (gap_table_) cudaFree(gap_table_);
-    if (rope_table_) cudaFree(rope_table_);
+    range_table_.device.clear(device_memory_);
+    gap_table_.device.clear(device_memory_);
+    rope_table_.device.clear(device_memory_);
     if (staging_) cudaFreeHost(staging_);
-    if (scratch_) cudaFree(scratch_);
+    scratch_.clear(device_memory_);
     cudaFree(gemm_workspace_);
     cudaFree(reduce_partials_);
     cudaFreeHost(pinned_);
@@ -147,14 +152,8 @@ class CudaBackend final : public Backend {
   // --- Memory.
   void* allocate(size_t bytes, const char* what) override {
     const size_t rounded = aligned_size(bytes);
-    void* p = nullptr;
-    if (cudaMalloc(&p, rounded) != cudaSuccess) {
-      cudaGetLastError();  // clear the sticky-free error so later calls are unaffected
-      size_t free = 0, total = 0;
-      cudaMemGetInfo(&free, &total);
-      fail("out of GPU memory allocating {} for {} on GPU {} ({} free of {})",
-           format_bytes(rounded), what, device_, format_bytes(free), format_bytes(total));
-    }
+    void* p = device_memory_.try_allocate(rounded);
+    if (!p) device_memory_.fail(rounded, what);
     check_cuda(cudaMemsetAsync(p, 0, rounded, stream_), "cudaMemset");
     return p;
   }
@@ -408,7 +407,17 @@ class CudaBackend final : public Backend {
                    "cuda backend: attention \"cudnn\" was chosen, but {}", why);
       return fmt::format("{} ({})", own, why);
     }
-    return cudnn_->description();
+    const SdpaBackwardPlan backward = sdpa_backward(shape);
+    return fmt::format("{}; its deterministic backward through {}, workspace {}",
+                       cudnn_->description(), backward.reason,
+                       format_bytes(cudnn_->backward_workspace_bytes(shape)));
+  }
+  int64_t attention_workspace_bytes(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, DType dtype) override {
+    const bool cudnn = cudnn_ && attention_ != AttentionChoice::own && dtype == DType::bf16;
+    if (!cudnn)
+      return int64_t(cuda::attention_backward_scratch_bytes(batch, seq, heads, kv_heads, head_dim));
+    return sdpa_backward({batch, seq, heads, kv_heads, head_dim}).workspace_bytes;
   }
 
   void do_silu_forward(Tensor out, Tensor x) override {
@@ -529,8 +538,7 @@ class CudaBackend final : public Backend {
     for (const SumRange& r : ranges)
       if (r.count > 0) table.push_back({r.offset, r.count, int32_t(r.slot)});
     const auto* device_table = static_cast<const cuda::SlotRange*>(
-        upload_table(range_table_, range_table_bytes_, range_table_host_, table.data(),
-                     table.size() * sizeof(cuda::SlotRange), k));
+        upload_table(range_table_, table.data(), table.size() * sizeof(cuda::SlotRange), k));
     auto* partials = static_cast<double*>(this->scratch(
         sizeof(double) * size_t(cuda::reduce_partials_count()) * size_t(out.numel()), k));
     cuda::sum_squares_ranges(stream_, static_cast<double*>(out.data), int(out.numel()), carr(x),
@@ -573,8 +581,7 @@ class CudaBackend final : public Backend {
       on_groups = on_groups && r.offset % 4 == 0 && r.count % 4 == 0;
     }
     const auto* device_gaps = static_cast<const cuda::DecayGap*>(
-        upload_table(gap_table_, gap_table_bytes_, gap_table_host_, gaps.data(),
-                     gaps.size() * sizeof(cuda::DecayGap), k));
+        upload_table(gap_table_, gaps.data(), gaps.size() * sizeof(cuda::DecayGap), k));
     cuda::AdamWParams params{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step};
     params.gaps_on_groups = on_groups;
     cuda::adamw_update(stream_, param.f32(), compute.empty() ? cuda::Array{} : arr(compute),
@@ -587,6 +594,38 @@ class CudaBackend final : public Backend {
  private:
   static constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's Hopper advice
   static constexpr size_t kPinnedBytes = 4096;
+  static constexpr size_t kAllocationGranule = kAllocationAlignment;
+
+  // cudaMalloc and cudaFree for the growing buffers (core/cuda/growing_buffer.h) and the
+  // arenas' blocks: a block is freed once the stream has finished with it, and a failure
+  // names what wanted the memory, its size and the GPU's free memory.
+  struct DeviceMemory {
+    CudaBackend* backend;
+    void* try_allocate(size_t bytes) {
+      void* p = nullptr;
+      if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
+      cudaGetLastError();  // clear the error so that later calls are unaffected
+      return nullptr;
+    }
+    // Unchecked, as the destructor frees too: a fault is reported by the next launch's check.
+    void release(void* block) {
+      ++backend->host_waits_;
+      cudaStreamSynchronize(backend->stream_);  // the block's last user has finished
+      cudaFree(block);
+    }
+    [[noreturn]] void fail(size_t bytes, const char* what) {
+      size_t free = 0, total = 0;
+      cudaMemGetInfo(&free, &total);
+      bottle::fail("out of GPU memory allocating {} for {} on GPU {} ({} free of {})",
+                   format_bytes(bytes), what, backend->device_, format_bytes(free),
+                   format_bytes(total));
+    }
+  };
+  // A small table the kernels read, on the device, with the host bytes it was made from.
+  struct DeviceTable {
+    cuda::GrowingBuffer<DeviceMemory> device;
+    std::vector<unsigned char> host;
+  };
 
   struct AttentionShape {
     int64_t b, s, h, hkv, hd;
@@ -621,21 +660,16 @@ class CudaBackend final : public Backend {
 
   // A small table the kernels read (ranges, decay gaps), kept on the device and uploaded
   // again only when its contents change: a step passes the same table every time.
-  void* upload_table(void*& device, size_t& capacity, std::vector<unsigned char>& host,
-                     const void* data, size_t bytes, const char* what) {
+  // The host copy changes only once the device block holds the new size, so that a failed
+  // allocation leaves the table as it was.
+  void* upload_table(DeviceTable& table, const void* data, size_t bytes, const char* what) {
     if (bytes == 0) return nullptr;
     const auto* begin = static_cast<const unsigned char*>(data);
-    if (device && host.size() == bytes && std::equal(host.begin(), host.end(), begin))
-      return device;
-    if (bytes > capacity) {
-      if (device) {
-        sync(what);
-        cudaFree(device);
-        device = nullptr;
-      }
-      capacity = aligned_size(bytes);
-      check_cuda(cudaMalloc(&device, capacity), what);
-    }
+    std::vector<unsigned char>& host = table.host;
+    if (table.device.data() && host.size() == bytes && std::equal(host.begin(), host.end(), begin))
+      return table.device.data();
+    host.clear();  // the device block is about to hold other bytes
+    void* device = table.device.reserve(device_memory_, bytes, kAllocationGranule, what);
     host.assign(begin, begin + bytes);
     // From the kept host copy, which lives until the next change: the copy may still be in
     // flight when this returns. Pageable memory: the runtime stages it before returning.
@@ -667,16 +701,7 @@ class CudaBackend final : public Backend {
 
   // Device scratch that grows and is reused; stream order keeps earlier users safe.
   void* scratch(size_t bytes, const char* what) {
-    if (bytes > scratch_bytes_) {
-      if (scratch_) {
-        sync(what);
-        cudaFree(scratch_);
-        scratch_ = nullptr;
-      }
-      scratch_bytes_ = aligned_size(bytes);
-      check_cuda(cudaMalloc(&scratch_, scratch_bytes_), what);
-    }
-    return scratch_;
+    return scratch_.reserve(device_memory_, bytes, kAllocationGranule, what);
   }
 
   void norm_forward(const char* k, Tensor out, Tensor rstd, Tensor sumsq, Tensor x, Tensor weight,
@@ -712,7 +737,8 @@ class CudaBackend final : public Backend {
   // uploaded once per (seq, hd, theta): a run asks for one shape every time.
   const float* rope_table(int64_t seq, int64_t hd, float theta) {
     const auto key = std::make_tuple(seq, hd, theta);
-    if (rope_table_ && rope_key_ == key) return static_cast<const float*>(rope_table_);
+    if (rope_table_.device.data() && rope_key_ == key)
+      return static_cast<const float*>(rope_table_.device.data());
     const int64_t half = hd / 2;
     std::vector<float> table(size_t(2 * seq * half));  // [2, seq, hd/2]
     for (int64_t s = 0; s < seq; ++s)
@@ -721,10 +747,16 @@ class CudaBackend final : public Backend {
         table[size_t(s * half + i)] = std::cos(angle);
         table[size_t((seq + s) * half + i)] = std::sin(angle);
       }
-    rope_key_ = key;
-    return static_cast<const float*>(upload_table(rope_table_, rope_table_bytes_, rope_table_host_,
-                                                  table.data(), table.size() * sizeof(float),
-                                                  "RoPE table"));
+    const auto* device = static_cast<const float*>(
+        upload_table(rope_table_, table.data(), table.size() * sizeof(float), "RoPE table"));
+    rope_key_ = key;  // once the table holds it
+    return device;
+  }
+
+  // The engine cuDNN's backward takes for a shape on this GPU, and its planned workspace.
+  SdpaBackwardPlan sdpa_backward(const cuda::SdpaShape& s) const {
+    return plan_sdpa_backward(s.batch, s.seq, s.heads, s.head_dim, sm_major_, cudnn_->version(),
+                              sdpa_dp_workspace_limit());
   }
 
   // The shape cuDNN runs this attention call at, or nothing where the own kernels run it:
@@ -832,6 +864,7 @@ class CudaBackend final : public Backend {
         g.trans_a,      g.trans_b,  g.m,        g.n,        g.k,     g.lda,          g.ldb,
         g.ldc,          g.stride_a, g.stride_b, g.stride_c, g.batch, int(g.a_dtype), int(g.b_dtype),
         int(g.c_dtype), align_a,    align_b,    align_c};
+    if (items_only_.count(key)) return gemm_items(g);
     auto it = plans_.find(key);
     if (it == plans_.end()) {
       GemmPlan plan;
@@ -862,6 +895,21 @@ class CudaBackend final : public Backend {
       const cublasStatus_t status =
           cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, lb, la, lc, lc, pref, 1, &result, &found);
       cublasLtMatmulPreferenceDestroy(pref);
+      if ((status != CUBLAS_STATUS_SUCCESS || found == 0) && g.batch > 1) {
+        // Batched shapes that the heuristic has never met on a GPU (x broadcast with batch
+        // stride 0, outputs written as interleaved column blocks): each item is a plain GEMM
+        // it does take. Said once per shape; the run goes on.
+        cublasLtMatmulDescDestroy(plan.desc);
+        items_only_.insert(key);
+        fmt::print(stderr,
+                   "cuda backend: cuBLASLt has no batched algorithm for a {}{} GEMM m {} n {} k {} "
+                   "batch {} (strides {} {} {}; {} × {} → {}): {}; its items run as {} single "
+                   "GEMMs\n",
+                   g.trans_a ? "T" : "N", g.trans_b ? "T" : "N", g.m, g.n, g.k, g.batch,
+                   g.stride_a, g.stride_b, g.stride_c, dtype_name(g.a_dtype), dtype_name(g.b_dtype),
+                   dtype_name(g.c_dtype), cublasLtGetStatusString(status), g.batch);
+        return gemm_items(g);
+      }
       if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
         cublasLtMatmulDescDestroy(plan.desc);
         fail(
@@ -879,6 +927,12 @@ class CudaBackend final : public Backend {
                        g.c, lc, &it->second.algo, gemm_workspace_, kGemmWorkspaceBytes, stream_),
         "cublasLtMatmul");
     launched("gemm");
+  }
+
+  // A batch as its single items, in order (GemmArgs::item); each item's C is its own, so the
+  // results are the batched GEMM's.
+  void gemm_items(const GemmArgs& g) {
+    for (int64_t i = 0; i < g.batch; ++i) gemm_lt(g.item(i));
   }
 
   // C = beta C, an empty sum (k = 0): zeros when beta is 0, whatever C held.
@@ -943,13 +997,14 @@ class CudaBackend final : public Backend {
   }
 
   int device_ = 0;
+  int sm_major_ = 0;  // the GPU's compute capability, major (9: Hopper)
   cudaStream_t stream_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void* gemm_workspace_ = nullptr;
   void* reduce_partials_ = nullptr;  // reduce_partials_count() doubles, then the result
   void* pinned_ = nullptr;           // small device → host reads
-  void* scratch_ = nullptr;
-  size_t scratch_bytes_ = 0;
+  DeviceMemory device_memory_{this};
+  cuda::GrowingBuffer<DeviceMemory> scratch_;
   bool sync_each_op_ = false;
   int64_t host_waits_ = 0;          // host_waits()
   std::vector<cudaEvent_t> marks_;  // timing marks, [0, marks_used_) recorded
@@ -959,21 +1014,15 @@ class CudaBackend final : public Backend {
   size_t staging_next_ = 0;
   // The device copies of sum_squares_ranges' and adamw_update's tables, with the host bytes
   // they were made from.
-  void* range_table_ = nullptr;
-  size_t range_table_bytes_ = 0;
-  std::vector<unsigned char> range_table_host_;
-  void* gap_table_ = nullptr;
-  size_t gap_table_bytes_ = 0;
-  std::vector<unsigned char> gap_table_host_;
-  void* rope_table_ = nullptr;  // rope_table's, for rope_key_
-  size_t rope_table_bytes_ = 0;
-  std::vector<unsigned char> rope_table_host_;
+  DeviceTable range_table_, gap_table_;
+  DeviceTable rope_table_;  // rope_table's, for rope_key_
   std::tuple<int64_t, int64_t, float> rope_key_{};
   AttentionChoice attention_ = AttentionChoice::automatic;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the own kernels run every attention
   std::string cudnn_absent_;                     // why cudnn_ is null (empty under "own")
   std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, Layout> layouts_;
   std::map<GemmKey, GemmPlan> plans_;
+  std::set<GemmKey> items_only_;  // batched problems cuBLASLt has no algorithm for
 };
 
 }  // namespace

@@ -123,8 +123,8 @@ void layernorm_backward(cudaStream_t stream, Array dx, Array dweight, Array dbia
 void attention_forward(cudaStream_t stream, Array out, Array lse, ConstArray q, ConstArray k,
                        ConstArray v, int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                        int64_t hd);
-// dq, dk, dv += the gradients (they accumulate, like every backward kernel). `scratch` is
-// device memory of attention_backward_scratch_bytes(...) bytes.
+// dq, dk, dv = the gradients, written: each is an input gradient with one producer (backend.h).
+// `scratch` is device memory of attention_backward_scratch_bytes(...) bytes.
 size_t attention_backward_scratch_bytes(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                         int64_t hd);
 void attention_backward(cudaStream_t stream, Array dq, Array dk, Array dv, ConstArray dout,
@@ -137,13 +137,14 @@ void attention_backward(cudaStream_t stream, Array dq, Array dk, Array dv, Const
 // losses[r] = logsumexp(logits[r, :]) - logits[r, targets[r]]; probs = softmax(logits).
 void cross_entropy_forward(cudaStream_t stream, Array losses, Array probs, ConstArray logits,
                            const int32_t* targets, int64_t rows, int64_t v);
-// dlogits += scale (probs - onehot(targets)).
+// dlogits = scale (probs - onehot(targets)), written.
 void cross_entropy_backward(cudaStream_t stream, Array dlogits, ConstArray probs,
                             const int32_t* targets, int64_t rows, int64_t v, float scale);
 // max[r] = max_j logits[r, j]; sumexp[r] = Σ_j exp(logits[r, j] - max[r]).
 void logits_row_stats(cudaStream_t stream, Array max, Array sumexp, ConstArray logits, int64_t rows,
                       int64_t v);
-// dlogits[r, j] += scale (exp(logits[r, j] - max[r]) / sumexp[r] - [first + j == targets[r]]).
+// dlogits[r, j] = scale (exp(logits[r, j] - max[r]) / sumexp[r] - [first + j == targets[r]]),
+// written.
 void cross_entropy_shard_backward(cudaStream_t stream, Array dlogits, ConstArray logits,
                                   ConstArray max, ConstArray sumexp, const int32_t* targets,
                                   int64_t rows, int64_t v, int64_t first, float scale);
