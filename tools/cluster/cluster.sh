@@ -95,13 +95,14 @@ namespaces_of() {
   ip netns list 2>/dev/null | awk '{ print $1 }' | grep -E "^$1-(sw|n[0-9]+r[0-9]+)\$" || true
 }
 
-# The state directory of the command line or of BOTTLE_CLUSTER_STATE, with a cluster in it.
+# Reads the config of the state directory given (or of BOTTLE_CLUSTER_STATE): its variables,
+# state included, land in the caller's locals.
 load_state() {
-  local state=${1:-${BOTTLE_CLUSTER_STATE:-}}
-  [[ -n $state ]] || die "no --state DIR and no BOTTLE_CLUSTER_STATE"
-  [[ -f $state/config ]] || die "$state holds no cluster that is up (no config)"
+  local dir=${1:-${BOTTLE_CLUSTER_STATE:-}}
+  [[ -n $dir ]] || die "no --state DIR and no BOTTLE_CLUSTER_STATE"
+  [[ -f $dir/config ]] || die "$dir holds no cluster that is up (no config)"
   # shellcheck source=/dev/null
-  . "$state/config"
+  . "$dir/config"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -512,6 +513,7 @@ cmd_with() {
       local i
       for ((i = 0; i < 30; i++)); do kill -0 -- "-$child" 2>/dev/null || break; sleep 0.1; done
       kill -KILL -- "-$child" 2>/dev/null || true
+      wait "$child" 2>/dev/null || true
     fi
     "$self" down --state "$state" || status=1
     rm -rf "$state"

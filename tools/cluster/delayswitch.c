@@ -149,14 +149,16 @@ int main(int argc, char** argv) {
   delay_ns[0] = strtoull(argv[1], NULL, 10);
   delay_ns[1] = strtoull(argv[2], NULL, 10);
   for (int i = 3; i < argc && ports < max_ports; ++i, ++ports) {
-    char* colon = strrchr(argv[i], ':');
-    if (!colon) {
+    char name[IF_NAMESIZE];
+    const char* colon = strrchr(argv[i], ':');
+    if (!colon || colon == argv[i] || colon - argv[i] >= IF_NAMESIZE) {
       fprintf(stderr, "delayswitch: %s is not IFNAME:NODE\n", argv[i]);
       return 2;
     }
-    *colon = '\0';
+    memcpy(name, argv[i], (size_t)(colon - argv[i]));
+    name[colon - argv[i]] = '\0';
     node_of[ports] = atoi(colon + 1);
-    fds[ports].fd = open_port(argv[i]);
+    fds[ports].fd = open_port(name);
     fds[ports].events = POLLIN;
   }
   struct sched_param priority = {.sched_priority = 10};

@@ -1,0 +1,76 @@
+# tests/cluster/lib.sh: what the cluster harness's tests share (sourced, not run).
+# Sourcing it skips the test (exit 77) when `cluster.sh check` says no cluster can be made
+# here, makes a work directory, and installs a trap that, however the test ends, takes down
+# every cluster whose prefix the test registered with `own PREFIX` and removes the work
+# directory. Prefixes are "bt" + 4 hex digits of the test's pid + a letter, so two tests
+# running at once, or a test and a cluster of someone else, never share one.
+set -euo pipefail
+export LC_ALL=C
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd -P)
+cluster=$root/tools/cluster/cluster.sh
+test_name=$(basename "$0" .sh)
+
+fail() {
+  printf '%s: FAIL: %s\n' "$test_name" "$*" >&2
+  exit 1
+}
+note() {
+  printf '%s: %s\n' "$test_name" "$*"
+}
+
+check_status=0
+"$cluster" check || check_status=$?
+((check_status != 77)) || exit 77
+((check_status == 0)) || fail "cluster.sh check failed ($check_status)"
+
+tag=$(printf 'bt%04x' $((($$ ^ (RANDOM << 1)) & 0xffff)))
+owned=()
+own() { owned+=("$1"); }
+work=$(mktemp -d "${TMPDIR:-/tmp}/$test_name.XXXXXX")
+cleanup() {
+  local status=$? prefix
+  trap - EXIT INT TERM HUP
+  for prefix in "${owned[@]}"; do "$cluster" down --prefix "$prefix" || status=1; done
+  rm -rf "$work"
+  exit "$status"
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
+# The names of the root namespace's links, one a line.
+root_links() {
+  ip -o link show | awk -F': ' '{ sub(/@.*/, "", $2); print $2 }' | sort
+}
+links_before=$(root_links)
+
+# Fails unless nothing of PREFIX is left: no namespace, no link of the root namespace that
+# was not there when the test began or that names the prefix, no process in a namespace.
+assert_clean() {
+  local prefix=$1 left new
+  left=$(ip netns list | awk '{ print $1 }' | grep -E "^$prefix-" || true)
+  [[ -z $left ]] || fail "namespaces of $prefix left: $(echo $left)"
+  new=$(comm -13 <(echo "$links_before") <(root_links))
+  [[ -z $new ]] || fail "links added to the root namespace: $(echo $new)"
+  ! ip -o link show | grep -q -- "$prefix" || fail "a root link names $prefix"
+}
+
+# Builds tools/cluster/pingpong.c into the work directory (MPI is required, not skipped).
+build_pingpong() {
+  command -v mpicc >/dev/null || fail "no mpicc (Debian package libopenmpi-dev)"
+  command -v mpirun >/dev/null || fail "no mpirun (Debian package openmpi-bin)"
+  mpicc -O2 -o "$work/pingpong" "$root/tools/cluster/pingpong.c" || fail "mpicc pingpong.c"
+}
+
+# value NAME FILE: the number after NAME in pingpong's output.
+value() {
+  awk -v k="$1" '$1 == k { print $2 }' "$2"
+}
+
+# Seconds since the test began, to one decimal.
+started=$(date +%s.%N)
+elapsed() {
+  awk -v s="$started" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f s", n - s }'
+}
