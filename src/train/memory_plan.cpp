@@ -149,7 +149,8 @@ void check_parameter_memory(const ModelConfig& m, bool training, int64_t model_s
 }
 
 MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel& tp,
-                                 const PipelineStage& stage, int slots) {
+                                 const PipelineStage& stage, int slots,
+                                 int64_t attention_workspace) {
   const TrainingConfig& tc = config.training;
   const int64_t dp = config.parallel.dp;
   const bool zero = config.parallel.zero && dp > 1;
@@ -168,6 +169,11 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
       2 * size_t(tc.grad_accum_steps) *
           aligned_size(size_t(tc.micro_batch_size * tc.seq_len) * sizeof(int32_t)) +
       TrainStep::scalar_bytes();
+  // One attention call runs at a time, so its workspace is held once, however many blocks.
+  if (attention_workspace > 0) {
+    m.attention = aligned_size(size_t(attention_workspace));
+    m[MemoryTag::workspace] += m.attention;
+  }
   return m;
 }
 
@@ -185,9 +191,12 @@ MemoryBreakdown plan_model_memory(const ModelConfig& config, const TensorParalle
 
 std::string describe_memory(const MemoryBreakdown& m) {
   std::string out;
-  for (size_t i = 0; i < m.bytes.size(); ++i)
+  for (size_t i = 0; i < m.bytes.size(); ++i) {
     out += fmt::format("{}{} {}", i ? ", " : "", memory_tag_name(MemoryTag(i)),
                        format_bytes(m.bytes[i]));
+    if (MemoryTag(i) == MemoryTag::workspace && m.attention)
+      out += fmt::format(" (attention {})", format_bytes(m.attention));
+  }
   return out;
 }
 

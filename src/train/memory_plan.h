@@ -40,9 +40,11 @@ void check_parameter_memory(const ModelConfig& model, bool training, int64_t mod
                             const std::string& advice);
 
 // This rank's footprint when training `config` as `stage` of the pipeline with `tp`,
-// `slots` micro-batches in flight.
+// `slots` micro-batches in flight; `attention_workspace` is what the backend's attention takes
+// beyond the activations (Backend::attention_workspace_bytes: cuDNN's backward on a GPU).
 MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel& tp,
-                                 const PipelineStage& stage, int slots);
+                                 const PipelineStage& stage, int slots,
+                                 int64_t attention_workspace = 0);
 
 // One process's footprint running `model` (its `stage` of a pipeline) on `batch` rows of `seq`
 // tokens (eval, sample, bench step): weights, gradients, activations, the token batches and, when
@@ -50,7 +52,9 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
 MemoryBreakdown plan_model_memory(const ModelConfig& model, const TensorParallel& tp, int64_t batch,
                                   int64_t seq, bool training, PipelineStage stage = {});
 
-// "weights 1.25 GiB, gradients …, optimizer …, activations …, comm …, workspace …".
+// "weights 1.25 GiB, gradients …, optimizer …, activations …, comm …, workspace …", the
+// workspace followed by its attention part when there is one ("workspace 530 MiB (attention
+// 512 MiB)").
 std::string describe_memory(const MemoryBreakdown& m);
 
 // Every rank's `sizes` (the same count on each), exactly, in world rank order.

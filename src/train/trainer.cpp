@@ -532,7 +532,15 @@ void Trainer::set_up_model() {
     check_parameter_memory(config_.model, true, config_.parallel.tp * config_.parallel.pp,
                            config_.parallel.zero ? config_.parallel.dp : 1, world_,
                            options_.config_path, advice);
-  plan_ = plan_rank_memory(config_, tp, stage, pipeline_slots(config_, stage.stage));
+  // The attention's own workspace (cuDNN's backward on a GPU: up to B·H·S²·2 bytes) is part
+  // of the plan, so that a shape it cannot hold fails here, naming it, not in the first step.
+  const BlockDims dims =
+      config_.parallel.tp_mode->block_dims(config_.model.shape(), int(config_.parallel.tp));
+  const int64_t attention_workspace =
+      be_->attention_workspace_bytes(tc_.micro_batch_size, tc_.seq_len, dims.heads, dims.kv_heads,
+                                     dims.head_dim, compute_dtype(tc_.precision));
+  plan_ = plan_rank_memory(config_, tp, stage, pipeline_slots(config_, stage.stage),
+                           attention_workspace);
   check_memory_limit(config_, plan_, world_, options_.config_path);
   if (!on_device) {
     check_available_memory(plan_, world_, options_.config_path, advice);
@@ -542,10 +550,16 @@ void Trainer::set_up_model() {
     const size_t free = be_->device_memory_free();
     const double short_ranks =
         reduce_scalar(&world_, plan_.total() > free ? 1.0 : 0.0, ReduceOp::sum, "memory.check");
+    const std::string attention_advice =
+        plan_.attention ? fmt::format("; cuDNN's attention backward takes {} of it (shorter "
+                                      "sequences or micro-batches need less, training.attention "
+                                      "= \"own\" none)",
+                                      format_bytes(plan_.attention))
+                        : std::string();
     if (plan_.total() > free)
-      fail("{}: the planned memory of this rank is {} ({}), but its GPU has only {} free; {}",
+      fail("{}: the planned memory of this rank is {} ({}), but its GPU has only {} free; {}{}",
            options_.config_path, format_bytes(plan_.total()), describe_memory(plan_),
-           format_bytes(free), advice);
+           format_bytes(free), advice, attention_advice);
     if (short_ranks > 0)
       fail("{}: {:.0f} rank(s) plan more memory than their GPU has free; {}", options_.config_path,
            short_ranks, advice);
