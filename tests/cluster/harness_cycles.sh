@@ -10,6 +10,7 @@
 #      process gets SIGTERM: it exits 143 and removes the cluster, its processes and its
 #      state directory.
 # Skips (77) where namespaces cannot be made; about 30 s on 2 cores.
+# shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 
 # 1. Cycles.
@@ -17,6 +18,7 @@ prefix=${tag}a
 own "$prefix"
 for ((i = 1; i <= 20; i++)); do
   links=(--intra 1gbit --inter 200mbit)
+  # shellcheck disable=SC2054 # BANDWIDTH,LATENCY is one argument
   ((i % 5)) || links=(--intra 1gbit,50us --inter 200mbit,500us)
   "$cluster" up --state "$work/cycle" --prefix "$prefix" --nodes 2 --ranks-per-node 2 \
     "${links[@]}" 2>/dev/null || fail "up, cycle $i"
@@ -42,8 +44,8 @@ up_a=$!
 up_b=$!
 wait "$up_a" || fail "up $a"
 wait "$up_b" || fail "up $b"
-subnet_a=$(. "$work/a/config" && echo "$subnet")
-subnet_b=$(. "$work/b/config" && echo "$subnet")
+subnet_a=$(awk -F= '$1 == "subnet" { print $2 }' "$work/a/config")
+subnet_b=$(awk -F= '$1 == "subnet" { print $2 }' "$work/b/config")
 [[ $subnet_a != "$subnet_b" ]] || fail "both clusters on $subnet_a"
 timeout 120 "$cluster" run --state "$work/a" -- -np 4 "$work/pingpong" 2 >"$work/a.out" 2>&1 &
 job_a=$!

@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # tests/cluster/lib.sh: what the cluster harness's tests share (sourced, not run).
 # Sourcing it skips the test (exit 77) when `cluster.sh check` says no cluster can be made
 # here, makes a work directory, and installs a trap that, however the test ends, takes down
@@ -24,6 +25,7 @@ check_status=0
 ((check_status != 77)) || exit 77
 ((check_status == 0)) || fail "cluster.sh check failed ($check_status)"
 
+# shellcheck disable=SC2034 # used by the tests that source this
 tag=$(printf 'bt%04x' $((($$ ^ (RANDOM << 1)) & 0xffff)))
 owned=()
 own() { owned+=("$1"); }
@@ -51,9 +53,9 @@ links_before=$(root_links)
 assert_clean() {
   local prefix=$1 left new
   left=$(ip netns list | awk '{ print $1 }' | grep -E "^$prefix-" || true)
-  [[ -z $left ]] || fail "namespaces of $prefix left: $(echo $left)"
+  [[ -z $left ]] || fail "namespaces of $prefix left: $(xargs <<<"$left")"
   new=$(comm -13 <(echo "$links_before") <(root_links))
-  [[ -z $new ]] || fail "links added to the root namespace: $(echo $new)"
+  [[ -z $new ]] || fail "links added to the root namespace: $(xargs <<<"$new")"
   ! ip -o link show | grep -q -- "$prefix" || fail "a root link names $prefix"
 }
 
