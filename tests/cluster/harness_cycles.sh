@@ -9,7 +9,7 @@
 #   3. `cluster.sh with` whose command (an mpirun job) is still running when the `with`
 #      process gets SIGTERM: it exits 143 and removes the cluster, its processes and its
 #      state directory.
-# Skips (77) where namespaces cannot be made; about 30 s on 2 cores.
+# Skips (77) where namespaces cannot be made; 10 to 18 s on 2 cores.
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 

@@ -14,7 +14,7 @@
 #      the inter-node tier;
 #   3. cut node 1: a TCP connection from node 0 to it hangs (was refused at once before);
 #      heal: refused at once again; pids lists a process started in node 1.
-# Skips (77) where namespaces cannot be made; fails without mpicc and mpirun. About 15 s.
+# Skips (77) where namespaces cannot be made; fails without mpicc and mpirun. About 7 s.
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
 build_pingpong

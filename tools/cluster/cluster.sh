@@ -288,6 +288,15 @@ write_config() {
   } >"$state/config"
 }
 
+# up_failed PREFIX STATE: what an up that did not finish leaves is removed.
+up_failed() {
+  local status=$?
+  teardown "$1" >/dev/null 2>&1 || true
+  rm -rf "$2/config" "$2/hosts" "$2/hostfile" "$2/agent" "$2/env.sh" "$2/delayswitch" \
+    "$2/delayswitch.log" "$2/tmp"
+  printf 'cluster.sh: up %s failed (status %d); removed what it had made\n' "$1" "$status" >&2
+}
+
 cmd_up() {
   local nodes=1 ranks_per_node=1 intra=none inter=none prefix='' state='' delay_by=auto
   while (($#)); do
@@ -328,8 +337,10 @@ cmd_up() {
   exec {lock}>>"$lockfile"
   flock "$lock"
   [[ -z $(namespaces_of "$prefix") ]] || die "up: namespaces of prefix $prefix exist already"
-  # From here on, a failure or a signal removes whatever was made.
-  trap 'teardown "$prefix" >/dev/null 2>&1; rm -f "$state/config"' EXIT
+  # From here on, a failure or a signal removes whatever was made (the values are written
+  # into the trap: an error exit has left the function's locals when the trap runs).
+  # shellcheck disable=SC2064
+  trap "up_failed $(printf '%q' "$prefix") $(printf '%q' "$state")" EXIT
   trap 'exit 130' INT
   trap 'exit 143' TERM
   trap 'exit 129' HUP
