@@ -4,7 +4,7 @@
 # own ("host"); the namespaces hang off one switch in a namespace of the run's own, so the
 # root namespace gains nothing. Each rank's egress is shaped in two tiers (HTB classes chosen
 # by destination address): one for the ranks of its own node, one for every other node.
-# tools/cluster/DESIGN-SECTION.md explains the layout; `cluster.sh help` lists the commands.
+# docs/design.md §23 explains the layout; `cluster.sh help` lists the commands.
 set -euo pipefail
 export LC_ALL=C
 
