@@ -328,6 +328,15 @@ stage_c() {
   done
   return $rc
 }
+# tag_rows FILE STAGE: bench step's JSON rows of FILE into bench.jsonl, each tagged with STAGE.
+tag_rows() {
+  python3 -c '
+import json, sys
+for line in open(sys.argv[1]):
+    if line.startswith("{"):
+        row = json.loads(line); row["stage"] = sys.argv[2]; print(json.dumps(row))
+' "$1" "$2" >>"$out/bench.jsonl"
+}
 # bench step at the CoLA-1B-like shape; its JSON rows go to bench.jsonl, tagged with the stage.
 bench_1b() {  # bench_1b STAGE [bench step options]
   local stage=$1
@@ -338,12 +347,7 @@ bench_1b() {  # bench_1b STAGE [bench step options]
     --hidden 2048 --ffn 5472 --layers 24 --heads 16 --rank 512 --batch 4 --seq 2048 \
     "${steps[@]}" --peak-tflops 989 --json "$@" | tee "$work/bench_$stage.jsonl"
   local rc=${PIPESTATUS[0]}
-  python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    if line.startswith("{"):
-        row = json.loads(line); row["stage"] = sys.argv[2]; print(json.dumps(row))
-' "$work/bench_$stage.jsonl" "$stage" >>"$out/bench.jsonl"
+  tag_rows "$work/bench_$stage.jsonl" "$stage"
   return "$rc"
 }
 stage_d() { bench_1b d --torch true; }
@@ -367,14 +371,8 @@ stage_r() {
     --hidden 64 --ffn 128 --layers 1 --heads 4 --rank 16 --batch 1 --seq 32 --steps 2 \
     --warmup 1 --peak-tflops 989 --torch false --profile --json | tee "$work/bench_r.jsonl"
   local rc=${PIPESTATUS[0]}
-  for stage in d f; do
-    python3 -c '
-import json, sys
-for line in open(sys.argv[1]):
-    if line.startswith("{"):
-        row = json.loads(line); row["stage"] = sys.argv[2]; print(json.dumps(row))
-' "$work/bench_r.jsonl" "$stage" >>"$out/bench.jsonl"
-  done
+  tag_rows "$work/bench_r.jsonl" d
+  tag_rows "$work/bench_r.jsonl" f
   return "$rc"
 }
 
