@@ -188,6 +188,14 @@ INSTANTIATE_TEST_SUITE_P(
                 "sed -i 's/^\\[training\\]$/[training]\\nmemory_limit = \"0GiB\"/' "
                 "{dir}/tiny.toml && {bottle} train {dir}/tiny.toml",
                 "key 'training.memory_limit' must be a positive byte size"},
+        // Issue 45, case 4: limits from the environment. OMP_NUM_THREADS is bounded as
+        // --threads is (libgomp crashed starting 100,000 threads, SIGSEGV); a file-size limit
+        // ends a save with the write error naming the file (SIGXFSZ killed the run before).
+        Hostile{"omp_num_threads_huge", "OMP_NUM_THREADS=100000 {bottle} train {dir}/tiny.toml",
+                "the environment's OMP_NUM_THREADS (100000) asks for 100000 OpenMP threads"},
+        Hostile{"file_size_limit",
+                "ulimit -f 40 && {bottle} train {dir}/tiny.toml --set training.steps=1",
+                "{dir}/run/.tmp-step_00000001/model.safetensors: write failed (File too large)"},
         // Case 5: more validation batches than the split holds wrapped forever.
         Hostile{"eval_batches",
                 "{bottle} train {dir}/tiny.toml --set training.eval_interval=1 --set "
