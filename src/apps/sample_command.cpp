@@ -177,6 +177,13 @@ Command add_sample_command(CLI::App& app) {
         if (id) ends.push_back(*id);
     // One fixed window; the causal mask makes the positions after the last token irrelevant.
     const int64_t window = std::min<int64_t>(c.max_seq_len, int64_t(tokens.size()) + o->tokens);
+    // The model sees at most its context: the start of a longer prompt is dropped, said once.
+    if (int64_t(tokens.size()) > window)
+      std::fprintf(stderr,
+                   "sample: the prompt is %lld tokens, more than the model's context of %lld "
+                   "(max_position_embeddings of %s/config.json): only its last %lld are seen\n",
+                   (long long)tokens.size(), (long long)window, o->checkpoint.c_str(),
+                   (long long)window);
     model->allocate_activations(1, window);
     Arena arena(MemoryTag::workspace, *be);
     const Tensor input = arena.alloc({1, window}, DType::i32);  // [1, window]

@@ -316,6 +316,19 @@ std::string model_directory(const std::string& path) {
   return CheckpointStore::newest(path).value_or(path);
 }
 
+void check_not_a_run_without_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) || fs::exists(fs::path(path) / "config.json", ec) ||
+      CheckpointStore::newest(path))
+    return;
+  for (const char* file : {"train_config.toml", "metrics.jsonl", ".bottle.lock"})
+    if (fs::exists(fs::path(path) / file, ec))
+      fail(
+          "{}: a run's folder (it holds {}) without a checkpoint yet: a run saves its first at "
+          "checkpoint.interval, at a stop or at its end",
+          path, file);
+}
+
 std::optional<std::string> CheckpointStore::latest() const {
   std::vector<std::string> all = list();
   if (all.empty()) return std::nullopt;

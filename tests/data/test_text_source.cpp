@@ -226,9 +226,10 @@ TEST(TextSource, ACompressedNameThatDoesNotDecodeIsRefused) {
         std::tuple{"empty.jsonl.zst", "zst", "it is empty"},
         std::tuple{"text.gz", "gz", "it starts with the bytes 70 6c 61 69"}}) {
     const std::string message = error_of([&, n = name] { read_all({dir / n}); });
-    EXPECT_TRUE(starts_with(message, dir / name + ": the name ends in ." + ext + " but the file is "
-                                         "not " + (std::string(ext) == "gz" ? "gzip" : "zstd") +
-                                         " data ("))
+    EXPECT_TRUE(starts_with(message, dir / name + ": the name ends in ." + ext +
+                                         " but the file is "
+                                         "not " +
+                                         (std::string(ext) == "gz" ? "gzip" : "zstd") + " data ("))
         << name;
     EXPECT_TRUE(contains(message, why)) << name;
   }
