@@ -148,6 +148,8 @@ Command add_sample_command(CLI::App& app) {
       const std::string what = "sample: the model of " + o->checkpoint;
       const std::string advice = "use a smaller model or a machine with more memory";
       check_parameter_memory(c, false, 1, 1, world_communicator(), what, advice);
+      check_layers_memory(c, TensorParallel{default_tp_mode(c)}, 1, window, world_communicator(),
+                          what, advice);
       check_available_memory(
           plan_model_memory(c, TensorParallel{default_tp_mode(c)}, 1, window, false),
           world_communicator(), what, advice);

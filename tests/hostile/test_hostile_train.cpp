@@ -218,6 +218,14 @@ INSTANTIATE_TEST_SUITE_P(
                 "{dir}/model/config.json && {bottle} eval --checkpoint {dir}/model --data "
                 "{dir}/val.bin",
                 "eval: the model of {dir}/model: the parameters alone need"},
+        // Issue 45, case 4: a config.json of many small layers whose weights fit but whose
+        // activations do not is refused from the plans of 2 and 3 layers, within the 10 s
+        // (the whole plan took 69 s and 7 GiB before it refused 250,000 layers).
+        Hostile{"eval_many_layers_config",
+                "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 250000/' "
+                "{dir}/model/config.json && {bottle} eval --checkpoint {dir}/model --data "
+                "{dir}/val.bin --batch 64",
+                "eval: the model of {dir}/model: the"},
         Hostile{"sample_huge_config",
                 "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 100000000/' "
                 "{dir}/model/config.json && {bottle} sample --checkpoint {dir}/model --prompt hi",
