@@ -84,6 +84,7 @@ std::string did_you_mean(const std::string& word, const std::vector<std::string>
 }
 
 std::string checkpoint_option(const std::string& given, const std::string& command) {
+  check_not_a_run_without_checkpoint(given);
   const std::string dir = model_directory(given);
   if (dir != given && world_communicator().rank() == 0)
     std::fprintf(stderr, "%s: %s is a run's folder: its newest checkpoint is %s\n", command.c_str(),

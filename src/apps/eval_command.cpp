@@ -149,8 +149,19 @@ Command add_eval_command(CLI::App& app) {
                           "lower --batch or --seq, or spread the model over more ranks "
                           "(--set parallel.tp=N or parallel.pp=N under mpirun)";
     check_parameter_memory(c, false, p.tp * p.pp, 1, world, what, advice);
-    check_available_memory(plan_model_memory(c, tp, o->batch, seq, false, stage), world, what,
-                           advice);
+    if (p.pp == 1) check_layers_memory(c, tp, o->batch, seq, world, what, advice);
+    // Planning reserves address space for the activations: a batch too large for even that
+    // is named by its options, not by the reservation.
+    MemoryBreakdown planned;
+    try {
+      planned = plan_model_memory(c, tp, o->batch, seq, false, stage);
+    } catch (const InternalError&) {
+      throw;
+    } catch (const Error& e) {
+      fail("{}: --batch {} x --seq {} is too large to plan: {}; {}", what, o->batch, seq, e.what(),
+           advice);
+    }
+    check_available_memory(planned, world, what, advice);
     // A checkpoint that disagrees with itself, or with the shards' own description.
     check_tokenizer_matches_data(checkpoint_tokenizer(o->checkpoint, c).get(), o->checkpoint,
                                  o->data);

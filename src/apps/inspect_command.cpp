@@ -8,6 +8,8 @@
 //   - prepare's output (a directory of shards or one shard): each split's documents, tokens,
 //     shards and tokenizer.
 // Every file read is bounded (core/file_read.h through read_json_file); errors name the file.
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +22,8 @@
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/json_io.h"
+#include "core/safetensors.h"
+#include "core/token_shard.h"
 #include "data/shard_meta.h"
 #include "model/checkpoint.h"
 #include "train/checkpoint_store.h"
@@ -77,8 +81,15 @@ ojson model_json(const std::string& dir) {
     m["ranks"] = ranks;
   }
   m["parameters"] = c.parameter_count();
-  const nlohmann::json config = read_json_file((fs::path(dir) / "config.json").string());
-  m["stored_dtype"] = config.value("torch_dtype", std::string("float32"));
+  // The dtype the tensors are stored in, from the safetensors headers (config.json's
+  // torch_dtype is only what its writer said).
+  const ShardedReader files(dir, "model");
+  std::set<std::string> dtypes;
+  for (const std::string& name : files.names()) {
+    const std::string& d = files.reader_for(name).entry(name).dtype;
+    dtypes.insert(d == "F32" ? "float32" : d == "BF16" ? "bfloat16" : d == "F16" ? "float16" : d);
+  }
+  m["stored_dtype"] = fmt::format("{}", fmt::join(dtypes, " and "));
   const std::unique_ptr<Tokenizer> tokenizer = checkpoint_tokenizer(dir, c);
   m["tokenizer"] =
       tokenizer ? tokenizer->describe() : std::string("none (byte-level ids, no tokenizer)");
@@ -120,6 +131,14 @@ ojson data_json(const std::string& path) {
   ojson splits = ojson::array();
   for (const fs::path& file : metas) {
     const SplitMeta m = read_split_meta(file);
+    // The tokens the shards hold, from their headers: a description that disagrees with them
+    // (a shard replaced or cut short since) is named, not repeated.
+    for (const ShardEntry& shard : m.shards) {
+      const std::string shard_path = (file.parent_path() / shard.file).string();
+      const uint64_t held = token_shard_size(shard_path);
+      BOTTLE_CHECK(held == shard.tokens, "{}: holds {} tokens, but {} says {}", shard_path, held,
+                   file.string(), shard.tokens);
+    }
     splits.push_back({{"description", file.string()},
                       {"split", m.split},
                       {"documents", m.documents},
@@ -136,6 +155,7 @@ ojson inspect(const std::string& path) {
   std::error_code ec;
   BOTTLE_CHECK(fs::exists(path, ec), "{}: no such file or directory", path);
   if (fs::exists(fs::path(path) / "config.json", ec)) return ojson{{"model", model_json(path)}};
+  check_not_a_run_without_checkpoint(path);
   if (fs::is_directory(path, ec)) {
     const std::optional<std::string> newest = CheckpointStore::newest(path);
     if (newest) {

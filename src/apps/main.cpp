@@ -5,6 +5,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -37,12 +38,26 @@ std::string out_of_memory_message() {
              : std::string());
 }
 
+// OpenMP takes its thread count from OMP_NUM_THREADS, which --threads' bound does not
+// reach: libgomp crashes starting 100,000 threads. The same bound applies to both.
+void check_openmp_threads() {
+  if (omp_get_max_threads() <= bottle::kMaxThreads) return;
+  const char* env = std::getenv("OMP_NUM_THREADS");
+  bottle::fail(
+      "the environment's OMP_NUM_THREADS ({}) asks for {} OpenMP threads, more than bottle runs "
+      "(at most {}); set it to at most this machine's {} core(s), or unset it",
+      env ? env : "unset", omp_get_max_threads(), bottle::kMaxThreads, omp_get_num_procs());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   // Before any thread exists: MPI's and OpenMP's threads are born with the stop signals
   // blocked, so that no signal handler ever runs on a thread in a GEMM (core/stop_signals.h).
   bottle::block_stop_signals();
+  // A file-size limit (ulimit -f) would kill the process with SIGXFSZ in the middle of a
+  // write; ignored, the write fails with EFBIG and the error names the file being written.
+  std::signal(SIGXFSZ, SIG_IGN);
   CLI::App app{"bottle: a trainer for low-rank bottleneck LLaMA models"};
   app.require_subcommand(1);
   // Every option's --help line shows its default (subcommands inherit this as they are made).
@@ -133,6 +148,7 @@ int main(int argc, char** argv) {
     // Every rank joins the job before any check, so that an error found by all of them
     // (a bad configuration) is printed by all of them before the job ends.
     if (!launcher && !text_tool) bottle::world_communicator();
+    check_openmp_threads();
     // train reads them on a thread of its own while they stay blocked (a Ctrl-C before that
     // waits for it, and stops the run before its first step); every other command takes them
     // as they come, with their default action.

@@ -4,10 +4,11 @@
 // as text or JSONL, gzip / zstd compressed or not (data/text_source.h). --documents says what
 // a document is: a JSONL record, or a text file's whole, its paragraphs or its lines; by
 // default a record for JSONL, a paragraph when the input is one text file (nanoGPT's
-// input.txt), a whole file when it is several. Documents are numbered in input order from 0;
-// document i goes to the validation split iff floor((i+1)·f) > floor(i·f) for f = --val-fraction,
-// which spreads ⌊D·f⌋ validation documents evenly over the input, streaming, with no shuffle to
-// seed.
+// input.txt; a line when its paragraphs are too few for one validation document, as in a file
+// of one document per line), a whole file when it is several. Documents are numbered in input order
+// from 0; document i goes to the validation split iff floor((i+1)·f) > floor(i·f) for f =
+// --val-fraction, which spreads ⌊D·f⌋ validation documents evenly over the input, streaming, with
+// no shuffle to seed.
 //
 // Without --tokenizer the tokens are bottle's byte-level ones (V = 256, token = byte value):
 // the shards hold the input bytes concatenated, losslessly (no UTF-8 repair, and no delimiter,
@@ -387,6 +388,24 @@ TextSourceOptions source_options(const PrepareOptions& o, const std::vector<std:
                "--documents record reads JSONL, but --format text was given: drop one of them");
   source.documents = text_documents(o.documents, files, source.format);
   source.text_field = o.text_field;
+  // One text file without blank lines (a document per line) holds one paragraph: by default
+  // its lines are the documents then, when its paragraphs are too few for one validation
+  // document. Counting stops once there are enough; standard input cannot be read twice.
+  if (o.documents == "auto" && source.documents == TextDocuments::paragraph && o.val_fraction > 0 &&
+      files.size() == 1 && files[0] != "-") {
+    const uint64_t need = documents_for_one_validation(o.val_fraction);
+    DocumentReader paragraphs(files, source);
+    Document doc;
+    uint64_t found = 0;
+    while (found < need && paragraphs.next(doc)) ++found;
+    if (found < need) {
+      source.documents = TextDocuments::line;
+      std::printf(
+          "%s: %llu paragraph(s) are too few for --val-fraction %g (it takes %llu for one "
+          "validation document): a document is a line (--documents paragraph keeps paragraphs)\n",
+          files[0].c_str(), (unsigned long long)found, o.val_fraction, (unsigned long long)need);
+    }
+  }
   return source;
 }
 
@@ -407,7 +426,8 @@ Command add_prepare_command(CLI::App& app) {
                  "text or jsonl")
       ->check(CLI::IsMember({"auto", "text", "jsonl"}));
   app.add_option("--documents", o->documents,
-                 "what a document is: auto (record for JSONL; paragraph for one text file, file "
+                 "what a document is: auto (record for JSONL; paragraph for one text file, or "
+                 "line when its paragraphs are too few for validation; file "
                  "for several), file, paragraph (blank lines end one), line, or record (a JSONL "
                  "line: --format jsonl)")
       ->check(CLI::IsMember({"auto", "file", "paragraph", "line", "record"}));

@@ -92,6 +92,21 @@ class TextStream {
   std::string printed_;  // what went to stdout so far
 };
 
+// Memory first: a model the machine cannot hold is refused before it is loaded. `tokens`
+// bounds the window: the prompt's bytes (at least its tokens) and those to generate.
+void check_sample_memory(const std::string& checkpoint, int64_t tokens) {
+  const ModelConfig c = read_model_config(checkpoint);
+  const int64_t window = std::min<int64_t>(c.max_seq_len, tokens);
+  check_batch_shape(c, 1, window, "sample:", "batch", "--tokens + prompt length");
+  const std::string what = "sample: the model of " + checkpoint;
+  const std::string advice = "use a smaller model or a machine with more memory";
+  Communicator& world = world_communicator();
+  check_parameter_memory(c, false, 1, 1, world, what, advice);
+  const TensorParallel tp{default_tp_mode(c)};
+  check_layers_memory(c, tp, 1, window, world, what, advice);
+  check_available_memory(plan_model_memory(c, tp, 1, window, false), world, what, advice);
+}
+
 }  // namespace
 
 Command add_sample_command(CLI::App& app) {
@@ -139,19 +154,7 @@ Command add_sample_command(CLI::App& app) {
                  "sample runs on one process; run it without mpirun (the job has {} ranks)",
                  world_communicator().size());
     o->checkpoint = checkpoint_option(o->checkpoint, "sample");
-    {
-      // Memory first: a model the machine cannot hold is refused before it is loaded.
-      const ModelConfig c = read_model_config(o->checkpoint);
-      const int64_t window =
-          std::min<int64_t>(c.max_seq_len, int64_t(o->prompt.size()) + o->tokens);
-      check_batch_shape(c, 1, window, "sample:", "batch", "--tokens + prompt length");
-      const std::string what = "sample: the model of " + o->checkpoint;
-      const std::string advice = "use a smaller model or a machine with more memory";
-      check_parameter_memory(c, false, 1, 1, world_communicator(), what, advice);
-      check_available_memory(
-          plan_model_memory(c, TensorParallel{default_tp_mode(c)}, 1, window, false),
-          world_communicator(), what, advice);
-    }
+    check_sample_memory(o->checkpoint, int64_t(o->prompt.size()) + o->tokens);
     auto model = load_model(o->checkpoint);
     ConfigKeysGiven given;
     const TrainConfig config = apply_config_overrides(model->config(), o->overrides, &given);
@@ -177,6 +180,13 @@ Command add_sample_command(CLI::App& app) {
         if (id) ends.push_back(*id);
     // One fixed window; the causal mask makes the positions after the last token irrelevant.
     const int64_t window = std::min<int64_t>(c.max_seq_len, int64_t(tokens.size()) + o->tokens);
+    // The model sees at most its context: the start of a longer prompt is dropped, said once.
+    if (int64_t(tokens.size()) > window)
+      std::fprintf(stderr,
+                   "sample: the prompt is %lld tokens, more than the model's context of %lld "
+                   "(max_position_embeddings of %s/config.json): only its last %lld are seen\n",
+                   (long long)tokens.size(), (long long)window, o->checkpoint.c_str(),
+                   (long long)window);
     model->allocate_activations(1, window);
     Arena arena(MemoryTag::workspace, *be);
     const Tensor input = arena.alloc({1, window}, DType::i32);  // [1, window]

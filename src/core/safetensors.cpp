@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <fstream>
@@ -223,6 +224,9 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   text.append((8 - text.size() % 8) % 8, ' ');
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   BOTTLE_CHECK(out, "{}: cannot open for writing", path);
+  // The stream keeps no error code: errno after a failed write says why (ENOSPC, or EFBIG
+  // under a file-size limit).
+  errno = 0;
   const uint64_t len = text.size();
   out.write(reinterpret_cast<const char*>(&len), 8);
   out.write(text.data(), std::streamsize(text.size()));
@@ -238,7 +242,8 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
               std::streamsize(narrowed.size() * sizeof(uint16_t)));
   }
   out.flush();
-  BOTTLE_CHECK(out, "{}: write failed (disk full?)", path);
+  const int err = errno;
+  BOTTLE_CHECK(out, "{}: write failed ({})", path, err ? std::strerror(err) : "disk full?");
 }
 
 }  // namespace bottle

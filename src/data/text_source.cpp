@@ -15,6 +15,7 @@
 #include <set>
 #include <string_view>
 #include <system_error>
+#include <tuple>
 
 #include "core/error.h"
 
@@ -263,6 +264,15 @@ class ZstdDecoder final : public Decoder {
   bool frame_done_ = false, pending_ = false, done_ = false;
 };
 
+// The first (up to four) bytes of `head` in hexadecimal: what a message shows of a file that
+// is not what its name says.
+std::string hex_bytes(std::string_view head) {
+  std::string out;
+  for (size_t i = 0; i < std::min<size_t>(head.size(), 4); ++i)
+    out += fmt::format("{}{:02x}", i ? " " : "", uint8_t(head[i]));
+  return out;
+}
+
 std::unique_ptr<Decoder> open_decoder(const std::string& file, uint64_t& counter) {
   FilePtr f;
   std::string name = file;
@@ -276,10 +286,24 @@ std::unique_ptr<Decoder> open_decoder(const std::string& file, uint64_t& counter
   RawInput input(std::move(f), std::move(name), counter);
   input.refill();
   const std::string_view head = input.available();
-  if (head.size() >= 2 && head[0] == '\x1F' && head[1] == '\x8B')
-    return std::make_unique<GzipDecoder>(std::move(input));
-  if (head.size() >= 4 && head.substr(0, 4) == std::string_view("\x28\xB5\x2F\xFD", 4))
-    return std::make_unique<ZstdDecoder>(std::move(input));
+  const bool gzip = head.size() >= 2 && head[0] == '\x1F' && head[1] == '\x8B';
+  const bool zstd =
+      head.size() >= 4 && head.substr(0, 4) == std::string_view("\x28\xB5\x2F\xFD", 4);
+  // A name ending .gz or .zst says what the file holds: one that does not start as such a
+  // stream (a damaged first byte, another format, text) would otherwise be read as text, its
+  // compressed bytes tokenized as if they were the corpus.
+  for (const auto& [ext, format, matches] :
+       {std::tuple{".gz", "gzip", gzip}, std::tuple{".zst", "zstd", zstd}}) {
+    if (file != "-" && ends_with(file, ext))
+      BOTTLE_CHECK(matches,
+                   "{}: the name ends in {} but the file is not {} data ({}); rename it if it "
+                   "holds plain text",
+                   file, ext, format,
+                   head.empty() ? std::string("it is empty")
+                                : fmt::format("it starts with the bytes {}", hex_bytes(head)));
+  }
+  if (gzip) return std::make_unique<GzipDecoder>(std::move(input));
+  if (zstd) return std::make_unique<ZstdDecoder>(std::move(input));
   return std::make_unique<PlainDecoder>(std::move(input));
 }
 

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <span>
+#include <string_view>
 #include <thread>
 
 #include "core/json_io.h"
@@ -28,6 +29,8 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kTempPrefix = ".tmp-";
+// A checkpoint being deleted (see prune).
+const std::string kPruningPrefix = ".pruning-";
 
 void fsync_path(const fs::path& path) {
   const int fd = ::open(path.c_str(), O_RDONLY);
@@ -74,12 +77,32 @@ std::string why_not_ours(const fs::directory_entry& e) {
   }
 }
 
-// A temporary folder of the store's own: .tmp-step_N or .tmp-old-step_N.
+// A temporary folder of the store's own: .tmp-step_N, .tmp-old-step_N or .pruning-step_N.
 bool is_own_temporary(const std::string& name) {
-  for (const std::string& prefix : {std::string(kTempPrefix) + "old-", std::string(kTempPrefix)})
+  for (const std::string& prefix :
+       {std::string(kTempPrefix) + "old-", std::string(kTempPrefix), std::string(kPruningPrefix)})
     if (name.rfind(prefix, 0) == 0 && CheckpointStore::step_of(name.substr(prefix.size())))
       return true;
   return false;
+}
+
+// Deletes the old checkpoint `dir`. Deleting a folder takes one system call per file, in the
+// directory's order, so a process killed meanwhile could leave a step folder without its marker
+// that every later --resume refuses as not the store's. The folder is renamed out of the way
+// first (one atomic rename): a kill then leaves a .pruning-step_N folder, which no resume reads
+// and the next save removes. BOTTLE_FAILPOINT=checkpoint_prune kills the process (SIGKILL) once
+// the first pruned folder has lost its marker and trainer_state.json, as an interrupted deletion
+// may leave it.
+void prune(const fs::path& dir) {
+  const fs::path doomed = dir.parent_path() / (kPruningPrefix + dir.filename().string());
+  fs::rename(dir, doomed);
+  static const char* spec = std::getenv("BOTTLE_FAILPOINT");
+  if (spec && std::string_view(spec) == "checkpoint_prune") {
+    fs::remove(doomed / kCheckpointMarker);
+    fs::remove(doomed / kTrainerStateFile);
+    std::raise(SIGKILL);
+  }
+  fs::remove_all(doomed);
 }
 
 std::string moment_name(const char* which, const std::string& param) {
@@ -206,7 +229,7 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
     fsync_path(folder_);
     if (fs::exists(old)) fs::remove_all(old);
     std::vector<std::string> all = list();
-    for (size_t i = 0; i + size_t(keep_) < all.size(); ++i) fs::remove_all(all[i]);
+    for (size_t i = 0; i + size_t(keep_) < all.size(); ++i) prune(all[i]);
   }
   barrier();  // every rank returns once the checkpoint is complete
   return final_dir.string();
@@ -291,6 +314,19 @@ std::string model_directory(const std::string& path) {
   std::error_code ec;
   if (fs::exists(fs::path(path) / "config.json", ec) || !fs::is_directory(path, ec)) return path;
   return CheckpointStore::newest(path).value_or(path);
+}
+
+void check_not_a_run_without_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec) || fs::exists(fs::path(path) / "config.json", ec) ||
+      CheckpointStore::newest(path))
+    return;
+  for (const char* file : {"train_config.toml", "metrics.jsonl", ".bottle.lock"})
+    if (fs::exists(fs::path(path) / file, ec))
+      fail(
+          "{}: a run's folder (it holds {}) without a checkpoint yet: a run saves its first at "
+          "checkpoint.interval, at a stop or at its end",
+          path, file);
 }
 
 std::optional<std::string> CheckpointStore::latest() const {

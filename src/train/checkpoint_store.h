@@ -32,6 +32,11 @@ inline constexpr const char* kCheckpointMarker = "bottle_checkpoint";
 // else `path` unchanged (the loader's error names what is missing).
 std::string model_directory(const std::string& path);
 
+// Throws when `path` is a run's folder (it holds a file `bottle train` writes at its start:
+// train_config.toml, metrics.jsonl or .bottle.lock) without config.json or any complete
+// checkpoint yet: what a command given it as a model says, instead of a missing file's error.
+void check_not_a_run_without_checkpoint(const std::string& path);
+
 class CheckpointStore {
  public:
   // Throws naming the folder when it cannot hold checkpoints (a file, a symlink loop, an

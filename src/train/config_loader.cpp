@@ -243,18 +243,33 @@ std::string suggestion(const std::string& path) {
   fail("{}: unknown key '{}'{}", source, path, suggestion(path));
 }
 
-// A mixture names each source once and gives each one weight.
-void check_data_sources(const DataConfig& data, const std::string& source) {
+// A mixture names each source once and gives each one weight: a weight given is one per
+// source (an empty list is not "unset"), and each source's share is one the run's first lines
+// print as more than 0.0 %, as a weight of 0 is refused.
+void check_data_sources(const DataConfig& data, const std::string& source, bool weights_given) {
   for (size_t i = 0; i < data.train.size(); ++i)
     for (size_t j = 0; j < i; ++j)
       BOTTLE_CHECK(data.train[i] != data.train[j],
                    "{}: key 'data.train' lists {} twice (sources {} and {}); give a source "
                    "more weight in data.weights instead",
                    source, toml_string(data.train[i]), j + 1, i + 1);
+  BOTTLE_CHECK(!weights_given || !data.weights.empty(),
+               "{}: key 'data.weights' is an empty list; give one weight per data.train source, "
+               "or omit the key for shares by each source's size",
+               source);
   BOTTLE_CHECK(data.weights.empty() || data.weights.size() == data.train.size(),
                "{}: key 'data.weights' holds {} weight(s) for {} data.train source(s); give one "
                "per source, in data.train's order",
                source, data.weights.size(), data.train.size());
+  double sum = 0.0;
+  for (const double w : data.weights) sum += w;
+  for (size_t i = 0; i < data.weights.size(); ++i)
+    BOTTLE_CHECK(data.weights[i] / sum * 100.0 >= 0.05,
+                 "{}: key 'data.weights' gives source {} ({}) a weight of {} in a total of {}: a "
+                 "share of {:.2g} %, which prints as 0.0 %; give it a larger weight or remove the "
+                 "source",
+                 source, i + 1, toml_string(data.train[i]), data.weights[i], sum,
+                 data.weights[i] / sum * 100.0);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -338,7 +353,7 @@ struct Loader {
                  "{}: key 'training.attention' = \"cudnn\" is cuDNN's attention on the GPU: it "
                  "needs training.backend = \"cuda\", not \"{}\" (choose \"auto\" or \"own\")",
                  source, enum_name(t.backend));
-    check_data_sources(config.data, source);
+    check_data_sources(config.data, source, given.count("data.weights") > 0);
     check_batch_shape(m, t.micro_batch_size, t.seq_len, source + ": key",
                       "'training.micro_batch_size'", "'training.seq_len'");
     // Tokens per step (b·s·accum·dp) count the whole job's work: they must fit too.

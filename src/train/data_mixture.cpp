@@ -1,11 +1,15 @@
 #include "train/data_mixture.h"
 
 #include <cmath>
+#include <filesystem>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 
 namespace bottle {
+
+namespace fs = std::filesystem;
 
 void to_json(nlohmann::json& j, const DataPosition& p) {
   if (p.sources.size() == 1) {
@@ -61,6 +65,19 @@ DataMixture::DataMixture(const std::vector<std::string>& patterns,
       fail("source {} of {} (\"{}\"): {}", i + 1, patterns.size(), patterns[i], e.what());
     }
   }
+  // Two spellings of one data set (a directory and a glob, a path and a symbolic link) would
+  // weigh its shards twice: each shard belongs to one source.
+  std::map<fs::path, size_t> owner;
+  for (size_t i = 0; i < sources_.size(); ++i)
+    for (const std::string& file : sources_[i]->files()) {
+      std::error_code ec;
+      const auto [at, fresh] = owner.emplace(fs::weakly_canonical(file, ec), i);
+      BOTTLE_CHECK(fresh || at->second == i,
+                   "sources {} (\"{}\") and {} (\"{}\") both hold the shard {}; "
+                   "name each shard in one source only (give a source more weight in data.weights "
+                   "instead)",
+                   at->second + 1, patterns[at->second], i + 1, patterns[i], file);
+    }
   // Weights as fractions of 2^32, rounded, at least 1: exact integers for the choices.
   std::vector<double> w = weights;
   if (w.empty())

@@ -148,6 +148,28 @@ void check_parameter_memory(const ModelConfig& m, bool training, int64_t model_s
                                    : "the parameters alone need");
 }
 
+void check_layers_memory(const ModelConfig& model, const TensorParallel& tp, int64_t batch,
+                         int64_t seq, Communicator& world, const std::string& what,
+                         const std::string& advice) {
+  // Below this many layers the whole plan is quick.
+  constexpr int64_t kFewLayers = 64;
+  if (model.num_layers <= kFewLayers) return;
+  ModelConfig two = model, three = model;
+  two.num_layers = 2;
+  three.num_layers = 3;
+  const MemoryBreakdown a = plan_model_memory(two, tp, batch, seq, false),
+                        b = plan_model_memory(three, tp, batch, seq, false);
+  MemoryBreakdown estimate;
+  const double more_layers = double(model.num_layers - 3);
+  for (size_t i = 0; i < estimate.bytes.size(); ++i) {
+    const double per_layer = b.bytes[i] > a.bytes[i] ? double(b.bytes[i] - a.bytes[i]) : 0.0;
+    const double total = double(b.bytes[i]) + per_layer * more_layers;
+    // Saturating, as check_parameter_memory's: refused all the same.
+    estimate.bytes[i] = total >= 1e18 ? size_t(1e18) : size_t(total);
+  }
+  refuse_beyond_available(estimate, world, what, advice, "the planned memory is");
+}
+
 MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel& tp,
                                  const PipelineStage& stage, int slots,
                                  int64_t attention_workspace) {

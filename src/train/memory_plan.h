@@ -39,6 +39,16 @@ void check_parameter_memory(const ModelConfig& model, bool training, int64_t mod
                             int64_t optimizer_shards, Communicator& world, const std::string& what,
                             const std::string& advice);
 
+// The same, before a plan of many layers: a plan holds bookkeeping for every layer, so a
+// config.json claiming 250,000 layers took a minute and 7 GiB to plan before it was refused.
+// Every block but the first plans alike (LaX's block 0 has no G), so the plans of 2 and 3
+// layers give each further layer's bytes; a model whose estimate exceeds the memory available
+// is refused with check_available_memory's message. One stage (no pipeline) only; a model of
+// few layers is left to the whole plan.
+void check_layers_memory(const ModelConfig& model, const TensorParallel& tp, int64_t batch,
+                         int64_t seq, Communicator& world, const std::string& what,
+                         const std::string& advice);
+
 // This rank's footprint when training `config` as `stage` of the pipeline with `tp`,
 // `slots` micro-batches in flight; `attention_workspace` is what the backend's attention takes
 // beyond the activations (Backend::attention_workspace_bytes: cuDNN's backward on a GPU).

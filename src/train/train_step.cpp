@@ -172,6 +172,7 @@ StepResult TrainStep::step(int64_t step) {
   be_.to_host(host, scalars_.view(0, {kHostScalars}));
   r.loss = host[kLoss];
   r.grad_norm = host[kNorm];
+  loss_not_finite_ = !std::isfinite(r.loss);
   const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
   if (!finite && config_.training.on_nonfinite == OnNonfinite::stop)
     fail(

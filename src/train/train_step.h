@@ -109,6 +109,9 @@ class TrainStep {
   // True while step() changes the weights and moments: a step that throws meanwhile leaves
   // them neither before nor after it, and they must not be saved as either.
   bool updating() const { return updating_; }
+  // True when the last step's loss was not finite: the weights it started from (which a
+  // skipped or stopped step leaves as they were) give a non-finite loss.
+  bool loss_not_finite() const { return loss_not_finite_; }
   // The bytes the step's scalars take (workspace, beside the token buffers): the memory plan's.
   static size_t scalar_bytes();
 
@@ -119,6 +122,7 @@ class TrainStep {
 
  private:
   bool updating_ = false;
+  bool loss_not_finite_ = false;
   const TrainConfig config_;
   Backend& be_;
   Communicator* pp_;

@@ -330,6 +330,14 @@ void check_tokenizer_matches_shards(const Tokenizer* tokenizer,
     const auto meta = split_meta_of_shard(file);
     if (!meta || meta->second.tokenizer_kind.empty()) continue;
     const SplitMeta& m = meta->second;
+    // No tokenizer because the model's vocabulary is too small for the shards' (byte shards
+    // with model.vocab_size below 256): the key to change is the vocabulary's.
+    BOTTLE_CHECK(
+        tokenizer || !config.data.tokenizer.empty() || config.model.vocab_size >= m.vocab_size,
+        "{}: key 'model.vocab_size' is {}, but {} says the shards of data.train hold "
+        "{} tokens of a vocabulary of {}; set model.vocab_size to at least {}",
+        config_path, config.model.vocab_size, meta->first.string(), m.tokenizer_kind, m.vocab_size,
+        m.vocab_size);
     const bool same = tokenizer && tokenizer->kind() == m.tokenizer_kind &&
                       tokenizer->vocab_size() == m.vocab_size;
     BOTTLE_CHECK(same,
@@ -417,6 +425,7 @@ class Trainer {
 
   TrainResult run_steps(const StopSignals& signals);
   void save_before_failing(const std::string& what);
+  std::string first_nonfinite_tensor();
   std::string newest_checkpoint() const;
   void check_continues_the_run(const TrainerState& state, const std::string& checkpoint,
                                const Tokenizer* saved_tokenizer) const;
@@ -597,6 +606,23 @@ void Trainer::open_data() {
                  "{} x {} (+1) tokens; lower training.eval_batches",
                  options_.config_path, tc_.eval_batches, config_.data.val,
                  val_->windows_per_epoch(), B, S);
+  }
+  // Validation shards that are also trained on measure memory, not generalisation: allowed
+  // (a smoke test may want it), but said.
+  if (val_ && leader_) {
+    std::set<fs::path> trained;
+    std::error_code ec;
+    for (const std::string& f : loader_->files()) trained.insert(fs::weakly_canonical(f, ec));
+    int64_t shared = 0;
+    std::string first;
+    for (const std::string& f : val_->files())
+      if (trained.count(fs::weakly_canonical(f, ec)) && shared++ == 0) first = f;
+    if (shared > 0)
+      std::fprintf(stderr,
+                   "warning: %lld of data.val's %zu shard(s) (%s%s) are also in data.train: the "
+                   "validation loss is measured on data the run trains on\n",
+                   (long long)shared, val_->files().size(), first.c_str(),
+                   shared > 1 ? ", ..." : "");
   }
   std::vector<std::string> data_files = loader_->files();
   if (val_) data_files.insert(data_files.end(), val_->files().begin(), val_->files().end());
@@ -876,7 +902,23 @@ void Trainer::save_before_failing(const std::string& what) {
         step_ + 1, newest_checkpoint()));
     return;
   }
+  // A checkpoint of weights that give a non-finite loss, or of non-finite weights or moments,
+  // would be the newest one and resume into the same failure: not saved.
+  if (train_step_->loss_not_finite()) {
+    message(fmt::format(
+        "step {}'s weights give a non-finite loss (that of step {}), so they are not saved; the "
+        "newest checkpoint is {}",
+        step_, step_ + 1, newest_checkpoint()));
+    return;
+  }
   try {
+    if (const std::string tensor = first_nonfinite_tensor(); !tensor.empty()) {
+      message(fmt::format(
+          "step {}'s tensor '{}' holds a non-finite value, so the step is not saved; the newest "
+          "checkpoint is {}",
+          step_, tensor, newest_checkpoint()));
+      return;
+    }
     const std::string dir = save_checkpoint();
     message(
         fmt::format("step {}: checkpoint {} (saved before reporting the error below)", step_, dir));
@@ -886,6 +928,30 @@ void Trainer::save_before_failing(const std::string& what) {
                     "checkpoint is {}",
                     step_, what.substr(0, 200), e.what(), newest_checkpoint()));
   }
+}
+
+// The first parameter or AdamW moment (named as a checkpoint names it) that holds a NaN or an
+// infinity; "" when every value is finite. One process only (save_before_failing's case): the
+// whole model is here.
+std::string Trainer::first_nonfinite_tensor() {
+  train_step_->data_parallel().gather_masters();
+  const ParameterStore& params = train_step_->model().parameters();
+  Backend& be = params.backend();
+  Arena arena(MemoryTag::comm, be);
+  const Tensor m = arena.alloc(params.values().shape), v = arena.alloc(params.values().shape);
+  train_step_->optimizer().gather_moments(m, v, groups_.dp.get());
+  BOTTLE_ASSERT(params.values().dtype == DType::f32, "the parameter values are not fp32");
+  std::vector<float> host(size_t(params.values().numel()));
+  for (const auto& [prefix, flat] :
+       {std::pair{"", params.values()}, std::pair{"exp_avg/", m}, std::pair{"exp_avg_sq/", v}}) {
+    be.to_host(host.data(), flat);
+    for (const ParamSpec& spec : params.specs()) {
+      const float* x = host.data() + spec.offset;
+      if (!std::all_of(x, x + spec.shape.numel(), [](float f) { return std::isfinite(f); }))
+        return prefix + spec.name;
+    }
+  }
+  return "";
 }
 
 TrainResult Trainer::run_steps(const StopSignals& signals) {

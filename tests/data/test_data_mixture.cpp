@@ -200,6 +200,19 @@ TEST_F(Sources, APositionOfOtherSourcesIsAnError) {
   EXPECT_THROW(m.set_position(DataPosition{{{0, 0, 0}, {0, 2, 0}, {0, 0, 0}}}), Error);
 }
 
+// Issue 45, case 7: one data set spelt twice (its directory and a glob of its shards) would be
+// two sources weighing the same shards; refused, naming both and the shard (was accepted).
+TEST_F(Sources, TheSameShardsInTwoSourcesAreRefused) {
+  const std::string glob = patterns[0] + "/shard_*.bin";
+  const std::string what = testing::error_of([&] {
+    DataMixture({patterns[0], patterns[1], glob}, {}, B, S, 1, 0, 1);
+  });
+  EXPECT_NE(what.find(fmt::format("sources 1 (\"{}\") and 3 (\"{}\") both hold the shard {}",
+                                  patterns[0], glob, patterns[0] + "/shard_0.bin")),
+            std::string::npos)
+      << what;
+}
+
 TEST_F(Sources, ASourceThatDoesNotOpenIsNamed) {
   try {
     DataMixture({patterns[0], dir / "missing"}, {}, B, S, 1, 0, 1);

@@ -246,9 +246,10 @@ TEST(Prepare, OneTextFileSplitsIntoParagraphsByDefault) {
   ASSERT_EQ(r.status, 0) << r.output;
   EXPECT_NE(r.output.find(fmt::format("{} document(s)", lines)), std::string::npos) << r.output;
 
-  // One paragraph: the refusal names the finer split and the way without validation.
+  // One paragraph: the refusal names the finer split and the way without validation (by
+  // default the lines are already the documents, as one paragraph is too few).
   write_text(dir / "one.txt", "a single paragraph\nof two lines\n");
-  for (const auto& [documents, finer] : {std::pair{"", "--documents line"},
+  for (const auto& [documents, finer] : {std::pair{"", ""},
                                          {"--documents file", "--documents paragraph or line"},
                                          {"--documents line", ""}}) {
     r = run(fmt::format("{} prepare --input {} --output {} {}", bottle_binary(), dir / "one.txt",
@@ -268,6 +269,32 @@ TEST(Prepare, OneTextFileSplitsIntoParagraphsByDefault) {
                       dir / "mine"));
   EXPECT_EQ(r.status, 1) << r.output;
   EXPECT_TRUE(fs::is_directory(dir / "mine"));
+}
+
+// Issue 45, case 5: one text file of a document per line, no blank line between them, is one
+// paragraph: by default its lines are the documents then, and prepare says so. Before, the
+// default refused it ("1 document(s) are too few ... (--documents line)").
+TEST(Prepare, OneTextFileOfLinesSplitsIntoLinesByDefault) {
+  TempDir dir;
+  std::string input, val;
+  for (int i = 0; i < 40; ++i) {
+    const std::string line = fmt::format("document number {} on its own line\n", i);
+    input += line;
+    if (i == 19 || i == 39) val += line;
+  }
+  write_text(dir / "lines.txt", input);
+  const CommandResult r = run(fmt::format("{} prepare --input {} --output {} --no-progress",
+                                          bottle_binary(), dir / "lines.txt", dir / "out"));
+  ASSERT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(dir / "lines.txt" + ": 1 paragraph(s) are too few for --val-fraction "
+                                              "0.05 (it takes 20 for one validation document): a "
+                                              "document is a line"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("40 document(s) (train 38, val 2); a document is a line of text"),
+            std::string::npos)
+      << r.output;
+  EXPECT_EQ(read_token_shard(dir / "out/data_val_000000.bin"), tokens_of(val));
 }
 
 // A .json file in JSON Lines form (datasets.to_json) is read as records; other JSON is

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <fstream>
+#include <tuple>
 
 #include "data/text_source.h"
 #include "data/utf8.h"
@@ -192,15 +193,46 @@ TEST(TextSource, TextFilesPlainGzipZstd) {
   EXPECT_EQ(texts_of(read_all({dir / "empty.txt"})), std::vector<std::string>{""});
 }
 
+// A name without .gz or .zst: compression is found by the magic bytes, JSONL by the name.
 TEST(TextSource, CompressionIsFoundByItsMagicBytes) {
   TempDir dir;
   write_file(dir / "a", "gzip inside");
   std::rename(gzip(dir / "a").c_str(), (dir / "gz.txt").c_str());
-  // The name says JSONL and gzip, the bytes say zstd: the format follows the name.
   write_file(dir / "b", R"({"text": "zstd inside"})");
-  std::rename(zstd(dir / "b").c_str(), (dir / "zst.jsonl.gz").c_str());
-  EXPECT_EQ(texts_of(read_all({dir / "gz.txt", dir / "zst.jsonl.gz"})),
+  std::rename(zstd(dir / "b").c_str(), (dir / "zst.jsonl").c_str());
+  EXPECT_EQ(texts_of(read_all({dir / "gz.txt", dir / "zst.jsonl"})),
             (std::vector<std::string>{"gzip inside", "zstd inside"}));
+}
+
+// Issue 45, case 3: a name ending .gz or .zst decides the decoder. A file so named that does not
+// start as that stream (a damaged first byte, the other format, random bytes, nothing) is
+// refused naming the file; before, it was read as text and its bytes tokenized.
+TEST(TextSource, ACompressedNameThatDoesNotDecodeIsRefused) {
+  TempDir dir;
+  write_file(dir / "a", "some text");
+  std::string damaged = read_file(gzip(dir / "a"));
+  damaged[0] = 'x';
+  write_file(dir / "damaged.txt.gz", damaged);
+  std::rename(zstd(dir / "a").c_str(), (dir / "zstd.txt.gz").c_str());
+  std::string random(300, '\0');
+  for (size_t i = 0; i < random.size(); ++i) random[i] = char((i * 2654435761u) >> 13);
+  write_file(dir / "random.zst", random);
+  write_file(dir / "empty.jsonl.zst", "");
+  write_file(dir / "text.gz", "plain text\n");
+  for (const auto& [name, ext, why] :
+       {std::tuple{"damaged.txt.gz", "gz", "it starts with the bytes 78 8b 08 00"},
+        std::tuple{"zstd.txt.gz", "gz", "it starts with the bytes 28 b5 2f fd"},
+        std::tuple{"random.zst", "zst", "it starts with the bytes"},
+        std::tuple{"empty.jsonl.zst", "zst", "it is empty"},
+        std::tuple{"text.gz", "gz", "it starts with the bytes 70 6c 61 69"}}) {
+    const std::string message = error_of([&, n = name] { read_all({dir / n}); });
+    EXPECT_TRUE(starts_with(message, dir / name + ": the name ends in ." + ext +
+                                         " but the file is "
+                                         "not " +
+                                         (std::string(ext) == "gz" ? "gzip" : "zstd") + " data ("))
+        << name;
+    EXPECT_TRUE(contains(message, why)) << name;
+  }
 }
 
 TEST(TextSource, ConcatenatedGzipMembersAndZstdFrames) {

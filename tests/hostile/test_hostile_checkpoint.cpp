@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cmath>
+#include <csignal>
 #include <cstring>
 #include <fstream>
 #include <functional>
@@ -654,6 +655,29 @@ TEST_F(Run, CheckpointsWithoutTheMarkerStillResume) {
       << r.output;
   EXPECT_FALSE(fs::exists(dir / "run/step_00000001"));
   EXPECT_TRUE(fs::exists(dir / "run/step_00000003/bottle_checkpoint"));
+}
+
+// Issue 45, case 1: a run killed while it prunes an old checkpoint leaves nothing that a later
+// --resume refuses. The failpoint kills the run once the pruned folder has lost its marker and
+// trainer_state.json (deleting a folder goes file by file, in the directory's order): before the
+// fix that left step_00000001 without them, and every later resume refused it as "bottle did
+// not write it".
+TEST_F(Run, AKillWhilePruningLeavesAFolderThatResumes) {
+  const CommandResult killed =
+      run10(fmt::format("env BOTTLE_FAILPOINT=checkpoint_prune {} train {} --resume --set "
+                        "training.steps=3 --set checkpoint.keep=2",
+                        bottle_binary(), dir / "tiny.toml"));
+  ASSERT_EQ(killed.status, 128 + SIGKILL) << killed.output;
+  ASSERT_TRUE(fs::exists(dir / "run/step_00000003/trainer_state.json")) << killed.output;
+  const CommandResult r = train("--resume --set training.steps=4 --set checkpoint.keep=2");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("resumed from " + dir / "run/step_00000003 at step 3"), std::string::npos)
+      << r.output;
+  // The interrupted deletion is finished by the next save: only the two newest remain.
+  std::vector<std::string> left;
+  for (const std::string& name : entries_of(dir / "run"))
+    if (name.starts_with("step_") || name.starts_with(".")) left.push_back(name);
+  EXPECT_EQ(left, (std::vector<std::string>{"step_00000003", "step_00000004"}));
 }
 
 // --init-from X never has the run write into X, however X is spelled.

@@ -119,6 +119,57 @@ TEST_F(HostileTrain, AnInternalErrorMidRunSavesTheStepsBeforeIt) {
   EXPECT_NE(resumed.output.find("at step 2"), std::string::npos) << resumed.output;
 }
 
+// Issue 45, case 6: what is allowed but surprising is said. A prompt longer than the model's
+// context loses its start (max_seq_len 64 here; digits and spaces are ids below the tiny
+// vocabulary of 64), and validation shards that are also trained on measure nothing new.
+TEST_F(HostileTrain, SurprisesAreSaid) {
+  std::string prompt;
+  for (int i = 0; i < 10; ++i) prompt += "0123456789";
+  const CommandResult sampled = run_case(fmt::format(
+      "{{bottle}} sample --checkpoint {{dir}}/model --prompt '{}' --tokens 2 --ignore-eos",
+      prompt));
+  EXPECT_EQ(sampled.status, 0) << sampled.output;
+  EXPECT_NE(sampled.output.find("sample: the prompt is 100 tokens, more than the model's context "
+                                "of 64 (max_position_embeddings of " +
+                                dir / "model" + "/config.json): only its last 64 are seen"),
+            std::string::npos)
+      << sampled.output;
+  const CommandResult trained = run_case(
+      "{bottle} train {dir}/tiny.toml --set training.steps=1 --set data.val={dir}/train.bin");
+  EXPECT_EQ(trained.status, 0) << trained.output;
+  EXPECT_NE(trained.output.find("warning: 1 of data.val's 1 shard(s) (" + dir / "train.bin" +
+                                ") are also in data.train"),
+            std::string::npos)
+      << trained.output;
+}
+
+// Issue 45, case 2: a save on an error path never makes a checkpoint that evaluates to NaN. lr
+// 1e30 without clipping moves step 1's weights to ~1e30 (finite), whose forward overflows: step
+// 2's loss is NaN. Before the fix step 1 was saved "before reporting the error" as the newest
+// checkpoint, which eval refuses ("the loss is nan") and a resume fails on again.
+TEST_F(HostileTrain, ADivergedRunSavesNoCheckpointThatGivesNaN) {
+  const CommandResult r =
+      run_case("{bottle} train {dir}/tiny.toml --set optimizer.lr=1e30 --set training.max_norm=0");
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find("bottle: error: step 2: the loss is nan"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 1's weights give a non-finite loss (that of step 2), so they are "
+                          "not saved; the newest checkpoint is none"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir / "run/step_00000001")) << r.output;
+}
+
+// Issue 45, case 7: the stored dtype is the tensors', not what config.json's torch_dtype claims
+// (inspect said "int8" for F32 tensors before).
+TEST_F(HostileTrain, InspectTellsTheStoredDtypeFromTheTensors) {
+  const CommandResult r = run_case(
+      "sed -i 's/\"torch_dtype\": \"float32\"/\"torch_dtype\": \"int8\"/' "
+      "{dir}/model/config.json && grep -q int8 {dir}/model/config.json && {bottle} inspect "
+      "{dir}/model --json");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find("\"stored_dtype\":\"float32\""), std::string::npos) << r.output;
+}
+
 INSTANTIATE_TEST_SUITE_P(
     Cases, HostileCase,
     ::testing::Values(
@@ -167,6 +218,14 @@ INSTANTIATE_TEST_SUITE_P(
                 "{dir}/model/config.json && {bottle} eval --checkpoint {dir}/model --data "
                 "{dir}/val.bin",
                 "eval: the model of {dir}/model: the parameters alone need"},
+        // Issue 45, case 4: a config.json of many small layers whose weights fit but whose
+        // activations do not is refused from the plans of 2 and 3 layers, within the 10 s
+        // (the whole plan took 69 s and 7 GiB before it refused 250,000 layers).
+        Hostile{"eval_many_layers_config",
+                "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 250000/' "
+                "{dir}/model/config.json && {bottle} eval --checkpoint {dir}/model --data "
+                "{dir}/val.bin --batch 64",
+                "eval: the model of {dir}/model: the"},
         Hostile{"sample_huge_config",
                 "sed -i 's/\"num_hidden_layers\": 2/\"num_hidden_layers\": 100000000/' "
                 "{dir}/model/config.json && {bottle} sample --checkpoint {dir}/model --prompt hi",
@@ -188,6 +247,43 @@ INSTANTIATE_TEST_SUITE_P(
                 "sed -i 's/^\\[training\\]$/[training]\\nmemory_limit = \"0GiB\"/' "
                 "{dir}/tiny.toml && {bottle} train {dir}/tiny.toml",
                 "key 'training.memory_limit' must be a positive byte size"},
+        // Issue 45, case 4: limits from the environment. OMP_NUM_THREADS is bounded as
+        // --threads is (libgomp crashed starting 100,000 threads, SIGSEGV); a file-size limit
+        // ends a save with the write error naming the file (SIGXFSZ killed the run before).
+        Hostile{"omp_num_threads_huge", "OMP_NUM_THREADS=100000 {bottle} train {dir}/tiny.toml",
+                "the environment's OMP_NUM_THREADS (100000) asks for 100000 OpenMP threads"},
+        Hostile{"file_size_limit",
+                "ulimit -f 40 && {bottle} train {dir}/tiny.toml --set training.steps=1",
+                "{dir}/run/.tmp-step_00000001/model.safetensors: write failed (File too large)"},
+        // Issue 45, case 6: messages name the key, option or folder at fault.
+        Hostile{"vocab_below_byte_shards",
+                "seq 3000 > {dir}/t.txt && {bottle} prepare --input {dir}/t.txt --output "
+                "{dir}/bytes --documents line > /dev/null && {bottle} train {dir}/tiny.toml --set "
+                "model.vocab_size=100 --set 'data.train={dir}/bytes/data_train_*.bin' --set "
+                "'data.val={dir}/bytes/data_val_*.bin'",
+                "{dir}/tiny.toml: key 'model.vocab_size' is 100, but {dir}/bytes/data_train.json "
+                "says the shards of data.train hold bytes tokens of a vocabulary of 256"},
+        Hostile{"eval_batch_beyond_address_space",
+                "{bottle} eval --checkpoint {dir}/model --data {dir}/val.bin --batch 1000000000 "
+                "--seq 64",
+                "eval: the model of {dir}/model: --batch 1000000000 x --seq 64 is too large to "
+                "plan: cannot reserve"},
+        Hostile{"inspect_run_before_its_checkpoint",
+                "mkdir {dir}/early && touch {dir}/early/metrics.jsonl && {bottle} inspect "
+                "{dir}/early",
+                "{dir}/early: a run's folder (it holds metrics.jsonl) without a checkpoint yet"},
+        Hostile{"eval_run_before_its_checkpoint",
+                "mkdir {dir}/early && touch {dir}/early/train_config.toml && {bottle} eval "
+                "--checkpoint {dir}/early --data {dir}/val.bin",
+                "{dir}/early: a run's folder (it holds train_config.toml) without a checkpoint "
+                "yet"},
+        // Issue 45, case 7: inspect reads what it reports from the files themselves.
+        Hostile{"inspect_shard_unlike_its_description",
+                "seq 3000 > {dir}/t.txt && {bottle} prepare --input {dir}/t.txt --output "
+                "{dir}/bytes --documents line > /dev/null && cp {dir}/val.bin "
+                "{dir}/bytes/data_train_000000.bin && {bottle} inspect {dir}/bytes",
+                "{dir}/bytes/data_train_000000.bin: holds 4000 tokens, but "
+                "{dir}/bytes/data_train.json says"},
         // Case 5: more validation batches than the split holds wrapped forever.
         Hostile{"eval_batches",
                 "{bottle} train {dir}/tiny.toml --set training.eval_interval=1 --set "

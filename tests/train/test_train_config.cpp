@@ -476,6 +476,25 @@ TEST(TrainConfig, DataTrainTakesSeveralSources) {
             "per source, in data.train's order");
   EXPECT_EQ(error_of("[data]\ntrain = [\"a\", \"b\"]\nweights = [1, 0]\n"),
             "test.toml: key 'data.weights' must hold numbers > 0, got 0");
+  // Issue 45, case 7: one rule for a weight. A share that prints as 0.0 % is refused as a
+  // weight of 0 is, and an empty list is no weights rather than "unset" (both were accepted).
+  EXPECT_EQ(error_of("[data]\ntrain = [\"a\", \"b\"]\nweights = [1e-300, 1]\n"),
+            "test.toml: key 'data.weights' gives source 1 (\"a\") a weight of 1e-300 in a total of "
+            "1: a share of 1e-298 %, which prints as 0.0 %; give it a larger weight or remove the "
+            "source");
+  EXPECT_EQ(
+      error_of("", {"data.train=[\"a\", \"b\"]", "data.weights=[1, 3000]"}),
+      "test.toml: key 'data.weights' gives source 1 (\"a\") a weight of 1 in a total of 3001: a "
+      "share of 0.033 %, which prints as 0.0 %; give it a larger weight or remove the "
+      "source");
+  EXPECT_EQ(parse("", {"data.train=[\"a\", \"b\"]", "data.weights=[1, 1999]"}).data.weights,
+            (std::vector<double>{1.0, 1999.0}));
+  for (const auto& [toml, set] : {std::pair<std::string, std::vector<std::string>>{
+                                      "[data]\ntrain = [\"a\", \"b\"]\nweights = []\n", {}},
+                                  {"", {"data.train=[\"a\", \"b\"]", "data.weights=[]"}}})
+    EXPECT_CONTAINS(error_of(toml, set),
+                    "key 'data.weights' is an empty list; give one weight per data.train source, "
+                    "or omit the key");
   EXPECT_EQ(error_of("[data]\nweights = 1\n"),
             "test.toml: key 'data.weights' must be an array of numbers, got integer");
   EXPECT_EQ(error_of("[data]\nweights = [1, \"2\"]\n"),
