@@ -25,8 +25,9 @@
 #    each call after --gap-ms (default 20) of the ranks spinning on their cores, as a step's
 #    collectives come between its kernels (back to back, or after a sleep that leaves the
 #    cores to others, calls run otherwise than in a step on shared cores). From them:
-#      β   (per tier) 1 / the slope of the least-squares line through the two-rank
-#          all-reduces' medians over the large sizes (2(n−1)/n = 1);
+#      β   (per tier) 1 / the slope of the least-squares line (in relative error: weights
+#          1/t²) through the two-rank all-reduces' medians over the large sizes
+#          (2(n−1)/n = 1);
 #      a   the per-call base: a 64-byte two-rank all-reduce less the link's one-way latency
 #          (what MPI's call costs beyond one trip);
 #      α   (per tier) the per-step latency of a large message: half of (the two-rank line's
@@ -165,14 +166,17 @@ echo "emulate.sh: measuring the shaped links" >&2
 ((rpn >= 2)) && measure intra "${addr[0]},${addr[1]}" 2
 ((nodes >= 2)) && measure inter "${addr[0]},${addr[$rpn]}" 2
 ((np > 2)) && measure all "$(IFS=,; echo "${addr[*]}")" "$np"
-# fit NAME: a two-rank probe's least-squares line over the large sizes (2(n−1)/n = 1: the
-# slope is 1/β), its intercept, its small message and the one-way latency: sets fit_bw_gbs,
+# fit NAME: a two-rank probe's least-squares line over the large sizes, in relative error
+# (weights 1/t², so that every size counts alike, as the planner's errors are judged; bottle's
+# chunked all-reduce grows faster than linearly with the size, and a plain fit would follow
+# the largest) (2(n−1)/n = 1: the slope is 1/β), its intercept, its small message and the one-way latency: sets fit_bw_gbs,
 # fit_icept_us, fit_small_us, fit_oneway_us.
 fit() {
   local line
   line=$(awk -v list="${large[*]}" 'BEGIN { n = split(list, l, " "); for (i = 1; i <= n; ++i) want[l[i]] = 1 }
-    /^allreduce/ && ($5 in want) { x = $5; y = $7; sx += x; sy += y; sxx += x * x; sxy += x * y; ++c }
-    END { b = (c * sxy - sx * sy) / (c * sxx - sx * sx); printf "%.6g %.6g", 1e-3 / b, (sy - b * sx) / c }' \
+    /^allreduce/ && ($5 in want) { x = $5; y = $7; w = 1 / (y * y)
+      sw += w; sx += w * x; sy += w * y; sxx += w * x * x; sxy += w * x * y }
+    END { b = (sw * sxy - sx * sy) / (sw * sxx - sx * sx); printf "%.6g %.6g", 1e-3 / b, (sy - b * sx) / sw }' \
     "$out/probe_$1$tag.txt")
   fit_bw_gbs=${line% *} fit_icept_us=${line#* }
   fit_small_us=$(field "$1" 64)
