@@ -2,7 +2,7 @@
 # tools/cluster/bench_emulated.sh: bench tp's three TP modes on an emulated GPU cluster (a
 # preset dilated in time onto tools/cluster/cluster.sh, tools/cluster/emulate.sh) beside what
 # `bottle plan` predicts for the same runs from the emulated cluster file, end to end (issue 43;
-# tools/cluster/EMULATE-SECTION.md). For each layout NxR (N nodes of R ranks, TP N·R):
+# docs/design.md §24). For each layout NxR (N nodes of R ranks, TP N·R):
 # up, emulate (calibrate unshaped, shape the preset's links dilated by k, measure them, write
 # the cluster file), `bench tp` (full, vanilla, btp side by side in one run, one thread per
 # rank), the links measured again (emulate.sh --remeasure after), down, `bottle plan --cluster

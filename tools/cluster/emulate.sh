@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # tools/cluster/emulate.sh: a GPU cluster preset, emulated on this machine's cluster harness
 # (tools/cluster/cluster.sh) in dilated time, and the cluster file `bottle plan` predicts
-# runs on that emulation with (issue 43; tools/cluster/EMULATE-SECTION.md).
+# runs on that emulation with (issue 43; docs/design.md §24).
 #
 #   tools/cluster/emulate.sh --preset a100-perlmutter|h100|h200|FILE --nodes N
 #       --ranks-per-node R [--precision fp32|bf16] [--out DIR] [--state DIR]
