@@ -16,7 +16,6 @@
 // frontend then decides by the same formula as sdpa_dp_workspace_bytes.
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <string>
 
 namespace bottle {
