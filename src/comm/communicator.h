@@ -10,6 +10,7 @@
 // Elements counted per call: all_reduce and broadcast the buffer's size; all_gather the
 // gathered result (size × input); reduce_scatter the input (size × output); send/recv the
 // message. A communicator of size 1 moves nothing and counts nothing.
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -92,14 +93,24 @@ class Communicator {
   // is reported (an error naming the group, never a hang). The training step calls it once,
   // at its end.
   virtual void complete() {}
-  // Ranks with the same color form a new group, ordered by key (then by rank here).
+  // Ranks with the same color form a new group, ordered by key (then by rank here). The new
+  // group inherits this one's timeout.
   virtual std::unique_ptr<Communicator> split(int color, int key, std::string name) = 0;
+
+  // How long one call may wait for its peers before the group is called broken: a peer that
+  // stopped (SIGSTOP, a hung host), died without its connections closing, or lost its link
+  // leaves a call that would otherwise wait for ever. Past it the call ends the whole job
+  // with an error naming the group, the site and the rank (and host) it waited for.
+  // parallel.comm_timeout; PyTorch's NCCL default of 10 minutes otherwise.
+  std::chrono::milliseconds timeout() const { return timeout_; }
+  virtual void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
 
   CommStats& stats() { return stats_; }
   const CommStats& stats() const { return stats_; }
 
  protected:
   CommStats stats_;
+  std::chrono::milliseconds timeout_ = std::chrono::minutes(10);
 };
 
 // Sets a communicator's phase (CommStats::set_phase) for the scope; null: nothing.

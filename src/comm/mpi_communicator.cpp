@@ -70,6 +70,30 @@ MPI_Op mpi_reduce_op(ReduceOp op, DType t) {
   return op == ReduceOp::sum ? ops.first : ops.second;
 }
 
+// Each world rank's host name (MPI_Get_processor_name), in world-rank order: gathered once,
+// when the world's communicator is made, so that a call that times out can name the host of
+// the rank it waited for without another collective (which could not complete then).
+std::vector<std::string>& world_hosts() {
+  static std::vector<std::string> hosts;
+  return hosts;
+}
+
+void gather_world_hosts(MPI_Comm world, int size) {
+  char name[MPI_MAX_PROCESSOR_NAME] = {};
+  int length = 0;
+  if (MPI_Get_processor_name(name, &length) != MPI_SUCCESS) length = 0;
+  std::vector<char> all(size_t(size) * MPI_MAX_PROCESSOR_NAME);  // [size][MPI_MAX_PROCESSOR_NAME]
+  if (MPI_Allgather(name, MPI_MAX_PROCESSOR_NAME, MPI_CHAR, all.data(), MPI_MAX_PROCESSOR_NAME,
+                    MPI_CHAR, world) != MPI_SUCCESS)
+    return;  // the names are only for messages
+  std::vector<std::string>& hosts = world_hosts();
+  hosts.clear();
+  for (int r = 0; r < size; ++r) {
+    const char* begin = all.data() + size_t(r) * MPI_MAX_PROCESSOR_NAME;
+    hosts.emplace_back(begin, strnlen(begin, MPI_MAX_PROCESSOR_NAME));
+  }
+}
+
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool owned)
@@ -84,6 +108,18 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool owned)
   int found = 0;
   check(MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found), "MPI_Comm_get_attr", "create");
   reduce_tag_ = found ? *static_cast<int*>(tag_ub) : 32767;
+  // The world ranks of this group's ranks, for the messages that name a peer.
+  MPI_Group group = MPI_GROUP_NULL, world_group = MPI_GROUP_NULL;
+  std::vector<int> ranks(static_cast<size_t>(size_));  // [size_] 0..size_-1
+  for (int r = 0; r < size_; ++r) ranks[size_t(r)] = r;
+  world_ranks_.assign(size_t(size_), -1);
+  check(MPI_Comm_group(comm_, &group), "MPI_Comm_group", "create");
+  check(MPI_Comm_group(MPI_COMM_WORLD, &world_group), "MPI_Comm_group", "create");
+  check(MPI_Group_translate_ranks(group, size_, ranks.data(), world_group, world_ranks_.data()),
+        "MPI_Group_translate_ranks", "create");
+  MPI_Group_free(&group);
+  MPI_Group_free(&world_group);
+  if (comm_ == MPI_COMM_WORLD && size_ > 1) gather_world_hosts(comm_, size_);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -124,8 +160,37 @@ void MpiCommunicator::check(int rc, const char* function, std::string_view site)
   std::_Exit(1);
 }
 
+std::string MpiCommunicator::describe_rank(int rank) const {
+  const int world = world_ranks_.at(size_t(rank));
+  const std::vector<std::string>& hosts = world_hosts();
+  const std::string host = world >= 0 && size_t(world) < hosts.size() ? hosts[size_t(world)] : "";
+  return host.empty() ? fmt::format("rank {} (world rank {})", rank, world)
+                      : fmt::format("rank {} (world rank {} on {})", rank, world, host);
+}
+
+void MpiCommunicator::fail_stalled(const char* function, std::string_view site, int peer) const {
+  std::string whom;
+  if (peer >= 0) {
+    whom = "its " + describe_rank(peer);
+  } else {
+    // A collective cannot tell which rank is late: every other rank is named.
+    for (int r = 0; r < size_; ++r)
+      if (r != rank_) whom += (whom.empty() ? "its " : ", ") + describe_rank(r);
+  }
+  // One write, so that the lines of several ranks that time out together do not interleave.
+  const std::string line = fmt::format(
+      "bottle: error: {} of the '{}' group: {} at '{}' made no progress for {:g} s, waiting "
+      "for {}: that rank stopped, died or lost its link (parallel.comm_timeout)\n",
+      describe_rank(rank_), name_, function, site,
+      std::chrono::duration<double>(timeout_).count(), whom);
+  std::fputs(line.c_str(), stderr);
+  std::fflush(nullptr);
+  MPI_Abort(MPI_COMM_WORLD, 1);
+  std::_Exit(1);
+}
+
 void MpiCommunicator::wait(int count, MPI_Request* requests, MPI_Status* statuses,
-                           const char* function, std::string_view site) const {
+                           const char* function, std::string_view site, int peer) const {
   // Spinning keeps collectives between ranks in step at their blocking speed. Past that, a
   // pause of an eighth of the time waited so far (at most a millisecond) adds at most ~1/8
   // to a long wait while using almost no CPU: a stopped or far slower peer costs nothing.
@@ -138,6 +203,7 @@ void MpiCommunicator::wait(int count, MPI_Request* requests, MPI_Status* statuse
     if (done) return;
     const auto waited = Clock::now() - start;
     if (waited < kSpin) continue;
+    if (waited > timeout_) fail_stalled(function, site, peer);
     std::this_thread::sleep_for(std::min<Clock::duration>(
         waited / 8, std::chrono::duration_cast<Clock::duration>(kLongestPause)));
   }
@@ -185,7 +251,7 @@ void MpiCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {
               "MPI_Irecv", site);
         check(MPI_Isend(part, n, mpi_type(x.dtype), partner, reduce_tag_, comm_, &requests[1]),
               "MPI_Isend", site);
-        wait(2, requests, MPI_STATUSES_IGNORE, "MPI_Isend/MPI_Irecv", site);
+        wait(2, requests, MPI_STATUSES_IGNORE, "MPI_Isend/MPI_Irecv", site, partner);
         check(MPI_Reduce_local(reduce_scratch_.data(), part, n, mpi_type(x.dtype), mpi_op),
               "MPI_Reduce_local", site);
       }
@@ -276,7 +342,7 @@ void MpiCommunicator::send(Tensor x, int dest, int tag, std::string_view site) {
   const auto start = Clock::now();
   MPI_Request request;
   check(MPI_Isend(x.data, count, mpi_type(x.dtype), dest, tag, comm_, &request), "MPI_Isend", site);
-  wait(1, &request, MPI_STATUS_IGNORE, "MPI_Isend", site);
+  wait(1, &request, MPI_STATUS_IGNORE, "MPI_Isend", site, dest);
   stats_.record(Collective::send, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
@@ -293,7 +359,7 @@ void MpiCommunicator::recv(Tensor x, int source, int tag, std::string_view site)
   MPI_Request request;
   check(MPI_Irecv(x.data, count, mpi_type(x.dtype), source, tag, comm_, &request), "MPI_Irecv",
         site);
-  wait(1, &request, &status, "MPI_Irecv", site);
+  wait(1, &request, &status, "MPI_Irecv", site, source);
   // A shorter message than expected would leave stale data in x without any error.
   int received = 0;
   check(MPI_Get_count(&status, mpi_type(x.dtype), &received), "MPI_Get_count", site);
@@ -344,7 +410,9 @@ std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::st
                color);
   MPI_Comm comm = MPI_COMM_NULL;
   check(MPI_Comm_split(comm_, color, key, &comm), "MPI_Comm_split", name);
-  return std::make_unique<MpiCommunicator>(comm, std::move(name), true);
+  auto group = std::make_unique<MpiCommunicator>(comm, std::move(name), true);
+  group->set_timeout(timeout_);
+  return group;
 }
 
 }  // namespace bottle

@@ -48,14 +48,21 @@ class MpiCommunicator final : public Communicator {
   // Until every request completes: polls without pause for a millisecond (collectives
   // between ranks in step complete in that time), then sleeps between polls, a pause that
   // grows with the time waited up to a millisecond, so that a long wait costs almost no CPU.
+  // Past the timeout, ends the job naming `peer` (the rank of this group waited for; -1:
+  // the call waits for the whole group).
   void wait(int count, MPI_Request* requests, MPI_Status* statuses, const char* function,
-            std::string_view site) const;
+            std::string_view site, int peer = -1) const;
+  // The timeout's error: which call waited how long for whom, then MPI_Abort.
+  [[noreturn]] void fail_stalled(const char* function, std::string_view site, int peer) const;
+  // "rank R (world rank W on HOST)" for a rank of this group.
+  std::string describe_rank(int rank) const;
 
   MPI_Comm comm_;
   std::string name_;
   bool owned_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> world_ranks_;  // [size_] each rank's rank in MPI_COMM_WORLD
   std::vector<MPI_Request> pending_sends_;
   std::vector<char> reduce_scratch_;                // all_reduce's partner copy
   int reduce_tag_ = 32767;                          // all_reduce's messages (MPI_TAG_UB)

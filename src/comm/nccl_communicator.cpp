@@ -72,6 +72,7 @@ NcclCommunicator::NcclCommunicator(std::unique_ptr<Communicator> bootstrap, Back
       backend_(backend),
       compute_(static_cast<cudaStream_t>(backend.native_stream())) {
   BOTTLE_CHECK(bootstrap_ != nullptr, "a NCCL communicator needs a bootstrap communicator");
+  timeout_ = bootstrap_->timeout();
   BOTTLE_CHECK(backend.device() != Device::cpu,
                "NCCL on the '{}' group needs a GPU backend, not {} (host memory)", name(),
                backend.name());
@@ -233,13 +234,13 @@ void NcclCommunicator::wait(cudaEvent_t event, const char* call, std::string_vie
     if (async != ncclSuccess && async != ncclInProgress) check(async, call, site);
     const auto waited = Clock::now() - start;
     // A peer that stopped without an error (killed, hung) leaves the collective waiting for
-    // ever: after kTimeout the communicator is aborted and the call named.
-    if (waited > kTimeout) {
+    // ever: after the group's timeout the communicator is aborted and the call named.
+    if (waited > timeout_) {
       abort();
       fail(
-          "{} on the '{}' group (site '{}') did not complete within {} s: a peer of the group "
-          "stopped or is stuck (NCCL shows no error)",
-          call, name(), site, std::chrono::duration_cast<std::chrono::seconds>(kTimeout).count());
+          "{} on the '{}' group (site '{}') did not complete within {:g} s (parallel.comm_timeout): "
+          "a peer of the group stopped or is stuck (NCCL shows no error)",
+          call, name(), site, std::chrono::duration<double>(timeout_).count());
     }
     if (waited < kSpin) continue;
     std::this_thread::sleep_for(std::min<Clock::duration>(

@@ -13,7 +13,7 @@
 // enqueues its work and returns: the host runs ahead of the GPU, and ordering stays on the
 // GPU. Each call is bracketed by timing events; complete() (the training step's end) waits
 // for them, polling NCCL's asynchronous error so that a failed peer is an error, and a peer
-// that stopped without one is an error after kTimeout, then adds the calls' times to the stats.
+// that stopped without one is an error after the group's timeout, then adds the calls' times to the stats.
 //
 // Point-to-point: NCCL has no tags. Sends and receives between two ranks match in the order
 // they are issued, so the tag is checked but not used, and a schedule must issue a pair's
@@ -64,6 +64,11 @@ class NcclCommunicator final : public Communicator {
   void complete() override;
   // Splits the bootstrap group and creates a NCCL communicator over each part.
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
+  // The bootstrap group's host calls (and the pipeline's, staged) wait by it too.
+  void set_timeout(std::chrono::milliseconds timeout) override {
+    timeout_ = timeout;
+    bootstrap_->set_timeout(timeout);
+  }
 
  private:
   struct StreamDeleter {
@@ -101,9 +106,6 @@ class NcclCommunicator final : public Communicator {
     Collective kind = Collective::all_reduce;
     std::string site;  // as the stats recorded it
   };
-  // How long complete() waits for one call before it calls the group broken: PyTorch's
-  // default NCCL timeout.
-  static constexpr std::chrono::minutes kTimeout{10};
   // Calls kept in flight before the oldest are completed without being asked.
   static constexpr size_t kMaxInFlight = 4096;
 

@@ -19,6 +19,7 @@ bool on_device(const Tensor& t) { return t.device != Device::cpu; }
 StagedCommunicator::StagedCommunicator(std::unique_ptr<Communicator> host, Backend& backend)
     : host_(std::move(host)), backend_(backend) {
   BOTTLE_CHECK(host_ != nullptr, "a staged communicator needs a host communicator");
+  timeout_ = host_->timeout();
 }
 
 Tensor StagedCommunicator::Staging::like(const Tensor& t) {

@@ -37,6 +37,11 @@ class StagedCommunicator final : public Communicator {
   void barrier() override;
   // Splits the host communicator and stages the new group through the same backend.
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
+  // The host group does the waiting.
+  void set_timeout(std::chrono::milliseconds timeout) override {
+    timeout_ = timeout;
+    host_->set_timeout(timeout);
+  }
 
   Communicator& host() { return *host_; }
 

@@ -282,6 +282,10 @@ std::vector<ConfigKey> build_schema() {
                          "collectives of the TP, PP and DP groups: nccl (GPU memory, one rank "
                          "per GPU), mpi (host memory; with cuda, staged through the host so "
                          "ranks may share a GPU) or auto (nccl on cuda, else mpi)"));
+  s.push_back(integer_key("parallel.comm_timeout", FIELD(parallel.comm_timeout), greater(0),
+                          "seconds a collective or pipeline transfer may wait for its peers "
+                          "before the job ends naming the rank and host it waited for (a "
+                          "stopped, dead or cut-off host)"));
   return s;
 }
 #undef FIELD

@@ -111,6 +111,9 @@ struct ParallelConfig {
   int zero = 0;                               // ZeRO stage, 0 or 1
   bool grouping = TensorParallel{}.grouping;  // its one default is the mechanism's
   CommKind comm = CommKind::automatic;
+  // Seconds one collective or transfer may wait for its peers before the job ends naming
+  // the rank and host it waited for (Communicator::timeout): PyTorch's NCCL default.
+  int comm_timeout = 600;
 };
 
 struct TrainConfig {

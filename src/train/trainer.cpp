@@ -484,6 +484,9 @@ class Trainer {
 
 Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
     : config_(config), tc_(config.training), options_(options), world_(world_communicator()) {
+  // Every group is split from the world and inherits its timeout, the configuration check's
+  // collective included.
+  world_.set_timeout(std::chrono::seconds(config.parallel.comm_timeout));
   // First of all, before any collective whose shape depends on a setting: ranks given
   // different configurations would otherwise hang or exchange buffers of different sizes.
   if (world_.size() > 1)

@@ -255,6 +255,8 @@ EOF
 }
 
 write_env() {
+  local threads=$(($(nproc) / (nodes * ranks_per_node)))
+  ((threads >= 1)) || threads=1
   cat >"$state/env.sh" <<EOF
 # Open MPI's settings for cluster $prefix (tools/cluster/cluster.sh); run and exec source it.
 # mpirun started inside rank 0's namespace with these reaches every rank's host over TCP.
@@ -269,9 +271,22 @@ export OMPI_MCA_rmaps_base_mapping_policy=slot
 # Every emulated host is the same machine: binding would put every rank on core 0, and
 # ranks waiting in MPI calls yield the cores they share.
 export OMPI_MCA_hwloc_base_binding_policy=none OMPI_MCA_mpi_yield_when_idle=1
+# The emulated hosts share this machine's cores: each rank's OpenMP gets its share unless the
+# caller chose (every host would otherwise start a thread per core, and OpenMP threads that
+# spin for a core they share slow a step tenfold).
+export OMP_NUM_THREADS=\${OMP_NUM_THREADS:-$threads} OMP_WAIT_POLICY=\${OMP_WAIT_POLICY:-passive}
 # TCP only, on the run's subnet: no shared memory (vader, UCX), whatever the namespaces share.
 export OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self OMPI_MCA_osc=^ucx
 export OMPI_MCA_btl_tcp_if_include=$subnet OMPI_MCA_oob_tcp_if_include=$subnet
+# mpirun notices a host it lost (a cut link, a dead machine) by TCP keepalives on its
+# connections to the hosts' daemons, and ends the job naming the host: after 5 s without
+# traffic, a probe every 2 s, 3 missed (Open MPI's default waits 5 minutes, then 3). Set
+# them below parallel.comm_timeout: once a rank aborts, mpirun's kill message to the lost
+# host sits unacknowledged, which stops keepalives, and it then waits for TCP to give up on
+# it (about 15 minutes).
+export OMPI_MCA_oob_tcp_keepalive_time=\${OMPI_MCA_oob_tcp_keepalive_time:-5}
+export OMPI_MCA_oob_tcp_keepalive_intvl=\${OMPI_MCA_oob_tcp_keepalive_intvl:-2}
+export OMPI_MCA_oob_tcp_keepalive_probes=\${OMPI_MCA_oob_tcp_keepalive_probes:-3}
 # Session directories in the state directory, so that down takes them away.
 export OMPI_MCA_orte_tmpdir_base=$(printf '%q' "$state/tmp")
 EOF
