@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <array>
 #include <chrono>
 #include <fstream>
 #include <optional>
@@ -827,27 +828,34 @@ TEST_F(HostileTrain, MpirunWithoutParallelDpInfersItFromTheWorld) {
   EXPECT_EQ(count_occurrences(r.output, "/2 | loss "), 2) << r.output;  // each step once
 }
 
-// Case 13: rank 1 stopped (SIGSTOP) leaves rank 0 waiting in a collective without spinning.
-TEST_F(HostileTrain, StoppedRankLeavesPeerIdle) {
+// Two ranks of `bottle train` started in the background under mpirun, with `sets`; their pids
+// once both have started and the first steps are logged (0 for a rank that did not start).
+std::array<int, 2> start_two_ranks(HostileTrain& t, const std::string& sets) {
   // The ranks record their pids for the test (they are mpirun's grandchildren).
-  const std::string pids = dir / "pids";
+  const std::string pids = t.dir / "pids";
   const std::string launch = fmt::format(
       "{} sh -c 'echo $OMPI_COMM_WORLD_RANK $$ >> {}; exec {} train {} --set "
-      "training.steps=1000000 --set parallel.dp=2' > {} 2>&1 &",
-      mpirun(2, 60), pids, bottle_binary(), dir / "tiny.toml", dir / "out");
-  ASSERT_EQ(std::system(launch.c_str()), 0);
-  int pid[2] = {0, 0};
+      "training.steps=1000000 --set parallel.dp=2 {}' > {} 2>&1 &",
+      mpirun(2, 60), pids, bottle_binary(), t.dir / "tiny.toml", sets, t.dir / "out");
+  EXPECT_EQ(std::system(launch.c_str()), 0);
+  std::array<int, 2> pid{0, 0};
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   // Running: both pids known and the first steps logged.
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream in(pids);
     for (int rank, p; in >> rank >> p;)
-      if (rank == 0 || rank == 1) pid[rank] = p;
+      if (rank == 0 || rank == 1) pid[size_t(rank)] = p;
     std::error_code ec;
-    if (pid[0] && pid[1] && std::filesystem::file_size(dir / "run/metrics.jsonl", ec) > 0 && !ec)
+    if (pid[0] && pid[1] && std::filesystem::file_size(t.dir / "run/metrics.jsonl", ec) > 0 && !ec)
       break;
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
+  return pid;
+}
+
+// Case 13: rank 1 stopped (SIGSTOP) leaves rank 0 waiting in a collective without spinning.
+TEST_F(HostileTrain, StoppedRankLeavesPeerIdle) {
+  const std::array<int, 2> pid = start_two_ranks(*this, "");
   ASSERT_TRUE(pid[0] && pid[1]) << "the ranks did not start";
   ASSERT_EQ(::kill(pid[1], SIGSTOP), 0);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 0 reaches a wait
@@ -868,6 +876,37 @@ TEST_F(HostileTrain, StoppedRankLeavesPeerIdle) {
   // machine, where even a spinning rank may get only part of a core.
   EXPECT_LT(used, 0.2 * wall) << "rank 0 used " << used << " s of CPU in " << wall << " s";
   EXPECT_EQ(waited.status, 0) << "the ranks did not end after SIGTERM";
+}
+
+// A rank stopped for longer than parallel.comm_timeout: its peer gives up waiting after the
+// timeout, names the rank and host it waited for, and the whole job ends (Open MPI's daemon
+// kills the stopped rank), never a hang.
+TEST_F(HostileTrain, StoppedRankPastTheTimeoutEndsTheJobNamingIt) {
+  const std::array<int, 2> pid = start_two_ranks(*this, "--set parallel.comm_timeout=2");
+  ASSERT_TRUE(pid[0] && pid[1]) << "the ranks did not start";
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(pid[1], SIGSTOP), 0);
+  const CommandResult ended = run(fmt::format(
+      "for i in $(seq 600); do if ! kill -0 {} 2>/dev/null && ! kill -0 {} 2>/dev/null; then "
+      "exit 0; fi; sleep 0.05; done; exit 1",
+      pid[0], pid[1]));
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  ::kill(pid[1], SIGCONT);
+  ::kill(pid[1], SIGKILL);
+  EXPECT_EQ(ended.status, 0) << "the job did not end within 30 s of the stop";
+  char host[256] = {};
+  ::gethostname(host, sizeof host - 1);
+  std::ostringstream log;
+  log << std::ifstream(dir / "out").rdbuf();
+  const std::string out = log.str();
+  EXPECT_NE(out.find(fmt::format("made no progress for 2 s, waiting for its rank 1 (world rank "
+                                 "1 on {}): that rank stopped, died or lost its link "
+                                 "(parallel.comm_timeout)",
+                                 host)),
+            std::string::npos)
+      << out;
+  std::printf("rank 1 stopped: the job ended after %.1f s (parallel.comm_timeout = 2)\n", seconds);
 }
 #endif
 
