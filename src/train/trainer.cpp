@@ -529,6 +529,11 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
     lock_ = std::make_unique<FolderLock>(config.checkpoint.folder);
     lock_outside_writers();
   });
+  // Within a save too (check_folder_held checks before and after it, on every rank).
+  store_->set_folder_guard([this] {
+    if (const std::string lost = folder_lost(fmt::format("saving step {}", step_)); !lost.empty())
+      fail("{}", lost);
+  });
   // The tokenizer goes into the run's folder and every checkpoint, so that each is a
   // self-contained model for sample, eval and transformers.
   tokenizer_ = find_run_tokenizer(config.data.tokenizer, loader_->files(), config.model.vocab_size,
