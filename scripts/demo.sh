@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
-scripts/build.sh
+scripts/build.sh --app-only  # the demo runs bottle alone: not the test suite
 corpus=$(find /usr/share/games/fortunes -maxdepth 1 -type f ! -name '*.dat' ! -name '*.u8' | sort)
 # shellcheck disable=SC2086
 build/bottle prepare --input $corpus --output data/fortunes

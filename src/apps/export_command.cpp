@@ -9,6 +9,7 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/communicator.h"
+#include "core/atomic_output.h"
 #include "model/checkpoint.h"
 #include "train/run_tokenizer.h"
 
@@ -41,9 +42,12 @@ Command add_export_command(CLI::App& app) {
     check_new_model_directory(o->out);  // before the work of loading
     auto model = load_model(o->checkpoint);
     const auto tokenizer = checkpoint_tokenizer(o->checkpoint, model->config());
-    save_model(*model, o->out, o->dtype == "bf16" ? DType::bf16 : DType::f32,
-               special_token_ids(tokenizer.get()));
-    if (tokenizer) tokenizer->save(o->out);
+    // Whole or not at all (core/atomic_output.h): a full disk leaves nothing to refuse later.
+    write_directory_atomically(o->out, [&](const std::string& temp) {
+      save_model(*model, temp, o->dtype == "bf16" ? DType::bf16 : DType::f32,
+                 special_token_ids(tokenizer.get()));
+      if (tokenizer) tokenizer->save(temp);
+    });
     std::printf("exported %s (%lld parameters, %s) to %s\n", o->checkpoint.c_str(),
                 (long long)model->config().parameter_count(), o->dtype.c_str(), o->out.c_str());
     return 0;

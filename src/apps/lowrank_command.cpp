@@ -9,6 +9,7 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/communicator.h"
+#include "core/atomic_output.h"
 #include "model/checkpoint.h"
 #include "model/lowrank.h"
 #include "train/data_loader.h"
@@ -122,8 +123,11 @@ Command add_lowrank_command(CLI::App& app) {
           (long long)o->batches, (long long)o->batch, (long long)seq, before, o->kind.c_str(),
           (long long)o->rank, after, after - before, 100.0 * (after - before) / before);
     }
-    save_model(*low, o->out, DType::f32, special_token_ids(tokenizer.get()));
-    if (tokenizer) tokenizer->save(o->out);
+    // Whole or not at all (core/atomic_output.h): a full disk leaves nothing to refuse later.
+    write_directory_atomically(o->out, [&](const std::string& temp) {
+      save_model(*low, temp, DType::f32, special_token_ids(tokenizer.get()));
+      if (tokenizer) tokenizer->save(temp);
+    });
     std::printf("wrote %s (%s rank %lld); it trains on with `bottle train --init-from %s`\n",
                 o->out.c_str(), o->kind.c_str(), (long long)o->rank, o->out.c_str());
     return 0;

@@ -8,6 +8,7 @@
 #include "apps/paper_figures.h"
 #include "apps/paper_prediction.h"
 #include "core/arena.h"
+#include "core/atomic_output.h"
 #include "core/error.h"
 #include "train/plot.h"
 
@@ -83,7 +84,10 @@ void write_plot_file(const fs::path& path, const std::string& text) {
 // The opening of a chart's script: terminal, output and labels.
 std::string chart_preamble(const fs::path& png, const std::string& title, const std::string& xlabel,
                            const std::string& ylabel) {
-  std::string script = gnuplot_png_preamble(png, 900, 520) + "set title " +
+  // gnuplot draws into the partial copy, renamed onto png once whole (core/atomic_output.h);
+  // a path it cannot quote is named as given.
+  gnuplot_path(png);
+  std::string script = gnuplot_png_preamble(partial_path(png.string()), 900, 520) + "set title " +
                        gnuplot_string(title, "the chart's title") + "\n";
   if (!xlabel.empty()) script += "set xlabel " + gnuplot_string(xlabel, "the x label") + "\n";
   return script + "set ylabel " + gnuplot_string(ylabel, "the y label") + "\n";
@@ -120,7 +124,7 @@ void draw_bars(const Chart& c, const fs::path& out, const std::string& name) {
                      gnuplot_string(c.series[k].name, "a series' name"));
   }
   write_plot_file(script, g + "\n");
-  run_gnuplot(script, png);
+  write_file_atomically(png.string(), [&](const std::string& temp) { run_gnuplot(script, temp); });
 }
 
 // Lines over a numeric x; each series its own points (NaN: not drawn).
@@ -155,7 +159,7 @@ void draw_lines(const std::string& title, const std::string& xlabel, const std::
                        series_title);
   }
   write_plot_file(script, g + "\n");
-  run_gnuplot(script, png);
+  write_file_atomically(png.string(), [&](const std::string& temp) { run_gnuplot(script, temp); });
 }
 
 // The three modes of one bench tp run, grouping on, no recomputation.
@@ -779,12 +783,16 @@ class Report {
 void write_paper_report(const PaperResults& r, const fs::path& out) {
   const PaperFigures paper = PaperFigures::built_in();
   const std::string md = Report(r, paper, out).write();
-  {
-    std::ofstream report(out / "report.md");
-    report << md;
-    report.close();
-    BOTTLE_CHECK(report, "bench paper: cannot write {} (disk full?)", (out / "report.md").string());
-  }
+  // Each file whole or not at all (core/atomic_output.h).
+  auto write_whole = [](const fs::path& path, const std::string& text) {
+    write_file_atomically(path.string(), [&](const std::string& temp) {
+      std::ofstream file(temp);
+      file << text;
+      file.close();
+      BOTTLE_CHECK(file, "bench paper: cannot write {} (disk full?)", path.string());
+    });
+  };
+  write_whole(out / "report.md", md);
   json all{{"scale", r.scale},       {"machine", r.machine},
            {"settings", r.settings}, {"memory_limit", r.memory_limit},
            {"fits", r.fits},         {"norm", r.norm},
@@ -797,11 +805,7 @@ void write_paper_report(const PaperResults& r, const fs::path& out) {
   if (!r.predicted.is_null()) all["predicted"] = r.predicted;
   // The paper's figures the report quoted, as read from the file and as printed.
   all["paper"] = {{"file", paper.file_name()}, {"quoted", paper.quoted()}};
-  std::ofstream results(out / "results.json");
-  results << all.dump(1) << "\n";
-  results.close();
-  BOTTLE_CHECK(results, "bench paper: cannot write {} (disk full?)",
-               (out / "results.json").string());
+  write_whole(out / "results.json", all.dump(1) + "\n");
 }
 
 }  // namespace bottle

@@ -51,6 +51,7 @@
 #include "data/text_source.h"
 #include "data/tokenizer.h"
 #include "data/utf8.h"
+#include "train/folder_lock.h"
 
 namespace bottle {
 
@@ -409,6 +410,43 @@ TextSourceOptions source_options(const PrepareOptions& o, const std::vector<std:
   return source;
 }
 
+// The output directory, made if missing and locked for the run's life: two prepares into one
+// --output would replace each other's shards and descriptions, so the second is refused naming
+// the first (train/folder_lock.h). The lock file goes with the lock, and a run that writes
+// nothing (refused) removes the directory when it made it.
+class OutputDirectory {
+ public:
+  explicit OutputDirectory(const std::string& dir) : dir_(dir) {
+    std::error_code ec;
+    made_ = !fs::exists(dir, ec);
+    fs::create_directories(dir, ec);
+    BOTTLE_CHECK(fs::is_directory(dir), "{}: cannot create output directory{}", dir,
+                 ec ? ": " + ec.message() : "");
+    try {
+      lock_.emplace((dir_ / kFolderLockFile).string(),
+                    LockSubject{"--output", dir, "bottle prepare",
+                                "two runs writing one directory would replace each other's "
+                                "shards",
+                                true});
+    } catch (const Error&) {
+      if (made_ && fs::is_empty(dir, ec)) fs::remove(dir, ec);
+      throw;
+    }
+  }
+  ~OutputDirectory() {
+    lock_.reset();
+    std::error_code ignored;
+    if (made_ && fs::is_empty(dir_, ignored)) fs::remove(dir_, ignored);
+  }
+  OutputDirectory(const OutputDirectory&) = delete;
+  OutputDirectory& operator=(const OutputDirectory&) = delete;
+
+ private:
+  fs::path dir_;
+  bool made_ = false;
+  std::optional<FolderLock> lock_;
+};
+
 }  // namespace
 
 Command add_prepare_command(CLI::App& app) {
@@ -460,23 +498,10 @@ Command add_prepare_command(CLI::App& app) {
     const std::vector<std::string> files = expand_inputs(o->inputs);
     const std::string names = fmt::format("{}", fmt::join(o->inputs, ", "));
     check_output_outside_inputs(files, o->output);
+    const OutputDirectory output(o->output);
     const TextSourceOptions source = source_options(*o, files);
     DocumentReader reader(files, source);
 
-    std::error_code ec;
-    // A refused run leaves no empty output directory behind that it made itself.
-    const bool made_output = !fs::exists(o->output, ec);
-    fs::create_directories(o->output, ec);
-    BOTTLE_CHECK(fs::is_directory(o->output), "{}: cannot create output directory{}", o->output,
-                 ec ? ": " + ec.message() : "");
-    struct RemoveIfEmpty {
-      fs::path dir;
-      bool armed;
-      ~RemoveIfEmpty() {
-        std::error_code ignored;
-        if (armed && fs::is_empty(dir, ignored)) fs::remove(dir, ignored);
-      }
-    } remove_if_empty{o->output, made_output};
     const fs::path out(o->output);
     Splits splits{ShardWriter(out, o->prefix, "train", o->shard_tokens, tokenizer->vocab_size()),
                   ShardWriter(out, o->prefix, "val", o->shard_tokens, tokenizer->vocab_size()),

@@ -164,7 +164,11 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
   auto barrier = [&] {
     if (world) world->barrier();
   };
+  auto guard = [&] {
+    if (guard_) guard_();
+  };
   if (leader) {
+    guard();
     fs::create_directories(folder_);
     // Clear what an interrupted earlier write left behind: the store's own names only.
     for (const auto& e : fs::directory_iterator(folder_))
@@ -225,9 +229,11 @@ std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW
                    final_dir.string(), step, why);
       fs::rename(final_dir, old);
     }
+    guard();
     fs::rename(temp, final_dir);
     fsync_path(folder_);
     if (fs::exists(old)) fs::remove_all(old);
+    guard();
     std::vector<std::string> all = list();
     for (size_t i = 0; i + size_t(keep_) < all.size(); ++i) prune(all[i]);
   }

@@ -13,6 +13,7 @@
 // before the marker existed, a trainer_state.json that reads. They are ordered by their step
 // number. A folder named like a step that is not ours is refused by name (never resumed from,
 // replaced or deleted); other names (step_00000010.bak) are not the store's and are ignored.
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,6 +67,11 @@ class CheckpointStore {
   // The tokenizer saved into every checkpoint (as HF lays it out beside config.json); none
   // for byte-level data. Not owned: the trainer keeps it.
   void set_tokenizer(const Tokenizer* tokenizer) { tokenizer_ = tokenizer; }
+  // Called by the writing rank before it creates anything in the folder, before it renames a
+  // checkpoint into place and before it prunes: throws when the folder is no longer the run's
+  // (deleted, or taken by another run), so that a save under way never writes into, nor prunes,
+  // another run's folder.
+  void set_folder_guard(std::function<void()> guard) { guard_ = std::move(guard); }
 
   // Loads weights, moments and returns the trainer state; errors name the file.
   static TrainerState load(const std::string& dir, LlamaModel& model, AdamW& optimizer);
@@ -87,6 +93,7 @@ class CheckpointStore {
   std::string folder_;
   int keep_;
   const Tokenizer* tokenizer_ = nullptr;
+  std::function<void()> guard_;  // set_folder_guard's; none: no check
 };
 
 }  // namespace bottle

@@ -78,6 +78,8 @@ class TokenLoader {
   }
   // Windows in shard file i (files() order) and in a whole epoch (all ranks together).
   uint64_t windows_in_file(size_t i) const { return windows_[i]; }
+  // Tokens in shard file i (files() order), from its header.
+  uint64_t tokens_in_file(size_t i) const { return counts_[i]; }
   uint64_t windows_per_epoch() const { return total_windows_; }
   uint64_t epoch() const { return epoch_; }
 

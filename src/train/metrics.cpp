@@ -35,7 +35,8 @@ std::string token_count(double tokens) {
 }  // namespace
 
 MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, int64_t total_steps,
-                             int64_t first_step, bool resumed, const std::string& tensorboard_dir)
+                             int64_t first_step, bool resumed, const std::string& tensorboard_dir,
+                             const std::vector<std::string>& saved_lines)
     : path_(jsonl_path),
       log_freq_(log_freq),
       total_steps_(total_steps),
@@ -59,6 +60,10 @@ MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, in
                 j["step"].get<int64_t>() <= first_step)
               kept.emplace_back(line);
           });
+    // The resumed step's lines that a full disk cut (or that were never written): from the
+    // checkpoint.
+    for (const std::string& line : saved_lines)
+      if (std::find(kept.begin(), kept.end(), line) == kept.end()) kept.push_back(line);
   }
   out_.open(path_, std::ios::trunc);
   BOTTLE_CHECK(out_, "{}: cannot open for writing (metrics.jsonl)", path_);
@@ -69,7 +74,17 @@ MetricsLogger::MetricsLogger(const std::string& jsonl_path, int64_t log_freq, in
     tensorboard_ = std::make_unique<TensorBoardWriter>(tensorboard_dir, first_step);
 }
 
+std::string MetricsLogger::describe_write_error() const {
+  if (!write_error_.empty())
+    return fmt::format("{}: cannot write metrics.jsonl ({})", path_, write_error_);
+  if (tensorboard_ && !tensorboard_->write_error().empty())
+    return fmt::format("{}: cannot write the TensorBoard event file (metrics.tensorboard) ({})",
+                       tensorboard_->path(), tensorboard_->write_error());
+  return "";
+}
+
 void MetricsLogger::write_line(const std::string& line) {
+  step_lines_.push_back(line);
   if (!write_error_.empty()) return;
   errno = 0;
   out_ << line << "\n";
@@ -86,6 +101,7 @@ void MetricsLogger::end_progress_line() {
 }
 
 void MetricsLogger::log_step(const nlohmann::json& row) {
+  step_lines_.clear();
   write_line(row.dump());
   const int64_t step = row["step"].get<int64_t>();
   if (tensorboard_) {

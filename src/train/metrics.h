@@ -10,6 +10,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "train/tensorboard.h"
 
@@ -18,10 +19,12 @@ namespace bottle {
 class MetricsLogger {
  public:
   // Resuming at `first_step` drops lines of later steps that an interrupted run had logged
-  // after its last checkpoint, so the file has each step once.
-  // `tensorboard_dir`: also an event file there (train/ and val/ scalars); "" for none.
+  // after its last checkpoint, and lines cut short (a full disk), so the file has each step
+  // once; `saved_lines` (the checkpoint's step_lines()) are written again where the file lacks
+  // them. `tensorboard_dir`: also an event file there (train/ and val/ scalars); "" for none.
   MetricsLogger(const std::string& jsonl_path, int64_t log_freq, int64_t total_steps,
-                int64_t first_step, bool resumed, const std::string& tensorboard_dir = "");
+                int64_t first_step, bool resumed, const std::string& tensorboard_dir = "",
+                const std::vector<std::string>& saved_lines = {});
   ~MetricsLogger();
 
   // `row` must hold step (1-based), loss, lr, grad_norm, tokens_per_s, mfu, peak_bytes, ms,
@@ -37,12 +40,19 @@ class MetricsLogger {
   const std::string& write_error() const {
     return write_error_.empty() && tensorboard_ ? tensorboard_->write_error() : write_error_;
   }
+  // The failed write named by its file: "PATH: cannot write metrics.jsonl (reason)", or the
+  // TensorBoard event file's (a full TensorBoard directory is not metrics.jsonl's fault).
+  std::string describe_write_error() const;
+  // The lines of the latest step (its row, and its evaluation's), written or not: a checkpoint
+  // of that step keeps them, so that a resume rewrites a line a full disk cut.
+  const std::vector<std::string>& step_lines() const { return step_lines_; }
 
  private:
   void end_progress_line();
   void write_line(const std::string& line);
   std::string path_;
   std::string write_error_;
+  std::vector<std::string> step_lines_;  // the latest step's lines
   std::ofstream out_;
   std::unique_ptr<TensorBoardWriter> tensorboard_;
   int64_t log_freq_, total_steps_, first_step_;

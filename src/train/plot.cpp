@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
+#include "core/atomic_output.h"
 #include "core/error.h"
 #include "core/file_read.h"
 #include "core/stop_signals.h"
@@ -175,6 +176,16 @@ void run_gnuplot(const fs::path& script, const fs::path& png) {
                WEXITSTATUS(status), script.string(), shown);
   BOTTLE_CHECK(fs::is_regular_file(png, ec) && fs::file_size(png, ec) > 0 && !ec,
                "{}: gnuplot wrote no image (script {}){}", png.string(), script.string(), shown);
+  // On a full disk cairo's writes fail without gnuplot failing: a PNG ends with its IEND chunk
+  // (its 4 type bytes and their CRC), a cut one does not.
+  static constexpr char kPngEnd[] = "IEND\xAE\x42\x60\x82";
+  char tail[8] = {};
+  std::ifstream in(png, std::ios::binary);
+  in.seekg(-8, std::ios::end);
+  in.read(tail, 8);
+  BOTTLE_CHECK(in && std::memcmp(tail, kPngEnd, 8) == 0,
+               "{}: gnuplot's image is cut short (disk full?); script {}{}", png.string(),
+               script.string(), shown);
 }
 
 void plot_metrics(const std::string& jsonl_path, const std::string& png_path) {
@@ -221,7 +232,10 @@ void plot_metrics(const std::vector<std::string>& jsonl_paths, const std::string
     return p.parent_path().filename().empty() ? p.filename().string()
                                               : p.parent_path().filename().string();
   };
-  const std::string png_in_script = gnuplot_png_preamble(png_path, 1000, 600),
+  // gnuplot draws into the partial copy, renamed onto png_path once whole (atomic_output.h);
+  // a path it cannot quote is named as the user gave it.
+  gnuplot_path(png_path);
+  const std::string png_in_script = gnuplot_png_preamble(partial_path(png_path), 1000, 600),
                     title = gnuplot_string(
                         runs == 1 ? "bottle: " + fs::path(jsonl_paths[0]).filename().string()
                                   : fmt::format("bottle: {} runs", runs),
@@ -285,7 +299,7 @@ void plot_metrics(const std::vector<std::string>& jsonl_paths, const std::string
     gp.close();
     BOTTLE_CHECK(gp, "{}: cannot write the plot's script (disk full?)", script.string());
   }
-  run_gnuplot(script, png_path);
+  write_file_atomically(png_path, [&](const std::string& temp) { run_gnuplot(script, temp); });
 }
 
 }  // namespace bottle

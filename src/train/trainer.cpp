@@ -36,6 +36,7 @@
 #include "train/metrics.h"
 #include "train/plot.h"
 #include "train/run_tokenizer.h"
+#include "train/shard_record.h"
 #include "train/train_step.h"
 
 namespace bottle {
@@ -419,6 +420,7 @@ class Trainer {
 
  private:
   void set_up_model();
+  void lock_outside_writers();
   void open_data();
   std::optional<TrainResult> resume();
   void open_logs();
@@ -429,6 +431,8 @@ class Trainer {
   std::string newest_checkpoint() const;
   void check_continues_the_run(const TrainerState& state, const std::string& checkpoint,
                                const Tokenizer* saved_tokenizer) const;
+  void check_same_shards(const TrainerState& state, const TrainConfig& before,
+                         const std::string& checkpoint, const std::string& way_out) const;
   void read_batch();
   void log_step(const StepResult& r, double ms);
   bool eval_due() const;
@@ -436,6 +440,8 @@ class Trainer {
   StopRequest agree_on_stop(const StopSignals& signals);
   bool checkpoint_due() const;
   std::string save_checkpoint();
+  void check_folder_held(const std::string& before);
+  std::string folder_lost(const std::string& before);
   void finish(TrainResult& result);
 
   void message(const std::string& text) {
@@ -457,6 +463,8 @@ class Trainer {
             .optimizer_steps = train_step_->optimizer().steps_taken(),
             .train_position = loader_->position(),
             .seed = config_.training.seed,
+            .data_shards = shards_,
+            .metrics_lines = metrics_ ? metrics_->step_lines() : std::vector<std::string>(),
             .config = to_toml(config_)};
   }
 
@@ -470,15 +478,19 @@ class Trainer {
   std::string attention_path_;  // which attention kernels run, and why (the run's first line)
   MemoryBreakdown plan_;        // this rank's planned footprint
   std::unique_ptr<TrainStep> train_step_;
-  std::unique_ptr<DataMixture> loader_;  // data.train's sources
+  std::unique_ptr<DataMixture> loader_;     // data.train's sources
+  std::vector<SourceRecord> shards_;        // their shards as the run opened them
+  std::vector<std::string> resumed_lines_;  // the resumed checkpoint's lines of metrics.jsonl
   std::unique_ptr<TokenLoader> val_;
   std::unique_ptr<FolderLock> lock_;  // rank 0: checkpoint.folder is this run's alone
+  std::vector<std::unique_ptr<FolderLock>> writer_locks_;  // rank 0: its outputs outside it
   std::unique_ptr<CheckpointStore> store_;
   std::unique_ptr<Tokenizer> tokenizer_;    // null for byte-level data
   std::unique_ptr<MetricsLogger> metrics_;  // rank 0
   std::unique_ptr<GemmPeak> peak_;
   double flops_per_step_ = 0.0;  // the whole job's model FLOPs per step
   int64_t step_ = 0, last_saved_ = -1;
+  bool folder_lost_ = false;   // checkpoint.folder is no longer the run's: nothing is saved
   std::vector<double> rates_;  // tokens/s per step
 };
 
@@ -516,8 +528,15 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   open_data();
   store_ = std::make_unique<CheckpointStore>(config.checkpoint.folder, int(config.checkpoint.keep));
   // Rank 0 writes the folder, so rank 0 locks it; the others fail with its message.
-  run_on_root_or_fail_together(
-      world_, 0, [&] { lock_ = std::make_unique<FolderLock>(config.checkpoint.folder); });
+  run_on_root_or_fail_together(world_, 0, [&] {
+    lock_ = std::make_unique<FolderLock>(config.checkpoint.folder);
+    lock_outside_writers();
+  });
+  // Within a save too (check_folder_held checks before and after it, on every rank).
+  store_->set_folder_guard([this] {
+    if (const std::string lost = folder_lost(fmt::format("saving step {}", step_)); !lost.empty())
+      fail("{}", lost);
+  });
   // The tokenizer goes into the run's folder and every checkpoint, so that each is a
   // self-contained model for sample, eval and transformers.
   tokenizer_ = find_run_tokenizer(config.data.tokenizer, loader_->files(), config.model.vocab_size,
@@ -527,6 +546,40 @@ Trainer::Trainer(const TrainConfig& config, const TrainOptions& options)
   if (!tokenizer_ && config.model.vocab_size >= kByteVocabSize) tokenizer_ = make_byte_tokenizer();
   check_tokenizer_matches_shards(tokenizer_.get(), loader_->files(), config, options.config_path);
   store_->set_tokenizer(tokenizer_.get());
+}
+
+// metrics.jsonl and the TensorBoard directory may lie outside checkpoint.folder (absolute
+// paths), beyond the folder's lock: each takes a lock of its own (FolderLock's, its file
+// removed when the run ends), so that two runs never tear one file's lines or mix their event
+// files in one directory.
+void Trainer::lock_outside_writers() {
+  std::error_code ec;
+  const fs::path folder = fs::weakly_canonical(fs::absolute(config_.checkpoint.folder), ec);
+  auto outside = [&](const fs::path& path) {
+    const fs::path inside = fs::weakly_canonical(fs::absolute(path), ec).lexically_relative(folder);
+    return inside.empty() || *inside.begin() == "..";
+  };
+  auto make_directory = [&](const fs::path& dir, const char* key) {
+    fs::create_directories(dir, ec);
+    BOTTLE_CHECK(!ec, "{}: cannot create the directory of {}: {}", dir.string(), key, ec.message());
+  };
+  const fs::path jsonl = in_folder(config_.checkpoint.folder, config_.metrics.jsonl);
+  if (outside(jsonl)) {
+    make_directory(jsonl.parent_path(), "metrics.jsonl");
+    writer_locks_.push_back(std::make_unique<FolderLock>(
+        (jsonl.parent_path() / fmt::format(".{}.lock", jsonl.filename().string())).string(),
+        LockSubject{"metrics.jsonl", jsonl.string(), "bottle train",
+                    "two runs writing it would tear its lines", true}));
+  }
+  if (config_.metrics.tensorboard.empty()) return;
+  const fs::path events = in_folder(config_.checkpoint.folder, config_.metrics.tensorboard);
+  if (outside(events)) {
+    make_directory(events, "metrics.tensorboard");
+    writer_locks_.push_back(std::make_unique<FolderLock>(
+        (events / kFolderLockFile).string(),
+        LockSubject{"metrics.tensorboard", events.string(), "bottle train",
+                    "two runs writing into it would mix their event files", true}));
+  }
 }
 
 // The layout's memory is checked before any is used; then the step's model, optimizer and
@@ -599,6 +652,7 @@ void Trainer::open_data() {
                                          uint64_t(tc_.seed), groups_.dp_rank,
                                          int(config_.parallel.dp));
   });
+  shards_ = open_split("data.train", [&] { return record_shards(*loader_); });
   if (!config_.data.val.empty()) {
     val_ = open_split("data.val", [&] {
       return std::make_unique<TokenLoader>(config_.data.val, B, S, uint64_t(0), 0, 1, false);
@@ -699,6 +753,7 @@ std::optional<TrainResult> Trainer::resume() {
   CheckpointStore::load(*latest, train_step_->model(), train_step_->optimizer());
   step_ = state.step;
   loader_->set_position(state.train_position);
+  resumed_lines_ = state.metrics_lines;
   last_saved_ = step_;
   BOTTLE_CHECK(step_ <= tc_.steps,
                "--resume: the checkpoint {} is at step {}, past training.steps = {}; set "
@@ -730,7 +785,8 @@ void Trainer::open_logs() {
         tc_.steps, step_, options_.resume,
         config_.metrics.tensorboard.empty()
             ? std::string()
-            : in_folder(config_.checkpoint.folder, config_.metrics.tensorboard));
+            : in_folder(config_.checkpoint.folder, config_.metrics.tensorboard),
+        resumed_lines_);
     const fs::path resolved = fs::path(config_.checkpoint.folder) / "train_config.toml";
     std::error_code ec;
     fs::create_directories(config_.checkpoint.folder, ec);
@@ -773,7 +829,7 @@ void Trainer::open_logs() {
 // shuffles them: under another shape, seed or data it would skip or repeat data without a word.
 // Another tokenizer would travel into the later checkpoints beside weights trained on other ids.
 // So these are refused, each naming the key, both values and the way forward; data.train
-// spelt otherwise but naming the same shards (by name and size) is kept, said in one line.
+// holding the same shards under another path is kept, said in one line (check_same_shards).
 void Trainer::check_continues_the_run(const TrainerState& state, const std::string& checkpoint,
                                       const Tokenizer* saved_tokenizer) const {
   const std::string source = (fs::path(checkpoint) / kTrainerStateFile).string();
@@ -810,36 +866,7 @@ void Trainer::check_continues_the_run(const TrainerState& state, const std::stri
     refuse("training.seed", std::to_string(seed), std::to_string(tc_.seed),
            "the seed orders the shards and windows of every epoch, so the saved position would "
            "point elsewhere in another order");
-  if (before.data.train != config_.data.train) {
-    // The same shards under another path (a moved dataset) keep the position's meaning: each
-    // source's files by name and size, in data.train's order.
-    auto shards = [](const std::vector<std::string>& patterns) {
-      std::vector<std::vector<std::pair<std::string, uintmax_t>>> out;
-      try {
-        for (const std::string& pattern : patterns) {
-          out.emplace_back();
-          for (const std::string& f : resolve_data_files(pattern)) {
-            std::error_code ec;
-            out.back().emplace_back(fs::path(f).filename().string(), fs::file_size(f, ec));
-          }
-        }
-      } catch (const Error&) {
-        out.clear();
-      }
-      return out;
-    };
-    const auto was = shards(before.data.train), now = shards(config_.data.train);
-    const std::string was_text = config_value_text(before, "data.train"),
-                      now_text = config_value_text(config_, "data.train");
-    if (was.empty() || was != now)
-      refuse("data.train", was_text, now_text,
-             "the saved position is a shard and window of each source of that data");
-    if (leader_)
-      std::printf(
-          "data.train is now %s (was %s): the same shards by name and size, so the saved "
-          "position (%s) is kept\n",
-          now_text.c_str(), was_text.c_str(), at.c_str());
-  }
+  check_same_shards(state, before, checkpoint, way_out);
   // The mixture's choices follow its weights over the whole run: others would first make up
   // for the steps already trained.
   if (before.data.weights != config_.data.weights) {
@@ -873,6 +900,73 @@ void Trainer::check_continues_the_run(const TrainerState& state, const std::stri
         checkpoint);
 }
 
+// The saved position indexes windows of the checkpoint's shards in an order drawn from them,
+// so data.train must hold the same shards: the checkpoint's record (name relative to its
+// source, bytes, tokens) against the run's, whatever the path is spelled now. A checkpoint of
+// an older bottle has no record: its data.train is compared by spelling, and when spelt
+// otherwise by the shards' names and sizes found at the old path, as before.
+void Trainer::check_same_shards(const TrainerState& state, const TrainConfig& before,
+                                const std::string& checkpoint, const std::string& way_out) const {
+  const std::string at = describe_position(state.train_position),
+                    was_text = config_value_text(before, "data.train"),
+                    now_text = config_value_text(config_, "data.train");
+  const bool respelt = before.data.train != config_.data.train;
+  if (state.data_shards) {
+    const std::string diff = shard_difference(*state.data_shards, shards_);
+    if (!diff.empty())
+      fail(
+          "--resume: {} was trained with data.train = {}, {}: {}; the saved position is a shard "
+          "and window of each source of the checkpoint's shards in an order drawn from them, so "
+          "it would point at other data (saved position: {}); restore the shards to continue "
+          "the run, or start a new run from these weights with --init-from {} and another "
+          "checkpoint.folder",
+          checkpoint, was_text,
+          respelt
+              ? fmt::format("but {} says {}, whose shards differ", options_.config_path, now_text)
+              : std::string("whose shards differ now"),
+          diff, at, checkpoint);
+    if (respelt && leader_)
+      std::printf(
+          "data.train is now %s (was %s): the same shards by name, size and token count, so the "
+          "saved position (%s) is kept\n",
+          now_text.c_str(), was_text.c_str(), at.c_str());
+    return;
+  }
+  if (leader_)
+    std::printf(
+        "%s records no list of its shards (an older bottle saved it): data.train is compared by "
+        "its spelling only, and a shard added or rewritten under it is not noticed\n",
+        checkpoint.c_str());
+  if (!respelt) return;
+  // The shards at the old spelling, each source's files by name and size.
+  auto shards = [](const std::vector<std::string>& patterns) {
+    std::vector<std::vector<std::pair<std::string, uintmax_t>>> out;
+    try {
+      for (const std::string& pattern : patterns) {
+        out.emplace_back();
+        for (const std::string& f : resolve_data_files(pattern)) {
+          std::error_code ec;
+          out.back().emplace_back(fs::path(f).filename().string(), fs::file_size(f, ec));
+        }
+      }
+    } catch (const Error&) {
+      out.clear();
+    }
+    return out;
+  };
+  const auto was = shards(before.data.train), now = shards(config_.data.train);
+  if (was.empty() || was != now)
+    fail(
+        "--resume: {} was trained with data.train = {}, but {} says {}: the saved position is a "
+        "shard and window of each source of that data (saved position: {}); {}",
+        checkpoint, was_text, options_.config_path, now_text, at, way_out);
+  if (leader_)
+    std::printf(
+        "data.train is now %s (was %s): the same shards by name and size, so the saved "
+        "position (%s) is kept\n",
+        now_text.c_str(), was_text.c_str(), at.c_str());
+}
+
 // The checkpoint a run killed now would leave: this run's last save, else the one it resumed
 // from, else none.
 std::string Trainer::newest_checkpoint() const {
@@ -897,7 +991,7 @@ TrainResult Trainer::run(const StopSignals& signals) {
 // whole step. One process only: under mpirun the other ranks may wait in another collective,
 // and the job ends through report_fatal_error.
 void Trainer::save_before_failing(const std::string& what) {
-  if (world_.size() != 1 || step_ <= 0 || last_saved_ == step_ || !store_) return;
+  if (world_.size() != 1 || step_ <= 0 || last_saved_ == step_ || !store_ || folder_lost_) return;
   if (train_step_->updating()) {
     message(fmt::format(
         "the error below broke step {} while it updated the weights, which are therefore not "
@@ -1017,9 +1111,11 @@ TrainResult Trainer::run_steps(const StopSignals& signals) {
       message(fmt::format("step {}: checkpoint {}", step_, result.last_checkpoint));
     }
     if (stop.write_failed)
-      fail("{}: cannot write metrics.jsonl ({}); stopped after step {} with checkpoint {}",
-           in_folder(config_.checkpoint.folder, config_.metrics.jsonl),
-           metrics_ ? metrics_->write_error() : "on rank 0", step_, result.last_checkpoint);
+      fail("{}; stopped after step {} with checkpoint {}",
+           metrics_ ? metrics_->describe_write_error()
+                    : fmt::format("{}: cannot write metrics.jsonl (on rank 0)",
+                                  in_folder(config_.checkpoint.folder, config_.metrics.jsonl)),
+           step_, result.last_checkpoint);
     if (stop.any()) {
       message(fmt::format("stopped by signal {} after step {}; resume with --resume", stop.signal,
                           step_));
@@ -1101,16 +1197,52 @@ bool Trainer::checkpoint_due() const {
 
 // Every rank takes part; rank 0 writes.
 std::string Trainer::save_checkpoint() {
+  check_folder_held(fmt::format("saving step {}", step_));
   train_step_->data_parallel().gather_masters();
-  const std::string dir = store_->save(train_step_->model(), train_step_->optimizer(),
-                                       trainer_state(), step_, groups_.dp.get(), &world_);
+  std::string dir;
+  try {
+    dir = store_->save(train_step_->model(), train_step_->optimizer(), trainer_state(), step_,
+                       groups_.dp.get(), &world_);
+  } catch (const Error&) {
+    // A folder deleted while the save wrote fails the save: said as what it is. (One process
+    // only: under mpirun the ranks meet in no collective here.)
+    if (world_.size() == 1)
+      if (const std::string lost = folder_lost(fmt::format("saving step {}", step_)); !lost.empty())
+        fail("{}", lost);
+    throw;
+  }
+  // A folder deleted or taken while the save wrote: the checkpoint may be in another run's
+  // folder, or in one made anew by the save, and is not reported as this run's.
+  check_folder_held(fmt::format("reporting {}", dir));
   last_saved_ = step_;
   return dir;
+}
+
+// Rank 0 holds checkpoint.folder's lock; when the folder was deleted or replaced (another run
+// in it), every rank stops with rank 0's message, before a save writes into a folder not the
+// run's and before it reports one.
+void Trainer::check_folder_held(const std::string& before) {
+  run_on_root_or_fail_together(world_, 0, [&] {
+    if (const std::string lost = folder_lost(before); !lost.empty()) fail("{}", lost);
+  });
+}
+
+// The error of a run whose folder is no longer its own, or "" while it is (and on the ranks
+// that hold no lock).
+std::string Trainer::folder_lost(const std::string& before) {
+  const std::string why = lock_ ? lock_->lost() : std::string();
+  if (why.empty()) return "";
+  folder_lost_ = true;
+  return fmt::format(
+      "{}: checkpoint.folder was deleted or replaced while this run trained ({}); the run stops "
+      "before {}, as its checkpoints and metrics would mix with what is there now",
+      config_.checkpoint.folder, why, before);
 }
 
 // The last checkpoint (unless the last step has one), the median rate and the plot.
 void Trainer::finish(TrainResult& result) {
   if (last_saved_ != step_ && step_ > 0) result.last_checkpoint = save_checkpoint();
+  check_folder_held("reporting the end of the run");
   result.steps_done = step_;
   if (!rates_.empty()) {
     std::nth_element(rates_.begin(), rates_.begin() + rates_.size() / 2, rates_.end());

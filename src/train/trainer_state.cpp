@@ -1,5 +1,6 @@
 #include "train/trainer_state.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 
@@ -18,6 +19,8 @@ nlohmann::json state_to_json(const TrainerState& s) {
                    {"optimizer_steps", s.optimizer_steps},
                    {"train_position", s.train_position}};
   if (s.seed) j["seed"] = *s.seed;
+  if (s.data_shards) j["data_shards"] = *s.data_shards;
+  if (!s.metrics_lines.empty()) j["metrics_lines"] = s.metrics_lines;
   j["config"] = s.config;
   return j;
 }
@@ -57,6 +60,22 @@ TrainerState state_from_json(const nlohmann::json& state, const std::string& dir
     s.train_position = state["train_position"].get<DataPosition>();
   } catch (const Error& e) {
     fail("{}: key 'train_position': {}", path, e.what());
+  }
+  if (state.contains("data_shards")) {
+    try {
+      BOTTLE_CHECK(state["data_shards"].is_array(), "expected an array, got {}",
+                   state["data_shards"].type_name());
+      s.data_shards = state["data_shards"].get<std::vector<SourceRecord>>();
+    } catch (const Error& e) {
+      fail("{}: key 'data_shards': {}", path, e.what());
+    }
+  }
+  if (state.contains("metrics_lines")) {
+    const nlohmann::json& lines = state["metrics_lines"];
+    BOTTLE_CHECK(lines.is_array() && std::all_of(lines.begin(), lines.end(),
+                                                 [](const auto& l) { return l.is_string(); }),
+                 "{}: key 'metrics_lines' must be an array of strings", path);
+    s.metrics_lines = lines.get<std::vector<std::string>>();
   }
   if (state.contains("config") && state["config"].is_string())
     s.config = state["config"].get<std::string>();

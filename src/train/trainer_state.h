@@ -7,8 +7,10 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "train/data_mixture.h"
+#include "train/shard_record.h"
 
 namespace bottle {
 
@@ -21,6 +23,11 @@ struct TrainerState {
   int64_t optimizer_steps = 0;  // AdamW's steps: at most `step`, skipped steps take none
   DataPosition train_position;  // one LoaderPosition per data.train source
   std::optional<int64_t> seed;  // training.seed; checkpoints of older versions lack it
+  // Each data.train source's shards (name, bytes, tokens), which --resume compares with the
+  // data it is given; checkpoints of older versions lack it.
+  std::optional<std::vector<SourceRecord>> data_shards;
+  // The step's lines of metrics.jsonl, which --resume writes again where a full disk cut them.
+  std::vector<std::string> metrics_lines;
   // The resolved configuration as TOML, for people: --resume reads the configuration it is
   // given. Left empty when the file holds none (or not as text), as no reader needs it.
   std::string config;

@@ -164,4 +164,33 @@ inline void init_for_test(LlamaModel& model, uint64_t seed) {
   }
 }
 
+// A small tmpfs mounted for one test, unmounted when it ends: a disk that fills. Where mount is
+// not permitted (no root, a container without CAP_SYS_ADMIN) the test is skipped, saying why.
+class SmallDisk {
+ public:
+  SmallDisk(const std::string& path, int64_t bytes) : path_(path) {
+    fs::create_directories(path);
+    const CommandResult r =
+        run(fmt::format("mount -t tmpfs -o size={} bottle-test-disk {} 2>&1", bytes, path));
+    if (r.status == 0)
+      mounted_ = true;
+    else
+      why_ = "cannot mount a tmpfs for a full disk: " + r.output;
+  }
+  ~SmallDisk() {
+    if (mounted_) run(fmt::format("umount {} 2>&1", path_));
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& why() const { return why_; }
+  // Another size (a tmpfs keeps its files): room for a retry.
+  void resize(int64_t bytes) const {
+    const CommandResult r = run(fmt::format("mount -o remount,size={} {} 2>&1", bytes, path_));
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+
+ private:
+  std::string path_, why_;
+  bool mounted_ = false;
+};
+
 }  // namespace bottle::testing

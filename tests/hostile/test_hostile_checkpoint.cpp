@@ -3,6 +3,7 @@
 // 10 s (the command runs under `timeout`, so a hang fails too), and nothing is overwritten.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <csignal>
 #include <cstring>
@@ -678,6 +679,154 @@ TEST_F(Run, AKillWhilePruningLeavesAFolderThatResumes) {
   for (const std::string& name : entries_of(dir / "run"))
     if (name.starts_with("step_") || name.starts_with(".")) left.push_back(name);
   EXPECT_EQ(left, (std::vector<std::string>{"step_00000003", "step_00000004"}));
+}
+
+// Issue 45, case 6: a checkpoint records each source's shards (name, bytes, tokens) and
+// --resume compares them with what data.train holds now. Before, only the spelling of
+// data.train was compared: a shard added under the same glob, one rewritten in place or a
+// mixture source changed resumed silently at a position of another window order, and the same
+// shards moved elsewhere were refused because the old path no longer held them.
+TEST_F(Run, ResumeComparesTheShardsItWasTrainedOn) {
+  fs::create_directories(dir / "shards");
+  write_random_shard(dir / "shards/a.bin", 1500, 64, 11);
+  write_random_shard(dir / "shards/b.bin", 1500, 64, 12);
+  write_random_shard(dir / "other.bin", 1500, 64, 13);
+  const std::string glob = dir / "shards/*.bin";
+  const std::string one = "--set checkpoint.folder=" + dir / "one --set data.train=" + glob;
+  const CommandResult first = train(one);
+  ASSERT_EQ(first.status, 0) << first.output;
+  const auto state = nlohmann::json::parse(read_file(dir / "one/step_00000002/trainer_state.json"));
+  EXPECT_EQ(state.at("data_shards").dump(),
+            fmt::format(R"([{{"shards":[{{"bytes":4024,"name":"a.bin","tokens":1500}},)"
+                        R"({{"bytes":4024,"name":"b.bin","tokens":1500}}],"source":"{}"}}])",
+                        glob));
+  const std::string ckpt = dir / "one/step_00000002";
+  // A shard added under the same glob.
+  write_random_shard(dir / "shards/c.bin", 1500, 64, 14);
+  expect_refused(train(one + " --resume --set training.steps=3"),
+                 {"--resume", ckpt, "whose shards differ", "source 1",
+                  "added c.bin (4024 bytes, "
+                  "1500 tokens)",
+                  "--init-from " + ckpt});
+  fs::remove(dir / "shards/c.bin");
+  // A shard rewritten smaller in place.
+  write_random_shard(dir / "shards/b.bin", 1000, 64, 12);
+  expect_refused(train(one + " --resume --set training.steps=3"),
+                 {"source 1", "rewrote b.bin: 4024 bytes and 1500 tokens, now 3024 and 1000"});
+  // A shard removed.
+  fs::remove(dir / "shards/b.bin");
+  expect_refused(train(one + " --resume --set training.steps=3"),
+                 {"source 1", "removed b.bin (4024 bytes, 1500 tokens)"});
+  EXPECT_FALSE(fs::exists(dir / "one/step_00000003"));
+  // The same shards moved to another directory: kept, and said.
+  write_random_shard(dir / "shards/b.bin", 1500, 64, 12);
+  fs::rename(dir / "shards", dir / "moved");
+  const CommandResult moved = train("--set checkpoint.folder=" + dir / "one --set data.train=" +
+                                    dir / "moved/*.bin --resume --set training.steps=3");
+  ASSERT_EQ(moved.status, 0) << moved.output;
+  EXPECT_NE(moved.output.find("the same shards by name, size and token count, so the saved "
+                              "position"),
+            std::string::npos)
+      << moved.output;
+  // A mixture whose second source is rewritten.
+  const std::string mixture =
+      fmt::format("--set checkpoint.folder={} --set 'data.train=[\"{}\", \"{}\"]'", dir / "two",
+                  dir / "moved/*.bin", dir / "other.bin");
+  const CommandResult mixed = train(mixture);
+  ASSERT_EQ(mixed.status, 0) << mixed.output;
+  write_random_shard(dir / "other.bin", 1400, 64, 13);
+  expect_refused(train(mixture + " --resume --set training.steps=3"),
+                 {"source 2 (\"" + dir / "other.bin", "rewrote other.bin"});
+  // A checkpoint of an older bottle, without the record: compared by spelling, and said.
+  write_random_shard(dir / "other.bin", 1500, 64, 13);
+  const std::string old_state = dir / "two/step_00000002/trainer_state.json";
+  auto j = nlohmann::json::parse(read_file(old_state));
+  j.erase("data_shards");
+  write_file(old_state, j.dump());
+  const CommandResult old = train(mixture + " --resume --set training.steps=3");
+  ASSERT_EQ(old.status, 0) << old.output;
+  EXPECT_NE(old.output.find("records no list of its shards"), std::string::npos) << old.output;
+}
+
+std::vector<std::string> entries_under(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    out.push_back(fs::relative(e.path(), dir).string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// Issue 45, case 4: export, lowrank and plot on a disk that fills write their output whole or
+// not at all: the error names what failed and says the partial copy was removed, nothing is
+// left, and the same command succeeds once there is room. Before, export and lowrank left
+// config.json, the modeling files and a cut model.safetensors (the retry refused as "not
+// empty"), and plot left a cut PNG and exited 0.
+TEST_F(Run, OutputsOnAFullDiskAreWholeOrAbsent) {
+  // A dense model for lowrank, and the sizes of what each command writes.
+  ModelConfig dense = tiny_config(BottleneckKind::none);
+  LlamaModel model(dense);
+  model.init_weights(3);
+  save_model(model, dir / "dense");
+  auto export_to = [&](const std::string& out) {
+    return fmt::format("{} export --checkpoint {} --out {}", bottle_binary(), dir / "run", out);
+  };
+  auto lowrank_to = [&](const std::string& out) {
+    return fmt::format("{} lowrank --from {} --kind cola --rank 4 --out {}", bottle_binary(),
+                       dir / "dense", out);
+  };
+  auto plot_to = [&](const std::string& out) {
+    return fmt::format("{} plot {} --out {}", bottle_binary(), dir / "run/metrics.jsonl", out);
+  };
+  ASSERT_EQ(run10(export_to(dir / "e")).status, 0);
+  ASSERT_EQ(run10(lowrank_to(dir / "l")).status, 0);
+  ASSERT_EQ(run10(plot_to(dir / "p.png")).status, 0);
+  const int64_t weights = int64_t(fs::file_size(dir / "e/model.safetensors"));
+  const int64_t low_weights = int64_t(fs::file_size(dir / "l/model.safetensors"));
+  ASSERT_GT(weights, 16384);
+  ASSERT_GT(low_weights, 16384);
+  // Room for the small files (a page each) and half of the weights.
+  auto pages = [](int64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+  int64_t small = 0;
+  for (const std::string& name : entries_under(dir / "e"))
+    if (name != "model.safetensors") small += pages(int64_t(fs::file_size(dir / ("e/" + name))));
+  SmallDisk disk(dir / "disk", small + pages(std::min(weights, low_weights) / 2));
+  if (!disk.mounted()) GTEST_SKIP() << disk.why();
+  struct Output {
+    std::string name, command, failing_file;
+  };
+  const std::vector<Output> outputs = {
+      {"export", export_to(dir / "disk/model"), "model.safetensors"},
+      {"lowrank", lowrank_to(dir / "disk/low"), "model.safetensors"},
+  };
+  for (const Output& o : outputs) {
+    SCOPED_TRACE(o.name);
+    const CommandResult r = run10(o.command);
+    expect_refused(r, {o.failing_file, "(the partial copy " + dir / "disk/.", "was removed)",
+                       "was not written", "can be run again"});
+    EXPECT_EQ(entries_under(dir / "disk"), std::vector<std::string>{}) << r.output;
+  }
+  // The plot: its scratch files fit, its image does not.
+  const int64_t png = int64_t(fs::file_size(dir / "p.png"));
+  ASSERT_GT(png, 8192);
+  ASSERT_NO_FATAL_FAILURE(disk.resize(pages(png / 2) + 3 * 4096));
+  const CommandResult cut = run10(plot_to(dir / "disk/loss.png"));
+  expect_refused(cut, {dir / "disk/.loss.png.partial-", "was removed)", "was not written"});
+  EXPECT_EQ(entries_under(dir / "disk"), std::vector<std::string>{}) << cut.output;
+  // With room, the same commands succeed where they failed.
+  ASSERT_NO_FATAL_FAILURE(disk.resize(64 << 20));
+  for (const Output& o : outputs) {
+    SCOPED_TRACE(o.name + " again");
+    const CommandResult r = run10(o.command);
+    EXPECT_EQ(r.status, 0) << r.output;
+  }
+  const CommandResult drawn = run10(plot_to(dir / "disk/loss.png"));
+  EXPECT_EQ(drawn.status, 0) << drawn.output;
+  EXPECT_EQ(
+      entries_under(dir / "disk"),
+      (std::vector<std::string>{"loss.png", "low", "low/config.json", "low/configuration_bottle.py",
+                                "low/model.safetensors", "low/modeling_bottle.py", "model",
+                                "model/config.json", "model/configuration_bottle.py",
+                                "model/model.safetensors", "model/modeling_bottle.py"}));
 }
 
 // --init-from X never has the run write into X, however X is spelled.

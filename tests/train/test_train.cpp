@@ -616,7 +616,8 @@ TEST_F(Train, ResumeRefusesWhatChangesTheSavedState) {
   const CommandResult moved =
       train("--resume --set training.steps=3 --set data.train=" + (dir / "moved/train.bin"));
   ASSERT_EQ(moved.status, 0) << moved.output;
-  EXPECT_NE(moved.output.find("the same shards by name and size, so the saved position"),
+  EXPECT_NE(moved.output.find("the same shards by name, size and token count, so the saved "
+                              "position"),
             std::string::npos)
       << moved.output;
   // Another accumulation keeps the stream of windows and its position: said in one line.
@@ -664,7 +665,8 @@ TEST_F(Train, AMixtureOfSourcesResumesBitExactAndKeepsItsWeights) {
                   "'data.train=[\"{}\", \"{}\"]' --set 'data.weights=[1, 3]'",
                   folder_arg(dir / "b"), dir / "small.bin", dir / "train.bin"));
   expect_error(reordered,
-               {"--resume", "data.train = [", "each source of that data",
+               {"--resume", "data.train = [", "whose shards differ: source 1",
+                "each source of the checkpoint's shards",
                 "source 1: epoch 0, shard 0, window 5; source 2: epoch 1, shard 0, window 7"});
 }
 

@@ -1,0 +1,71 @@
+#include "core/atomic_output.h"
+
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "core/error.h"
+
+namespace bottle {
+
+namespace fs = std::filesystem;
+
+std::string partial_path(const std::string& path) {
+  fs::path p = fs::path(path).lexically_normal();
+  if (p.filename().empty()) p = p.parent_path();  // "out/"
+  return (p.parent_path() / fmt::format(".{}.partial-{}", p.filename().string(), ::getpid()))
+      .string();
+}
+
+namespace {
+
+// Runs `write` into `temp`, then `publish`; on any failure removes `temp` and fails with the
+// cause and what became of the partial copy.
+void write_then_publish(const std::string& destination, const std::string& temp,
+                        const std::function<void(const std::string&)>& write,
+                        const std::function<void()>& publish) {
+  std::string cause;
+  try {
+    write(temp);
+    publish();
+    return;
+  } catch (const Error& e) {
+    cause = e.what();
+  } catch (const std::exception& e) {
+    cause = e.what();
+  }
+  std::error_code ec;
+  fs::remove_all(temp, ec);
+  fail("{}{}; {} was not written: {}", cause,
+       ec ? fmt::format(" (the partial copy {} could not be removed: {})", temp, ec.message())
+          : fmt::format(" (the partial copy {} was removed)", temp),
+       destination, "nothing of it is left, so the same command can be run again");
+}
+
+}  // namespace
+
+void write_directory_atomically(const std::string& dir,
+                                const std::function<void(const std::string& temp)>& write) {
+  const std::string temp = partial_path(dir);
+  std::error_code ec;
+  fs::remove_all(temp, ec);  // a leftover of an earlier process with our pid
+  write_then_publish(dir, temp, write, [&] {
+    // rename(2) replaces an empty directory, and refuses one that something filled meanwhile.
+    fs::rename(temp, dir, ec);
+    BOTTLE_CHECK(!ec, "{}: cannot move the written copy {} into place: {}", dir, temp,
+                 ec.message());
+  });
+}
+
+void write_file_atomically(const std::string& path,
+                           const std::function<void(const std::string& temp)>& write) {
+  const std::string temp = partial_path(path);
+  write_then_publish(path, temp, write, [&] {
+    std::error_code ec;
+    fs::rename(temp, path, ec);
+    BOTTLE_CHECK(!ec, "{}: cannot move the written copy {} into place: {}", path, temp,
+                 ec.message());
+  });
+}
+
+}  // namespace bottle

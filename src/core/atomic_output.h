@@ -1,0 +1,25 @@
+#pragma once
+// Outputs that appear whole or not at all. A command's output (export's and lowrank's model
+// directory, a plot, a report) is written under a temporary name beside its destination, on
+// the same file system, and renamed into place once complete: a full disk, a write error or a
+// failed tool leaves no partial copy that a retry would be refused over ("not empty") or that
+// a reader would take for the real thing. A failure removes the temporary copy and says so.
+// (A process killed outright leaves it, named .NAME.partial-PID, beside the destination.)
+#include <functional>
+#include <string>
+
+namespace bottle {
+
+// The temporary name beside `path`: PARENT/.NAME.partial-PID.
+std::string partial_path(const std::string& path);
+
+// `write` fills a new directory at the path it is given (it creates it); once it returns, that
+// directory replaces `dir`, which must be missing or empty. Errors name `dir`.
+void write_directory_atomically(const std::string& dir,
+                                const std::function<void(const std::string& temp)>& write);
+
+// `write` writes one file at the path it is given; once it returns, the file replaces `path`.
+void write_file_atomically(const std::string& path,
+                           const std::function<void(const std::string& temp)>& write);
+
+}  // namespace bottle
