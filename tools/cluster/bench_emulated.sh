@@ -12,7 +12,15 @@
 #
 #   tools/cluster/bench_emulated.sh [--preset a100-perlmutter] [--precision fp32]
 #       [--config configs/bench_tp_1b.toml] [--set KEY=VALUE]... [--layouts "1x2 2x2"]
-#       [--steps 3] [--warmup 1] [--repeats 1] [--out DIR]
+#       [--trains "2x2x1 2x1x2"] [--steps 3] [--warmup 1] [--repeats 1] [--out DIR]
+#
+# --trains TPxPPxDP...: 3D layouts too, each on nodes of TP ranks (TP within a node, the
+# pipeline's stage boundary or the DP all-reduce across the inter-node link): `bottle train`
+# of the same model for warmup + steps steps per mode (full, vanilla, btp) on a byte corpus
+# made here, 4 micro-batches per step over all DP replicas (grad_accum_steps = 4 / DP), the
+# median of metrics.jsonl's per-step ms after the warmup, beside `bottle plan --tp TP --pp PP
+# --gpus TP·PP·DP --global-batch 4·micro_batch_size` (its row of that micro-batch size and
+# count, 1F1B). Default: none ("" skips them; --layouts "" skips bench tp).
 #
 # Default --set: training.seq_len=128. Files under DIR (default emulated-bench/): per layout
 # and repeat the emulation (raw.toml, emulated.toml, emulate.env, probes), bench.json and
@@ -25,7 +33,7 @@ root=$(cd "$here/../.." && pwd)
 cluster=$here/cluster.sh
 bottle=${BOTTLE:-$root/build/bottle}
 preset=a100-perlmutter precision=fp32 config=$root/configs/bench_tp_1b.toml
-layouts="1x2 2x2" steps=3 warmup=1 repeats=1 out=emulated-bench sets=()
+layouts="1x2 2x2" trains='' steps=3 warmup=1 repeats=1 out=emulated-bench sets=()
 while (($#)); do
   case $1 in
     --preset) preset=$2; shift 2 ;;
@@ -33,6 +41,7 @@ while (($#)); do
     --config) config=$2; shift 2 ;;
     --set) sets+=("$2"); shift 2 ;;
     --layouts) layouts=$2; shift 2 ;;
+    --trains) trains=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
@@ -152,6 +161,89 @@ for layout in $layouts; do
         say '%-18s %9s %9s %+7.1f%%   %s (%s)\n' "btp over $over" "$mr" "$pr" "$err" \
           "$(paper "iteration.boost_speedup_over_${over}_7b")" \
           "$(paper "iteration.boost_speedup_over_${over}_range" | tr -d ' ' | tr , -)"
+        awk -v e="$err" 'BEGIN { exit !(e < -10 || e > 10) }' && status=1
+      done
+    fi
+    unset meas pred
+  done
+done
+# The 3D layouts: bottle train per mode on the emulated cluster, beside bottle plan.
+if [[ -n $trains ]]; then
+  awk 'BEGIN { for (i = 1; i <= 20000; i++) printf "line %d: %d apples and %d pears\n", i, i * 7919 % 1000, i * 104729 % 977 }' \
+    > "$out/corpus.txt"
+  "$bottle" prepare --input "$out/corpus.txt" --output "$out/data" > /dev/null
+fi
+for layout in $trains; do
+  IFS=x read -r tp pp dp <<< "$layout"
+  ranks=$((tp * pp * dp)) nodes=$((pp * dp)) accum=$((4 / dp))
+  ((accum * dp == 4)) || { echo "bench_emulated.sh: --trains $layout: DP must divide 4" >&2; exit 2; }
+  for ((rep = 1; rep <= repeats; rep++)); do
+    dir=$out/train_${layout}_$rep
+    mkdir -p "$dir"
+    state=$(mktemp -d "${TMPDIR:-/tmp}/bemu.XXXXXX")
+    "$here/emulate.sh" --preset "$preset" --nodes "$nodes" --ranks-per-node "$tp" \
+      --precision "$precision" --state "$state" --out "$dir" --bottle "$bottle" > /dev/null
+    for mode in full vanilla btp; do
+      model=() && [[ $mode == full ]] && model=(--set model.bottleneck=none)
+      echo "bench_emulated.sh: train $layout ($mode) on the shaped cluster" >&2
+      rm -rf "$dir/run_$mode"
+      "$cluster" run --state "$state" -- -np "$ranks" -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
+        "$bottle" train "$config" "${set_args[@]}" "${model[@]}" --set parallel.tp_mode="$mode" \
+        --set parallel.tp="$tp" --set parallel.pp="$pp" --set parallel.dp="$dp" \
+        --set training.grad_accum_steps="$accum" --set training.steps=$((warmup + steps)) \
+        --set training.eval_interval=0 --set checkpoint.interval=0 --set metrics.log_freq=1 \
+        --set metrics.plot='' --set data.train="$out/data/data_train_*.bin" --set data.val='' \
+        --set checkpoint.folder="$dir/run_$mode" > "$dir/train_$mode.log" 2>&1 || status=1
+    done
+    "$here/emulate.sh" --preset "$preset" --nodes "$nodes" --ranks-per-node "$tp" \
+      --precision "$precision" --state "$state" --out "$dir" --bottle "$bottle" \
+      --remeasure after > /dev/null
+    cleanup
+    micro_batch=$(sed -n 's/^micro_batch_size *= *//p' "$dir/run_btp/train_config.toml" 2>/dev/null | head -1)
+    for f in "" -after; do
+      "$bottle" plan "$config" --cluster "$dir/emulated$f.toml" --tp "$tp" --pp "$pp" \
+        --gpus "$ranks" --global-batch $((4 * ${micro_batch:-1})) --json "${set_args[@]}" |
+        grep '^{' > "$dir/plan$f.json"
+    done
+    # shellcheck disable=SC1091
+    . "$dir/emulate.env"
+    say '\n## train tp %s x pp %s x dp %s (%s nodes x %s ranks), 4 micro-batches of %s, repeat %s: k = %.4g\n' \
+      "$tp" "$pp" "$dp" "$nodes" "$tp" "${micro_batch:-?}" "$rep" "$k"
+    say 'links shaped: intra %s, inter %s; measured after: inter %.0f Mbit/s\n' "$intra_link" \
+      "$inter_link" "$(. "$dir/emulate-after.env"; echo "$inter_measured_mbit")"
+    say '%-8s %12s %12s %8s   %12s %8s   %s\n' mode "measured ms" "predicted ms" error \
+      "pred (after)" error "predicted: compute, tp comm, bubble, p2p, dp comm, optimizer (ms)"
+    declare -A meas=() pred=()
+    for mode in full vanilla btp; do
+      m=$(sed -n 's/.*"ms":\([^,]*\),.*"step":\([0-9]*\),.*/\2 \1/p' "$dir/run_$mode/metrics.jsonl" 2>/dev/null |
+        awk -v w="$warmup" '$1 > w { print $2 }' | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }')
+      query='select(has("step_s") and .tp_mode == $m and .recompute == "none" and .dp == $dp
+                    and .schedule == "1f1b" and .micro_batch_size == $b and .micro_batches == $n)'
+      p=$(jq -r --arg m "$mode" --argjson b "${micro_batch:-0}" --argjson n "$accum" --argjson dp "$dp" \
+        "$query"' | "\(.step_s * 1000) \(.compute_s * 1000) \(.tp_comm_s * 1000) \(.bubble_s * 1000) \(.p2p_s * 1000) \(.dp_comm_s * 1000) \(.optimizer_s * 1000)"' \
+        "$dir/plan.json" | head -1)
+      pa=$(jq -r --arg m "$mode" --argjson b "${micro_batch:-0}" --argjson n "$accum" --argjson dp "$dp" \
+        "$query"' | .step_s * 1000' "$dir/plan-after.json" | head -1)
+      if [[ -z $m || -z $p ]]; then
+        say '%-8s %12s %12s   (see %s)\n' "$mode" "${m:-none}" "${p%% *}" "$dir/train_$mode.log"
+        status=1
+        continue
+      fi
+      meas[$mode]=$m pred[$mode]=${p%% *}
+      err=$(awk -v p="${p%% *}" -v m="$m" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
+      erra=$(awk -v p="${pa:-0}" -v m="$m" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
+      say '%-8s %12.1f %12.1f %+7.1f%%   %12.1f %+7.1f%%   %s\n' "$mode" "$m" "${p%% *}" "$err" \
+        "${pa:-0}" "$erra" "$(awk '{ printf "%.0f, %.0f, %.0f, %.0f, %.0f, %.0f", $2, $3, $4, $5, $6, $7 }' <<< "$p")"
+      awk -v e="$err" 'BEGIN { exit !(e < -15 || e > 15) }' && status=1
+    done
+    if [[ -n ${meas[btp]:-} && -n ${meas[vanilla]:-} && -n ${meas[full]:-} ]]; then
+      say '%-18s %9s %9s %8s\n' speedup measured predicted error
+      for over in vanilla full; do
+        mr=$(awk -v a="${meas[$over]}" -v b="${meas[btp]}" 'BEGIN { printf "%.3f", a / b }')
+        pr=$(awk -v a="${pred[$over]}" -v b="${pred[btp]}" 'BEGIN { printf "%.3f", a / b }')
+        err=$(awk -v p="$pr" -v m="$mr" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
+        say '%-18s %9s %9s %+7.1f%%\n' "btp over $over" "$mr" "$pr" "$err"
         awk -v e="$err" 'BEGIN { exit !(e < -10 || e > 10) }' && status=1
       done
     fi
