@@ -181,8 +181,8 @@ void MpiCommunicator::fail_stalled(const char* function, std::string_view site, 
   const std::string line = fmt::format(
       "bottle: error: {} of the '{}' group: {} at '{}' made no progress for {:g} s, waiting "
       "for {}: that rank stopped, died or lost its link (parallel.comm_timeout)\n",
-      describe_rank(rank_), name_, function, site,
-      std::chrono::duration<double>(timeout_).count(), whom);
+      describe_rank(rank_), name_, function, site, std::chrono::duration<double>(timeout_).count(),
+      whom);
   std::fputs(line.c_str(), stderr);
   std::fflush(nullptr);
   MPI_Abort(MPI_COMM_WORLD, 1);

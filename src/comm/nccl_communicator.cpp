@@ -238,7 +238,8 @@ void NcclCommunicator::wait(cudaEvent_t event, const char* call, std::string_vie
     if (waited > timeout_) {
       abort();
       fail(
-          "{} on the '{}' group (site '{}') did not complete within {:g} s (parallel.comm_timeout): "
+          "{} on the '{}' group (site '{}') did not complete within {:g} s "
+          "(parallel.comm_timeout): "
           "a peer of the group stopped or is stuck (NCCL shows no error)",
           call, name(), site, std::chrono::duration<double>(timeout_).count());
     }

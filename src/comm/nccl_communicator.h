@@ -13,7 +13,8 @@
 // enqueues its work and returns: the host runs ahead of the GPU, and ordering stays on the
 // GPU. Each call is bracketed by timing events; complete() (the training step's end) waits
 // for them, polling NCCL's asynchronous error so that a failed peer is an error, and a peer
-// that stopped without one is an error after the group's timeout, then adds the calls' times to the stats.
+// that stopped without one is an error after the group's timeout, then adds the calls' times
+// to the stats.
 //
 // Point-to-point: NCCL has no tags. Sends and receives between two ranks match in the order
 // they are issued, so the tag is checked but not used, and a schedule must issue a pair's

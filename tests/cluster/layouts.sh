@@ -13,25 +13,8 @@
 # About a minute.
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
-bottle=${1:?usage: layouts.sh BOTTLE}
-[[ -x $bottle ]] || fail "no bottle binary at $bottle"
-command -v mpirun >/dev/null || fail "no mpirun (Debian package openmpi-bin)"
-
-awk 'BEGIN { for (i = 1; i <= 300; i++) printf "line %d: %d apples and %d pears\n", i, i * 7919 % 1000, i * 104729 % 977 }' \
-  >"$work/corpus.txt"
-"$bottle" prepare --input "$work/corpus.txt" --output "$work/data" >/dev/null ||
-  fail "bottle prepare"
-cat >"$work/tiny.toml" <<EOF
-[model]
-vocab_size = 256
-hidden_size = 32
-intermediate_size = 48
-num_layers = 4
-num_heads = 4
-bottleneck = "cola"
-rank = 8
-max_seq_len = 64
-
+bottle_and_tiny_model "${1:-}" 300
+cat >>"$work/tiny.toml" <<EOF
 [training]
 steps = 10
 micro_batch_size = 2

@@ -76,3 +76,29 @@ started=$(date +%s.%N)
 elapsed() {
   awk -v s="$started" -v n="$(date +%s.%N)" 'BEGIN { printf "%.1f s", n - s }'
 }
+
+# The tests that train (faults.sh, layouts.sh): `bottle` from their first argument, checked;
+# a byte-level corpus of LINES distinct lines made without Python and prepared into
+# $work/data; and $work/tiny.toml begun with the tiny 4-block CoLA model they train, to which
+# each appends its own [training] and what follows.
+bottle_and_tiny_model() {
+  bottle=${1:?usage: $test_name.sh BOTTLE}
+  [[ -x $bottle ]] || fail "no bottle binary at $bottle"
+  command -v mpirun >/dev/null || fail "no mpirun (Debian package openmpi-bin)"
+  awk -v n="$2" 'BEGIN { for (i = 1; i <= n; i++) printf "line %d: %d apples and %d pears\n", i, i * 7919 % 1000, i * 104729 % 977 }' \
+    >"$work/corpus.txt"
+  "$bottle" prepare --input "$work/corpus.txt" --output "$work/data" >/dev/null ||
+    fail "bottle prepare"
+  cat >"$work/tiny.toml" <<'EOF'
+[model]
+vocab_size = 256
+hidden_size = 32
+intermediate_size = 48
+num_layers = 4
+num_heads = 4
+bottleneck = "cola"
+rank = 8
+max_seq_len = 64
+
+EOF
+}
