@@ -32,8 +32,10 @@ class MpiRuntime {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
-      // FUNNELED: only the main thread communicates (OpenMP workers never do). The fatal
-      // error watchdog's MPI_Abort is the one exception; Open MPI's abort does not rely on
+      // MULTIPLE: a group's started calls (Communicator::start_*) run on its communication
+      // thread while the main thread calls MPI on other groups (OpenMP workers never do).
+      // A library that provides less runs them on the caller's thread
+      // (MpiCommunicator::threaded_). The fatal error watchdog's MPI_Abort does not rely on
       // the thread level.
       //
       // A process started without mpirun is an Open MPI singleton, and by default its
@@ -44,7 +46,7 @@ class MpiRuntime {
       // environment already decided. Under mpirun this parameter is not read.
       ::setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
       int provided = 0;
-      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
         std::fputs("bottle: error: MPI_Init_thread failed\n", stderr);
         std::fflush(stderr);
         std::_Exit(1);

@@ -29,13 +29,14 @@ void add(CommCounter& to, const CommCounter& from) {
   to.elements += from.elements;
   to.bytes += from.bytes;
   to.seconds += from.seconds;
+  to.exposed_seconds += from.exposed_seconds;
 }
 
 }  // namespace
 
 void CommStats::record(Collective kind, std::string_view site, int64_t elements,
                        size_t element_bytes, double seconds) {
-  const CommCounter one{1, elements, elements * int64_t(element_bytes), seconds};
+  const CommCounter one{1, elements, elements * int64_t(element_bytes), seconds, seconds};
   if (!phase_.empty()) {
     phased_site_.assign(phase_).append(site);
     site = phased_site_;
@@ -51,6 +52,13 @@ std::string CommStats::record_untimed(Collective kind, std::string_view site, in
                                       size_t element_bytes) {
   record(kind, site, elements, element_bytes, 0.0);
   return phase_.empty() ? std::string(site) : phased_site_;
+}
+
+void CommStats::add_exposed(Collective kind, std::string_view recorded_site, double seconds) {
+  auto it = by_site_.find(recorded_site);
+  if (it == by_site_.end()) return;
+  it->second.exposed_seconds += seconds;
+  by_kind_[int(kind)].exposed_seconds += seconds;
 }
 
 void CommStats::add_seconds(Collective kind, std::string_view recorded_site, double seconds) {
@@ -79,6 +87,31 @@ CommCounter CommStats::with_prefix(std::string_view prefix) const {
        it != by_site_.end() && std::string_view(it->first).starts_with(prefix); ++it)
     add(sum, it->second);
   return sum;
+}
+
+PendingCall& PendingCall::operator=(PendingCall&& other) noexcept {
+  if (this != &other) {
+    // The call this one held is waited for first: its buffers may be reused next.
+    if (wait_) try {
+        wait();
+      } catch (...) {
+      }
+    wait_ = std::exchange(other.wait_, nullptr);
+  }
+  return *this;
+}
+
+PendingCall::~PendingCall() {
+  // An error path that drops a pending call still must not free what the group writes; the
+  // error is the one already on its way.
+  if (wait_) try {
+      wait();
+    } catch (...) {
+    }
+}
+
+void PendingCall::wait() {
+  if (auto wait = std::exchange(wait_, nullptr)) wait();
 }
 
 CommPhase::CommPhase(Communicator* comm, std::string phase) : comm_(comm) {

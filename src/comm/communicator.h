@@ -10,12 +10,20 @@
 // Elements counted per call: all_reduce and broadcast the buffer's size; all_gather the
 // gathered result (size × input); reduce_scatter the input (size × output); send/recv the
 // message. A communicator of size 1 moves nothing and counts nothing.
+//
+// Started calls (start_all_reduce, start_reduce_scatter, start_all_gather) return at once with
+// a PendingCall, so that the caller computes while the group communicates: Megatron's
+// --overlap-grad-reduce and FSDP's prefetch are built on them. The time a call takes and the
+// time its caller waited for it (exposed) are counted apart; a blocking call's whole time is
+// exposed.
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/tensor.h"
@@ -31,7 +39,8 @@ struct CommCounter {
   int64_t calls = 0;
   int64_t elements = 0;
   int64_t bytes = 0;
-  double seconds = 0;
+  double seconds = 0;          // the calls' own time
+  double exposed_seconds = 0;  // what their callers waited: hidden = seconds - exposed
 };
 
 class CommStats {
@@ -44,6 +53,8 @@ class CommStats {
   std::string record_untimed(Collective kind, std::string_view site, int64_t elements,
                              size_t element_bytes);
   void add_seconds(Collective kind, std::string_view recorded_site, double seconds);
+  // A started call's caller waited `seconds` for it (PendingCall::wait).
+  void add_exposed(Collective kind, std::string_view recorded_site, double seconds);
   void reset();
   const std::map<std::string, CommCounter, std::less<>>& by_site() const { return by_site_; }
   const CommCounter& by_kind(Collective kind) const { return by_kind_[int(kind)]; }
@@ -61,6 +72,27 @@ class CommStats {
   std::string phase_;
   std::string phased_site_;  // scratch for phase_ + site
   CommCounter by_kind_[7];
+};
+
+// A call started by Communicator::start_*: until wait() returns, the call owns its tensors
+// (the caller neither reads nor writes them). wait() rethrows the call's error; a pending call
+// that is destroyed unwaited is waited for first, so that no buffer is freed while the group
+// still writes it.
+class PendingCall {
+ public:
+  PendingCall() = default;  // nothing pending (a call that has finished)
+  explicit PendingCall(std::function<void()> wait) : wait_(std::move(wait)) {}
+  PendingCall(PendingCall&& other) noexcept : wait_(std::exchange(other.wait_, nullptr)) {}
+  PendingCall& operator=(PendingCall&& other) noexcept;
+  ~PendingCall();
+  PendingCall(const PendingCall&) = delete;
+  PendingCall& operator=(const PendingCall&) = delete;
+
+  void wait();
+  bool pending() const { return bool(wait_); }
+
+ private:
+  std::function<void()> wait_;
 };
 
 class Communicator {
@@ -87,11 +119,30 @@ class Communicator {
   virtual void send_async(Tensor x, int dest, int tag, std::string_view site) = 0;
   virtual void wait_sends() = 0;
   virtual void barrier() = 0;
+
+  // Started collectives, with the blocking calls' contracts. A group that can progress them
+  // while its caller computes (MPI: the group's communication thread; NCCL: its stream) returns
+  // at once; any other runs the call before returning (the default here), so that callers are
+  // written once. Calls on one group run in the order they are issued, started or blocking: a
+  // blocking call waits for the started ones before it (MPI's rule that every rank issues a
+  // group's collectives in one order then holds whichever thread runs them).
+  virtual PendingCall start_all_reduce(Tensor x, ReduceOp op, std::string_view site) {
+    all_reduce(x, op, site);
+    return {};
+  }
+  virtual PendingCall start_reduce_scatter(Tensor out, Tensor in, std::string_view site) {
+    reduce_scatter(out, in, site);
+    return {};
+  }
+  virtual PendingCall start_all_gather(Tensor out, Tensor in, std::string_view site) {
+    all_gather(out, in, site);
+    return {};
+  }
   // Waits until every call issued so far has finished and adds their times to the stats. A
   // host communicator's calls finish before they return, so it has nothing to do; a device
   // communicator's calls return once enqueued, and this is where a failing or vanished peer
-  // is reported (an error naming the group, never a hang). The training step calls it once,
-  // at its end.
+  // is reported (an error naming the group, never a hang). Started calls finish here too. The
+  // training step calls it once, at its end.
   virtual void complete() {}
   // Ranks with the same color form a new group, ordered by key (then by rank here). The new
   // group inherits this one's timeout.

@@ -120,9 +120,19 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name, bool owned)
   MPI_Group_free(&group);
   MPI_Group_free(&world_group);
   if (comm_ == MPI_COMM_WORLD && size_ > 1) gather_world_hosts(comm_, size_);
+  // Started calls run on a thread of their own only where MPI allows two threads in it at once.
+  int level = MPI_THREAD_SINGLE;
+  check(MPI_Query_thread(&level), "MPI_Query_thread", "create");
+  threaded_ = level == MPI_THREAD_MULTIPLE;
 }
 
 MpiCommunicator::~MpiCommunicator() {
+  // Started calls run to their end before the group goes (their errors have nobody to go to).
+  if (thread_) try {
+      thread_->drain();
+    } catch (...) {
+    }
+  thread_.reset();
   // Sends still in flight: only an error path destroys a group before wait_sends (an
   // exception unwinding the pipeline). MPI goes on reading their buffers until the job's
   // end (MPI_Finalize completes them), so the buffers must outlive this object: they are
@@ -189,12 +199,23 @@ void MpiCommunicator::fail_stalled(const char* function, std::string_view site, 
   std::_Exit(1);
 }
 
+namespace {
+
+// Set on a group's CommThread: its calls run beside the caller's computation, which a
+// spinning wait would take a core from, and nobody waits on their latency.
+thread_local bool on_comm_thread = false;
+
+}  // namespace
+
 void MpiCommunicator::wait(int count, MPI_Request* requests, MPI_Status* statuses,
                            const char* function, std::string_view site, int peer) const {
   // Spinning keeps collectives between ranks in step at their blocking speed. Past that, a
   // pause of an eighth of the time waited so far (at most a millisecond) adds at most ~1/8
   // to a long wait while using almost no CPU: a stopped or far slower peer costs nothing.
-  constexpr auto kSpin = std::chrono::milliseconds(1);
+  // The communication thread never spins.
+  const auto kSpin =
+      on_comm_thread ? Clock::duration::zero()
+                     : std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(1));
   constexpr auto kLongestPause = std::chrono::microseconds(1000);
   const auto start = Clock::now();
   for (;;) {
@@ -207,6 +228,43 @@ void MpiCommunicator::wait(int count, MPI_Request* requests, MPI_Status* statuse
     std::this_thread::sleep_for(std::min<Clock::duration>(
         waited / 8, std::chrono::duration_cast<Clock::duration>(kLongestPause)));
   }
+}
+
+void MpiCommunicator::settle() {
+  if (thread_ && thread_->busy()) thread_->drain();
+}
+
+void MpiCommunicator::complete() { settle(); }
+
+void MpiCommunicator::record(Collective kind, std::string_view site, int64_t elements,
+                             size_t element_bytes, double seconds) {
+  std::lock_guard lock(stats_mutex_);
+  stats_.record(kind, site, elements, element_bytes, seconds);
+}
+
+PendingCall MpiCommunicator::start(Collective kind, std::string_view site, int64_t elements,
+                                   size_t element_bytes, std::function<void()> run) {
+  if (!thread_) thread_ = std::make_unique<CommThread>();
+  std::string recorded;
+  {
+    std::lock_guard lock(stats_mutex_);
+    recorded = stats_.record_untimed(kind, site, elements, element_bytes);
+  }
+  const uint64_t ticket = thread_->post([this, kind, recorded, run = std::move(run)] {
+    on_comm_thread = true;
+    const auto start = Clock::now();
+    run();
+    const double seconds = seconds_since(start);
+    std::lock_guard lock(stats_mutex_);
+    stats_.add_seconds(kind, recorded, seconds);
+  });
+  return PendingCall([this, kind, recorded = std::move(recorded), ticket] {
+    const auto start = Clock::now();
+    thread_->wait(ticket);
+    const double waited = seconds_since(start);
+    std::lock_guard lock(stats_mutex_);
+    stats_.add_exposed(kind, recorded, waited);
+  });
 }
 
 namespace {
@@ -223,13 +281,35 @@ int checked_count(const Tensor& t, const char* what, std::string_view site,
 
 }  // namespace
 
-void MpiCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {
+int MpiCommunicator::check_all_reduce(const Tensor& x, std::string_view site) const {
   BOTTLE_CHECK(reducible(x.dtype),
                "all_reduce at '{}' on the '{}' group: dtype {} (f32, bf16 or i32)", site, name_,
                dtype_name(x.dtype));
-  const int count = checked_count(x, "all_reduce", site, name_);
+  return checked_count(x, "all_reduce", site, name_);
+}
+
+void MpiCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {
+  const int count = check_all_reduce(x, site);
   if (size_ == 1) return;
+  settle();
   const auto start = Clock::now();
+  run_all_reduce(x, count, op, site);
+  record(Collective::all_reduce, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
+}
+
+PendingCall MpiCommunicator::start_all_reduce(Tensor x, ReduceOp op, std::string_view site) {
+  const int count = check_all_reduce(x, site);
+  if (size_ == 1) return {};
+  if (!threaded_) {
+    all_reduce(x, op, site);
+    return {};
+  }
+  return start(
+      Collective::all_reduce, site, x.numel(), dtype_size(x.dtype),
+      [this, x, count, op, site = std::string(site)] { run_all_reduce(x, count, op, site); });
+}
+
+void MpiCommunicator::run_all_reduce(Tensor x, int count, ReduceOp op, std::string_view site) {
   const MPI_Op mpi_op = mpi_reduce_op(op, x.dtype);
   if ((size_ & (size_ - 1)) == 0) {
     // Recursive doubling over point-to-point messages, each waited for by wait(): as fast as
@@ -262,33 +342,53 @@ void MpiCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {
           "MPI_Iallreduce", site);
     wait(1, &request, MPI_STATUS_IGNORE, "MPI_Iallreduce", site);
   }
-  stats_.record(Collective::all_reduce, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
-void MpiCommunicator::all_gather(Tensor out, Tensor in, std::string_view site) {
+int MpiCommunicator::check_all_gather(const Tensor& out, const Tensor& in,
+                                      std::string_view site) const {
   BOTTLE_CHECK(out.dtype == in.dtype, "all_gather at '{}' on the '{}' group: out is {}, in is {}",
                site, name_, dtype_name(out.dtype), dtype_name(in.dtype));
   BOTTLE_CHECK(out.numel() == int64_t(size_) * in.numel(),
                "all_gather at '{}' on the '{}' group: out has {} elements, expected size × in = "
                "{} × {} = {}",
                site, name_, out.numel(), size_, in.numel(), int64_t(size_) * in.numel());
-  const int count = checked_count(in, "all_gather", site, name_);
   checked_count(out, "all_gather", site, name_);
+  return checked_count(in, "all_gather", site, name_);
+}
+
+void MpiCommunicator::all_gather(Tensor out, Tensor in, std::string_view site) {
+  const int count = check_all_gather(out, in, site);
   if (size_ == 1) {
     if (out.data != in.data && in.nbytes()) std::memmove(out.data, in.data, in.nbytes());
     return;
   }
+  settle();
   const auto start = Clock::now();
+  run_all_gather(out, in, count, site);
+  record(Collective::all_gather, site, out.numel(), dtype_size(out.dtype), seconds_since(start));
+}
+
+PendingCall MpiCommunicator::start_all_gather(Tensor out, Tensor in, std::string_view site) {
+  const int count = check_all_gather(out, in, site);
+  if (size_ == 1 || !threaded_) {
+    all_gather(out, in, site);
+    return {};
+  }
+  return start(
+      Collective::all_gather, site, out.numel(), dtype_size(out.dtype),
+      [this, out, in, count, site = std::string(site)] { run_all_gather(out, in, count, site); });
+}
+
+void MpiCommunicator::run_all_gather(Tensor out, Tensor in, int count, std::string_view site) {
   const MPI_Datatype type = mpi_type(in.dtype);
   MPI_Request request;
   check(MPI_Iallgather(in.data, count, type, out.data, count, type, comm_, &request),
         "MPI_Iallgather", site);
   wait(1, &request, MPI_STATUS_IGNORE, "MPI_Iallgather", site);
-  stats_.record(Collective::all_gather, site, out.numel(), dtype_size(out.dtype),
-                seconds_since(start));
 }
 
-void MpiCommunicator::reduce_scatter(Tensor out, Tensor in, std::string_view site) {
+int MpiCommunicator::check_reduce_scatter(const Tensor& out, const Tensor& in,
+                                          std::string_view site) const {
   BOTTLE_CHECK(reducible(in.dtype) && out.dtype == in.dtype,
                "reduce_scatter at '{}' on the '{}' group: out is {}, in is {} (both f32 or i32)",
                site, name_, dtype_name(out.dtype), dtype_name(in.dtype));
@@ -301,19 +401,39 @@ void MpiCommunicator::reduce_scatter(Tensor out, Tensor in, std::string_view sit
                "= {} / {} = {}",
                site, name_, out.numel(), in.numel(), size_, in.numel() / size_);
   checked_count(in, "reduce_scatter", site, name_);
-  const int count = checked_count(out, "reduce_scatter", site, name_);
+  return checked_count(out, "reduce_scatter", site, name_);
+}
+
+void MpiCommunicator::reduce_scatter(Tensor out, Tensor in, std::string_view site) {
+  const int count = check_reduce_scatter(out, in, site);
   if (size_ == 1) {
     if (out.data != in.data && in.nbytes()) std::memmove(out.data, in.data, in.nbytes());
     return;
   }
+  settle();
   const auto start = Clock::now();
+  run_reduce_scatter(out, in, count, site);
+  record(Collective::reduce_scatter, site, in.numel(), dtype_size(in.dtype), seconds_since(start));
+}
+
+PendingCall MpiCommunicator::start_reduce_scatter(Tensor out, Tensor in, std::string_view site) {
+  const int count = check_reduce_scatter(out, in, site);
+  if (size_ == 1 || !threaded_) {
+    reduce_scatter(out, in, site);
+    return {};
+  }
+  return start(Collective::reduce_scatter, site, in.numel(), dtype_size(in.dtype),
+               [this, out, in, count, site = std::string(site)] {
+                 run_reduce_scatter(out, in, count, site);
+               });
+}
+
+void MpiCommunicator::run_reduce_scatter(Tensor out, Tensor in, int count, std::string_view site) {
   MPI_Request request;
   check(MPI_Ireduce_scatter_block(in.data, out.data, count, mpi_type(in.dtype),
                                   mpi_reduce_op(ReduceOp::sum, in.dtype), comm_, &request),
         "MPI_Ireduce_scatter_block", site);
   wait(1, &request, MPI_STATUS_IGNORE, "MPI_Ireduce_scatter_block", site);
-  stats_.record(Collective::reduce_scatter, site, in.numel(), dtype_size(in.dtype),
-                seconds_since(start));
 }
 
 void MpiCommunicator::broadcast(Tensor x, int root, std::string_view site) {
@@ -322,11 +442,12 @@ void MpiCommunicator::broadcast(Tensor x, int root, std::string_view site) {
                name_, root, size_);
   const int count = checked_count(x, "broadcast", site, name_);
   if (size_ == 1) return;
+  settle();
   const auto start = Clock::now();
   MPI_Request request;
   check(MPI_Ibcast(x.data, count, mpi_type(x.dtype), root, comm_, &request), "MPI_Ibcast", site);
   wait(1, &request, MPI_STATUS_IGNORE, "MPI_Ibcast", site);
-  stats_.record(Collective::broadcast, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
+  record(Collective::broadcast, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
 void MpiCommunicator::send(Tensor x, int dest, int tag, std::string_view site) {
@@ -339,11 +460,12 @@ void MpiCommunicator::send(Tensor x, int dest, int tag, std::string_view site) {
   // A blocking send to oneself never completes.
   BOTTLE_CHECK(dest != rank_, "send at '{}' on the '{}' group: rank {} sends to itself", site,
                name_, rank_);
+  settle();
   const auto start = Clock::now();
   MPI_Request request;
   check(MPI_Isend(x.data, count, mpi_type(x.dtype), dest, tag, comm_, &request), "MPI_Isend", site);
   wait(1, &request, MPI_STATUS_IGNORE, "MPI_Isend", site, dest);
-  stats_.record(Collective::send, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
+  record(Collective::send, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
 void MpiCommunicator::recv(Tensor x, int source, int tag, std::string_view site) {
@@ -354,6 +476,7 @@ void MpiCommunicator::recv(Tensor x, int source, int tag, std::string_view site)
   if (size_ == 1) return;
   BOTTLE_CHECK(source != rank_, "recv at '{}' on the '{}' group: rank {} receives from itself",
                site, name_, rank_);
+  settle();
   const auto start = Clock::now();
   MPI_Status status;
   MPI_Request request;
@@ -366,7 +489,7 @@ void MpiCommunicator::recv(Tensor x, int source, int tag, std::string_view site)
   BOTTLE_CHECK(received == count,
                "recv at '{}' on the '{}' group: got {} elements from rank {}, expected {}", site,
                name_, received, source, count);
-  stats_.record(Collective::recv, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
+  record(Collective::recv, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
 void MpiCommunicator::send_async(Tensor x, int dest, int tag, std::string_view site) {
@@ -375,6 +498,7 @@ void MpiCommunicator::send_async(Tensor x, int dest, int tag, std::string_view s
                "0..{}, tags from 0)",
                site, name_, rank_, dest, tag, size_ - 1);
   const int count = checked_count(x, "send", site, name_);
+  settle();
   const auto start = Clock::now();
   const char* bytes = static_cast<const char*>(x.data);
   pending_buffers_.emplace_back(bytes, bytes + x.nbytes());
@@ -383,10 +507,11 @@ void MpiCommunicator::send_async(Tensor x, int dest, int tag, std::string_view s
                   &request),
         "MPI_Isend", site);
   pending_sends_.push_back(request);
-  stats_.record(Collective::send, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
+  record(Collective::send, site, x.numel(), dtype_size(x.dtype), seconds_since(start));
 }
 
 void MpiCommunicator::wait_sends() {
+  settle();
   if (pending_sends_.empty()) return;
   // Not a call of its own: the sends were counted when they were issued.
   wait(int(pending_sends_.size()), pending_sends_.data(), MPI_STATUSES_IGNORE, "MPI_Isend",
@@ -397,17 +522,19 @@ void MpiCommunicator::wait_sends() {
 
 void MpiCommunicator::barrier() {
   if (size_ == 1) return;
+  settle();
   const auto start = Clock::now();
   MPI_Request request;
   check(MPI_Ibarrier(comm_, &request), "MPI_Ibarrier", "barrier");
   wait(1, &request, MPI_STATUS_IGNORE, "MPI_Ibarrier", "barrier");
-  stats_.record(Collective::barrier, "barrier", 0, 0, seconds_since(start));
+  record(Collective::barrier, "barrier", 0, 0, seconds_since(start));
 }
 
 std::unique_ptr<Communicator> MpiCommunicator::split(int color, int key, std::string name) {
   // MPI_UNDEFINED (negative) would leave this rank without a group.
   BOTTLE_CHECK(color >= 0, "split of the '{}' group into '{}': color {} is negative", name_, name,
                color);
+  settle();
   MPI_Comm comm = MPI_COMM_NULL;
   check(MPI_Comm_split(comm_, color, key, &comm), "MPI_Comm_split", name);
   auto group = std::make_unique<MpiCommunicator>(comm, std::move(name), true);

@@ -5,12 +5,18 @@
 // Open MPI's blocking calls busy-poll, so a rank waiting for a stopped or slow peer would
 // burn a whole core: every call here is issued non-blocking and waited for by wait().
 // all_reduce, the latency-critical one, runs over point-to-point messages (libnbc's
-// non-blocking collectives are 2-10x slower than the blocking ones).
+// non-blocking collectives are 2-10x slower than the blocking ones). Started calls run the same
+// code on the group's CommThread (comm_thread.h), made on the first one; a blocking call first
+// waits for the started ones, so that every rank issues the group's calls in one order.
 #include <mpi.h>
 
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "comm/comm_thread.h"
 #include "comm/communicator.h"
 
 namespace bottle {
@@ -37,6 +43,10 @@ class MpiCommunicator final : public Communicator {
   void send_async(Tensor x, int dest, int tag, std::string_view site) override;
   void wait_sends() override;
   void barrier() override;
+  PendingCall start_all_reduce(Tensor x, ReduceOp op, std::string_view site) override;
+  PendingCall start_reduce_scatter(Tensor out, Tensor in, std::string_view site) override;
+  PendingCall start_all_gather(Tensor out, Tensor in, std::string_view site) override;
+  void complete() override;
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
 
   MPI_Comm handle() const { return comm_; }
@@ -57,6 +67,23 @@ class MpiCommunicator final : public Communicator {
   // "rank R (world rank W on HOST)" for a rank of this group.
   std::string describe_rank(int rank) const;
 
+  // The collectives in three parts: the checks of their operands (on the caller's thread,
+  // returning the count MPI takes), the MPI calls (on the caller's or the group's thread), and
+  // the counting, which the two share.
+  int check_all_reduce(const Tensor& x, std::string_view site) const;
+  int check_all_gather(const Tensor& out, const Tensor& in, std::string_view site) const;
+  int check_reduce_scatter(const Tensor& out, const Tensor& in, std::string_view site) const;
+  void run_all_reduce(Tensor x, int count, ReduceOp op, std::string_view site);
+  void run_all_gather(Tensor out, Tensor in, int count, std::string_view site);
+  void run_reduce_scatter(Tensor out, Tensor in, int count, std::string_view site);
+  void record(Collective kind, std::string_view site, int64_t elements, size_t element_bytes,
+              double seconds);
+  // Counts a call now and queues `run` on the group's thread; the handle waits for it.
+  PendingCall start(Collective kind, std::string_view site, int64_t elements, size_t element_bytes,
+                    std::function<void()> run);
+  // Until the started calls have finished (before any blocking call).
+  void settle();
+
   MPI_Comm comm_;
   std::string name_;
   bool owned_;
@@ -67,6 +94,9 @@ class MpiCommunicator final : public Communicator {
   std::vector<char> reduce_scratch_;                // all_reduce's partner copy
   int reduce_tag_ = 32767;                          // all_reduce's messages (MPI_TAG_UB)
   std::vector<std::vector<char>> pending_buffers_;  // send_async's copies
+  bool threaded_ = false;               // MPI_THREAD_MULTIPLE: started calls run on thread_
+  std::unique_ptr<CommThread> thread_;  // made by the first started call
+  std::mutex stats_mutex_;              // stats_ is written by both threads
 };
 
 }  // namespace bottle

@@ -194,10 +194,15 @@ void NcclCommunicator::run(const char* call, Collective kind, std::string_view s
   check(enqueue(), call, site);
   check(cudaEventRecord(timed.stop.get(), stream_.get()), "cudaEventRecord", site);
   // The compute stream's next kernels read the result; the host goes on at once, and the
-  // call's time and errors are read when the step completes it.
-  check(cudaStreamWaitEvent(compute_, timed.stop.get(), 0), "cudaStreamWaitEvent", site);
+  // call's time and errors are read when the step completes it. A started call's reader waits
+  // later (started()).
+  if (starting_)
+    started_ = timed.stop.get();
+  else
+    check(cudaStreamWaitEvent(compute_, timed.stop.get(), 0), "cudaStreamWaitEvent", site);
   timed.call = call;
   timed.kind = kind;
+  timed.started = starting_;
   timed.site = stats_.record_untimed(kind, site, elements, dtype_size(dtype));
   in_flight_.push_back(std::move(timed));
 }
@@ -209,6 +214,8 @@ void NcclCommunicator::complete_calls(size_t count, std::string_view why) {
     float ms = 0;
     check(cudaEventElapsedTime(&ms, c.start.get(), c.stop.get()), "cudaEventElapsedTime", why);
     stats_.add_seconds(c.kind, c.site, double(ms) / 1e3);
+    // The compute stream waited for a blocking call where it was issued: all of it exposed.
+    if (!c.started) stats_.add_exposed(c.kind, c.site, double(ms) / 1e3);
     free_events_.emplace_back(std::move(c.start), std::move(c.stop));
   }
   in_flight_.erase(in_flight_.begin(),
@@ -247,6 +254,37 @@ void NcclCommunicator::wait(cudaEvent_t event, const char* call, std::string_vie
     std::this_thread::sleep_for(std::min<Clock::duration>(
         waited / 8, std::chrono::duration_cast<Clock::duration>(kLongestPause)));
   }
+}
+
+template <typename Call>
+PendingCall NcclCommunicator::started(std::string_view site, Call&& call) {
+  starting_ = true;
+  started_ = nullptr;
+  try {
+    call();
+  } catch (...) {
+    starting_ = false;
+    throw;
+  }
+  starting_ = false;
+  // Host tensors and groups of one went the blocking way: nothing is pending.
+  cudaEvent_t done = std::exchange(started_, nullptr);
+  if (!done) return {};
+  return PendingCall([this, done, site = std::string(site)] {
+    check(cudaStreamWaitEvent(compute_, done, 0), "cudaStreamWaitEvent", site);
+  });
+}
+
+PendingCall NcclCommunicator::start_all_reduce(Tensor x, ReduceOp op, std::string_view site) {
+  return started(site, [&] { all_reduce(x, op, site); });
+}
+
+PendingCall NcclCommunicator::start_reduce_scatter(Tensor out, Tensor in, std::string_view site) {
+  return started(site, [&] { reduce_scatter(out, in, site); });
+}
+
+PendingCall NcclCommunicator::start_all_gather(Tensor out, Tensor in, std::string_view site) {
+  return started(site, [&] { all_gather(out, in, site); });
 }
 
 void NcclCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {

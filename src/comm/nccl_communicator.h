@@ -63,6 +63,12 @@ class NcclCommunicator final : public Communicator {
   void wait_sends() override;
   void barrier() override;
   void complete() override;
+  // Device tensors: enqueued on the comm stream like the blocking calls, but the compute
+  // stream waits for them only at PendingCall::wait, so that the kernels issued in between
+  // run beside them. Wait before the step's complete(), which recycles the calls' events.
+  PendingCall start_all_reduce(Tensor x, ReduceOp op, std::string_view site) override;
+  PendingCall start_reduce_scatter(Tensor out, Tensor in, std::string_view site) override;
+  PendingCall start_all_gather(Tensor out, Tensor in, std::string_view site) override;
   // Splits the bootstrap group and creates a NCCL communicator over each part.
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
   // The bootstrap group's host calls (and the pipeline's, staged) wait by it too.
@@ -105,7 +111,8 @@ class NcclCommunicator final : public Communicator {
     Event start, stop;
     const char* call = "";
     Collective kind = Collective::all_reduce;
-    std::string site;  // as the stats recorded it
+    std::string site;      // as the stats recorded it
+    bool started = false;  // a start_* call: its caller's wait is not the call's time
   };
   // Calls kept in flight before the oldest are completed without being asked.
   static constexpr size_t kMaxInFlight = 4096;
@@ -115,10 +122,14 @@ class NcclCommunicator final : public Communicator {
   // A pair of timing events, reused from completed calls.
   TimedCall take_events(std::string_view site);
   // Runs `enqueue` (NCCL calls on the comm stream) between timing events, counts it, makes the
-  // compute stream wait for it and returns; complete() reads its time.
+  // compute stream wait for it (unless a start_* call runs it: then it sets started_) and
+  // returns; complete() reads its time.
   template <typename Enqueue>
   void run(const char* call, Collective kind, std::string_view site, int64_t elements, DType dtype,
            Enqueue&& enqueue);
+  // Runs `call` (a blocking call's body) as a started one.
+  template <typename Call>
+  PendingCall started(std::string_view site, Call&& call);
   // Waits for the oldest `count` calls in flight and adds their times to the stats.
   void complete_calls(size_t count, std::string_view why);
   // Until `event` completes: polls, then sleeps between polls (see MpiCommunicator::wait),
@@ -134,10 +145,12 @@ class NcclCommunicator final : public Communicator {
   Event ready_;  // the compute stream's work so far (no timing)
   Event stop_;   // the comm stream's work so far (wait_sends, barrier)
   Comm comm_;
-  std::vector<SendBuffer> pending_sends_;  // send_async's copies still in flight
-  std::vector<SendBuffer> free_buffers_;   // copies whose sends completed, for reuse
-  std::vector<TimedCall> in_flight_;       // issued, not yet completed, oldest first
+  std::vector<SendBuffer> pending_sends_;             // send_async's copies still in flight
+  std::vector<SendBuffer> free_buffers_;              // copies whose sends completed, for reuse
+  std::vector<TimedCall> in_flight_;                  // issued, not yet completed, oldest first
   std::vector<std::pair<Event, Event>> free_events_;  // completed calls' events, for reuse
+  bool starting_ = false;          // within started(): run() leaves the compute stream be
+  cudaEvent_t started_ = nullptr;  // the stop event of the call started() ran
 };
 
 }  // namespace bottle

@@ -138,6 +138,18 @@ void LlamaModel::bind_parameters() {
     final_norm_.weight = final_norm_weight_;
     final_norm_.eps = c.rms_norm_eps;
   }
+  // Where each block's parameters begin in the flat buffers (they follow one another in
+  // model order), and the head's: backward_stage reports its progress by them.
+  block_offsets_.assign(size_t(end_layer_ - first_layer_), params_.count());
+  head_offset_ = params_.count();
+  for (const ParamSpec& spec : params_.specs())
+    if (spec.name.starts_with("model.layers.")) {
+      const int l = std::stoi(spec.name.substr(std::string_view("model.layers.").size()));
+      int64_t& begin = block_offsets_.at(size_t(l - first_layer_));
+      begin = std::min(begin, spec.offset);
+    } else if (spec.name != "model.embed_tokens.weight") {
+      head_offset_ = std::min(head_offset_, spec.offset);
+    }
   block_params_.clear();
   for (int l = first_layer_; l < end_layer_; ++l) {
     BlockParams& b = block_params_.emplace_back();
@@ -354,7 +366,7 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
 }
 
 void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
-                                float loss_scale) {
+                                float loss_scale, const GradsReady& ready) {
   Slot& s = slots_[size_t(slot_index)];
   const int64_t n = batch_ * seq_;
   const int64_t first = vocab_first();
@@ -370,6 +382,7 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
       gather_last_dim_backward(be, tp_, residual_grad_, whole_grad_);
     else
       be.copy(residual_grad_, whole_grad_);
+    if (ready) ready(head_offset_);
   } else {
     be.copy(residual_grad_, s.output_grad);
     // The next stage's first block crossed with our last latents: its share of their
@@ -390,6 +403,7 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
     block.backward(be, tp_, prev, s.residual[i], residual_grad_);
+    if (ready) ready(block_offsets_[i]);
   }
   if (!stage_.first()) {
     be.copy(s.input_grad, residual_grad_);
@@ -404,6 +418,7 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   } else {
     vocab_parallel_embedding_backward(be, tp_, embedding_.grad, tokens, residual_grad_, first);
   }
+  if (ready) ready(0);
 }
 
 Tensor LlamaModel::forward_logits(Backend& be, Tensor tokens) {
@@ -442,6 +457,16 @@ void LlamaModel::reduce_tied_embedding_grad(Communicator* group) {
                 "tied embeddings over a pipeline need the first-and-last-stage group");
   const Param table = stage_.first() ? embedding_ : lm_head_;
   group->all_reduce(table.grad, ReduceOp::sum, "pp.tied_embedding");
+}
+
+std::pair<int64_t, int64_t> LlamaModel::tied_grad_range() const {
+  if (!config_.tie_embeddings || stage_.stages == 1 || !(stage_.first() || stage_.last()))
+    return {0, 0};
+  // Both stages hold the table under its own name (the last stage's copy too).
+  for (const ParamSpec& spec : params_.specs())
+    if (spec.name == "model.embed_tokens.weight")
+      return {spec.offset, spec.offset + spec.shape.numel()};
+  return {0, 0};
 }
 
 std::vector<SumRange> LlamaModel::grad_norm_ranges(int64_t begin, int64_t end) const {

@@ -7,6 +7,7 @@
 // (parallel/tp_layout.h) and the collectives run inside. The model asks the layout what to
 // split, how wide each buffer is and how the embedding and LM head meet the blocks; it never
 // asks which mode it runs.
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -87,7 +88,15 @@ class LlamaModel {
   // [N, r] of the stage's last block, which the next stage's first block crosses with
   // (their gradients flow back the same way).
   void forward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, Tensor loss_sum);
-  void backward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, float loss_scale);
+  //
+  // `ready`, when given, is called as backward_stage finishes with the gradients of a suffix
+  // [begin, end) of the flat buffer: after the LM head and the final norm, after each block
+  // (parameters are laid out in model order and each block writes only its own), and after the
+  // embedding (begin 0). A data-parallel trainer starts reducing them there while the rest of
+  // backward computes (PyTorch DDP's bucket hooks, Megatron's --overlap-grad-reduce).
+  using GradsReady = std::function<void(int64_t begin)>;
+  void backward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, float loss_scale,
+                      const GradsReady& ready = {});
   std::vector<Tensor> stage_input(int slot) const;
   std::vector<Tensor> stage_output(int slot) const;
   std::vector<Tensor> stage_output_grad(int slot) const;
@@ -114,6 +123,10 @@ class LlamaModel {
   // update. A no-op otherwise.
   void reduce_tied_embedding_grad(Communicator* group);
   bool holds_tied_copy() const;  // the last stage's copy of a tied table
+  // The flat range [first, second) of the gradients reduce_tied_embedding_grad changes after
+  // the pipeline (the tied table on a pipeline's first and last stages; empty otherwise): a
+  // reduction started during backward leaves it for later.
+  std::pair<int64_t, int64_t> tied_grad_range() const;
 
   // Σ of squared gradients over the whole model: sharded parameters summed over the TP
   // group, replicated ones counted once. Only the flat range [begin, end) of the gradient
@@ -165,6 +178,8 @@ class LlamaModel {
   Param embedding_, final_norm_weight_, lm_head_;
   // Each block's parameters, by role; every slot's blocks are made from them.
   std::vector<BlockParams> block_params_;
+  std::vector<int64_t> block_offsets_;  // [blocks] where each block's parameters begin
+  int64_t head_offset_ = 0;             // last stage: where the final norm and LM head begin
   RMSNorm final_norm_;
 
   bool reserve_only_ = false;

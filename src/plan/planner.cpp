@@ -53,6 +53,32 @@ CallSeconds price_calls(const ClusterSpec& c, const std::map<CallShape, int64_t>
   return s;
 }
 
+// The DP gradient buckets of a stage (dp.grads.bucket): their priced seconds and count.
+std::pair<double, int64_t> gradient_buckets(const ClusterSpec& c,
+                                            const std::map<CallShape, int64_t>& calls,
+                                            GroupPlace place) {
+  double seconds = 0;
+  int64_t count = 0;
+  for (const auto& [call, n] : calls) {
+    if (call.site != "dp.grads.bucket") continue;
+    const int nodes = nodes_spanned(c, place.base + call.first * place.stride, call.ranks,
+                                    call.stride * place.stride);
+    seconds += double(n) * collective_seconds(c, call.kind, call.bytes(), call.ranks, nodes);
+    count += n;
+  }
+  return {seconds, count};
+}
+
+// What of b equal gradient buckets (G seconds serially) the caller still waits for when they
+// start during the last micro-batch's backward (parallel.overlap_grad_reduce). The rule: the
+// backward of W seconds finishes the buckets evenly, bucket i at W·i/b, and the link carries
+// one at a time, so the last ends at max(W + G/b, W/b + G): exposed = max(G/b, G − W·(b−1)/b).
+// The last bucket (the embedding's end) never hides.
+double exposed_gradient_seconds(double G, int64_t b, double W) {
+  if (b <= 0) return 0;
+  return std::max(G / double(b), G - W * double(b - 1) / double(b));
+}
+
 // The blocks pipeline stage `stage` holds.
 int64_t stage_blocks(const TrainConfig& config, int stage) {
   const PipelineStage s{config.parallel.pp, stage};
@@ -109,6 +135,7 @@ nlohmann::ordered_json prediction_json(const Prediction& r) {
   j["bubble_s"] = r.bubble;
   j["p2p_s"] = r.p2p;
   j["dp_comm_s"] = r.dp_comm;
+  j["dp_hidden_s"] = r.dp_hidden;
   j["recompute_s"] = r.recompute;
   j["optimizer_s"] = r.optimizer;
   j["tokens_per_s"] = r.tokens_per_s;
@@ -158,7 +185,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   const bool bf16 = config.training.precision == Precision::bf16;
   const double peak = (bf16 ? cluster.bf16_tflops : cluster.fp32_tflops) * 1e12;
   struct StageTime {
-    double compute, recompute, tp, p2p, tail_compute, tail_comm;
+    double compute, recompute, tp, p2p, tail_compute, tail_comm, dp_hidden;
   };
   std::vector<StageTime> stages;
   double model_flops = 0;
@@ -179,6 +206,14 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     t.recompute += tp.recompute + pp.recompute;
     t.p2p = pp.sends;
     t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
+    // Overlapped DP: the buckets run under the last micro-batch's backward, two thirds of its
+    // compute and TP collectives (backward is twice forward's GEMMs), recomputation included.
+    if (p.overlap_grad_reduce && p.dp > 1 && p.zero == 0) {
+      const auto [G, b] = gradient_buckets(cluster, counts.calls.at("dp"), {stage_base, dp_stride});
+      const double backward = (2.0 / 3.0) * (t.compute + t.tp) / m + t.recompute / m;
+      t.dp_hidden = G - exposed_gradient_seconds(G, b, backward);
+      t.tail_comm -= t.dp_hidden;
+    }
     stages.push_back(t);
     per_micro_batch[size_t(s)] = (t.compute + t.recompute + t.tp + t.p2p) / m;
     model_flops += counts.model_flops;
@@ -220,6 +255,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   r.bubble = pipe - m * *slowest;
   r.optimizer = tail.tail_compute;
   r.dp_comm = tail.tail_comm;
+  r.dp_hidden = tail.dp_hidden;
   r.step = pipe + tail.tail_compute + tail.tail_comm;
   const double tokens =
       double(config.training.micro_batch_size * config.training.seq_len * m * p.dp);

@@ -1,11 +1,13 @@
 #pragma once
 // `bottle plan`'s predictions (docs/design.md §22): a configuration's step on a cluster, for one
 // layout or for every layout of a number of GPUs, from the dry run's counts priced by the cost
-// model. The pipeline runs its stages' micro-batches in turn, nothing overlapped (as bottle and
-// Nanotron run them):
+// model. The pipeline runs its stages' micro-batches in turn (as bottle and Nanotron run them):
 //   c_s   = (compute + recompute + TP collectives + sends of stage s) / m   per micro-batch
 //   pipe  = (m − 1) · max_s c_s + Σ_s c_s      (= (m + p − 1) · c for equal stages)
 //   step  = pipe + the slowest stage's tail (DP gradient reduction, the norm, AdamW)
+// The one overlap modelled is the DP gradient buckets' under the last micro-batch's backward
+// (parallel.overlap_grad_reduce, ZeRO 0): the tail keeps only what that backward cannot hide
+// (exposed_gradient_seconds in planner.cpp states the rule).
 // and the breakdown is the slowest stage's, with bubble = pipe − m · max_s c_s.
 #include <nlohmann/json.hpp>
 #include <string>
@@ -28,6 +30,7 @@ struct Prediction {
   // pipeline's scalar reductions and the tied embedding's) of the stage whose tail ends last.
   double step = 0, compute = 0, tp_comm = 0, bubble = 0, p2p = 0, dp_comm = 0, recompute = 0,
          optimizer = 0;
+  double dp_hidden = 0;  // DP gradient reduction hidden under backward (not in dp_comm)
   double tokens_per_s = 0, mfu = 0;
   // The same pipeline at 100 % of the dense peak with free memory traffic and communication:
   // a lower bound no efficiency constant can beat.

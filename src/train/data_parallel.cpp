@@ -1,19 +1,30 @@
 #include "train/data_parallel.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 namespace bottle {
 
-DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, int zero,
-                           int64_t bucket_bytes)
+DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, int zero, bool overlap,
+                           std::pair<int64_t, int64_t> held, int64_t bucket_bytes)
     : dp_(dp),
       params_(params),
       zero_(zero),
-      bucket_elems_(std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)))),
+      overlap_(overlap),
       scratch_arena_(MemoryTag::comm, params.backend()) {
   const int64_t total = params.values().numel();
   end_ = total;
-  if (!this->zero()) return;
+  if (!this->zero()) {
+    const int64_t bucket = std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)));
+    for (int64_t bucket_end = total; bucket_end > 0; bucket_end -= bucket) {
+      Bucket& b = buckets_.emplace_back();
+      b.begin = std::max<int64_t>(0, bucket_end - bucket);
+      b.end = bucket_end;
+      b.held = b.begin < held.second && held.first < b.end;
+    }
+    return;
+  }
   BOTTLE_ASSERT(total % size() == 0,
                 "ZeRO-1: the flat parameter buffer ({}) is not padded to a "
                 "multiple of the {} data-parallel ranks",
@@ -24,6 +35,34 @@ DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, int z
   scratch_ = scratch_arena_.alloc({shard});
   if (params.mixed_precision())
     scratch_compute_ = scratch_arena_.alloc({shard}, params.compute_values().dtype);
+}
+
+std::string DataParallel::describe() const {
+  if (size() == 1) return "";
+  if (zero())
+    return fmt::format("data parallel: dp {}, gradients reduce-scattered after backward (ZeRO-1)",
+                       size());
+  const int64_t largest = buckets_.empty() ? 0 : buckets_.front().end - buckets_.front().begin;
+  return fmt::format(
+      "data parallel: dp {}, gradients in {} bucket(s) of up to {} reduced {} "
+      "(parallel.overlap_grad_reduce = {})",
+      size(), buckets_.size(), format_bytes(size_t(largest) * sizeof(float)),
+      overlapping() ? "during backward" : "after backward", overlap_);
+}
+
+void DataParallel::start(Bucket& bucket) {
+  const Tensor grads = params_.grads().view(bucket.begin, {bucket.end - bucket.begin});  // [bucket]
+  bucket.call = dp_->start_all_reduce(grads, ReduceOp::sum, "dp.grads.bucket");
+  bucket.started = true;
+}
+
+void DataParallel::grads_ready(int64_t begin) {
+  if (!overlapping()) return;
+  // Every DP rank runs the same backward, so the buckets start in one order on all of them.
+  for (Bucket& b : buckets_) {
+    if (b.begin < begin) break;
+    if (!b.started && !b.held) start(b);
+  }
 }
 
 void DataParallel::reduce_gradients(Backend& be) {
@@ -37,10 +76,18 @@ void DataParallel::reduce_gradients(Backend& be) {
     be.scale(owned, inv);
     return;
   }
-  for (int64_t at = 0; at < grads.numel(); at += bucket_elems_) {
-    const Tensor bucket = grads.view(at, {std::min(bucket_elems_, grads.numel() - at)});
-    dp_->all_reduce(bucket, ReduceOp::sum, "dp.grads.bucket");
-    be.scale(bucket, inv);
+  for (Bucket& b : buckets_) {
+    const Tensor bucket = grads.view(b.begin, {b.end - b.begin});  // [bucket]
+    if (overlapping()) {
+      if (!b.started) start(b);
+    } else {
+      dp_->all_reduce(bucket, ReduceOp::sum, "dp.grads.bucket");
+    }
+  }
+  for (Bucket& b : buckets_) {
+    b.call.wait();
+    b.started = false;
+    be.scale(grads.view(b.begin, {b.end - b.begin}), inv);
   }
 }
 

@@ -14,15 +14,20 @@ class TrainStageWork final : public StageWork {
  public:
   // loss_sum: f64 [1] in the backend's memory, which the last stage's forwards add their
   // micro-batches' mean losses to.
+  // final_backward: the micro-batch whose backward is the stage's last in the step, during
+  // which `ready` hears of the finished gradients (LlamaModel::backward_stage); -1: none.
   TrainStageWork(Backend& be, LlamaModel& model, int slots, const std::vector<Tensor>& inputs,
-                 const std::vector<Tensor>& targets, float loss_scale, Tensor loss_sum)
+                 const std::vector<Tensor>& targets, float loss_scale, Tensor loss_sum,
+                 int final_backward = -1, LlamaModel::GradsReady ready = {})
       : be_(be),
         model_(model),
         slots_(slots),
         inputs_(inputs),
         targets_(targets),
         loss_scale_(loss_scale),
-        loss_sum_(loss_sum) {}
+        loss_sum_(loss_sum),
+        final_backward_(final_backward),
+        ready_(std::move(ready)) {}
   void forward(int m) override {
     const auto t0 = std::chrono::steady_clock::now();
     model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_sum_);
@@ -30,7 +35,8 @@ class TrainStageWork final : public StageWork {
   }
   void backward(int m) override {
     const auto t0 = std::chrono::steady_clock::now();
-    model_.backward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_);
+    model_.backward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_,
+                          m == final_backward_ ? ready_ : LlamaModel::GradsReady{});
     compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   std::vector<Tensor> activation_in(int m) override { return model_.stage_input(m % slots_); }
@@ -48,6 +54,8 @@ class TrainStageWork final : public StageWork {
   const std::vector<Tensor>& targets_;
   float loss_scale_;
   Tensor loss_sum_;
+  int final_backward_;
+  LlamaModel::GradsReady ready_;
 };
 
 }  // namespace bottle

@@ -276,6 +276,13 @@ std::vector<ConfigKey> build_schema() {
                          "pipeline schedule: 1f1b or gpipe"));
   s.push_back(integer_key("parallel.zero", FIELD(parallel.zero), closed(0, 1),
                           "ZeRO stage: 0 (replicated AdamW state) or 1 (sharded)"));
+  s.push_back(bool_key("parallel.overlap_grad_reduce", FIELD(parallel.overlap_grad_reduce),
+                       "reduce gradient buckets over the DP group during the last backward, "
+                       "last block first, while the rest of backward computes (ZeRO 0; the "
+                       "results are the same bits as without)"));
+  s.push_back(number_key("parallel.bucket_mb", FIELD(parallel.bucket_mb), greater(0),
+                         "MiB of gradients per DP all-reduce bucket (cut from the last "
+                         "layer back)"));
   s.push_back(bool_key("parallel.grouping", FIELD(parallel.grouping),
                        "one GEMM for projections reading the same input (q,k,v; gate,up)"));
   s.push_back(choice_key("parallel.comm", FIELD(parallel.comm), kCommNames,

@@ -108,7 +108,13 @@ struct ParallelConfig {
   // which gives default_tp_mode(model) when the key is not set.
   const TpLayout* tp_mode = nullptr;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
-  int zero = 0;                               // ZeRO stage, 0 or 1
+  int zero = 0;  // ZeRO stage, 0 or 1
+  // Gradient buckets reduced over the DP group during the step's last backward, on the
+  // group's communication thread (DataParallel): the same sums, so the same bits, either way.
+  bool overlap_grad_reduce = true;
+  // The gradient buckets' size in MiB (PyTorch DDP's bucket_cap_mb): smaller buckets start
+  // earlier in backward, larger ones pay a link's latency fewer times.
+  double bucket_mb = 32;
   bool grouping = TensorParallel{}.grouping;  // its one default is the mechanism's
   CommKind comm = CommKind::automatic;
   // Seconds one collective or transfer may wait for its peers before the job ends naming

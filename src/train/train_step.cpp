@@ -1,5 +1,6 @@
 #include "train/train_step.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
@@ -102,7 +103,13 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
   if (config.model.tie_embeddings && stage.stages > 1)
     embedding_group_ =
         pp->split(stage.first() || stage.last() ? 0 : 1, stage.stage, "tied_embedding");
-  data_parallel_ = std::make_unique<DataParallel>(dp, model_->parameters(), p.zero);
+  data_parallel_ = std::make_unique<DataParallel>(dp, model_->parameters(), p.zero,
+                                                  p.overlap_grad_reduce, model_->tied_grad_range(),
+                                                  // At most a petabyte: one bucket.
+                                                  int64_t(std::min(p.bucket_mb, 1e9) * 1048576.0));
+  // The stage's last backward of a step: the one after which its gradients are final.
+  for (const Action& a : actions_)
+    if (a.kind == ActionKind::backward) final_backward_ = a.micro_batch;
   optimizer_ = std::make_unique<AdamW>(model_->parameters(), config.adamw(),
                                        data_parallel_->begin(), data_parallel_->end());
   const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
@@ -128,8 +135,10 @@ StepResult TrainStep::step(int64_t step) {
   const auto t0 = Clock::now();
   model_->zero_grad(be_);
   be_.fill_zero(scalars_);
+  DataParallel& data_parallel = *data_parallel_;
   TrainStageWork work(be_, *model_, slots_, inputs_, targets_, 1.0f / float(micro_batches_),
-                      scalar(kLoss));
+                      scalar(kLoss), final_backward_,
+                      [&data_parallel](int64_t begin) { data_parallel.grads_ready(begin); });
   const auto pipeline_start = Clock::now();
   run_pipeline(actions_, work, pp_);
   r.pipeline_seconds = seconds_since(pipeline_start);

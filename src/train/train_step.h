@@ -129,6 +129,7 @@ class TrainStep {
   int micro_batches_ = 1;
   std::vector<Action> actions_;  // this stage's share of the pipeline schedule
   int slots_ = 1;
+  int final_backward_ = -1;  // the micro-batch of the stage's last backward in a step
   std::unique_ptr<LlamaModel> model_;
   // Tied embeddings over a pipeline: the first and the last stage, which each hold the table.
   std::unique_ptr<Communicator> embedding_group_;

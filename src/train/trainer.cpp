@@ -616,10 +616,11 @@ void Trainer::set_up_model() {
     const double short_ranks =
         reduce_scalar(&world_, plan_.total() > free ? 1.0 : 0.0, ReduceOp::sum, "memory.check");
     const std::string attention_advice =
-        plan_.attention ? fmt::format("; cuDNN's attention backward takes {} of it (shorter "
-                                      "sequences or micro-batches need less, training.attention "
-                                      "= \"own\" none)",
-                                      format_bytes(plan_.attention))
+        plan_.attention ? fmt::format(
+                              "; cuDNN's attention backward takes {} of it (shorter "
+                              "sequences or micro-batches need less, training.attention "
+                              "= \"own\" none)",
+                              format_bytes(plan_.attention))
                         : std::string();
     if (plan_.total() > free)
       fail("{}: the planned memory of this rank is {} ({}), but its GPU has only {} free; {}{}",
@@ -818,6 +819,7 @@ void Trainer::open_logs() {
                                        : std::string("fp32"),
       peak_->gflops(), recompute_name(tc_.recompute), format_bytes(plan_.total()),
       describe_memory(plan_), be_->name(), comm_name(config_.parallel.comm, tc_.backend)));
+  if (const std::string dp = train_step_->data_parallel().describe(); !dp.empty()) message(dp);
   message(tokenizer_
               ? fmt::format("tokenizer: {} (saved with every checkpoint)", tokenizer_->describe())
               : std::string("tokenizer: none (token ids without a tokenizer)"));

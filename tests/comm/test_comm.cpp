@@ -225,6 +225,80 @@ TEST(Comm, GroupDestroyedWithSendsInFlightKeepsTheirBuffers) {
   }
 }
 
+// Issue 44: started calls give the blocking calls' results while the caller goes on — here
+// calling MPI on another group meanwhile, as a training step's TP collectives do beside the DP
+// buckets — run in issue order with a blocking call on the same group (which waits for them),
+// count their time apart from what their caller waited, and a pending call dropped unwaited
+// still finishes before its buffer goes.
+TEST(Comm, StartedCallsMatchBlockingOnes) {
+  const int r = world().rank(), n = world().size();
+  if (n < 2) GTEST_SKIP();
+  std::unique_ptr<Communicator> c = world().split(0, r, "started");
+  std::unique_ptr<Communicator> other = world().split(0, r, "other");
+  // Past the all-reduce's 2^18-element chunk, so that a bucket takes several rounds.
+  constexpr int kBuckets = 6;
+  constexpr int64_t kCount = (int64_t(1) << 18) + 5;
+  auto value = [](int rank, int bucket, int64_t i) {
+    return float((rank + 1) * (bucket + 1) + i % 7);
+  };
+  std::vector<std::vector<float>> buckets(kBuckets, std::vector<float>(size_t(kCount)));
+  std::vector<PendingCall> pending;
+  for (int b = 0; b < kBuckets; ++b) {
+    for (int64_t i = 0; i < kCount; ++i) buckets[size_t(b)][size_t(i)] = value(r, b, i);
+    pending.push_back(c->start_all_reduce(view(buckets[size_t(b)]), ReduceOp::sum, "test.bucket"));
+    EXPECT_TRUE(pending.back().pending()) << "MPI without MPI_THREAD_MULTIPLE ran it at once";
+  }
+  std::vector<float> in(size_t(2 * n), 0.0f), scattered(2), gathered(size_t(3 * n)), mine(3);
+  for (int i = 0; i < 2 * n; ++i) in[size_t(i)] = float(i + r);
+  for (int i = 0; i < 3; ++i) mine[size_t(i)] = float(10 * r + i);
+  PendingCall scatter = c->start_reduce_scatter(view(scattered), view(in), "test.scatter");
+  PendingCall gather = c->start_all_gather(view(gathered), view(mine), "test.gather");
+  // The caller's thread on another group meanwhile.
+  for (int k = 0; k < 20; ++k) {
+    std::vector<int32_t> one{r};
+    other->all_reduce(view(one), ReduceOp::sum, "test.other");
+    EXPECT_EQ(one[0], n * (n - 1) / 2);
+  }
+  {
+    // Dropped unwaited: its destructor waits, so the buffer below is whole when it returns.
+    std::vector<float> dropped(static_cast<size_t>(kCount), static_cast<float>(r));
+    { PendingCall unwaited = c->start_all_reduce(view(dropped), ReduceOp::sum, "test.dropped"); }
+    EXPECT_EQ(dropped[size_t(kCount - 1)], float(n * (n - 1) / 2));
+  }
+  // A blocking call on the group runs after the started ones on every rank.
+  std::vector<int32_t> after{1};
+  c->all_reduce(view(after), ReduceOp::sum, "test.after");
+  EXPECT_EQ(after[0], n);
+  for (PendingCall& p : pending) p.wait();
+  scatter.wait();
+  gather.wait();
+  for (int b = 0; b < kBuckets; ++b)
+    for (int64_t i : {int64_t(0), int64_t(1), kCount / 2, kCount - 1}) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, b, i);
+      ASSERT_EQ(buckets[size_t(b)][size_t(i)], want) << "bucket " << b << " element " << i;
+    }
+  for (int i = 0; i < 2; ++i) {
+    float want = 0;
+    for (int q = 0; q < n; ++q) want += float(2 * r + i + q);
+    EXPECT_EQ(scattered[size_t(i)], want);
+  }
+  for (int q = 0; q < n; ++q)
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(gathered[size_t(3 * q + i)], float(10 * q + i));
+  c->complete();
+  const CommStats& s = c->stats();
+  const CommCounter& started = s.by_site().at("test.bucket");
+  EXPECT_EQ(started.calls, kBuckets);
+  EXPECT_EQ(started.elements, kBuckets * kCount);
+  EXPECT_GT(started.seconds, 0.0);
+  EXPECT_GE(started.exposed_seconds, 0.0);
+  EXPECT_EQ(s.by_site().at("test.scatter").elements, 2 * n);
+  EXPECT_EQ(s.by_site().at("test.gather").elements, 3 * n);
+  // A blocking call's whole time is exposed.
+  const CommCounter& blocking = s.by_site().at("test.after");
+  EXPECT_EQ(blocking.exposed_seconds, blocking.seconds);
+}
+
 TEST(Comm, CountersFollowTheHeader) {
   const int n = world().size();
   if (n % 2) GTEST_SKIP() << "the ring needs an even number of ranks";
