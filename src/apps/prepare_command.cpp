@@ -20,9 +20,12 @@
 //
 // Encoding runs on --threads workers, batch by batch, while the main thread reads the next
 // batch and appends the previous one in document order: the shards are byte-identical for any
-// thread count. Shards are fixed-size (data/shard_writer.h) and appear under their names only
-// once the whole input is read and the splits are checked, so a failed run (a bad JSONL line,
-// too few documents) leaves an earlier data set as it was.
+// thread count. Shards are fixed-size (data/shard_writer.h). The run publishes in two phases:
+// every file of the new data set (shards, split descriptions, the tokenizer's folder) is first
+// written under a temporary name and synced, once the whole input is read and the splits are
+// checked; then all are renamed into place, and only then is what they replace removed. So a
+// failed run (a bad JSONL line, too few documents, a full disk) leaves an earlier data set as
+// it was, never a mix of old and new files, and its error says so.
 #include <fmt/ranges.h>
 #include <unistd.h>
 
@@ -45,6 +48,7 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/tokenizer_options.h"
+#include "core/atomic_output.h"
 #include "core/error.h"
 #include "data/byte_tokenizer.h"
 #include "data/shard_writer.h"
@@ -317,22 +321,93 @@ void check_output_outside_inputs(const std::vector<std::string>& files, const st
 }
 
 // The tokenizer travels with the data, into OUT/tokenizer (bytes need none); a stale one of
-// another kind must not. Returns that folder.
-fs::path save_tokenizer(const fs::path& out, const Tokenizer& tokenizer, bool bytes) {
-  std::error_code ec;
-  const fs::path tokenizer_dir = out / "tokenizer";
-  if (fs::exists(tokenizer_dir)) {
-    fs::remove_all(tokenizer_dir, ec);
-    BOTTLE_CHECK(!ec, "{}: cannot remove the earlier tokenizer: {}", tokenizer_dir.string(),
+// another kind must not. The folder is replaced in the two phases of the shards
+// (data/shard_writer.h): stage() saves the tokenizer into OUT/.tokenizer.partial-PID, every
+// file synced, while OUT/tokenizer stays as it was; commit() renames the earlier folder aside
+// (OUT/.tokenizer.old-PID) and the new one into its place, renames only; remove_old() deletes
+// the earlier one and a crashed run's leftovers. A byte-level run stages nothing, and its
+// commit() moves an earlier tokenizer aside for remove_old() to delete. Until commit(), the
+// destructor removes the staged folder, so a failed run leaves OUT/tokenizer untouched.
+class TokenizerFolder {
+ public:
+  explicit TokenizerFolder(const fs::path& out)
+      : out_(out),
+        dir_(out / "tokenizer"),
+        staged_(partial_path(dir_.string())),
+        aside_(out / fmt::format(".tokenizer.old-{}", ::getpid())) {}
+  ~TokenizerFolder() {
+    std::error_code ignored;
+    if (staging_ && !committed_) fs::remove_all(staged_, ignored);
+  }
+  TokenizerFolder(const TokenizerFolder&) = delete;
+  TokenizerFolder& operator=(const TokenizerFolder&) = delete;
+
+  const fs::path& path() const { return dir_; }
+
+  void stage(const Tokenizer& tokenizer) {
+    std::error_code ec;
+    fs::remove_all(staged_, ec);  // a leftover of an earlier process with our pid
+    staging_ = true;
+    fs::create_directory(staged_, ec);
+    BOTTLE_CHECK(!ec, "{}: cannot create the tokenizer's folder: {}", staged_.string(),
                  ec.message());
-    if (bytes) std::printf("removed stale %s\n", tokenizer_dir.c_str());
+    tokenizer.save(staged_);
+    for (const auto& e : fs::directory_iterator(staged_)) fsync_path(e.path().string());
+    fsync_path(staged_.string());
   }
-  if (!bytes) {
-    fs::create_directories(tokenizer_dir);
-    tokenizer.save(tokenizer_dir);
+
+  void commit() {
+    std::error_code ec;
+    if (fs::exists(fs::symlink_status(dir_, ec))) {
+      fs::rename(dir_, aside_, ec);
+      BOTTLE_CHECK(!ec, "{}: cannot move the earlier tokenizer aside to {}: {}", dir_.string(),
+                   aside_.string(), ec.message());
+      moved_aside_ = true;
+    }
+    if (staging_) {
+      fs::rename(staged_, dir_, ec);
+      if (ec && moved_aside_) {
+        std::error_code back;
+        fs::rename(aside_, dir_, back);
+        if (!back) moved_aside_ = false;
+      }
+      BOTTLE_CHECK(!ec, "{}: cannot rename to {}: {}", staged_.string(), dir_.string(),
+                   ec.message());
+    }
+    committed_ = true;
   }
-  return tokenizer_dir;
-}
+
+  // After commit(): the folders removed (the earlier tokenizer, by the name it had, and a
+  // crashed run's leftovers).
+  std::vector<fs::path> remove_old() {
+    std::vector<fs::path> removed;
+    std::error_code ec;
+    if (moved_aside_) {
+      fs::remove_all(aside_, ec);
+      BOTTLE_CHECK(!ec, "{}: cannot remove the earlier tokenizer (moved aside from {}): {}",
+                   aside_.string(), dir_.string(), ec.message());
+      removed.push_back(dir_);
+    }
+    // No other prepare writes OUT while this one holds its lock: these are a killed run's.
+    std::vector<fs::path> leftovers;
+    for (const auto& e : fs::directory_iterator(out_)) {
+      const std::string name = e.path().filename().string();
+      if (name.starts_with(".tokenizer.partial-") || name.starts_with(".tokenizer.old-"))
+        leftovers.push_back(e.path());
+    }
+    std::sort(leftovers.begin(), leftovers.end());
+    for (const fs::path& p : leftovers) {
+      fs::remove_all(p, ec);
+      BOTTLE_CHECK(!ec, "{}: cannot remove a killed run's tokenizer: {}", p.string(), ec.message());
+      removed.push_back(p);
+    }
+    return removed;
+  }
+
+ private:
+  fs::path out_, dir_, staged_, aside_;
+  bool staging_ = false, committed_ = false, moved_aside_ = false;
+};
 
 // --documents auto: a paragraph when the input is one text file (or standard input), whose
 // whole would be a single document; each file when it is several.
@@ -447,6 +522,98 @@ class OutputDirectory {
   std::optional<FolderLock> lock_;
 };
 
+// The refusals of a run whose input is read: checked before anything is staged, so that a run
+// refused here changes nothing on disk. A training window needs at least 2 tokens (an input
+// and its target); so does a validation split when one is asked for.
+void check_splits(const Splits& splits, const PrepareOptions& o, const TextSourceOptions& source,
+                  const std::vector<std::string>& files, const std::string& names) {
+  const ShardWriter& train = splits.train;
+  const ShardWriter& val = splits.val;
+  const bool want_val = o.val_fraction > 0;
+  if (want_val && val.documents() == 0) {
+    // The finer splits of text not yet in use, then the way without validation.
+    const std::string finer = source.documents == TextDocuments::file        ? "paragraph or line"
+                              : source.documents == TextDocuments::paragraph ? "line"
+                                                                             : "";
+    fail(
+        "{}: {} document(s) are too few for --val-fraction {}: it takes {} for one validation "
+        "document (a document is {}); {}pass --val-fraction 0 for no validation split",
+        names, splits.documents(), o.val_fraction, documents_for_one_validation(o.val_fraction),
+        documents_said(source, files),
+        finer.empty() ? "" : fmt::format("split the text finer (--documents {}), or ", finer));
+  }
+  BOTTLE_CHECK(train.tokens() >= 2 && (!want_val || val.tokens() >= 2),
+               "{}: too few tokens to split: train has {} token(s) in {} document(s), "
+               "validation {} token(s) in {} document(s) (--val-fraction {}); each needs at "
+               "least 2",
+               names, train.tokens(), train.documents(), val.tokens(), val.documents(),
+               o.val_fraction);
+}
+
+// Whether `dir` holds anything but the lock file: an earlier run's output, which a failed run
+// leaves as it was, and says so.
+bool holds_earlier_output(const fs::path& dir) {
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename() != kFolderLockFile) return true;
+  return false;
+}
+
+// Phase 2 of data/shard_writer.h for the whole data set: the renames of both splits and of the
+// tokenizer's folder, which need no disk space; then the removal of what the new data set
+// replaces (stale shards and descriptions, the earlier tokenizer) and `output` synced. Returns
+// the tokenizer folders removed.
+std::vector<fs::path> commit_outputs(const std::string& output, Splits& splits,
+                                     TokenizerFolder& tokenizer) {
+  try {
+    splits.train.commit();
+    splits.val.commit();
+    tokenizer.commit();
+  } catch (const InternalError&) {
+    throw;
+  } catch (const Error& e) {
+    fail(
+        "{}; {} may now hold files of both the earlier output and this run's: run the command "
+        "again",
+        e.what(), output);
+  }
+  splits.train.remove_stale();
+  splits.val.remove_stale();
+  std::vector<fs::path> removed = tokenizer.remove_old();
+  fsync_path(output);
+  return removed;
+}
+
+// The run's figures: documents, bytes, tokens per split, bytes per token, the tokenizer (and
+// the byte-unigram entropy of the train split for bytes, or where the tokenizer was saved),
+// the time taken.
+void print_summary(const Splits& splits, const Tokenizer& tokenizer,
+                   const std::vector<std::string>& files, const std::string& documents,
+                   const fs::path& tokenizer_dir, double seconds) {
+  const uint64_t text_bytes = splits.bytes(), tokens = splits.tokens();
+  std::printf(
+      "input: %zu file(s), %llu bytes, %llu document(s) (train %llu, val %llu); a document is "
+      "%s\n",
+      files.size(), (unsigned long long)text_bytes, (unsigned long long)splits.documents(),
+      (unsigned long long)splits.train.documents(), (unsigned long long)splits.val.documents(),
+      documents.c_str());
+  std::printf("train: %llu tokens in %zu shard(s)\n", (unsigned long long)splits.train.tokens(),
+              splits.train.meta().shards.size());
+  std::printf("val: %llu tokens in %zu shard(s)\n", (unsigned long long)splits.val.tokens(),
+              splits.val.meta().shards.size());
+  std::printf("bytes per token: %.4f\n", double(text_bytes) / double(tokens));
+  std::printf("vocabulary: %lld\n", (long long)tokenizer.vocab_size());
+  std::printf("tokenizer: %s\n", tokenizer.describe().c_str());
+  if (tokenizer.kind() == "bytes") {
+    const double entropy = unigram_entropy(splits.train_byte_counts);
+    std::printf("train byte-unigram entropy: %.6f nats/token (%.4f bits)\n", entropy,
+                entropy / std::log(2.0));
+  } else {
+    std::printf("tokenizer saved to %s\n", tokenizer_dir.c_str());
+  }
+  std::printf("elapsed: %.2f s (%.1f MB/s of text)\n", seconds,
+              double(text_bytes) / 1e6 / std::max(seconds, 1e-9));
+}
+
 }  // namespace
 
 Command add_prepare_command(CLI::App& app) {
@@ -503,81 +670,54 @@ Command add_prepare_command(CLI::App& app) {
     DocumentReader reader(files, source);
 
     const fs::path out(o->output);
+    const bool earlier = holds_earlier_output(out);
     Splits splits{ShardWriter(out, o->prefix, "train", o->shard_tokens, tokenizer->vocab_size()),
                   ShardWriter(out, o->prefix, "val", o->shard_tokens, tokenizer->vocab_size()),
                   o->val_fraction};
-    {
-      Progress progress(o->no_progress ? false : o->progress || ::isatty(STDERR_FILENO));
-      if (bytes)
-        prepare_bytes(reader, splits, progress);
-      else
-        prepare_tokens(reader, *tokenizer, int(o->threads), splits, progress);
-    }
-
-    // Checked before any shard gets its name: a run refused here changes nothing on disk.
-    // A training window needs at least 2 tokens (an input and its target); so does a
-    // validation split when one is asked for.
-    const ShardWriter& train = splits.train;
-    const ShardWriter& val = splits.val;
-    const bool want_val = o->val_fraction > 0;
-    if (want_val && val.documents() == 0) {
-      // The finer splits of text not yet in use, then the way without validation.
-      const std::string finer = source.documents == TextDocuments::file        ? "paragraph or line"
-                                : source.documents == TextDocuments::paragraph ? "line"
-                                                                               : "";
-      fail(
-          "{}: {} document(s) are too few for --val-fraction {}: it takes {} for one validation "
-          "document (a document is {}); {}pass --val-fraction 0 for no validation split",
-          names, splits.documents(), o->val_fraction, documents_for_one_validation(o->val_fraction),
-          documents_said(source, files),
-          finer.empty() ? "" : fmt::format("split the text finer (--documents {}), or ", finer));
-    }
-    BOTTLE_CHECK(train.tokens() >= 2 && (!want_val || val.tokens() >= 2),
-                 "{}: too few tokens to split: train has {} token(s) in {} document(s), "
-                 "validation {} token(s) in {} document(s) (--val-fraction {}); each needs at "
-                 "least 2",
-                 names, train.tokens(), train.documents(), val.tokens(), val.documents(),
-                 o->val_fraction);
-
+    TokenizerFolder tokenizer_folder(out);
     const std::string kind(tokenizer->kind());
     const std::string description = tokenizer->describe();
-    const SplitMeta train_meta = splits.train.finish(kind, description);
-    const SplitMeta val_meta = splits.val.finish(kind, description);
+    // Phase 1 (data/shard_writer.h): every byte of the new data set is written under a
+    // temporary name and synced, the tokenizer too, before anything in --output is renamed.
+    // A failure here (a bad input, a refusal, a full disk) leaves the earlier output whole;
+    // the writers' destructors remove the temporary files as the error unwinds.
+    try {
+      {
+        Progress progress(o->no_progress ? false : o->progress || ::isatty(STDERR_FILENO));
+        if (bytes)
+          prepare_bytes(reader, splits, progress);
+        else
+          prepare_tokens(reader, *tokenizer, int(o->threads), splits, progress);
+      }
+      check_splits(splits, *o, source, files, names);
+      splits.train.stage(kind, description);
+      splits.val.stage(kind, description);
+      if (!bytes) tokenizer_folder.stage(*tokenizer);
+    } catch (const InternalError&) {
+      throw;
+    } catch (const Error& e) {
+      if (!earlier) throw;
+      fail("{}; the earlier output in {} is unchanged", e.what(), o->output);
+    }
+    // Phase 2: renames only, then the removals of what the new data set replaces.
+    const std::vector<fs::path> removed_tokenizers =
+        commit_outputs(o->output, splits, tokenizer_folder);
     for (const ShardWriter* w : {&splits.train, &splits.val}) {
       const auto paths = w->shard_paths();
-      const SplitMeta& meta = w == &splits.train ? train_meta : val_meta;
       for (size_t i = 0; i < paths.size(); ++i)
         std::printf("wrote %s (%llu tokens)\n", paths[i].c_str(),
-                    (unsigned long long)meta.shards[i].tokens);
+                    (unsigned long long)w->meta().shards[i].tokens);
       for (const fs::path& p : w->removed()) std::printf("removed stale %s\n", p.c_str());
     }
-    const fs::path tokenizer_dir = save_tokenizer(out, *tokenizer, bytes);
+    // A tokenizer replaced by another is not stale; one that bytes no longer need is.
+    for (const fs::path& p : removed_tokenizers)
+      if (bytes || p != tokenizer_folder.path()) std::printf("removed stale %s\n", p.c_str());
 
     const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
-    const uint64_t text_bytes = splits.bytes(), tokens = splits.tokens();
-    std::printf(
-        "input: %zu file(s), %llu bytes, %llu document(s) (train %llu, val %llu); a document is "
-        "%s\n",
-        files.size(), (unsigned long long)text_bytes, (unsigned long long)splits.documents(),
-        (unsigned long long)train.documents(), (unsigned long long)val.documents(),
-        documents_said(source, files).c_str());
-    std::printf("train: %llu tokens in %zu shard(s)\n", (unsigned long long)train.tokens(),
-                train_meta.shards.size());
-    std::printf("val: %llu tokens in %zu shard(s)\n", (unsigned long long)val.tokens(),
-                val_meta.shards.size());
-    std::printf("bytes per token: %.4f\n", double(text_bytes) / double(tokens));
-    std::printf("vocabulary: %lld\n", (long long)tokenizer->vocab_size());
-    std::printf("tokenizer: %s\n", description.c_str());
-    if (bytes) {
-      const double entropy = unigram_entropy(splits.train_byte_counts);
-      std::printf("train byte-unigram entropy: %.6f nats/token (%.4f bits)\n", entropy,
-                  entropy / std::log(2.0));
-    }
-    if (!bytes) std::printf("tokenizer saved to %s\n", tokenizer_dir.c_str());
-    std::printf("elapsed: %.2f s (%.1f MB/s of text)\n", seconds,
-                double(text_bytes) / 1e6 / std::max(seconds, 1e-9));
+    print_summary(splits, *tokenizer, files, documents_said(source, files), tokenizer_folder.path(),
+                  seconds);
     std::string data = fmt::format("[data] train = \"{}/{}_train_*.bin\"", o->output, o->prefix);
-    if (!val_meta.shards.empty())
+    if (!splits.val.meta().shards.empty())
       data += fmt::format(", val = \"{}/{}_val_*.bin\"", o->output, o->prefix);
     std::printf("%s\n", data.c_str());
     return 0;

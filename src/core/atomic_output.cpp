@@ -1,7 +1,10 @@
 #include "core/atomic_output.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 
 #include "core/error.h"
@@ -66,6 +69,15 @@ void write_file_atomically(const std::string& path,
     BOTTLE_CHECK(!ec, "{}: cannot move the written copy {} into place: {}", path, temp,
                  ec.message());
   });
+}
+
+void fsync_path(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  BOTTLE_CHECK(fd >= 0, "{}: cannot open to sync: {}", path, std::strerror(errno));
+  const int rc = ::fsync(fd);
+  const int err = errno;
+  ::close(fd);
+  BOTTLE_CHECK(rc == 0, "{}: fsync failed: {}", path, std::strerror(err));
 }
 
 }  // namespace bottle

@@ -22,4 +22,10 @@ void write_directory_atomically(const std::string& dir,
 void write_file_atomically(const std::string& path,
                            const std::function<void(const std::string& temp)>& write);
 
+// Flushes the file or directory `path` to the disk (fsync): a file's bytes before it is renamed
+// into place, a directory's renames and removals after, so that both survive a power cut, and
+// a disk that fills late (delayed allocation) fails here rather than after the rename. Errors
+// name `path`.
+void fsync_path(const std::string& path);
+
 }  // namespace bottle

@@ -1,6 +1,10 @@
 #include "data/shard_meta.h"
 
-#include <fstream>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
 
@@ -75,18 +79,18 @@ void write_split_meta(const fs::path& path, const SplitMeta& meta) {
                      {"tokenizer", meta.tokenizer},
                      {"tokenizer_kind", meta.tokenizer_kind},
                      {"shards", shards}};
-  fs::path temp = path;
-  temp += ".tmp";
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    BOTTLE_CHECK(out, "{}: cannot open for writing", temp.string());
-    out << j.dump(2) << "\n";
-    out.flush();
-    BOTTLE_CHECK(out, "{}: write failed", temp.string());
+  const std::string text = j.dump(2) + "\n";
+  std::FILE* out = std::fopen(path.c_str(), "wb");
+  BOTTLE_CHECK(out, "{}: cannot open for writing: {}", path.string(), std::strerror(errno));
+  const bool written = std::fwrite(text.data(), 1, text.size(), out) == text.size() &&
+                       std::fflush(out) == 0 && ::fsync(::fileno(out)) == 0;
+  const int err = errno;
+  if (std::fclose(out) != 0 || !written) {
+    const int cause = written ? errno : err;
+    std::error_code ignored;
+    fs::remove(path, ignored);
+    fail("{}: write failed: {}", path.string(), std::strerror(cause));
   }
-  std::error_code ec;
-  fs::rename(temp, path, ec);
-  BOTTLE_CHECK(!ec, "{}: cannot rename to {}: {}", temp.string(), path.string(), ec.message());
 }
 
 SplitMeta read_split_meta(const fs::path& path) {

@@ -32,8 +32,9 @@ struct SplitMeta {
 // DIR/<prefix>_<split>.json.
 std::filesystem::path split_meta_path(const std::filesystem::path& dir, const std::string& prefix,
                                       const std::string& split);
-// Writes `meta` to `path` through a temporary file and a rename, so that a reader never sees
-// half of it.
+// Writes `meta` to `path`, synced to the disk; on failure removes what it wrote of it. `path`
+// is a temporary name: ShardWriter renames it into place with the shards (shard_writer.h), so
+// that a reader never sees half of it and a full disk is met before anything is replaced.
 void write_split_meta(const std::filesystem::path& path, const SplitMeta& meta);
 // Reads a meta file; errors name the file and what is malformed in it.
 SplitMeta read_split_meta(const std::filesystem::path& path);

@@ -1,12 +1,12 @@
 #include "data/shard_writer.h"
 
-#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <climits>
 #include <cstring>
 
+#include "core/atomic_output.h"
 #include "core/error.h"
 #include "core/token_shard.h"
 
@@ -18,16 +18,6 @@ namespace {
 
 // Tokens converted per fwrite: 64 Ki tokens, at most 256 KiB of staging.
 constexpr size_t kStagingTokens = size_t(1) << 16;
-
-// Flushes the directory `path` to the disk, so that the renames and removals in it survive a
-// power cut.
-void fsync_directory(const fs::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_DIRECTORY);
-  BOTTLE_CHECK(fd >= 0, "{}: cannot open to sync: {}", path.string(), std::strerror(errno));
-  const int rc = ::fsync(fd);
-  ::close(fd);
-  BOTTLE_CHECK(rc == 0, "{}: fsync failed: {}", path.string(), std::strerror(errno));
-}
 
 // The shard number of `name` when it is <stem>NNNNNN<ext> (six digits or more), else -1.
 int64_t shard_number(std::string_view name, std::string_view stem, std::string_view ext) {
@@ -58,11 +48,12 @@ ShardWriter::ShardWriter(fs::path dir, std::string prefix, std::string split, in
 }
 
 ShardWriter::~ShardWriter() {
-  if (finished_) return;
+  if (committed_) return;
   file_.reset();
-  // An unfinished split leaves nothing behind: its shards never got their real names.
+  // A split not committed leaves nothing behind: its files never got their real names.
   std::error_code ec;
   for (size_t i = 0; i <= meta_.shards.size(); ++i) fs::remove(temp_path(i), ec);
+  if (staged_) fs::remove(temp_meta_path(), ec);
 }
 
 fs::path ShardWriter::shard_path(size_t index) const {
@@ -71,6 +62,12 @@ fs::path ShardWriter::shard_path(size_t index) const {
 
 fs::path ShardWriter::temp_path(size_t index) const {
   fs::path p = shard_path(index);
+  p += ".tmp";
+  return p;
+}
+
+fs::path ShardWriter::temp_meta_path() const {
+  fs::path p = split_meta_path(dir_, prefix_, split_);
   p += ".tmp";
   return p;
 }
@@ -136,7 +133,7 @@ void ShardWriter::write_tokens(std::span<const Id> tokens) {
 }
 
 void ShardWriter::append(std::span<const int32_t> tokens, uint64_t bytes) {
-  BOTTLE_CHECK(!finished_, "{}_{}: append after finish", prefix_, split_);
+  BOTTLE_CHECK(!staged_, "{}_{}: append after stage", prefix_, split_);
   for (int32_t t : tokens)
     BOTTLE_CHECK(t >= 0 && t < meta_.vocab_size,
                  "token {} is outside the vocabulary of {} ids (writing {}_{} shards)", t,
@@ -153,7 +150,7 @@ void ShardWriter::append(std::span<const int32_t> tokens, uint64_t bytes) {
 }
 
 void ShardWriter::append_bytes(std::string_view text) {
-  BOTTLE_CHECK(!finished_, "{}_{}: append after finish", prefix_, split_);
+  BOTTLE_CHECK(!staged_, "{}_{}: append after stage", prefix_, split_);
   BOTTLE_CHECK(meta_.vocab_size >= 256, "byte tokens need a vocabulary of 256, not {}",
                meta_.vocab_size);
   std::span<const unsigned char> bytes(reinterpret_cast<const unsigned char*>(text.data()),
@@ -169,29 +166,43 @@ void ShardWriter::append_bytes(std::string_view text) {
   meta_.bytes += text.size();
 }
 
-const SplitMeta& ShardWriter::finish(std::string tokenizer_kind,
-                                     std::string tokenizer_description) {
-  BOTTLE_CHECK(!finished_, "{}_{}: finish called twice", prefix_, split_);
+const SplitMeta& ShardWriter::stage(std::string tokenizer_kind, std::string tokenizer_description) {
+  BOTTLE_CHECK(!staged_, "{}_{}: stage called twice", prefix_, split_);
+  staged_ = true;
   if (file_) close_shard();
   meta_.tokenizer_kind = std::move(tokenizer_kind);
   meta_.tokenizer = std::move(tokenizer_description);
+  if (!meta_.shards.empty()) write_split_meta(temp_meta_path(), meta_);
+  return meta_;
+}
 
-  for (size_t i = 0; i < meta_.shards.size(); ++i) {
+void ShardWriter::commit() {
+  BOTTLE_CHECK(staged_ && !committed_, "{}_{}: commit without stage, or twice", prefix_, split_);
+  auto rename = [](const fs::path& from, const fs::path& to) {
     std::error_code ec;
-    fs::rename(temp_path(i), shard_path(i), ec);
-    BOTTLE_CHECK(!ec, "{}: cannot rename to {}: {}", temp_path(i).string(), shard_path(i).string(),
-                 ec.message());
+    fs::rename(from, to, ec);
+    BOTTLE_CHECK(!ec, "{}: cannot rename to {}: {}", from.string(), to.string(), ec.message());
+  };
+  for (size_t i = 0; i < meta_.shards.size(); ++i) rename(temp_path(i), shard_path(i));
+  if (!meta_.shards.empty()) {
+    meta_path_ = split_meta_path(dir_, prefix_, split_);
+    rename(temp_meta_path(), meta_path_);
   }
-  finished_ = true;
+  committed_ = true;
+}
+
+void ShardWriter::remove_stale() {
+  BOTTLE_CHECK(committed_, "{}_{}: remove_stale before commit", prefix_, split_);
   // Stale shards beyond this run's last one (an earlier, larger run) would be read along with
-  // the new ones by a glob; a .tmp is a crashed run's.
+  // the new ones by a glob; a .tmp is a crashed run's (this run's are renamed by now).
   const std::string stem = fmt::format("{}_{}_", prefix_, split_);
+  const fs::path temp_meta = temp_meta_path().filename();
   std::vector<fs::path> stale;
   for (const auto& e : fs::directory_iterator(dir_)) {
     const std::string name = e.path().filename().string();
     const int64_t shard = shard_number(name, stem, ".bin");
     if ((shard >= 0 && uint64_t(shard) >= meta_.shards.size()) ||
-        shard_number(name, stem, ".bin.tmp") >= 0)
+        shard_number(name, stem, ".bin.tmp") >= 0 || name == temp_meta)
       stale.push_back(e.path());
   }
   std::sort(stale.begin(), stale.end());
@@ -201,17 +212,13 @@ const SplitMeta& ShardWriter::finish(std::string tokenizer_kind,
     BOTTLE_CHECK(!ec, "{}: cannot remove stale shard: {}", p.string(), ec.message());
     removed_.push_back(p);
   }
-
-  const fs::path meta = split_meta_path(dir_, prefix_, split_);
+  // An empty split's description would describe shards that are gone.
   if (meta_.shards.empty()) {
+    const fs::path meta = split_meta_path(dir_, prefix_, split_);
     std::error_code ec;
     if (fs::remove(meta, ec)) removed_.push_back(meta);
-  } else {
-    write_split_meta(meta, meta_);
-    meta_path_ = meta;
   }
-  fsync_directory(dir_);
-  return meta_;
+  fsync_path(dir_.string());
 }
 
 }  // namespace bottle

@@ -4,7 +4,7 @@
 // gzip inputs, the entropy line, the meta files and bytes per token, identical shards for any
 // thread count, a tiktoken tokenizer travelling with the data, and errors naming the input.
 // The ShardWriter and the meta reader directly: token width by vocabulary, shard boundaries,
-// nothing under a real name before finish().
+// nothing under a real name before commit().
 #include <cmath>
 #include <fstream>
 #include <iterator>
@@ -569,7 +569,9 @@ TEST(ShardWriter, TokenWidthFollowsTheVocabulary) {
     ShardWriter w(dir.str(), prefix, "train", 1000, vocab);
     w.append(small, 10);
     w.append(std::vector<int32_t>{vocab - 1}, 2);
-    const SplitMeta& meta = w.finish("test", "a test tokenizer");
+    const SplitMeta& meta = w.stage("test", "a test tokenizer");
+    w.commit();
+    w.remove_stale();
     EXPECT_EQ(meta.tokens, 6u);
     EXPECT_EQ(meta.documents, 2u);
     EXPECT_EQ(meta.bytes, 12u);
@@ -584,7 +586,7 @@ TEST(ShardWriter, TokenWidthFollowsTheVocabulary) {
   EXPECT_THROW(w.append(std::vector<int32_t>{-1}, 1), Error);
 }
 
-TEST(ShardWriter, FixedShardsAppearOnlyAtFinish) {
+TEST(ShardWriter, FixedShardsAppearOnlyAtCommit) {
   TempDir dir;
   std::vector<int32_t> all;
   {
@@ -602,7 +604,14 @@ TEST(ShardWriter, FixedShardsAppearOnlyAtFinish) {
     // Nothing under a shard's name yet: a crash here leaves the directory as it was.
     for (const auto& e : fs::directory_iterator(dir.str()))
       EXPECT_TRUE(e.path().string().ends_with(".tmp")) << e.path();
-    const SplitMeta& meta = w.finish("bytes", "bytes");
+    // Staged: every shard and the description written, still under temporary names.
+    const SplitMeta& meta = w.stage("bytes", "bytes");
+    EXPECT_TRUE(fs::exists(dir / "p_val.json.tmp"));
+    for (const auto& e : fs::directory_iterator(dir.str()))
+      EXPECT_TRUE(e.path().string().ends_with(".tmp")) << e.path();
+    w.commit();
+    w.remove_stale();
+    EXPECT_FALSE(fs::exists(dir / "p_val.json.tmp"));
     ASSERT_EQ(meta.shards.size(), 5u);  // 4 + 4 + 4 + 4 + 1
     EXPECT_EQ(meta.shards.back().tokens, 1u);
     EXPECT_EQ(meta.bytes, 0u + 1 + 2 + 3 + 4 + 2);
@@ -619,13 +628,19 @@ TEST(ShardWriter, FixedShardsAppearOnlyAtFinish) {
     ShardWriter w(dir.str(), "e", "train", 5, 256);
     w.append(std::vector<int32_t>(7, 1), 7);
     w.append(std::vector<int32_t>(3, 2), 3);
-    EXPECT_EQ(w.finish("bytes", "bytes").shards.size(), 2u);
+    EXPECT_EQ(w.stage("bytes", "bytes").shards.size(), 2u);
+    w.commit();
     EXPECT_FALSE(fs::exists(dir / "e_train_000002.bin"));
   }
-  // A writer that never finishes leaves nothing behind.
+  // A writer never committed leaves nothing behind, staged or not.
   {
     ShardWriter w(dir.str(), "q", "train", 4, 256);
     w.append(std::vector<int32_t>(10, 7), 10);
+  }
+  {
+    ShardWriter w(dir.str(), "q", "val", 4, 256);
+    w.append(std::vector<int32_t>(10, 7), 10);
+    w.stage("bytes", "bytes");
   }
   for (const auto& e : fs::directory_iterator(dir.str()))
     EXPECT_FALSE(e.path().filename().string().starts_with("q_")) << e.path();

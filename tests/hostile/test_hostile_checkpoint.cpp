@@ -1,6 +1,7 @@
 // Hostile checkpoints and model configurations (issue 12 §3, cases 1, 4, 7, 9, 10, 11, 12):
 // each is refused with exit status 1 and one message naming the file, key or tensor, within
 // 10 s (the command runs under `timeout`, so a hang fails too), and nothing is overwritten.
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -9,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -827,6 +829,100 @@ TEST_F(Run, OutputsOnAFullDiskAreWholeOrAbsent) {
                                 "low/model.safetensors", "low/modeling_bottle.py", "model",
                                 "model/config.json", "model/configuration_bottle.py",
                                 "model/model.safetensors", "model/modeling_bottle.py"}));
+}
+
+// Every file and folder under `dir` (hidden ones included) with its bytes; a folder has none.
+std::map<std::string, std::string> files_under(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& e : fs::recursive_directory_iterator(dir))
+    out[fs::relative(e.path(), dir).string()] = e.is_regular_file() ? read_file(e.path()) : "";
+  return out;
+}
+
+// The same names, then the same bytes (compared apart: a shard's bytes would flood the log).
+void expect_same_files(const std::map<std::string, std::string>& now,
+                       const std::map<std::string, std::string>& before) {
+  std::vector<std::string> now_names, before_names;
+  for (const auto& [name, _] : now) now_names.push_back(name);
+  for (const auto& [name, _] : before) before_names.push_back(name);
+  ASSERT_EQ(now_names, before_names);
+  for (const auto& [name, bytes] : before) EXPECT_TRUE(now.at(name) == bytes) << name << " changed";
+}
+
+// Bytes a file system holds in use (a tmpfs counts its files' pages).
+int64_t used_bytes(const std::string& path) {
+  struct statvfs v {};
+  EXPECT_EQ(::statvfs(path.c_str(), &v), 0) << path;
+  return int64_t(v.f_blocks - v.f_bfree) * int64_t(v.f_frsize);
+}
+
+// Issue 45: `bottle prepare --output DIR` on a disk that fills leaves the earlier data set in
+// DIR exactly as it was, whether the disk fills while the shards stream in or later, while
+// the tokenizer is saved; the error names the file and says DIR is unchanged, and the same
+// command succeeds once there is room. Before, the train split's shards and description were
+// renamed into place and the earlier tokenizer removed before the tokenizer was written, so a
+// full disk then left the new shards beside no tokenizer at all.
+TEST(Prepare, OnAFullDiskLeavesTheEarlierDataSet) {
+  TempDir dir;
+  // A tiktoken rank file: the 256 bytes, then every pair of ASCII letters; its saved copy
+  // (the rank file and a tokenizer.json of 2,960 ids and their merges) spans many pages.
+  std::string ranks;
+  int rank = 0;
+  for (int b = 0; b < 256; ++b)
+    ranks += fmt::format("{} {}\n", base64(std::string(1, char(b))), rank++);
+  const std::string letters = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ";
+  for (char a : letters)
+    for (char b : letters) ranks += fmt::format("{} {}\n", base64(std::string{a, b}), rank++);
+  write_file(dir / "ranks.tiktoken", ranks);
+  const std::vector<std::string> words = {"the",  "quick", "brown", "fox", "jumps",
+                                          "over", "lazy",  "dogs",  "and", "cats"};
+  write_file(dir / "small.txt", sentences_of(words, 1, 2000));
+  write_file(dir / "large.txt", sentences_of(words, 2, 200000));
+  const std::string out = dir / "disk/out";
+  auto prepare = [&](const std::string& input) {
+    return run10(
+        fmt::format("{} prepare --input {} --output {} --tokenizer {} --documents line "
+                    "--val-fraction 0.1 --no-progress",
+                    bottle_binary(), input, out, dir / "ranks.tiktoken"));
+  };
+  auto pages = [](int64_t bytes) { return (bytes + 4095) / 4096 * 4096; };
+
+  SmallDisk disk(dir / "disk", 512 << 10);
+  if (!disk.mounted()) GTEST_SKIP() << disk.why();
+  const CommandResult first = prepare(dir / "small.txt");
+  ASSERT_EQ(first.status, 0) << first.output;
+  const auto small_set = files_under(out);
+  int64_t tokenizer_bytes = 0, small_split_bytes = 0;
+  for (const auto& [name, bytes] : small_set)
+    (name.starts_with("tokenizer/") ? tokenizer_bytes : small_split_bytes) +=
+        pages(int64_t(bytes.size()));
+  ASSERT_GT(tokenizer_bytes, 16 * 4096);  // far more than case 2 leaves room for
+
+  // 1. The shards do not fit: the disk fills while they stream in.
+  const CommandResult cut = prepare(dir / "large.txt");
+  expect_refused(cut, {out + "/data_", ".bin.tmp: write failed: No space left on device",
+                       "; the earlier output in " + out + " is unchanged"});
+  EXPECT_EQ(count_occurrences(cut.output, "bottle: error:"), 1) << cut.output;
+  expect_same_files(files_under(out), small_set);
+  ASSERT_NO_FATAL_FAILURE(disk.resize(16 << 20));
+  const CommandResult large = prepare(dir / "large.txt");
+  ASSERT_EQ(large.status, 0) << large.output;
+  const auto large_set = files_under(out);
+
+  // 2. The shards and descriptions fit, the tokenizer's copy does not: room for the small
+  // data set's splits, the lock file and a page, none for its tokenizer's many pages.
+  ASSERT_NO_FATAL_FAILURE(disk.resize(used_bytes(dir / "disk") + small_split_bytes + 2 * 4096));
+  const CommandResult late = prepare(dir / "small.txt");
+  expect_refused(late, {out + "/.tokenizer.partial-", "/tokenizer.tiktoken.partial: write failed",
+                        "; the earlier output in " + out + " is unchanged"});
+  EXPECT_EQ(count_occurrences(late.output, "bottle: error:"), 1) << late.output;
+  expect_same_files(files_under(out), large_set);
+
+  // With room, the same command succeeds and gives the first data set again.
+  ASSERT_NO_FATAL_FAILURE(disk.resize(16 << 20));
+  const CommandResult again = prepare(dir / "small.txt");
+  ASSERT_EQ(again.status, 0) << again.output;
+  expect_same_files(files_under(out), small_set);
 }
 
 // --init-from X never has the run write into X, however X is spelled.

@@ -555,7 +555,7 @@ TEST_F(HostileTrain, MetricsWriteFailureStopsWithACheckpoint) {
 // Issue 45, case 4: a full TensorBoard directory is named as such (its event file), not as
 // metrics.jsonl, and the run stops with a checkpoint as for metrics.jsonl. Before, the error
 // said "cannot write metrics.jsonl".
-TEST_F(HostileTrain, AFullTensorBoardDirectoryIsNamed) {
+TEST_F(HostileTrain, ATensorBoardDirectoryOnAFullDiskIsNamed) {
   const SmallDisk disk(dir / "tb", 8192);
   if (!disk.mounted()) GTEST_SKIP() << disk.why();
   const CommandResult r = run_case(
