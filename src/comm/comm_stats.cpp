@@ -1,3 +1,5 @@
+#include <exception>
+
 #include "comm/communicator.h"
 
 namespace bottle {
@@ -91,26 +93,32 @@ CommCounter CommStats::with_prefix(std::string_view prefix) const {
 
 PendingCall& PendingCall::operator=(PendingCall&& other) noexcept {
   if (this != &other) {
-    // The call this one held is waited for first: its buffers may be reused next.
-    if (wait_) try {
-        wait();
-      } catch (...) {
-      }
+    // The call this one held finishes first: its buffers may be reused next.
+    finish();
     wait_ = std::exchange(other.wait_, nullptr);
+    abandon_ = std::exchange(other.abandon_, nullptr);
   }
   return *this;
 }
 
-PendingCall::~PendingCall() {
-  // An error path that drops a pending call still must not free what the group writes; the
-  // error is the one already on its way.
-  if (wait_) try {
+PendingCall::~PendingCall() { finish(); }
+
+void PendingCall::finish() noexcept {
+  if (!wait_) return;
+  try {
+    if (std::uncaught_exceptions() > 0 && abandon_) {
+      wait_ = nullptr;
+      std::exchange(abandon_, nullptr)();
+    } else {
       wait();
-    } catch (...) {
     }
+  } catch (...) {
+    // The error already on its way is the one to report.
+  }
 }
 
 void PendingCall::wait() {
+  abandon_ = nullptr;
   if (auto wait = std::exchange(wait_, nullptr)) wait();
 }
 

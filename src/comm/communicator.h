@@ -75,14 +75,19 @@ class CommStats {
 };
 
 // A call started by Communicator::start_*: until wait() returns, the call owns its tensors
-// (the caller neither reads nor writes them). wait() rethrows the call's error; a pending call
-// that is destroyed unwaited is waited for first, so that no buffer is freed while the group
-// still writes it.
+// (the caller neither reads nor writes them). wait() rethrows the call's error. A pending call
+// destroyed unwaited is waited for, so that no buffer is freed while the group still writes
+// it — except while an exception unwinds the stack, when the peers may never come: then it is
+// abandoned (`abandon`: the group stops the call and, as the job is ending, every later one),
+// which never waits on a peer.
 class PendingCall {
  public:
   PendingCall() = default;  // nothing pending (a call that has finished)
-  explicit PendingCall(std::function<void()> wait) : wait_(std::move(wait)) {}
-  PendingCall(PendingCall&& other) noexcept : wait_(std::exchange(other.wait_, nullptr)) {}
+  explicit PendingCall(std::function<void()> wait, std::function<void()> abandon = {})
+      : wait_(std::move(wait)), abandon_(std::move(abandon)) {}
+  PendingCall(PendingCall&& other) noexcept
+      : wait_(std::exchange(other.wait_, nullptr)),
+        abandon_(std::exchange(other.abandon_, nullptr)) {}
   PendingCall& operator=(PendingCall&& other) noexcept;
   ~PendingCall();
   PendingCall(const PendingCall&) = delete;
@@ -92,7 +97,10 @@ class PendingCall {
   bool pending() const { return bool(wait_); }
 
  private:
-  std::function<void()> wait_;
+  // Waits, or abandons while an exception unwinds; never throws.
+  void finish() noexcept;
+
+  std::function<void()> wait_, abandon_;
 };
 
 class Communicator {
@@ -120,7 +128,7 @@ class Communicator {
   virtual void wait_sends() = 0;
   virtual void barrier() = 0;
 
-  // Started collectives, with the blocking calls' contracts. A group that can progress them
+  // Started calls, with the blocking calls' contracts. A group that can progress them
   // while its caller computes (MPI: the group's communication thread; NCCL: its stream) returns
   // at once; any other runs the call before returning (the default here), so that callers are
   // written once. Calls on one group run in the order they are issued, started or blocking: a
@@ -136,6 +144,13 @@ class Communicator {
   }
   virtual PendingCall start_all_gather(Tensor out, Tensor in, std::string_view site) {
     all_gather(out, in, site);
+    return {};
+  }
+  // A receive posted ahead of its need (a pipeline stage's next input while it computes).
+  // Point-to-point messages match by source and tag, so a started receive keeps no order with
+  // the group's other calls: blocking sends and receives go on beside it.
+  virtual PendingCall start_recv(Tensor x, int source, int tag, std::string_view site) {
+    recv(x, source, tag, site);
     return {};
   }
   // Waits until every call issued so far has finished and adds their times to the stats. A

@@ -6,10 +6,12 @@
 // burn a whole core: every call here is issued non-blocking and waited for by wait().
 // all_reduce, the latency-critical one, runs over point-to-point messages (libnbc's
 // non-blocking collectives are 2-10x slower than the blocking ones). Started calls run the same
-// code on the group's CommThread (comm_thread.h), made on the first one; a blocking call first
-// waits for the started ones, so that every rank issues the group's calls in one order.
+// code on the group's CommThread (comm_thread.h), made on the first one; a blocking collective
+// first waits for the started calls, so that every rank issues the group's collectives in one
+// order (point-to-point calls match by tag and need not wait).
 #include <mpi.h>
 
+#include <atomic>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -46,6 +48,7 @@ class MpiCommunicator final : public Communicator {
   PendingCall start_all_reduce(Tensor x, ReduceOp op, std::string_view site) override;
   PendingCall start_reduce_scatter(Tensor out, Tensor in, std::string_view site) override;
   PendingCall start_all_gather(Tensor out, Tensor in, std::string_view site) override;
+  PendingCall start_recv(Tensor x, int source, int tag, std::string_view site) override;
   void complete() override;
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
 
@@ -73,16 +76,25 @@ class MpiCommunicator final : public Communicator {
   int check_all_reduce(const Tensor& x, std::string_view site) const;
   int check_all_gather(const Tensor& out, const Tensor& in, std::string_view site) const;
   int check_reduce_scatter(const Tensor& out, const Tensor& in, std::string_view site) const;
+  int check_recv(const Tensor& x, int source, int tag, std::string_view site) const;
   void run_all_reduce(Tensor x, int count, ReduceOp op, std::string_view site);
   void run_all_gather(Tensor out, Tensor in, int count, std::string_view site);
   void run_reduce_scatter(Tensor out, Tensor in, int count, std::string_view site);
+  void run_recv(Tensor x, int count, int source, int tag, std::string_view site);
   void record(Collective kind, std::string_view site, int64_t elements, size_t element_bytes,
               double seconds);
   // Counts a call now and queues `run` on the group's thread; the handle waits for it.
   PendingCall start(Collective kind, std::string_view site, int64_t elements, size_t element_bytes,
                     std::function<void()> run);
-  // Until the started calls have finished (before any blocking call).
+  // Until the started calls have finished (before any blocking collective).
   void settle();
+  // An error unwinds past started calls: they and every later one on the thread stop
+  // (abandon_requests) instead of waiting for peers that may never come. Returns once the
+  // thread is idle.
+  void abandon();
+  // On the thread, in wait(): cancels or releases `requests`, then throws.
+  [[noreturn]] void abandon_requests(int count, MPI_Request* requests, const char* function,
+                                     std::string_view site) const;
 
   MPI_Comm comm_;
   std::string name_;
@@ -97,6 +109,7 @@ class MpiCommunicator final : public Communicator {
   bool threaded_ = false;               // MPI_THREAD_MULTIPLE: started calls run on thread_
   std::unique_ptr<CommThread> thread_;  // made by the first started call
   std::mutex stats_mutex_;              // stats_ is written by both threads
+  std::atomic<bool> abandoned_{false};  // abandon(): the thread's calls stop
 };
 
 }  // namespace bottle

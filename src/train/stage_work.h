@@ -43,6 +43,7 @@ class TrainStageWork final : public StageWork {
   std::vector<Tensor> activation_out(int m) override { return model_.stage_output(m % slots_); }
   std::vector<Tensor> gradient_in(int m) override { return model_.stage_output_grad(m % slots_); }
   std::vector<Tensor> gradient_out(int m) override { return model_.stage_input_grad(m % slots_); }
+  int slots() const override { return slots_; }
   // Host time in forward and backward (on a device backend: issuing their work).
   double compute_seconds = 0.0;
 

@@ -299,6 +299,33 @@ TEST(Comm, StartedCallsMatchBlockingOnes) {
   EXPECT_EQ(blocking.exposed_seconds, blocking.seconds);
 }
 
+// A started call whose peers never come, left behind by an exception (a training step failing
+// on one rank), is abandoned when the stack unwinds past it: the unwinding ends in a bounded
+// time instead of waiting for parallel.comm_timeout, and the error that caused it propagates.
+TEST(Comm, AStartedCallUnwoundByAnErrorIsAbandoned) {
+  const int r = world().rank(), n = world().size();
+  if (n < 2) GTEST_SKIP();
+  // Left to leak on every rank: rank 0 abandons a collective half-done in it.
+  Communicator* lonely = world().split(0, r, "lonely").release();
+  lonely->set_timeout(std::chrono::seconds(120));
+  if (r == 0) {
+    std::vector<float> x(4, 1.0f);
+    const auto start = std::chrono::steady_clock::now();
+    std::string caught;
+    try {
+      PendingCall call = lonely->start_all_reduce(view(x), ReduceOp::sum, "test.lonely");
+      throw std::runtime_error("the step failed");
+    } catch (const std::runtime_error& e) {
+      caught = e.what();
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_EQ(caught, "the step failed");
+    EXPECT_LT(seconds, 10.0) << "the unwinding waited for the missing peers";
+  }
+  world().barrier();
+}
+
 TEST(Comm, CountersFollowTheHeader) {
   const int n = world().size();
   if (n % 2) GTEST_SKIP() << "the ring needs an even number of ranks";

@@ -3,7 +3,8 @@
 # (issue 44; docs/design.md §9 and §23), measured across two emulated nodes (tools/cluster/
 # cluster.sh, one rank a node, the DP all-reduce on the inter-node link). `bottle train` of one
 # model, warmup + steps steps, three ways in one run on one cluster:
-#   alone    one rank, parallel.dp = 1: the step without DP communication;
+#   alone    parallel.dp = 1 on each node at once (two jobs of one rank): the step without DP
+#            communication, on a machine as busy as in the other two;
 #   serial   dp 2, parallel.overlap_grad_reduce = false: every bucket after backward;
 #   overlap  dp 2, parallel.overlap_grad_reduce = true: buckets during the last backward.
 # Each replica runs the same micro-batches in all three (training.grad_accum_steps each). The
@@ -11,7 +12,7 @@
 # ((serial - alone) / alone) and each step over the step alone. Issue 44's target: overlap
 # within 1.15 x alone where serial's share is at least 40 %.
 #
-#   tools/cluster/bench_overlap.sh [--config configs/bench_tp_1b.toml] [--inter 400mbit]
+#   tools/cluster/bench_overlap.sh [--config configs/bench_tp_1b.toml] [--inter 400mbit] [--mtu 9000]
 #       [--set KEY=VALUE]... [--steps 4] [--warmup 1] [--repeats 1] [--out DIR]
 #
 # Default --set: parallel.tp=1, training.seq_len=128, training.grad_accum_steps=1,
@@ -22,12 +23,13 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cluster=$here/cluster.sh
 bottle=${BOTTLE:-$root/build/bottle}
-config=$root/configs/bench_tp_1b.toml inter=400mbit steps=4 warmup=1 repeats=1
+config=$root/configs/bench_tp_1b.toml inter=400mbit mtu=9000 steps=4 warmup=1 repeats=1
 out=overlap-bench sets=()
 while (($#)); do
   case $1 in
     --config) config=$2; shift 2 ;;
     --inter) inter=$2; shift 2 ;;
+    --mtu) mtu=$2; shift 2 ;;
     --set) sets+=("$2"); shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
@@ -50,36 +52,59 @@ say() { printf "$@" | tee -a "$out/table.txt"; }
 state=$(mktemp -d "${TMPDIR:-/tmp}/bovl.XXXXXX")
 cleanup() { "$cluster" down --state "$state" > /dev/null 2>&1 || true; rm -rf "$state"; }
 trap cleanup EXIT
-"$cluster" up --state "$state" --nodes 2 --ranks-per-node 1 --inter "$inter" > /dev/null
+"$cluster" up --state "$state" --nodes 2 --ranks-per-node 1 --inter "$inter" --mtu "$mtu" > /dev/null
 
 awk 'BEGIN { for (i = 1; i <= 20000; i++) printf "line %d: %d apples and %d pears\n", i, i * 7919 % 1000, i * 104729 % 977 }' \
   > "$out/corpus.txt"
 "$bottle" prepare --input "$out/corpus.txt" --output "$out/data" > /dev/null
 
-# train NAME DP OVERLAP: one run; prints its median step in ms after the warmup.
+train_args() {
+  echo "$bottle" train "$config" "${set_args[@]}" --set training.steps=$((warmup + steps)) \
+    --set training.eval_interval=0 --set checkpoint.interval=0 --set metrics.log_freq=1 \
+    --set metrics.plot="''" --set data.train="'$out/data/data_train_*.bin'" --set data.val="''"
+}
+# median DIR...: the median step in ms after the warmup, over the runs in DIR...
+median() {
+  local d
+  for d in "$@"; do
+    sed -n 's/.*"ms":\([^,]*\),.*"step":\([0-9]*\),.*/\2 \1/p' "$d/metrics.jsonl"
+  done | awk -v w="$warmup" '$1 > w { print $2 }' | sort -g |
+    awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+}
+# train NAME OVERLAP: DP 2 across the nodes; prints its median step.
 train() {
   local dir=$out/$1_$rep
   rm -rf "$dir"
-  "$cluster" run --state "$state" -- -np "$2" -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
-    "$bottle" train "$config" "${set_args[@]}" --set parallel.dp="$2" \
-    --set parallel.overlap_grad_reduce="$3" --set training.steps=$((warmup + steps)) \
-    --set training.eval_interval=0 --set checkpoint.interval=0 --set metrics.log_freq=1 \
-    --set metrics.plot='' --set data.train="$out/data/data_train_*.bin" --set data.val='' \
-    --set checkpoint.folder="$dir" > "$dir.log" 2>&1 ||
+  eval "\"\$cluster\" run --state \"\$state\" -- -np 2 -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
+    $(train_args) --set parallel.dp=2 --set parallel.overlap_grad_reduce=$2 \
+    --set checkpoint.folder=\"\$dir\"" > "$dir.log" 2>&1 ||
     { echo "bench_overlap.sh: $1 failed: $(tail -n 3 "$dir.log")" >&2; return 1; }
-  sed -n 's/.*"ms":\([^,]*\),.*"step":\([0-9]*\),.*/\2 \1/p' "$dir/metrics.jsonl" |
-    awk -v w="$warmup" '$1 > w { print $2 }' | sort -g |
-    awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
+  median "$dir"
+}
+# alone: one job of one rank on each node at once; prints the median step of both.
+alone() {
+  local i pids=()
+  for i in 0 1; do
+    rm -rf "$out/alone${i}_$rep"
+    eval "\"\$cluster\" exec --state \"\$state\" --rank $i -- $(train_args) \
+      --set parallel.dp=1 --set checkpoint.folder=\"\$out/alone${i}_\$rep\"" \
+      > "$out/alone${i}_$rep.log" 2>&1 &
+    pids+=($!)
+  done
+  for i in 0 1; do
+    wait "${pids[$i]}" || { echo "bench_overlap.sh: alone on node $i failed: $(tail -n 3 "$out/alone${i}_$rep.log")" >&2; return 1; }
+  done
+  median "$out/alone0_$rep" "$out/alone1_$rep"
 }
 
-say '# DP 2 across 2 emulated nodes, inter-node link %s; %s %s; median of %s steps after %s\n' \
-  "$inter" "$(basename "$config")" "${sets[*]}" "$steps" "$warmup"
+say '# DP 2 across 2 emulated nodes, inter-node link %s (MTU %s); %s %s; median of %s steps after %s\n' \
+  "$inter" "$mtu" "$(basename "$config")" "${sets[*]}" "$steps" "$warmup"
 say '%-7s %10s %10s %10s %14s %14s %14s\n' repeat "alone ms" "serial ms" "overlap ms" \
   "serial share" "serial/alone" "overlap/alone"
 for ((rep = 1; rep <= repeats; rep++)); do
-  alone=$(train alone 1 true)
-  serial=$(train serial 2 false)
-  overlap=$(train overlap 2 true)
+  alone=$(alone)
+  serial=$(train serial false)
+  overlap=$(train overlap true)
   say '%-7s %10.1f %10.1f %10.1f %13.1f%% %14.3f %14.3f\n' "$rep" "$alone" "$serial" "$overlap" \
     "$(awk -v s="$serial" -v a="$alone" 'BEGIN { print 100 * (s - a) / a }')" \
     "$(awk -v s="$serial" -v a="$alone" 'BEGIN { print s / a }')" \
