@@ -224,8 +224,9 @@ Command add_plan_command(CLI::App& app) {
         cluster.gemm_efficiency, cluster.bandwidth_efficiency);
     std::printf(
         "step (seconds) = compute + TP collectives + pipeline bubble + sends + DP/PP "
-        "reductions + recomputation + optimizer; of these only the DP gradient buckets hide "
-        "under the last backward (parallel.overlap_grad_reduce)\n");
+        "reductions + recomputation + optimizer\n"
+        "overlap: the DP gradient buckets hide under the last backward "
+        "(parallel.overlap_grad_reduce), nothing else\n");
     print_table(rows, o->top, o->all);
     return 0;
   };

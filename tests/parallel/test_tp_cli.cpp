@@ -349,6 +349,14 @@ TEST_F(TpCli, BenchTpTimesEachGroupsComputeAndAllReduce) {
   for (const Expected& e : expected) {
     const nlohmann::json& j = rows[e.variant];
     const nlohmann::json& sites = j.at("comm_ms_by_site");
+    // Exposed (waited) and hidden time per site: TP's collectives block today, so all of
+    // their time is exposed.
+    const nlohmann::json& exposed = j.at("comm_exposed_ms_by_site");
+    for (const auto& [site, ms] : sites.items()) {
+      ASSERT_TRUE(exposed.contains(site)) << e.variant << " " << site;
+      EXPECT_EQ(exposed.at(site).get<double>(), ms.get<double>()) << e.variant << " " << site;
+    }
+    EXPECT_EQ(j.at("comm_exposed_ms").get<double>(), j.at("comm_ms").get<double>()) << e.variant;
     for (const auto& [group, group_sites] :
          {std::pair{std::string("qkv"), e.qkv}, {std::string("gate_up"), e.gate_up}}) {
       EXPECT_GT(j.at(group + "_compute_ms").get<double>(), 0) << e.variant << " " << group;
