@@ -244,10 +244,14 @@ void MpiCommunicator::wait(int count, MPI_Request* requests, MPI_Status* statuse
 
 void MpiCommunicator::abandon_requests(int count, MPI_Request* requests, const char* function,
                                        std::string_view site) const {
-  // A receive not yet matched is cancelled; one under way, or a send, completes once its peer
-  // takes part, for which a second is granted; past it the requests are left to MPI (freed when
-  // they complete), the job ending meanwhile.
-  for (int i = 0; i < count; ++i)
+  // A receive not yet matched is cancelled; one under way, a send or a collective (which MPI
+  // does not let one cancel) completes once its peer takes part, for which a second is
+  // granted; past it the requests are left to MPI (freed when they complete), the job ending
+  // meanwhile. `function` is the call that made them: "MPI_Irecv" (receives only), or the
+  // recursive doubling's "MPI_Isend/MPI_Irecv" (its receive first).
+  const std::string_view made_by(function);
+  const int receives = made_by == "MPI_Irecv" ? count : made_by == "MPI_Isend/MPI_Irecv" ? 1 : 0;
+  for (int i = 0; i < receives; ++i)
     if (requests[i] != MPI_REQUEST_NULL) MPI_Cancel(&requests[i]);
   const auto start = Clock::now();
   int done = 0;
