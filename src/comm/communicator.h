@@ -11,11 +11,11 @@
 // gathered result (size × input); reduce_scatter the input (size × output); send/recv the
 // message. A communicator of size 1 moves nothing and counts nothing.
 //
-// Started calls (start_all_reduce, start_reduce_scatter, start_all_gather) return at once with
-// a PendingCall, so that the caller computes while the group communicates: Megatron's
-// --overlap-grad-reduce and FSDP's prefetch are built on them. The time a call takes and the
-// time its caller waited for it (exposed) are counted apart; a blocking call's whole time is
-// exposed.
+// Started calls (start_all_reduce, start_reduce_scatter, start_all_gather, start_recv) return
+// at once with a PendingCall, so that the caller computes while the group communicates:
+// Megatron's --overlap-grad-reduce, FSDP's prefetch and receives posted ahead are built on
+// them. The time a call takes and the time its caller waited for it (exposed) are counted
+// apart; a blocking call's whole time is exposed.
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -130,10 +130,11 @@ class Communicator {
 
   // Started calls, with the blocking calls' contracts. A group that can progress them
   // while its caller computes (MPI: the group's communication thread; NCCL: its stream) returns
-  // at once; any other runs the call before returning (the default here), so that callers are
-  // written once. Calls on one group run in the order they are issued, started or blocking: a
-  // blocking call waits for the started ones before it (MPI's rule that every rank issues a
-  // group's collectives in one order then holds whichever thread runs them).
+  // at once; any other runs the collective before returning (the default here), so that
+  // callers are written once. Collectives on one group run in the order they are issued,
+  // started or blocking: a blocking collective waits for the started calls before it (MPI's
+  // rule that every rank issues a group's collectives in one order then holds whichever
+  // thread runs them).
   virtual PendingCall start_all_reduce(Tensor x, ReduceOp op, std::string_view site) {
     all_reduce(x, op, site);
     return {};
@@ -148,10 +149,13 @@ class Communicator {
   }
   // A receive posted ahead of its need (a pipeline stage's next input while it computes).
   // Point-to-point messages match by source and tag, so a started receive keeps no order with
-  // the group's other calls: blocking sends and receives go on beside it.
+  // the group's other calls: blocking sends and receives go on beside it. A group that cannot
+  // receive beside its caller receives at wait() (the default here), where the caller would
+  // have: a receive run at once could wait for a message whose sender waits for this rank's
+  // next send (NCCL's stream, or a host-staged receive, would block it).
   virtual PendingCall start_recv(Tensor x, int source, int tag, std::string_view site) {
-    recv(x, source, tag, site);
-    return {};
+    return PendingCall(
+        [this, x, source, tag, site = std::string(site)] { recv(x, source, tag, site); }, [] {});
   }
   // Waits until every call issued so far has finished and adds their times to the stats. A
   // host communicator's calls finish before they return, so it has nothing to do; a device

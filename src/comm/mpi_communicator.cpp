@@ -535,10 +535,8 @@ void MpiCommunicator::recv(Tensor x, int source, int tag, std::string_view site)
 PendingCall MpiCommunicator::start_recv(Tensor x, int source, int tag, std::string_view site) {
   const int count = check_recv(x, source, tag, site);
   if (size_ == 1) return {};
-  if (!threaded_) {
-    recv(x, source, tag, site);
-    return {};
-  }
+  // Without a thread of its own the receive waits for wait() (Communicator's rule).
+  if (!threaded_) return Communicator::start_recv(x, source, tag, site);
   return start(Collective::recv, site, x.numel(), dtype_size(x.dtype),
                [this, x, count, source, tag, site = std::string(site)] {
                  run_recv(x, count, source, tag, site);

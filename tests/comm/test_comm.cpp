@@ -299,6 +299,51 @@ TEST(Comm, StartedCallsMatchBlockingOnes) {
   EXPECT_EQ(blocking.exposed_seconds, blocking.seconds);
 }
 
+// A group that cannot receive beside its caller (NCCL's stream, host-staged MPI) receives a
+// started receive at wait(), where the caller would have: a pipeline stage that posts its
+// next gradient's receive before sending its activation must not block on it.
+TEST(Comm, AStartedReceiveOfAGroupWithoutAThreadWaitsForWait) {
+  class Log final : public Communicator {
+   public:
+    std::vector<std::string> calls;
+    int rank() const override { return 0; }
+    int size() const override { return 2; }
+    const std::string& name() const override { return name_; }
+    void all_reduce(Tensor, ReduceOp, std::string_view) override { calls.push_back("all_reduce"); }
+    void all_gather(Tensor, Tensor, std::string_view) override { calls.push_back("all_gather"); }
+    void reduce_scatter(Tensor, Tensor, std::string_view) override {
+      calls.push_back("reduce_scatter");
+    }
+    void broadcast(Tensor, int, std::string_view) override { calls.push_back("broadcast"); }
+    void send(Tensor, int, int, std::string_view) override { calls.push_back("send"); }
+    void recv(Tensor, int, int tag, std::string_view) override {
+      calls.push_back(fmt::format("recv {}", tag));
+    }
+    void send_async(Tensor, int, int tag, std::string_view) override {
+      calls.push_back(fmt::format("send_async {}", tag));
+    }
+    void wait_sends() override {}
+    void barrier() override {}
+    std::unique_ptr<Communicator> split(int, int, std::string) override { return nullptr; }
+
+   private:
+    std::string name_ = "log";
+  } log;
+  std::vector<float> x(4), y(4);
+  PendingCall gradient = log.start_recv(view(x), 1, 16, "test.gradient");
+  log.send_async(view(y), 1, 0, "test.activation");
+  EXPECT_EQ(log.calls, std::vector<std::string>{"send_async 0"});
+  gradient.wait();
+  EXPECT_EQ(log.calls, (std::vector<std::string>{"send_async 0", "recv 16"}));
+  // Dropped while an error unwinds, it never receives.
+  try {
+    PendingCall dropped = log.start_recv(view(x), 1, 17, "test.gradient");
+    throw std::runtime_error("the step failed");
+  } catch (const std::runtime_error&) {
+  }
+  EXPECT_EQ(log.calls.size(), 2u);
+}
+
 // A started call whose peers never come, left behind by an exception (a training step failing
 // on one rank), is abandoned when the stack unwinds past it: the unwinding ends in a bounded
 // time instead of waiting for parallel.comm_timeout, and the error that caused it propagates.
