@@ -32,11 +32,12 @@ class MpiRuntime {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
-      // MULTIPLE: a group's started calls (Communicator::start_*) run on its communication
-      // thread while the main thread calls MPI on other groups (OpenMP workers never do).
-      // A library that provides less runs them on the caller's thread
-      // (MpiCommunicator::threaded_). The fatal error watchdog's MPI_Abort does not rely on
-      // the thread level.
+      // MULTIPLE for a job of several processes: a group's started calls
+      // (Communicator::start_*) run on its communication thread while the main thread calls
+      // MPI on other groups (OpenMP workers never do). A single process communicates with
+      // nobody and asks for FUNNELED, the level its exit has always run under. A library that
+      // provides less runs started calls on the caller's thread (MpiCommunicator::threaded_).
+      // The fatal error watchdog's MPI_Abort does not rely on the thread level.
       //
       // A process started without mpirun is an Open MPI singleton, and by default its
       // MPI_Init starts a helper daemon (orted) that calls setsid only once it runs. A Ctrl-C
@@ -46,7 +47,9 @@ class MpiRuntime {
       // environment already decided. Under mpirun this parameter is not read.
       ::setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
       int provided = 0;
-      if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+      const char* ranks = std::getenv("OMPI_COMM_WORLD_SIZE");  // set by mpirun
+      const int level = ranks && std::atoi(ranks) > 1 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
+      if (MPI_Init_thread(nullptr, nullptr, level, &provided) != MPI_SUCCESS) {
         std::fputs("bottle: error: MPI_Init_thread failed\n", stderr);
         std::fflush(stderr);
         std::_Exit(1);
