@@ -346,8 +346,7 @@ void MpiCommunicator::all_reduce(Tensor x, ReduceOp op, std::string_view site) {
 
 PendingCall MpiCommunicator::start_all_reduce(Tensor x, ReduceOp op, std::string_view site) {
   const int count = check_all_reduce(x, site);
-  if (size_ == 1) return {};
-  if (!threaded_) {
+  if (size_ == 1 || !threaded_) {
     all_reduce(x, op, site);
     return {};
   }
