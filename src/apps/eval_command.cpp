@@ -195,7 +195,7 @@ Command add_eval_command(CLI::App& app) {
     // Checked after the sum, so that every rank stops alike.
     BOTTLE_CHECK(std::isfinite(total),
                  "{}: the loss is {}: the model's weights give non-finite values", o->checkpoint,
-                 total);
+                 message_number(total));
     const int64_t per_batch = o->batch * seq;
     const double loss = total / double(batches);
     const int64_t count = batches * per_batch;

@@ -226,7 +226,9 @@ Command add_plan_command(CLI::App& app) {
         "step (seconds) = compute + TP collectives + pipeline bubble + sends + DP/PP "
         "reductions + recomputation + optimizer\n"
         "overlap: the DP gradient buckets hide under the last backward "
-        "(parallel.overlap_grad_reduce), nothing else\n");
+        "(parallel.overlap_grad_reduce),\n"
+        "         ZeRO's parameter gathers under the next forward "
+        "(parallel.overlap_param_gather); nothing else\n");
     print_table(rows, o->top, o->all);
     return 0;
   };

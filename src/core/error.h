@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <string_view>
@@ -21,6 +22,13 @@ class Error : public std::runtime_error {
  public:
   explicit Error(const std::string& what) : std::runtime_error(what) {}
 };
+
+// A number as messages print it: a NaN as "nan", without the sign bit the CPU happened to give
+// it (x86's default NaN is negative, and whether a kernel's NaN is the default one depends on
+// its instruction set), so that a message reads alike on every machine.
+inline std::string message_number(double v) {
+  return std::isnan(v) ? std::string("nan") : fmt::format("{}", v);
+}
 
 template <typename... Args>
 [[noreturn]] void fail(fmt::format_string<Args...> format, Args&&... args) {

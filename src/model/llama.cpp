@@ -322,7 +322,7 @@ std::vector<Tensor> LlamaModel::stage_input_grad(int slot) const {
 }
 
 void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
-                               Tensor loss_sum) {
+                               Tensor loss_sum, const ParamsNeeded& needed) {
   BOTTLE_ASSERT(activations_, "forward before allocate_activations");
   BOTTLE_ASSERT(be.device() == memory_->device(),
                 "the model's memory is on {}, but backend '{}' runs on {}",
@@ -331,9 +331,15 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
                 slot_index, slots_.size());
   Slot& s = slots_[size_t(slot_index)];
   const int64_t first = vocab_first();
+  // Parameters lie in model order: the embedding, the blocks, the head (block_offsets_).
+  const int64_t all = params_.values().numel();
+  auto need = [&](int64_t end) {
+    if (needed) needed(end);
+  };
   if (stage_.first()) {
     BOTTLE_ASSERT(tokens.numel() == batch_ * seq_, "forward: expected {} x {} tokens", batch_,
                   seq_);
+    need(block_offsets_.empty() ? head_offset_ : block_offsets_[0]);
     if (ends_.hidden_split_embedding) {
       be.embedding_forward(s.residual[0], tokens, embedding_.value);  // [N, d/t], no comm
     } else if (ends_.sharded_residual) {
@@ -345,9 +351,12 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
                                        "vocab.fwd.embedding");
     }
   }
-  for (size_t i = 0; i < s.blocks.size(); ++i)
+  for (size_t i = 0; i < s.blocks.size(); ++i) {
+    need(i + 1 < s.blocks.size() ? block_offsets_[i + 1] : head_offset_);
     s.blocks[i]->forward(be, tp_, i ? s.blocks[i - 1]->latents() : s.boundary, s.residual[i],
                          s.residual[i + 1]);
+  }
+  need(all);
   if (!stage_.last()) return;
   Tensor last = s.residual.back();
   if (ends_.sharded_residual) {

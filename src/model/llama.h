@@ -87,7 +87,16 @@ class LlamaModel {
   // What crosses a boundary: the residual [N, d_res], and under LaX the seven latents u
   // [N, r] of the stage's last block, which the next stage's first block crosses with
   // (their gradients flow back the same way).
-  void forward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, Tensor loss_sum);
+  //
+  // `needed`, when given, is called before forward_stage first reads the parameters of the flat
+  // range [0, end): before the embedding, before each block and before the final norm and
+  // LM head, and with the buffer's whole length before it returns. A ZeRO trainer waits there
+  // for the all-gathers of the updated parameters it started after the last step (Megatron's
+  // --overlap-param-gather), so that the later blocks' gathers cross the link while the
+  // earlier blocks compute.
+  using ParamsNeeded = std::function<void(int64_t end)>;
+  void forward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, Tensor loss_sum,
+                     const ParamsNeeded& needed = {});
   //
   // `ready`, when given, is called as backward_stage finishes with the gradients of a suffix
   // [begin, end) of the flat buffer: after the LM head and the final norm, after each block

@@ -53,14 +53,15 @@ CallSeconds price_calls(const ClusterSpec& c, const std::map<CallShape, int64_t>
   return s;
 }
 
-// The DP gradient buckets of a stage (dp.grads.bucket): their priced seconds and count.
-std::pair<double, int64_t> gradient_buckets(const ClusterSpec& c,
-                                            const std::map<CallShape, int64_t>& calls,
-                                            GroupPlace place) {
+// The DP bucket calls of a stage at `site` (dp.grads.bucket, dp.params.all_gather): their
+// priced seconds and count.
+std::pair<double, int64_t> dp_buckets(const ClusterSpec& c,
+                                      const std::map<CallShape, int64_t>& calls, GroupPlace place,
+                                      std::string_view site) {
   double seconds = 0;
   int64_t count = 0;
   for (const auto& [call, n] : calls) {
-    if (call.site != "dp.grads.bucket") continue;
+    if (call.site != site) continue;
     const int nodes = nodes_spanned(c, place.base + call.first * place.stride, call.ranks,
                                     call.stride * place.stride);
     seconds += double(n) * collective_seconds(c, call.kind, call.bytes(), call.ranks, nodes);
@@ -206,14 +207,25 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     t.recompute += tp.recompute + pp.recompute;
     t.p2p = pp.sends;
     t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
-    // Overlapped DP: the buckets run under the last micro-batch's backward, two thirds of its
-    // compute and TP collectives (backward is twice forward's GEMMs), recomputation included.
-    if (p.overlap_grad_reduce && p.dp > 1 && p.zero == 0) {
-      const auto [G, b] = gradient_buckets(cluster, counts.calls.at("dp"), {stage_base, dp_stride});
+    // Overlapped DP: the buckets (all-reduced, or reduce-scattered under ZeRO) run under the
+    // last micro-batch's backward, two thirds of its compute and TP collectives (backward is
+    // twice forward's GEMMs), recomputation included.
+    if (p.overlap_grad_reduce && p.dp > 1) {
+      const auto [G, b] =
+          dp_buckets(cluster, counts.calls.at("dp"), {stage_base, dp_stride}, "dp.grads.bucket");
       const double backward = (2.0 / 3.0) * (t.compute + t.tp) / m + t.recompute / m;
       t.dp_hidden = G - exposed_gradient_seconds(G, b, backward);
-      t.tail_comm -= t.dp_hidden;
     }
+    // ZeRO's parameter all-gathers under the next step's first forward (one third of a
+    // micro-batch's compute and TP collectives), by the same rule read forwards: the forward
+    // needs bucket i at W·i/b, and the first bucket never hides.
+    if (p.zero > 0 && p.overlap_param_gather && p.dp > 1) {
+      const auto [A, b] = dp_buckets(cluster, counts.calls.at("dp"), {stage_base, dp_stride},
+                                     "dp.params.all_gather");
+      const double forward = (1.0 / 3.0) * (t.compute + t.tp) / m;
+      t.dp_hidden += A - exposed_gradient_seconds(A, b, forward);
+    }
+    t.tail_comm -= t.dp_hidden;
     stages.push_back(t);
     per_micro_batch[size_t(s)] = (t.compute + t.recompute + t.tp + t.p2p) / m;
     model_flops += counts.model_flops;

@@ -5,8 +5,9 @@
 //   c_s   = (compute + recompute + TP collectives + sends of stage s) / m   per micro-batch
 //   pipe  = (m − 1) · max_s c_s + Σ_s c_s      (= (m + p − 1) · c for equal stages)
 //   step  = pipe + the slowest stage's tail (DP gradient reduction, the norm, AdamW)
-// The one overlap modelled is the DP gradient buckets' under the last micro-batch's backward
-// (parallel.overlap_grad_reduce, ZeRO 0): the tail keeps only what that backward cannot hide
+// The overlaps modelled are the DP gradient buckets' under the last micro-batch's backward
+// (parallel.overlap_grad_reduce) and ZeRO's parameter all-gathers under the next step's first
+// forward (parallel.overlap_param_gather): the tail keeps only what they cannot hide
 // (exposed_gradient_seconds in planner.cpp states the rule).
 // and the breakdown is the slowest stage's, with bubble = pipe − m · max_s c_s.
 #include <nlohmann/json.hpp>

@@ -4,24 +4,32 @@
 
 namespace bottle {
 
-AdamW::AdamW(const ParameterStore& params, const AdamWConfig& config, int64_t begin, int64_t end)
+AdamW::AdamW(const ParameterStore& params, const AdamWConfig& config, ShardLayout shard)
     : config_(config),
-      begin_(begin),
-      end_(end < 0 ? params.values().numel() : end),
+      shard_(shard.pieces.empty() ? ShardLayout::cut(params.values().numel(),
+                                                     std::max<int64_t>(1, params.values().numel()))
+                                  : std::move(shard)),
       arena_(MemoryTag::optimizer, params.backend()) {
-  m_ = arena_.alloc({end_ - begin_});
-  v_ = arena_.alloc({end_ - begin_});
-  // Parameters declared without weight decay, as ranges of this optimizer's share; adjacent
-  // ones merge, so that the update's pass alternates between as few stretches as it can.
-  for (const ParamSpec& spec : params.specs()) {
-    if (spec.weight_decay) continue;
-    const int64_t lo = std::max(spec.offset, begin_) - begin_,
-                  hi = std::min(spec.offset + spec.shape.numel(), end_) - begin_;
-    if (lo >= hi) continue;
-    if (!no_decay_.empty() && no_decay_.back().offset + no_decay_.back().count == lo)
-      no_decay_.back().count += hi - lo;
-    else
-      no_decay_.push_back({lo, hi - lo});
+  m_ = arena_.alloc({shard_.count});
+  v_ = arena_.alloc({shard_.count});
+  int64_t local = 0;
+  for (const ElementRange& flat : shard_.ranges()) {
+    Part& part = parts_.emplace_back(Part{flat, local, {}});
+    local += flat.count;
+    // Parameters declared without weight decay, as ranges of this stretch; adjacent ones
+    // merge, so that the update's pass alternates between as few stretches as it can.
+    const int64_t begin = flat.offset, end = flat.offset + flat.count;
+    for (const ParamSpec& spec : params.specs()) {
+      if (spec.weight_decay) continue;
+      const int64_t lo = std::max(spec.offset, begin) - begin,
+                    hi = std::min(spec.offset + spec.shape.numel(), end) - begin;
+      if (lo >= hi) continue;
+      std::vector<ElementRange>& no_decay = part.no_decay;
+      if (!no_decay.empty() && no_decay.back().offset + no_decay.back().count == lo)
+        no_decay.back().count += hi - lo;
+      else
+        no_decay.push_back({lo, hi - lo});
+    }
   }
 }
 
@@ -33,31 +41,31 @@ void AdamW::step(Backend& be, const ParameterStore& params, float lr, Tensor con
   args.eps = config_.eps;
   args.weight_decay = config_.weight_decay;
   args.step = step_ + 1;
-  args.no_decay = no_decay_;
-  const Shape range{end_ - begin_};
-  const Tensor compute =
-      params.mixed_precision() ? params.compute_values().view(begin_, range) : Tensor{};
-  be.adamw_update(params.values().view(begin_, range), compute, params.grads().view(begin_, range),
-                  m_, v_, control, args);
+  // Element-wise: one pass per owned stretch gives the bits one pass over them all would.
+  for (const Part& part : parts_) {
+    args.no_decay = part.no_decay;
+    const ElementRange& r = part.flat;
+    const Shape range{r.count};
+    const Tensor compute =
+        params.mixed_precision() ? params.compute_values().view(r.offset, range) : Tensor{};
+    be.adamw_update(params.values().view(r.offset, range), compute,
+                    params.grads().view(r.offset, range), m_.view(part.local, range),
+                    v_.view(part.local, range), control, args);
+  }
 }
 
 void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) const {
-  if (m_.numel() == m_whole.numel()) {
-    arena_.backend().copy(m_whole, m_);
-    arena_.backend().copy(v_whole, v_);
-    return;
-  }
-  BOTTLE_ASSERT(dp && dp->size() * m_.numel() == m_whole.numel(),
-                "AdamW: a ZeRO shard of {} elements does not tile {}", m_.numel(), m_whole.numel());
-  dp->all_gather(m_whole, m_, "checkpoint.moments");
-  dp->all_gather(v_whole, v_, "checkpoint.moments");
+  Backend& be = arena_.backend();
+  shard_.gather(be, dp, m_whole, m_, "checkpoint.moments");
+  shard_.gather(be, dp, v_whole, v_, "checkpoint.moments");
   // The caller reads them on the host next: a device group's calls end here, with its errors.
-  dp->complete();
+  if (!shard_.owns_all()) dp->complete();
 }
 
 void AdamW::load_moments(Tensor m_whole, Tensor v_whole) {
-  arena_.backend().copy(m_, m_whole.view(begin_, m_.shape));
-  arena_.backend().copy(v_, v_whole.view(begin_, v_.shape));
+  Backend& be = arena_.backend();
+  shard_.take(be, m_, m_whole);
+  shard_.take(be, v_, v_whole);
 }
 
 }  // namespace bottle

@@ -9,6 +9,7 @@
 #include "core/arena.h"
 #include "core/backend.h"
 #include "model/parameters.h"
+#include "train/shard_layout.h"
 
 namespace bottle {
 
@@ -22,10 +23,9 @@ struct AdamWConfig {
 
 class AdamW {
  public:
-  // Updates (and keeps moments for) the flat range [begin, end) of the parameter buffer:
-  // all of it (end < 0), or a ZeRO-1 shard.
-  AdamW(const ParameterStore& params, const AdamWConfig& config, int64_t begin = 0,
-        int64_t end = -1);
+  // Updates (and keeps moments for) what `shard` owns of the flat parameter buffer: all of it
+  // (an empty layout: the whole buffer), or a ZeRO rank's slices.
+  AdamW(const ParameterStore& params, const AdamWConfig& config, ShardLayout shard = {});
 
   // Update steps_taken() + 1 of every parameter in the range with learning rate `lr`, in one
   // pass that also writes the range's compute copy (the bf16 weights of a mixed-precision
@@ -41,15 +41,21 @@ class AdamW {
   // The moments laid out like the whole flat parameter buffer: m_whole, v_whole [padded
   // count]. With a ZeRO shard the DP group's shards are gathered (every DP rank calls).
   void gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) const;
-  // Takes this range out of whole-buffer moments.
+  // Takes this rank's slices out of whole-buffer moments.
   void load_moments(Tensor m_whole, Tensor v_whole);
 
  private:
+  // One stretch of owned parameters, updated in one pass.
+  struct Part {
+    ElementRange flat;                   // in the parameter buffer
+    int64_t local = 0;                   // where its moments start
+    std::vector<ElementRange> no_decay;  // ranges of the stretch without weight decay
+  };
   AdamWConfig config_;
-  int64_t begin_ = 0, end_ = 0;
-  Arena arena_;   // on the parameters' backend
-  Tensor m_, v_;  // [end - begin] each
-  std::vector<ElementRange> no_decay_;  // ranges of [begin, end) without weight decay
+  ShardLayout shard_;
+  std::vector<Part> parts_;  // in flat order
+  Arena arena_;              // on the parameters' backend
+  Tensor m_, v_;             // [shard] each: the owned stretches end to end
   int64_t step_ = 0;
 };
 

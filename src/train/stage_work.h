@@ -16,9 +16,11 @@ class TrainStageWork final : public StageWork {
   // micro-batches' mean losses to.
   // final_backward: the micro-batch whose backward is the stage's last in the step, during
   // which `ready` hears of the finished gradients (LlamaModel::backward_stage); -1: none.
+  // needed: told before each forward reads parameters (LlamaModel::forward_stage).
   TrainStageWork(Backend& be, LlamaModel& model, int slots, const std::vector<Tensor>& inputs,
                  const std::vector<Tensor>& targets, float loss_scale, Tensor loss_sum,
-                 int final_backward = -1, LlamaModel::GradsReady ready = {})
+                 int final_backward = -1, LlamaModel::GradsReady ready = {},
+                 LlamaModel::ParamsNeeded needed = {})
       : be_(be),
         model_(model),
         slots_(slots),
@@ -27,10 +29,11 @@ class TrainStageWork final : public StageWork {
         loss_scale_(loss_scale),
         loss_sum_(loss_sum),
         final_backward_(final_backward),
-        ready_(std::move(ready)) {}
+        ready_(std::move(ready)),
+        needed_(std::move(needed)) {}
   void forward(int m) override {
     const auto t0 = std::chrono::steady_clock::now();
-    model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_sum_);
+    model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_sum_, needed_);
     compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   void backward(int m) override {
@@ -57,6 +60,7 @@ class TrainStageWork final : public StageWork {
   Tensor loss_sum_;
   int final_backward_;
   LlamaModel::GradsReady ready_;
+  LlamaModel::ParamsNeeded needed_;
 };
 
 }  // namespace bottle

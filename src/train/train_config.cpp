@@ -278,11 +278,14 @@ std::vector<ConfigKey> build_schema() {
                           "ZeRO stage: 0 (replicated AdamW state) or 1 (sharded)"));
   s.push_back(bool_key("parallel.overlap_grad_reduce", FIELD(parallel.overlap_grad_reduce),
                        "reduce gradient buckets over the DP group during the last backward, "
-                       "last block first, while the rest of backward computes (ZeRO 0; the "
-                       "results are the same bits as without)"));
+                       "last block first, while the rest of backward computes (all-reduced, "
+                       "or reduce-scattered under ZeRO; the same bits as without)"));
+  s.push_back(bool_key("parallel.overlap_param_gather", FIELD(parallel.overlap_param_gather),
+                       "ZeRO: all-gather the updated parameters during the next forward, each "
+                       "bucket waited for where it is first read (the same bits as without)"));
   s.push_back(number_key("parallel.bucket_mb", FIELD(parallel.bucket_mb), greater(0),
-                         "MiB of gradients per DP all-reduce bucket (cut from the last "
-                         "layer back)"));
+                         "MiB of gradients per DP bucket, all-reduced or reduce-scattered "
+                         "(cut from the last layer back)"));
   s.push_back(bool_key("parallel.grouping", FIELD(parallel.grouping),
                        "one GEMM for projections reading the same input (q,k,v; gate,up)"));
   s.push_back(choice_key("parallel.comm", FIELD(parallel.comm), kCommNames,

@@ -112,6 +112,9 @@ struct ParallelConfig {
   // Gradient buckets reduced over the DP group during the step's last backward, on the
   // group's communication thread (DataParallel): the same sums, so the same bits, either way.
   bool overlap_grad_reduce = true;
+  // ZeRO: the updated parameters' all-gathers run under the next step's forward, each bucket
+  // waited for where the forward first reads it (Megatron's --overlap-param-gather).
+  bool overlap_param_gather = true;
   // The gradient buckets' size in MiB (PyTorch DDP's bucket_cap_mb): smaller buckets start
   // earlier in backward, larger ones pay a link's latency fewer times.
   double bucket_mb = 32;

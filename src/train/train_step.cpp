@@ -103,15 +103,19 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
   if (config.model.tie_embeddings && stage.stages > 1)
     embedding_group_ =
         pp->split(stage.first() || stage.last() ? 0 : 1, stage.stage, "tied_embedding");
-  data_parallel_ = std::make_unique<DataParallel>(dp, model_->parameters(), p.zero,
-                                                  p.overlap_grad_reduce, model_->tied_grad_range(),
-                                                  // At most a petabyte: one bucket.
-                                                  int64_t(std::min(p.bucket_mb, 1e9) * 1048576.0));
+  data_parallel_ = std::make_unique<DataParallel>(
+      dp, model_->parameters(),
+      DataParallel::Options{.zero = p.zero,
+                            .overlap_grad_reduce = p.overlap_grad_reduce,
+                            .overlap_param_gather = p.overlap_param_gather,
+                            .held = model_->tied_grad_range(),
+                            // At most a petabyte: one bucket.
+                            .bucket_bytes = int64_t(std::min(p.bucket_mb, 1e9) * 1048576.0)});
   // The stage's last backward of a step: the one after which its gradients are final.
   for (const Action& a : actions_)
     if (a.kind == ActionKind::backward) final_backward_ = a.micro_batch;
-  optimizer_ = std::make_unique<AdamW>(model_->parameters(), config.adamw(),
-                                       data_parallel_->begin(), data_parallel_->end());
+  optimizer_ =
+      std::make_unique<AdamW>(model_->parameters(), config.adamw(), data_parallel_->shard());
   const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
   for (int m = 0; m < micro_batches_; ++m) {
     inputs_.push_back(batch_arena_.alloc({B, S}, DType::i32));
@@ -120,9 +124,10 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
   scalars_ = batch_arena_.alloc({kScalarCount}, DType::f64);
   control_ = batch_arena_.alloc({kStepControlSize});
   staging_ = batch_arena_.alloc({1});
-  norm_ranges_ = data_parallel_->zero()
-                     ? model_->grad_norm_ranges(data_parallel_->begin(), data_parallel_->end())
-                     : model_->grad_norm_ranges();
+  // The gradients this rank holds reduced: its slices under ZeRO, all of them without.
+  for (const ElementRange& r : data_parallel_->shard().ranges())
+    for (const SumRange& sum : model_->grad_norm_ranges(r.offset, r.offset + r.count))
+      norm_ranges_.push_back(sum);
 }
 
 void TrainStep::allocate_activations() {
@@ -136,9 +141,10 @@ StepResult TrainStep::step(int64_t step) {
   model_->zero_grad(be_);
   be_.fill_zero(scalars_);
   DataParallel& data_parallel = *data_parallel_;
-  TrainStageWork work(be_, *model_, slots_, inputs_, targets_, 1.0f / float(micro_batches_),
-                      scalar(kLoss), final_backward_,
-                      [&data_parallel](int64_t begin) { data_parallel.grads_ready(begin); });
+  TrainStageWork work(
+      be_, *model_, slots_, inputs_, targets_, 1.0f / float(micro_batches_), scalar(kLoss),
+      final_backward_, [&data_parallel](int64_t begin) { data_parallel.grads_ready(begin); },
+      [&data_parallel](int64_t end) { data_parallel.params_needed(end); });
   const auto pipeline_start = Clock::now();
   run_pipeline(actions_, work, pp_);
   r.pipeline_seconds = seconds_since(pipeline_start);
@@ -153,7 +159,7 @@ StepResult TrainStep::step(int64_t step) {
   reduce_device_scalar(be_, dp, scalar(kLoss), staging_, ReduceOp::sum, "dp.loss");
   be_.scalar_divide(scalar(kLoss), scalar(kLoss), double(data_parallel_->size()));
   // The global gradient norm (docs/design.md §9): each parameter counted once over the TP, PP
-  // and DP groups. With ZeRO-1 each DP rank holds the reduced gradients of its shard alone:
+  // and DP groups. With ZeRO each DP rank holds the reduced gradients of its slices alone:
   // the shards' squares add up over the DP group; without it every DP rank holds them all.
   // Each stage holds its own parameters: their squares add up over the pipeline.
   be_.sum_squares_ranges(scalars_.view(kSharded, {2}), model_->parameters().grads(), norm_ranges_);
@@ -176,7 +182,10 @@ StepResult TrainStep::step(int64_t step) {
   // The step's collectives end (a device communicator's, waited for with its peers' errors
   // and a timeout, so that the read below never waits on a broken group), then the step's
   // one wait for the device: its loss and norm (a counting backend writes nothing: zeros).
-  complete_collectives({model_->tensor_parallel().comm, pp_, dp, embedding_group_.get()});
+  // Parameter gathers still running (parallel.overlap_param_gather) are the next forward's
+  // to wait for: the scalars read below do not depend on them.
+  complete_collectives({model_->tensor_parallel().comm, pp_,
+                        data_parallel_->gathering() ? nullptr : dp, embedding_group_.get()});
   double host[kHostScalars] = {0.0, 0.0};
   be_.to_host(host, scalars_.view(0, {kHostScalars}));
   r.loss = host[kLoss];
@@ -187,7 +196,7 @@ StepResult TrainStep::step(int64_t step) {
     fail(
         "step {}: the loss is {} (grad norm {}); stopping (set training.on_nonfinite = \"skip\" "
         "to skip such steps)",
-        step + 1, r.loss, r.grad_norm);
+        step + 1, message_number(r.loss), message_number(r.grad_norm));
   r.skipped = !finite;
   if (finite) {
     // What clip_and_check computed on the device, by the same formula.

@@ -117,6 +117,7 @@ class TrainStep {
 
   // eval_step of inputs()[0] and targets()[0] on this step's model.
   double eval_step() {
+    data_parallel_->finish_gathers();
     return bottle::eval_step(be_, *model_, pp_, inputs_, targets_, scalar(kEvalLoss));
   }
 

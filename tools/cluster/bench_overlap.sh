@@ -5,8 +5,10 @@
 # model, warmup + steps steps, three ways in one run on one cluster:
 #   alone    parallel.dp = 1 on each node at once (two jobs of one rank): the step without DP
 #            communication, on a machine as busy as in the other two;
-#   serial   dp 2, parallel.overlap_grad_reduce = false: every bucket after backward;
-#   overlap  dp 2, parallel.overlap_grad_reduce = true: buckets during the last backward.
+#   serial   dp 2, parallel.overlap_grad_reduce = false: every bucket after backward (and
+#            under ZeRO, --set parallel.zero=1, overlap_param_gather = false: the parameters'
+#            all-gathers after the update);
+#   overlap  dp 2, both true: buckets during the last backward, gathers during the next forward.
 # Each replica runs the same micro-batches in all three (training.grad_accum_steps each). The
 # table: the median step after the warmup, serial's communication as a share of the step alone
 # ((serial - alone) / alone) and each step over the step alone. Issue 44's target: overlap
@@ -77,6 +79,7 @@ train() {
   rm -rf "$dir"
   eval "\"\$cluster\" run --state \"\$state\" -- -np 2 -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
     $(train_args) --set parallel.dp=2 --set parallel.overlap_grad_reduce=$2 \
+    --set parallel.overlap_param_gather=$2 \
     --set checkpoint.folder=\"\$dir\"" > "$dir.log" 2>&1 ||
     { echo "bench_overlap.sh: $1 failed: $(tail -n 3 "$dir.log")" >&2; return 1; }
   median "$dir"
