@@ -6,11 +6,13 @@
 #include <sys/signalfd.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <string>
 
 #include "core/error.h"
+#include "core/system_info.h"
 
 namespace bottle {
 
@@ -108,6 +110,62 @@ void StopSignalWatcher::watch() {
     signalfd_siginfo info{};
     if (::read(signals_, &info, sizeof(info)) == ssize_t(sizeof(info)))
       on_signal_(int(info.ssi_signo));
+  }
+}
+
+namespace {
+
+// Once the run is over a handler is safe again (no GEMM runs after it): the first stop signal
+// restores the default action, so that a second one ends the process as it would have.
+extern "C" void on_stop_signal_after_run(int sig) {
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  sigaction(sig, &dfl, nullptr);
+}
+
+}  // namespace
+
+StopRequests::StopRequests() : under_launcher_(launched_by_mpirun()) {
+  watcher_.emplace([this](int sig) { on_signal(sig); });
+}
+
+StopRequests::~StopRequests() {
+  current_.store(-1);
+  watcher_.reset();
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal_after_run;
+  sigemptyset(&sa.sa_mask);
+  for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaction(sig, &sa, nullptr);
+  unblock_stop_signals();  // one that came after the watcher ended is let pass here
+}
+
+void StopRequests::set_notice(const std::string& text) {
+  const int next = current_.load() == 0 ? 1 : 0;
+  const size_t n = std::min(text.size(), sizeof(text_[next]));
+  std::copy_n(text.data(), n, text_[next]);
+  size_[next] = n;
+  current_.store(next);
+}
+
+// On the watcher's thread: the first stop signal asks the loop to stop and says at once what it
+// leaves; later ones change nothing.
+void StopRequests::on_signal(int sig) {
+  int expected = 0;
+  if (!signal_.compare_exchange_strong(expected, sig)) return;
+  if (const int i = current_.load(); i >= 0) {
+    // write(2), not stdio: the main thread may be in the middle of a line of its own.
+    const char head[] = "bottle: stop signal received: ";
+    ssize_t ignored = ::write(STDERR_FILENO, head, sizeof(head) - 1);
+    ignored = ::write(STDERR_FILENO, text_[i], size_[i]);
+    if (under_launcher_ && sig != SIGUSR1) {
+      const char hint[] =
+          "bottle: mpirun ends the job a few seconds after forwarding this signal, which can cut "
+          "the save short; to stop with a checkpoint, send SIGUSR1 to mpirun (kill -USR1 "
+          "MPIRUN_PID), which it forwards and then waits\n";
+      ignored = ::write(STDERR_FILENO, hint, sizeof(hint) - 1);
+    }
+    (void)ignored;
   }
 }
 

@@ -14,8 +14,11 @@
 // default action (the process ends; no handler runs).
 #include <pthread.h>
 
+#include <atomic>
 #include <csignal>
 #include <functional>
+#include <optional>
+#include <string>
 
 namespace bottle {
 
@@ -46,6 +49,40 @@ class StopSignalWatcher {
   int signals_ = -1;  // signalfd of the stop signals
   int wake_ = -1;     // eventfd written by the destructor to end the thread
   pthread_t thread_{};
+};
+
+// A training run's stop signals: SIGINT, SIGTERM, SIGHUP (a closed terminal or ssh session)
+// and SIGUSR1 (what mpirun forwards without ending the job, and Slurm's --signal sends before a
+// time limit) ask the loop to finish its step, checkpoint and exit 0. Made before the run is set
+// up, so that a signal during the setup ends it cleanly too; while it lives the signals are read
+// on a StopSignalWatcher's thread. The first one counts and says at once what the run leaves
+// (the notice): under mpirun the launcher kills the ranks a few seconds after it forwarded a
+// signal, and a run killed meanwhile must still have said which checkpoint it leaves. One at a
+// time in a process.
+class StopRequests {
+ public:
+  StopRequests();
+  StopRequests(const StopRequests&) = delete;
+  StopRequests& operator=(const StopRequests&) = delete;
+  // After the run everything is saved and the process ends by itself (MPI_Finalize can take a
+  // moment): a later stop signal is let pass, and a second one ends the process as it would
+  // have.
+  ~StopRequests();
+  // The first stop signal received, 0: none.
+  int requested() const { return signal_.load(); }
+  // What the first signal prints at once (rank 0 only sets one): the main loop writes the text
+  // into the buffer the watcher's thread does not read, then flips `current_`.
+  void set_notice(const std::string& text);
+
+ private:
+  void on_signal(int sig);
+
+  std::atomic<int> signal_{0};
+  char text_[2][512] = {};
+  size_t size_[2] = {};
+  std::atomic<int> current_{-1};  // -1: nothing to say
+  bool under_launcher_ = false;   // under mpirun, which ends the job soon after a SIGTERM
+  std::optional<StopSignalWatcher> watcher_;
 };
 
 }  // namespace bottle

@@ -35,6 +35,8 @@
 #include "train/memory_plan.h"
 #include "train/metrics.h"
 #include "train/plot.h"
+#include "train/resume_check.h"
+#include "train/run_guards.h"
 #include "train/run_tokenizer.h"
 #include "train/shard_record.h"
 #include "train/train_step.h"
@@ -44,96 +46,6 @@ namespace bottle {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::atomic<int> g_stop_signal{0};
-
-// What the handler says at once on rank 0, before the step ends and the checkpoint is written:
-// under mpirun the launcher kills the ranks a few seconds after it forwarded the signal, and a
-// run killed meanwhile must still have said which checkpoint it leaves. The main loop writes
-// the text into the buffer the watcher does not read, then flips `g_notice_current`; the
-// watcher's thread only reads it.
-struct Notice {
-  char text[2][512] = {};
-  size_t size[2] = {};
-};
-Notice g_notice;
-std::atomic<int> g_notice_current{-1};  // -1: nothing to say (not rank 0)
-
-void set_signal_notice(const std::string& text) {
-  const int next = g_notice_current.load() == 0 ? 1 : 0;
-  const size_t n = std::min(text.size(), sizeof(g_notice.text[next]));
-  std::copy_n(text.data(), n, g_notice.text[next]);
-  g_notice.size[next] = n;
-  g_notice_current.store(next);
-}
-
-// Under a launcher (mpirun), which kills the job seconds after it forwards a Ctrl-C or SIGTERM
-// but forwards SIGUSR1 and lets the ranks end by themselves.
-bool g_under_launcher = false;
-
-// On the watcher's thread (core/stop_signals.h), while the run trains: the first stop signal
-// asks the loop to stop and says at once what it leaves; later ones change nothing.
-void on_stop_signal(int sig) {
-  int expected = 0;
-  if (!g_stop_signal.compare_exchange_strong(expected, sig)) return;
-  if (const int i = g_notice_current.load(); i >= 0) {
-    // write(2), not stdio: the main thread may be in the middle of a line of its own.
-    const char head[] = "bottle: stop signal received: ";
-    ssize_t ignored = ::write(STDERR_FILENO, head, sizeof(head) - 1);
-    ignored = ::write(STDERR_FILENO, g_notice.text[i], g_notice.size[i]);
-    if (g_under_launcher && sig != SIGUSR1) {
-      const char hint[] =
-          "bottle: mpirun ends the job a few seconds after forwarding this signal, which can cut "
-          "the save short; to stop with a checkpoint, send SIGUSR1 to mpirun (kill -USR1 "
-          "MPIRUN_PID), which it forwards and then waits\n";
-      ignored = ::write(STDERR_FILENO, hint, sizeof(hint) - 1);
-    }
-    (void)ignored;
-  }
-}
-
-// After the run everything is saved and the process ends by itself (MPI_Finalize can take a
-// moment): a stop signal is let pass, and a second one ends the process as it would have. A
-// handler is safe again then: no GEMM runs after the run.
-extern "C" void on_stop_signal_after_run(int sig) {
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  sigemptyset(&dfl.sa_mask);
-  sigaction(sig, &dfl, nullptr);
-}
-
-// SIGINT/SIGTERM/SIGHUP (a closed terminal or ssh session)/SIGUSR1 (what mpirun forwards
-// without ending the job, and Slurm's --signal sends before a time limit) ask the loop to
-// finish its step, checkpoint and exit 0. Watched from before the run is set up, so that a signal
-// during the setup ends it cleanly too; while the run lives the signals stay blocked in every
-// thread and are read on the watcher's (core/stop_signals.h: a handler on a thread in a oneDNN
-// GEMM corrupts the heap).
-class StopSignals {
- public:
-  StopSignals() {
-    g_stop_signal.store(0);
-    g_notice_current.store(-1);
-    g_under_launcher = launched_by_mpirun();
-    watcher_.emplace(on_stop_signal);
-  }
-  ~StopSignals() {
-    g_notice_current.store(-1);
-    watcher_.reset();
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal_after_run;
-    sigemptyset(&sa.sa_mask);
-    for (const int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) sigaction(sig, &sa, nullptr);
-    unblock_stop_signals();  // one that came after the watcher ended is let pass here
-  }
-  int requested() const { return g_stop_signal.load(); }
-
- private:
-  std::optional<StopSignalWatcher> watcher_;
-};
-
-std::string in_folder(const std::string& folder, const std::string& path) {
-  return fs::path(path).is_absolute() ? path : (fs::path(folder) / path).string();
-}
 
 // Test failpoint: BOTTLE_FAILPOINT=kill_rank:R:S kills world rank R (SIGKILL, nothing
 // flushed) as it starts step S, to check that a dead rank ends the job instead of hanging it.
@@ -148,233 +60,6 @@ void kill_failpoint(int rank, int64_t step) {
     std::raise(SIGKILL);
   if (spec && std::sscanf(spec, "internal_error_at_step:%lld", &error_step) == 1)
     BOTTLE_ASSERT(error_step != step, "BOTTLE_FAILPOINT={} at step {}", spec, step);
-}
-
-// The regular files directly in `dir` (a model or tokenizer directory: a few files), none when
-// it is not a directory. Bounded, so that a huge directory named by mistake costs nothing.
-std::vector<std::string> files_in(const fs::path& dir) {
-  std::vector<std::string> files;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return files;
-  for (fs::directory_iterator it(dir, ec), end; !ec && it != end && files.size() < 4096;
-       it.increment(ec))
-    if (it->is_regular_file(ec)) files.push_back(it->path().string());
-  return files;
-}
-
-// The directory the run's tokenizer is read from: data.tokenizer's (itself or the file's), else
-// the one `bottle prepare` saved beside the first training shard (find_run_tokenizer's rule).
-fs::path tokenizer_directory(const TrainConfig& config,
-                             const std::vector<std::string>& data_files) {
-  if (!config.data.tokenizer.empty()) {
-    std::error_code ec;
-    const fs::path p(config.data.tokenizer);
-    return fs::is_directory(p, ec) ? p : p.parent_path();
-  }
-  return data_files.empty() ? fs::path() : fs::path(data_files.front()).parent_path() / "tokenizer";
-}
-
-// The run's outputs (metrics.jsonl, metrics.plot, train_config.toml, the checkpoints) must not
-// name one another nor any input (the configuration, the data, the tokenizer's files,
-// --init-from's model): writing one would destroy another.
-void check_output_paths(const TrainConfig& config, const std::string& config_path,
-                        const std::vector<std::string>& data_files, const std::string& init_from) {
-  // A path that cannot be resolved (a symlink loop, a file used as a folder) is named here
-  // rather than surfacing as a filesystem exception.
-  auto resolved = [&](const std::string& key, const std::string& p) {
-    std::error_code ec;
-    fs::path path = fs::weakly_canonical(fs::absolute(p, ec), ec);
-    if (ec) fail("{}: {} ({}) cannot be used: {}", config_path, key, p, ec.message());
-    return path;
-  };
-  const fs::path folder = resolved("checkpoint.folder", config.checkpoint.folder);
-  // Checkpoints live in step_* (and .tmp-*) folders of checkpoint.folder.
-  auto inside_a_checkpoint = [&](const fs::path& path) {
-    const fs::path inside = path.lexically_relative(folder);
-    const std::string first = inside.empty() ? "" : inside.begin()->string();
-    return first.rfind("step_", 0) == 0 || first.rfind(".tmp-", 0) == 0;
-  };
-  struct Output {
-    std::string key;
-    fs::path path;
-  };
-  std::vector<Output> outputs = {
-      {"metrics.jsonl",
-       resolved("metrics.jsonl", in_folder(config.checkpoint.folder, config.metrics.jsonl))}};
-  if (!config.metrics.plot.empty()) {
-    const std::string png = in_folder(config.checkpoint.folder, config.metrics.plot);
-    outputs.push_back({"metrics.plot", resolved("metrics.plot", png)});
-    // plot_metrics writes its data and script beside the image.
-    for (const char* suffix : {".train.dat", ".val.dat", ".gp"})
-      outputs.push_back({"metrics.plot's scratch file", resolved("metrics.plot", png + suffix)});
-  }
-  std::vector<Output> others = {
-      {"train_config.toml",
-       resolved("checkpoint.folder",
-                (fs::path(config.checkpoint.folder) / "train_config.toml").string())},
-      {"the config file", resolved("the config file", config_path)},
-      {"checkpoint.folder's lock file",
-       resolved("checkpoint.folder",
-                (fs::path(config.checkpoint.folder) / kFolderLockFile).string())}};
-  for (const std::string& f : data_files) others.push_back({"data", resolved("data", f)});
-  // The run saves its tokenizer into the folder under the names transformers reads.
-  for (const char* name : {"tokenizer.json", "tokenizer.model", "tokenizer.tiktoken",
-                           "tokenizer_config.json", "special_tokens_map.json"})
-    others.push_back(
-        {fmt::format("the run's copy of its tokenizer ({})", name),
-         resolved("checkpoint.folder", (fs::path(config.checkpoint.folder) / name).string())});
-  const fs::path tokenizer_dir = tokenizer_directory(config, data_files);
-  for (const std::string& f : files_in(tokenizer_dir))
-    others.push_back({"a file of the run's tokenizer", resolved("data.tokenizer", f)});
-  if (!init_from.empty()) {
-    const fs::path input = resolved("--init-from", init_from);
-    // The run writes train_config.toml, its tokenizer and its checkpoints into the folder.
-    BOTTLE_CHECK(input != folder,
-                 "--init-from {} is checkpoint.folder ({}): the run would write its checkpoints, "
-                 "metrics and tokenizer into its own input; choose another checkpoint.folder",
-                 init_from, config.checkpoint.folder);
-    const fs::path inside = input.lexically_relative(folder);
-    BOTTLE_CHECK(inside.empty() || inside.begin()->string().rfind(kStepPrefix, 0) != 0,
-                 "--init-from {} lies inside a checkpoint of checkpoint.folder ({}), which the run "
-                 "would replace or delete as it keeps its newest checkpoints; copy it elsewhere "
-                 "or choose another checkpoint.folder",
-                 init_from, config.checkpoint.folder);
-    for (const std::string& f : files_in(input))
-      others.push_back({"a file of --init-from's model", resolved("--init-from", f)});
-  }
-  if (!tokenizer_dir.empty())
-    BOTTLE_CHECK(resolved("data.tokenizer", tokenizer_dir.string()) != folder,
-                 "{}: checkpoint.folder ({}) is the directory of the run's tokenizer, which the "
-                 "run would overwrite with its own copy; choose another checkpoint.folder",
-                 config_path, config.checkpoint.folder);
-  // TensorBoard's directory receives event files: never among the run's inputs, never inside
-  // a checkpoint.
-  if (!config.metrics.tensorboard.empty()) {
-    const fs::path events = resolved(
-        "metrics.tensorboard", in_folder(config.checkpoint.folder, config.metrics.tensorboard));
-    BOTTLE_CHECK(!inside_a_checkpoint(events),
-                 "{}: metrics.tensorboard ({}) lies inside a checkpoint of checkpoint.folder, "
-                 "which a checkpoint would overwrite or remove",
-                 config_path, events.string());
-    for (const Output& input : others)
-      if (input.key == "data" || input.key.starts_with("a file of"))
-        BOTTLE_CHECK(input.path.parent_path() != events,
-                     "{}: metrics.tensorboard ({}) is the directory of {} ({}): the run's event "
-                     "files would go among its inputs; choose another directory",
-                     config_path, events.string(), input.key, input.path.string());
-  }
-  for (size_t i = 0; i < outputs.size(); ++i) {
-    const Output& out = outputs[i];
-    // A device (/dev/full) or FIFO takes no file and may block, or never end when read back.
-    std::error_code ec;
-    BOTTLE_CHECK(!fs::exists(out.path, ec) || fs::is_regular_file(out.path, ec),
-                 "{}: {} ({}) must be a regular file (not a device, FIFO or directory)",
-                 config_path, out.key, out.path.string());
-    BOTTLE_CHECK(out.path != folder, "{}: {} names checkpoint.folder itself ({})", config_path,
-                 out.key, out.path.string());
-    BOTTLE_CHECK(!inside_a_checkpoint(out.path),
-                 "{}: {} ({}) lies inside a checkpoint of checkpoint.folder, which a checkpoint "
-                 "would overwrite or remove",
-                 config_path, out.key, out.path.string());
-    for (size_t j = 0; j < i; ++j)
-      BOTTLE_CHECK(out.path != outputs[j].path, "{}: {} and {} name the same file {}", config_path,
-                   outputs[j].key, out.key, out.path.string());
-    for (const Output& other : others)
-      BOTTLE_CHECK(out.path != other.path, "{}: {} names {} ({}), which it would overwrite",
-                   config_path, out.key, other.key, out.path.string());
-  }
-}
-
-// What every rank of a job must agree on: the resolved configuration, the options that change
-// what the run does, and the data files as this rank sees them (names and sizes). Written as
-// TOML-like lines so that a difference is named by its key; "[]" starts the keys of no section.
-std::string job_description(const TrainConfig& config, const TrainOptions& options) {
-  std::string text = to_toml(config);
-  // One line per key: a line break in a path must not start another.
-  std::string init_from = options.init_from;
-  for (size_t at; (at = init_from.find('\n')) != std::string::npos;)
-    init_from.replace(at, 1, "\\n");
-  text += fmt::format("\n[]\n--resume = {}\n--init-from = \"{}\"\n", options.resume, init_from);
-  text += "\n[data]\n";
-  std::vector<std::pair<std::string, std::string>> splits;
-  for (size_t i = 0; i < config.data.train.size(); ++i)
-    splits.emplace_back(fmt::format("train source {}'s files", i + 1), config.data.train[i]);
-  splits.emplace_back("val's files", config.data.val);
-  for (const auto& [key, pattern] : splits) {
-    std::string files;
-    try {
-      if (!pattern.empty())
-        for (const std::string& f : resolve_data_files(pattern)) {
-          std::error_code ec;
-          files += fmt::format("{}{} ({} bytes)", files.empty() ? "" : ", ", f,
-                               int64_t(fs::file_size(f, ec)));
-        }
-    } catch (const Error& e) {
-      // Named again, with its own message, when the data is opened.
-      files = fmt::format("unreadable ({})", e.what());
-    }
-    text += fmt::format("{} = {}\n", key, files.empty() ? "none" : files);
-  }
-  return text;
-}
-
-// The shards' own description names the kind and vocabulary of the tokenizer they were made
-// with: a run told another one would save with its checkpoints a tokenizer whose ids mean other
-// text (and eval, sample and transformers would read them with it).
-void check_tokenizer_matches_shards(const Tokenizer* tokenizer,
-                                    const std::vector<std::string>& files,
-                                    const TrainConfig& config, const std::string& config_path) {
-  // Each directory's description once (a mixture's sources may come from several).
-  std::set<fs::path> seen;
-  for (const std::string& file : files) {
-    if (!seen.insert(fs::path(file).parent_path()).second) continue;
-    const auto meta = split_meta_of_shard(file);
-    if (!meta || meta->second.tokenizer_kind.empty()) continue;
-    const SplitMeta& m = meta->second;
-    // No tokenizer because the model's vocabulary is too small for the shards' (byte shards
-    // with model.vocab_size below 256): the key to change is the vocabulary's.
-    BOTTLE_CHECK(
-        tokenizer || !config.data.tokenizer.empty() || config.model.vocab_size >= m.vocab_size,
-        "{}: key 'model.vocab_size' is {}, but {} says the shards of data.train hold "
-        "{} tokens of a vocabulary of {}; set model.vocab_size to at least {}",
-        config_path, config.model.vocab_size, meta->first.string(), m.tokenizer_kind, m.vocab_size,
-        m.vocab_size);
-    const bool same = tokenizer && tokenizer->kind() == m.tokenizer_kind &&
-                      tokenizer->vocab_size() == m.vocab_size;
-    BOTTLE_CHECK(same,
-                 "{}: {} is {}, but {} says the shards of data.train were made with {} ({} kind, "
-                 "vocabulary {}); set data.tokenizer to that tokenizer, or leave it unset to use "
-                 "the one `bottle prepare` saved beside the shards",
-                 config_path,
-                 config.data.tokenizer.empty()
-                     ? std::string("the run's tokenizer (data.tokenizer unset)")
-                     : "data.tokenizer = " + config.data.tokenizer,
-                 tokenizer ? tokenizer->describe() : std::string("none"), meta->first.string(),
-                 m.tokenizer, m.tokenizer_kind, m.vocab_size);
-  }
-}
-
-// Whether two tokenizers make the same ids: the same kind and vocabulary, and the same ids for
-// a text that touches letters, digits, spaces, punctuation and multi-byte characters.
-bool same_tokenizer(const Tokenizer* a, const Tokenizer* b) {
-  if (!a || !b) return a == b;
-  if (a->kind() != b->kind() || a->vocab_size() != b->vocab_size()) return false;
-  const std::string probe =
-      "Hello, world! 0123 456789\n\tThe  quick-brown fox's \u00e9t\u00e9 "
-      "\u4e2d\u6587 \U0001F600 <|endoftext|></s>";
-  std::vector<int32_t> ia, ib;
-  a->encode(probe, ia);
-  b->encode(probe, ib);
-  return ia == ib;
-}
-
-// Token ids must fit the model; the error names the data rather than a kernel. Checked in
-// the host copy of the batch, so the device is never waited for.
-void check_vocabulary(std::span<const int32_t> tokens, int64_t vocab, const std::string& data) {
-  for (const int32_t id : tokens)
-    if (id < 0 || id >= vocab)
-      fail("{}: token id {} is outside the model's vocabulary [0, {}) (model.vocab_size)", data, id,
-           vocab);
 }
 
 // Peak bytes per tag, one entry per world rank: {"weights": [r0, r1, ...], ..., "total": [...]}.
@@ -416,7 +101,7 @@ class Trainer {
   std::optional<TrainResult> start();
   // The steps from the current one to training.steps, or to a stop (`signals`, installed
   // before the setup, may already hold one).
-  TrainResult run(const StopSignals& signals);
+  TrainResult run(StopRequests& signals);
 
  private:
   void set_up_model();
@@ -425,19 +110,16 @@ class Trainer {
   std::optional<TrainResult> resume();
   void open_logs();
 
-  TrainResult run_steps(const StopSignals& signals);
+  TrainResult run_steps(StopRequests& signals);
   void save_before_failing(const std::string& what);
   std::string first_nonfinite_tensor();
   std::string newest_checkpoint() const;
-  void check_continues_the_run(const TrainerState& state, const std::string& checkpoint,
-                               const Tokenizer* saved_tokenizer) const;
-  void check_same_shards(const TrainerState& state, const TrainConfig& before,
-                         const std::string& checkpoint, const std::string& way_out) const;
+
   void read_batch();
   void log_step(const StepResult& r, double ms);
   bool eval_due() const;
   double evaluate();
-  StopRequest agree_on_stop(const StopSignals& signals);
+  StopRequest agree_on_stop(const StopRequests& signals);
   bool checkpoint_due() const;
   std::string save_checkpoint();
   void check_folder_held(const std::string& before);
@@ -750,7 +432,9 @@ std::optional<TrainResult> Trainer::resume() {
                *latest, options_.config_path, diff);
   const std::unique_ptr<Tokenizer> saved_tokenizer = checkpoint_tokenizer(*latest, saved);
   const TrainerState state = read_trainer_state(*latest);
-  check_continues_the_run(state, *latest, saved_tokenizer.get());
+  check_continues_the_run(
+      state, *latest, saved_tokenizer.get(),
+      ResumingRun{config_, options_.config_path, shards_, tokenizer_.get(), leader_});
   CheckpointStore::load(*latest, train_step_->model(), train_step_->optimizer());
   step_ = state.step;
   loader_->set_position(state.train_position);
@@ -826,149 +510,6 @@ void Trainer::open_logs() {
   if (loader_->source_count() > 1) message("data.train: " + loader_->describe());
 }
 
-// A resume continues the run the checkpoint was saved by. Its data position counts windows of
-// micro_batch_size x seq_len + 1 tokens of data.train's shards, in the order training.seed
-// shuffles them: under another shape, seed or data it would skip or repeat data without a word.
-// Another tokenizer would travel into the later checkpoints beside weights trained on other ids.
-// So these are refused, each naming the key, both values and the way forward; data.train
-// holding the same shards under another path is kept, said in one line (check_same_shards).
-void Trainer::check_continues_the_run(const TrainerState& state, const std::string& checkpoint,
-                                      const Tokenizer* saved_tokenizer) const {
-  const std::string source = (fs::path(checkpoint) / kTrainerStateFile).string();
-  TrainConfig before;
-  try {
-    before = parse_train_config_string(state.config, source + " (its key 'config')");
-  } catch (const Error& e) {
-    fail(
-        "--resume: {}: the configuration the checkpoint was trained with does not read ({}); "
-        "start a new run from its weights with --init-from {}",
-        source, e.what(), checkpoint);
-  }
-  const std::string way_out = fmt::format(
-      "set it back to continue the run, or start a new run from these weights with --init-from "
-      "{} and another checkpoint.folder",
-      checkpoint);
-  const std::string at = describe_position(state.train_position);
-  auto refuse = [&](const char* key, const std::string& was, const std::string& now,
-                    const char* why) {
-    fail("--resume: {} was trained with {} = {}, but {} says {}: {} (saved position: {}); {}",
-         checkpoint, key, was, options_.config_path, now, why, at, way_out);
-  };
-  const char* shape =
-      "the saved data position counts windows of micro_batch_size x seq_len + 1 tokens, so data "
-      "would be skipped or repeated";
-  if (before.training.micro_batch_size != tc_.micro_batch_size)
-    refuse("training.micro_batch_size", std::to_string(before.training.micro_batch_size),
-           std::to_string(tc_.micro_batch_size), shape);
-  if (before.training.seq_len != tc_.seq_len)
-    refuse("training.seq_len", std::to_string(before.training.seq_len), std::to_string(tc_.seq_len),
-           shape);
-  const int64_t seed = state.seed.value_or(before.training.seed);
-  if (seed != tc_.seed)
-    refuse("training.seed", std::to_string(seed), std::to_string(tc_.seed),
-           "the seed orders the shards and windows of every epoch, so the saved position would "
-           "point elsewhere in another order");
-  check_same_shards(state, before, checkpoint, way_out);
-  // The mixture's choices follow its weights over the whole run: others would first make up
-  // for the steps already trained.
-  if (before.data.weights != config_.data.weights) {
-    refuse("data.weights", config_value_text(before, "data.weights"),
-           config_value_text(config_, "data.weights"),
-           "each source's share of the batches is counted from the first step, so new weights "
-           "would first over-draw the sources they raise");
-  }
-  // Another accumulation or data-parallel width keeps the windows' order and the position
-  // (one stream of windows for the whole job): each step now takes another number of them.
-  const int64_t windows_before = before.training.grad_accum_steps * before.parallel.dp,
-                windows_now = tc_.grad_accum_steps * config_.parallel.dp;
-  if (windows_before != windows_now && leader_)
-    std::printf(
-        "training.grad_accum_steps x parallel.dp is now %lld x %lld (was %lld x %lld): the data "
-        "continues from the saved position (%s), %lld windows a step instead of %lld\n",
-        (long long)tc_.grad_accum_steps, (long long)config_.parallel.dp,
-        (long long)before.training.grad_accum_steps, (long long)before.parallel.dp, at.c_str(),
-        (long long)windows_now, (long long)windows_before);
-  if (!same_tokenizer(saved_tokenizer, tokenizer_.get()))
-    fail(
-        "--resume: {} holds the tokenizer {}, but the run's is {} ({}): its weights were "
-        "trained on the checkpoint's ids; set data.tokenizer to the checkpoint's tokenizer (or "
-        "back to {}), or start a new run from these weights with --init-from {}",
-        checkpoint, saved_tokenizer ? saved_tokenizer->describe() : std::string("none"),
-        tokenizer_ ? tokenizer_->describe() : std::string("none"),
-        config_.data.tokenizer.empty() ? std::string("data.tokenizer unset")
-                                       : "data.tokenizer = " + config_.data.tokenizer,
-        before.data.tokenizer.empty() ? std::string("unset")
-                                      : fmt::format("\"{}\"", before.data.tokenizer),
-        checkpoint);
-}
-
-// The saved position indexes windows of the checkpoint's shards in an order drawn from them,
-// so data.train must hold the same shards: the checkpoint's record (name relative to its
-// source, bytes, tokens) against the run's, whatever the path is spelled now. A checkpoint of
-// an older bottle has no record: its data.train is compared by spelling, and when spelt
-// otherwise by the shards' names and sizes found at the old path, as before.
-void Trainer::check_same_shards(const TrainerState& state, const TrainConfig& before,
-                                const std::string& checkpoint, const std::string& way_out) const {
-  const std::string at = describe_position(state.train_position),
-                    was_text = config_value_text(before, "data.train"),
-                    now_text = config_value_text(config_, "data.train");
-  const bool respelt = before.data.train != config_.data.train;
-  if (state.data_shards) {
-    const std::string diff = shard_difference(*state.data_shards, shards_);
-    if (!diff.empty())
-      fail(
-          "--resume: {} was trained with data.train = {}, {}: {}; the saved position is a shard "
-          "and window of each source of the checkpoint's shards in an order drawn from them, so "
-          "it would point at other data (saved position: {}); restore the shards to continue "
-          "the run, or start a new run from these weights with --init-from {} and another "
-          "checkpoint.folder",
-          checkpoint, was_text,
-          respelt
-              ? fmt::format("but {} says {}, whose shards differ", options_.config_path, now_text)
-              : std::string("whose shards differ now"),
-          diff, at, checkpoint);
-    if (respelt && leader_)
-      std::printf(
-          "data.train is now %s (was %s): the same shards by name, size and token count, so the "
-          "saved position (%s) is kept\n",
-          now_text.c_str(), was_text.c_str(), at.c_str());
-    return;
-  }
-  if (leader_)
-    std::printf(
-        "%s records no list of its shards (an older bottle saved it): data.train is compared by "
-        "its spelling only, and a shard added or rewritten under it is not noticed\n",
-        checkpoint.c_str());
-  if (!respelt) return;
-  // The shards at the old spelling, each source's files by name and size.
-  auto shards = [](const std::vector<std::string>& patterns) {
-    std::vector<std::vector<std::pair<std::string, uintmax_t>>> out;
-    try {
-      for (const std::string& pattern : patterns) {
-        out.emplace_back();
-        for (const std::string& f : resolve_data_files(pattern)) {
-          std::error_code ec;
-          out.back().emplace_back(fs::path(f).filename().string(), fs::file_size(f, ec));
-        }
-      }
-    } catch (const Error&) {
-      out.clear();
-    }
-    return out;
-  };
-  const auto was = shards(before.data.train), now = shards(config_.data.train);
-  if (was.empty() || was != now)
-    fail(
-        "--resume: {} was trained with data.train = {}, but {} says {}: the saved position is a "
-        "shard and window of each source of that data (saved position: {}); {}",
-        checkpoint, was_text, options_.config_path, now_text, at, way_out);
-  if (leader_)
-    std::printf(
-        "data.train is now %s (was %s): the same shards by name and size, so the saved "
-        "position (%s) is kept\n",
-        now_text.c_str(), was_text.c_str(), at.c_str());
-}
-
 // The checkpoint a run killed now would leave: this run's last save, else the one it resumed
 // from, else none.
 std::string Trainer::newest_checkpoint() const {
@@ -976,7 +517,7 @@ std::string Trainer::newest_checkpoint() const {
   return store_->latest() ? *store_->latest() : std::string("none");
 }
 
-TrainResult Trainer::run(const StopSignals& signals) {
+TrainResult Trainer::run(StopRequests& signals) {
   try {
     return run_steps(signals);
   } catch (const Error& e) {
@@ -1053,7 +594,7 @@ std::string Trainer::first_nonfinite_tensor() {
   return "";
 }
 
-TrainResult Trainer::run_steps(const StopSignals& signals) {
+TrainResult Trainer::run_steps(StopRequests& signals) {
   TrainResult result;
   // A signal during the setup: every rank learns of it before any step.
   if (const StopRequest early = agree_on_stop(signals); early.signal != 0) {
@@ -1071,7 +612,7 @@ TrainResult Trainer::run_steps(const StopSignals& signals) {
   while (step_ < tc_.steps) {
     const auto t0 = std::chrono::steady_clock::now();
     if (leader_)
-      set_signal_notice(fmt::format(
+      signals.set_notice(fmt::format(
           "finishing step {}{}, then saving a checkpoint and exiting; the newest saved "
           "checkpoint, until \"stopped by signal\" is printed, is {}\n",
           step_ + 1,
@@ -1084,15 +625,15 @@ TrainResult Trainer::run_steps(const StopSignals& signals) {
     const StepResult r = train_step_->step(step_);
     if (r.skipped) {
       message(fmt::format("step {}: loss {}, grad norm {}: not finite; step skipped", step_ + 1,
-                          r.loss, r.grad_norm));
+                          message_number(r.loss), message_number(r.grad_norm)));
       // Skipping for ever trains nothing: a run that diverged stops, naming the step.
       if (++skipped_in_a_row > tc_.max_skipped_steps)
         fail(
             "{}: step {}: {} non-finite steps in a row (now loss {}, grad norm {}), more than "
             "training.max_skipped_steps = {}; the run diverged: lower optimizer.lr or resume "
             "from an earlier checkpoint",
-            options_.config_path, step_ + 1, skipped_in_a_row, r.loss, r.grad_norm,
-            tc_.max_skipped_steps);
+            options_.config_path, step_ + 1, skipped_in_a_row, message_number(r.loss),
+            message_number(r.grad_norm), tc_.max_skipped_steps);
     } else {
       skipped_in_a_row = 0;
     }
@@ -1185,7 +726,7 @@ double Trainer::evaluate() {
 
 // A signal may reach the ranks at different steps: they agree before acting on it. A failed
 // metrics write (rank 0 only) stops every rank too, after a checkpoint.
-StopRequest Trainer::agree_on_stop(const StopSignals& signals) {
+StopRequest Trainer::agree_on_stop(const StopRequests& signals) {
   int32_t flags[2] = {signals.requested(), metrics_ && !metrics_->write_error().empty()};
   if (world_.size() > 1)
     world_.all_reduce(host_tensor(std::span(flags)), ReduceOp::max, "train.stop");
@@ -1260,7 +801,7 @@ void Trainer::finish(TrainResult& result) {
 }  // namespace
 
 TrainResult train(const TrainConfig& config, const TrainOptions& options) {
-  StopSignals signals;
+  StopRequests signals;
   Trainer trainer(config, options);
   if (std::optional<TrainResult> done = trainer.start()) return *done;
   return trainer.run(signals);

@@ -10,6 +10,7 @@
 #include <random>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <vector>
 
 #include "core/token_shard.h"
@@ -28,7 +29,18 @@ class TempDir {
     fs::remove_all(path_);
     fs::create_directories(path_);
   }
-  ~TempDir() { fs::remove_all(path_); }
+  // A destructor must not throw: a process a test started in the background may still be
+  // writing here (a removal then finds a directory refilled), so it retries for a while and
+  // leaves what it cannot remove.
+  ~TempDir() {
+    std::error_code ec;
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      fs::remove_all(path_, ec);
+      if (!ec) return;
+      ::usleep(100'000);
+    }
+    std::fprintf(stderr, "TempDir: could not remove %s: %s\n", path_.c_str(), ec.message().c_str());
+  }
   std::string str() const { return path_.string(); }
   std::string operator/(const std::string& name) const { return (path_ / name).string(); }
 

@@ -898,6 +898,11 @@ TEST_F(HostileTrain, WritersOutsideTheFolderAreLocked) {
   const CommandResult second =
       run_case("{bottle} prepare --input {dir}/text.txt --output {dir}/out --val-fraction 0");
   ::kill(sleeper, SIGTERM);
+  // The first prepare then reads an empty input and ends; the folder is removed only after.
+  const auto ended = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!std::filesystem::exists(dir / "p.status") && std::chrono::steady_clock::now() < ended)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(std::filesystem::exists(dir / "p.status"));
   EXPECT_EQ(second.status, 1) << second.output;
   EXPECT_NE(second.output.find(dir / "out: --output is in use by another bottle prepare (held by "
                                      "host "),
