@@ -23,7 +23,6 @@ constexpr std::array<const char*, 3> kCommNames = {"auto", "mpi", "nccl"};
 // AttentionChoice's order (core/backend_options.h).
 constexpr std::array<const char*, 3> kAttentionNames = {"auto", "cudnn", "own"};
 constexpr std::array<const char*, 2> kOnNonfiniteNames = {"stop", "skip"};
-constexpr std::array<const char*, 3> kLrDecayNames = {"cosine", "linear", "constant"};
 constexpr std::array<const char*, 2> kScheduleNames = {"1f1b", "gpipe"};
 
 }  // namespace

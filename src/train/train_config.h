@@ -16,6 +16,7 @@
 #include "parallel/tp_layout.h"
 #include "pipeline/schedule.h"  // PipelineSchedule; TOML: "1f1b", "gpipe"
 #include "train/adamw.h"
+#include "train/lr_schedule.h"  // LrDecay
 
 namespace bottle {
 
@@ -27,7 +28,6 @@ enum class BackendKind { cpu, reference, cuda };
 // may share one GPU.
 enum class CommKind { automatic, mpi, nccl };
 enum class OnNonfinite { stop, skip };
-enum class LrDecay { cosine, linear, constant };
 
 // The TOML spelling of each value.
 const char* enum_name(Recompute value);

@@ -57,7 +57,7 @@ float clip_factor(double grad_norm, double max_norm) {
 
 LrSchedule lr_schedule_of(const TrainConfig& config) {
   return LrSchedule{float(config.optimizer.lr), config.lr_scheduler.warmup_steps,
-                    config.training.steps, enum_name(config.lr_scheduler.decay),
+                    config.training.steps, config.lr_scheduler.decay,
                     float(config.lr_scheduler.min_lr_ratio)};
 }
 
