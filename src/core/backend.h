@@ -142,60 +142,6 @@ class Backend {
   // `bytes` of zeroed memory aligned to kAllocationAlignment; fails naming `what` and the size.
   virtual void* allocate(size_t bytes, const char* what) = 0;
   virtual void deallocate(void* p, size_t bytes) = 0;
-  // Host staging: dst/src are host memory of src.nbytes() / dst.nbytes() bytes.
-  void to_host(void* dst, Tensor src);
-  void from_host(Tensor dst, const void* src);
-  // dst = src, element for element (same element count, shapes may differ; the two must not
-  // overlap). Between f32 and bf16 it converts, rounding to nearest even, and between f32 and
-  // f64 (device scalars) exactly or rounding to nearest.
-  void copy(Tensor dst, Tensor src);
-  // dst[:, dst_col : dst_col + cols] = src[:, src_col : src_col + cols] for every row:
-  // a strided slice out of, or into, a row-major matrix (dst.rows() == src.rows()).
-  void copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col, int64_t cols);
-  // The index of the first id outside [lo, hi) in an i32 tensor, or -1.
-  int64_t first_outside(Tensor ids, int64_t lo, int64_t hi);
-
-  void gemm(const GemmArgs& args);
-
-  // out[n,:] = table[tokens[n],:]; tokens i32 [N], table [V,C], out [N,C].
-  void embedding_forward(Tensor out, Tensor tokens, Tensor table);
-  // dtable[tokens[n],:] += dout[n,:].
-  void embedding_backward(Tensor dtable, Tensor tokens, Tensor dout);
-
-  // out = x * rstd * weight, rstd[n] = 1/sqrt(mean(x[n,:]^2) + eps); x,out [N,C], rstd [N].
-  void rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps);
-  // dx += ∂/∂x (the residual stream's gradient has another producer); dweight +=.
-  void rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                        Tensor rstd);
-  // The residual add and the next RMSNorm in one pass: sum = x + residual, then out =
-  // RMSNorm(sum) · weight and rstd as rmsnorm_forward gives them, computed from the fp32 sum
-  // before it is rounded to sum's dtype (in bf16 the fused op rounds once where add then
-  // rmsnorm_forward round twice). sum must not alias x or residual.
-  void residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x, Tensor residual,
-                                Tensor weight, float eps);
-
-  // out = (x - mean) * rstd * weight + bias over the last dim; mean, rstd [N].
-  void layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight, Tensor bias,
-                         float eps);
-  // dx written; dweight, dbias +=.
-  void layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
-                          Tensor weight, Tensor mean, Tensor rstd);
-
-  // In-place rotary embedding (HF rotate-half) of q [B,S,H,hd] and k [B,S,Hkv,hd] together
-  // (one pass, one launch); position = index in S. Backward rotates their gradients back in
-  // place (the rotation is orthogonal). Overwrites, it does not add: RoPE is applied to
-  // buffers the caller owns.
-  void rope_forward(Tensor q, Tensor k, float theta);
-  void rope_backward(Tensor dq, Tensor dk, float theta);
-
-  // Causal attention with GQA. q [B,S,H,hd], k,v [B,S,Hkv,hd], out [B,S,H,hd];
-  // lse [B,H,S] = log Σ_j exp(score_ij), the softmax statistic kept for backward, which
-  // recomputes the probabilities from it (no [S,S] matrix is stored).
-  // score_ij = q_i·k_j / sqrt(hd) for j <= i. Query head h reads kv head h / (H / Hkv).
-  void attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v);
-  // dq, dk, dv written (before RoPE's backward, which the caller runs on dq and dk).
-  void attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                          Tensor q, Tensor k, Tensor v);
   // Which attention kernels run for q [batch, seq, heads, head_dim], k, v with kv_heads heads,
   // in `dtype`, and why: the line a run prints first ("cuDNN 9.19.0 SDPA (...)", "own kernels
   // (cuDNN not loadable: ...)"). A device backend prepares them here, so that slow one-time
@@ -212,173 +158,17 @@ class Backend {
     return 0;
   }
 
-  // out = silu(x) = x * sigmoid(x).
-  void silu_forward(Tensor out, Tensor x);
-  // dx = dout · silu'(x) (written).
-  void silu_backward(Tensor dx, Tensor dout, Tensor x);
-
-  // out = act(gate) * up, act = silu when gate_act, identity otherwise.
-  void swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act);
-  // dgate = dout · up · act'(gate), dup = dout · act(gate) (both written).
-  void swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                       bool gate_act);
-
-  // out = a + b (out may alias a or b).
-  void add(Tensor out, Tensor a, Tensor b);
-  // dst += src.
-  void accumulate(Tensor dst, Tensor src);
-  void fill_zero(Tensor x);
-  void scale(Tensor x, float factor);
-  // Scalar reductions, accumulated in double in a fixed order (the same bits whatever the
-  // thread count: losses, gradient norms and non-finite checks decide clipping and skips).
-  double sum_squares(Tensor x);
-  double sum(Tensor x);
-  // --- Device scalars: a step's loss, gradient norm and clip factor are computed where the
-  // gradients live, as f64 [k] tensors (one element each), so that the host reads them once,
-  // when the step ends, instead of waiting for the device at every reduction.
-  // out[s] = Σ over the ranges with slot s, in their order, of sum_squares(x[range]); out f64,
-  // x one flat f32/bf16 buffer. Slots without a range become 0.
-  void sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges);
-  // acc[0] += the mean of x, rounded to fp32 first (a micro-batch's loss as bottle has always
-  // reported it); acc f64 [1].
-  void accumulate_mean(Tensor acc, Tensor x);
-  // In double, on one-element f64 tensors: out = a + b, out = a / divisor, out = sqrt(a).
-  void scalar_add(Tensor out, Tensor a, Tensor b);
-  void scalar_divide(Tensor out, Tensor a, double divisor);
-  void scalar_sqrt(Tensor out, Tensor a);
-  // control (f32 [kStepControlSize]) from the step's loss and gradient norm (f64 [1] each):
-  // apply = 1 when both are finite, else 0; scale = max_norm / (norm + 1e-6) when max_norm > 0
-  // and norm > max_norm, else 1 (train_step.h's clip_factor, on the device).
-  void clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm);
-
-  // out = a ⊙ b and out = a / b, elementwise (out may alias a or b).
-  void multiply(Tensor out, Tensor a, Tensor b);
-  void divide(Tensor out, Tensor a, Tensor b);
-  // out[n] = sqrt(sumsq[n] / count + eps), or 1 / sqrt(...) when `reciprocal`: a row's RMS
-  // (or RMSNorm's rstd) from its sum of squares.
-  void rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps, bool reciprocal);
-
-  // losses[n] = logsumexp(logits[n,:]) - logits[n, targets[n]]; probs [N,V] = softmax(logits).
-  void cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits, Tensor targets);
-  // dlogits = scale * (probs - onehot(targets)) (written).
-  void cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets, float scale);
-
-  // --- Tensor-parallel kernels: a rank holds a slice of the vocabulary or of the hidden dim.
-  // The table holds rows [first, first + table.rows()) of the whole vocabulary: tokens outside
-  // it give zero rows (forward) and are skipped (backward). Tokens must be >= 0.
-  void embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first);
-  void embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout, int64_t first);
-  // max[n] = max_j logits[n,j]; sumexp[n] = Σ_j exp(logits[n,j] - max[n]).
-  void logits_row_stats(Tensor max, Tensor sumexp, Tensor logits);
-  // The logits hold vocabulary columns [first, first + cols) and max, sumexp are the
-  // whole-vocabulary statistics: dlogits[n,j] = scale * (exp(logits[n,j] - max[n]) /
-  // sumexp[n] - [first + j == targets[n]]) (written).
-  void cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
-                                    Tensor targets, int64_t first, float scale);
-  // Online RMSNorm on a slice of C of each row's columns: sumsq[n] = Σ_j x[n,j]^2 and
-  // out = x * weight / sqrt(sumsq / C + eps), normalised by the slice's own statistic.
-  void rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight, float eps);
-  // RMSNorm backward on a slice of the d columns, given the whole-row rstd [N] and
-  // dot[n] = Σ over all d columns of weight * dout * x:
-  // dx += rstd * weight * dout - x * rstd^3 * dot / d;  dweight += Σ_n dout * x * rstd.
-  void rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                              Tensor rstd, Tensor dot, int64_t d);
-  // Vocabulary-parallel cross-entropy, per row n, on a rank holding logit columns
-  // [first, first + cols): after the max's all-reduce, this rank's share of the whole-row
-  // statistics, sumexp[n] = local_sumexp[n] · exp(local_max[n] - max[n]) and target_logit[n]
-  // = logits[n, targets[n] - first] where this rank holds it, else 0 (sumexp may alias
-  // local_max). After their all-reduce: losses[n] = log(sumexp[n]) + max[n] - target_logit[n].
-  void cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
-                                    Tensor local_max, Tensor max, Tensor logits, Tensor targets,
-                                    int64_t first);
-  void cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit, Tensor max);
-  // out[n,:] = x[n,:] * factor[n] (out may alias x).
-  void scale_rows(Tensor out, Tensor x, Tensor factor);
-  // out[n] = Σ_j a[n,j] * b[n,j].
-  void row_dot(Tensor out, Tensor a, Tensor b);
-
-  // Decoupled-weight-decay Adam on one contiguous fp32 buffer in one pass; m, v are the
-  // moments. compute, when not empty, receives the updated values in its own dtype (the bf16
-  // copy the GEMMs read) in the same pass. control, when not empty, is a step's control tensor
-  // (clip_and_check): the gradient is scaled by control[kControlScale] and nothing is written
-  // when control[kControlApply] is 0; when empty, args.grad_scale scales and the update
-  // always applies.
-  void adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v, Tensor control,
-                    const AdamWArgs& args);
+  // --- The ops (core/backend_ops.def, one entry each, with its contract). Each checks its
+  // operands once for every backend (backend.cpp) and then calls its implementation, do_<op>.
+#define BOTTLE_BACKEND_OP(ret, op, params, call, traffic) ret op params;
+#include "core/backend_ops.def"
 
  protected:
   // The implementations, called once the public op has checked its operands (backend.cpp):
   // shapes, dtypes, that every tensor lives where this backend computes. An implementation
   // checks only what is its own (a dtype it lacks, a limit of its kernels).
-  virtual void do_to_host(void* dst, Tensor src) = 0;
-  virtual void do_from_host(Tensor dst, const void* src) = 0;
-  virtual void do_copy(Tensor dst, Tensor src) = 0;
-  virtual void do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
-                               int64_t cols) = 0;
-  virtual int64_t do_first_outside(Tensor ids, int64_t lo, int64_t hi) = 0;
-  virtual void do_gemm(const GemmArgs& args) = 0;
-  virtual void do_embedding_forward(Tensor out, Tensor tokens, Tensor table) = 0;
-  virtual void do_embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) = 0;
-  virtual void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) = 0;
-  virtual void do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x,
-                                           Tensor residual, Tensor weight, float eps) = 0;
-  virtual void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                                   Tensor rstd) = 0;
-  virtual void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
-                                    Tensor bias, float eps) = 0;
-  virtual void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
-                                     Tensor weight, Tensor mean, Tensor rstd) = 0;
-  virtual void do_rope_forward(Tensor q, Tensor k, float theta) = 0;
-  virtual void do_rope_backward(Tensor dq, Tensor dk, float theta) = 0;
-  virtual void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) = 0;
-  virtual void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out,
-                                     Tensor lse, Tensor q, Tensor k, Tensor v) = 0;
-  virtual void do_silu_forward(Tensor out, Tensor x) = 0;
-  virtual void do_silu_backward(Tensor dx, Tensor dout, Tensor x) = 0;
-  virtual void do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) = 0;
-  virtual void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                                  bool gate_act) = 0;
-  virtual void do_add(Tensor out, Tensor a, Tensor b) = 0;
-  virtual void do_accumulate(Tensor dst, Tensor src) = 0;
-  virtual void do_fill_zero(Tensor x) = 0;
-  virtual void do_scale(Tensor x, float factor) = 0;
-  virtual double do_sum_squares(Tensor x) = 0;
-  virtual double do_sum(Tensor x) = 0;
-  virtual void do_sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) = 0;
-  virtual void do_accumulate_mean(Tensor acc, Tensor x) = 0;
-  virtual void do_scalar_add(Tensor out, Tensor a, Tensor b) = 0;
-  virtual void do_scalar_divide(Tensor out, Tensor a, double divisor) = 0;
-  virtual void do_scalar_sqrt(Tensor out, Tensor a) = 0;
-  virtual void do_clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) = 0;
-  virtual void do_multiply(Tensor out, Tensor a, Tensor b) = 0;
-  virtual void do_divide(Tensor out, Tensor a, Tensor b) = 0;
-  virtual void do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
-                                       bool reciprocal) = 0;
-  virtual void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
-                                        Tensor targets) = 0;
-  virtual void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
-                                         float scale) = 0;
-  virtual void do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor table,
-                                          int64_t first) = 0;
-  virtual void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
-                                           int64_t first) = 0;
-  virtual void do_logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) = 0;
-  virtual void do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max,
-                                               Tensor sumexp, Tensor targets, int64_t first,
-                                               float scale) = 0;
-  virtual void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
-                                        float eps) = 0;
-  virtual void do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x,
-                                         Tensor weight, Tensor rstd, Tensor dot, int64_t d) = 0;
-  virtual void do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit,
-                                               Tensor local_sumexp, Tensor local_max, Tensor max,
-                                               Tensor logits, Tensor targets, int64_t first) = 0;
-  virtual void do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
-                                             Tensor max) = 0;
-  virtual void do_scale_rows(Tensor out, Tensor x, Tensor factor) = 0;
-  virtual void do_row_dot(Tensor out, Tensor a, Tensor b) = 0;
-  virtual void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
-                               Tensor control, const AdamWArgs& args) = 0;
+#define BOTTLE_BACKEND_OP(ret, op, params, call, traffic) virtual ret do_##op params = 0;
+#include "core/backend_ops.def"
 
  private:
   std::vector<std::chrono::steady_clock::time_point> host_marks_;  // timing_mark's, host backends

@@ -36,7 +36,7 @@ void OpCounts::add(const OpCounts& other) {
   }
 }
 
-void CountingBackend::around(const char* op, std::initializer_list<Tensor> traffic, double flops,
+void CountingBackend::around(const char* op, std::span<const Tensor> traffic, double flops,
                              const std::function<void()>&) {
   // The ops a device backend answers on the host wait for the device first.
   const std::string_view name = op;

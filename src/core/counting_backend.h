@@ -98,7 +98,7 @@ class CountingBackend final : public ForwardingBackend {
   void do_gemm(const GemmArgs& args) override;
 
  protected:
-  void around(const char* op, std::initializer_list<Tensor> traffic, double flops,
+  void around(const char* op, std::span<const Tensor> traffic, double flops,
               const std::function<void()>& run) override;
 
  private:

@@ -2,22 +2,62 @@
 // A backend that hands every op to another backend (`inner`) through one hook, around(), so
 // that a wrapper overrides the hook and only the ops it changes: the profiler times the hook,
 // the counting backend of `bottle plan` counts it and runs nothing, the widening backend
-// overrides the ops that take bf16. Adding an op to Backend adds one forwarder here, with the
-// tensors it moves (its traffic) and, for attention, its FLOPs, written once for every wrapper.
+// overrides the ops that take bf16. The forwarders come from the list of ops
+// (core/backend_ops.def), whose entries give the tensors each op moves (its traffic) and, for
+// attention, its FLOPs, written once for every wrapper.
 //
 // Traffic: every tensor the op reads, and once more every tensor it also writes after reading
 // it (a backward kernel that adds into its gradient). Where an op touches part of a tensor,
 // the part: an embedding reads one table row per token (the output's size), a column copy its
 // columns, sum_squares_ranges its ranges.
+#include <algorithm>
+#include <array>
 #include <functional>
 #include <initializer_list>
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include "core/backend.h"
 
 namespace bottle {
+
+// What one op moves (above), as an entry of core/backend_ops.def writes it: moves(tensors...),
+// with .flops(f) where the op is not memory-bound (attention; GEMMs pass none, their wrappers
+// see GemmArgs) and .counted_as(name) where wrappers count it under a name of its own.
+class Traffic {
+ public:
+  static constexpr size_t kMaxTensors = 10;
+  Traffic(std::initializer_list<Tensor> tensors) : count_(tensors.size()) {
+    BOTTLE_ASSERT(count_ <= kMaxTensors, "an op moving {} tensors (at most {})", count_,
+                  kMaxTensors);
+    std::copy(tensors.begin(), tensors.end(), tensors_.begin());
+  }
+  Traffic flops(double f) const {
+    Traffic t = *this;
+    t.cost = f;
+    return t;
+  }
+  Traffic counted_as(const char* name) const {
+    Traffic t = *this;
+    t.kernel = name;
+    return t;
+  }
+  std::span<const Tensor> tensors() const { return {tensors_.data(), count_}; }
+
+  double cost = 0.0;             // FLOPs
+  const char* kernel = nullptr;  // null: the op's name
+
+ private:
+  std::array<Tensor, kMaxTensors> tensors_{};
+  size_t count_;
+};
+
+template <typename... Tensors>
+Traffic moves(const Tensors&... tensors) {
+  return Traffic(std::initializer_list<Tensor>{Tensor(tensors)...});
+}
 
 class ForwardingBackend : public Backend {
  public:
@@ -55,86 +95,40 @@ class ForwardingBackend : public Backend {
     return inner().attention_workspace_bytes(batch, seq, heads, kv_heads, head_dim, dtype);
   }
 
-  // The ops, each through around().
-  void do_copy_columns(Tensor dst, int64_t dst_col, Tensor src, int64_t src_col,
-                       int64_t cols) override;
-  void do_gemm(const GemmArgs& args) override;
-  void do_to_host(void* dst, Tensor src) override;
-  void do_from_host(Tensor dst, const void* src) override;
-  void do_copy(Tensor dst, Tensor src) override;
-  int64_t do_first_outside(Tensor ids, int64_t lo, int64_t hi) override;
-  void do_embedding_forward(Tensor out, Tensor tokens, Tensor table) override;
-  void do_embedding_backward(Tensor dtable, Tensor tokens, Tensor dout) override;
-  void do_rmsnorm_forward(Tensor out, Tensor rstd, Tensor x, Tensor weight, float eps) override;
-  void do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd, Tensor x, Tensor residual,
-                                   Tensor weight, float eps) override;
-  void do_rmsnorm_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                           Tensor rstd) override;
-  void do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
-                            Tensor bias, float eps) override;
-  void do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, Tensor dout, Tensor x,
-                             Tensor weight, Tensor mean, Tensor rstd) override;
-  void do_rope_forward(Tensor q, Tensor k, float theta) override;
-  void do_rope_backward(Tensor dq, Tensor dk, float theta) override;
-  void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override;
-  void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
-                             Tensor q, Tensor k, Tensor v) override;
-  void do_silu_forward(Tensor out, Tensor x) override;
-  void do_silu_backward(Tensor dx, Tensor dout, Tensor x) override;
-  void do_swiglu_forward(Tensor out, Tensor gate, Tensor up, bool gate_act) override;
-  void do_swiglu_backward(Tensor dgate, Tensor dup, Tensor dout, Tensor gate, Tensor up,
-                          bool gate_act) override;
-  void do_add(Tensor out, Tensor a, Tensor b) override;
-  void do_accumulate(Tensor dst, Tensor src) override;
-  void do_fill_zero(Tensor x) override;
-  void do_scale(Tensor x, float factor) override;
-  double do_sum_squares(Tensor x) override;
-  double do_sum(Tensor x) override;
-  void do_sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
-  void do_accumulate_mean(Tensor acc, Tensor x) override;
-  void do_scalar_add(Tensor out, Tensor a, Tensor b) override;
-  void do_scalar_divide(Tensor out, Tensor a, double divisor) override;
-  void do_scalar_sqrt(Tensor out, Tensor a) override;
-  void do_clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override;
-  void do_multiply(Tensor out, Tensor a, Tensor b) override;
-  void do_divide(Tensor out, Tensor a, Tensor b) override;
-  void do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
-                               bool reciprocal) override;
-  void do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
-                                Tensor targets) override;
-  void do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
-                                 float scale) override;
-  void do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor table, int64_t first) override;
-  void do_embedding_shard_backward(Tensor dtable, Tensor tokens, Tensor dout,
-                                   int64_t first) override;
-  void do_logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) override;
-  void do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, Tensor max, Tensor sumexp,
-                                       Tensor targets, int64_t first, float scale) override;
-  void do_rmsnorm_shard_forward(Tensor out, Tensor sumsq, Tensor x, Tensor weight,
-                                float eps) override;
-  void do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dout, Tensor x, Tensor weight,
-                                 Tensor rstd, Tensor dot, int64_t d) override;
-  void do_cross_entropy_shard_partials(Tensor sumexp, Tensor target_logit, Tensor local_sumexp,
-                                       Tensor local_max, Tensor max, Tensor logits, Tensor targets,
-                                       int64_t first) override;
-  void do_cross_entropy_shard_losses(Tensor losses, Tensor sumexp, Tensor target_logit,
-                                     Tensor max) override;
-  void do_scale_rows(Tensor out, Tensor x, Tensor factor) override;
-  void do_row_dot(Tensor out, Tensor a, Tensor b) override;
-  void do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, Tensor v,
-                       Tensor control, const AdamWArgs& args) override;
+  // The ops, each through around() with the traffic its entry of core/backend_ops.def gives.
+#define BOTTLE_BACKEND_OP(ret, op, params, call, traffic) ret do_##op params override;
+#include "core/backend_ops.def"
 
  protected:
   // Runs one op: `run` calls the inner backend's. `op` names it (GEMMs: "gemm"), `traffic`
   // lists the tensors it moves (above) and `flops` its arithmetic where it is not memory-bound
   // (attention; GEMMs pass 0, their wrappers see GemmArgs).
-  virtual void around(const char* op, std::initializer_list<Tensor> traffic, double flops,
+  virtual void around(const char* op, std::span<const Tensor> traffic, double flops,
                       const std::function<void()>& run) {
     (void)op, (void)traffic, (void)flops;
     run();
   }
 
  private:
+  // An op's forwarder (generated from its entry): around() with the op's traffic, returning
+  // what the inner backend's op returned, or not_run<R>() where around() did not run it.
+  template <typename R, typename Run>
+  R forward(const char* op, const Traffic& traffic, Run&& run) {
+    const char* kernel = traffic.kernel ? traffic.kernel : op;
+    if constexpr (std::is_void_v<R>) {
+      around(kernel, traffic.tensors(), traffic.cost, run);
+    } else {
+      R result = not_run<R>();
+      around(kernel, traffic.tensors(), traffic.cost, [&] { result = run(); });
+      return result;
+    }
+  }
+  // What an op returns where nothing ran it (the counting backend): what a run would return
+  // without data, no id outside the range (first_outside, the only op returning an index) and
+  // a sum of zero (the reductions). A new return type must say its own.
+  template <typename R>
+  static R not_run();
+
   std::unique_ptr<Backend> inner_;
 };
 

@@ -10,18 +10,15 @@ class HostBackend : public Backend {
   Device device() const override { return Device::cpu; }
   void* allocate(size_t bytes, const char* what) override;
   void deallocate(void* p, size_t bytes) override;
-  void do_to_host(void* dst, Tensor src) override;
-  void do_from_host(Tensor dst, const void* src) override;
-
-  // Device scalars, the same for every host backend: each range's sum of squares is the
-  // backend's own sum_squares and the mean its own sum, so the values are exactly those the
-  // host used to read back one by one.
-  void do_sum_squares_ranges(Tensor out, Tensor x, std::span<const SumRange> ranges) override;
-  void do_accumulate_mean(Tensor acc, Tensor x) override;
-  void do_scalar_add(Tensor out, Tensor a, Tensor b) override;
-  void do_scalar_divide(Tensor out, Tensor a, double divisor) override;
-  void do_scalar_sqrt(Tensor out, Tensor a) override;
-  void do_clip_and_check(Tensor control, Tensor loss, Tensor norm, double max_norm) override;
+  // Staging, a plain copy, and the device scalars, the same for every host backend: each
+  // range's sum of squares is the backend's own sum_squares and the mean its own sum, so the
+  // values are exactly those the host used to read back one by one. The rest (the kernels) is
+  // each host backend's own.
+#define BOTTLE_BACKEND_OP(...)
+#define BOTTLE_STAGING_OP(ret, op, params, call, traffic) ret do_##op params override;
+#define BOTTLE_SCALAR_OP BOTTLE_STAGING_OP
+#define BOTTLE_INTO_SCALAR_OP BOTTLE_STAGING_OP
+#include "core/backend_ops.def"
 
  protected:
   // copy's conversions between f32 and f64 (device scalars): true when it did one.

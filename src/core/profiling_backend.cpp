@@ -15,7 +15,7 @@ void ProfilingBackend::timed(const std::string& kernel, const std::function<void
   pending_.push_back({&time, from, inner().timing_mark(), flops});
 }
 
-void ProfilingBackend::around(const char* op, std::initializer_list<Tensor>, double,
+void ProfilingBackend::around(const char* op, std::span<const Tensor>, double,
                               const std::function<void()>& run) {
   // Only GEMMs count FLOPs in a profile (the GFLOP/s column).
   timed(op, run, 0.0);

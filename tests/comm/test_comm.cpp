@@ -609,8 +609,7 @@ class FakeDevice final : public ForwardingBackend {
 
  protected:
   // Every other op reaches here: the fake device has no kernels.
-  void around(const char*, std::initializer_list<Tensor>, double,
-              const std::function<void()>&) override {
+  void around(const char*, std::span<const Tensor>, double, const std::function<void()>&) override {
     no_kernel();
   }
   [[noreturn]] static void no_kernel() { fail("the fake device has no kernels"); }
