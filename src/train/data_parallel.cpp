@@ -100,21 +100,16 @@ void DataParallel::gather_parameters(Backend& be) {
   const bool mixed = params_.mixed_precision();
   const Tensor whole = mixed ? params_.compute_values() : params_.values();  // [padded]
   const Tensor shard = mixed ? scratch_compute_ : scratch_;                  // [shard]
-  if (!options_.overlap_param_gather) {
-    shard_.take(be, shard, whole);
-    shard_.gather(be, dp_, whole, shard, "dp.params.all_gather");
-    return;
-  }
   shard_.take(be, shard, whole);
-  for (auto p = shard_.pieces.rbegin(); p != shard_.pieces.rend(); ++p)
-    gathers_.emplace_back(
-        p->bucket, dp_->start_all_gather(whole.view(p->bucket, {p->bucket_count}),
-                                         shard.view(p->local, {p->count}), "dp.params.all_gather"));
+  if (options_.overlap_param_gather)
+    gathers_ = shard_.start_gather(dp_, whole, shard, "dp.params.all_gather");
+  else
+    shard_.gather(be, dp_, whole, shard, "dp.params.all_gather");
 }
 
 void DataParallel::params_needed(int64_t end) {
   size_t done = 0;
-  while (done < gathers_.size() && gathers_[done].first < end) gathers_[done++].second.wait();
+  while (done < gathers_.size() && gathers_[done].bucket < end) gathers_[done++].call.wait();
   gathers_.erase(gathers_.begin(), gathers_.begin() + std::ptrdiff_t(done));
 }
 

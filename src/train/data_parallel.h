@@ -91,8 +91,8 @@ class DataParallel {
   const ParameterStore& params_;
   Options options_;
   ShardLayout shard_;
-  // Started parameter gathers, first bucket first, each with its bucket's flat start.
-  std::vector<std::pair<int64_t, PendingCall>> gathers_;
+  // Started parameter gathers, first bucket first (overlap_param_gather).
+  std::vector<ShardLayout::StartedGather> gathers_;
   std::vector<Bucket> buckets_;  // last first: the order backward finishes them
   Arena scratch_arena_;          // comm, on the parameters' backend
   Tensor scratch_;               // [shard] ZeRO: the reduce-scatters' output / all-gathers' input

@@ -45,20 +45,26 @@ void ShardLayout::take(Backend& be, Tensor shard, Tensor whole) const {
     be.copy(shard.view(p.local, {p.count}), whole.view(p.begin, {p.count}));
 }
 
+std::vector<ShardLayout::StartedGather> ShardLayout::start_gather(Communicator* group, Tensor whole,
+                                                                  Tensor shard,
+                                                                  std::string_view site) const {
+  BOTTLE_ASSERT(group && group->size() * count == total,
+                "ShardLayout: a shard of {} elements does not tile {} over the group", count,
+                total);
+  std::vector<StartedGather> calls;
+  for (auto p = pieces.rbegin(); p != pieces.rend(); ++p)
+    calls.push_back({p->bucket, group->start_all_gather(whole.view(p->bucket, {p->bucket_count}),
+                                                        shard.view(p->local, {p->count}), site)});
+  return calls;
+}
+
 void ShardLayout::gather(Backend& be, Communicator* group, Tensor whole, Tensor shard,
                          std::string_view site) const {
   if (owns_all()) {
     be.copy(whole, shard);
     return;
   }
-  BOTTLE_ASSERT(group && group->size() * count == total,
-                "ShardLayout: a shard of {} elements does not tile {} over the group", count,
-                total);
-  std::vector<PendingCall> calls;
-  for (const ShardPiece& p : pieces)
-    calls.push_back(group->start_all_gather(whole.view(p.bucket, {p.bucket_count}),
-                                            shard.view(p.local, {p.count}), site));
-  for (PendingCall& call : calls) call.wait();
+  for (StartedGather& g : start_gather(group, whole, shard, site)) g.call.wait();
 }
 
 }  // namespace bottle

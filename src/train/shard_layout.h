@@ -36,9 +36,17 @@ struct ShardLayout {
   std::vector<ElementRange> ranges() const;
   // shard [count] ← this rank's slices of whole [total].
   void take(Backend& be, Tensor shard, Tensor whole) const;
+  // A bucket's all-gather, started: `bucket` is where the bucket starts in the flat buffer.
+  struct StartedGather {
+    int64_t bucket = 0;
+    PendingCall call;
+  };
   // whole [total] ← every rank's shard [count] over `group` (every rank calls): one all-gather
-  // per bucket, all started before the first is waited for, so that they follow one another
-  // on the link. A copy when owns_all().
+  // per bucket, started first bucket first (the order a forward reads them in) and returned
+  // unwaited. The shard and the buckets of whole must stay untouched until each is waited for.
+  std::vector<StartedGather> start_gather(Communicator* group, Tensor whole, Tensor shard,
+                                          std::string_view site) const;
+  // The same, waited for: the calls follow one another on the link. A copy when owns_all().
   void gather(Backend& be, Communicator* group, Tensor whole, Tensor shard,
               std::string_view site) const;
 };
