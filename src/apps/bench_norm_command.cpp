@@ -14,6 +14,7 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/communicator.h"
+#include "core/backend_options.h"
 #include "parallel/online_rmsnorm_check.h"
 
 namespace bottle {
@@ -35,7 +36,7 @@ Command add_bench_norm_command(CLI::App& app) {
   app.add_option("--seed", o->seed, "seed of the inputs, γ, A and the output gradient")
       ->check(integer_in(0, UINT32_MAX));
   app.add_option("--backend", o->backend, "cpu, or reference (GEMMs summed in double)")
-      ->check(CLI::IsMember({"cpu", "reference"}));
+      ->check(CLI::IsMember(host_backend_names()));
   app.add_option("--threads", o->threads, "OpenMP threads per rank (default: cores / ranks)")
       ->check(integer_in(1, kMaxThreads));
   app.add_flag("--json", o->json, "one JSON object");

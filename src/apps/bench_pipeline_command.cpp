@@ -46,7 +46,7 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
   TrainConfig c = bench_step_config(config);
   c.model = model_config;
   if (model_config.bottleneck == BottleneckKind::none)
-    c.parallel.tp_mode = default_tp_mode(model_config);
+    c.parallel.tp_mode = &default_tp_layout(model_config.shape());
   c.parallel.schedule = schedule;
   auto be = make_backend("cpu");
   TrainStep train_step(c, *be, tensor_parallel_of(c, groups.tp.get()), groups.pp.get(),

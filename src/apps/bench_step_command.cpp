@@ -21,6 +21,7 @@
 #include "apps/commands.h"
 #include "apps/torch_peer.h"
 #include "core/arena.h"
+#include "core/backend_options.h"
 #include "core/gemm_peak.h"
 #include "core/profiling_backend.h"
 #include "core/system_info.h"
@@ -181,12 +182,14 @@ BenchStepFlags add_bench_step_options(CLI::App& app, BenchStepOptions* o) {
       app.add_option("--backend", o->backend,
                      "kernel backend: cpu, reference or cuda (default: the config's "
                      "training.backend, else cpu)")
-          ->check(CLI::IsMember({"cpu", "reference", "cuda"}));
+          ->check(
+              CLI::IsMember(std::vector<std::string>(kBackendNames.begin(), kBackendNames.end())));
   CLI::Option* attention =
       app.add_option("--attention", o->attention,
                      "attention kernels: auto, cudnn or own (training.attention; default: the "
                      "config's, else auto)")
-          ->check(CLI::IsMember({"auto", "cudnn", "own"}));
+          ->check(CLI::IsMember(std::vector<std::string>(kAttentionChoiceNames.begin(),
+                                                         kAttentionChoiceNames.end())));
   app.add_option("--peak-tflops", o->peak_tflops,
                  "a nominal dense peak in TFLOP/s (e.g. 989 for an H200's bf16): MFU is also "
                  "given against it")
@@ -336,7 +339,7 @@ TrainConfig kind_config(const TrainConfig& base, const ModelConfig& model, const
   train_config.training.precision = precision;
   train_config.model = model;
   train_config.model.bottleneck = parse_bottleneck_kind(kind);
-  train_config.parallel.tp_mode = default_tp_mode(train_config.model);
+  train_config.parallel.tp_mode = &default_tp_layout(train_config.model.shape());
   return train_config;
 }
 

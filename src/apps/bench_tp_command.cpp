@@ -57,7 +57,7 @@ struct Variant {
   NormStatistic statistic = NormStatistic::from_latent;
   Recompute recompute = Recompute::none;
   std::string label() const {
-    std::string l = tp_mode_name(mode);
+    std::string l = mode->name();
     if (!grouping) l += " ungrouped";
     if (statistic == NormStatistic::all_reduce) l += " norm-stat-allreduce";
     if (recompute != Recompute::none) l += fmt::format(" recompute={}", recompute_name(recompute));
@@ -192,7 +192,7 @@ class ModeRun {
 
   void step(bool record) {
     CommStats& stats = tp_ ? tp_->stats() : one_rank_;
-    const std::string prefix = tp_mode_name(variant_.mode);
+    const std::string prefix = variant_.mode->name();
     if (tp_) tp_->barrier();
     stats.reset();
     times_.reset();
@@ -332,7 +332,7 @@ void print_fit_table(const TrainConfig& config, const std::string& path, Communi
       const size_t act = b[MemoryTag::activations] + b[MemoryTag::comm];
       if (json) {
         const nlohmann::ordered_json j{{"fit_limit_bytes", limit},
-                                       {"mode", tp_mode_name(mode)},
+                                       {"mode", mode->name()},
                                        {"recompute", recompute_name(policy)},
                                        {"tp", config.parallel.tp},
                                        {"seq_len", config.training.seq_len},
@@ -402,7 +402,7 @@ void print_result_json(const ModeResult& r, const Saving& saved, int tp, Precisi
                        const std::vector<std::vector<size_t>>& per_rank) {
   const double blocks = double(r.blocks);
   nlohmann::ordered_json j{
-      {"mode", tp_mode_name(r.mode)},
+      {"mode", r.mode->name()},
       {"variant", r.variant.label()},
       {"grouping", r.variant.grouping},
       {"model", bottleneck_kind_name(r.kind)},
@@ -561,7 +561,7 @@ void print_comparisons(const std::vector<ModeResult>& results, Recompute base, b
       if (!ungrouped || grouped->components.empty()) continue;
       const ModeResult& on = grouping ? *grouped : *ungrouped;
       const ModeResult& off = grouping ? *ungrouped : *grouped;
-      std::printf("  %s grouping on vs off, ms per step:", tp_mode_name(on.mode));
+      std::printf("  %s grouping on vs off, ms per step:", on.mode->name());
       for (const Component& c : kComponents) {
         const ComponentResult &a = on.components.at(c.name), &b = off.components.at(c.name);
         std::printf(" %s compute %.2f vs %.2f, all-reduce %.2f vs %.2f |", c.name,
@@ -642,7 +642,7 @@ Command add_bench_tp_command(CLI::App& app) {
                    "times {} too; set \"none\" or \"block\" (--recompute adds \"lowrank\" "
                    "for btp)",
                    given.set.count("training.recompute") ? "--set" : o->config,
-                   recompute_name(base), tp_mode_name(mode));
+                   recompute_name(base), mode->name());
     }
     const std::vector<Variant> variants =
         bench_variants(modes, grouping, base, config.model.bottleneck != BottleneckKind::none,

@@ -54,7 +54,7 @@ void print_best_per_mode(const std::vector<Prediction>& rows, int width) {
     if (!r.excluded.empty()) continue;
     ++planned;
     if (!r.fits) continue;
-    const std::string mode = std::string(tp_mode_name(r.config.parallel.tp_mode)) +
+    const std::string mode = std::string(r.config.parallel.tp_mode->name()) +
                              (r.full_rank_baseline ? " (full-rank model)" : "");
     if (std::find(seen.begin(), seen.end(), mode) != seen.end()) continue;
     seen.push_back(mode);

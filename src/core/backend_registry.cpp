@@ -1,6 +1,7 @@
 // The one place that knows which backends exist; optional ones are added here behind
 // their build flag.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <oneapi/dnnl/dnnl.h>
 
 #include "core/backend_options.h"
@@ -16,22 +17,29 @@
 
 namespace bottle {
 
-const char* attention_choice_name(AttentionChoice choice) {
-  switch (choice) {
-    case AttentionChoice::automatic:
-      return "auto";
-    case AttentionChoice::cudnn:
-      return "cudnn";
-    case AttentionChoice::own:
-      return "own";
-  }
-  return "?";
+namespace {
+
+std::string unknown_backend(std::string_view name) {
+  return fmt::format("unknown backend '{}' (available: {})", name, fmt::join(kBackendNames, ", "));
+}
+
+}  // namespace
+
+bool is_host_backend(std::string_view name) {
+  return name == "cpu" || name == "cpu-widened" || name == "reference";
+}
+
+std::vector<std::string> host_backend_names() {
+  std::vector<std::string> names;
+  for (const char* name : kBackendNames)
+    if (is_host_backend(name)) names.emplace_back(name);
+  return names;
 }
 
 std::unique_ptr<Backend> make_backend(std::string_view name) { return make_backend(name, {}); }
 
 std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options) {
-  if ((name == "cpu" || name == "cpu-widened" || name == "reference") && options.attention == AttentionChoice::cudnn)
+  if (is_host_backend(name) && options.attention == AttentionChoice::cudnn)
     fail(
         "backend '{}' has no cuDNN attention (attention \"cudnn\" runs on the cuda backend); "
         "choose \"auto\" or \"own\"",
@@ -55,11 +63,11 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
     fail("backend 'cuda': {}", backend_unavailable("cuda"));
 #endif
   }
-  fail("unknown backend '{}' (available: cpu, reference, cuda)", name);
+  fail("{}", unknown_backend(name));
 }
 
 std::string backend_unavailable(std::string_view name) {
-  if (name == "cpu" || name == "cpu-widened" || name == "reference") return {};
+  if (is_host_backend(name)) return {};
   if (name == "cuda") {
 #ifdef BOTTLE_HAVE_CUDA
     return cuda_unavailable();
@@ -68,7 +76,7 @@ std::string backend_unavailable(std::string_view name) {
            "with NCCL was found)";
 #endif
   }
-  return fmt::format("unknown backend '{}' (available: cpu, reference, cuda)", name);
+  return unknown_backend(name);
 }
 
 Backend& host_backend() {

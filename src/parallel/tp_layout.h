@@ -108,7 +108,4 @@ void validate_recompute(Recompute policy, const TpLayout& layout, const ModelSha
 // Throws SettingError(Setting::tp) naming `what` unless t divides `value`.
 void require_divides(int t, int64_t value, Setting what);
 
-// The mode's name ("btp"), as parallel.tp_mode spells it.
-inline const char* tp_mode_name(const TpLayout* layout) { return layout->name(); }
-
 }  // namespace bottle

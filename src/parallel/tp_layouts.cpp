@@ -23,7 +23,7 @@ const std::vector<const TpLayout*>& tp_layouts() {
 
 #undef BOTTLE_TP_MODES
 
-std::vector<const char*> tp_mode_names() {
+std::vector<const char*> tp_layout_names() {
   std::vector<const char*> names;
   for (const TpLayout* layout : tp_layouts()) names.push_back(layout->name());
   return names;
@@ -38,7 +38,7 @@ const TpLayout* find_tp_layout(std::string_view name) {
 const TpLayout& tp_layout(std::string_view name) {
   if (const TpLayout* layout = find_tp_layout(name)) return *layout;
   std::string choices;
-  for (const char* known : tp_mode_names())
+  for (const char* known : tp_layout_names())
     choices += fmt::format("{}\"{}\"", choices.empty() ? "" : ", ", known);
   fail_setting(Setting::tp_mode, "{} must be one of {}; got \"{}\"", mention(Setting::tp_mode),
                choices, name);

@@ -12,7 +12,7 @@ namespace bottle {
 
 // The registered layouts, in the order their names are listed.
 const std::vector<const TpLayout*>& tp_layouts();
-std::vector<const char*> tp_mode_names();
+std::vector<const char*> tp_layout_names();
 // The layout named `name`; null when no mode has that name.
 const TpLayout* find_tp_layout(std::string_view name);
 // The same, failing (SettingError naming the TP mode) when no mode has that name.

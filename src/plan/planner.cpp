@@ -89,7 +89,7 @@ int64_t stage_blocks(const TrainConfig& config, int stage) {
 
 // The TP sites of the blocks' own collectives: the mode's prefix (as bench tp reads them).
 CommCounter block_counter(const StageCounts& counts, const TrainConfig& config) {
-  const std::string prefix = tp_mode_name(config.parallel.tp_mode);
+  const std::string prefix = config.parallel.tp_mode->name();
   CommCounter sum;
   for (const char* pass : {".fwd.", ".bwd."}) {
     const CommCounter c = counts.tp_stats.with_prefix(prefix + pass);
@@ -117,7 +117,7 @@ std::string validation_error(const TrainConfig& config) {
 nlohmann::ordered_json prediction_json(const Prediction& r) {
   const ParallelConfig& p = r.config.parallel;
   nlohmann::ordered_json j{{"layout", r.label()},
-                           {"tp_mode", tp_mode_name(p.tp_mode)},
+                           {"tp_mode", p.tp_mode->name()},
                            {"full_rank_baseline", r.full_rank_baseline},
                            {"tp", p.tp},
                            {"pp", p.pp},
@@ -164,7 +164,7 @@ ModelConfig full_rank_model(const ModelConfig& model) {
 
 std::string Prediction::label() const {
   const ParallelConfig& p = config.parallel;
-  std::string l = fmt::format("{}{} tp{} pp{} dp{}", tp_mode_name(p.tp_mode),
+  std::string l = fmt::format("{}{} tp{} pp{} dp{}", p.tp_mode->name(),
                               full_rank_baseline ? " (full-rank model)" : "", p.tp, p.pp, p.dp);
   if (whole_layout) return l;
   if (p.pp > 1) l += fmt::format(" {}", enum_name(p.schedule));
@@ -240,7 +240,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
       r.tp_elements_per_token_block = double(block.elements) / (blocks * tokens);
       r.tp_calls_per_block = double(block.calls) / (blocks * m);
       // The blocks' own first-pass collectives, priced alone: per block and pass.
-      const std::string prefix = tp_mode_name(p.tp_mode);
+      const std::string prefix = p.tp_mode->name();
       double block_seconds = 0;
       for (const auto& [call, count] : counts.calls.at("tp"))
         if (call.site.starts_with(prefix + ".fwd.") || call.site.starts_with(prefix + ".bwd."))

@@ -330,7 +330,7 @@ struct Loader {
     auto& m = config.model;
     const auto& p = config.parallel;
     if (!given.count("model.num_kv_heads")) m.num_kv_heads = m.num_heads;
-    if (!given.count("parallel.tp_mode")) config.parallel.tp_mode = default_tp_mode(m);
+    if (!given.count("parallel.tp_mode")) config.parallel.tp_mode = &default_tp_layout(m.shape());
     m.validate(source, false);
     BOTTLE_CHECK(config.training.seq_len <= m.max_seq_len,
                  "{}: key 'training.seq_len' must be <= model.max_seq_len ({}), got {}", source,
@@ -418,7 +418,7 @@ void check_honoured_keys(const TrainConfig& config, const ConfigKeysGiven& given
   // Defaults as resolution gives them for this model.
   TrainConfig defaults;
   defaults.model.num_kv_heads = config.model.num_heads;
-  defaults.parallel.tp_mode = default_tp_mode(config.model);
+  defaults.parallel.tp_mode = &default_tp_layout(config.model.shape());
   for (const auto& key : schema()) {
     if (!given.file.count(key.path) || listed(keys.honoured, key.path) ||
         listed(keys.run_keys, key.path))

@@ -18,10 +18,7 @@ namespace bottle {
 namespace {
 
 constexpr std::array<const char*, 2> kPrecisionNames = {"fp32", "bf16"};
-constexpr std::array<const char*, 3> kBackendNames = {"cpu", "reference", "cuda"};
 constexpr std::array<const char*, 3> kCommNames = {"auto", "mpi", "nccl"};
-// AttentionChoice's order (core/backend_options.h).
-constexpr std::array<const char*, 3> kAttentionNames = {"auto", "cudnn", "own"};
 constexpr std::array<const char*, 2> kOnNonfiniteNames = {"stop", "skip"};
 constexpr std::array<const char*, 2> kScheduleNames = {"1f1b", "gpipe"};
 
@@ -38,10 +35,6 @@ const char* comm_name(CommKind comm, BackendKind backend) {
 const char* enum_name(OnNonfinite value) { return kOnNonfiniteNames[int(value)]; }
 const char* enum_name(LrDecay value) { return kLrDecayNames[int(value)]; }
 const char* enum_name(PipelineSchedule value) { return kScheduleNames[int(value)]; }
-
-const TpLayout* default_tp_mode(const ModelConfig& model) {
-  return &default_tp_layout(model.shape());
-}
 
 const char* config_key(Setting setting) {
   switch (setting) {
@@ -101,7 +94,7 @@ ConfigKey tp_mode_key(std::string path, std::string doc, std::string default_not
   ConfigKey k;
   k.path = std::move(path);
   k.type = KeyType::choice;
-  for (const char* name : tp_mode_names()) k.choices.emplace_back(name);
+  for (const char* name : tp_layout_names()) k.choices.emplace_back(name);
   k.optional = true;
   k.doc = std::move(doc);
   k.default_note = std::move(default_note);
@@ -227,7 +220,7 @@ std::vector<ConfigKey> build_schema() {
   s.push_back(choice_key("training.backend", FIELD(training.backend), kBackendNames,
                          "kernel backend: cpu (oneDNN + OpenMP), reference (naive loops, the "
                          "test oracle) or cuda (one GPU per rank, from the node-local rank)"));
-  s.push_back(choice_key("training.attention", FIELD(training.attention), kAttentionNames,
+  s.push_back(choice_key("training.attention", FIELD(training.attention), kAttentionChoiceNames,
                          "attention kernels: auto (cuDNN's SDPA for bf16 on cuda where cuDNN "
                          "loads and takes the shape, else the own kernels), cudnn (cuDNN or an "
                          "error saying why; cuda and bf16 only) or own (the backend's own "

@@ -21,7 +21,7 @@
 namespace bottle {
 
 enum class Precision { fp32, bf16 };
-// The kernel backend a run computes on (training.backend).
+// The kernel backend a run computes on (training.backend), in core's kBackendNames order.
 enum class BackendKind { cpu, reference, cuda };
 // How process groups move device tensors (parallel.comm): auto is nccl for the cuda backend
 // and mpi otherwise; mpi with the cuda backend stages through host memory, so several ranks
@@ -105,7 +105,7 @@ struct MetricsConfig {
 struct ParallelConfig {
   int tp = 1, pp = 1, dp = 1;
   // The TP mode's layout (parallel/tp_layouts.h). Null until the configuration is resolved,
-  // which gives default_tp_mode(model) when the key is not set.
+  // which gives default_tp_layout(model.shape()) when the key is not set.
   const TpLayout* tp_mode = nullptr;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
   int zero = 0;  // ZeRO stage, 0 or 1
@@ -141,9 +141,6 @@ struct TrainConfig {
     return training.micro_batch_size * training.seq_len * training.grad_accum_steps * parallel.dp;
   }
 };
-
-// parallel.tp_mode's default for this model (its one source: default_tp_layout).
-const TpLayout* default_tp_mode(const ModelConfig& model);
 
 // The configuration key of a setting that code below src/train names (core/setting_error.h):
 // "parallel.tp".

@@ -497,8 +497,7 @@ void Trainer::open_logs() {
       "memory of rank 0: {} ({}); backend {}, comm {}",
       options_.config_path, config_.model.parameter_count(),
       bottleneck_kind_name(config_.model.bottleneck), tc_.steps, config_.tokens_per_step(),
-      world_.size(), config_.parallel.tp, tp_mode_name(config_.parallel.tp_mode),
-      omp_get_max_threads(),
+      world_.size(), config_.parallel.tp, config_.parallel.tp_mode->name(), omp_get_max_threads(),
       tc_.precision == Precision::bf16 ? fmt::format("bf16 (GEMMs: {})", be_->bf16_gemm_path())
                                        : std::string("fp32"),
       peak_->gflops(), recompute_name(tc_.recompute), format_bytes(plan_.total()),

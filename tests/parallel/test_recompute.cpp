@@ -29,7 +29,7 @@ struct Case {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return fmt::format("{}_{}_{}{}", bottleneck_kind_name(c.kind), tp_mode_name(c.mode),
+  return fmt::format("{}_{}_{}{}", bottleneck_kind_name(c.kind), c.mode->name(),
                      recompute_name(c.policy), c.grouping ? "" : "_nogroup");
 }
 
@@ -97,7 +97,7 @@ TEST_P(Recomputation, GradientsAreBitIdenticalToKeepingEverything) {
 TEST_P(Recomputation, CountsTheCollectivesItReRuns) {
   const Case c = GetParam();
   const Step s = run(c, c.policy, &world());
-  const std::string mode = tp_mode_name(c.mode);
+  const std::string mode = c.mode->name();
   const CommCounter forward = s.stats.with_prefix(mode + ".fwd.");
   const CommCounter again = s.stats.with_prefix(kRecomputePhase);
   const CommCounter again_forward = s.stats.with_prefix(kRecomputePhase + mode + ".fwd.");

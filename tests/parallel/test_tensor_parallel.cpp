@@ -38,8 +38,8 @@ struct Case {
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const Case& c = info.param;
-  return fmt::format("{}_{}_kv{}{}{}", bottleneck_kind_name(c.kind), tp_mode_name(c.mode),
-                     c.kv_heads, c.tied ? "_tied" : "", c.grouping ? "" : "_nogroup");
+  return fmt::format("{}_{}_kv{}{}{}", bottleneck_kind_name(c.kind), c.mode->name(), c.kv_heads,
+                     c.tied ? "_tied" : "", c.grouping ? "" : "_nogroup");
 }
 
 // Shapes every TP degree up to 4 divides: V, d, d_ff, H, H_kv, and r (vanilla).
@@ -261,7 +261,7 @@ TEST_P(TpVolumes, PerBlockAndPassMatchTheFormulas) {
   LlamaModel model(config, tp);
   model.init_weights(1);
   model.allocate_activations(batch, seq);
-  const std::string prefix = tp_mode_name(c.mode);
+  const std::string prefix = c.mode->name();
   CommStats& stats = world().stats();
   stats.reset();
   model.forward(*be, tok, tok);
@@ -312,7 +312,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, TpVolumes, ::testing::ValuesIn(count_cases()),
                          [](const auto& info) {
                            const CountCase& c = info.param;
                            return fmt::format(
-                               "{}_{}{}{}", bottleneck_kind_name(c.kind), tp_mode_name(c.mode),
+                               "{}_{}{}{}", bottleneck_kind_name(c.kind), c.mode->name(),
                                c.grouping ? "" : "_nogroup",
                                c.statistic == NormStatistic::all_reduce ? "_stat_allreduce" : "");
                          });

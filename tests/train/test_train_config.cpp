@@ -106,7 +106,7 @@ TEST(TrainConfig, Defaults) {
   EXPECT_TRUE(c.parallel.grouping);
   // The struct's defaults, with the one that depends on the model (tp_mode) resolved.
   TrainConfig defaults;
-  defaults.parallel.tp_mode = default_tp_mode(defaults.model);
+  defaults.parallel.tp_mode = &default_tp_layout(defaults.model.shape());
   EXPECT_EQ(c, defaults);
   const AdamWConfig a = c.adamw();
   EXPECT_FLOAT_EQ(a.lr, 3e-4f);
