@@ -1,7 +1,7 @@
 // The cuda backend's host side: device selection, memory, staging, the checks every op makes
-// before it launches (shapes, dtypes, that each tensor lives on this GPU), cuBLASLt GEMMs, and
-// the launches of the kernels of src/core/cuda/*.cu. Compiled by the host compiler; only the
-// kernels are nvcc's.
+// before it launches (shapes, dtypes, that each tensor lives on this GPU), the GEMMs' operands
+// (cuBLASLt itself is gemm_lt.h's), and the launches of the kernels of src/core/cuda/*.cu. Compiled
+// by the host compiler; only the kernels are nvcc's.
 #include "core/cuda/cuda_backend.h"
 
 #include <cublasLt.h>
@@ -12,15 +12,15 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <map>
 #include <optional>
-#include <set>
 #include <tuple>
 #include <vector>
 
 #include "core/arena.h"
 #include "core/attention_workspace.h"
 #include "core/cuda/attention_cudnn.h"
+#include "core/cuda/check.h"
+#include "core/cuda/gemm_lt.h"
 #include "core/cuda/growing_buffer.h"
 #include "core/cuda/kernels.h"
 #include "core/kernel_math.h"
@@ -28,33 +28,13 @@
 namespace bottle {
 namespace {
 
-void check_cuda(cudaError_t status, std::string_view what) {
-  if (status != cudaSuccess)
-    fail("cuda backend: {}: {} ({})", what, cudaGetErrorString(status), cudaGetErrorName(status));
-}
-
-void check_cublas(cublasStatus_t status, std::string_view what) {
-  if (status != CUBLAS_STATUS_SUCCESS)
-    fail("cuda backend: {}: cuBLASLt error {} ({})", what, int(status),
-         cublasLtGetStatusString(status));
-}
+using cuda::check_cuda;
 
 int local_rank() {
   for (const char* name : {"OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "LOCAL_RANK"}) {
     if (const char* v = std::getenv(name)) return std::atoi(v);
   }
   return 0;
-}
-
-cudaDataType_t cuda_type(DType t) { return t == DType::bf16 ? CUDA_R_16BF : CUDA_R_32F; }
-
-// The largest power of two, up to 256, that divides every address a GEMM operand takes:
-// cuBLASLt assumes 256-byte alignment unless told, and views into arenas, column slices and
-// batch strides are often less aligned.
-uint32_t alignment_of(const void* p, int64_t stride_bytes, int64_t batch) {
-  uint64_t bits = reinterpret_cast<uintptr_t>(p) | 256u;
-  if (batch > 1 && stride_bytes) bits |= uint64_t(stride_bytes);
-  return uint32_t(bits & (~bits + 1));
 }
 
 class CudaBackend final : public Backend {
@@ -68,8 +48,7 @@ class CudaBackend final : public Backend {
     check_cuda(cudaDeviceGetAttribute(&sm_major_, cudaDevAttrComputeCapabilityMajor, device_),
                "cudaDeviceGetAttribute");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    check_cublas(cublasLtCreate(&lt_), "cublasLtCreate");
-    check_cuda(cudaMalloc(&gemm_workspace_, kGemmWorkspaceBytes), "cudaMalloc (GEMM workspace)");
+    gemm_.emplace();  // on the device just chosen
     check_cuda(cudaMalloc(&reduce_partials_, sizeof(double) * cuda::reduce_partials_count() + 16),
                "cudaMalloc (reduction partials)");
     check_cuda(cudaMallocHost(&pinned_, kPinnedBytes), "cudaMallocHost");
@@ -91,8 +70,6 @@ class CudaBackend final : public Backend {
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
     cudnn_.reset();  // its handle is bound to the stream
-    for (auto& [key, layout] : layouts_) layout.destroy();
-    for (auto& [key, plan] : plans_) cublasLtMatmulDescDestroy(plan.desc);
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     for (cudaEvent_t e : staging_done_) cudaEventDestroy(e);
     range_table_.device.clear(device_memory_);
@@ -100,10 +77,9 @@ class CudaBackend final : public Backend {
     rope_table_.device.clear(device_memory_);
     if (staging_) cudaFreeHost(staging_);
     scratch_.clear(device_memory_);
-    cudaFree(gemm_workspace_);
     cudaFree(reduce_partials_);
     cudaFreeHost(pinned_);
-    cublasLtDestroy(lt_);
+    gemm_.reset();
     cudaStreamDestroy(stream_);
   }
 
@@ -248,10 +224,9 @@ class CudaBackend final : public Backend {
     return found == none ? -1 : int64_t(found);
   }
 
-  // --- GEMM: row-major C = alpha op(A) op(B) + beta C is, read column-major, Cᵀ = op(B)ᵀ
-  // op(A)ᵀ, so cuBLASLt (column-major) multiplies B by A with the same transposes and m, n
-  // swapped. cuBLASLt takes f32 × f32 → f32 and bf16 × bf16 → bf16 or f32 with fp32 compute;
-  // another mix (an f32 operand against a bf16 one) is widened to f32 first, exactly.
+  // --- GEMM, on cuBLASLt (gemm_lt.h), which takes f32 × f32 → f32 and bf16 × bf16 → bf16 or
+  // f32 with fp32 compute; another mix (an f32 operand against a bf16 one) is widened to f32
+  // first, exactly.
   void do_gemm(const GemmArgs& g) override {
     BOTTLE_CHECK(g.m >= 0 && g.n >= 0 && g.k >= 0 && g.batch >= 1,
                  "cuda backend: gemm with m {} n {} k {} batch {}", g.m, g.n, g.k, g.batch);
@@ -260,7 +235,8 @@ class CudaBackend final : public Backend {
         (g.a_dtype == g.b_dtype) && (g.a_dtype == DType::bf16 || g.c_dtype == DType::f32);
     if (!g.k) return scale_c(g);  // cuBLASLt wants k >= 1, widened or not
     if (!native) return gemm_widened(g);
-    gemm_lt(g);
+    gemm_->run(g, stream_);
+    launched("gemm");
   }
 
   // --- Layer kernels.
@@ -592,7 +568,6 @@ class CudaBackend final : public Backend {
   }
 
  private:
-  static constexpr size_t kGemmWorkspaceBytes = size_t(32) << 20;  // cuBLASLt's Hopper advice
   static constexpr size_t kPinnedBytes = 4096;
   static constexpr size_t kAllocationGranule = kAllocationAlignment;
 
@@ -803,138 +778,6 @@ class CudaBackend final : public Backend {
     return value;
   }
 
-  // One cuBLASLt layout per distinct (rows, cols, ld, dtype, batch, stride), kept for the
-  // run: a training step repeats the same few shapes.
-  struct Layout {
-    cublasLtMatrixLayout_t handle = nullptr;
-    void destroy() {
-      if (handle) cublasLtMatrixLayoutDestroy(handle);
-    }
-  };
-  cublasLtMatrixLayout_t layout(DType t, int64_t rows, int64_t cols, int64_t ld, int64_t batch,
-                                int64_t stride) {
-    auto key = std::make_tuple(int(t), rows, cols, ld, batch, stride);
-    auto it = layouts_.find(key);
-    if (it != layouts_.end()) return it->second.handle;
-    Layout l;
-    check_cublas(
-        cublasLtMatrixLayoutCreate(&l.handle, cuda_type(t), uint64_t(rows), uint64_t(cols), ld),
-        "cublasLtMatrixLayoutCreate");
-    if (batch > 1) {
-      const int32_t count = int32_t(batch);
-      check_cublas(cublasLtMatrixLayoutSetAttribute(l.handle, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT,
-                                                    &count, sizeof count),
-                   "batch count");
-      check_cublas(
-          cublasLtMatrixLayoutSetAttribute(l.handle, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
-                                           &stride, sizeof stride),
-          "batch stride");
-    }
-    layouts_.emplace(key, l);
-    return l.handle;
-  }
-
-  // The algorithm cuBLASLt's heuristic picks for a problem, asked once per problem.
-  using GemmKey =
-      std::tuple<bool, bool, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
-                 int64_t, int64_t, int, int, int, uint32_t, uint32_t, uint32_t>;
-  struct GemmPlan {
-    cublasLtMatmulDesc_t desc = nullptr;
-    cublasLtMatmulAlgo_t algo{};
-  };
-
-  void gemm_lt(const GemmArgs& g) {
-    // cuBLASLt's problem: (n × m) = op(B') (n × k) · op(A') (k × m), where B' is B's storage
-    // read column-major and A' is A's.
-    const cublasOperation_t op_b = g.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const cublasOperation_t op_a = g.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;
-    const int64_t b_rows = g.trans_b ? g.k : g.n, b_cols = g.trans_b ? g.n : g.k;
-    const int64_t a_rows = g.trans_a ? g.m : g.k, a_cols = g.trans_a ? g.k : g.m;
-    const size_t ea = dtype_size(g.a_dtype), eb = dtype_size(g.b_dtype), ec = dtype_size(g.c_dtype);
-    // C_in (cuBLASLt's C) takes D's layout; its alignment is the lesser of the two.
-    const uint32_t align_a = alignment_of(g.a, g.stride_a * int64_t(ea), g.batch),
-                   align_b = alignment_of(g.b, g.stride_b * int64_t(eb), g.batch),
-                   align_c = std::min(alignment_of(g.c, g.stride_c * int64_t(ec), g.batch),
-                                      alignment_of(g.c_read(), g.stride_c * int64_t(ec), g.batch));
-    cublasLtMatrixLayout_t lb = layout(g.b_dtype, b_rows, b_cols, g.ldb, g.batch, g.stride_b);
-    cublasLtMatrixLayout_t la = layout(g.a_dtype, a_rows, a_cols, g.lda, g.batch, g.stride_a);
-    cublasLtMatrixLayout_t lc = layout(g.c_dtype, g.n, g.m, g.ldc, g.batch, g.stride_c);
-
-    const GemmKey key{
-        g.trans_a,      g.trans_b,  g.m,        g.n,        g.k,     g.lda,          g.ldb,
-        g.ldc,          g.stride_a, g.stride_b, g.stride_c, g.batch, int(g.a_dtype), int(g.b_dtype),
-        int(g.c_dtype), align_a,    align_b,    align_c};
-    if (items_only_.count(key)) return gemm_items(g);
-    auto it = plans_.find(key);
-    if (it == plans_.end()) {
-      GemmPlan plan;
-      check_cublas(cublasLtMatmulDescCreate(&plan.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-                   "cublasLtMatmulDescCreate");
-      check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSA, &op_b,
-                                                  sizeof op_b),
-                   "transa");
-      check_cublas(cublasLtMatmulDescSetAttribute(plan.desc, CUBLASLT_MATMUL_DESC_TRANSB, &op_a,
-                                                  sizeof op_a),
-                   "transb");
-      cublasLtMatmulPreference_t pref = nullptr;
-      check_cublas(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-      const uint64_t workspace = kGemmWorkspaceBytes;
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                           &workspace, sizeof workspace);
-      // cuBLASLt's A is our B and its B our A.
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                           &align_b, sizeof align_b);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                           &align_a, sizeof align_a);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                           &align_c, sizeof align_c);
-      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                           &align_c, sizeof align_c);
-      cublasLtMatmulHeuristicResult_t result{};
-      int found = 0;
-      const cublasStatus_t status =
-          cublasLtMatmulAlgoGetHeuristic(lt_, plan.desc, lb, la, lc, lc, pref, 1, &result, &found);
-      cublasLtMatmulPreferenceDestroy(pref);
-      if ((status != CUBLAS_STATUS_SUCCESS || found == 0) && g.batch > 1) {
-        // Batched shapes that the heuristic has never met on a GPU (x broadcast with batch
-        // stride 0, outputs written as interleaved column blocks): each item is a plain GEMM
-        // it does take. Said once per shape; the run goes on.
-        cublasLtMatmulDescDestroy(plan.desc);
-        items_only_.insert(key);
-        fmt::print(stderr,
-                   "cuda backend: cuBLASLt has no batched algorithm for a {}{} GEMM m {} n {} k {} "
-                   "batch {} (strides {} {} {}; {} × {} → {}): {}; its items run as {} single "
-                   "GEMMs\n",
-                   g.trans_a ? "T" : "N", g.trans_b ? "T" : "N", g.m, g.n, g.k, g.batch,
-                   g.stride_a, g.stride_b, g.stride_c, dtype_name(g.a_dtype), dtype_name(g.b_dtype),
-                   dtype_name(g.c_dtype), cublasLtGetStatusString(status), g.batch);
-        return gemm_items(g);
-      }
-      if (status != CUBLAS_STATUS_SUCCESS || found == 0) {
-        cublasLtMatmulDescDestroy(plan.desc);
-        fail(
-            "cuda backend: cuBLASLt has no algorithm for a {}{} GEMM m {} n {} k {} batch {} "
-            "(lda {} ldb {} ldc {}; {} × {} → {}; alignment {} {} {} bytes): {}",
-            g.trans_a ? "T" : "N", g.trans_b ? "T" : "N", g.m, g.n, g.k, g.batch, g.lda, g.ldb,
-            g.ldc, dtype_name(g.a_dtype), dtype_name(g.b_dtype), dtype_name(g.c_dtype), align_a,
-            align_b, align_c, cublasLtGetStatusString(status));
-      }
-      plan.algo = result.algo;
-      it = plans_.emplace(key, plan).first;
-    }
-    check_cublas(
-        cublasLtMatmul(lt_, it->second.desc, &g.alpha, g.b, lb, g.a, la, &g.beta, g.c_read(), lc,
-                       g.c, lc, &it->second.algo, gemm_workspace_, kGemmWorkspaceBytes, stream_),
-        "cublasLtMatmul");
-    launched("gemm");
-  }
-
-  // A batch as its single items, in order (GemmArgs::item); each item's C is its own, so the
-  // results are the batched GEMM's.
-  void gemm_items(const GemmArgs& g) {
-    for (int64_t i = 0; i < g.batch; ++i) gemm_lt(g.item(i));
-  }
-
   // C = beta C, an empty sum (k = 0): zeros when beta is 0, whatever C held.
   void scale_c(const GemmArgs& g) {
     const size_t e = dtype_size(g.c_dtype);
@@ -985,7 +828,8 @@ class CudaBackend final : public Backend {
       f.c_in = nullptr;  // widened into wc
     }
     launched("gemm (widening)");
-    gemm_lt(f);
+    gemm_->run(f, stream_);
+    launched("gemm");
     // Only the m × n entries of each batch item are C's; the gaps between them belong to
     // other tensors and must not be written.
     if (nc) {
@@ -999,10 +843,9 @@ class CudaBackend final : public Backend {
   int device_ = 0;
   int sm_major_ = 0;  // the GPU's compute capability, major (9: Hopper)
   cudaStream_t stream_ = nullptr;
-  cublasLtHandle_t lt_ = nullptr;
-  void* gemm_workspace_ = nullptr;
-  void* reduce_partials_ = nullptr;  // reduce_partials_count() doubles, then the result
-  void* pinned_ = nullptr;           // small device → host reads
+  std::optional<cuda::GemmLt> gemm_;  // from the constructor on, once the device is chosen
+  void* reduce_partials_ = nullptr;   // reduce_partials_count() doubles, then the result
+  void* pinned_ = nullptr;            // small device → host reads
   DeviceMemory device_memory_{this};
   cuda::GrowingBuffer<DeviceMemory> scratch_;
   bool sync_each_op_ = false;
@@ -1020,9 +863,6 @@ class CudaBackend final : public Backend {
   AttentionChoice attention_ = AttentionChoice::automatic;
   std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the own kernels run every attention
   std::string cudnn_absent_;                     // why cudnn_ is null (empty under "own")
-  std::map<std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t>, Layout> layouts_;
-  std::map<GemmKey, GemmPlan> plans_;
-  std::set<GemmKey> items_only_;  // batched problems cuBLASLt has no algorithm for
 };
 
 }  // namespace
