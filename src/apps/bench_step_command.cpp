@@ -270,9 +270,7 @@ std::unique_ptr<Backend> open_bench_backend(BenchStepOptions* o, const BenchStep
          why);
   }
   if (!f.attention->count()) o->attention = attention_choice_name(base.training.attention);
-  const AttentionChoice attention_choice = o->attention == "cudnn" ? AttentionChoice::cudnn
-                                           : o->attention == "own" ? AttentionChoice::own
-                                                                   : AttentionChoice::automatic;
+  const AttentionChoice attention_choice = parse_attention_choice(o->attention);
   std::unique_ptr<Backend> be;
   try {
     be = make_backend(o->backend, {attention_choice});

@@ -31,6 +31,8 @@ inline constexpr std::array<const char*, 3> kAttentionChoiceNames = {"auto", "cu
 inline const char* attention_choice_name(AttentionChoice choice) {
   return kAttentionChoiceNames[int(choice)];
 }
+// The choice `name` spells; fails naming the choices for another name.
+AttentionChoice parse_attention_choice(std::string_view name);
 
 struct BackendOptions {
   AttentionChoice attention = AttentionChoice::automatic;

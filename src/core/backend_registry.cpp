@@ -25,6 +25,12 @@ std::string unknown_backend(std::string_view name) {
 
 }  // namespace
 
+AttentionChoice parse_attention_choice(std::string_view name) {
+  for (size_t i = 0; i < kAttentionChoiceNames.size(); ++i)
+    if (name == kAttentionChoiceNames[i]) return AttentionChoice(i);
+  fail("unknown attention '{}' (choose {})", name, fmt::join(kAttentionChoiceNames, ", "));
+}
+
 bool is_host_backend(std::string_view name) {
   return name == "cpu" || name == "cpu-widened" || name == "reference";
 }

@@ -19,6 +19,7 @@
 #include "core/arena.h"
 #include "core/attention_workspace.h"
 #include "core/cuda/attention_cudnn.h"
+#include "core/cuda/attention_router.h"
 #include "core/cuda/check.h"
 #include "core/cuda/gemm_lt.h"
 #include "core/cuda/growing_buffer.h"
@@ -39,7 +40,7 @@ int local_rank() {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend(AttentionChoice attention, cuda::CudnnLoader load_cudnn) : attention_(attention) {
+  CudaBackend(AttentionChoice attention, cuda::CudnnLoader load_cudnn) {
     if (std::string why = cuda_unavailable(); !why.empty()) fail("cuda backend: {}", why);
     int devices = 0;
     check_cuda(cudaGetDeviceCount(&devices), "cudaGetDeviceCount");
@@ -55,21 +56,12 @@ class CudaBackend final : public Backend {
     sync_each_op_ = std::getenv("BOTTLE_CUDA_SYNC") != nullptr;
     // cuDNN is opened unless the run asked for the own kernels; where it cannot be, the own
     // kernels run (auto) or make_cuda_backend stops the run (cudnn), saying why.
-    if (attention_ == AttentionChoice::own) return;
-    if (!load_cudnn) {
-      cudnn_absent_ =
-          "this build has no cuDNN attention: cudnn-frontend was not found when it was "
-          "configured (scripts/setup.sh installs it)";
-    } else {
-      cuda::CudnnLoad loaded = load_cudnn(stream_);
-      cudnn_ = std::move(loaded.attention);
-      cudnn_absent_ = loaded.why.empty() ? loaded.why : "cuDNN not loadable: " + loaded.why;
-    }
+    attention_.emplace(attention, load_cudnn, stream_, sm_major_);
   }
 
   ~CudaBackend() override {
     cudaStreamSynchronize(stream_);
-    cudnn_.reset();  // its handle is bound to the stream
+    if (attention_) attention_->close();  // cuDNN's handle is bound to the stream
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
     for (cudaEvent_t e : staging_done_) cudaEventDestroy(e);
     range_table_.device.clear(device_memory_);
@@ -84,9 +76,7 @@ class CudaBackend final : public Backend {
   }
 
   // Why attention "cudnn" cannot be honoured here; empty when it can, or under another choice.
-  std::string cudnn_refusal() const {
-    return attention_ == AttentionChoice::cudnn && !cudnn_ ? cudnn_absent_ : std::string();
-  }
+  std::string cudnn_refusal() const { return attention_->refusal(); }
 
   std::string_view name() const override { return "cuda"; }
   std::string bf16_unsupported() const override { return {}; }
@@ -311,34 +301,37 @@ class CudaBackend final : public Backend {
 
   void do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k, Tensor v) override {
     const char* name = "attention_forward";
-    const AttentionShape s = attention_shape(name, q, k, v);
-    if (const std::optional<cuda::SdpaShape> c = cudnn_shape(name, s, lse, {out, q, k, v})) {
-      void* workspace = scratch(cudnn_->forward_workspace_bytes(*c), "cuDNN attention workspace");
-      cudnn_->forward(out.data, lse.f32(), q.data, k.data, v.data, *c, workspace);
+    const cuda::SdpaShape s = attention_shape(name, q, k, v);
+    if (const std::optional<cuda::SdpaShape> c = attention_->route(name, s, lse, {out, q, k, v})) {
+      cuda::CudnnAttention& cudnn = attention_->cudnn();
+      void* workspace = scratch(cudnn.forward_workspace_bytes(*c), "cuDNN attention workspace");
+      cudnn.forward(out.data, lse.f32(), q.data, k.data, v.data, *c, workspace);
       launched(name);
       return;
     }
-    cuda::attention_forward(stream_, arr(out), arr(lse), carr(q), carr(k), carr(v), s.b, s.s, s.h,
-                            s.hkv, s.hd);
+    cuda::attention_forward(stream_, arr(out), arr(lse), carr(q), carr(k), carr(v), s.batch, s.seq,
+                            s.heads, s.kv_heads, s.head_dim);
     launched(name);
   }
   void do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor dout, Tensor out, Tensor lse,
                              Tensor q, Tensor k, Tensor v) override {
     const char* name = "attention_backward";
-    const AttentionShape s = attention_shape(name, q, k, v);
-    if (const std::optional<cuda::SdpaShape> c = cudnn_shape(name, s, lse, {dout, out, q, k, v})) {
+    const cuda::SdpaShape s = attention_shape(name, q, k, v);
+    if (const std::optional<cuda::SdpaShape> c =
+            attention_->route(name, s, lse, {dout, out, q, k, v})) {
+      cuda::CudnnAttention& cudnn = attention_->cudnn();
       // cuDNN writes its gradients, as bottle's backward kernels do (backend.h): straight into
       // dq, dk, dv when they are bf16 (a bf16 run's activation gradients), else into bf16
       // scratch converted into them. Each scratch part starts on 256 bytes, as cudaMalloc's
       // own blocks do.
-      const size_t workspace_bytes = cudnn_->backward_workspace_bytes(*c);
+      const size_t workspace_bytes = cudnn.backward_workspace_bytes(*c);
       const bool direct =
           dq.dtype == DType::bf16 && dk.dtype == DType::bf16 && dv.dtype == DType::bf16;
       if (direct) {
         void* workspace =
             workspace_bytes ? scratch(workspace_bytes, "cuDNN attention workspace") : nullptr;
-        cudnn_->backward(dq.data, dk.data, dv.data, dout.data, out.data, lse.f32(), q.data, k.data,
-                         v.data, *c, workspace);
+        cudnn.backward(dq.data, dk.data, dv.data, dout.data, out.data, lse.f32(), q.data, k.data,
+                       v.data, *c, workspace);
         launched(name);
         return;
       }
@@ -350,8 +343,8 @@ class CudaBackend final : public Backend {
       void* dk_s = base + q_bytes;             // [B, S, Hkv, hd] bf16
       void* dv_s = base + q_bytes + kv_bytes;  // [B, S, Hkv, hd] bf16
       void* workspace = base + q_bytes + 2 * kv_bytes;
-      cudnn_->backward(dq_s, dk_s, dv_s, dout.data, out.data, lse.f32(), q.data, k.data, v.data, *c,
-                       workspace_bytes ? workspace : nullptr);
+      cudnn.backward(dq_s, dk_s, dv_s, dout.data, out.data, lse.f32(), q.data, k.data, v.data, *c,
+                     workspace_bytes ? workspace : nullptr);
       cuda::convert(stream_, arr(dq), {dq_s, DType::bf16}, dq.numel());
       cuda::convert(stream_, arr(dk), {dk_s, DType::bf16}, dk.numel());
       cuda::convert(stream_, arr(dv), {dv_s, DType::bf16}, dv.numel());
@@ -359,41 +352,21 @@ class CudaBackend final : public Backend {
       return;
     }
     void* scratch = this->scratch(
-        cuda::attention_backward_scratch_bytes(s.b, s.s, s.h, s.hkv, s.hd), "attention scratch");
+        cuda::attention_backward_scratch_bytes(s.batch, s.seq, s.heads, s.kv_heads, s.head_dim),
+        "attention scratch");
     cuda::attention_backward(stream_, arr(dq), arr(dk), arr(dv), carr(dout), carr(out), carr(lse),
-                             carr(q), carr(k), carr(v), s.b, s.s, s.h, s.hkv, s.hd, scratch);
+                             carr(q), carr(k), carr(v), s.batch, s.seq, s.heads, s.kv_heads,
+                             s.head_dim, scratch);
     launched(name);
   }
 
   std::string attention_path(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                              int64_t head_dim, DType dtype) override {
-    const char* own = "own kernels";
-    if (attention_ == AttentionChoice::own) return fmt::format("{} (attention \"own\")", own);
-    if (!cudnn_) return fmt::format("{} ({})", own, cudnn_absent_);
-    if (dtype != DType::bf16) {
-      BOTTLE_CHECK(attention_ != AttentionChoice::cudnn,
-                   "cuda backend: attention \"cudnn\" was chosen, but the run is {}: cuDNN's "
-                   "SDPA takes bf16 only (training.precision = \"bf16\")",
-                   dtype_name(dtype));
-      return fmt::format("{} ({}: cuDNN's SDPA takes bf16 only)", own, dtype_name(dtype));
-    }
-    const cuda::SdpaShape shape{batch, seq, heads, kv_heads, head_dim};
-    if (std::string why = cudnn_->prepare(shape); !why.empty()) {
-      BOTTLE_CHECK(attention_ != AttentionChoice::cudnn,
-                   "cuda backend: attention \"cudnn\" was chosen, but {}", why);
-      return fmt::format("{} ({})", own, why);
-    }
-    const SdpaBackwardPlan backward = sdpa_backward(shape);
-    return fmt::format("{}; its deterministic backward through {}, workspace {}",
-                       cudnn_->description(), backward.reason,
-                       format_bytes(cudnn_->backward_workspace_bytes(shape)));
+    return attention_->path({batch, seq, heads, kv_heads, head_dim}, dtype);
   }
   int64_t attention_workspace_bytes(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                     int64_t head_dim, DType dtype) override {
-    const bool cudnn = cudnn_ && attention_ != AttentionChoice::own && dtype == DType::bf16;
-    if (!cudnn)
-      return int64_t(cuda::attention_backward_scratch_bytes(batch, seq, heads, kv_heads, head_dim));
-    return sdpa_backward({batch, seq, heads, kv_heads, head_dim}).workspace_bytes;
+    return attention_->workspace_bytes({batch, seq, heads, kv_heads, head_dim}, dtype);
   }
 
   void do_silu_forward(Tensor out, Tensor x) override {
@@ -602,10 +575,6 @@ class CudaBackend final : public Backend {
     std::vector<unsigned char> host;
   };
 
-  struct AttentionShape {
-    int64_t b, s, h, hkv, hd;
-  };
-
   static constexpr size_t kStagingSlots = 8;
   static constexpr size_t kStagingSlotBytes = size_t(1) << 20;
 
@@ -728,36 +697,8 @@ class CudaBackend final : public Backend {
     return device;
   }
 
-  // The engine cuDNN's backward takes for a shape on this GPU, and its planned workspace.
-  SdpaBackwardPlan sdpa_backward(const cuda::SdpaShape& s) const {
-    return plan_sdpa_backward(s.batch, s.seq, s.heads, s.head_dim, sm_major_, cudnn_->version(),
-                              sdpa_dp_workspace_limit());
-  }
-
-  // The shape cuDNN runs this attention call at, or nothing where the own kernels run it:
-  // cuDNN takes bf16 tensors and an f32 lse, at the shapes its support check accepts. Under
-  // attention "cudnn", a call cuDNN cannot take fails instead, naming why.
-  std::optional<cuda::SdpaShape> cudnn_shape(const char* k, const AttentionShape& s,
-                                             const Tensor& lse,
-                                             std::initializer_list<Tensor> bf16_tensors) {
-    if (!cudnn_) return std::nullopt;  // attention "own", or no cuDNN (the constructor said)
-    std::string why;
-    for (const Tensor& t : bf16_tensors)
-      if (t.dtype != DType::bf16 && why.empty())
-        why = fmt::format("a {} tensor {} (cuDNN's SDPA takes bf16)", dtype_name(t.dtype),
-                          t.shape.str());
-    if (why.empty() && lse.dtype != DType::f32)
-      why = fmt::format("a {} lse (cuDNN's statistics are f32)", dtype_name(lse.dtype));
-    const cuda::SdpaShape shape{s.b, s.s, s.h, s.hkv, s.hd};
-    if (why.empty()) why = cudnn_->prepare(shape);
-    if (why.empty()) return shape;
-    BOTTLE_CHECK(attention_ != AttentionChoice::cudnn,
-                 "cuda backend: {}: attention \"cudnn\" was chosen, but {}", k, why);
-    return std::nullopt;
-  }
-
-  static AttentionShape attention_shape(const char* k, const Tensor& q, const Tensor& kt,
-                                        const Tensor& v) {
+  static cuda::SdpaShape attention_shape(const char* k, const Tensor& q, const Tensor& kt,
+                                         const Tensor& v) {
     // The shapes were checked by Backend; the own kernels' tiles end at head dim 256.
     (void)v;
     BOTTLE_CHECK(q.shape[3] <= 256, "cuda backend: {}: head dim {} (at most 256)", k, q.shape[3]);
@@ -860,9 +801,7 @@ class CudaBackend final : public Backend {
   DeviceTable range_table_, gap_table_;
   DeviceTable rope_table_;  // rope_table's, for rope_key_
   std::tuple<int64_t, int64_t, float> rope_key_{};
-  AttentionChoice attention_ = AttentionChoice::automatic;
-  std::unique_ptr<cuda::CudnnAttention> cudnn_;  // null: the own kernels run every attention
-  std::string cudnn_absent_;                     // why cudnn_ is null (empty under "own")
+  std::optional<cuda::AttentionRouter> attention_;  // cuDNN or own, per call
 };
 
 }  // namespace
