@@ -5,6 +5,7 @@
 // On the cpu backend the difference is mostly the GEMMs' fp32 summation order, which
 // differs between K = d on one rank and K = d/t per rank; `--backend reference` sums in
 // double, which leaves the online algorithm's own error (at small shapes: it is slow).
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -70,16 +71,15 @@ Command add_bench_norm_command(CLI::App& app) {
                                      {"mean_abs_diff", diffs.output.mean},
                                      {"bwd_max_abs_diff", diffs.input_grad.max},
                                      {"bwd_mean_abs_diff", diffs.input_grad.mean}};
-      std::printf("%s\n", j.dump().c_str());
+      fmt::print("{}\n", j.dump());
     } else {
-      std::printf(
-          "bench norm: online RMSNorm + row-split linear on %d rank(s) vs RMSNorm + linear on "
-          "one rank, x [%lld, %lld] ~ N(0, 1), A [%lld, %lld] ~ N(0, 1/d), fp32, %s backend\n"
-          "  output          max %.2e  mean %.2e  (paper, 4 GPUs: max 7e-7, mean 6e-8)\n"
-          "  input gradient  max %.2e  mean %.2e\n",
-          t, (long long)o->rows, (long long)o->hidden, (long long)o->rank, (long long)o->hidden,
-          o->backend.c_str(), diffs.output.max, diffs.output.mean, diffs.input_grad.max,
-          diffs.input_grad.mean);
+      fmt::print(
+          "bench norm: online RMSNorm + row-split linear on {} rank(s) vs RMSNorm + linear on "
+          "one rank, x [{}, {}] ~ N(0, 1), A [{}, {}] ~ N(0, 1/d), fp32, {} backend\n"
+          "  output          max {:.2e}  mean {:.2e}  (paper, 4 GPUs: max 7e-7, mean 6e-8)\n"
+          "  input gradient  max {:.2e}  mean {:.2e}\n",
+          t, o->rows, o->hidden, o->rank, o->hidden, o->backend, diffs.output.max,
+          diffs.output.mean, diffs.input_grad.max, diffs.input_grad.mean);
     }
     std::fflush(stdout);
     return 0;

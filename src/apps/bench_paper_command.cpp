@@ -162,12 +162,12 @@ class Launcher {
       command = fmt::format("OMP_NUM_THREADS={} {} -np {}{} {} {}", threads, mpirun_, ranks,
                             ranks > cores_ ? " --oversubscribe" : "", shell_quote(exe_), args);
     const fs::path log = out_ / "logs" / (name + ".log");
-    std::fprintf(stderr, "bench paper: %s ...", name.c_str());
+    fmt::print(stderr, "bench paper: {} ...", name);
     std::fflush(stderr);
     const auto start = std::time(nullptr);
     const auto [status, output] = run_shell(command + " 2>&1");
     std::ofstream(log) << "$ " << command << "\n" << output;
-    std::fprintf(stderr, " %lds\n", long(std::time(nullptr) - start));
+    fmt::print(stderr, " {}s\n", std::time(nullptr) - start);
     if (status != 0) {
       const size_t tail = output.size() > 2000 ? output.size() - 2000 : 0;
       fail("bench paper: '{}' failed (status {}; log {}):\n{}", name, status, log.string(),
@@ -410,7 +410,7 @@ Command add_bench_paper_command(CLI::App& app) {
     // The paper's own runs, on its cluster: predicted, nothing run (bottle plan --paper).
     r.predicted = predict_paper_runs(load_cluster("a100-perlmutter"));
     write_paper_report(r, out);
-    std::printf("bench paper: wrote %s and its plots\n", (out / "report.md").string().c_str());
+    fmt::print("bench paper: wrote {} and its plots\n", (out / "report.md").string());
     return 0;
   };
 }

@@ -4,6 +4,7 @@
 // step's time, the measured pipeline bubble (the share of the schedule's time a stage waits
 // instead of computing, against the ideal (p-1)/(m+p-1)) and the gradient traffic each DP
 // rank all-reduces per step.
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/process_groups.h"
+#include "core/statistics.h"
 #include "model/llama.h"
 #include "train/train_config.h"
 #include "train/train_step.h"
@@ -80,10 +82,6 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
     bubble.push_back(mean_idle);
     dp_elements = groups.dp ? groups.dp->stats().with_prefix("dp.grads").elements : 0;
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   return {median(step_ms), median(bubble),
           int64_t(reduce_scalar(groups.pp.get(), double(dp_elements), ReduceOp::sum, "bench.sum"))};
 }
@@ -118,31 +116,31 @@ Command add_bench_pipeline_command(CLI::App& app) {
     if (config.model.bottleneck != BottleneckKind::none) models.push_back(config.model);
     const int m = int(config.training.grad_accum_steps);
     if (world.rank() == 0)
-      std::printf(
-          "bench pipeline: %s, tp %lld x pp %lld x dp %lld (zero %lld), %d micro-batches "
-          "of %lld x %lld per step\n",
-          o->config.c_str(), (long long)p.tp, (long long)p.pp, (long long)p.dp, (long long)p.zero,
-          m, (long long)config.training.micro_batch_size, (long long)config.training.seq_len);
+      fmt::print(
+          "bench pipeline: {}, tp {} x pp {} x dp {} (zero {}), {} micro-batches "
+          "of {} x {} per step\n",
+          o->config, p.tp, p.pp, p.dp, p.zero, m, config.training.micro_batch_size,
+          config.training.seq_len);
     std::vector<int64_t> traffic;
     for (const ModelConfig& model : models) {
       for (PipelineSchedule schedule : {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
         const PipelineResult r = measure(config, model, schedule, groups, o->steps, o->warmup);
         if (schedule == PipelineSchedule::one_f_one_b) traffic.push_back(r.dp_grad_elements);
         if (world.rank() != 0) continue;
-        std::printf(
-            "  %-5s %-5s step %8.1f ms | bubble %5.1f%% (ideal %5.1f%%) | DP gradient traffic "
-            "%lld elements (%.1f MB) per DP rank and step\n",
+        fmt::print(
+            "  {:<5} {:<5} step {:>8.1f} ms | bubble {:>5.1f}% (ideal {:>5.1f}%) | DP gradient "
+            "traffic {} elements ({:.1f} MB) per DP rank and step\n",
             bottleneck_kind_name(model.bottleneck),
             schedule == PipelineSchedule::gpipe ? "gpipe" : "1f1b", r.step_ms, 100.0 * r.bubble,
-            100.0 * bubble_fraction(schedule, int(p.pp), m), (long long)r.dp_grad_elements,
+            100.0 * bubble_fraction(schedule, int(p.pp), m), r.dp_grad_elements,
             double(r.dp_grad_elements) * 4 / 1e6);
         std::fflush(stdout);
       }
     }
     if (world.rank() == 0 && traffic.size() == 2 && traffic[1] > 0)
-      std::printf("  DP gradient traffic, full-rank / %s: %.2fx\n",
-                  bottleneck_kind_name(config.model.bottleneck),
-                  double(traffic[0]) / double(traffic[1]));
+      fmt::print("  DP gradient traffic, full-rank / {}: {:.2f}x\n",
+                 bottleneck_kind_name(config.model.bottleneck),
+                 double(traffic[0]) / double(traffic[1]));
     return 0;
   };
 }

@@ -4,6 +4,7 @@
 // invocation (on the CPU, or on the same GPU: eager, and torch.compile'd with
 // --torch-compile), with achieved GFLOP/s and MFU against a GEMM peak measured here and now
 // (and against a nominal peak given with --peak-tflops).
+#include <fmt/format.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "core/backend_options.h"
 #include "core/gemm_peak.h"
 #include "core/profiling_backend.h"
+#include "core/statistics.h"
 #include "core/system_info.h"
 #include "core/token_shard.h"
 #include "model/checkpoint.h"
@@ -40,8 +42,8 @@ struct Timing {
 };
 
 Timing summarize(std::vector<double> ms) {
-  std::sort(ms.begin(), ms.end());
-  return {ms[ms.size() / 2], ms.front(), ms.back()};
+  const auto [min, max] = std::minmax_element(ms.begin(), ms.end());
+  return {median(ms), *min, *max};
 }
 
 // The kernels' times per step, beside the measured step (`step_ms`, the median): the sum of
@@ -53,13 +55,14 @@ void print_profile(const std::map<std::string, KernelTime>& times, int64_t steps
             [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
   double total = 0.0;
   for (const auto& [name, t] : rows) total += t.ms;
-  std::printf("  %-40s %8s %9s %6s %9s\n", "kernel (per step)", "calls", "ms", "%", "GFLOP/s");
+  fmt::print("  {:<40} {:>8} {:>9} {:>6} {:>9}\n", "kernel (per step)", "calls", "ms", "%",
+             "GFLOP/s");
   for (const auto& [name, t] : rows)
-    std::printf("  %-40s %8.0f %9.2f %5.1f%% %9s\n", name.c_str(), double(t.calls) / double(steps),
-                t.ms / double(steps), 100.0 * t.ms / total,
-                t.flops > 0 ? fmt::format("{:.0f}", t.flops / (t.ms * 1e6)).c_str() : "");
-  std::printf("  %-40s %8s %9.2f   of a %.2f ms step (%.0f%%)\n", "total in kernels", "",
-              total / double(steps), step_ms, 100.0 * total / double(steps) / step_ms);
+    fmt::print("  {:<40} {:>8.0f} {:>9.2f} {:>5.1f}% {:>9}\n", name,
+               double(t.calls) / double(steps), t.ms / double(steps), 100.0 * t.ms / total,
+               t.flops > 0 ? fmt::format("{:.0f}", t.flops / (t.ms * 1e6)) : "");
+  fmt::print("  {:<40} {:>8} {:>9.2f}   of a {:.2f} ms step ({:.0f}%)\n", "total in kernels", "",
+             total / double(steps), step_ms, 100.0 * total / double(steps) / step_ms);
 }
 
 // The same profile in a kind's JSON row: backend ops (launches) and milliseconds in them per
@@ -292,7 +295,7 @@ void print_attention_paths(Backend* be, const BenchStepOptions* o,
         precision_list.size() > 1 ? fmt::format("{}: ", enum_name(precision)) : std::string(),
         be->attention_path(o->batch, o->seq, o->model.num_heads, o->model.num_kv_heads,
                            o->model.head_dim(), compute_dtype(precision)));
-  if (!o->json) std::printf("attention: %s\n", attention_text.c_str());
+  if (!o->json) fmt::print("attention: {}\n", attention_text);
 }
 
 // The lines before the rows: the shape, the GEMM peaks, the CPU, the backend, how --profile
@@ -301,21 +304,18 @@ void print_bench_header(Backend* be, const BenchStepOptions* o, const std::strin
                         const ProfilingBackend* profiler, bool on_device,
                         const std::vector<Precision>& precision_list) {
   if (!o->json)
-    std::printf(
-        "bench step: V=%lld d=%lld d_ff=%lld L=%lld H=%lld s=%lld b=%lld %s, %d threads; GEMM "
-        "peak %s\nCPU: %s\n",
-        (long long)o->model.vocab_size, (long long)o->model.hidden_size,
-        (long long)o->model.intermediate_size, (long long)o->model.num_layers,
-        (long long)o->model.num_heads, (long long)o->seq, (long long)o->batch,
-        o->precisions.c_str(), o->threads, peak_text.c_str(), cpu_summary().c_str());
-  if (!o->json && o->backend != "cpu")
-    std::printf("backend: %s\n", backend_description(o->backend).c_str());
+    fmt::print(
+        "bench step: V={} d={} d_ff={} L={} H={} s={} b={} {}, {} threads; GEMM "
+        "peak {}\nCPU: {}\n",
+        o->model.vocab_size, o->model.hidden_size, o->model.intermediate_size, o->model.num_layers,
+        o->model.num_heads, o->seq, o->batch, o->precisions, o->threads, peak_text, cpu_summary());
+  if (!o->json && o->backend != "cpu") fmt::print("backend: {}\n", backend_description(o->backend));
   if (!o->json && profiler && on_device)
-    std::printf(
+    fmt::print(
         "--profile: each kernel between two events on the stream, read after the steps (no "
         "wait per kernel)\n");
   const bool any_bf16 = std::count(precision_list.begin(), precision_list.end(), Precision::bf16);
-  if (!o->json && any_bf16) std::printf("bf16 GEMMs: %s\n", be->bf16_gemm_path().c_str());
+  if (!o->json && any_bf16) fmt::print("bf16 GEMMs: {}\n", be->bf16_gemm_path());
 }
 
 // The GEMM peak of each precision, and the nominal one where --peak-tflops gives it.
@@ -491,18 +491,18 @@ void print_step_line(const BenchStepOptions* o, const std::string& kind, Precisi
   if (o->peak_tflops > 0)
     mfu_text += fmt::format(" of measured GEMM peak, {:.1f}% of {:g} TFLOP/s nominal",
                             100.0 * mfu_nominal, o->peak_tflops);
-  std::printf(
-      "%-5s %-4s %9lld params  %8.1f ms/step [%.1f-%.1f]  %9.0f tok/s  %6.1f GFLOP/s  MFU "
-      "%s",
-      kind.c_str(), enum_name(precision), (long long)config.parameter_count(), t.median, t.min,
-      t.max, double(n) / (t.median / 1e3), gflops, mfu_text.c_str());
+  fmt::print(
+      "{:<5} {:<4} {:9} params  {:>8.1f} ms/step [{:.1f}-{:.1f}]  {:>9.0f} tok/s  {:>6.1f} GFLOP/s "
+      " MFU {}",
+      kind, enum_name(precision), config.parameter_count(), t.median, t.min, t.max,
+      double(n) / (t.median / 1e3), gflops, mfu_text);
   if (row.contains("speedup_vs_full_rank"))
-    std::printf("  %.2fx vs full-rank", row["speedup_vs_full_rank"].get<double>());
+    fmt::print("  {:.2f}x vs full-rank", row["speedup_vs_full_rank"].get<double>());
   for (const char* other : {"fp32", "bf16"})
     if (row.contains(fmt::format("speedup_vs_{}", other)))
-      std::printf("  %.2fx vs %s", row[fmt::format("speedup_vs_{}", other)].get<double>(), other);
-  std::printf("%s\n", peer_text.c_str());
-  if (on_device) std::printf("      host waits for the device: %.1f per step\n", host_waits);
+      fmt::print("  {:.2f}x vs {}", row[fmt::format("speedup_vs_{}", other)].get<double>(), other);
+  fmt::print("{}\n", peer_text);
+  if (on_device) fmt::print("      host waits for the device: {:.1f} per step\n", host_waits);
 }
 
 }  // namespace
@@ -677,7 +677,7 @@ Command add_bench_step_command(CLI::App& app) {
             torch_row ? peer_columns(o.get(), on_device, precision, peer_dir, timed, row) : "";
         if (profiler) add_profile(row, timed.step_kernels, o->steps);
         if (o->json) {
-          std::printf("%s\n", row.dump().c_str());
+          fmt::print("{}\n", row.dump());
         } else {
           print_step_line(o.get(), kind, precision, config, t, n, gflops, mfu, mfu_nominal,
                           on_device, timed.host_waits, row, peer_text);

@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <barrier>
 #include <chrono>
-#include <cstdio>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -165,19 +164,20 @@ Command add_bench_tokenize_command(CLI::App& app) {
                       {"speedup", rate / baseline}});
     }
     if (o->json) {
-      for (const auto& row : rows) std::printf("%s\n", row.dump().c_str());
+      for (const auto& row : rows) fmt::print("{}\n", row.dump());
       return 0;
     }
-    std::printf("%s\n%s: %zu documents, %.2f MB, %llu tokens (%.3f bytes per token)\n",
-                tokenizer->describe().c_str(), o->input.c_str(), docs.size(), mb,
-                (unsigned long long)tokens, double(bytes) / double(tokens));
-    std::printf("CPU: %s\n", cpu_summary().c_str());
-    std::printf("%-14s %7s %9s %12s %9s\n", "engine", "threads", "MB/s", "tokens/s", "vs first");
+    fmt::print("{}\n{}: {} documents, {:.2f} MB, {} tokens ({:.3f} bytes per token)\n",
+               tokenizer->describe(), o->input, docs.size(), mb, tokens,
+               double(bytes) / double(tokens));
+    fmt::print("CPU: {}\n", cpu_summary());
+    fmt::print("{:<14} {:>7} {:>9} {:>12} {:>9}\n", "engine", "threads", "MB/s", "tokens/s",
+               "vs first");
     for (const auto& row : rows)
-      std::printf("%-14s %7d %9.2f %12.0f %8.2fx\n", row["engine"].get<std::string>().c_str(),
-                  row["threads"].get<int>(), row["mb_per_s"].get<double>(),
-                  row["tokens_per_s"].get<double>(), row["speedup"].get<double>());
-    if (!peer_note.empty()) std::printf("HF peer not run: %s\n", peer_note.c_str());
+      fmt::print("{:<14} {:7} {:>9.2f} {:>12.0f} {:>8.2f}x\n", row["engine"].get<std::string>(),
+                 row["threads"].get<int>(), row["mb_per_s"].get<double>(),
+                 row["tokens_per_s"].get<double>(), row["speedup"].get<double>());
+    if (!peer_note.empty()) fmt::print("HF peer not run: {}\n", peer_note);
     return 0;
   };
 }

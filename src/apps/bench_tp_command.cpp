@@ -9,6 +9,7 @@
 // --components splits the time of the q/k/v and gate/up groups into compute and
 // all-reduce (the grouping ablation of BOOST §4.3). Times are medians over the recorded
 // steps, reported with their min and max.
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/process_groups.h"
+#include "core/statistics.h"
 #include "model/llama.h"
 #include "parallel/component_times.h"
 #include "plan/planner.h"
@@ -88,8 +90,8 @@ struct Spread {
 
 Spread spread_of(std::vector<double> v) {
   if (v.empty()) return {};
-  std::sort(v.begin(), v.end());
-  return {v[v.size() / 2], v.front(), v.back()};
+  const auto [min, max] = std::minmax_element(v.begin(), v.end());
+  return {median(v), *min, *max};
 }
 
 // The parts of a block --components times (ComponentTimes' names) and the members of each.
@@ -310,17 +312,16 @@ void print_fit_table(const TrainConfig& config, const std::string& path, Communi
   const bool leader = world.rank() == 0;
   const ModelConfig& m = config.model;
   if (leader && !json)
-    std::printf(
-        "bench tp --fit: %s, tp %lld, %s model d=%lld d_ff=%lld H=%lld r=%lld L=%lld V=%lld, "
-        "sequence %lld, %s; planned per rank (weights, gradients, AdamW moments, activations "
-        "and buffers) under %s, micro-batches 1..%lld\n"
-        "  %-28s %10s %12s %12s %12s %12s %12s\n",
-        path.c_str(), (long long)config.parallel.tp, bottleneck_kind_name(m.bottleneck),
-        (long long)m.hidden_size, (long long)m.intermediate_size, (long long)m.num_heads,
-        (long long)m.rank, (long long)m.num_layers, (long long)m.vocab_size,
-        (long long)config.training.seq_len, enum_name(config.training.precision),
-        format_bytes(size_t(limit)).c_str(), (long long)max_batch, "mode", "max batch", "weights",
-        "gradients", "optimizer", "act+buffers", "total");
+    fmt::print(
+        "bench tp --fit: {}, tp {}, {} model d={} d_ff={} H={} r={} L={} V={}, "
+        "sequence {}, {}; planned per rank (weights, gradients, AdamW moments, activations "
+        "and buffers) under {}, micro-batches 1..{}\n"
+        "  {:<28} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12}\n",
+        path, config.parallel.tp, bottleneck_kind_name(m.bottleneck), m.hidden_size,
+        m.intermediate_size, m.num_heads, m.rank, m.num_layers, m.vocab_size,
+        config.training.seq_len, enum_name(config.training.precision), format_bytes(size_t(limit)),
+        max_batch, "mode", "max batch", "weights", "gradients", "optimizer", "act+buffers",
+        "total");
   std::vector<const TpLayout*> modes{full_mode()};
   if (m.bottleneck != BottleneckKind::none) modes = {full_mode(), vanilla_mode(), btp_mode()};
   for (const TpLayout* mode : modes)
@@ -343,15 +344,13 @@ void print_fit_table(const TrainConfig& config, const std::string& path, Communi
                                        {"optimizer_bytes", b[MemoryTag::optimizer]},
                                        {"activation_and_buffer_bytes", act},
                                        {"total_bytes", b.total()}};
-        std::printf("%s\n", j.dump().c_str());
+        fmt::print("{}\n", j.dump());
       } else {
-        std::printf("  %-28s %10s %12s %12s %12s %12s %12s%s\n", v.label().c_str(),
-                    fit.batch ? std::to_string(fit.batch).c_str() : "none",
-                    format_bytes(b[MemoryTag::weights]).c_str(),
-                    format_bytes(b[MemoryTag::gradients]).c_str(),
-                    format_bytes(b[MemoryTag::optimizer]).c_str(), format_bytes(act).c_str(),
-                    format_bytes(b.total()).c_str(),
-                    fit.batch ? "" : "  (at micro-batch 1: does not fit)");
+        fmt::print("  {:<28} {:>10} {:>12} {:>12} {:>12} {:>12} {:>12}{}\n", v.label(),
+                   fit.batch ? std::to_string(fit.batch) : "none",
+                   format_bytes(b[MemoryTag::weights]), format_bytes(b[MemoryTag::gradients]),
+                   format_bytes(b[MemoryTag::optimizer]), format_bytes(act),
+                   format_bytes(b.total()), fit.batch ? "" : "  (at micro-batch 1: does not fit)");
       }
       std::fflush(stdout);
     }
@@ -468,33 +467,32 @@ void print_result_json(const ModeResult& r, const Saving& saved, int tp, Precisi
     // computation (started calls, Communicator::start_*).
     j["comm_exposed_ms_by_site"] = exposed;
   }
-  std::printf("%s\n", j.dump().c_str());
+  fmt::print("{}\n", j.dump());
 }
 
 // One variant's result as one line of text.
 void print_result_line(const ModeResult& r, const Saving& saved) {
   const double blocks = double(r.blocks);
-  std::printf(
-      "  %-34s %-5s fwd %9.0f bwd %9.0f elements (%9.0f + %9.0f bytes) per token and block "
-      "(%4.1f + %4.1f collectives, %4.1f recomputed) | iter %8.1f ms (comm %6.1f, compute "
-      "%8.1f, "
-      "recompute %6.1f) %8.0f tokens/s | total %9s, activations %9s, buffers %9s",
-      r.variant.label().c_str(), bottleneck_kind_name(r.kind), r.fwd_per_token_block(),
+  fmt::print(
+      "  {:<34} {:<5} fwd {:>9.0f} bwd {:>9.0f} elements ({:>9.0f} + {:>9.0f} bytes) per token and "
+      "block ({:>4.1f} + {:>4.1f} collectives, {:>4.1f} recomputed) | iter {:>8.1f} ms (comm "
+      "{:>6.1f}, compute {:>8.1f}, recompute {:>6.1f}) {:>8.0f} tokens/s | total {:>9}, "
+      "activations {:>9}, buffers {:>9}",
+      r.variant.label(), bottleneck_kind_name(r.kind), r.fwd_per_token_block(),
       r.bwd_per_token_block(), r.fwd_bytes_per_token_block(), r.bwd_bytes_per_token_block(),
       double(r.fwd.calls) / blocks, double(r.bwd.calls) / blocks,
       double(r.recompute_comm.calls) / blocks, r.iter_ms(), r.comm_ms(), r.iter_ms() - r.comm_ms(),
-      r.recompute_ms(), double(r.tokens) / (r.iter_ms() / 1e3),
-      format_bytes(r.memory.total()).c_str(), format_bytes(r.activation_bytes()).c_str(),
-      format_bytes(r.buffer_bytes()).c_str());
-  std::printf(" | iter min %.1f max %.1f ms", r.iter.min, r.iter.max);
+      r.recompute_ms(), double(r.tokens) / (r.iter_ms() / 1e3), format_bytes(r.memory.total()),
+      format_bytes(r.activation_bytes()), format_bytes(r.buffer_bytes()));
+  fmt::print(" | iter min {:.1f} max {:.1f} ms", r.iter.min, r.iter.max);
   for (const Component& component : kComponents)
     if (const auto it = r.components.find(component.name); it != r.components.end())
-      std::printf(" | %s compute %.2f comm %.2f ms", component.name, it->second.compute_ms.median,
-                  it->second.comm_ms.median);
+      fmt::print(" | {} compute {:.2f} comm {:.2f} ms", component.name,
+                 it->second.compute_ms.median, it->second.comm_ms.median);
   if (r.variant.recompute != Recompute::none)
-    std::printf(" | saves %.1f MB for %.1f ms: %.1f MB/ms (iteration +%.1f ms)", saved.saved_mb,
-                r.recompute_ms(), saved.mb_per_ms, saved.extra_ms);
-  std::printf("\n");
+    fmt::print(" | saves {:.1f} MB for {:.1f} ms: {:.1f} MB/ms (iteration +{:.1f} ms)",
+               saved.saved_mb, r.recompute_ms(), saved.mb_per_ms, saved.extra_ms);
+  fmt::print("\n");
 }
 
 // The variant of `mode` as configured (grouping, the latent's statistic) under `policy`.
@@ -518,27 +516,27 @@ void print_comparisons(const std::vector<ModeResult>& results, Recompute base, b
   const ModeResult *full = find(full_mode(), base), *vanilla = find(vanilla_mode(), base),
                    *btp = find(btp_mode(), base);
   if (vanilla && btp) {
-    std::printf(
-        "  forward volume vs full-rank TP: vanilla %.3fx, btp %.3fx | btp iteration speedup: "
-        "%.2fx vs vanilla, %.2fx vs full-rank TP\n",
+    fmt::print(
+        "  forward volume vs full-rank TP: vanilla {:.3f}x, btp {:.3f}x | btp iteration speedup: "
+        "{:.2f}x vs vanilla, {:.2f}x vs full-rank TP\n",
         vanilla->fwd_per_token_block() / full->fwd_per_token_block(),
         btp->fwd_per_token_block() / full->fwd_per_token_block(),
         vanilla->iter_ms() / btp->iter_ms(), full->iter_ms() / btp->iter_ms());
     auto buffers = [](const ModeResult* r) {
       return double(r->activation_bytes() + r->buffer_bytes());
     };
-    std::printf(
-        "  activations + buffers per rank, recompute \"%s\": btp %s vs vanilla %s = %.3fx "
+    fmt::print(
+        "  activations + buffers per rank, recompute \"{}\": btp {} vs vanilla {} = {:.3f}x "
         "(paper, no recomputation, CoLA-7B at micro-batch 4 on 4 GPUs: 22.14 / 30.73 GB = "
         "0.72x)\n",
-        recompute_name(base), format_bytes(size_t(buffers(btp))).c_str(),
-        format_bytes(size_t(buffers(vanilla))).c_str(), buffers(btp) / buffers(vanilla));
+        recompute_name(base), format_bytes(size_t(buffers(btp))),
+        format_bytes(size_t(buffers(vanilla))), buffers(btp) / buffers(vanilla));
     const ModeResult *lowrank = find(btp_mode(), Recompute::lowrank),
                      *vanilla_block = find(vanilla_mode(), Recompute::block);
     if (lowrank && vanilla_block)
-      std::printf(
-          "  recomputation: btp lowrank %.1f MB/ms vs vanilla block %.1f MB/ms = %.2fx (paper, "
-          "7B at micro-batch 4: 193.5 / 113.7 = 1.70x)\n",
+      fmt::print(
+          "  recomputation: btp lowrank {:.1f} MB/ms vs vanilla block {:.1f} MB/ms = {:.2f}x "
+          "(paper, 7B at micro-batch 4: 193.5 / 113.7 = 1.70x)\n",
           saving(*lowrank).mb_per_ms, saving(*vanilla_block).mb_per_ms,
           saving(*lowrank).mb_per_ms / saving(*vanilla_block).mb_per_ms);
     const ModeResult *vanilla_ungrouped = nullptr, *btp_ungrouped = nullptr, *stat = nullptr;
@@ -549,9 +547,9 @@ void print_comparisons(const std::vector<ModeResult>& results, Recompute base, b
       if (r.variant.statistic == NormStatistic::all_reduce) stat = &r;
     }
     if (vanilla_ungrouped && btp_ungrouped && stat)
-      std::printf(
-          "  grouping speedup: vanilla %.2fx, btp %.2fx | btp with RMSNorm's backward "
-          "statistic all-reduced: %.3fx the time of taking it from the latent\n",
+      fmt::print(
+          "  grouping speedup: vanilla {:.2f}x, btp {:.2f}x | btp with RMSNorm's backward "
+          "statistic all-reduced: {:.3f}x the time of taking it from the latent\n",
           std::pow(vanilla_ungrouped->iter_ms() / vanilla->iter_ms(), grouping ? 1 : -1),
           std::pow(btp_ungrouped->iter_ms() / btp->iter_ms(), grouping ? 1 : -1),
           stat->iter_ms() / btp->iter_ms());
@@ -561,13 +559,13 @@ void print_comparisons(const std::vector<ModeResult>& results, Recompute base, b
       if (!ungrouped || grouped->components.empty()) continue;
       const ModeResult& on = grouping ? *grouped : *ungrouped;
       const ModeResult& off = grouping ? *ungrouped : *grouped;
-      std::printf("  %s grouping on vs off, ms per step:", on.mode->name());
+      fmt::print("  {} grouping on vs off, ms per step:", on.mode->name());
       for (const Component& c : kComponents) {
         const ComponentResult &a = on.components.at(c.name), &b = off.components.at(c.name);
-        std::printf(" %s compute %.2f vs %.2f, all-reduce %.2f vs %.2f |", c.name,
-                    a.compute_ms.median, b.compute_ms.median, a.comm_ms.median, b.comm_ms.median);
+        fmt::print(" {} compute {:.2f} vs {:.2f}, all-reduce {:.2f} vs {:.2f} |", c.name,
+                   a.compute_ms.median, b.compute_ms.median, a.comm_ms.median, b.comm_ms.median);
       }
-      std::printf(" iteration %.1f vs %.1f\n", on.iter_ms(), off.iter_ms());
+      fmt::print(" iteration {:.1f} vs {:.1f}\n", on.iter_ms(), off.iter_ms());
     }
   }
 }
@@ -650,14 +648,13 @@ Command add_bench_tp_command(CLI::App& app) {
     const bool leader = world.rank() == 0;
     const ModelConfig& m = config.model;
     if (leader && !o->json)
-      std::printf(
-          "bench tp: %s, %d rank(s), %s model d=%lld d_ff=%lld H=%lld r=%lld L=%lld, "
-          "b=%lld s=%lld, %s, grouping %s, recompute \"%s\", %d thread(s) per rank; full = the "
+      fmt::print(
+          "bench tp: {}, {} rank(s), {} model d={} d_ff={} H={} r={} L={}, "
+          "b={} s={}, {}, grouping {}, recompute \"{}\", {} thread(s) per rank; full = the "
           "full-rank model of the same widths\n",
-          o->config.c_str(), world.size(), bottleneck_kind_name(m.bottleneck),
-          (long long)m.hidden_size, (long long)m.intermediate_size, (long long)m.num_heads,
-          (long long)m.rank, (long long)m.num_layers, (long long)config.training.micro_batch_size,
-          (long long)config.training.seq_len, enum_name(config.training.precision),
+          o->config, world.size(), bottleneck_kind_name(m.bottleneck), m.hidden_size,
+          m.intermediate_size, m.num_heads, m.rank, m.num_layers, config.training.micro_batch_size,
+          config.training.seq_len, enum_name(config.training.precision),
           config.parallel.grouping ? "on" : "off", recompute_name(base), omp_get_max_threads());
     std::vector<std::unique_ptr<ModeRun>> runs;
     for (const Variant& variant : variants) {

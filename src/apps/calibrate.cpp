@@ -1,10 +1,10 @@
 #include "apps/calibrate.h"
 
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cstdio>
 #include <fstream>
 #include <tuple>
 #include <vector>
@@ -12,6 +12,7 @@
 #include "core/arena.h"
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/statistics.h"
 #include "core/system_info.h"
 #include "plan/cluster.h"
 #include "train/memory_plan.h"
@@ -38,8 +39,7 @@ double median_seconds(F&& f, int rounds = 7, double min_seconds = 0.1) {
     } while (elapsed < min_seconds);
     times.push_back(elapsed / runs);
   }
-  std::sort(times.begin(), times.end());
-  return times[times.size() / 2];
+  return median(times);
 }
 
 // TFLOP/s of a square product of n = 1024 in `dtype` (fp32 accumulation and output).
@@ -125,8 +125,7 @@ double all_reduce_seconds(Communicator& world, int64_t elements) {
     for (int run = 0; run < kRuns; ++run) world.all_reduce(t, ReduceOp::sum, "calibrate");
     times.push_back(std::chrono::duration<double>(Clock::now() - t0).count() / kRuns);
   }
-  std::sort(times.begin(), times.end());
-  return reduce_scalar(&world, times[times.size() / 2], ReduceOp::max, "calibrate");
+  return reduce_scalar(&world, median(times), ReduceOp::max, "calibrate");
 }
 
 }  // namespace
@@ -187,7 +186,7 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
   out << text;
   out.close();
   BOTTLE_CHECK(out.good(), "{}: cannot write the cluster file", path);
-  std::printf("%s", text.c_str());
+  fmt::print("{}", text);
 }
 
 }  // namespace bottle

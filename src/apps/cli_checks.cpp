@@ -87,8 +87,8 @@ std::string checkpoint_option(const std::string& given, const std::string& comma
   check_not_a_run_without_checkpoint(given);
   const std::string dir = model_directory(given);
   if (dir != given && world_communicator().rank() == 0)
-    std::fprintf(stderr, "%s: %s is a run's folder: its newest checkpoint is %s\n", command.c_str(),
-                 given.c_str(), dir.c_str());
+    fmt::print(stderr, "{}: {} is a run's folder: its newest checkpoint is {}\n", command, given,
+               dir);
   return dir;
 }
 

@@ -68,10 +68,10 @@ std::string validation_split_of(const std::string& data) {
                data, fmt::join(val, ", "), data);
   const std::string pattern = (fs::path(data) / (*val.begin() + "_val_*.bin")).string();
   if (world_communicator().rank() == 0)
-    std::fprintf(stderr,
-                 "eval: %s holds a train and a validation split: evaluating the validation split "
-                 "%s\n",
-                 data.c_str(), pattern.c_str());
+    fmt::print(stderr,
+               "eval: {} holds a train and a validation split: evaluating the validation split "
+               "{}\n",
+               data, pattern);
   return pattern;
 }
 
@@ -210,16 +210,14 @@ Command add_eval_command(CLI::App& app) {
                                {"batches", batches}, {"batch", o->batch},
                                {"seq", seq},         {"perplexity", std::exp(loss)}};
       j["bits_per_byte"] = bits_per_byte ? nlohmann::ordered_json(*bits_per_byte) : nullptr;
-      std::printf("%s\n", j.dump().c_str());
+      fmt::print("{}\n", j.dump());
     } else {
       const std::string per_byte =
           bits_per_byte ? fmt::format("; {:.4f} bits per byte ({:.3f} bytes per token)",
                                       *bits_per_byte, *bytes_per_token_)
                         : std::string();
-      std::printf(
-          "loss %.6f nats (perplexity %.3f) over %lld tokens (%lld batches of %lld x %lld)%s\n",
-          loss, std::exp(loss), (long long)count, (long long)batches, (long long)o->batch,
-          (long long)seq, per_byte.c_str());
+      fmt::print("loss {:.6f} nats (perplexity {:.3f}) over {} tokens ({} batches of {} x {}){}\n",
+                 loss, std::exp(loss), count, batches, o->batch, seq, per_byte);
     }
     return 0;
   };

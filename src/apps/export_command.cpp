@@ -3,7 +3,8 @@
 // model.safetensors and the checkpoint's tokenizer, loadable by LlamaForCausalLM (full-rank),
 // by AutoModelForCausalLM with trust_remote_code (low-rank: the modeling files come along), by
 // AutoTokenizer, and by every bottle command.
-#include <cstdio>
+#include <fmt/format.h>
+
 #include <filesystem>
 
 #include "apps/cli_checks.h"
@@ -48,8 +49,8 @@ Command add_export_command(CLI::App& app) {
                  special_token_ids(tokenizer.get()));
       if (tokenizer) tokenizer->save(temp);
     });
-    std::printf("exported %s (%lld parameters, %s) to %s\n", o->checkpoint.c_str(),
-                (long long)model->config().parameter_count(), o->dtype.c_str(), o->out.c_str());
+    fmt::print("exported {} ({} parameters, {}) to {}\n", o->checkpoint,
+               model->config().parameter_count(), o->dtype, o->out);
     return 0;
   };
 }

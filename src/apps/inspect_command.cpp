@@ -11,7 +11,6 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -196,55 +195,49 @@ std::string position_text(const ojson& position) {
 }
 
 void print_model(const ojson& m) {
-  std::printf("model: %s (%s), %s parameters, stored as %s\n",
-              m["directory"].get<std::string>().c_str(), m["kind"].get<std::string>().c_str(),
-              fmt::format("{}", m["parameters"].get<int64_t>()).c_str(),
-              m["stored_dtype"].get<std::string>().c_str());
-  std::printf(
-      "  d %lld, d_ff %lld, %lld layers, %lld heads (%lld kv), vocabulary %lld, "
-      "positions %lld%s\n",
-      (long long)m["hidden_size"].get<int64_t>(), (long long)m["intermediate_size"].get<int64_t>(),
-      (long long)m["num_layers"].get<int64_t>(), (long long)m["num_heads"].get<int64_t>(),
-      (long long)m["num_kv_heads"].get<int64_t>(), (long long)m["vocab_size"].get<int64_t>(),
-      (long long)m["max_seq_len"].get<int64_t>(),
-      m["tie_embeddings"].get<bool>() ? ", tied embeddings" : "");
+  fmt::print("model: {} ({}), {} parameters, stored as {}\n", m["directory"].get<std::string>(),
+             m["kind"].get<std::string>(), m["parameters"].get<int64_t>(),
+             m["stored_dtype"].get<std::string>());
+  fmt::print(
+      "  d {}, d_ff {}, {} layers, {} heads ({} kv), vocabulary {}, "
+      "positions {}{}\n",
+      m["hidden_size"].get<int64_t>(), m["intermediate_size"].get<int64_t>(),
+      m["num_layers"].get<int64_t>(), m["num_heads"].get<int64_t>(),
+      m["num_kv_heads"].get<int64_t>(), m["vocab_size"].get<int64_t>(),
+      m["max_seq_len"].get<int64_t>(), m["tie_embeddings"].get<bool>() ? ", tied embeddings" : "");
   if (m.contains("ranks")) {
     std::string ranks;
     for (const auto& [name, r] : m["ranks"].items())
       ranks += fmt::format("{}{} {}", ranks.empty() ? "" : ", ", name, r.get<int64_t>());
-    std::printf("  ranks: %s\n", ranks.c_str());
+    fmt::print("  ranks: {}\n", ranks);
   }
-  std::printf("  tokenizer: %s\n", m["tokenizer"].get<std::string>().c_str());
+  fmt::print("  tokenizer: {}\n", m["tokenizer"].get<std::string>());
   if (!m.contains("training")) return;
   const ojson& t = m["training"];
-  std::printf("  step %lld (%lld optimizer steps), seed %s, data position: %s\n",
-              (long long)t["step"].get<int64_t>(), (long long)t["optimizer_steps"].get<int64_t>(),
-              t["seed"].is_null() ? "unrecorded" : t["seed"].dump().c_str(),
-              position_text(t["data_position"]).c_str());
-  if (t["logged"].contains("loss"))
-    std::printf("  logged at %s\n", logged_text(t["logged"]).c_str());
+  fmt::print("  step {} ({} optimizer steps), seed {}, data position: {}\n",
+             t["step"].get<int64_t>(), t["optimizer_steps"].get<int64_t>(),
+             t["seed"].is_null() ? std::string("unrecorded") : t["seed"].dump(),
+             position_text(t["data_position"]));
+  if (t["logged"].contains("loss")) fmt::print("  logged at {}\n", logged_text(t["logged"]));
 }
 
 void print_text(const ojson& out) {
   if (out.contains("run")) {
     const ojson& r = out["run"];
-    std::printf("run: %s, %zu checkpoint(s) (steps %s), newest %s\n",
-                r["folder"].get<std::string>().c_str(), r["checkpoints"].size(),
-                r["checkpoints"].dump().c_str(), r["newest"].get<std::string>().c_str());
-    if (r["logged"].contains("loss"))
-      std::printf("  last logged at %s\n", logged_text(r["logged"]).c_str());
+    fmt::print("run: {}, {} checkpoint(s) (steps {}), newest {}\n", r["folder"].get<std::string>(),
+               r["checkpoints"].size(), r["checkpoints"].dump(), r["newest"].get<std::string>());
+    if (r["logged"].contains("loss")) fmt::print("  last logged at {}\n", logged_text(r["logged"]));
   }
   if (out.contains("model")) print_model(out["model"]);
   if (out.contains("data"))
     for (const ojson& s : out["data"])
-      std::printf(
-          "%s split (%s): %llu documents, %llu bytes, %llu tokens in %zu shard(s); "
-          "vocabulary %lld, tokenizer %s\n",
-          s["split"].get<std::string>().c_str(), s["description"].get<std::string>().c_str(),
-          (unsigned long long)s["documents"].get<uint64_t>(),
-          (unsigned long long)s["bytes"].get<uint64_t>(),
-          (unsigned long long)s["tokens"].get<uint64_t>(), s["shards"].get<size_t>(),
-          (long long)s["vocab_size"].get<int64_t>(), s["tokenizer"].get<std::string>().c_str());
+      fmt::print(
+          "{} split ({}): {} documents, {} bytes, {} tokens in {} shard(s); "
+          "vocabulary {}, tokenizer {}\n",
+          s["split"].get<std::string>(), s["description"].get<std::string>(),
+          s["documents"].get<uint64_t>(), s["bytes"].get<uint64_t>(), s["tokens"].get<uint64_t>(),
+          s["shards"].get<size_t>(), s["vocab_size"].get<int64_t>(),
+          s["tokenizer"].get<std::string>());
 }
 
 }  // namespace
@@ -263,8 +256,7 @@ Command add_inspect_command(CLI::App& app) {
   return [o] {
     const ojson out = inspect(o->path);
     if (o->json)
-      std::printf("%s\n",
-                  out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+      fmt::print("{}\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
     else
       print_text(out);
     return 0;

@@ -2,8 +2,9 @@
 // model directory (bottle's, or a LLaMA that transformers saved) factorised into a low-rank
 // bottle model by truncated SVD of every projection (model/lowrank.h), with each projection's
 // relative reconstruction error and, given --data, the loss before and after.
+#include <fmt/format.h>
+
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 
 #include "apps/cli_checks.h"
@@ -97,39 +98,37 @@ Command add_lowrank_command(CLI::App& app) {
     }
     std::vector<FactorReport> reports;
     auto low = factorize_model(*dense, kind, o->rank, reports);
-    std::printf("%-48s %13s %6s %10s\n", "projection", "d_out x d_in", "rank", "rel. error");
+    fmt::print("{:<48} {:>13} {:>6} {:>10}\n", "projection", "d_out x d_in", "rank", "rel. error");
     double worst = 0.0, sum = 0.0;
     for (const FactorReport& r : reports) {
-      std::printf("%-48s %13s %6lld %10.6f\n", r.name.c_str(),
-                  fmt::format("{}x{}", r.d_out, r.d_in).c_str(), (long long)r.rank,
-                  r.relative_error);
+      fmt::print("{:<48} {:>13} {:6} {:>10.6f}\n", r.name, fmt::format("{}x{}", r.d_out, r.d_in),
+                 r.rank, r.relative_error);
       worst = std::max(worst, r.relative_error);
       sum += r.relative_error;
     }
-    std::printf("relative Frobenius error ||W - B·A|| / ||W||: mean %.6f, worst %.6f\n",
-                sum / double(reports.size()), worst);
-    std::printf(
-        "parameters: %lld dense -> %lld %s rank %lld (%.1f%%)\n",
-        (long long)dense_config.parameter_count(), (long long)low_config.parameter_count(),
-        o->kind.c_str(), (long long)o->rank,
+    fmt::print("relative Frobenius error ||W - B·A|| / ||W||: mean {:.6f}, worst {:.6f}\n",
+               sum / double(reports.size()), worst);
+    fmt::print(
+        "parameters: {} dense -> {} {} rank {} ({:.1f}%)\n", dense_config.parameter_count(),
+        low_config.parameter_count(), o->kind, o->rank,
         100.0 * double(low_config.parameter_count()) / double(dense_config.parameter_count()));
     if (!o->data.empty()) {
       const double before = mean_loss(*be, *dense, o->data, o->batch, seq, o->batches);
       dense.reset();  // its activations and weights are no longer needed
       const double after = mean_loss(*be, *low, o->data, o->batch, seq, o->batches);
       BOTTLE_CHECK(std::isfinite(after), "lowrank: the factorised model's loss is {}", after);
-      std::printf(
-          "loss over %lld batches of %lld x %lld: dense %.6f, %s rank %lld %.6f (%+.6f, %+.3f%%)\n",
-          (long long)o->batches, (long long)o->batch, (long long)seq, before, o->kind.c_str(),
-          (long long)o->rank, after, after - before, 100.0 * (after - before) / before);
+      fmt::print(
+          "loss over {} batches of {} x {}: dense {:.6f}, {} rank {} {:.6f} ({:+.6f}, {:+.3f}%)\n",
+          o->batches, o->batch, seq, before, o->kind, o->rank, after, after - before,
+          100.0 * (after - before) / before);
     }
     // Whole or not at all (core/atomic_output.h): a full disk leaves nothing to refuse later.
     write_directory_atomically(o->out, [&](const std::string& temp) {
       save_model(*low, temp, DType::f32, special_token_ids(tokenizer.get()));
       if (tokenizer) tokenizer->save(temp);
     });
-    std::printf("wrote %s (%s rank %lld); it trains on with `bottle train --init-from %s`\n",
-                o->out.c_str(), o->kind.c_str(), (long long)o->rank, o->out.c_str());
+    fmt::print("wrote {} ({} rank {}); it trains on with `bottle train --init-from {}`\n", o->out,
+               o->kind, o->rank, o->out);
     return 0;
   };
 }

@@ -118,9 +118,9 @@ int main(int argc, char** argv) {
   for (const CLI::App* sub : app.get_subcommands({})) names.push_back(sub->get_name());
   if (argc > 1 && argv[1][0] != '-' &&
       std::find(names.begin(), names.end(), std::string(argv[1])) == names.end()) {
-    std::fprintf(stderr, "bottle: error: unknown command '%s'%s (commands: %s; see --help)\n",
-                 argv[1], bottle::did_you_mean(argv[1], names).c_str(),
-                 fmt::format("{}", fmt::join(names, ", ")).c_str());
+    fmt::print(stderr, "bottle: error: unknown command '{}'{} (commands: {}; see --help)\n",
+               argv[1], bottle::did_you_mean(argv[1], names),
+               fmt::format("{}", fmt::join(names, ", ")));
     return 1;
   }
   try {
@@ -129,7 +129,7 @@ int main(int argc, char** argv) {
     // --help and the like: CLI11's own output. A bad command line is an error like any other
     // the user can cause: one sentence naming the option, exit status 1.
     if (e.get_exit_code() == 0) return app.exit(e);
-    std::fprintf(stderr, "bottle: error: %s (see --help)\n", e.what());
+    fmt::print(stderr, "bottle: error: {} (see --help)\n", e.what());
     return 1;
   }
   // A launcher runs mpirun itself, and the text tools (prepare, tokenize, bench tokenize,
@@ -140,7 +140,7 @@ int main(int argc, char** argv) {
       prepare->parsed() || tokenize->parsed() || bench_tokenize->parsed() || inspect->parsed();
   auto report = [&](const char* kind, const char* message) {
     if (launcher || text_tool)
-      std::fprintf(stderr, "bottle: %s: %s\n", kind, message);
+      fmt::print(stderr, "bottle: {}: {}\n", kind, message);
     else
       bottle::report_fatal_error(kind, message);
   };

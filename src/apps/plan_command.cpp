@@ -3,6 +3,8 @@
 // step (plan/planner.h) and ranked, best first. `bottle plan --calibrate FILE` measures this
 // machine (GEMMs, memory bandwidth, attention, the collectives of the ranks it runs on) and
 // writes it as a cluster file, so that the same model predicts the benches here.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
@@ -31,17 +33,19 @@ const CommandKeys kPlanKeys{
 
 // The columns of one planned layout (memory as its total; --json has the breakdown).
 void print_row(const std::string& rank, const Prediction& r, int width) {
-  std::printf(
-      "  %-4s %-*s %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %7.3f %10.0f %4.0f%% %10s %s\n",
-      rank.c_str(), width, r.label().c_str(), r.step, r.compute, r.tp_comm, r.bubble, r.p2p,
-      r.dp_comm, r.recompute, r.optimizer, r.tokens_per_s, 100 * r.mfu,
-      format_bytes(r.memory.total()).c_str(), r.fits ? "yes" : "no");
+  fmt::print(
+      "  {:<4} {:<{}} {:>7.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>7.3f} {:>7.3f} "
+      "{:>10.0f} {:>4.0f}% {:>10} {}\n",
+      rank, r.label(), width, r.step, r.compute, r.tp_comm, r.bubble, r.p2p, r.dp_comm, r.recompute,
+      r.optimizer, r.tokens_per_s, 100 * r.mfu, format_bytes(r.memory.total()),
+      r.fits ? "yes" : "no");
 }
 
 void print_header(int width) {
-  std::printf("  %-4s %-*s %7s %7s %7s %7s %7s %7s %7s %7s %10s %5s %10s %s\n", "#", width,
-              "layout", "step s", "compute", "tp comm", "bubble", "p2p", "dp+pp", "recomp", "optim",
-              "tokens/s", "MFU", "memory", "fits");
+  fmt::print(
+      "  {:<4} {:<{}} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>7} {:>10} {:>5} {:>10} {}\n",
+      "#", "layout", width, "step s", "compute", "tp comm", "bubble", "p2p", "dp+pp", "recomp",
+      "optim", "tokens/s", "MFU", "memory", "fits");
 }
 
 // The fastest fitting layout of each TP mode (the full-rank baseline apart), in the order of
@@ -61,10 +65,10 @@ void print_best_per_mode(const std::vector<Prediction>& rows, int width) {
     best.emplace_back(planned, &r);
   }
   if (best.empty()) return;
-  std::printf("best per TP mode:\n");
+  fmt::print("best per TP mode:\n");
   print_header(width);
   for (const auto& [rank, r] : best) print_row(std::to_string(rank), *r, width);
-  std::printf("every layout, fastest first:\n");
+  fmt::print("every layout, fastest first:\n");
 }
 
 void print_table(const std::vector<Prediction>& rows, size_t top, bool all) {
@@ -85,17 +89,17 @@ void print_table(const std::vector<Prediction>& rows, size_t top, bool all) {
     print_row(std::to_string(planned), r, width);
   }
   if (planned > shown)
-    std::printf("  … %zu more planned layouts (--all shows them)\n", planned - shown);
+    fmt::print("  … {} more planned layouts (--all shows them)\n", planned - shown);
   if (excluded == 0) return;
-  std::printf("excluded (%zu):\n", excluded);
+  fmt::print("excluded ({}):\n", excluded);
   size_t listed = 0;
   for (const Prediction& r : rows) {
     if (r.excluded.empty()) continue;
     if (!all && listed++ >= top) {
-      std::printf("  … %zu more (--all lists them)\n", excluded - top);
+      fmt::print("  … {} more (--all lists them)\n", excluded - top);
       break;
     }
-    std::printf("  %-*s %s\n", width, r.label().c_str(), r.excluded.c_str());
+    fmt::print("  {:<{}} {}\n", r.label(), width, r.excluded);
   }
 }
 
@@ -153,9 +157,8 @@ Command add_plan_command(CLI::App& app) {
       const nlohmann::json rows =
           predict_paper_runs(load_cluster(o->cluster.empty() ? "a100-perlmutter" : o->cluster));
       if (world.rank() == 0)
-        std::printf("%s\n",
-                    o->json ? rows.dump().c_str()
-                            : paper_prediction_markdown(rows, PaperFigures::built_in()).c_str());
+        fmt::print("{}\n", o->json ? rows.dump()
+                                   : paper_prediction_markdown(rows, PaperFigures::built_in()));
       return 0;
     }
     BOTTLE_CHECK(!o->config.empty(),
@@ -199,30 +202,28 @@ Command add_plan_command(CLI::App& app) {
     const std::vector<Prediction> rows = plan_layouts(config, cluster, request);
     if (world.rank() != 0) return 0;
     if (o->json) {
-      for (const Prediction& r : rows) std::printf("%s\n", prediction_json(r).dump().c_str());
+      for (const Prediction& r : rows) fmt::print("{}\n", prediction_json(r).dump());
       return 0;
     }
     const ModelConfig& m = config.model;
-    std::printf(
-        "bottle plan: %s, %s model d=%lld d_ff=%lld r=%lld L=%lld H=%lld V=%lld, sequence "
-        "%lld\n",
-        o->config.c_str(), bottleneck_kind_name(m.bottleneck), (long long)m.hidden_size,
-        (long long)m.intermediate_size, (long long)m.rank, (long long)m.num_layers,
-        (long long)m.num_heads, (long long)m.vocab_size, (long long)config.training.seq_len);
-    std::printf(
-        "precision: %s%s\n", enum_name(config.training.precision),
+    fmt::print(
+        "bottle plan: {}, {} model d={} d_ff={} r={} L={} H={} V={}, sequence "
+        "{}\n",
+        o->config, bottleneck_kind_name(m.bottleneck), m.hidden_size, m.intermediate_size, m.rank,
+        m.num_layers, m.num_heads, m.vocab_size, config.training.seq_len);
+    fmt::print(
+        "precision: {}{}\n", enum_name(config.training.precision),
         precision_given ? "" : " (the cluster's native one; training.precision sets another)");
-    std::printf(
-        "cluster: %d GPU(s) of %s (%s): %d per node, %s, %g TFLOP/s bf16, %g GiB at %g "
+    fmt::print(
+        "cluster: {} GPU(s) of {} ({}): {} per node, {}, {:g} TFLOP/s bf16, {:g} GiB at {:g} "
         "GB/s\n",
-        request.gpus, cluster.name.c_str(), cluster.source.c_str(), cluster.gpus_per_node,
-        cluster.gpu_name.c_str(), cluster.bf16_tflops, cluster.memory_gib,
-        cluster.memory_bandwidth_gbs);
-    std::printf(
-        "model: efficiencies GEMM %g, bandwidth %g; a layout fits when its largest rank's "
+        request.gpus, cluster.name, cluster.source, cluster.gpus_per_node, cluster.gpu_name,
+        cluster.bf16_tflops, cluster.memory_gib, cluster.memory_bandwidth_gbs);
+    fmt::print(
+        "model: efficiencies GEMM {:g}, bandwidth {:g}; a layout fits when its largest rank's "
         "memory plan does\n",
         cluster.gemm_efficiency, cluster.bandwidth_efficiency);
-    std::printf(
+    fmt::print(
         "step (seconds) = compute + TP collectives + pipeline bubble + sends + DP/PP "
         "reductions + recomputation + optimizer\n"
         "overlap: the DP gradient buckets hide under the last backward "

@@ -239,14 +239,14 @@ class Progress {
     }
     line += fmt::format("{} docs | {:.1f} MB/s | {:.2f} M tokens/s", documents,
                         double(bytes) / 1e6 / s, double(tokens) / 1e6 / s);
-    std::fprintf(stderr, "\r%-*s", int(width_), line.c_str());
+    fmt::print(stderr, "\r{:<{}}", line, int(width_));
     width_ = std::max(width_, line.size());
     std::fflush(stderr);
     open_ = true;
   }
 
   void end() {
-    if (open_) std::fprintf(stderr, "\n");
+    if (open_) fmt::print(stderr, "\n");
     open_ = false;
   }
 
@@ -476,10 +476,10 @@ TextSourceOptions source_options(const PrepareOptions& o, const std::vector<std:
     while (found < need && paragraphs.next(doc)) ++found;
     if (found < need) {
       source.documents = TextDocuments::line;
-      std::printf(
-          "%s: %llu paragraph(s) are too few for --val-fraction %g (it takes %llu for one "
+      fmt::print(
+          "{}: {} paragraph(s) are too few for --val-fraction {:g} (it takes {} for one "
           "validation document): a document is a line (--documents paragraph keeps paragraphs)\n",
-          files[0].c_str(), (unsigned long long)found, o.val_fraction, (unsigned long long)need);
+          files[0], found, o.val_fraction, need);
     }
   }
   return source;
@@ -590,28 +590,27 @@ void print_summary(const Splits& splits, const Tokenizer& tokenizer,
                    const std::vector<std::string>& files, const std::string& documents,
                    const fs::path& tokenizer_dir, double seconds) {
   const uint64_t text_bytes = splits.bytes(), tokens = splits.tokens();
-  std::printf(
-      "input: %zu file(s), %llu bytes, %llu document(s) (train %llu, val %llu); a document is "
-      "%s\n",
-      files.size(), (unsigned long long)text_bytes, (unsigned long long)splits.documents(),
-      (unsigned long long)splits.train.documents(), (unsigned long long)splits.val.documents(),
-      documents.c_str());
-  std::printf("train: %llu tokens in %zu shard(s)\n", (unsigned long long)splits.train.tokens(),
-              splits.train.meta().shards.size());
-  std::printf("val: %llu tokens in %zu shard(s)\n", (unsigned long long)splits.val.tokens(),
-              splits.val.meta().shards.size());
-  std::printf("bytes per token: %.4f\n", double(text_bytes) / double(tokens));
-  std::printf("vocabulary: %lld\n", (long long)tokenizer.vocab_size());
-  std::printf("tokenizer: %s\n", tokenizer.describe().c_str());
+  fmt::print(
+      "input: {} file(s), {} bytes, {} document(s) (train {}, val {}); a document is "
+      "{}\n",
+      files.size(), text_bytes, splits.documents(), splits.train.documents(),
+      splits.val.documents(), documents);
+  fmt::print("train: {} tokens in {} shard(s)\n", splits.train.tokens(),
+             splits.train.meta().shards.size());
+  fmt::print("val: {} tokens in {} shard(s)\n", splits.val.tokens(),
+             splits.val.meta().shards.size());
+  fmt::print("bytes per token: {:.4f}\n", double(text_bytes) / double(tokens));
+  fmt::print("vocabulary: {}\n", tokenizer.vocab_size());
+  fmt::print("tokenizer: {}\n", tokenizer.describe());
   if (tokenizer.kind() == "bytes") {
     const double entropy = unigram_entropy(splits.train_byte_counts);
-    std::printf("train byte-unigram entropy: %.6f nats/token (%.4f bits)\n", entropy,
-                entropy / std::log(2.0));
+    fmt::print("train byte-unigram entropy: {:.6f} nats/token ({:.4f} bits)\n", entropy,
+               entropy / std::log(2.0));
   } else {
-    std::printf("tokenizer saved to %s\n", tokenizer_dir.c_str());
+    fmt::print("tokenizer saved to {}\n", tokenizer_dir.string());
   }
-  std::printf("elapsed: %.2f s (%.1f MB/s of text)\n", seconds,
-              double(text_bytes) / 1e6 / std::max(seconds, 1e-9));
+  fmt::print("elapsed: {:.2f} s ({:.1f} MB/s of text)\n", seconds,
+             double(text_bytes) / 1e6 / std::max(seconds, 1e-9));
 }
 
 }  // namespace
@@ -705,13 +704,12 @@ Command add_prepare_command(CLI::App& app) {
     for (const ShardWriter* w : {&splits.train, &splits.val}) {
       const auto paths = w->shard_paths();
       for (size_t i = 0; i < paths.size(); ++i)
-        std::printf("wrote %s (%llu tokens)\n", paths[i].c_str(),
-                    (unsigned long long)w->meta().shards[i].tokens);
-      for (const fs::path& p : w->removed()) std::printf("removed stale %s\n", p.c_str());
+        fmt::print("wrote {} ({} tokens)\n", paths[i].string(), w->meta().shards[i].tokens);
+      for (const fs::path& p : w->removed()) fmt::print("removed stale {}\n", p.string());
     }
     // A tokenizer replaced by another is not stale; one that bytes no longer need is.
     for (const fs::path& p : removed_tokenizers)
-      if (bytes || p != tokenizer_folder.path()) std::printf("removed stale %s\n", p.c_str());
+      if (bytes || p != tokenizer_folder.path()) fmt::print("removed stale {}\n", p.string());
 
     const double seconds = std::chrono::duration<double>(Clock::now() - begin).count();
     print_summary(splits, *tokenizer, files, documents_said(source, files), tokenizer_folder.path(),
@@ -719,7 +717,7 @@ Command add_prepare_command(CLI::App& app) {
     std::string data = fmt::format("[data] train = \"{}/{}_train_*.bin\"", o->output, o->prefix);
     if (!splits.val.meta().shards.empty())
       data += fmt::format(", val = \"{}/{}_val_*.bin\"", o->output, o->prefix);
-    std::printf("%s\n", data.c_str());
+    fmt::print("{}\n", data);
     return 0;
   };
 }

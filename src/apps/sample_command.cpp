@@ -5,6 +5,8 @@
 // comparison with transformers reads). A sample ends after N tokens or at the end of a
 // document: EOS, or the delimiter prepare writes before every document (BOS where the
 // tokenizer has one), which is not printed.
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -182,11 +184,10 @@ Command add_sample_command(CLI::App& app) {
     const int64_t window = std::min<int64_t>(c.max_seq_len, int64_t(tokens.size()) + o->tokens);
     // The model sees at most its context: the start of a longer prompt is dropped, said once.
     if (int64_t(tokens.size()) > window)
-      std::fprintf(stderr,
-                   "sample: the prompt is %lld tokens, more than the model's context of %lld "
-                   "(max_position_embeddings of %s/config.json): only its last %lld are seen\n",
-                   (long long)tokens.size(), (long long)window, o->checkpoint.c_str(),
-                   (long long)window);
+      fmt::print(stderr,
+                 "sample: the prompt is {} tokens, more than the model's context of {} "
+                 "(max_position_embeddings of {}/config.json): only its last {} are seen\n",
+                 tokens.size(), window, o->checkpoint, window);
     model->allocate_activations(1, window);
     Arena arena(MemoryTag::workspace, *be);
     const Tensor input = arena.alloc({1, window}, DType::i32);  // [1, window]
@@ -205,7 +206,7 @@ Command add_sample_command(CLI::App& app) {
     for (int64_t sample = 0; sample < o->num_samples; ++sample) {
       // The prompt as given, then what the model adds.
       if (!o->json) {
-        if (sample > 0) std::fputs("---\n", stdout);
+        if (sample > 0) fmt::print("---\n");
         std::fwrite(o->prompt.data(), 1, o->prompt.size(), stdout);
       }
       tokens = prompt_ids;
@@ -236,8 +237,7 @@ Command add_sample_command(CLI::App& app) {
             {"ids", std::vector<int32_t>(tokens.begin() + long(prompt_ids.size()), tokens.end())},
             {"text", continuation(generated)},
             {"stop", ended ? "eos" : "tokens"}};
-        std::printf("%s\n",
-                    out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+        fmt::print("{}\n", out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
         continue;
       }
       if (!generated.empty()) stream.update(continuation(generated), /*last=*/true);

@@ -1,5 +1,6 @@
 // `bottle train CONFIG.toml [--set section.key=value ...] [--resume] [--init-from DIR]`
-#include <cstdio>
+#include <fmt/format.h>
+
 #include <filesystem>
 
 #include "apps/cli_checks.h"
@@ -27,7 +28,7 @@ Command add_train_command(CLI::App& app) {
   app.add_flag("--help-config", o->help_config, "list every configuration key with its default");
   return [o] {
     if (o->help_config) {
-      std::printf("%s", describe_config_keys().c_str());
+      fmt::print("{}", describe_config_keys());
       return 0;
     }
     BOTTLE_CHECK(!o->config.empty(),
@@ -50,17 +51,16 @@ Command add_train_command(CLI::App& app) {
       with_dp.push_back(fmt::format("parallel.dp={}", world / tp_pp));
       config = load_train_config(o->config, with_dp);
       if (world_communicator().rank() == 0)
-        std::printf("parallel.dp = %lld: inferred from the job's %d ranks (tp %d x pp %d)\n",
-                    (long long)(world / tp_pp), world, config.parallel.tp, config.parallel.pp);
+        fmt::print("parallel.dp = {}: inferred from the job's {} ranks (tp {} x pp {})\n",
+                   world / tp_pp, world, config.parallel.tp, config.parallel.pp);
     }
     o->train.config_path = o->config;
     const TrainResult r = train(config, o->train);
     if (world_communicator().rank() != 0 || r.already_complete) return 0;
-    std::printf(
-        "done: %lld steps, loss %.4f%s, %.0f tokens/s (median), checkpoint %s\n",
-        (long long)r.steps_done, r.last_loss,
-        r.last_val_loss >= 0 ? fmt::format(", val loss {:.4f}", r.last_val_loss).c_str() : "",
-        r.tokens_per_s, r.last_checkpoint.c_str());
+    fmt::print("done: {} steps, loss {:.4f}{}, {:.0f} tokens/s (median), checkpoint {}\n",
+               r.steps_done, r.last_loss,
+               r.last_val_loss >= 0 ? fmt::format(", val loss {:.4f}", r.last_val_loss) : "",
+               r.tokens_per_s, r.last_checkpoint);
     return 0;
   };
 }
@@ -82,7 +82,7 @@ Command add_plot_command(CLI::App& app) {
             ? (std::filesystem::path(o->metrics.front()).parent_path() / "loss.png").string()
             : o->out;
     plot_metrics(o->metrics, out);
-    std::printf("%s\n", out.c_str());
+    fmt::print("{}\n", out);
     return 0;
   };
 }

@@ -50,7 +50,7 @@ class MpiRuntime {
       const char* ranks = std::getenv("OMPI_COMM_WORLD_SIZE");  // set by mpirun
       const int level = ranks && std::atoi(ranks) > 1 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
       if (MPI_Init_thread(nullptr, nullptr, level, &provided) != MPI_SUCCESS) {
-        std::fputs("bottle: error: MPI_Init_thread failed\n", stderr);
+        fmt::print(stderr, "bottle: error: MPI_Init_thread failed\n");
         std::fflush(stderr);
         std::_Exit(1);
       }
@@ -153,7 +153,7 @@ void report_fatal_error(const char* kind, const char* message) {
   }
   const std::string line = size > 1 ? fmt::format("bottle: {}: rank {}: {}\n", kind, rank, message)
                                     : fmt::format("bottle: {}: {}\n", kind, message);
-  std::fputs(line.c_str(), stderr);
+  fmt::print(stderr, "{}", line);
   // _Exit below skips stdio's flush at exit; what was printed before the error matters.
   std::fflush(nullptr);
   if (size == 1) return;

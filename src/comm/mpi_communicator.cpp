@@ -159,15 +159,16 @@ void MpiCommunicator::check(int rc, const char* function, std::string_view site)
   if (rc == MPI_SUCCESS) return;
   char text[MPI_MAX_ERROR_STRING] = {};
   int length = 0;
-  if (MPI_Error_string(rc, text, &length) != MPI_SUCCESS)
-    length = std::snprintf(text, sizeof text, "error code %d", rc);
+  const std::string error = MPI_Error_string(rc, text, &length) == MPI_SUCCESS
+                                ? std::string(text, size_t(length))
+                                : fmt::format("error code {}", rc);
   int world_rank = -1;
   MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
   // One write, so that the lines of several failing ranks do not interleave.
   std::string line =
       fmt::format("bottle: error: rank {}: {} on the '{}' group (site '{}') failed: {}\n",
-                  world_rank, function, name_, site, std::string_view(text, length));
-  std::fputs(line.c_str(), stderr);
+                  world_rank, function, name_, site, error);
+  fmt::print(stderr, "{}", line);
   std::fflush(stderr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);
@@ -196,7 +197,7 @@ void MpiCommunicator::fail_stalled(const char* function, std::string_view site, 
       "for {}: that rank stopped, died or lost its link (parallel.comm_timeout)\n",
       describe_rank(rank_), name_, function, site, std::chrono::duration<double>(timeout_).count(),
       whom);
-  std::fputs(line.c_str(), stderr);
+  fmt::print(stderr, "{}", line);
   std::fflush(nullptr);
   MPI_Abort(MPI_COMM_WORLD, 1);
   std::_Exit(1);

@@ -1,5 +1,6 @@
 #include "train/metrics.h"
 
+#include <fmt/format.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -95,7 +96,7 @@ void MetricsLogger::write_line(const std::string& line) {
 MetricsLogger::~MetricsLogger() { end_progress_line(); }
 
 void MetricsLogger::end_progress_line() {
-  if (progress_open_) std::printf("\n");
+  if (progress_open_) fmt::print("\n");
   progress_open_ = false;
   std::fflush(stdout);
 }
@@ -131,11 +132,11 @@ void MetricsLogger::log_step(const nlohmann::json& row) {
       format_bytes(row["peak_bytes"].get<size_t>()));
   const bool printed_line = step % log_freq_ == 0 || step == total_steps_;
   if (tty_) {
-    std::printf("\r%s\033[K", line.c_str());
+    fmt::print("\r{}\033[K", line);
     progress_open_ = true;
     if (printed_line) end_progress_line();
   } else if (printed_line) {
-    std::printf("%s\n", line.c_str());
+    fmt::print("{}\n", line);
   }
   if (printed_line) {
     interval_ms_ = interval_token_ms_ = interval_mfu_ms_ = 0.0;
@@ -152,7 +153,7 @@ void MetricsLogger::log_eval(int64_t step, double val_loss) {
 
 void MetricsLogger::message(const std::string& text) {
   end_progress_line();
-  std::printf("%s\n", text.c_str());
+  fmt::print("{}\n", text);
   std::fflush(stdout);
 }
 

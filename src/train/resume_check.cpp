@@ -1,6 +1,7 @@
 #include "train/resume_check.h"
 
-#include <cstdio>
+#include <fmt/format.h>
+
 #include <filesystem>
 
 #include "core/error.h"
@@ -40,17 +41,17 @@ void check_same_shards(const TrainerState& state, const TrainConfig& before,
                   : std::string("whose shards differ now"),
           diff, at, checkpoint);
     if (respelt && run.leader)
-      std::printf(
-          "data.train is now %s (was %s): the same shards by name, size and token count, so the "
-          "saved position (%s) is kept\n",
-          now_text.c_str(), was_text.c_str(), at.c_str());
+      fmt::print(
+          "data.train is now {} (was {}): the same shards by name, size and token count, so the "
+          "saved position ({}) is kept\n",
+          now_text, was_text, at);
     return;
   }
   if (run.leader)
-    std::printf(
-        "%s records no list of its shards (an older bottle saved it): data.train is compared by "
+    fmt::print(
+        "{} records no list of its shards (an older bottle saved it): data.train is compared by "
         "its spelling only, and a shard added or rewritten under it is not noticed\n",
-        checkpoint.c_str());
+        checkpoint);
   if (!respelt) return;
   // The shards at the old spelling, each source's files by name and size.
   auto shards = [](const std::vector<std::string>& patterns) {
@@ -75,10 +76,10 @@ void check_same_shards(const TrainerState& state, const TrainConfig& before,
         "shard and window of each source of that data (saved position: {}); {}",
         checkpoint, was_text, run.config_path, now_text, at, way_out);
   if (run.leader)
-    std::printf(
-        "data.train is now %s (was %s): the same shards by name and size, so the saved "
-        "position (%s) is kept\n",
-        now_text.c_str(), was_text.c_str(), at.c_str());
+    fmt::print(
+        "data.train is now {} (was {}): the same shards by name and size, so the saved "
+        "position ({}) is kept\n",
+        now_text, was_text, at);
 }
 
 }  // namespace
@@ -133,12 +134,11 @@ void check_continues_the_run(const TrainerState& state, const std::string& check
   const int64_t windows_before = before.training.grad_accum_steps * before.parallel.dp,
                 windows_now = run.config.training.grad_accum_steps * run.config.parallel.dp;
   if (windows_before != windows_now && run.leader)
-    std::printf(
-        "training.grad_accum_steps x parallel.dp is now %lld x %lld (was %lld x %lld): the data "
-        "continues from the saved position (%s), %lld windows a step instead of %lld\n",
-        (long long)run.config.training.grad_accum_steps, (long long)run.config.parallel.dp,
-        (long long)before.training.grad_accum_steps, (long long)before.parallel.dp, at.c_str(),
-        (long long)windows_now, (long long)windows_before);
+    fmt::print(
+        "training.grad_accum_steps x parallel.dp is now {} x {} (was {} x {}): the data "
+        "continues from the saved position ({}), {} windows a step instead of {}\n",
+        run.config.training.grad_accum_steps, run.config.parallel.dp,
+        before.training.grad_accum_steps, before.parallel.dp, at, windows_now, windows_before);
   if (!same_tokenizer(saved_tokenizer, run.tokenizer))
     fail(
         "--resume: {} holds the tokenizer {}, but the run's is {} ({}): its weights were "

@@ -1,5 +1,6 @@
 #include "train/trainer.h"
 
+#include <fmt/format.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -19,6 +20,7 @@
 
 #include "comm/process_groups.h"
 #include "core/gemm_peak.h"
+#include "core/statistics.h"
 #include "core/stop_signals.h"
 #include "core/system_info.h"
 #include "core/token_shard.h"
@@ -358,11 +360,10 @@ void Trainer::open_data() {
     for (const std::string& f : val_->files())
       if (trained.count(fs::weakly_canonical(f, ec)) && shared++ == 0) first = f;
     if (shared > 0)
-      std::fprintf(stderr,
-                   "warning: %lld of data.val's %zu shard(s) (%s%s) are also in data.train: the "
-                   "validation loss is measured on data the run trains on\n",
-                   (long long)shared, val_->files().size(), first.c_str(),
-                   shared > 1 ? ", ..." : "");
+      fmt::print(stderr,
+                 "warning: {} of data.val's {} shard(s) ({}{}) are also in data.train: the "
+                 "validation loss is measured on data the run trains on\n",
+                 shared, val_->files().size(), first, shared > 1 ? ", ..." : "");
   }
   std::vector<std::string> data_files = loader_->files();
   if (val_) data_files.insert(data_files.end(), val_->files().begin(), val_->files().end());
@@ -414,16 +415,16 @@ std::optional<TrainResult> Trainer::resume() {
   // said, with the checkpoint resumed from instead.
   if (leader_)
     for (const int64_t step : interrupted)
-      std::printf(
-          "the save of step %lld did not complete (the process ended while writing it); "
-          "resuming from %s\n",
-          (long long)step, latest->c_str());
+      fmt::print(
+          "the save of step {} did not complete (the process ended while writing it); "
+          "resuming from {}\n",
+          step, *latest);
   // A newer step directory that is not a complete checkpoint is passed over, openly.
   if (leader_)
     for (const std::string& dir : incomplete)
       if (CheckpointStore::step_of(dir) > CheckpointStore::step_of(*latest))
-        std::printf("skipped %s: it has no %s (an interrupted or foreign write)\n", dir.c_str(),
-                    kTrainerStateFile);
+        fmt::print("skipped {}: it has no {} (an interrupted or foreign write)\n", dir,
+                   kTrainerStateFile);
   const ModelConfig saved = read_model_config(*latest);
   const std::string diff = model_config_difference(saved, config_.model);
   BOTTLE_CHECK(diff.empty(),
@@ -447,17 +448,17 @@ std::optional<TrainResult> Trainer::resume() {
   if (step_ == tc_.steps) {
     // Nothing to train: no loss, no metrics, no new checkpoint.
     if (leader_)
-      std::printf(
-          "already complete: %s is at step %lld of training.steps = %lld; set training.steps "
+      fmt::print(
+          "already complete: {} is at step {} of training.steps = {}; set training.steps "
           "higher to train further\n",
-          latest->c_str(), (long long)step_, (long long)tc_.steps);
+          *latest, step_, tc_.steps);
     TrainResult done;
     done.steps_done = step_;
     done.already_complete = true;
     done.last_checkpoint = *latest;
     return done;
   }
-  if (leader_) std::printf("resumed from %s at step %lld\n", latest->c_str(), (long long)step_);
+  if (leader_) fmt::print("resumed from {} at step {}\n", *latest, step_);
   return std::nullopt;
 }
 
@@ -786,10 +787,7 @@ void Trainer::finish(TrainResult& result) {
   if (last_saved_ != step_ && step_ > 0) result.last_checkpoint = save_checkpoint();
   check_folder_held("reporting the end of the run");
   result.steps_done = step_;
-  if (!rates_.empty()) {
-    std::nth_element(rates_.begin(), rates_.begin() + rates_.size() / 2, rates_.end());
-    result.tokens_per_s = rates_[rates_.size() / 2];
-  }
+  if (!rates_.empty()) result.tokens_per_s = median(rates_);
   if (metrics_ && !config_.metrics.plot.empty() && step_ > 0) {
     const std::string png = in_folder(config_.checkpoint.folder, config_.metrics.plot);
     plot_metrics(metrics_->path(), png);
