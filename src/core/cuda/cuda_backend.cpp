@@ -1,6 +1,8 @@
-// The cuda backend's host side: device selection, memory, staging, the checks every op makes
-// before it launches (shapes, dtypes, that each tensor lives on this GPU), the GEMMs' operands
-// (cuBLASLt itself is gemm_lt.h's), and the launches of the kernels of src/core/cuda/*.cu. Compiled
+// The cuda backend's host side: device selection, the checks every op makes before it launches
+// (shapes, dtypes, that each tensor lives on this GPU), the GEMMs' operands, and the launches of
+// the kernels of src/core/cuda/*.cu. Its parts: cuBLASLt behind one call (gemm_lt.h), memory,
+// uploaded tables and pinned staging (device_memory.h), the choice of attention kernels
+// (attention_router.h). Compiled
 // by the host compiler; only the kernels are nvcc's.
 #include "core/cuda/cuda_backend.h"
 
@@ -21,6 +23,7 @@
 #include "core/cuda/attention_cudnn.h"
 #include "core/cuda/attention_router.h"
 #include "core/cuda/check.h"
+#include "core/cuda/device_memory.h"
 #include "core/cuda/gemm_lt.h"
 #include "core/cuda/growing_buffer.h"
 #include "core/cuda/kernels.h"
@@ -49,6 +52,7 @@ class CudaBackend final : public Backend {
     check_cuda(cudaDeviceGetAttribute(&sm_major_, cudaDevAttrComputeCapabilityMajor, device_),
                "cudaDeviceGetAttribute");
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    device_memory_ = {stream_, device_, &host_waits_};
     gemm_.emplace();  // on the device just chosen
     check_cuda(cudaMalloc(&reduce_partials_, sizeof(double) * cuda::reduce_partials_count() + 16),
                "cudaMalloc (reduction partials)");
@@ -63,11 +67,10 @@ class CudaBackend final : public Backend {
     cudaStreamSynchronize(stream_);
     if (attention_) attention_->close();  // cuDNN's handle is bound to the stream
     for (cudaEvent_t e : marks_) cudaEventDestroy(e);
-    for (cudaEvent_t e : staging_done_) cudaEventDestroy(e);
-    range_table_.device.clear(device_memory_);
-    gap_table_.device.clear(device_memory_);
-    rope_table_.device.clear(device_memory_);
-    if (staging_) cudaFreeHost(staging_);
+    staging_.reset();
+    range_table_.clear(device_memory_);
+    gap_table_.clear(device_memory_);
+    rope_table_.clear(device_memory_);
     scratch_.clear(device_memory_);
     cudaFree(reduce_partials_);
     cudaFreeHost(pinned_);
@@ -123,11 +126,7 @@ class CudaBackend final : public Backend {
     check_cuda(cudaMemsetAsync(p, 0, rounded, stream_), "cudaMemset");
     return p;
   }
-  void deallocate(void* p, size_t) override {
-    ++host_waits_;
-    cudaStreamSynchronize(stream_);
-    cudaFree(p);
-  }
+  void deallocate(void* p, size_t) override { device_memory_.release(p); }
 
   void do_to_host(void* dst, Tensor src) override {
     if (!src.nbytes()) return;
@@ -141,13 +140,9 @@ class CudaBackend final : public Backend {
     // of token ids) is copied into a slot of pinned staging memory and travels from there
     // while the host goes on; the slot is reused once its own copy has completed, which by
     // then it almost always has. A large one (checkpoints) waits.
-    if (dst.nbytes() <= kStagingSlotBytes) {
-      void* slot = staging_slot();
-      std::memcpy(slot, src, dst.nbytes());
-      check_cuda(cudaMemcpyAsync(dst.data, slot, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
-                 "from_host");
-      check_cuda(cudaEventRecord(staging_done_[staging_next_], stream_), "from_host");
-      staging_next_ = (staging_next_ + 1) % kStagingSlots;
+    if (dst.nbytes() <= cuda::PinnedStaging::kSlotBytes) {
+      if (!staging_) staging_ = std::make_unique<cuda::PinnedStaging>();
+      staging_->copy(dst.data, src, dst.nbytes(), stream_, &host_waits_);
       return;
     }
     check_cuda(cudaMemcpyAsync(dst.data, src, dst.nbytes(), cudaMemcpyHostToDevice, stream_),
@@ -486,8 +481,8 @@ class CudaBackend final : public Backend {
     table.reserve(ranges.size());
     for (const SumRange& r : ranges)
       if (r.count > 0) table.push_back({r.offset, r.count, int32_t(r.slot)});
-    const auto* device_table = static_cast<const cuda::SlotRange*>(
-        upload_table(range_table_, table.data(), table.size() * sizeof(cuda::SlotRange), k));
+    const auto* device_table = static_cast<const cuda::SlotRange*>(range_table_.upload(
+        device_memory_, table.data(), table.size() * sizeof(cuda::SlotRange), k));
     auto* partials = static_cast<double*>(this->scratch(
         sizeof(double) * size_t(cuda::reduce_partials_count()) * size_t(out.numel()), k));
     cuda::sum_squares_ranges(stream_, static_cast<double*>(out.data), int(out.numel()), carr(x),
@@ -530,7 +525,7 @@ class CudaBackend final : public Backend {
       on_groups = on_groups && r.offset % 4 == 0 && r.count % 4 == 0;
     }
     const auto* device_gaps = static_cast<const cuda::DecayGap*>(
-        upload_table(gap_table_, gaps.data(), gaps.size() * sizeof(cuda::DecayGap), k));
+        gap_table_.upload(device_memory_, gaps.data(), gaps.size() * sizeof(cuda::DecayGap), k));
     cuda::AdamWParams params{a.lr, a.beta1, a.beta2, a.eps, a.weight_decay, a.grad_scale, a.step};
     params.gaps_on_groups = on_groups;
     cuda::adamw_update(stream_, param.f32(), compute.empty() ? cuda::Array{} : arr(compute),
@@ -543,83 +538,6 @@ class CudaBackend final : public Backend {
  private:
   static constexpr size_t kPinnedBytes = 4096;
   static constexpr size_t kAllocationGranule = kAllocationAlignment;
-
-  // cudaMalloc and cudaFree for the growing buffers (core/cuda/growing_buffer.h) and the
-  // arenas' blocks: a block is freed once the stream has finished with it, and a failure
-  // names what wanted the memory, its size and the GPU's free memory.
-  struct DeviceMemory {
-    CudaBackend* backend;
-    void* try_allocate(size_t bytes) {
-      void* p = nullptr;
-      if (cudaMalloc(&p, bytes) == cudaSuccess) return p;
-      cudaGetLastError();  // clear the error so that later calls are unaffected
-      return nullptr;
-    }
-    // Unchecked, as the destructor frees too: a fault is reported by the next launch's check.
-    void release(void* block) {
-      ++backend->host_waits_;
-      cudaStreamSynchronize(backend->stream_);  // the block's last user has finished
-      cudaFree(block);
-    }
-    [[noreturn]] void fail(size_t bytes, const char* what) {
-      size_t free = 0, total = 0;
-      cudaMemGetInfo(&free, &total);
-      bottle::fail("out of GPU memory allocating {} for {} on GPU {} ({} free of {})",
-                   format_bytes(bytes), what, backend->device_, format_bytes(free),
-                   format_bytes(total));
-    }
-  };
-  // A small table the kernels read, on the device, with the host bytes it was made from.
-  struct DeviceTable {
-    cuda::GrowingBuffer<DeviceMemory> device;
-    std::vector<unsigned char> host;
-  };
-
-  static constexpr size_t kStagingSlots = 8;
-  static constexpr size_t kStagingSlotBytes = size_t(1) << 20;
-
-  // The next slot of pinned staging memory for from_host, once its previous copy is done.
-  void* staging_slot() {
-    if (!staging_) {
-      check_cuda(cudaMallocHost(&staging_, kStagingSlots * kStagingSlotBytes), "cudaMallocHost");
-      for (size_t i = 0; i < kStagingSlots; ++i) {
-        cudaEvent_t e = nullptr;
-        check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreate");
-        // Recorded once, so that the first wait on each slot returns at once.
-        check_cuda(cudaEventRecord(e, stream_), "cudaEventRecord");
-        staging_done_.push_back(e);
-      }
-    }
-    const cudaEvent_t done = staging_done_[staging_next_];
-    const cudaError_t state = cudaEventQuery(done);
-    if (state == cudaErrorNotReady) {
-      ++host_waits_;
-      check_cuda(cudaEventSynchronize(done), "from_host (staging slot)");
-    } else {
-      // Not "not ready": done, or an earlier kernel's fault, reported here rather than lost.
-      check_cuda(state, "from_host (staging slot)");
-    }
-    return static_cast<char*>(staging_) + staging_next_ * kStagingSlotBytes;
-  }
-
-  // A small table the kernels read (ranges, decay gaps), kept on the device and uploaded
-  // again only when its contents change: a step passes the same table every time.
-  // The host copy changes only once the device block holds the new size, so that a failed
-  // allocation leaves the table as it was.
-  void* upload_table(DeviceTable& table, const void* data, size_t bytes, const char* what) {
-    if (bytes == 0) return nullptr;
-    const auto* begin = static_cast<const unsigned char*>(data);
-    std::vector<unsigned char>& host = table.host;
-    if (table.device.data() && host.size() == bytes && std::equal(host.begin(), host.end(), begin))
-      return table.device.data();
-    host.clear();  // the device block is about to hold other bytes
-    void* device = table.device.reserve(device_memory_, bytes, kAllocationGranule, what);
-    host.assign(begin, begin + bytes);
-    // From the kept host copy, which lives until the next change: the copy may still be in
-    // flight when this returns. Pageable memory: the runtime stages it before returning.
-    check_cuda(cudaMemcpyAsync(device, host.data(), bytes, cudaMemcpyHostToDevice, stream_), what);
-    return device;
-  }
 
   void scalar(const char* k, Tensor out, Tensor a, Tensor b, double divisor, cuda::ScalarOp op) {
     cuda::scalar_op(stream_, static_cast<double*>(out.data), static_cast<const double*>(a.data),
@@ -681,8 +599,8 @@ class CudaBackend final : public Backend {
   // uploaded once per (seq, hd, theta): a run asks for one shape every time.
   const float* rope_table(int64_t seq, int64_t hd, float theta) {
     const auto key = std::make_tuple(seq, hd, theta);
-    if (rope_table_.device.data() && rope_key_ == key)
-      return static_cast<const float*>(rope_table_.device.data());
+    if (rope_table_.data() && rope_key_ == key)
+      return static_cast<const float*>(rope_table_.data());
     const int64_t half = hd / 2;
     std::vector<float> table(size_t(2 * seq * half));  // [2, seq, hd/2]
     for (int64_t s = 0; s < seq; ++s)
@@ -691,8 +609,8 @@ class CudaBackend final : public Backend {
         table[size_t(s * half + i)] = std::cos(angle);
         table[size_t((seq + s) * half + i)] = std::sin(angle);
       }
-    const auto* device = static_cast<const float*>(
-        upload_table(rope_table_, table.data(), table.size() * sizeof(float), "RoPE table"));
+    const auto* device = static_cast<const float*>(rope_table_.upload(
+        device_memory_, table.data(), table.size() * sizeof(float), "RoPE table"));
     rope_key_ = key;  // once the table holds it
     return device;
   }
@@ -787,19 +705,17 @@ class CudaBackend final : public Backend {
   std::optional<cuda::GemmLt> gemm_;  // from the constructor on, once the device is chosen
   void* reduce_partials_ = nullptr;   // reduce_partials_count() doubles, then the result
   void* pinned_ = nullptr;            // small device → host reads
-  DeviceMemory device_memory_{this};
-  cuda::GrowingBuffer<DeviceMemory> scratch_;
+  cuda::DeviceMemory device_memory_;  // on stream_ and device_, from the constructor on
+  cuda::GrowingBuffer<cuda::DeviceMemory> scratch_;
   bool sync_each_op_ = false;
   int64_t host_waits_ = 0;          // host_waits()
   std::vector<cudaEvent_t> marks_;  // timing marks, [0, marks_used_) recorded
   size_t marks_used_ = 0;
-  void* staging_ = nullptr;                // pinned, kStagingSlots × kStagingSlotBytes (from_host)
-  std::vector<cudaEvent_t> staging_done_;  // per slot: its last copy has completed
-  size_t staging_next_ = 0;
+  std::unique_ptr<cuda::PinnedStaging> staging_;  // from_host's small copies, on first use
   // The device copies of sum_squares_ranges' and adamw_update's tables, with the host bytes
   // they were made from.
-  DeviceTable range_table_, gap_table_;
-  DeviceTable rope_table_;  // rope_table's, for rope_key_
+  cuda::DeviceTable range_table_, gap_table_;
+  cuda::DeviceTable rope_table_;  // rope_table's, for rope_key_
   std::tuple<int64_t, int64_t, float> rope_key_{};
   std::optional<cuda::AttentionRouter> attention_;  // cuDNN or own, per call
 };
