@@ -1,9 +1,9 @@
 #include "apps/subprocess.h"
 
-#include <cstdio>
-#include <memory>
+#include <utility>
 
 #include "core/error.h"
+#include "core/subprocess.h"
 
 namespace bottle {
 
@@ -14,13 +14,9 @@ std::string shell_quote(const std::string& s) {
 }
 
 ShellResult run_shell(const std::string& command) {
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(::popen(command.c_str(), "r"), ::pclose);
-  BOTTLE_CHECK(pipe, "cannot run: {}", command);
-  ShellResult r;
-  char buf[4096];
-  while (size_t n = std::fread(buf, 1, sizeof(buf), pipe.get())) r.output.append(buf, n);
-  r.status = ::pclose(pipe.release());
-  return r;
+  ProcessResult r = run_process({.argv = {"/bin/sh", "-c", command}});
+  BOTTLE_CHECK(r.started(), "cannot run: {} ({})", command, r.ending());
+  return {.status = r.wait_status, .output = std::move(r.output)};
 }
 
 std::string run_command(const std::string& command) {

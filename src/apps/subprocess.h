@@ -1,11 +1,12 @@
 #pragma once
-// Shell commands run from bottle (the PyTorch peer, the runs of `bench paper`).
+// Shell commands run from bottle (the PyTorch peer, the runs of `bench paper`), through
+// core/subprocess.h's run_process: /bin/sh -c, stdin /dev/null, in bottle's process group.
 #include <string>
 
 namespace bottle {
 
 struct ShellResult {
-  int status = -1;     // as pclose reports it: 0 when the command succeeded
+  int status = -1;     // waitpid's (as pclose reported it): 0 when the command succeeded
   std::string output;  // what it wrote to stdout (append " 2>&1" for stderr too)
 };
 

@@ -1,10 +1,6 @@
 #include "train/plot.h"
 
-#include <fcntl.h>
-#include <spawn.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
@@ -15,9 +11,7 @@
 #include "core/atomic_output.h"
 #include "core/error.h"
 #include "core/file_read.h"
-#include "core/stop_signals.h"
-
-extern char** environ;
+#include "core/subprocess.h"
 
 namespace bottle {
 
@@ -25,73 +19,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Closes a file descriptor when it goes out of scope.
-class FileDescriptor {
- public:
-  explicit FileDescriptor(int fd) : fd_(fd) {}
-  FileDescriptor(const FileDescriptor&) = delete;
-  FileDescriptor& operator=(const FileDescriptor&) = delete;
-  ~FileDescriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
-// The child's own process group: a terminal's Ctrl-C or hang-up, which reach the whole
-// foreground group, stop bottle's run (which then ends cleanly, plot included) and not the
-// gnuplot drawing its last plot. Its signals as a program expects them: the run keeps the stop
-// signals blocked (core/stop_signals.h) and posix_spawn, unlike fork, runs no atfork handler to
-// unblock them. Destroyed however the spawn ends.
-class SpawnAttributes {
- public:
-  SpawnAttributes() {
-    ::posix_spawnattr_init(&attributes_);
-    ::posix_spawnattr_setflags(
-        &attributes_, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    ::posix_spawnattr_setpgroup(&attributes_, 0);  // a new group, led by the child
-    sigset_t none;
-    sigemptyset(&none);
-    ::posix_spawnattr_setsigmask(&attributes_, &none);
-    const sigset_t stop = stop_signal_set();
-    ::posix_spawnattr_setsigdefault(&attributes_, &stop);
-  }
-  SpawnAttributes(const SpawnAttributes&) = delete;
-  SpawnAttributes& operator=(const SpawnAttributes&) = delete;
-  ~SpawnAttributes() { ::posix_spawnattr_destroy(&attributes_); }
-  posix_spawnattr_t* get() { return &attributes_; }
-
- private:
-  posix_spawnattr_t attributes_;
-};
-
-// What posix_spawn does to the child's descriptors, destroyed however the spawn ends.
-class SpawnActions {
- public:
-  SpawnActions() { ::posix_spawn_file_actions_init(&actions_); }
-  SpawnActions(const SpawnActions&) = delete;
-  SpawnActions& operator=(const SpawnActions&) = delete;
-  ~SpawnActions() { ::posix_spawn_file_actions_destroy(&actions_); }
-  posix_spawn_file_actions_t* get() { return &actions_; }
-
- private:
-  posix_spawn_file_actions_t actions_;
-};
-
-// Everything written to `fd` from its start, at most its last `limit` bytes.
-std::string read_back(int fd, size_t limit) {
-  std::string text;
-  if (::lseek(fd, 0, SEEK_SET) != 0) return text;
-  char buffer[4096];
-  for (ssize_t n; (n = ::read(fd, buffer, sizeof(buffer))) != 0;) {
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    text.append(buffer, size_t(n));
-  }
+// The last `limit` bytes of what gnuplot said, without its closing line breaks.
+std::string tail_of(std::string text, size_t limit) {
   if (text.size() > limit) text = "..." + text.substr(text.size() - limit);
   while (!text.empty() && (text.back() == '\n' || text.back() == ' ')) text.pop_back();
   return text;
@@ -142,31 +71,18 @@ void run_gnuplot(const fs::path& script, const fs::path& png) {
   std::string script_arg = fs::absolute(script, ec).string();
   BOTTLE_CHECK(!ec, "{}: cannot draw the plot: no absolute path for its script {} ({})",
                png.string(), script.string(), ec.message());
-  // gnuplot's messages go to an unnamed file in memory, read back when it ends: a pipe could
-  // fill up and stall gnuplot, and no log file is left beside the plot.
-  const FileDescriptor messages(::memfd_create("gnuplot-messages", MFD_CLOEXEC));
-  BOTTLE_CHECK(messages.get() >= 0, "{}: cannot draw the plot: no file for gnuplot's messages ({})",
-               png.string(), std::strerror(errno));
-  SpawnActions actions;
-  ::posix_spawn_file_actions_addopen(actions.get(), STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  ::posix_spawn_file_actions_adddup2(actions.get(), messages.get(), STDOUT_FILENO);
-  ::posix_spawn_file_actions_adddup2(actions.get(), messages.get(), STDERR_FILENO);
-  std::string program = "gnuplot";
-  std::vector<char*> argv = {program.data(), script_arg.data(), nullptr};
-  SpawnAttributes attributes;
-  pid_t pid = -1;
-  const int spawned =
-      ::posix_spawnp(&pid, "gnuplot", actions.get(), attributes.get(), argv.data(), environ);
-  BOTTLE_CHECK(spawned != ENOENT,
+  // In a process group of its own: a terminal's Ctrl-C or hang-up stop bottle's run (which
+  // then ends cleanly, plot included) and not the gnuplot drawing its last plot. Its messages
+  // are read back when it ends.
+  const ProcessResult drawn = run_process(
+      {.argv = {"gnuplot", script_arg}, .capture_stderr = true, .own_process_group = true});
+  BOTTLE_CHECK(drawn.start_error != ENOENT,
                "{}: cannot draw the plot: gnuplot is not on PATH (Debian package gnuplot-nox)",
                png.string());
-  BOTTLE_CHECK(spawned == 0, "{}: cannot draw the plot: gnuplot does not start ({})", png.string(),
-               std::strerror(spawned));
-  int status = 0;
-  while (::waitpid(pid, &status, 0) < 0)
-    BOTTLE_CHECK(errno == EINTR, "{}: cannot draw the plot: lost gnuplot ({})", png.string(),
-                 std::strerror(errno));
-  const std::string said = read_back(messages.get(), 2000);
+  BOTTLE_CHECK(drawn.started(), "{}: cannot draw the plot: gnuplot does not start ({})",
+               png.string(), std::strerror(drawn.start_error));
+  const int status = drawn.wait_status;
+  const std::string said = tail_of(drawn.output, 2000);
   const std::string shown = said.empty() ? "" : ":\n" + said;
   if (WIFSIGNALED(status))
     fail("{}: gnuplot was killed by signal {} while drawing the plot (script {}){}", png.string(),
