@@ -87,7 +87,7 @@ void run_gnuplot(const fs::path& script, const fs::path& png) {
   if (WIFSIGNALED(status))
     fail("{}: gnuplot was killed by signal {} while drawing the plot (script {}){}", png.string(),
          WTERMSIG(status), script.string(), shown);
-  BOTTLE_CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0,
+  BOTTLE_CHECK(drawn.succeeded(),
                "{}: gnuplot failed to draw the plot (exit status {}, script {}){}", png.string(),
                WEXITSTATUS(status), script.string(), shown);
   BOTTLE_CHECK(fs::is_regular_file(png, ec) && fs::file_size(png, ec) > 0 && !ec,
