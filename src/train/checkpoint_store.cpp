@@ -20,6 +20,7 @@
 #include "core/safetensors.h"
 #include "model/checkpoint.h"
 #include "train/data_loader.h"
+#include "train/job_agreement.h"
 #include "train/run_tokenizer.h"
 
 namespace bottle {
@@ -144,101 +145,127 @@ CheckpointStore::CheckpointStore(std::string folder, int keep)
 std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
                                   const TrainerState& state, int64_t step, Communicator* dp,
                                   Communicator* world) {
-  try {
-    return save_unchecked(model, optimizer, state, step, dp, world);
-  } catch (const fs::filesystem_error& e) {
-    // A full disk, a folder removed or made read-only while training: name the path.
-    fail("{}: cannot write the checkpoint of step {} in checkpoint.folder: {}",
-         e.path1().empty() ? folder_ : e.path1().string(), step, e.code().message());
-  }
-}
-
-std::string CheckpointStore::save_unchecked(const LlamaModel& model, const AdamW& optimizer,
-                                            const TrainerState& state, int64_t step,
-                                            Communicator* dp, Communicator* world) {
   const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
   const fs::path final_dir = fs::path(folder_) / name;
   // Every rank knows the temporary directory's name; world rank 0 owns it.
   const fs::path temp = fs::path(folder_) / fmt::format("{}{}", kTempPrefix, name);
   const bool leader = !world || world->rank() == 0;
-  auto barrier = [&] {
-    if (world) world->barrier();
-  };
-  auto guard = [&] {
-    if (guard_) guard_();
-  };
-  if (leader) {
-    guard();
-    fs::create_directories(folder_);
-    // Clear what an interrupted earlier write left behind: the store's own names only.
-    for (const auto& e : fs::directory_iterator(folder_))
-      if (is_own_temporary(e.path().filename().string())) fs::remove_all(e.path());
-    fs::create_directories(temp);
-    // The marker first: whatever of this folder is renamed into place is recognisably ours.
-    {
-      std::ofstream marker(temp / kCheckpointMarker);
-      marker << "a training checkpoint written by bottle: trainer_state.json holds its step\n";
-      marker.close();
-      BOTTLE_CHECK(marker, "{}: write failed", (temp / kCheckpointMarker).string());
+  // The three parts of a save, each ended by every rank together: a part that fails on one
+  // rank fails all of them at its end, rather than leaving the others in the next collective.
+  if (leader)
+    save_part(world, step, [&] { open_temporary(model, temp); });
+  else
+    save_part(world, step, [] {});
+  save_part(world, step, [&] { write_shards(model, optimizer, temp, dp); });
+  if (leader)
+    save_part(world, step, [&] { place(model, state, step, temp, final_dir); });
+  else
+    save_part(world, step, [] {});
+  return final_dir.string();
+}
+
+void CheckpointStore::save_part(Communicator* world, int64_t step,
+                                const std::function<void()>& part) const {
+  auto checked = [&] {
+    auto guard = [&] {
+      if (guard_) guard_();
+    };
+    try {
+      part();
+    } catch (const fs::filesystem_error& e) {
+      // A folder removed under the save is said as what it is (the guard); a full disk or a
+      // folder made read-only names the path.
+      guard();
+      fail("{}: cannot write the checkpoint of step {} in checkpoint.folder: {}",
+           e.path1().empty() ? folder_ : e.path1().string(), step, e.code().message());
+    } catch (const Error&) {
+      guard();
+      throw;
     }
-    failpoint(1);
-    for (const fs::path& file :
-         write_model_description(model.config(), temp, DType::f32, special_token_ids(tokenizer_)))
-      fsync_path(file);
-    if (tokenizer_) tokenizer_->save(temp);
+  };
+  if (world)
+    run_everywhere_or_fail_together(*world, checked);
+  else
+    checked();
+}
+
+// The leader's first part: the temporary folder with the marker and the model description.
+void CheckpointStore::open_temporary(const LlamaModel& model, const fs::path& temp) const {
+  if (guard_) guard_();
+  fs::create_directories(folder_);
+  // Clear what an interrupted earlier write left behind: the store's own names only.
+  for (const auto& e : fs::directory_iterator(folder_))
+    if (is_own_temporary(e.path().filename().string())) fs::remove_all(e.path());
+  fs::create_directories(temp);
+  // The marker first: whatever of this folder is renamed into place is recognisably ours.
+  {
+    std::ofstream marker(temp / kCheckpointMarker);
+    marker << "a training checkpoint written by bottle: trainer_state.json holds its step\n";
+    marker.close();
+    BOTTLE_CHECK(marker, "{}: write failed", (temp / kCheckpointMarker).string());
   }
-  barrier();
-  // Each pipeline stage writes its own shard: the TP slices are gathered to the stage's TP
-  // rank 0 (and ZeRO-1's moment shards over the DP group); DP replicas write nothing.
+  failpoint(1);
+  for (const fs::path& file :
+       write_model_description(model.config(), temp, DType::f32, special_token_ids(tokenizer_)))
+    fsync_path(file);
+  if (tokenizer_) tokenizer_->save(temp);
+}
+
+// Every rank's part: each pipeline stage writes its own shard; the TP slices are gathered to
+// the stage's TP rank 0 (and ZeRO-1's moment shards over the DP group); DP replicas write
+// nothing.
+void CheckpointStore::write_shards(const LlamaModel& model, const AdamW& optimizer,
+                                   const fs::path& temp, Communicator* dp) const {
   const ParameterStore& params = model.parameters();
   Arena moments_arena(MemoryTag::comm, params.backend());
   const Tensor m = moments_arena.alloc(params.values().shape),
                v = moments_arena.alloc(params.values().shape);
   optimizer.gather_moments(m, v, dp);
-  if (!dp || dp->rank() == 0) {
-    Communicator* tp = model.tensor_parallel().comm;
-    write_shard(temp.string(), "model", params, tp, model.stage(), {{"", params.values()}},
-                {{"format", "pt"}});
-    failpoint(2);
-    write_shard(temp.string(), "optimizer", params, tp, model.stage(),
-                {{"exp_avg/", m}, {"exp_avg_sq/", v}},
-                {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
-    failpoint(3);
+  if (dp && dp->rank() != 0) return;
+  Communicator* tp = model.tensor_parallel().comm;
+  write_shard(temp.string(), "model", params, tp, model.stage(), {{"", params.values()}},
+              {{"format", "pt"}});
+  failpoint(2);
+  write_shard(temp.string(), "optimizer", params, tp, model.stage(),
+              {{"exp_avg/", m}, {"exp_avg_sq/", v}},
+              {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
+  failpoint(3);
+}
+
+// The leader's last part: the shard indexes and the trainer state, the temporary folder
+// renamed into place, and the oldest checkpoints beyond `keep` pruned.
+void CheckpointStore::place(const LlamaModel& model, const TrainerState& state, int64_t step,
+                            const fs::path& temp, const fs::path& final_dir) const {
+  const int tp_size = model.tensor_parallel().size();
+  if (model.stage().stages * tp_size > 1) {
+    write_shard_index(temp.string(), "model");
+    write_shard_index(temp.string(), "optimizer");
   }
-  barrier();
-  if (leader) {
-    const int tp_size = model.tensor_parallel().size();
-    if (model.stage().stages * tp_size > 1) {
-      write_shard_index(temp.string(), "model");
-      write_shard_index(temp.string(), "optimizer");
-    }
-    for (const auto& e : fs::directory_iterator(temp)) fsync_path(e.path());
-    write_trainer_state(temp, state);
-    fsync_path(temp / kTrainerStateFile);
-    fsync_path(temp);
-    failpoint(4);
-    // Re-saving a step (a resumed run that ends where it started) replaces it atomically too.
-    const fs::path old = fs::path(folder_) / fmt::format("{}old-{}", kTempPrefix, name);
-    if (fs::exists(fs::symlink_status(final_dir))) {
-      // Only a folder of ours is replaced; anything else under its name stays as it is.
-      const std::string why = why_not_ours(fs::directory_entry(final_dir));
-      BOTTLE_CHECK(why.empty(),
-                   "{}: cannot save the checkpoint of step {}: a folder of that name is in "
-                   "checkpoint.folder but bottle did not write it ({}); nothing was replaced: move "
-                   "or rename it and resume",
-                   final_dir.string(), step, why);
-      fs::rename(final_dir, old);
-    }
-    guard();
-    fs::rename(temp, final_dir);
-    fsync_path(folder_);
-    if (fs::exists(old)) fs::remove_all(old);
-    guard();
-    std::vector<std::string> all = list();
-    for (size_t i = 0; i + size_t(keep_) < all.size(); ++i) prune(all[i]);
+  for (const auto& e : fs::directory_iterator(temp)) fsync_path(e.path());
+  write_trainer_state(temp, state);
+  fsync_path(temp / kTrainerStateFile);
+  fsync_path(temp);
+  failpoint(4);
+  // Re-saving a step (a resumed run that ends where it started) replaces it atomically too.
+  const fs::path old =
+      fs::path(folder_) / fmt::format("{}old-{}", kTempPrefix, final_dir.filename().string());
+  if (fs::exists(fs::symlink_status(final_dir))) {
+    // Only a folder of ours is replaced; anything else under its name stays as it is.
+    const std::string why = why_not_ours(fs::directory_entry(final_dir));
+    BOTTLE_CHECK(why.empty(),
+                 "{}: cannot save the checkpoint of step {}: a folder of that name is in "
+                 "checkpoint.folder but bottle did not write it ({}); nothing was replaced: move "
+                 "or rename it and resume",
+                 final_dir.string(), step, why);
+    fs::rename(final_dir, old);
   }
-  barrier();  // every rank returns once the checkpoint is complete
-  return final_dir.string();
+  if (guard_) guard_();
+  fs::rename(temp, final_dir);
+  fsync_path(folder_);
+  if (fs::exists(old)) fs::remove_all(old);
+  if (guard_) guard_();
+  std::vector<std::string> all = list();
+  for (size_t i = 0; i + size_t(keep_) < all.size(); ++i) prune(all[i]);
 }
 
 std::optional<int64_t> CheckpointStore::step_of(const std::string& dir) {

@@ -13,6 +13,7 @@
 // before the marker existed, a trainer_state.json that reads. They are ordered by their step
 // number. A folder named like a step that is not ours is refused by name (never resumed from,
 // replaced or deleted); other names (step_00000010.bak) are not the store's and are ignored.
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <string>
@@ -46,7 +47,8 @@ class CheckpointStore {
 
   // Returns the checkpoint's directory. Every rank of the job calls it: the TP slices (and
   // a ZeRO-1 optimizer's DP shards) are gathered, one rank writes, and all return once the
-  // checkpoint is complete (a barrier over `world`).
+  // checkpoint is complete. A failure on any rank (a full disk, the folder deleted under the
+  // save) fails every rank with one message.
   std::string save(const LlamaModel& model, const AdamW& optimizer, const TrainerState& state,
                    int64_t step, Communicator* dp = nullptr, Communicator* world = nullptr);
   // Complete checkpoints (ours, with trainer_state.json), oldest step first.
@@ -79,9 +81,14 @@ class CheckpointStore {
  private:
   struct ReadOnly {};
   CheckpointStore(ReadOnly, std::string folder) : folder_(std::move(folder)), keep_(0) {}
-  std::string save_unchecked(const LlamaModel& model, const AdamW& optimizer,
-                             const TrainerState& state, int64_t step, Communicator* dp,
-                             Communicator* world);
+  // One part of a save on every rank of `world` (nullptr: this process alone); a failure
+  // on any rank (a filesystem error named by its path, the folder guard's) fails them all.
+  void save_part(Communicator* world, int64_t step, const std::function<void()>& part) const;
+  void open_temporary(const LlamaModel& model, const std::filesystem::path& temp) const;
+  void write_shards(const LlamaModel& model, const AdamW& optimizer,
+                    const std::filesystem::path& temp, Communicator* dp) const;
+  void place(const LlamaModel& model, const TrainerState& state, int64_t step,
+             const std::filesystem::path& temp, const std::filesystem::path& final_dir) const;
   std::vector<std::string> list(bool complete) const;
   // Our step folders as (step, path), oldest first, and the foreign ones with the reason.
   struct Scan {

@@ -103,6 +103,28 @@ void run_on_root_or_fail_together(Communicator& comm, int root, const std::funct
   if (!error.empty()) fail("{}", error);
 }
 
+void run_everywhere_or_fail_together(Communicator& comm, const std::function<void()>& step) {
+  std::string error;
+  try {
+    step();
+  } catch (const Error& e) {
+    error = e.what();
+    if (error.empty()) error = "an error without a message";
+  }
+  if (comm.size() == 1) {
+    if (!error.empty()) fail("{}", error);
+    return;
+  }
+  // Who failed, one flag per rank; then the lowest of them says why.
+  int32_t mine = error.empty() ? 0 : 1;
+  std::vector<int32_t> failed(size_t(comm.size()), 0);
+  comm.all_gather(host_tensor(std::span(failed)), host_tensor(std::span(&mine, 1)),
+                  "job.failed_ranks");
+  const auto first = std::find(failed.begin(), failed.end(), 1);
+  if (first == failed.end()) return;
+  fail("{}", broadcast_text(comm, error, int(first - failed.begin())));
+}
+
 void check_same_configuration(Communicator& comm, const std::string& resolved_toml,
                               const std::string& config_path) {
   if (comm.size() == 1) return;

@@ -17,6 +17,11 @@ std::string broadcast_text(Communicator& comm, const std::string& text, int root
 // message, so the job ends with one clear error on all of them.
 void run_on_root_or_fail_together(Communicator& comm, int root, const std::function<void()>& step);
 
+// Runs `step` on every rank (each doing its own share, such as the file it writes); when it
+// throws bottle::Error on any of them, every rank fails with the message of the lowest such
+// rank, instead of the others waiting in their next collective for one that has stopped.
+void run_everywhere_or_fail_together(Communicator& comm, const std::function<void()>& step);
+
 // FNV-1a, 64 bits: a digest that is the same on every machine and build.
 uint64_t fnv1a64(const std::string& text);
 

@@ -742,18 +742,10 @@ bool Trainer::checkpoint_due() const {
 std::string Trainer::save_checkpoint() {
   check_folder_held(fmt::format("saving step {}", step_));
   train_step_->data_parallel().gather_masters();
-  std::string dir;
-  try {
-    dir = store_->save(train_step_->model(), train_step_->optimizer(), trainer_state(), step_,
-                       groups_.dp.get(), &world_);
-  } catch (const Error&) {
-    // A folder deleted while the save wrote fails the save: said as what it is. (One process
-    // only: under mpirun the ranks meet in no collective here.)
-    if (world_.size() == 1)
-      if (const std::string lost = folder_lost(fmt::format("saving step {}", step_)); !lost.empty())
-        fail("{}", lost);
-    throw;
-  }
+  // A folder deleted while the save wrote fails the save on every rank, said as what it is
+  // (the store's folder guard).
+  const std::string dir = store_->save(train_step_->model(), train_step_->optimizer(),
+                                       trainer_state(), step_, groups_.dp.get(), &world_);
   // A folder deleted or taken while the save wrote: the checkpoint may be in another run's
   // folder, or in one made anew by the save, and is not reported as this run's.
   check_folder_held(fmt::format("reporting {}", dir));

@@ -821,6 +821,22 @@ TEST_F(HostileTrain, ARunWhoseFolderIsDeletedOrTakenStops) {
   EXPECT_EQ(count_occurrences(job.output, "checkpoint.folder was deleted or replaced"), 2)
       << job.output;
   EXPECT_EQ(job.output.find("done:"), std::string::npos) << job.output;
+  // Deleted in the middle of a save (each takes 2 s more after its first file): the writing
+  // rank fails there, and the other, waiting for the save to end, stops with its message.
+  // Before, rank 0 alone said "cannot write the checkpoint" and rank 1 was killed by mpirun.
+  remove_folder(dir / "run");
+  const CommandResult mid = run(fmt::format(
+      "(while [ -z \"$(ls -d {0}/.tmp-step_* 2>/dev/null)\" ]; do sleep 0.02; done; rm -rf {0}) "
+      "& env BOTTLE_FAILPOINT=slow_checkpoint:2 {1} {2} train {3} --set parallel.dp=2 {4} 2>&1; "
+      "status=$?; wait; exit $status",
+      dir / "run", mpirun(2, 60), bottle_binary(), dir / "tiny.toml", long_run));
+  EXPECT_NE(mid.status, 0) << mid.output;
+  EXPECT_EQ(count_occurrences(mid.output, "checkpoint.folder was deleted or replaced while this "
+                                          "run trained (its lock file " +
+                                              lock + " is gone"),
+            2)
+      << mid.output;
+  EXPECT_EQ(mid.output.find("done:"), std::string::npos) << mid.output;
 #endif
 }
 
