@@ -308,6 +308,7 @@ Command add_bench_paper_command(CLI::App& app) {
     std::string memory_limit;
     std::vector<std::string> corpus;
     int max_ranks = 4;
+    std::string emulated;
   };
   auto o = std::make_shared<Options>();
   app.add_option("--out", o->out, "directory for report.md, the plots and the logs")
@@ -321,6 +322,10 @@ Command add_bench_paper_command(CLI::App& app) {
                  "text files for the loss curves (default: /usr/share/common-licenses/*)");
   app.add_option("--max-ranks", o->max_ranks, "largest TP degree (2 or 4)")
       ->check(CLI::IsMember({2, 4}));
+  app.add_option("--emulated", o->emulated,
+                 "add the paper's iteration-time rows run on an emulated GPU cluster from the "
+                 "result.json files of `tools/cluster/bench_emulated.sh --paper MODELS --out DIR`")
+      ->check(CLI::ExistingDirectory);
   return [o] {
     BOTTLE_CHECK(!std::getenv("OMPI_COMM_WORLD_SIZE"),
                  "bench paper: run it as one process; it launches mpirun itself");
@@ -347,6 +352,10 @@ Command add_bench_paper_command(CLI::App& app) {
       setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 1);
     }
     const PaperFigures paper = PaperFigures::built_in();
+    // Read before anything runs: a bad file fails now, not after the runs.
+    std::vector<EmulatedRow> emulated;
+    if (!o->emulated.empty())
+      emulated = read_emulated_rows(o->emulated, paper_iteration_models(paper));
     const Scale& s = o->quick ? kQuick : kFull;
     const fs::path out(o->out);
     fs::create_directories(out / "configs");
@@ -409,6 +418,7 @@ Command add_bench_paper_command(CLI::App& app) {
     run_loss_curves(launcher, s, out, o->corpus, r);
     // The paper's own runs, on its cluster: predicted, nothing run (bottle plan --paper).
     r.predicted = predict_paper_runs(load_cluster("a100-perlmutter"));
+    r.emulated = std::move(emulated);
     write_paper_report(r, out);
     fmt::print("bench paper: wrote {} and its plots\n", (out / "report.md").string());
     return 0;

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <toml++/toml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 
@@ -235,6 +236,17 @@ double paper_memory_per_model_state(const PaperFigures& paper) {
                "memory.gradients + memory.optimizer) must be positive",
                paper.file_name());
   return paper.value("memory.gpu_memory") / state;
+}
+
+std::vector<std::string> paper_iteration_models(const PaperFigures& paper) {
+  std::vector<std::string> models;
+  const std::string text = paper.text("iteration.models");  // "1B / 3B / 7B"
+  for (size_t begin = 0; begin <= text.size();) {
+    const size_t end = std::min(text.find(" / ", begin), text.size());
+    models.push_back(text.substr(begin, end - begin));
+    begin = end + 3;
+  }
+  return models;
 }
 
 }  // namespace bottle

@@ -54,4 +54,8 @@ class PaperFigures {
 // per rank, the paper's proportion.
 double paper_memory_per_model_state(const PaperFigures& paper);
 
+// The models of the paper's iteration-time table ("1B", "3B", ...), in its order: the lists
+// iteration.full, .boost_speedup_over_full and the others hold one value per model.
+std::vector<std::string> paper_iteration_models(const PaperFigures& paper);
+
 }  // namespace bottle

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "apps/paper_emulated.h"
+
 namespace bottle {
 
 struct PaperResults {
@@ -26,6 +28,8 @@ struct PaperResults {
   std::map<int, std::vector<double>> loss;  // per TP degree, one per step
   // The paper's own runs predicted on its cluster (paper_prediction.h): no measurement.
   nlohmann::json predicted;
+  // Its iteration-time rows scaled down and run on an emulated GPU cluster (--emulated).
+  std::vector<EmulatedRow> emulated;
 };
 
 // Writes out/report.md, out/results.json and the plots; fails naming a plot gnuplot could

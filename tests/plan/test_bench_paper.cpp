@@ -27,14 +27,45 @@ bool is_png(const fs::path& path) {
   return in && std::string(magic, 8) == "\x89PNG\r\n\x1a\n" && fs::file_size(path) > 1000;
 }
 
-// One `bench paper --quick` run (about a minute) for all the checks of its output.
+// DIR/NAME/result.json as tools/cluster/bench_emulated.sh --paper writes it: one of the paper's
+// models run on an emulated cluster, with each mode's measured and predicted milliseconds.
+void write_emulated_row(const fs::path& dir, const std::string& name, const std::string& model,
+                        const std::string& kind, int tp, int pp,
+                        const std::map<std::string, std::pair<double, double>>& modes) {
+  nlohmann::json m = nlohmann::json::object();
+  for (const auto& [mode, ms] : modes)
+    m[mode] = {
+        {"measured_ms", ms.first}, {"predicted_ms", ms.second}, {"predicted_after_ms", nullptr}};
+  fs::create_directories(dir / name);
+  std::ofstream(dir / name / "result.json") << nlohmann::json{
+      {"kind", kind},
+      {"layout", fmt::format("{}x{}x1", tp, pp)},
+      {"tp", tp},
+      {"pp", pp},
+      {"dp", 1},
+      {"config", (dir / ("paper_" + model + ".toml")).string()},
+      {"k", 250.0},
+      {"preset", "a100-perlmutter"},
+      {"precision", "fp32"},
+      {"paper_model", model},
+      {"modes", m}}.dump();
+}
+
+// One `bench paper --quick` run (about a minute) for all the checks of its output, with two
+// rows of the emulated cluster's section given as bench_emulated.sh would write them (the
+// section's rendering is checked here; the cluster runs are tools/cluster's).
 class BenchPaperQuick : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     dir_ = std::make_unique<TempDir>();
     out_ = fs::path(*dir_ / "paper");
-    run_ = run(
-        fmt::format("timeout 600 {} bench paper --quick --out {}", bottle_binary(), out_.string()));
+    const fs::path emulated = *dir_ / "emulated";
+    write_emulated_row(emulated, "paper_3B_1", "3B", "bench_tp", 2, 1,
+                       {{"full", {1500, 1400}}, {"vanilla", {2900, 2700}}, {"btp", {1000, 1120}}});
+    write_emulated_row(emulated, "paper_13B_1", "13B", "train", 4, 2,
+                       {{"full", {6000, 6600}}, {"vanilla", {9000, 8000}}, {"btp", {4000, 4120}}});
+    run_ = run(fmt::format("timeout 600 {} bench paper --quick --out {} --emulated {}",
+                           bottle_binary(), out_.string(), emulated.string()));
     std::ifstream in(out_ / "report.md");
     report_.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
   }
@@ -57,8 +88,8 @@ std::string BenchPaperQuick::report_;
 TEST_F(BenchPaperQuick, WritesTheReportAndItsPlots) {
   const fs::path& out = out_;
   const std::string& report = report_;
-  for (const char* png :
-       {"iteration", "microbatch", "kinds", "comm", "grouping", "memory", "recompute", "loss"}) {
+  for (const char* png : {"iteration", "emulated", "microbatch", "kinds", "comm", "grouping",
+                          "memory", "recompute", "loss"}) {
     EXPECT_TRUE(is_png(out / (std::string(png) + ".png"))) << png;
     EXPECT_NE(report.find(std::string("(") + png + ".png)"), std::string::npos)
         << "report.md does not show " << png;
@@ -311,6 +342,66 @@ TEST_F(BenchPaperQuick, QuotesThePaperFiguresOfTheDataFile) {
     for (size_t i = 0; i < shown.size(); ++i)
       EXPECT_NEAR(shown[i].first, expected[i], shown[i].second * (1 + 1e-9))
           << "printed as '" << printed << "'";
+  }
+}
+
+// The emulated rows: the paper's models in its order, each mode's measured / predicted time
+// with the error, btp's speedups beside the paper's for that model, and how many predictions
+// fall within ±15 %.
+TEST_F(BenchPaperQuick, ShowsTheEmulatedRowsBesideThePaper) {
+  const size_t at = report_.find("## Iteration time on an emulated GPU cluster");
+  ASSERT_NE(at, std::string::npos) << report_;
+  const std::string section = report_.substr(at, report_.find("\n## ", at + 1) - at);
+  const size_t row3 = section.find(
+      "| 3B | TP 2 (paper_3B.toml) | 250 | 1500 / 1400 (-7 %) | "
+      "2900 / 2700 (-7 %) | 1000 / 1120 (+12 %) | 1.50× · 1.25× · "
+      "1.46× | 2.90× · 2.41× · 1.81× |");
+  const size_t row13 = section.find(
+      "| 13B | TP 4 × PP 2 (paper_13B.toml) | 250 | 6000 / 6600 "
+      "(+10 %) | 9000 / 8000 (-11 %) | 4000 / 4120 (+3 %) | 1.50× · "
+      "1.60× · 1.59× | 2.25× · 1.94× · 1.86× |");
+  EXPECT_NE(row3, std::string::npos) << section;
+  EXPECT_NE(row13, std::string::npos) << section;
+  EXPECT_LT(row3, row13) << "rows not in the paper's order:\n" << section;
+  EXPECT_NE(section.find("6 of 6 iteration times predicted within ±15 %"), std::string::npos)
+      << section;
+  const auto results = nlohmann::json::parse(std::ifstream(out_ / "results.json"));
+  ASSERT_EQ(results.at("emulated").size(), 2u);
+  EXPECT_EQ(results.at("emulated")[0].at("paper_model"), "3B");
+  EXPECT_EQ(results.at("emulated")[1].at("modes").at("btp").at("measured_ms"), 4000.0);
+}
+
+// A result.json that is not one of bench_emulated.sh's fails before anything runs, naming the
+// file and the key; a folder without any is named too.
+TEST(BenchPaper, BadEmulatedRowsNameTheFile) {
+  TempDir dir;
+  write_emulated_row(dir / "emulated", "paper_7B_1", "7B", "bench_tp", 4, 1,
+                     {{"btp", {1000, 1000}}});
+  {
+    std::ofstream(dir / "emulated/paper_7B_1/result.json") << R"({"kind": "bench_tp"})";
+    const CommandResult r = run(fmt::format("{} bench paper --quick --out {} --emulated {}",
+                                            bottle_binary(), dir / "paper", dir / "emulated"));
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_NE(r.output.find(dir / "emulated/paper_7B_1/result.json" + ": "), std::string::npos)
+        << r.output;
+    EXPECT_NE(r.output.find("paper_model"), std::string::npos) << r.output;
+    EXPECT_EQ(r.output.find("bench paper: tp1"), std::string::npos) << "it ran:\n" << r.output;
+  }
+  {
+    fs::create_directories(dir / "empty");
+    const CommandResult r = run(fmt::format("{} bench paper --quick --out {} --emulated {}",
+                                            bottle_binary(), dir / "paper", dir / "empty"));
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_EQ(count_occurrences(r.output, "holds no paper_*/result.json"), 1) << r.output;
+  }
+  {
+    write_emulated_row(dir / "other", "paper_2B_1", "2B", "bench_tp", 2, 1,
+                       {{"btp", {1000, 1000}}});
+    const CommandResult r = run(fmt::format("{} bench paper --quick --out {} --emulated {}",
+                                            bottle_binary(), dir / "paper", dir / "other"));
+    EXPECT_EQ(r.status, 1) << r.output;
+    EXPECT_EQ(count_occurrences(r.output, "paper_model '2B' is none of the paper's models"), 1)
+        << r.output;
   }
 }
 

@@ -12,7 +12,8 @@
 #
 #   tools/cluster/bench_emulated.sh [--preset a100-perlmutter] [--precision fp32]
 #       [--config configs/bench_tp_1b.toml] [--set KEY=VALUE]... [--layouts "1x2 2x2"]
-#       [--trains "2x2x1 2x1x2"] [--steps 3] [--warmup 1] [--repeats 1] [--out DIR]
+#       [--trains "2x2x1 2x1x2"] [--paper "3B 7B 13B"] [--paper-scale 4] [--paper-layers 4]
+#       [--steps 3] [--warmup 1] [--repeats 1] [--out DIR]
 #
 # --trains TPxPPxDP...: 3D layouts too, each on nodes of TP ranks (TP within a node, the
 # pipeline's stage boundary or the DP all-reduce across the inter-node link): `bottle train`
@@ -22,9 +23,19 @@
 # --gpus TP·PP·DP --global-batch 4·micro_batch_size` (its row of that micro-batch size and
 # count, 1F1B). Default: none ("" skips them; --layouts "" skips bench tp).
 #
+# --paper MODELS: the paper's iteration-time rows (`bottle plan --paper --json`'s models and
+# layouts: 3B at TP 2, 7B at TP 4 in one node of four GPUs, 13B at TP 4 x PP 2 over two nodes),
+# each model scaled down on this machine: hidden, FFN and head count ÷ --paper-scale (the
+# heads rounded up to a multiple of TP that divides the hidden size), r = hidden / 4, the
+# paper's layouts, --paper-layers blocks (a multiple of PP), a byte vocabulary, micro-batch 4.
+# TP rows run bench tp on one node, PP rows bottle train as --trains does. Each row's DIR is
+# paper_MODEL_REPEAT, which `bottle bench paper --emulated DIR` reads (result.json). 1B runs
+# on one GPU: no link to emulate, so it is not a row here.
+#
 # Default --set: training.seq_len=128. Files under DIR (default emulated-bench/): per layout
 # and repeat the emulation (raw.toml, emulated.toml, emulate.env, probes), bench.json and
-# plan.json; table.txt is what it prints. Exit status 1 when a prediction misses its target
+# plan.json, and result.json (the measured and predicted milliseconds per mode, k, the
+# layout); table.txt is what it prints. Exit status 1 when a prediction misses its target
 # (±15 % of an iteration, ±10 % of a speedup). Needs root (cluster.sh), mpicc, jq, build/bottle.
 # shellcheck disable=SC2154 # the variables of the sourced emulate.env
 set -euo pipefail
@@ -34,6 +45,7 @@ cluster=$here/cluster.sh
 bottle=${BOTTLE:-$root/build/bottle}
 preset=a100-perlmutter precision=fp32 config=$root/configs/bench_tp_1b.toml
 layouts="1x2 2x2" trains='' steps=3 warmup=1 repeats=1 out=emulated-bench sets=()
+paper_models='' paper_scale=4 paper_layers=4
 while (($#)); do
   case $1 in
     --preset) preset=$2; shift 2 ;;
@@ -42,6 +54,9 @@ while (($#)); do
     --set) sets+=("$2"); shift 2 ;;
     --layouts) layouts=$2; shift 2 ;;
     --trains) trains=$2; shift 2 ;;
+    --paper) paper_models=$2; shift 2 ;;
+    --paper-scale) paper_scale=$2; shift 2 ;;
+    --paper-layers) paper_layers=$2; shift 2 ;;
     --steps) steps=$2; shift 2 ;;
     --warmup) warmup=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
@@ -76,6 +91,14 @@ paper() { # KEY: the paper's value (first of a range) from reference/boost_paper
     in_sec && ($1 == "value" || $1 == "range") { sub(/^[^=]*= */, ""); gsub(/[][]/, ""); print; exit }' \
     "$root/reference/boost_paper.toml"
 }
+paper_of_model() { # KEY MODEL: the paper's value of list KEY for MODEL (iteration.models' order)
+  local models i
+  models=$(awk -v sec="[iteration.models]" '/^\[/ { in_sec = ($1 == sec) }
+    in_sec && $1 == "text" { sub(/^[^=]*= */, ""); gsub(/"/, ""); print; exit }' \
+    "$root/reference/boost_paper.toml")
+  i=$(awk -v m="$2" -v RS=' / ' '{ gsub(/\n/, "") } $0 == m { print NR; exit }' <<< "$models")
+  paper "$1" | tr ',' '\n' | sed -n "${i:-0}p" | tr -d ' '
+}
 status=0
 table=$out/table.txt
 : > "$table"
@@ -84,18 +107,37 @@ say '# bench_emulated.sh: preset %s, %s, %s %s, steps %s (warmup %s); CPU: %s (f
   "$preset" "$precision" "$(basename "$config")" "${sets[*]}" "$steps" "$warmup" \
   "$(lscpu | sed -n 's/^Model name: *//p')" "$(lscpu | sed -n 's/^CPU family: *//p')" \
   "$(lscpu | sed -n 's/^Model: *//p')"
-for layout in $layouts; do
-  nodes=${layout%x*} rpn=${layout#*x}
+# DIR/result.json of one layout and repeat: the modes' measured and predicted milliseconds
+# (meas, pred, after of the caller), k and the layout, for `bottle bench paper --emulated`.
+write_result() { # DIR KIND LAYOUT TP PP DP CONFIG
+  local modes='{}' mode
+  for mode in full vanilla btp; do
+    [[ -n ${meas[$mode]:-} ]] || continue
+    modes=$(jq -c --arg m "$mode" --argjson ms "${meas[$mode]}" --argjson p "${pred[$mode]}" \
+      --argjson a "${after[$mode]:-null}" \
+      '. + {($m): {measured_ms: $ms, predicted_ms: $p, predicted_after_ms: $a}}' <<< "$modes")
+  done
+  jq -n --arg kind "$2" --arg layout "$3" --argjson tp "$4" --argjson pp "$5" --argjson dp "$6" \
+    --arg config "$7" --argjson k "$k" --arg preset "$preset" --arg precision "$precision" \
+    --arg model "${paper_model:-}" --argjson modes "$modes" \
+    '{kind: $kind, layout: $layout, tp: $tp, pp: $pp, dp: $dp, config: $config, k: $k,
+      preset: $preset, precision: $precision, paper_model: $model, modes: $modes}' > "$1/result.json"
+}
+
+# bench tp's three modes at TP N·R on an N x R emulated cluster, repeats times.
+bench_tp_layout() { # LAYOUT(NxR) CONFIG NAME
+  local layout=$1 cfg=$2 name=$3
+  local nodes=${layout%x*} rpn=${layout#*x} tp rep dir micro_batch mode m p pa err erra mr pr over
   tp=$((nodes * rpn))
   for ((rep = 1; rep <= repeats; rep++)); do
-    dir=$out/${layout}_$rep
+    dir=$out/${name}_$rep
     mkdir -p "$dir"
     state=$(mktemp -d "${TMPDIR:-/tmp}/bemu.XXXXXX")
     "$here/emulate.sh" --preset "$preset" --nodes "$nodes" --ranks-per-node "$rpn" \
       --precision "$precision" --state "$state" --out "$dir" --bottle "$bottle" > /dev/null
     echo "bench_emulated.sh: $layout: bench tp at TP $tp on the shaped cluster" >&2
     "$cluster" run --state "$state" -- -np "$tp" -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
-      "$bottle" bench tp "$config" --set parallel.tp="$tp" "${set_args[@]}" --threads 1 --json \
+      "$bottle" bench tp "$cfg" --set parallel.tp="$tp" "${set_args[@]}" --threads 1 --json \
       --steps "$steps" --warmup "$warmup" 2> "$dir/bench.err" | grep '^{' > "$dir/bench.json"
     # The links again, right after the bench: on a shared machine they drift.
     "$here/emulate.sh" --preset "$preset" --nodes "$nodes" --ranks-per-node "$rpn" \
@@ -103,7 +145,7 @@ for layout in $layouts; do
       --remeasure after > /dev/null
     cleanup
     for f in "" -after; do
-      "$bottle" plan "$config" --cluster "$dir/emulated$f.toml" --tp "$tp" --gpus "$tp" --json \
+      "$bottle" plan "$cfg" --cluster "$dir/emulated$f.toml" --tp "$tp" --gpus "$tp" --json \
         "${set_args[@]}" | grep '^{' > "$dir/plan$f.json"
     done
     # shellcheck disable=SC1091
@@ -128,7 +170,7 @@ for layout in $layouts; do
       "$(. "$dir/emulate-after.env"; echo "$base_measured_us")"
     say '%-8s %12s %12s %8s   %10s %10s   %12s %8s\n' mode "measured ms" "predicted ms" error \
       "comm ms" "pred comm" "pred (after)" error
-    declare -A meas=() pred=()
+    declare -A meas=() pred=() after=()
     for mode in full vanilla btp; do
       m=$(jq -r --arg m "$mode" 'select(.mode == $m and .variant == $m and .recompute == "none") | "\(.iter_ms) \(.comm_ms)"' \
         "$dir/bench.json" | head -1)
@@ -145,7 +187,7 @@ for layout in $layouts; do
         status=1
         continue
       fi
-      meas[$mode]=${m%% *} pred[$mode]=${p%% *}
+      meas[$mode]=${m%% *} pred[$mode]=${p%% *} after[$mode]=${pa:-}
       err=$(awk -v p="${p%% *}" -v m="${m%% *}" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
       erra=$(awk -v p="${pa:-0}" -v m="${m%% *}" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
       say '%-8s %12.1f %12.1f %+7.1f%%   %10.1f %10.1f   %12.1f %+7.1f%%\n' "$mode" "${m%% *}" \
@@ -153,32 +195,32 @@ for layout in $layouts; do
       awk -v e="$err" 'BEGIN { exit !(e < -15 || e > 15) }' && status=1
     done
     if [[ -n ${meas[btp]:-} && -n ${meas[vanilla]:-} && -n ${meas[full]:-} ]]; then
-      say '%-18s %9s %9s %8s   %s\n' speedup measured predicted error "paper (7B, TP 4; range)"
+      say '%-18s %9s %9s %8s   %s\n' speedup measured predicted error \
+        "paper (${paper_model:-7B, TP 4}; range)"
       for over in vanilla full; do
         mr=$(awk -v a="${meas[$over]}" -v b="${meas[btp]}" 'BEGIN { printf "%.3f", a / b }')
         pr=$(awk -v a="${pred[$over]}" -v b="${pred[btp]}" 'BEGIN { printf "%.3f", a / b }')
         err=$(awk -v p="$pr" -v m="$mr" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
         say '%-18s %9s %9s %+7.1f%%   %s (%s)\n' "btp over $over" "$mr" "$pr" "$err" \
-          "$(paper "iteration.boost_speedup_over_${over}_7b")" \
+          "$(paper_of_model "iteration.boost_speedup_over_${over}" "${paper_model:-7B}")" \
           "$(paper "iteration.boost_speedup_over_${over}_range" | tr -d ' ' | tr , -)"
         awk -v e="$err" 'BEGIN { exit !(e < -10 || e > 10) }' && status=1
       done
     fi
-    unset meas pred
+    write_result "$dir" bench_tp "$layout" "$tp" 1 1 "$cfg"
+    unset meas pred after
   done
-done
-# The 3D layouts: bottle train per mode on the emulated cluster, beside bottle plan.
-if [[ -n $trains ]]; then
-  awk 'BEGIN { for (i = 1; i <= 20000; i++) printf "line %d: %d apples and %d pears\n", i, i * 7919 % 1000, i * 104729 % 977 }' \
-    > "$out/corpus.txt"
-  "$bottle" prepare --input "$out/corpus.txt" --output "$out/data" > /dev/null
-fi
-for layout in $trains; do
+}
+
+# bottle train per mode at TP x PP x DP on PP·DP emulated nodes of TP ranks, repeats times.
+train_layout() { # LAYOUT(TPxPPxDP) CONFIG NAME
+  local layout=$1 cfg=$2 name=$3
+  local tp pp dp ranks nodes accum rep dir micro_batch mode model m p pa err erra mr pr over query f
   IFS=x read -r tp pp dp <<< "$layout"
   ranks=$((tp * pp * dp)) nodes=$((pp * dp)) accum=$((4 / dp))
   ((accum * dp == 4)) || { echo "bench_emulated.sh: --trains $layout: DP must divide 4" >&2; exit 2; }
   for ((rep = 1; rep <= repeats; rep++)); do
-    dir=$out/train_${layout}_$rep
+    dir=$out/${name}_$rep
     mkdir -p "$dir"
     state=$(mktemp -d "${TMPDIR:-/tmp}/bemu.XXXXXX")
     "$here/emulate.sh" --preset "$preset" --nodes "$nodes" --ranks-per-node "$tp" \
@@ -188,7 +230,7 @@ for layout in $trains; do
       echo "bench_emulated.sh: train $layout ($mode) on the shaped cluster" >&2
       rm -rf "$dir/run_$mode"
       "$cluster" run --state "$state" -- -np "$ranks" -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
-        "$bottle" train "$config" "${set_args[@]}" "${model[@]}" --set parallel.tp_mode="$mode" \
+        "$bottle" train "$cfg" "${set_args[@]}" "${model[@]}" --set parallel.tp_mode="$mode" \
         --set parallel.tp="$tp" --set parallel.pp="$pp" --set parallel.dp="$dp" \
         --set training.grad_accum_steps="$accum" --set training.steps=$((warmup + steps)) \
         --set training.eval_interval=0 --set checkpoint.interval=0 --set metrics.log_freq=1 \
@@ -201,7 +243,7 @@ for layout in $trains; do
     cleanup
     micro_batch=$(sed -n 's/^micro_batch_size *= *//p' "$dir/run_btp/train_config.toml" 2>/dev/null | head -1)
     for f in "" -after; do
-      "$bottle" plan "$config" --cluster "$dir/emulated$f.toml" --tp "$tp" --pp "$pp" \
+      "$bottle" plan "$cfg" --cluster "$dir/emulated$f.toml" --tp "$tp" --pp "$pp" \
         --gpus "$ranks" --global-batch $((4 * ${micro_batch:-1})) --json "${set_args[@]}" |
         grep '^{' > "$dir/plan$f.json"
     done
@@ -213,7 +255,7 @@ for layout in $trains; do
       "$inter_link" "$(. "$dir/emulate-after.env"; echo "$inter_measured_mbit")"
     say '%-8s %12s %12s %8s   %12s %8s   %s\n' mode "measured ms" "predicted ms" error \
       "pred (after)" error "predicted: compute, tp comm, bubble, p2p, dp comm, optimizer (ms)"
-    declare -A meas=() pred=()
+    declare -A meas=() pred=() after=()
     for mode in full vanilla btp; do
       m=$(sed -n 's/.*"ms":\([^,]*\),.*"step":\([0-9]*\),.*/\2 \1/p' "$dir/run_$mode/metrics.jsonl" 2>/dev/null |
         awk -v w="$warmup" '$1 > w { print $2 }' | sort -g |
@@ -230,7 +272,7 @@ for layout in $trains; do
         status=1
         continue
       fi
-      meas[$mode]=$m pred[$mode]=${p%% *}
+      meas[$mode]=$m pred[$mode]=${p%% *} after[$mode]=${pa:-}
       err=$(awk -v p="${p%% *}" -v m="$m" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
       erra=$(awk -v p="${pa:-0}" -v m="$m" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
       say '%-8s %12.1f %12.1f %+7.1f%%   %12.1f %+7.1f%%   %s\n' "$mode" "$m" "${p%% *}" "$err" \
@@ -247,9 +289,72 @@ for layout in $trains; do
         awk -v e="$err" 'BEGIN { exit !(e < -10 || e > 10) }' && status=1
       done
     fi
-    unset meas pred
+    write_result "$dir" train "$layout" "$tp" "$pp" "$dp" "$cfg"
+    unset meas pred after
   done
+}
+
+# The byte corpus bottle train reads (made once).
+make_corpus() {
+  [[ -d $out/data ]] && return
+  awk 'BEGIN { for (i = 1; i <= 20000; i++) printf "line %d: %d apples and %d pears\n", i, i * 7919 % 1000, i * 104729 % 977 }' \
+    > "$out/corpus.txt"
+  "$bottle" prepare --input "$out/corpus.txt" --output "$out/data" > /dev/null
+}
+
+# The paper's MODEL scaled down (see --paper), written to DIR/paper_MODEL.toml; prints its
+# layout as TP PP.
+paper_config() { # MODEL
+  local row hidden ffn heads tp pp d f h
+  row=$("$bottle" plan --paper --json | jq -c --arg m "$1" '.iteration[] | select(.model == $m)')
+  [[ -n $row ]] || { echo "bench_emulated.sh: --paper: no model '$1' in bottle plan --paper" >&2; exit 2; }
+  read -r hidden ffn heads tp pp < <(jq -r '"\(.hidden) \(.ffn) \(.heads) \(.tp) \(.pp)"' <<< "$row")
+  ((paper_layers % pp == 0)) || { echo "bench_emulated.sh: --paper-layers $paper_layers is not a multiple of $1's PP $pp" >&2; exit 2; }
+  d=$((hidden / paper_scale))
+  f=$(((ffn / paper_scale + 4) / 8 * 8))  # a multiple of 8, so that TP 2 and 4 divide it
+  h=$(((heads / paper_scale + tp - 1) / tp * tp))
+  while ((d % h)); do h=$((h + tp)); done
+  cat > "$out/paper_$1.toml" << TOML
+# The paper's $1 ($(jq -r .shape <<< "$row"); TP $tp, PP $pp), scaled down by bench_emulated.sh
+# --paper-scale $paper_scale: hidden, FFN and heads ÷ $paper_scale, r = hidden / 4, $paper_layers blocks.
+[model]
+vocab_size = 256
+hidden_size = $d
+intermediate_size = $f
+num_layers = $paper_layers
+num_heads = $h
+bottleneck = "cola"
+rank = $((d / 4))
+max_seq_len = 1024
+
+[training]
+micro_batch_size = 4
+seq_len = 256
+seed = 1
+
+[parallel]
+grouping = true
+TOML
+  echo "$tp $pp"
+}
+
+for layout in $layouts; do bench_tp_layout "$layout" "$config" "$layout"; done
+if [[ -n $trains ]]; then make_corpus; fi
+for layout in $trains; do train_layout "$layout" "$config" "train_$layout"; done
+for paper_model in $paper_models; do
+  paper_layout=$(paper_config "$paper_model")
+  read -r ptp ppp <<< "$paper_layout"
+  if ((ppp > 1)); then
+    make_corpus
+    train_layout "${ptp}x${ppp}x1" "$out/paper_$paper_model.toml" "paper_$paper_model"
+  elif ((ptp > 1)); then
+    bench_tp_layout "1x$ptp" "$out/paper_$paper_model.toml" "paper_$paper_model"
+  else
+    say '\n## paper %s: one GPU, no link to emulate: not a row here\n' "$paper_model"
+  fi
 done
+paper_model=''
+
 if ((status == 0)); then say '\nevery prediction within its target (±15 %% iteration, ±10 %% speedup)\n'
 else say '\na prediction missed its target (±15 %% iteration, ±10 %% speedup), or a row is missing\n'; fi
 exit $status
