@@ -43,7 +43,7 @@ void validate_pipeline_stages(int stages, int64_t layers) {
 LlamaModel::LlamaModel(const ModelConfig& config)
     : LlamaModel(config, TensorParallel{&default_tp_layout(config.shape())}) {}
 
-LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to,
+LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, ParamSharding sharding,
                        PipelineStage stage, bool reserve_only, Backend& memory, DType compute)
     : config_(config),
       tp_(tp),
@@ -59,14 +59,18 @@ LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad
   first_layer_ = stage_.first_layer(layers);
   end_layer_ = stage_.end_layer(layers);
   ends_ = layout_.ends(config_.shape());
-  declare_parameters();
-  params_.allocate(memory, pad_parameters_to, reserve_only_, compute_);
+  declare_parameters(sharding);
+  params_.allocate(memory, sharding.ranks, reserve_only_, compute_, sharding.grad_slots);
   bind_parameters();
 }
 
-void LlamaModel::declare_parameters() {
+void LlamaModel::declare_parameters(const ParamSharding& sharding) {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, t = tp_.size();
+  // The units: the embedding, each block, the head. Under ZeRO-2 each starts on a multiple of
+  // the shard count, and a tied table's gradients are kept whole (ParamUnit::kept).
+  const int64_t align = sharding.grad_slots ? sharding.ranks : 1;
+  auto unit = [&](bool kept = false) { params_.begin_unit(align, kept && sharding.grad_slots); };
   // Declares `spec` split along `dim` (kWhole: whole on every rank).
   auto declare = [&](ParamSpec spec, int dim) {
     spec.full_shape = spec.shape;
@@ -78,10 +82,13 @@ void LlamaModel::declare_parameters() {
     params_.declare(std::move(spec));
   };
   const ParameterSplits split = layout_.parameter_splits(c.shape());
-  if (stage_.first())
+  if (stage_.first()) {
+    unit(c.tie_embeddings);
     declare({"model.embed_tokens.weight", {c.vocab_size, d}, ParamInit::normal, 0.02f, false},
             split.embedding);
+  }
   for (int l = first_layer_; l < end_layer_; ++l) {
+    unit();
     declare({layer_prefix(l) + ".input_layernorm.weight", {d}, ParamInit::ones, 0, false},
             split.block_norm);
     declare({layer_prefix(l) + ".post_attention_layernorm.weight", {d}, ParamInit::ones, 0, false},
@@ -121,6 +128,7 @@ void LlamaModel::declare_parameters() {
     }
   }
   if (!stage_.last()) return;
+  unit(c.tie_embeddings && !stage_.first());
   declare({"model.norm.weight", {d}, ParamInit::ones, 0, false}, split.final_norm);
   if (!c.tie_embeddings)
     declare({"lm_head.weight", {c.vocab_size, d}}, split.lm_head);
@@ -279,7 +287,7 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
 MemoryBreakdown LlamaModel::memory() const {
   MemoryBreakdown m;
   m[MemoryTag::weights] = params_.bytes() + params_.compute_bytes();
-  m[MemoryTag::gradients] = params_.bytes();
+  m[MemoryTag::gradients] = params_.grad_bytes();
   m[MemoryTag::activations] = activations_ ? activations_->bytes() : 0;
   m[MemoryTag::comm] = comm_ ? comm_->bytes() : 0;
   return m;
@@ -453,6 +461,8 @@ float LlamaModel::forward(Backend& be, Tensor tokens, Tensor targets) {
 }
 
 void LlamaModel::backward(Backend& be, Tensor tokens, Tensor targets, float loss_scale) {
+  // Slots are zeroed and emptied by the data-parallel trainer between units.
+  BOTTLE_ASSERT(!params_.grad_slots(), "backward() of a ZeRO-2 model outside a training step");
   backward_stage(be, 0, tokens, targets, loss_scale);
 }
 
@@ -479,7 +489,7 @@ std::pair<int64_t, int64_t> LlamaModel::tied_grad_range() const {
 }
 
 std::vector<SumRange> LlamaModel::grad_norm_ranges(int64_t begin, int64_t end) const {
-  if (end < 0) end = params_.grads().numel();
+  if (end < 0) end = params_.values().numel();
   std::vector<SumRange> ranges;
   for (const ParamSpec& spec : params_.specs()) {
     // The tied table is counted once, on the first stage.

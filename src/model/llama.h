@@ -39,11 +39,22 @@ void validate_pipeline_stages(int stages, int64_t layers);
 // "model.layers.3.self_attn.q_proj" (HF's names; docs/design.md §12).
 std::string projection_prefix(int layer, ProjectionId p);
 
+// How the flat parameter buffers are cut for data parallelism (docs/design.md §9).
+struct ParamSharding {
+  // ZeRO: the buffers' size (and under grad_slots every unit's) is a multiple of it.
+  int64_t ranks = 1;
+  // ZeRO-2: gradients held per unit in two slots (ParameterStore::allocate).
+  bool grad_slots = false;
+  ParamSharding(int64_t ranks = 1, bool grad_slots = false)  // NOLINT: a count converts
+      : ranks(ranks), grad_slots(grad_slots) {}
+};
+
 class LlamaModel {
  public:
   // tp.comm null: one rank. Throws SettingError when tp.layout does not fit the model, tp's
   // size does not divide a dimension it splits, or the stages are not 1 to L.
-  // pad_parameters_to: the flat parameter buffers' size is a multiple of it (ZeRO-1 shards).
+  // sharding: the flat parameter buffers' size a multiple of the ZeRO shards', and under
+  // ZeRO-2 the gradients in unit slots (ParamSharding).
   // stage: this rank's share of a pipeline (the whole model by default).
   // reserve_only: a plan of the rank's footprint (memory()) that holds no memory; it can
   // lay out buffers but not run.
@@ -51,7 +62,7 @@ class LlamaModel {
   // backward then run on a backend of the same device.
   // compute: f32, or bf16 for mixed precision (docs/design.md): GEMMs read bf16 copies of
   // the fp32 master weights, and activations are stored in bf16.
-  explicit LlamaModel(const ModelConfig& config, TensorParallel tp, int64_t pad_parameters_to = 1,
+  explicit LlamaModel(const ModelConfig& config, TensorParallel tp, ParamSharding sharding = {},
                       PipelineStage stage = {}, bool reserve_only = false,
                       Backend& memory = host_backend(), DType compute = DType::f32);
   // One rank, in the model's default layout.
@@ -119,7 +130,9 @@ class LlamaModel {
   float forward(Backend& be, Tensor tokens, Tensor targets);
   // Adds ∂(mean loss)·loss_scale/∂θ into this rank's parameter gradients (+=).
   void backward(Backend& be, Tensor tokens, Tensor targets, float loss_scale = 1.0f);
-  void zero_grad(Backend& be) { be.fill_zero(params_.grads()); }
+  // The gradients that accumulate over a step (under ZeRO-2 the kept units' alone: the data-
+  // parallel trainer zeroes each slot before its unit's backward).
+  void zero_grad(Backend& be) { params_.zero_grads(be); }
 
   Tensor logits() const { return slots_[0].logits; }  // [B·S, V/t] of the last forward
   size_t activation_bytes() const { return activations_ ? activations_->bytes() : 0; }
@@ -153,7 +166,7 @@ class LlamaModel {
   double flops_per_step(int64_t tokens, int64_t seq) const;
 
  private:
-  void declare_parameters();
+  void declare_parameters(const ParamSharding& sharding);
   void bind_parameters();
   // What the layout needs to make layer l's block for micro-batches of batch x seq.
   BlockSpec block_spec(int layer, int64_t batch, int64_t seq, Recompute policy) const;

@@ -1,6 +1,8 @@
 #include "model/parameters.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "core/host_parallel.h"
@@ -45,6 +47,16 @@ int64_t ParamSpec::global_index(int64_t local, int64_t offset) const {
   return (outer_index * full_shape[shard_dim] + offset + a) * inner + in;
 }
 
+void ParameterStore::begin_unit(int64_t align, bool kept) {
+  BOTTLE_CHECK(!values_.data, "a parameter unit begun after allocation");
+  // Where declare() puts the next parameter, moved up to a multiple of `align` too.
+  const int64_t step = std::lcm<int64_t>(128, std::max<int64_t>(1, align));
+  count_ = align > 1 ? (count_ + step - 1) / step * step : count_;
+  const int64_t begin = (count_ + 127) / 128 * 128;
+  if (!units_.empty() && units_.back().begin == begin) units_.pop_back();  // an empty unit
+  units_.push_back({.begin = begin, .kept = kept});
+}
+
 void ParameterStore::declare(ParamSpec spec) {
   BOTTLE_CHECK(!values_.data, "parameter '{}' declared after allocation", spec.name);
   BOTTLE_CHECK(!index_.count(spec.name), "parameter '{}' declared twice", spec.name);
@@ -58,14 +70,39 @@ void ParameterStore::declare(ParamSpec spec) {
   specs_.push_back(std::move(spec));
 }
 
-void ParameterStore::allocate(Backend& memory, int64_t multiple, bool reserve_only, DType compute) {
+void ParameterStore::allocate(Backend& memory, int64_t multiple, bool reserve_only, DType compute,
+                              bool grad_slots) {
   BOTTLE_CHECK(compute == DType::f32 || compute == DType::bf16,
                "parameters: compute dtype {} (f32 or bf16)", dtype_name(compute));
   value_arena_ = std::make_unique<Arena>(MemoryTag::weights, memory, reserve_only);
   grad_arena_ = std::make_unique<Arena>(MemoryTag::gradients, memory, reserve_only);
   const int64_t padded = (count_ + multiple - 1) / multiple * multiple;
+  // The units tile the buffer: each ends where the next begins, the last at the padded end.
+  if (units_.empty() || units_.front().begin != 0) units_.insert(units_.begin(), ParamUnit{});
+  for (size_t u = 0; u < units_.size(); ++u)
+    units_[u].end = u + 1 < units_.size() ? units_[u + 1].begin : padded;
   values_ = value_arena_->alloc({padded});
-  grads_ = grad_arena_->alloc({padded});
+  grad_slots_ = grad_slots;
+  if (!grad_slots) {
+    grads_ = grad_arena_->alloc({padded});
+  } else {
+    int64_t largest[2] = {0, 0}, kept = 0;
+    for (size_t u = 0; u < units_.size(); ++u) {
+      ParamUnit& unit = units_[u];
+      BOTTLE_ASSERT(unit.count() % multiple == 0,
+                    "parameter unit [{}, {}) is not a multiple of {} elements", unit.begin,
+                    unit.end, multiple);
+      if (unit.kept) {
+        unit.kept_offset = kept;
+        kept += unit.count();
+      } else {
+        largest[u % 2] = std::max(largest[u % 2], unit.count());
+      }
+    }
+    for (int p = 0; p < 2; ++p)
+      if (largest[p]) grad_slot_[p] = grad_arena_->alloc({largest[p]});
+    if (kept) kept_grads_ = grad_arena_->alloc({kept});
+  }
   compute_ = values_;
   if (compute != DType::f32) {
     compute_arena_ = std::make_unique<Arena>(MemoryTag::weights, memory, reserve_only);
@@ -79,11 +116,42 @@ void ParameterStore::refresh_compute(Backend& be, int64_t begin, int64_t end) co
   be.copy(compute_.view(begin, {end - begin}), values_.view(begin, {end - begin}));
 }
 
+Tensor ParameterStore::grads() const {
+  BOTTLE_ASSERT(!grad_slots_, "the gradients of a ZeRO-2 store are in slots, not one buffer");
+  return grads_;
+}
+
+size_t ParameterStore::unit_of(int64_t offset) const {
+  const auto after = std::upper_bound(units_.begin(), units_.end(), offset,
+                                      [](int64_t o, const ParamUnit& u) { return o < u.begin; });
+  BOTTLE_ASSERT(after != units_.begin(), "offset {} before the first unit", offset);
+  return size_t(after - units_.begin()) - 1;
+}
+
+Tensor ParameterStore::unit_grads(size_t u) const {
+  const ParamUnit& unit = units_.at(u);
+  if (!grad_slots_) return grads_.view(unit.begin, {unit.count()});
+  if (unit.kept) return kept_grads_.view(unit.kept_offset, {unit.count()});
+  return grad_slot_[u % 2].view(0, {unit.count()});
+}
+
+void ParameterStore::zero_grads(Backend& be) const {
+  if (!grad_slots_)
+    be.fill_zero(grads_);
+  else if (!kept_grads_.empty())
+    be.fill_zero(kept_grads_);
+}
+
 Param ParameterStore::at(size_t i) const {
   const ParamSpec& s = specs_[i];
   Param p;
   p.value = values_.view(s.offset, s.shape);
-  p.grad = grads_.view(s.offset, s.shape);
+  if (grad_slots_) {
+    const size_t u = unit_of(s.offset);
+    p.grad = unit_grads(u).view(s.offset - units_[u].begin, s.shape);
+  } else {
+    p.grad = grads_.view(s.offset, s.shape);
+  }
   p.compute = compute_.view(s.offset, s.shape);
   return p;
 }

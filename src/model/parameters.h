@@ -36,16 +36,36 @@ struct ParamSpec {
   int64_t global_index(int64_t local, int64_t offset) const;
 };
 
+// A unit: parameters gathered, reduced and (under ZeRO-2) given gradient memory together —
+// the embedding, each block, the head — as a flat range [begin, end).
+struct ParamUnit {
+  int64_t begin = 0, end = 0;
+  // ZeRO-2: its gradients stay whole for the whole step (a tied table, which the LM head
+  // writes first and the embedding last, or which the pipeline's two ends add up after it).
+  bool kept = false;
+  int64_t kept_offset = 0;  // where in the kept gradients buffer
+  int64_t count() const { return end - begin; }
+};
+
 class ParameterStore {
  public:
-  // Planning: declare every parameter, then allocate() once. The flat buffers are padded
-  // to a multiple of `multiple` elements (ZeRO-1 cuts them into equal shards).
+  // Planning: begin a unit, declare its parameters, ..., then allocate() once. The flat
+  // buffers are padded to a multiple of `multiple` elements (ZeRO cuts them into equal
+  // shards).
+  //
+  // align: the unit starts at a multiple of it (and of 128), so that a ZeRO-2 shard cuts
+  // every unit into equal slices; 1 leaves the layout as without units.
+  void begin_unit(int64_t align = 1, bool kept = false);
   void declare(ParamSpec spec);
   // The buffers come from `memory` (the backend that runs the model); reserve_only: plans
   // the footprint without using memory (Arena's reserve mode). compute: the dtype of the
   // weights GEMMs read; bf16 adds a bf16 copy of the values (refresh_compute() fills it).
+  // grad_slots (ZeRO-2): no flat gradient buffer; unit u's gradients live in slot u % 2 of
+  // two buffers as long as the largest unit of each parity (the kept units' in a buffer of
+  // their own), which the data-parallel trainer zeroes before the unit's backward and
+  // reduce-scatters after it: consecutive units of a backward never share a slot.
   void allocate(Backend& memory, int64_t multiple = 1, bool reserve_only = false,
-                DType compute = DType::f32);
+                DType compute = DType::f32, bool grad_slots = false);
   // The backend the buffers belong to (it stages them to and from the host).
   Backend& backend() const { return value_arena_->backend(); }
 
@@ -53,15 +73,26 @@ class ParameterStore {
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   Param at(size_t i) const;
-  Tensor values() const { return values_; }           // [padded count]
-  Tensor grads() const { return grads_; }             // [padded count]
+  Tensor values() const { return values_; }  // [padded count]
+  // [padded count]; not under grad_slots (each unit's are unit_grads(u) there).
+  Tensor grads() const;
+  bool grad_slots() const { return grad_slots_; }
+  // The units in flat order, tiling [0, padded count) (one unit when none was begun).
+  const std::vector<ParamUnit>& units() const { return units_; }
+  // [units()[u].count()] the gradients of unit u: in the flat buffer, its slot or the kept
+  // buffer.
+  Tensor unit_grads(size_t u) const;
+  // Zeroes the gradients that accumulate over the step: the flat buffer, or under grad_slots
+  // the kept units' (the slots are zeroed unit by unit as backward reaches them).
+  void zero_grads(Backend& be) const;
   Tensor compute_values() const { return compute_; }  // [padded count]: values_ or bf16
   bool mixed_precision() const { return compute_.dtype != values_.dtype; }
   // The compute copy of values [begin, end) (end < 0: to the end) after an update or a load;
   // a no-op without mixed precision.
   void refresh_compute(Backend& be, int64_t begin = 0, int64_t end = -1) const;
   int64_t count() const { return count_; }  // elements up to the last parameter's end
-  size_t bytes() const { return value_arena_ ? value_arena_->bytes() : 0; }  // values (= grads)
+  size_t bytes() const { return value_arena_ ? value_arena_->bytes() : 0; }  // values
+  size_t grad_bytes() const { return grad_arena_ ? grad_arena_->bytes() : 0; }
   // The bf16 compute copy (0 without mixed precision).
   size_t compute_bytes() const { return compute_arena_ ? compute_arena_->bytes() : 0; }
 
@@ -70,11 +101,17 @@ class ParameterStore {
   void initialize(uint64_t seed);
 
  private:
+  size_t unit_of(int64_t offset) const;
+
   std::vector<ParamSpec> specs_;
   std::map<std::string, size_t> index_;
   int64_t count_ = 0;
+  std::vector<ParamUnit> units_;
+  bool grad_slots_ = false;
   std::unique_ptr<Arena> value_arena_, grad_arena_, compute_arena_;
   Tensor values_, grads_, compute_;
+  Tensor grad_slot_[2];  // [largest unit of each parity] grad_slots
+  Tensor kept_grads_;    // [kept units end to end] grad_slots
 };
 
 // A standard normal for element `index` of the stream `key` (counter-based, stateless).

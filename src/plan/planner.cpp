@@ -209,11 +209,13 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
     // Overlapped DP: the buckets (all-reduced, or reduce-scattered under ZeRO) run under the
     // last micro-batch's backward, two thirds of its compute and TP collectives (backward is
-    // twice forward's GEMMs), recomputation included.
+    // twice forward's GEMMs), recomputation included; under ZeRO-2, which reduces every
+    // micro-batch's, under every backward of the step.
     if (p.overlap_grad_reduce && p.dp > 1) {
       const auto [G, b] =
           dp_buckets(cluster, counts.calls.at("dp"), {stage_base, dp_stride}, "dp.grads.bucket");
-      const double backward = (2.0 / 3.0) * (t.compute + t.tp) / m + t.recompute / m;
+      const double share = p.zero >= 2 ? 1.0 : 1.0 / m;
+      const double backward = ((2.0 / 3.0) * (t.compute + t.tp) + t.recompute) * share;
       t.dp_hidden = G - exposed_gradient_seconds(G, b, backward);
     }
     // ZeRO's parameter all-gathers under the next step's first forward (one third of a

@@ -33,7 +33,8 @@ AdamW::AdamW(const ParameterStore& params, const AdamWConfig& config, ShardLayou
   }
 }
 
-void AdamW::step(Backend& be, const ParameterStore& params, float lr, Tensor control) {
+void AdamW::step(Backend& be, const ParameterStore& params, float lr, Tensor control,
+                 Tensor grad_shard) {
   AdamWArgs args;
   args.lr = lr;
   args.beta1 = config_.beta1;
@@ -48,9 +49,10 @@ void AdamW::step(Backend& be, const ParameterStore& params, float lr, Tensor con
     const Shape range{r.count};
     const Tensor compute =
         params.mixed_precision() ? params.compute_values().view(r.offset, range) : Tensor{};
-    be.adamw_update(params.values().view(r.offset, range), compute,
-                    params.grads().view(r.offset, range), m_.view(part.local, range),
-                    v_.view(part.local, range), control, args);
+    const Tensor grads = grad_shard.empty() ? params.grads().view(r.offset, range)
+                                            : grad_shard.view(part.local, range);
+    be.adamw_update(params.values().view(r.offset, range), compute, grads,
+                    m_.view(part.local, range), v_.view(part.local, range), control, args);
   }
 }
 

@@ -32,7 +32,10 @@ class AdamW {
   // run). control: the step's control tensor (Backend::clip_and_check) in the backend's
   // memory, which scales the gradients (clipping) and skips a non-finite step on the device.
   // The host counts the step with count_step() once it knows the step was taken.
-  void step(Backend& be, const ParameterStore& params, float lr, Tensor control);
+  // grad_shard: [shard] the owned gradients end to end (ZeRO-2), read instead of the store's
+  // flat buffer.
+  void step(Backend& be, const ParameterStore& params, float lr, Tensor control,
+            Tensor grad_shard = {});
   void count_step() { ++step_; }
 
   size_t bytes() const { return arena_.bytes(); }  // the moments held

@@ -15,6 +15,16 @@
 // call per bucket. Under mixed precision each rank casts its own slices to bf16 and the
 // all-gathers move bf16 compute weights; the fp32 masters of the other ranks' slices are
 // gathered only when a checkpoint needs them.
+//
+// With ZeRO-2 the gradients are sharded too (DeepSpeed's stage 2): the store holds them per
+// unit (embedding, block, head) in two slots, unit u in slot u % 2 (ParameterStore), the
+// buckets are cut inside units, and after every micro-batch's backward of a unit its buckets
+// are reduce-scattered into this rank's gradient shard (added to it from the second
+// micro-batch of a step on), the slot zeroed for the unit after next once they land. A tied
+// table's unit keeps its gradients whole for the step (ParamUnit::kept) and is reduced as
+// under ZeRO-1. With one micro-batch per step the sums are ZeRO-1's, bit for bit; with more,
+// each micro-batch is summed over the ranks first (Σ_micro Σ_ranks, where ZeRO-0 and 1 add
+// Σ_ranks Σ_micro), which rounds differently.
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -45,6 +55,11 @@ class DataParallel {
   int size() const { return dp_ ? dp_->size() : 1; }
   Communicator* group() const { return dp_; }  // null: one replica
   bool zero() const { return options_.zero && size() > 1; }
+  // ZeRO-2: gradients reduced after every micro-batch's backward and kept as the shard alone.
+  bool shards_gradients() const { return options_.zero >= 2 && size() > 1; }
+  // ZeRO-2: [shard] the owned gradients end to end in flat order (the mean over the DP ranks
+  // after reduce_gradients()); empty otherwise.
+  Tensor grad_shard() const { return grad_shard_; }
   // Whether grads_ready() starts reductions.
   bool overlapping() const { return options_.overlap_grad_reduce && size() > 1; }
   // What this rank owns: the flat ranges whose gradients are valid after reduce_gradients()
@@ -54,8 +69,13 @@ class DataParallel {
   // One line for the run's log: how the gradients travel ("" for one replica).
   std::string describe() const;
 
-  // The step's last backward has finished the gradients of [begin, end of the buffer): the
-  // buckets inside it that have not started start now (when overlapping; else nothing).
+  // A backward of the stage begins; `final`: the step's last. Under ZeRO-2 the reductions of
+  // the previous backward end (added to the shard) and the first unit's slot is zeroed on
+  // `be`, which runs the step's backward.
+  void backward_begins(Backend& be, bool final);
+  // The step's last backward (under ZeRO-2 every backward) has finished the gradients of
+  // [begin, end of the buffer): the buckets inside it that have not started start now (when
+  // overlapping; else nothing, but under ZeRO-2 they are reduced at once).
   void grads_ready(int64_t begin);
   // grads = mean over the DP ranks (on the owned slices under ZeRO): starts the buckets that
   // have not started, waits for every one and scales it.
@@ -82,10 +102,18 @@ class DataParallel {
   struct Bucket {
     ShardPiece piece;   // its flat range and the slice this rank owns
     bool held = false;  // touches the held range: starts after backward
+    size_t unit = 0;    // the parameter unit it lies in (ZeRO-2)
     PendingCall call;   // started, not yet waited for
     bool started = false;
+    bool folded = false;  // ZeRO-2: added to the gradient shard this step
   };
   void start(Bucket& bucket);
+  // ZeRO-2.
+  void unit_done(size_t u);
+  void prepare_slot(size_t u);  // unit u's slot free (its last unit folded) and zeroed
+  void fold_unit(size_t u);
+  void fold(Bucket& bucket);
+  void fold_pending();
 
   Communicator* dp_;
   const ParameterStore& params_;
@@ -97,6 +125,13 @@ class DataParallel {
   Arena scratch_arena_;          // comm, on the parameters' backend
   Tensor scratch_;               // [shard] ZeRO: the reduce-scatters' output / all-gathers' input
   Tensor scratch_compute_;       // [shard] bf16 ZeRO under mixed precision: all-gathers' input
+  // ZeRO-2.
+  Arena grad_arena_;                               // gradients, on the parameters' backend
+  Tensor grad_shard_;                              // [shard] the owned gradients, reduced
+  std::vector<std::vector<size_t>> unit_buckets_;  // per unit, its buckets (indices)
+  int64_t pending_[2] = {-1, -1};  // per slot, the unit whose reduce-scatter is running
+  Backend* be_ = nullptr;          // backward_begins()'s
+  bool final_ = false;             // the backward under way is the step's last
 };
 
 }  // namespace bottle

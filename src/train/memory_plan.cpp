@@ -176,8 +176,8 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
   const TrainingConfig& tc = config.training;
   const int64_t dp = config.parallel.dp;
   const bool zero = config.parallel.zero && dp > 1;
-  LlamaModel plan(config.model, tp, zero ? dp : 1, stage, /*reserve_only=*/true, host_backend(),
-                  compute_dtype(tc.precision));
+  LlamaModel plan(config.model, tp, parameter_sharding(config), stage, /*reserve_only=*/true,
+                  host_backend(), compute_dtype(tc.precision));
   plan.allocate_activations(tc.micro_batch_size, tc.seq_len, slots, tc.recompute);
   MemoryBreakdown m = plan.memory();
   // As AdamW, DataParallel and the trainer allocate them.
@@ -185,6 +185,9 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
   const int64_t shard = zero ? elements / dp : elements;
   m[MemoryTag::optimizer] = 2 * aligned_size(size_t(shard) * sizeof(float));
   if (zero) m[MemoryTag::comm] += aligned_size(size_t(shard) * sizeof(float));
+  // ZeRO-2: the reduced gradients' shard beside the store's unit slots.
+  if (zero && config.parallel.zero >= 2)
+    m[MemoryTag::gradients] += aligned_size(size_t(shard) * sizeof(float));
   if (zero && plan.parameters().mixed_precision())
     m[MemoryTag::comm] += aligned_size(size_t(shard) * dtype_size(DType::bf16));
   m[MemoryTag::workspace] =

@@ -7,18 +7,27 @@
 namespace bottle {
 
 ShardLayout ShardLayout::cut(int64_t total, int64_t bucket, int ranks, int rank) {
-  BOTTLE_ASSERT(bucket > 0 && ranks > 0 && total % ranks == 0 && bucket % ranks == 0,
-                "ShardLayout: a buffer of {} in buckets of {} does not split over {} ranks", total,
-                bucket, ranks);
+  return cut(std::vector<ElementRange>{{0, total}}, bucket, ranks, rank);
+}
+
+ShardLayout ShardLayout::cut(const std::vector<ElementRange>& ranges, int64_t bucket, int ranks,
+                             int rank) {
   ShardLayout layout;
-  layout.total = total;
-  for (int64_t end = total; end > 0; end -= bucket) {
-    ShardPiece& p = layout.pieces.emplace_back();
-    p.bucket = std::max<int64_t>(0, end - bucket);
-    p.bucket_count = end - p.bucket;
-    p.count = p.bucket_count / ranks;
-    p.begin = p.bucket + p.count * rank;
-    layout.count += p.count;
+  for (const ElementRange& r : ranges) layout.total += r.count;
+  BOTTLE_ASSERT(bucket > 0 && ranks > 0 && layout.total % ranks == 0 && bucket % ranks == 0,
+                "ShardLayout: a buffer of {} in buckets of {} does not split over {} ranks",
+                layout.total, bucket, ranks);
+  for (auto r = ranges.rbegin(); r != ranges.rend(); ++r) {
+    BOTTLE_ASSERT(r->count % ranks == 0, "ShardLayout: a range of {} does not split over {} ranks",
+                  r->count, ranks);
+    for (int64_t end = r->offset + r->count; end > r->offset; end -= bucket) {
+      ShardPiece& p = layout.pieces.emplace_back();
+      p.bucket = std::max<int64_t>(r->offset, end - bucket);
+      p.bucket_count = end - p.bucket;
+      p.count = p.bucket_count / ranks;
+      p.begin = p.bucket + p.count * rank;
+      layout.count += p.count;
+    }
   }
   // The slices lie in flat order in the shard: the last bucket's slice last.
   int64_t local = layout.count;

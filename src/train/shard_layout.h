@@ -30,6 +30,10 @@ struct ShardLayout {
   // `total`; of each, rank `rank` of `ranks` owns one equal slice. With ranks > 1, `total` and
   // `bucket` must be multiples of `ranks`.
   static ShardLayout cut(int64_t total, int64_t bucket, int ranks = 1, int rank = 0);
+  // The same over `ranges` that tile the buffer in flat order (the parameter units): buckets
+  // cut from the end of each, none crossing two. Each range must be a multiple of `ranks`.
+  static ShardLayout cut(const std::vector<ElementRange>& ranges, int64_t bucket, int ranks,
+                         int rank);
 
   bool owns_all() const { return count == total; }
   // The owned flat ranges in flat order, adjacent ones merged (one range when owns_all()).

@@ -3,6 +3,7 @@
 // (pipeline/executor.h): micro-batch m runs in activation slot m % slots, which a schedule
 // keeping at most `slots` micro-batches alive has freed by then.
 #include <chrono>
+#include <functional>
 #include <vector>
 
 #include "model/llama.h"
@@ -10,17 +11,26 @@
 
 namespace bottle {
 
+// What a stage's forward and backward tell the data-parallel trainer (DataParallel).
+struct StageHooks {
+  // The micro-batch whose backward is the stage's last in the step (its gradients are then
+  // final); -1: none.
+  int final_backward = -1;
+  // `ready` hears the gradients of every backward (ZeRO-2 reduces each micro-batch's), not
+  // only the final one's.
+  bool every_backward = false;
+  std::function<void(bool final)> backward_begins;  // before each backward
+  LlamaModel::GradsReady ready;                     // LlamaModel::backward_stage
+  LlamaModel::ParamsNeeded needed;                  // LlamaModel::forward_stage
+};
+
 class TrainStageWork final : public StageWork {
  public:
   // loss_sum: f64 [1] in the backend's memory, which the last stage's forwards add their
   // micro-batches' mean losses to.
-  // final_backward: the micro-batch whose backward is the stage's last in the step, during
-  // which `ready` hears of the finished gradients (LlamaModel::backward_stage); -1: none.
-  // needed: told before each forward reads parameters (LlamaModel::forward_stage).
   TrainStageWork(Backend& be, LlamaModel& model, int slots, const std::vector<Tensor>& inputs,
                  const std::vector<Tensor>& targets, float loss_scale, Tensor loss_sum,
-                 int final_backward = -1, LlamaModel::GradsReady ready = {},
-                 LlamaModel::ParamsNeeded needed = {})
+                 StageHooks hooks = {})
       : be_(be),
         model_(model),
         slots_(slots),
@@ -28,18 +38,18 @@ class TrainStageWork final : public StageWork {
         targets_(targets),
         loss_scale_(loss_scale),
         loss_sum_(loss_sum),
-        final_backward_(final_backward),
-        ready_(std::move(ready)),
-        needed_(std::move(needed)) {}
+        hooks_(std::move(hooks)) {}
   void forward(int m) override {
     const auto t0 = std::chrono::steady_clock::now();
-    model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_sum_, needed_);
+    model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_sum_, hooks_.needed);
     compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   void backward(int m) override {
     const auto t0 = std::chrono::steady_clock::now();
+    const bool final = m == hooks_.final_backward;
+    if (hooks_.backward_begins) hooks_.backward_begins(final);
     model_.backward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_,
-                          m == final_backward_ ? ready_ : LlamaModel::GradsReady{});
+                          final || hooks_.every_backward ? hooks_.ready : LlamaModel::GradsReady{});
     compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   std::vector<Tensor> activation_in(int m) override { return model_.stage_input(m % slots_); }
@@ -58,9 +68,7 @@ class TrainStageWork final : public StageWork {
   const std::vector<Tensor>& targets_;
   float loss_scale_;
   Tensor loss_sum_;
-  int final_backward_;
-  LlamaModel::GradsReady ready_;
-  LlamaModel::ParamsNeeded needed_;
+  StageHooks hooks_;
 };
 
 }  // namespace bottle

@@ -266,8 +266,10 @@ std::vector<ConfigKey> build_schema() {
                           "full for a full-rank model, btp for a bottleneck model"));
   s.push_back(choice_key("parallel.schedule", FIELD(parallel.schedule), kScheduleNames,
                          "pipeline schedule: 1f1b or gpipe"));
-  s.push_back(integer_key("parallel.zero", FIELD(parallel.zero), closed(0, 1),
-                          "ZeRO stage: 0 (replicated AdamW state) or 1 (sharded)"));
+  s.push_back(integer_key("parallel.zero", FIELD(parallel.zero), closed(0, 2),
+                          "ZeRO stage: 0 (replicated AdamW state), 1 (sharded) or 2 (the "
+                          "gradients sharded too: reduce-scattered after every micro-batch's "
+                          "backward, block by block, and kept as 1/dp)"));
   s.push_back(bool_key("parallel.overlap_grad_reduce", FIELD(parallel.overlap_grad_reduce),
                        "reduce gradient buckets over the DP group during the last backward, "
                        "last block first, while the rest of backward computes (all-reduced, "

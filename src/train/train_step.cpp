@@ -70,6 +70,12 @@ int pipeline_slots(const TrainConfig& config, int stage) {
                                           int(config.training.grad_accum_steps)));
 }
 
+ParamSharding parameter_sharding(const TrainConfig& config) {
+  const ParallelConfig& p = config.parallel;
+  if (p.zero == 0 || p.dp == 1) return {};
+  return {p.dp, p.zero >= 2};
+}
+
 TrainConfig bench_step_config(TrainConfig config) {
   config.lr_scheduler.warmup_steps = 0;
   config.lr_scheduler.decay = LrDecay::constant;
@@ -95,7 +101,7 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
   BOTTLE_CHECK(config.training.precision == Precision::fp32 || be.bf16_unsupported().empty(),
                "training.precision = \"bf16\" on the {} backend: {}", be.name(),
                be.bf16_unsupported());
-  model_ = std::make_unique<LlamaModel>(config.model, tp, p.zero ? p.dp : 1, stage,
+  model_ = std::make_unique<LlamaModel>(config.model, tp, parameter_sharding(config), stage,
                                         /*reserve_only=*/false, be,
                                         compute_dtype(config.training.precision));
   // Tied embeddings: the first and the last stage each hold the table (every pp rank joins
@@ -124,10 +130,21 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
   scalars_ = batch_arena_.alloc({kScalarCount}, DType::f64);
   control_ = batch_arena_.alloc({kStepControlSize});
   staging_ = batch_arena_.alloc({1});
-  // The gradients this rank holds reduced: its slices under ZeRO, all of them without.
-  for (const ElementRange& r : data_parallel_->shard().ranges())
-    for (const SumRange& sum : model_->grad_norm_ranges(r.offset, r.offset + r.count))
+  // The gradients this rank holds reduced: its slices under ZeRO, all of them without;
+  // under ZeRO-2 at their places in the gradient shard, which lays the slices end to end.
+  int64_t local = 0;
+  for (const ElementRange& r : data_parallel_->shard().ranges()) {
+    for (SumRange sum : model_->grad_norm_ranges(r.offset, r.offset + r.count)) {
+      if (data_parallel_->shards_gradients()) sum.offset += local - r.offset;
       norm_ranges_.push_back(sum);
+    }
+    local += r.count;
+  }
+}
+
+Tensor TrainStep::reduced_grads() const {
+  return data_parallel_->shards_gradients() ? data_parallel_->grad_shard()
+                                            : model_->parameters().grads();
 }
 
 void TrainStep::allocate_activations() {
@@ -141,10 +158,15 @@ StepResult TrainStep::step(int64_t step) {
   model_->zero_grad(be_);
   be_.fill_zero(scalars_);
   DataParallel& data_parallel = *data_parallel_;
+  Backend& be = be_;
   TrainStageWork work(
       be_, *model_, slots_, inputs_, targets_, 1.0f / float(micro_batches_), scalar(kLoss),
-      final_backward_, [&data_parallel](int64_t begin) { data_parallel.grads_ready(begin); },
-      [&data_parallel](int64_t end) { data_parallel.params_needed(end); });
+      StageHooks{.final_backward = final_backward_,
+                 .every_backward = data_parallel.shards_gradients(),
+                 .backward_begins = [&data_parallel,
+                                     &be](bool final) { data_parallel.backward_begins(be, final); },
+                 .ready = [&data_parallel](int64_t begin) { data_parallel.grads_ready(begin); },
+                 .needed = [&data_parallel](int64_t end) { data_parallel.params_needed(end); }});
   const auto pipeline_start = Clock::now();
   run_pipeline(actions_, work, pp_);
   r.pipeline_seconds = seconds_since(pipeline_start);
@@ -162,7 +184,7 @@ StepResult TrainStep::step(int64_t step) {
   // and DP groups. With ZeRO each DP rank holds the reduced gradients of its slices alone:
   // the shards' squares add up over the DP group; without it every DP rank holds them all.
   // Each stage holds its own parameters: their squares add up over the pipeline.
-  be_.sum_squares_ranges(scalars_.view(kSharded, {2}), model_->parameters().grads(), norm_ranges_);
+  be_.sum_squares_ranges(scalars_.view(kSharded, {2}), reduced_grads(), norm_ranges_);
   reduce_device_scalar(be_, model_->tensor_parallel().comm, scalar(kSharded), staging_,
                        ReduceOp::sum, "tp.grad_norm");
   be_.scalar_add(scalar(kNorm), scalar(kSharded), scalar(kWhole));
@@ -176,7 +198,7 @@ StepResult TrainStep::step(int64_t step) {
   be_.clip_and_check(control_, scalar(kLoss), scalar(kNorm), max_norm);
   r.lr = schedule_.at(step);
   updating_ = true;
-  optimizer_->step(be_, model_->parameters(), r.lr, control_);
+  optimizer_->step(be_, model_->parameters(), r.lr, control_, data_parallel_->grad_shard());
   data_parallel_->gather_parameters(be_);
   updating_ = false;
   // The step's collectives end (a device communicator's, waited for with its peers' errors

@@ -62,6 +62,9 @@ TensorParallel tensor_parallel_of(const TrainConfig& config, Communicator* tp);
 // The micro-batches pipeline stage `stage` keeps in flight under the configuration's schedule:
 // the activation slots its step allocates (1 without a pipeline).
 int pipeline_slots(const TrainConfig& config, int stage);
+// How the parameter buffers are cut for parallel.zero over parallel.dp ranks: the ZeRO
+// shards' multiple, and ZeRO-2's gradient slots.
+ParamSharding parameter_sharding(const TrainConfig& config);
 
 // A configuration's step as the benches time it: the learning rate held at optimizer.lr (a
 // bench's few steps follow no schedule; the rate does not change the work), everything else
@@ -142,13 +145,15 @@ class TrainStep {
   enum Scalar { kLoss, kNorm, kSharded, kWhole, kEvalLoss, kScalarCount };
   static constexpr int kHostScalars = 2;  // kLoss and kNorm
   Tensor scalar(Scalar s) const { return scalars_.view(s, {1}); }
+  // The gradients after the DP reduction: the flat buffer, or ZeRO-2's shard.
+  Tensor reduced_grads() const;
 
   Arena batch_arena_{MemoryTag::workspace, be_};
   std::vector<Tensor> inputs_, targets_;  // per micro-batch [B, S] i32
   Tensor scalars_;                        // f64 [kScalarCount]
   Tensor control_;                        // f32 [kStepControlSize]: clip factor, apply
   Tensor staging_;                        // f32 [1]: a scalar on its way through a group
-  std::vector<SumRange> norm_ranges_;     // of the gradient buffer, for the norm
+  std::vector<SumRange> norm_ranges_;     // of reduced_grads(), for the norm
 };
 
 }  // namespace bottle

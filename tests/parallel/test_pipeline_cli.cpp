@@ -3,6 +3,7 @@
 // micro-batches alive than GPipe, and a rank that dies ends the whole job.
 #include <chrono>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -39,7 +40,7 @@ void expect_same_tensors(const std::string& a, const std::string& b) {
 }
 
 class PipelineCli : public ::testing::Test {
- protected:
+ public:
   void SetUp() override {
     write_random_shard(dir / "train.bin", 40000, 64, 1);
     std::ofstream(dir / "tiny.toml") << fmt::format(R"([model]
@@ -140,11 +141,15 @@ INSTANTIATE_TEST_SUITE_P(
                       // LaX's crossing spans the stage boundary: its latents travel too.
                       Layout{2, 2, 1, "--set model.bottleneck=lax"},
                       Layout{2, 2, 1, "--set training.precision=bf16"},
-                      Layout{1, 2, 2, "--set parallel.zero=1 --set training.precision=bf16"}),
+                      Layout{1, 2, 2, "--set parallel.zero=1 --set training.precision=bf16"},
+                      // ZeRO-2: each micro-batch's gradients reduce-scattered block by block,
+                      // the tied table's kept whole for the step.
+                      Layout{1, 2, 2, "--set parallel.zero=2 --set model.tie_embeddings=true"}),
     [](const auto& info) {
       const std::string extra = info.param.extra;
       return fmt::format("{}x{}x{}{}", info.param.tp, info.param.pp, info.param.dp,
-                         extra.find("tie") != std::string::npos    ? "_tied"
+                         extra.find("zero=2") != std::string::npos ? "_zero2"
+                         : extra.find("tie") != std::string::npos  ? "_tied"
                          : extra.find("lax") != std::string::npos  ? "_lax"
                          : extra.find("bf16") != std::string::npos ? "_bf16"
                                                                    : "");
@@ -171,7 +176,12 @@ TEST_F(PipelineCli, OverlappedGradientReduceGivesTheSameBits) {
         Case{1, 1, 4, "--set training.precision=bf16"},
         // ZeRO-1: the buckets reduce-scattered, the tied table's after the pipeline.
         Case{1, 2, 2, "--set parallel.zero=1 --set model.tie_embeddings=true"},
-        Case{1, 1, 4, "--set parallel.zero=1 --set training.precision=bf16"}}) {
+        Case{1, 1, 4, "--set parallel.zero=1 --set training.precision=bf16"},
+        // ZeRO-2: every micro-batch's buckets reduce-scattered as each block's backward ends
+        // and added to the shard in the order issued, the tied table's after the pipeline.
+        Case{1, 2, 2, "--set parallel.zero=2 --set model.tie_embeddings=true"},
+        Case{2, 1, 2, "--set parallel.zero=2 --set parallel.tp_mode=btp"},
+        Case{1, 1, 4, "--set parallel.zero=2 --set training.precision=bf16"}}) {
     // A folder of its own per case: two cases may share a layout.
     const std::string name = fmt::format("{}x{}x{}_{}", c.tp, c.pp, c.dp, case_index++);
     SCOPED_TRACE(name + " " + c.extra);
@@ -183,10 +193,13 @@ TEST_F(PipelineCli, OverlappedGradientReduceGivesTheSameBits) {
                                         "parallel.overlap_param_gather=false " +
                                         c.extra);
     ASSERT_EQ(off.status, 0) << off.output;
-    EXPECT_NE(on.output.find(" during backward (parallel.overlap_grad_reduce = true)"),
+    const bool zero2 = c.extra.find("zero=2") != std::string::npos;
+    EXPECT_NE(on.output.find(zero2 ? " during every backward (parallel.overlap_grad_reduce = true)"
+                                   : " during backward (parallel.overlap_grad_reduce = true)"),
               std::string::npos)
         << on.output;
-    EXPECT_NE(off.output.find(" after backward (parallel.overlap_grad_reduce = false)"),
+    EXPECT_NE(off.output.find(zero2 ? " after every block (parallel.overlap_grad_reduce = false)"
+                                    : " after backward (parallel.overlap_grad_reduce = false)"),
               std::string::npos)
         << off.output;
     if (c.extra.find("zero") != std::string::npos) {
@@ -208,37 +221,91 @@ TEST_F(PipelineCli, OverlappedGradientReduceGivesTheSameBits) {
   }
 }
 
-// Issue 44: ZeRO-1's slices of many buckets, each reduce-scattered during backward, against
-// replicated AdamW at the same dp. Without clipping (whose factor reads the norm, summed in
-// another order under ZeRO) the two make the same element-wise arithmetic, so the losses and
-// every checkpoint file (weights, and moments gathered from the slices) are identical; a
-// ZeRO-1 checkpoint resumed at ZeRO-0, and a ZeRO-0 one at ZeRO-1, go on in the same bits.
-TEST_F(PipelineCli, ZeroSlicesGiveReplicatedBitsAndResumeEitherWay) {
+// Trains at ZeRO stage `zero` and replicated (ZeRO-0) on `dp` ranks with `more` settings:
+// the losses and every checkpoint file (weights, and moments gathered from the slices) the
+// same, and each checkpoint resumed at the other stage goes on in the same bits.
+void expect_replicated_bits(PipelineCli& t, int dp, int zero, const std::string& more,
+                            const std::string& expected_line) {
   const std::string common =
-      "--set training.max_norm=0 --set parallel.bucket_mb=0.004 --set checkpoint.interval=5 ";
-  const std::string zero = "--set parallel.zero=1 ";
-  const CommandResult sharded = train(1, 1, 2, "z1", common + zero);
+      "--set training.max_norm=0 --set parallel.bucket_mb=0.004 --set "
+      "checkpoint.interval=5 " +
+      more + " ";
+  const std::string sharding = fmt::format("--set parallel.zero={} ", zero);
+  const std::string zn = fmt::format("z{}", zero);
+  const CommandResult sharded = t.train(1, 1, dp, zn, common + sharding);
   ASSERT_EQ(sharded.status, 0) << sharded.output;
-  EXPECT_NE(sharded.output.find("reduce-scattered during backward"), std::string::npos)
-      << sharded.output;
-  const CommandResult replicated = train(1, 1, 2, "z0", common);
+  EXPECT_NE(sharded.output.find(expected_line), std::string::npos) << sharded.output;
+  const CommandResult replicated = t.train(1, 1, dp, "z0", common);
   ASSERT_EQ(replicated.status, 0) << replicated.output;
-  const auto a = steps_of(dir / "z1/metrics.jsonl"), b = steps_of(dir / "z0/metrics.jsonl");
+  const auto a = steps_of(t.dir / (zn + "/metrics.jsonl")),
+             b = steps_of(t.dir / "z0/metrics.jsonl");
   ASSERT_EQ(a.size(), 10u);
   ASSERT_EQ(b.size(), 10u);
   for (size_t i = 0; i < a.size(); ++i)
     EXPECT_EQ(a[i].at("loss").dump(), b[i].at("loss").dump()) << "step " << i + 1;
   for (const char* step : {"step_00000005", "step_00000010"})
-    expect_same_tensors(dir / (std::string("z1/") + step), dir / (std::string("z0/") + step));
+    expect_same_tensors(t.dir / (zn + "/" + step), t.dir / (std::string("z0/") + step));
   for (const auto& [from, folder, sets] :
-       {std::tuple{"z1", "z1_as_z0", common}, std::tuple{"z0", "z0_as_z1", common + zero}}) {
+       {std::tuple{zn, zn + "_as_z0", common},
+        std::tuple{std::string("z0"), "z0_as_" + zn, common + sharding}}) {
     SCOPED_TRACE(folder);
-    fs::copy(dir / from, dir / folder, fs::copy_options::recursive);
-    fs::remove_all(dir / (std::string(folder) + "/step_00000010"));
-    const CommandResult resumed = train(1, 1, 2, folder, sets + " --resume");
+    fs::copy(t.dir / from, t.dir / folder, fs::copy_options::recursive);
+    fs::remove_all(t.dir / (folder + "/step_00000010"));
+    const CommandResult resumed = t.train(1, 1, dp, folder, sets + " --resume");
     ASSERT_EQ(resumed.status, 0) << resumed.output;
-    expect_same_tensors(dir / (std::string(folder) + "/step_00000010"), dir / "z0/step_00000010");
+    expect_same_tensors(t.dir / (folder + "/step_00000010"), t.dir / "z0/step_00000010");
   }
+}
+
+// Issue 44: ZeRO-1's slices of many buckets, each reduce-scattered during backward, against
+// replicated AdamW at the same dp. Without clipping (whose factor reads the norm, summed in
+// another order under ZeRO) the two make the same element-wise arithmetic, so the losses and
+// every checkpoint file are identical; a ZeRO-1 checkpoint resumed at ZeRO-0, and a ZeRO-0
+// one at ZeRO-1, go on in the same bits.
+TEST_F(PipelineCli, ZeroSlicesGiveReplicatedBitsAndResumeEitherWay) {
+  expect_replicated_bits(*this, 2, 1, "", "reduce-scattered during backward");
+}
+
+// Issue 44: ZeRO-2 with one micro-batch per step: each block's buckets reduce-scattered as
+// its backward ends, out of the two gradient slots, into the gradient shard: the sums
+// ZeRO-1's are, so the same bits as replicated AdamW, a checkpoint resumed at ZeRO-0 and the
+// reverse included. (With more micro-batches each is summed over the ranks first: another
+// rounding, which TenStepsMatchOneProcess bounds.)
+TEST_F(PipelineCli, ZeroTwoAtOneMicroBatchGivesReplicatedBitsAndResumesEitherWay) {
+  expect_replicated_bits(*this, 2, 2, "--set training.grad_accum_steps=1",
+                         "reduce-scattered during every backward");
+}
+
+// Issue 44: ZeRO-2 keeps 1/dp of the gradients plus two blocks' slots: the peak of the
+// gradients' memory measured on each rank (metrics.jsonl) against ZeRO-0's, and the plan
+// (the run's first line) equal to the measured peak.
+TEST_F(PipelineCli, ZeroTwoKeepsAShardOfTheGradients) {
+  const std::string model =
+      "--set model.bottleneck=none --set model.num_layers=8 --set model.hidden_size=64 --set "
+      "model.intermediate_size=176 --set training.steps=2 --set training.grad_accum_steps=1 ";
+  std::map<int, int64_t> peak;
+  for (int zero : {0, 2}) {
+    const std::string folder = fmt::format("mem_z{}", zero);
+    const CommandResult r =
+        train(1, 1, 4, folder, model + fmt::format("--set parallel.zero={}", zero));
+    ASSERT_EQ(r.status, 0) << r.output;
+    const auto rows = steps_of(dir / (folder + "/metrics.jsonl"));
+    ASSERT_FALSE(rows.empty());
+    const auto& grads = rows.back().at("memory").at("gradients");
+    peak[zero] = grads.at(0).get<int64_t>();
+    for (const auto& rank : grads) EXPECT_EQ(rank.get<int64_t>(), peak[zero]) << r.output;
+    // The plan's figure, as the first line prints it.
+    EXPECT_NE(r.output.find(fmt::format("gradients {},", format_bytes(size_t(peak[zero])))),
+              std::string::npos)
+        << r.output;
+  }
+  // A block: 4·64² + 3·64·176 fp32 values; the ends (64 x 64 each) are smaller.
+  const int64_t block = (4 * 64 * 64 + 3 * 64 * 176) * 4;
+  std::printf("gradients per rank at dp 4: ZeRO-0 %lld B, ZeRO-2 %lld B (a block: %lld B)\n",
+              static_cast<long long>(peak[0]), static_cast<long long>(peak[2]),
+              static_cast<long long>(block));
+  EXPECT_LE(peak[2], peak[0] / 4 + 2 * block + 4096);
+  EXPECT_LT(peak[2], peak[0] * 3 / 4);
 }
 
 // A 2x2x1 checkpoint resumed as 1x1x1 and as 1x2x2: the next step's loss is that of the

@@ -1,13 +1,12 @@
 // ShardLayout (issue 44): what a data-parallel rank owns of the flat buffer under ZeRO, one
 // slice of each bucket, and how its shard lays the slices out.
-#include "train/shard_layout.h"
-
 #include <gtest/gtest.h>
 
 #include <numeric>
 #include <vector>
 
 #include "core/backend.h"
+#include "train/shard_layout.h"
 
 namespace bottle {
 namespace {
@@ -26,8 +25,7 @@ TEST(ShardLayout, CutsBucketsFromTheEndAndSlicesEach) {
               std::vector<int64_t>(want[i], want[i] + 5))
         << "piece " << i;
   }
-  EXPECT_EQ(one.ranges(),
-            (std::vector<ElementRange>{{1, 1}, {4, 2}, {8, 2}}));  // in flat order
+  EXPECT_EQ(one.ranges(), (std::vector<ElementRange>{{1, 1}, {4, 2}, {8, 2}}));  // in flat order
   EXPECT_FALSE(one.owns_all());
 }
 
@@ -63,6 +61,33 @@ TEST(ShardLayout, TheRanksSlicesTileTheBuffer) {
         }
         for (int64_t i = 0; i < total; ++i) ASSERT_EQ(owners[size_t(i)], 1) << "element " << i;
       }
+}
+
+// Over ranges (ZeRO-2's parameter units): buckets cut from the end of each range, none
+// crossing two, the ranks' slices tiling every range once, the shard in flat order.
+TEST(ShardLayout, BucketsStayInsideTheirRanges) {
+  const std::vector<ElementRange> units{{0, 8}, {8, 4}, {12, 12}};
+  std::vector<int> owners(24, 0);
+  for (int rank = 0; rank < 2; ++rank) {
+    const ShardLayout layout = ShardLayout::cut(units, 6, 2, rank);
+    EXPECT_EQ(layout.total, 24);
+    EXPECT_EQ(layout.count, 12);
+    // [18, 24), [12, 18), [8, 12), [2, 8), [0, 2): the last unit's first.
+    std::vector<std::pair<int64_t, int64_t>> buckets;
+    for (const ShardPiece& p : layout.pieces) buckets.emplace_back(p.bucket, p.bucket_count);
+    EXPECT_EQ(buckets,
+              (std::vector<std::pair<int64_t, int64_t>>{{18, 6}, {12, 6}, {8, 4}, {2, 6}, {0, 2}}));
+    int64_t next = 0;
+    for (auto p = layout.pieces.rbegin(); p != layout.pieces.rend(); ++p) {
+      EXPECT_EQ(p->local, next);
+      next += p->count;
+      for (int64_t i = p->begin; i < p->begin + p->count; ++i) ++owners[size_t(i)];
+    }
+  }
+  for (int i = 0; i < 24; ++i) EXPECT_EQ(owners[size_t(i)], 1) << "element " << i;
+  // A range that does not split over the ranks is refused.
+  EXPECT_THROW(ShardLayout::cut(std::vector<ElementRange>{{0, 3}, {3, 5}}, 2, 2, 0),
+               std::exception);
 }
 
 // take() copies the rank's slices of a whole buffer into its shard, in flat order.

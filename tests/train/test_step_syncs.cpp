@@ -70,6 +70,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"pp2_1f1b_tied", "cola", "grad_accum_steps = 4", "pp = 2\nschedule = \"1f1b\""},
         Case{"dp2", "cola", "", "dp = 2"},
         Case{"dp2_zero_bf16", "cola", "precision = \"bf16\"", "dp = 2\nzero = 1"},
+        // ZeRO-2: every micro-batch's buckets folded into the shard on the device.
+        Case{"dp2_zero2_accum", "cola", "grad_accum_steps = 3", "dp = 2\nzero = 2"},
         Case{"tp2_pp2_dp2", "cola", "grad_accum_steps = 2", "tp = 2\npp = 2\ndp = 2\nzero = 1"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 

@@ -311,8 +311,8 @@ TEST(TrainConfig, OutOfRange) {
             "test.toml: key 'lr_scheduler.min_lr_ratio' must be in [0, 1], got 1.5");
   EXPECT_EQ(error_of("[checkpoint]\nkeep = 0\n"),
             "test.toml: key 'checkpoint.keep' must be >= 1, got 0");
-  EXPECT_EQ(error_of("[parallel]\nzero = 2\n"),
-            "test.toml: key 'parallel.zero' must be in [0, 1], got 2");
+  EXPECT_EQ(error_of("[parallel]\nzero = 3\n"),
+            "test.toml: key 'parallel.zero' must be in [0, 2], got 3");
   EXPECT_CONTAINS(error_of("[parallel]\ntp = 9999999999\n"), "'parallel.tp'");
   EXPECT_CONTAINS(error_of("[optimizer]\nlr = nan\n"), "'optimizer.lr' must be > 0");
   EXPECT_CONTAINS(error_of("[optimizer]\nlr = inf\n"), "'optimizer.lr'");
