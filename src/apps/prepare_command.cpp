@@ -31,15 +31,11 @@
 
 #include <algorithm>
 #include <array>
-#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cmath>
-#include <condition_variable>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
-#include <mutex>
 #include <optional>
 #include <regex>
 #include <thread>
@@ -50,6 +46,7 @@
 #include "apps/tokenizer_options.h"
 #include "core/atomic_output.h"
 #include "core/error.h"
+#include "core/worker_pool.h"
 #include "data/byte_tokenizer.h"
 #include "data/shard_writer.h"
 #include "data/text_source.h"
@@ -114,74 +111,21 @@ bool read_batch(DocumentReader& reader, Batch& batch) {
   return batch.size > 0;
 }
 
-// `threads` workers encoding one batch at a time, each document by whichever worker claims it
-// first. Every worker checks in for every batch before wait() returns, so none can still be
-// reading a batch that the main thread has moved on from.
-class EncodePool {
+// Encodes a batch's documents on the pool's workers, each document by whichever worker claims
+// it first (core/worker_pool.h).
+class BatchEncoder {
  public:
-  EncodePool(const Tokenizer& tokenizer, int threads)
-      : tokenizer_(tokenizer), delimiter_(tokenizer.document_delimiter()), threads_(threads) {
-    for (int i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
-  }
-  ~EncodePool() {
-    {
-      std::lock_guard lock(mutex_);
-      stop_ = true;
-    }
-    start_.notify_all();
-    // workers_ joins them as it is destroyed.
-  }
-  EncodePool(const EncodePool&) = delete;
-  EncodePool& operator=(const EncodePool&) = delete;
+  BatchEncoder(const Tokenizer& tokenizer, int threads)
+      : tokenizer_(tokenizer), delimiter_(tokenizer.document_delimiter()), pool_(threads) {}
 
   // The workers begin encoding `batch`, which must stay untouched until wait() returns.
   void start(Batch& batch) {
-    {
-      std::lock_guard lock(mutex_);
-      batch_ = &batch;
-      next_ = 0;
-      checked_in_ = 0;
-      ++generation_;
-    }
-    start_.notify_all();
+    pool_.start(batch.size, [this, &batch](size_t i, int) { encode(batch, i); });
   }
-
   // Until the batch is encoded; rethrows the first error a worker met.
-  void wait() {
-    std::unique_lock lock(mutex_);
-    done_.wait(lock, [&] { return checked_in_ == threads_; });
-    if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
-  }
+  void wait() { pool_.wait(); }
 
  private:
-  void work() {
-    uint64_t seen = 0;
-    for (;;) {
-      Batch* batch = nullptr;
-      {
-        std::unique_lock lock(mutex_);
-        start_.wait(lock, [&] { return stop_ || generation_ != seen; });
-        if (stop_) return;
-        seen = generation_;
-        batch = batch_;
-      }
-      for (size_t i; !stop_.load(std::memory_order_relaxed) && (i = next_++) < batch->size;) {
-        try {
-          encode(*batch, i);
-        } catch (...) {
-          std::lock_guard lock(mutex_);
-          if (!error_) error_ = std::current_exception();
-          next_ = batch->size;  // the run fails: no need to encode the rest
-        }
-      }
-      {
-        std::lock_guard lock(mutex_);
-        ++checked_in_;
-      }
-      done_.notify_one();
-    }
-  }
-
   void encode(Batch& batch, size_t i) const {
     const Document& doc = batch.docs[i];
     std::string repaired;
@@ -201,16 +145,7 @@ class EncodePool {
 
   const Tokenizer& tokenizer_;
   const std::optional<int32_t> delimiter_;
-  const int threads_;
-  std::mutex mutex_;
-  std::condition_variable start_, done_;
-  Batch* batch_ = nullptr;    // guarded by mutex_
-  uint64_t generation_ = 0;   // guarded by mutex_: one per start()
-  int checked_in_ = 0;        // guarded by mutex_: workers done with this generation
-  std::exception_ptr error_;  // guarded by mutex_
-  std::atomic<bool> stop_ = false;
-  std::atomic<size_t> next_ = 0;       // the next document to claim
-  std::vector<std::jthread> workers_;  // last: joined before the members they use go away
+  WorkerPool pool_;  // last: its workers stop before the members they use go away
 };
 
 // One line on stderr, rewritten about four times a second: share of the input read (when its
@@ -287,7 +222,7 @@ void prepare_tokens(DocumentReader& reader, const Tokenizer& tokenizer, int thre
   Batch a, b;
   Batch* encoding = &a;
   Batch* reading = &b;
-  EncodePool pool(tokenizer, threads);
+  BatchEncoder pool(tokenizer, threads);
   if (!read_batch(reader, *encoding)) return;
   pool.start(*encoding);
   for (;;) {
