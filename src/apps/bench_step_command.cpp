@@ -368,7 +368,7 @@ void check_before_steps(const BenchStepOptions* o, const std::string& kind,
   if (!on_device) {
     const std::string what = fmt::format("bench step: the {} model", kind),
                       advice = "lower --batch, --seq or the model's size";
-    check_parameter_memory(config, true, 1, 1, world_communicator(), what, advice);
+    check_parameter_memory(config, true, 1, 1, 1, world_communicator(), what, advice);
     check_available_memory(
         plan_rank_memory(train_config, tensor_parallel_of(train_config, nullptr), {}, 1),
         world_communicator(), what, advice);

@@ -148,7 +148,7 @@ Command add_eval_command(CLI::App& app) {
                       advice =
                           "lower --batch or --seq, or spread the model over more ranks "
                           "(--set parallel.tp=N or parallel.pp=N under mpirun)";
-    check_parameter_memory(c, false, p.tp * p.pp, 1, world, what, advice);
+    check_parameter_memory(c, false, p.tp * p.pp, 1, 1, world, what, advice);
     if (p.pp == 1) check_layers_memory(c, tp, o->batch, seq, world, what, advice);
     // Planning reserves address space for the activations: a batch too large for even that
     // is named by its options, not by the reservation.

@@ -80,7 +80,7 @@ Command add_lowrank_command(CLI::App& app) {
     const BottleneckKind kind = parse_bottleneck_kind(o->kind);
     const ModelConfig low_config = lowrank_config(dense_config, kind, o->rank);
     const std::string advice = "use a machine with more memory";
-    check_parameter_memory(dense_config, false, 1, 1, world_communicator(),
+    check_parameter_memory(dense_config, false, 1, 1, 1, world_communicator(),
                            "lowrank: the model of " + o->from, advice);
     const auto tokenizer = checkpoint_tokenizer(o->from, dense_config);
     auto dense = load_model(o->from);

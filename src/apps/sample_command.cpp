@@ -103,7 +103,7 @@ void check_sample_memory(const std::string& checkpoint, int64_t tokens) {
   const std::string what = "sample: the model of " + checkpoint;
   const std::string advice = "use a smaller model or a machine with more memory";
   Communicator& world = world_communicator();
-  check_parameter_memory(c, false, 1, 1, world, what, advice);
+  check_parameter_memory(c, false, 1, 1, 1, world, what, advice);
   const TensorParallel tp{&default_tp_layout(c.shape())};
   check_layers_memory(c, tp, 1, window, world, what, advice);
   check_available_memory(plan_model_memory(c, tp, 1, window, false), world, what, advice);

@@ -121,8 +121,8 @@ void check_available_memory(const MemoryBreakdown& plan, Communicator& world,
 }
 
 void check_parameter_memory(const ModelConfig& m, bool training, int64_t model_shards,
-                            int64_t optimizer_shards, Communicator& world, const std::string& what,
-                            const std::string& advice) {
+                            int64_t optimizer_shards, int64_t gradient_shards, Communicator& world,
+                            const std::string& what, const std::string& advice) {
   // In doubles: a model this check exists for may count more than 2^63 parameters.
   double per_block = 2.0 * double(m.hidden_size);
   for (int i = 0; i < kNumProjections; ++i) {
@@ -139,7 +139,7 @@ void check_parameter_memory(const ModelConfig& m, bool training, int64_t model_s
   MemoryBreakdown lower_bound;
   lower_bound[MemoryTag::weights] = per_copy;
   if (training) {
-    lower_bound[MemoryTag::gradients] = per_copy;
+    lower_bound[MemoryTag::gradients] = per_copy / size_t(std::max<int64_t>(1, gradient_shards));
     lower_bound[MemoryTag::optimizer] =
         2 * per_copy / size_t(std::max<int64_t>(1, optimizer_shards));
   }

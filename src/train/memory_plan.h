@@ -33,11 +33,11 @@ void check_available_memory(const MemoryBreakdown& plan, Communicator& world,
 
 // A quick lower bound of a model's bytes from its parameter count alone (weights, and when
 // `training` also gradients and AdamW's two moments, over `model_shards` ranks, the moments
-// over `optimizer_shards` more with ZeRO-1), refused before the exact plan lays out a model
-// far too large to plan quickly.
+// over `optimizer_shards` more with ZeRO-1 and the gradients over `gradient_shards` more with
+// ZeRO-2), refused before the exact plan lays out a model far too large to plan quickly.
 void check_parameter_memory(const ModelConfig& model, bool training, int64_t model_shards,
-                            int64_t optimizer_shards, Communicator& world, const std::string& what,
-                            const std::string& advice);
+                            int64_t optimizer_shards, int64_t gradient_shards, Communicator& world,
+                            const std::string& what, const std::string& advice);
 
 // The same, before a plan of many layers: a plan holds bookkeeping for every layer, so a
 // config.json claiming 250,000 layers took a minute and 7 GiB to plan before it was refused.

@@ -279,7 +279,8 @@ void Trainer::set_up_model() {
   // The host's memory holds a host backend's model; a device's is checked against its own.
   if (!on_device)
     check_parameter_memory(config_.model, true, config_.parallel.tp * config_.parallel.pp,
-                           config_.parallel.zero ? config_.parallel.dp : 1, world_,
+                           config_.parallel.zero ? config_.parallel.dp : 1,
+                           config_.parallel.zero >= 2 ? config_.parallel.dp : 1, world_,
                            options_.config_path, advice);
   // The attention's own workspace (cuDNN's backward on a GPU: up to B·H·S²·2 bytes) is part
   // of the plan, so that a shape it cannot hold fails here, naming it, not in the first step.
