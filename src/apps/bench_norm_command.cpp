@@ -14,9 +14,9 @@
 
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
+#include "bench/online_rmsnorm_check.h"
 #include "comm/communicator.h"
 #include "core/backend_options.h"
-#include "parallel/online_rmsnorm_check.h"
 
 namespace bottle {
 

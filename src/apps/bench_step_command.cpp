@@ -20,7 +20,7 @@
 
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
-#include "apps/torch_peer.h"
+#include "bench/torch_peer.h"
 #include "core/arena.h"
 #include "core/backend_options.h"
 #include "core/gemm_peak.h"
@@ -37,14 +37,6 @@ namespace bottle {
 namespace {
 
 namespace fs = std::filesystem;
-struct Timing {
-  double median = 0, min = 0, max = 0;
-};
-
-Timing summarize(std::vector<double> ms) {
-  const auto [min, max] = std::minmax_element(ms.begin(), ms.end());
-  return {median(ms), *min, *max};
-}
 
 // The kernels' times per step, beside the measured step (`step_ms`, the median): the sum of
 // the parts falls short of the step by what is no kernel (host time the device waits for,
@@ -377,7 +369,7 @@ void check_before_steps(const BenchStepOptions* o, const std::string& kind,
 
 // What a kind's timed steps measured.
 struct TimedSteps {
-  Timing t;
+  Spread t;
   StepResult first, last;  // the first step's (the peer's check) and the last timed step's
   std::map<std::string, KernelTime> step_kernels;  // the timed steps' (--profile)
   double host_waits = 0;  // per timed step: the host waiting for the device
@@ -419,7 +411,7 @@ TimedSteps run_timed_steps(const TrainConfig& train_config, Backend* be, Profili
     if (step >= o->warmup) ms.push_back(r.last.seconds * 1e3);
   }
   r.host_waits = double(be->host_waits() - waits_before) / double(o->steps);
-  r.t = summarize(ms);
+  r.t = spread_of(ms);
   // Before the model is copied out for --save and the peer, which is not step work.
   if (profiler) r.step_kernels = profiler->times();
   r.flops = model.flops_per_step(n, o->seq);
@@ -438,7 +430,7 @@ nlohmann::ordered_json step_row(const BenchStepOptions* o, Backend* be, const st
                                 double gflops, const GemmPeak& peak, std::optional<double> mfu,
                                 double mfu_nominal, bool on_device, double baseline_ms,
                                 double first_precision_ms) {
-  const Timing& t = timed.t;
+  const Spread& t = timed.t;
   const StepResult& last = timed.last;
   const double host_waits = timed.host_waits;
   nlohmann::ordered_json row = {
@@ -481,7 +473,7 @@ nlohmann::ordered_json step_row(const BenchStepOptions* o, Backend* be, const st
 
 // A kind's row in one precision as text; `peer_text`: the peer's part of the line.
 void print_step_line(const BenchStepOptions* o, const std::string& kind, Precision precision,
-                     const ModelConfig& config, const Timing& t, int64_t n, double gflops,
+                     const ModelConfig& config, const Spread& t, int64_t n, double gflops,
                      std::optional<double> mfu, double mfu_nominal, bool on_device,
                      double host_waits, const nlohmann::ordered_json& row,
                      const std::string& peer_text) {
@@ -514,7 +506,7 @@ void print_step_line(const BenchStepOptions* o, const std::string& kind, Precisi
 std::string peer_columns(const BenchStepOptions* o, bool on_device, Precision precision,
                          const fs::path& peer_dir, const TimedSteps& timed,
                          nlohmann::ordered_json& row) {
-  const Timing& t = timed.t;
+  const Spread& t = timed.t;
   std::string peer_text;
   TorchBenchMode mode;
   mode.device = on_device ? "cuda" : "cpu";
@@ -661,7 +653,7 @@ Command add_bench_step_command(CLI::App& app) {
         const TimedSteps timed =
             run_timed_steps(train_config, be.get(), profiler, o.get(), stream, n, kind, precision,
                             precision_list, torch_row, peer_dir);
-        const Timing& t = timed.t;
+        const Spread& t = timed.t;
         const double flops = timed.flops;
         const double gflops = flops / (t.median * 1e6);
         GemmPeak& peak = *peaks.at(precision);

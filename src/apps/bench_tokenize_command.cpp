@@ -12,8 +12,8 @@
 
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
-#include "apps/subprocess.h"
 #include "apps/tokenizer_options.h"
+#include "bench/subprocess.h"
 #include "core/error.h"
 #include "core/system_info.h"
 #include "core/worker_pool.h"

@@ -21,10 +21,11 @@
 
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
+#include "bench/paper_figures.h"
 #include "comm/process_groups.h"
+#include "core/profiling_backend.h"
 #include "core/statistics.h"
 #include "model/llama.h"
-#include "parallel/component_times.h"
 #include "plan/planner.h"
 #include "train/memory_plan.h"
 #include "train/train_config.h"
@@ -83,47 +84,6 @@ std::vector<Recompute> recompute_policies(const TpLayout* mode) {
   return {Recompute::none, Recompute::block};
 }
 
-// A time over the recorded steps.
-struct Spread {
-  double median = 0, min = 0, max = 0;
-};
-
-Spread spread_of(std::vector<double> v) {
-  if (v.empty()) return {};
-  const auto [min, max] = std::minmax_element(v.begin(), v.end());
-  return {median(v), *min, *max};
-}
-
-// The parts of a block --components times (ComponentTimes' names) and the members of each.
-struct Component {
-  const char* name;
-  std::vector<const char*> members;
-};
-const std::array<Component, 2> kComponents{Component{"qkv", {"q", "k", "v"}},
-                                           Component{"gate_up", {"gate", "up"}}};
-
-// The call sites of a component's collectives under `mode`, forward and backward, with
-// grouping (one for the group) and without (one per member); the first pass only, as the
-// communicator prefixes recomputation's sites with kRecomputePhase. Vanilla's LaX
-// all-gathers serve every projection alike and belong to no component. None under full,
-// whose blocks time no component.
-std::vector<std::string> component_sites(const TpLayout* mode, const Component& c) {
-  std::vector<std::string> sites;
-  if (mode == full_mode()) return sites;
-  std::vector<const char*> names{c.name};
-  names.insert(names.end(), c.members.begin(), c.members.end());
-  for (const char* name : names) {
-    if (mode == btp_mode()) {
-      sites.push_back(fmt::format("btp.fwd.{}", name));
-      sites.push_back(fmt::format("btp.bwd.{}", name));
-    } else {
-      sites.push_back(fmt::format("vanilla.fwd.{}_out", name));
-      sites.push_back(fmt::format("vanilla.bwd.{}_in", name));
-    }
-  }
-  return sites;
-}
-
 struct ComponentResult {
   Spread compute_ms, comm_ms;  // per step, forward + backward
 };
@@ -159,20 +119,25 @@ struct ModeResult {
 class ModeRun {
  public:
   ModeRun(const TrainConfig& config, const Variant& variant, Communicator* tp, bool components)
-      : variant_(variant), tp_(tp), components_(components) {
+      : variant_(variant), tp_(tp) {
+    // --components: every op timed, each group's in the backend range its layout names
+    // (TpLayout::components).
+    be_ = make_backend("cpu");
+    if (components) {
+      auto profiled = std::make_unique<ProfilingBackend>(std::move(be_));
+      profiler_ = profiled.get();
+      be_ = std::move(profiled);
+    }
     // The step of `bottle train` on this TP group, at the constant rate optimizer.lr, with the
-    // variant's mode, grouping and policy (and its RMSNorm statistic, which no key sets).
+    // variant's mode, grouping, RMSNorm statistic and policy.
     TrainConfig c = bench_step_config(config);
     c.model = model_for(config.model, variant.mode);
     c.parallel.tp_mode = variant.mode;
     c.parallel.grouping = variant.grouping;
+    c.parallel.norm_statistic = variant.statistic;
     c.training.recompute = variant.recompute;
     const ModelConfig& model_config = c.model;
-    train_step_ = std::make_unique<TrainStep>(
-        c, *be_,
-        TensorParallel{variant.mode, tp, variant.grouping, variant.statistic,
-                       components ? &times_ : nullptr},
-        nullptr, nullptr);
+    train_step_ = std::make_unique<TrainStep>(c, *be_, tensor_parallel_of(c, tp), nullptr, nullptr);
     train_step_->model().init_weights(uint64_t(config.training.seed));
     train_step_->allocate_activations();
     // Random tokens, the same on every rank: the inputs [B, S], then the targets [B, S].
@@ -197,7 +162,7 @@ class ModeRun {
     const std::string prefix = variant_.mode->name();
     if (tp_) tp_->barrier();
     stats.reset();
-    times_.reset();
+    if (profiler_) profiler_->reset();
     LlamaModel& model = train_step_->model();
     model.reset_recompute_seconds();
     const StepResult r = train_step_->step(steps_taken_++);
@@ -225,7 +190,7 @@ class ModeRun {
     comm_.push_back((stats.total().seconds - stats.with_prefix("bench.").seconds) * 1e3);
     comm_exposed_.push_back(
         (stats.total().exposed_seconds - stats.with_prefix("bench.").exposed_seconds) * 1e3);
-    if (components_ && variant_.mode != full_mode()) record_components(stats);
+    if (profiler_ && !variant_.mode->components().empty()) record_components(stats);
   }
 
   // Medians, minima and maxima over the recorded steps.
@@ -246,23 +211,24 @@ class ModeRun {
  private:
   Variant variant_;
   Communicator* tp_;
-  std::unique_ptr<Backend> be_ = make_backend("cpu");
+  std::unique_ptr<Backend> be_;
+  ProfilingBackend* profiler_ = nullptr;  // be_ under --components
   std::unique_ptr<TrainStep> train_step_;
   int64_t steps_taken_ = 0;
   CommStats one_rank_;  // stays empty: one rank communicates nothing
   ModeResult result_;
   std::vector<double> iter_, comm_, comm_exposed_, recompute_, block_comm_;
-  bool components_ = false;
-  ComponentTimes times_;  // this rank's compute per component, one step
   std::map<std::string, std::vector<double>> component_compute_, component_comm_, site_ms_,
       site_exposed_ms_;
 
   // This rank's times (as comm_ms: its communicator's, not the slowest rank's).
   void record_components(const CommStats& stats) {
-    for (const Component& c : kComponents) {
-      component_compute_[c.name].push_back(times_.seconds(c.name) * 1e3);
+    const std::map<std::string, KernelTime>& ranges = profiler_->range_times();
+    for (const TpComponent& c : variant_.mode->components()) {
+      const auto range = ranges.find(c.name);
+      component_compute_[c.name].push_back(range == ranges.end() ? 0.0 : range->second.ms);
       double comm = 0;
-      for (const std::string& site : component_sites(variant_.mode, c))
+      for (const std::string& site : c.sites)
         if (const auto it = stats.by_site().find(site); it != stats.by_site().end())
           comm += it->second.seconds;
       component_comm_[c.name].push_back(comm * 1e3);
@@ -448,7 +414,7 @@ void print_result_json(const ModeResult& r, const Saving& saved, int tp, Precisi
   add_spread("recompute_ms", r.recompute);
   j["block_comm_ms_per_pass"] = r.block_comm.median;
   add_spread("block_comm_ms_per_pass", r.block_comm);
-  for (const Component& component : kComponents) {
+  for (const TpComponent& component : r.mode->components()) {
     const auto it = r.components.find(component.name);
     if (it == r.components.end()) continue;
     const std::string name = component.name;
@@ -485,7 +451,7 @@ void print_result_line(const ModeResult& r, const Saving& saved) {
       r.recompute_ms(), double(r.tokens) / (r.iter_ms() / 1e3), format_bytes(r.memory.total()),
       format_bytes(r.activation_bytes()), format_bytes(r.buffer_bytes()));
   fmt::print(" | iter min {:.1f} max {:.1f} ms", r.iter.min, r.iter.max);
-  for (const Component& component : kComponents)
+  for (const TpComponent& component : r.mode->components())
     if (const auto it = r.components.find(component.name); it != r.components.end())
       fmt::print(" | {} compute {:.2f} comm {:.2f} ms", component.name,
                  it->second.compute_ms.median, it->second.comm_ms.median);
@@ -509,6 +475,7 @@ const ModeResult* find_result(const std::vector<ModeResult>& results, const TpLa
 // memory, recomputation's MB per ms, grouping and the RMSNorm statistic, each against the
 // paper's figure where it gives one.
 void print_comparisons(const std::vector<ModeResult>& results, Recompute base, bool grouping) {
+  const PaperFigures paper = PaperFigures::built_in();  // reference/boost_paper.toml
   auto find = [&](const TpLayout* mode, Recompute policy) {
     return find_result(results, mode, policy, grouping);
   };
@@ -525,20 +492,24 @@ void print_comparisons(const std::vector<ModeResult>& results, Recompute base, b
     auto buffers = [](const ModeResult* r) {
       return double(r->activation_bytes() + r->buffer_bytes());
     };
+    const double paper_boost = paper.value("memory.activations_boost"),
+                 paper_vanilla = paper.value("memory.activations_vanilla");
     fmt::print(
         "  activations + buffers per rank, recompute \"{}\": btp {} vs vanilla {} = {:.3f}x "
-        "(paper, no recomputation, CoLA-7B at micro-batch 4 on 4 GPUs: 22.14 / 30.73 GB = "
-        "0.72x)\n",
+        "(paper, no recomputation, {}: {:.2f} / {:.2f} GB = {:.2f}x)\n",
         recompute_name(base), format_bytes(size_t(buffers(btp))),
-        format_bytes(size_t(buffers(vanilla))), buffers(btp) / buffers(vanilla));
+        format_bytes(size_t(buffers(vanilla))), buffers(btp) / buffers(vanilla),
+        paper.text("memory.setting"), paper_boost, paper_vanilla, paper_boost / paper_vanilla);
     const ModeResult *lowrank = find(btp_mode(), Recompute::lowrank),
                      *vanilla_block = find(vanilla_mode(), Recompute::block);
     if (lowrank && vanilla_block)
       fmt::print(
           "  recomputation: btp lowrank {:.1f} MB/ms vs vanilla block {:.1f} MB/ms = {:.2f}x "
-          "(paper, 7B at micro-batch 4: 193.5 / 113.7 = 1.70x)\n",
+          "(paper, {}: {:.1f} / {:.1f} = {:.2f}x)\n",
           saving(*lowrank).mb_per_ms, saving(*vanilla_block).mb_per_ms,
-          saving(*lowrank).mb_per_ms / saving(*vanilla_block).mb_per_ms);
+          saving(*lowrank).mb_per_ms / saving(*vanilla_block).mb_per_ms,
+          paper.text("recompute.setting"), paper.value("recompute.boost_batch4"),
+          paper.value("recompute.vanilla_batch4"), paper.value("recompute.boost_advantage_batch4"));
     const ModeResult *vanilla_ungrouped = nullptr, *btp_ungrouped = nullptr, *stat = nullptr;
     for (const ModeResult& r : results) {
       if (r.variant.recompute != base) continue;
@@ -560,7 +531,7 @@ void print_comparisons(const std::vector<ModeResult>& results, Recompute base, b
       const ModeResult& on = grouping ? *grouped : *ungrouped;
       const ModeResult& off = grouping ? *ungrouped : *grouped;
       fmt::print("  {} grouping on vs off, ms per step:", on.mode->name());
-      for (const Component& c : kComponents) {
+      for (const TpComponent& c : on.mode->components()) {
         const ComponentResult &a = on.components.at(c.name), &b = off.components.at(c.name);
         fmt::print(" {} compute {:.2f} vs {:.2f}, all-reduce {:.2f} vs {:.2f} |", c.name,
                    a.compute_ms.median, b.compute_ms.median, a.comm_ms.median, b.comm_ms.median);

@@ -9,10 +9,10 @@
 #include <cstdio>
 #include <nlohmann/json.hpp>
 
-#include "apps/calibrate.h"
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
-#include "apps/paper_prediction.h"
+#include "bench/calibrate.h"
+#include "bench/paper_prediction.h"
 #include "comm/communicator.h"
 #include "parallel/recompute.h"
 #include "plan/planner.h"
@@ -228,8 +228,8 @@ Command add_plan_command(CLI::App& app) {
         "reductions + recomputation + optimizer\n"
         "overlap: the DP gradient buckets hide under the last backward "
         "(parallel.overlap_grad_reduce),\n"
-        "         ZeRO's parameter gathers under the next forward "
-        "(parallel.overlap_param_gather); nothing else\n");
+        "         ZeRO's parameter gathers under the next forward, ZeRO-3's each under "
+        "the unit before it (parallel.overlap_param_gather); nothing else\n");
     print_table(rows, o->top, o->all);
     return 0;
   };

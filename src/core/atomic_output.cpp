@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "core/error.h"
 
@@ -68,6 +69,16 @@ void write_file_atomically(const std::string& path,
     fs::rename(temp, path, ec);
     BOTTLE_CHECK(!ec, "{}: cannot move the written copy {} into place: {}", path, temp,
                  ec.message());
+  });
+}
+
+void write_file_atomically(const std::string& path, std::string_view bytes) {
+  write_file_atomically(path, [&](const std::string& temp) {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    BOTTLE_CHECK(out, "{}: cannot open for writing", temp);
+    out.write(bytes.data(), std::streamsize(bytes.size()));
+    out.close();
+    BOTTLE_CHECK(out, "{}: write failed (disk full?)", temp);
   });
 }
 

@@ -7,6 +7,7 @@
 // (A process killed outright leaves it, named .NAME.partial-PID, beside the destination.)
 #include <functional>
 #include <string>
+#include <string_view>
 
 namespace bottle {
 
@@ -21,6 +22,9 @@ void write_directory_atomically(const std::string& dir,
 // `write` writes one file at the path it is given; once it returns, the file replaces `path`.
 void write_file_atomically(const std::string& path,
                            const std::function<void(const std::string& temp)>& write);
+
+// `bytes` as the whole of the file `path`, written the same way.
+void write_file_atomically(const std::string& path, std::string_view bytes);
 
 // Flushes the file or directory `path` to the disk (fsync): a file's bytes before it is renamed
 // into place, a directory's renames and removals after, so that both survive a power cut, and

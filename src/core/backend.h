@@ -136,6 +136,12 @@ class Backend {
         .count();
   }
   virtual void reset_marks() { host_marks_.clear(); }
+  // Named, nested ranges around parts of the work (a block's projection groups, its
+  // recomputation), as NVTX ranges name them on a GPU timeline: a profiler attributes the ops
+  // inside to them (ProfilingBackend::range_times). They change nothing that runs; the
+  // backends that run ops ignore them. BackendRange below pushes and pops one.
+  virtual void push_range(const char* name) { (void)name; }
+  virtual void pop_range() {}
   // Bytes of the backend's device memory free now; 0 for the host backends, whose memory is
   // the machine's (train/memory_plan.h reads that).
   virtual size_t device_memory_free() { return 0; }
@@ -172,6 +178,22 @@ class Backend {
 
  private:
   std::vector<std::chrono::steady_clock::time_point> host_marks_;  // timing_mark's, host backends
+};
+
+// A range of Backend::push_range for the scope; a null name opens none.
+class BackendRange {
+ public:
+  BackendRange(Backend& be, const char* name) : be_(name ? &be : nullptr) {
+    if (be_) be_->push_range(name);
+  }
+  ~BackendRange() {
+    if (be_) be_->pop_range();
+  }
+  BackendRange(const BackendRange&) = delete;
+  BackendRange& operator=(const BackendRange&) = delete;
+
+ private:
+  Backend* be_;
 };
 
 // "cpu", "reference" or "cuda" (when compiled in and a GPU is visible). cpu's kernels take bf16

@@ -83,6 +83,12 @@ class ForwardingBackend : public Backend {
     return inner().marks_elapsed_ms(from, to);
   }
   void reset_marks() override { inner().reset_marks(); }
+  void push_range(const char* name) override {
+    if (inner_) inner_->push_range(name);
+  }
+  void pop_range() override {
+    if (inner_) inner_->pop_range();
+  }
   size_t device_memory_free() override { return inner().device_memory_free(); }
   void* allocate(size_t bytes, const char* what) override { return inner().allocate(bytes, what); }
   void deallocate(void* p, size_t bytes) override { inner().deallocate(p, bytes); }

@@ -17,4 +17,16 @@ inline double median(std::vector<double> values) {
   return *middle;
 }
 
+// The median of a bench's timings with their extremes, which a report prints beside it.
+struct Spread {
+  double median = 0, min = 0, max = 0;
+};
+
+// All zero for no values.
+inline Spread spread_of(const std::vector<double>& values) {
+  if (values.empty()) return {};
+  const auto [min, max] = std::minmax_element(values.begin(), values.end());
+  return {median(values), *min, *max};
+}
+
 }  // namespace bottle

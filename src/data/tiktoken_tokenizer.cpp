@@ -9,6 +9,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "core/atomic_output.h"
 #include "core/error.h"
 #include "core/json_io.h"
 #include "data/bpe_merges.h"

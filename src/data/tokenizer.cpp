@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iterator>
 
+#include "core/atomic_output.h"
 #include "core/error.h"
 #include "core/json_io.h"
 #include "data/bpe_merges.h"
@@ -96,20 +97,6 @@ json byte_level_bpe_json(json vocab, json merges, bool ignore_merges, const json
             {"ignore_merges", ignore_merges},
             {"vocab", std::move(vocab)},
             {"merges", std::move(merges)}}}};
-}
-
-void write_file_atomically(const fs::path& path, std::string_view bytes) {
-  const fs::path partial = path.string() + ".partial";
-  {
-    std::ofstream out(partial, std::ios::binary | std::ios::trunc);
-    BOTTLE_CHECK(out, "{}: cannot open for writing", partial.string());
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    out.close();
-    BOTTLE_CHECK(out, "{}: write failed (disk full?)", partial.string());
-  }
-  std::error_code ec;
-  fs::rename(partial, path, ec);
-  BOTTLE_CHECK(!ec, "{}: cannot rename into place: {}", path.string(), ec.message());
 }
 
 SpecialTokenNames read_special_token_names(const fs::path& dir) {

@@ -36,8 +36,6 @@ nlohmann::json byte_level_bpe_json(nlohmann::json vocab, nlohmann::json merges, 
 // The most ids a tokenizer file may use (ids 0 .. this - 1): the tables by id are dense, and
 // the largest vocabularies in use hold about a million ids.
 inline constexpr int32_t kMaxTokenizerIds = int32_t(1) << 24;
-// Writes `bytes` to `path` through a temporary name; errors name the path.
-void write_file_atomically(const fs::path& path, std::string_view bytes);
 // The whole file, a regular one of at most `max_bytes` (checked before the read, so that a FIFO
 // or /dev/zero named as a tokenizer is refused at once); errors name it and `what` it is.
 std::string read_file_bytes(const fs::path& path, const std::string& what = "the tokenizer file",

@@ -221,6 +221,8 @@ void save_model(const LlamaModel& model, const std::string& dir, DType stored,
     }
     write_model_description(model.config(), dir, stored, ids);
   }
+  BOTTLE_ASSERT(!model.parameters().value_slots(),
+                "save_model of a ZeRO-3 model (its checkpoints go through the CheckpointStore)");
   write_gathered((fs::path(dir) / kWeightsFile).string(), model.parameters(), tp,
                  {{"", model.parameters().values()}}, {{"format", "pt"}}, stored);
 }
@@ -247,7 +249,7 @@ void load_model_weights(LlamaModel& model, const std::string& dir) {
     const std::string& name = params.specs()[i].name;
     const std::vector<float> slice =
         read_parameter_slice(files.reader_for(name), name, params.specs()[i]);
-    params.backend().from_host(params.at(i).value, slice.data());
+    params.set_values(i, slice.data());
   }
   params.refresh_compute(params.backend());
 }

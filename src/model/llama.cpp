@@ -60,15 +60,16 @@ LlamaModel::LlamaModel(const ModelConfig& config, TensorParallel tp, ParamShardi
   end_layer_ = stage_.end_layer(layers);
   ends_ = layout_.ends(config_.shape());
   declare_parameters(sharding);
-  params_.allocate(memory, sharding.ranks, reserve_only_, compute_, sharding.grad_slots);
+  params_.allocate(memory, sharding, reserve_only_, compute_);
   bind_parameters();
 }
 
 void LlamaModel::declare_parameters(const ParamSharding& sharding) {
   const ModelConfig& c = config_;
   const int64_t d = c.hidden_size, t = tp_.size();
-  // The units: the embedding, each block, the head. Under ZeRO-2 each starts on a multiple of
-  // the shard count, and a tied table's gradients are kept whole (ParamUnit::kept).
+  // The units: the embedding, each block, the head. Under ZeRO-2 and 3 each starts on a
+  // multiple of the shard count, and a tied table's gradients (and under ZeRO-3 its values)
+  // are kept whole (ParamUnit::kept).
   const int64_t align = sharding.grad_slots ? sharding.ranks : 1;
   auto unit = [&](bool kept = false) { params_.begin_unit(align, kept && sharding.grad_slots); };
   // Declares `spec` split along `dim` (kWhole: whole on every rank).
@@ -340,7 +341,7 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
   Slot& s = slots_[size_t(slot_index)];
   const int64_t first = vocab_first();
   // Parameters lie in model order: the embedding, the blocks, the head (block_offsets_).
-  const int64_t all = params_.values().numel();
+  const int64_t all = params_.padded();
   auto need = [&](int64_t end) {
     if (needed) needed(end);
   };
@@ -383,11 +384,16 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
 }
 
 void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
-                                float loss_scale, const GradsReady& ready) {
+                                float loss_scale, const GradsReady& ready,
+                                const ParamsNeeded& needed) {
   Slot& s = slots_[size_t(slot_index)];
   const int64_t n = batch_ * seq_;
   const int64_t first = vocab_first();
+  auto need = [&](int64_t end) {
+    if (needed) needed(end);
+  };
   if (stage_.last()) {
+    need(params_.padded());
     s.loss.backward(be, dlogits_, s.logits, targets, first, loss_scale / float(n));
     linear_backward(be, dfinal_, lm_head_.grad, dlogits_, s.final_norm.out, lm_head_.compute,
                     /*accumulate_dx=*/false);
@@ -413,6 +419,7 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   for (size_t i = s.blocks.size(); i-- > 0;) {
     const BlockLatents prev = i ? s.blocks[i - 1]->latents() : s.boundary;
     TpBlock& block = *s.blocks[i];
+    need(i + 1 < s.blocks.size() ? block_offsets_[i + 1] : head_offset_);
     if (recompute_ != Recompute::none) {
       const auto start = std::chrono::steady_clock::now();
       block.recompute(be, tp_, prev, s.residual[i], recompute_out_);
@@ -440,6 +447,7 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
 
 Tensor LlamaModel::forward_logits(Backend& be, Tensor tokens) {
   BOTTLE_ASSERT(stage_.stages == 1, "forward_logits needs the whole model on this rank");
+  BOTTLE_ASSERT(!params_.value_slots(), "forward_logits of a ZeRO-3 model outside a training step");
   forward_stage(be, 0, tokens, Tensor{}, Tensor{});
   return slots_[0].logits;
 }
@@ -448,6 +456,7 @@ float LlamaModel::forward(Backend& be, Tensor tokens, Tensor targets) {
   BOTTLE_ASSERT(stage_.stages == 1,
                 "forward needs the whole model on this rank (pipeline: "
                 "forward_stage)");
+  BOTTLE_ASSERT(!params_.value_slots(), "forward() of a ZeRO-3 model outside a training step");
   // One f64 for the loss, in the backend's memory, made on first use (tools and tests).
   if (loss_scalar_.empty()) {
     scalar_arena_ = std::make_unique<Arena>(MemoryTag::workspace, *memory_, reserve_only_);
@@ -489,7 +498,7 @@ std::pair<int64_t, int64_t> LlamaModel::tied_grad_range() const {
 }
 
 std::vector<SumRange> LlamaModel::grad_norm_ranges(int64_t begin, int64_t end) const {
-  if (end < 0) end = params_.values().numel();
+  if (end < 0) end = params_.padded();
   std::vector<SumRange> ranges;
   for (const ParamSpec& spec : params_.specs()) {
     // The tied table is counted once, on the first stage.

@@ -40,21 +40,12 @@ void validate_pipeline_stages(int stages, int64_t layers);
 std::string projection_prefix(int layer, ProjectionId p);
 
 // How the flat parameter buffers are cut for data parallelism (docs/design.md §9).
-struct ParamSharding {
-  // ZeRO: the buffers' size (and under grad_slots every unit's) is a multiple of it.
-  int64_t ranks = 1;
-  // ZeRO-2: gradients held per unit in two slots (ParameterStore::allocate).
-  bool grad_slots = false;
-  ParamSharding(int64_t ranks = 1, bool grad_slots = false)  // NOLINT: a count converts
-      : ranks(ranks), grad_slots(grad_slots) {}
-};
-
 class LlamaModel {
  public:
   // tp.comm null: one rank. Throws SettingError when tp.layout does not fit the model, tp's
   // size does not divide a dimension it splits, or the stages are not 1 to L.
-  // sharding: the flat parameter buffers' size a multiple of the ZeRO shards', and under
-  // ZeRO-2 the gradients in unit slots (ParamSharding).
+  // sharding: the flat parameter buffers' size a multiple of the ZeRO shards', under ZeRO-2
+  // the gradients in unit slots, under ZeRO-3 the values too (ParamSharding).
   // stage: this rank's share of a pipeline (the whole model by default).
   // reserve_only: a plan of the rank's footprint (memory()) that holds no memory; it can
   // lay out buffers but not run.
@@ -115,8 +106,11 @@ class LlamaModel {
   // embedding (begin 0). A data-parallel trainer starts reducing them there while the rest of
   // backward computes (PyTorch DDP's bucket hooks, Megatron's --overlap-grad-reduce).
   using GradsReady = std::function<void(int64_t begin)>;
+  // `needed`, when given, is called as forward_stage calls it, before the head's backward and
+  // before each block's recomputation and backward: under ZeRO-3 a unit's parameters are
+  // gathered for its backward again.
   void backward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, float loss_scale,
-                      const GradsReady& ready = {});
+                      const GradsReady& ready = {}, const ParamsNeeded& needed = {});
   std::vector<Tensor> stage_input(int slot) const;
   std::vector<Tensor> stage_output(int slot) const;
   std::vector<Tensor> stage_output_grad(int slot) const;

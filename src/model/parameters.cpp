@@ -70,23 +70,26 @@ void ParameterStore::declare(ParamSpec spec) {
   specs_.push_back(std::move(spec));
 }
 
-void ParameterStore::allocate(Backend& memory, int64_t multiple, bool reserve_only, DType compute,
-                              bool grad_slots) {
+void ParameterStore::allocate(Backend& memory, const ParamSharding& sharding, bool reserve_only,
+                              DType compute) {
   BOTTLE_CHECK(compute == DType::f32 || compute == DType::bf16,
                "parameters: compute dtype {} (f32 or bf16)", dtype_name(compute));
+  BOTTLE_ASSERT(!sharding.value_slots || sharding.grad_slots,
+                "parameters: values in slots without gradients in slots");
   value_arena_ = std::make_unique<Arena>(MemoryTag::weights, memory, reserve_only);
   grad_arena_ = std::make_unique<Arena>(MemoryTag::gradients, memory, reserve_only);
-  const int64_t padded = (count_ + multiple - 1) / multiple * multiple;
+  const int64_t multiple = sharding.ranks;
+  padded_ = (count_ + multiple - 1) / multiple * multiple;
   // The units tile the buffer: each ends where the next begins, the last at the padded end.
   if (units_.empty() || units_.front().begin != 0) units_.insert(units_.begin(), ParamUnit{});
   for (size_t u = 0; u < units_.size(); ++u)
-    units_[u].end = u + 1 < units_.size() ? units_[u + 1].begin : padded;
-  values_ = value_arena_->alloc({padded});
-  grad_slots_ = grad_slots;
-  if (!grad_slots) {
-    grads_ = grad_arena_->alloc({padded});
-  } else {
-    int64_t largest[2] = {0, 0}, kept = 0;
+    units_[u].end = u + 1 < units_.size() ? units_[u + 1].begin : padded_;
+  grad_slots_ = sharding.grad_slots;
+  value_slots_ = sharding.value_slots;
+  compute_dtype_ = compute;
+  // Per parity, the largest unit that is not kept; the kept ones end to end.
+  int64_t largest[2] = {0, 0}, kept = 0;
+  if (grad_slots_) {
     for (size_t u = 0; u < units_.size(); ++u) {
       ParamUnit& unit = units_[u];
       BOTTLE_ASSERT(unit.count() % multiple == 0,
@@ -99,21 +102,78 @@ void ParameterStore::allocate(Backend& memory, int64_t multiple, bool reserve_on
         largest[u % 2] = std::max(largest[u % 2], unit.count());
       }
     }
+  }
+  if (!grad_slots_) {
+    grads_ = grad_arena_->alloc({padded_});
+  } else {
     for (int p = 0; p < 2; ++p)
       if (largest[p]) grad_slot_[p] = grad_arena_->alloc({largest[p]});
     if (kept) kept_grads_ = grad_arena_->alloc({kept});
   }
-  compute_ = values_;
-  if (compute != DType::f32) {
+  if (compute != DType::f32)
     compute_arena_ = std::make_unique<Arena>(MemoryTag::weights, memory, reserve_only);
-    compute_ = compute_arena_->alloc({padded}, compute);
+  if (!value_slots_) {
+    values_ = value_arena_->alloc({padded_});
+    compute_ = compute_arena_ ? compute_arena_->alloc({padded_}, compute) : values_;
+    return;
+  }
+  // ZeRO-3: the shard of the masters, the slots the units are gathered into, the kept units.
+  std::vector<ElementRange> ranges;
+  for (const ParamUnit& u : units_) ranges.push_back({u.begin, u.count()});
+  values_shard_ = ShardLayout::cut(ranges, std::max<int64_t>(multiple, sharding.bucket),
+                                   int(multiple), sharding.rank);
+  values_ = value_arena_->alloc({values_shard_.count});
+  for (int p = 0; p < 2; ++p) {
+    if (!largest[p]) continue;
+    value_slot_[p] = value_arena_->alloc({largest[p]});
+    compute_slot_[p] =
+        compute_arena_ ? compute_arena_->alloc({largest[p]}, compute) : value_slot_[p];
+  }
+  if (kept) {
+    kept_values_ = value_arena_->alloc({kept});
+    kept_compute_ = compute_arena_ ? compute_arena_->alloc({kept}, compute) : kept_values_;
   }
 }
 
 void ParameterStore::refresh_compute(Backend& be, int64_t begin, int64_t end) const {
   if (!mixed_precision()) return;
+  if (value_slots_) {
+    if (!kept_values_.empty()) be.copy(kept_compute_, kept_values_);
+    return;
+  }
   if (end < 0) end = values_.numel();
   be.copy(compute_.view(begin, {end - begin}), values_.view(begin, {end - begin}));
+}
+
+Tensor ParameterStore::unit_values(size_t u) const {
+  BOTTLE_ASSERT(value_slots_, "unit values outside ZeRO-3");
+  const ParamUnit& unit = units_.at(u);
+  if (unit.kept) return kept_values_.view(unit.kept_offset, {unit.count()});
+  return value_slot_[u % 2].view(0, {unit.count()});
+}
+
+Tensor ParameterStore::unit_compute(size_t u) const {
+  BOTTLE_ASSERT(value_slots_, "unit values outside ZeRO-3");
+  const ParamUnit& unit = units_.at(u);
+  if (unit.kept) return kept_compute_.view(unit.kept_offset, {unit.count()});
+  return compute_slot_[u % 2].view(0, {unit.count()});
+}
+
+void ParameterStore::set_values(size_t i, const float* host) const {
+  const ParamSpec& s = specs_[i];
+  if (!value_slots_) {
+    backend().from_host(at(i).value, host);
+    return;
+  }
+  // The owned slices of the parameter's range, into the shard.
+  const int64_t begin = s.offset, end = s.offset + s.shape.numel();
+  for (const ShardPiece& p : values_shard_.pieces) {
+    const int64_t lo = std::max(begin, p.begin), hi = std::min(end, p.begin + p.count);
+    if (lo < hi)
+      backend().from_host(values_.view(p.local + lo - p.begin, {hi - lo}), host + (lo - begin));
+  }
+  const size_t u = unit_of(s.offset);
+  if (units_[u].kept) backend().from_host(at(i).value, host);
 }
 
 Tensor ParameterStore::grads() const {
@@ -145,14 +205,20 @@ void ParameterStore::zero_grads(Backend& be) const {
 Param ParameterStore::at(size_t i) const {
   const ParamSpec& s = specs_[i];
   Param p;
-  p.value = values_.view(s.offset, s.shape);
-  if (grad_slots_) {
-    const size_t u = unit_of(s.offset);
-    p.grad = unit_grads(u).view(s.offset - units_[u].begin, s.shape);
-  } else {
+  if (!grad_slots_) {
+    p.value = values_.view(s.offset, s.shape);
     p.grad = grads_.view(s.offset, s.shape);
+    p.compute = compute_.view(s.offset, s.shape);
+    return p;
   }
-  p.compute = compute_.view(s.offset, s.shape);
+  // Views into the unit's slot (or kept buffer), bound once: a slot holds whichever unit of
+  // its parity was gathered last, so consumers keep the same pointers all run long.
+  const size_t u = unit_of(s.offset);
+  const int64_t within = s.offset - units_[u].begin;
+  p.grad = unit_grads(u).view(within, s.shape);
+  p.value = value_slots_ ? unit_values(u).view(within, s.shape) : values_.view(s.offset, s.shape);
+  p.compute =
+      value_slots_ ? unit_compute(u).view(within, s.shape) : compute_.view(s.offset, s.shape);
   return p;
 }
 
@@ -175,7 +241,7 @@ void ParameterStore::initialize(uint64_t seed) {
       host_parallel_for(
           n, [&](int64_t j) { v[j] = s.std * counter_normal(key, uint64_t(s.global_index(j))); });
     }
-    backend().from_host(at(i).value, host.data());
+    set_values(i, host.data());
   }
   refresh_compute(backend());
 }

@@ -10,6 +10,7 @@
 
 #include "core/arena.h"
 #include "core/backend.h"
+#include "model/shard_layout.h"
 #include "nn/param.h"
 
 namespace bottle {
@@ -40,11 +41,29 @@ struct ParamSpec {
 // the embedding, each block, the head — as a flat range [begin, end).
 struct ParamUnit {
   int64_t begin = 0, end = 0;
-  // ZeRO-2: its gradients stay whole for the whole step (a tied table, which the LM head
-  // writes first and the embedding last, or which the pipeline's two ends add up after it).
+  // ZeRO-2 and 3: its gradients (under ZeRO-3 its values too) stay whole for the whole step (a
+  // tied table, which the LM head writes first and the embedding last, or which the
+  // pipeline's two ends add up after it).
   bool kept = false;
-  int64_t kept_offset = 0;  // where in the kept gradients buffer
+  int64_t kept_offset = 0;  // where in the kept buffers (gradients; values under ZeRO-3)
   int64_t count() const { return end - begin; }
+};
+
+// How ZeRO keeps a store's buffers (docs/design.md §9): what ParameterStore::allocate and
+// LlamaModel take.
+struct ParamSharding {
+  // ZeRO: the flat buffers' size (and under grad_slots every unit's) a multiple of it.
+  int64_t ranks = 1;
+  // ZeRO-2 and 3: gradients held per unit in two slots.
+  bool grad_slots = false;
+  // ZeRO-3: the fp32 masters kept as this rank's shard alone (rank `rank` of `ranks`, one slice
+  // of each bucket of `bucket` elements cut inside the units: DataParallel's cut), and each
+  // unit's values gathered into two slots the way its gradients are held.
+  bool value_slots = false;
+  int rank = 0;
+  int64_t bucket = 0;
+  ParamSharding(int64_t ranks = 1, bool grad_slots = false)  // NOLINT: a count converts
+      : ranks(ranks), grad_slots(grad_slots) {}
 };
 
 class ParameterStore {
@@ -60,12 +79,16 @@ class ParameterStore {
   // The buffers come from `memory` (the backend that runs the model); reserve_only: plans
   // the footprint without using memory (Arena's reserve mode). compute: the dtype of the
   // weights GEMMs read; bf16 adds a bf16 copy of the values (refresh_compute() fills it).
-  // grad_slots (ZeRO-2): no flat gradient buffer; unit u's gradients live in slot u % 2 of
-  // two buffers as long as the largest unit of each parity (the kept units' in a buffer of
-  // their own), which the data-parallel trainer zeroes before the unit's backward and
+  // sharding.grad_slots (ZeRO-2 and 3): no flat gradient buffer; unit u's gradients live in
+  // slot u % 2 of two buffers as long as the largest unit of each parity (the kept units' in a
+  // buffer of their own), which the data-parallel trainer zeroes before the unit's backward and
   // reduce-scatters after it: consecutive units of a backward never share a slot.
-  void allocate(Backend& memory, int64_t multiple = 1, bool reserve_only = false,
-                DType compute = DType::f32, bool grad_slots = false);
+  // sharding.value_slots (ZeRO-3): values() is this rank's shard of the masters
+  // (values_shard()); unit u's values (and bf16 compute copy) are read from slot u % 2, which
+  // the data-parallel trainer gathers before the unit's forward and backward; a kept unit's
+  // stay whole for the step, gathered after each update.
+  void allocate(Backend& memory, const ParamSharding& sharding = {}, bool reserve_only = false,
+                DType compute = DType::f32);
   // The backend the buffers belong to (it stages them to and from the host).
   Backend& backend() const { return value_arena_->backend(); }
 
@@ -73,7 +96,22 @@ class ParameterStore {
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   const std::vector<ParamSpec>& specs() const { return specs_; }
   Param at(size_t i) const;
-  Tensor values() const { return values_; }  // [padded count]
+  // [padded count], or under value_slots [padded count / ranks] this rank's shard (the
+  // owned slices of values_shard() end to end).
+  Tensor values() const { return values_; }
+  // Elements of the flat layout, padding included (the whole of values() without value_slots).
+  int64_t padded() const { return padded_; }
+  bool value_slots() const { return value_slots_; }
+  // value_slots: what this rank owns of the flat layout (DataParallel's cut).
+  const ShardLayout& values_shard() const { return values_shard_; }
+  // value_slots: [units()[u].count()] where unit u's values are gathered (fp32), and their
+  // compute copy (bf16 under mixed precision; the same tensor in fp32).
+  Tensor unit_values(size_t u) const;
+  Tensor unit_compute(size_t u) const;
+  // Parameter i's values from `host` [its shape]: the whole, or under value_slots the owned
+  // slices of it (and the whole where its unit is kept). The compute copy follows with
+  // refresh_compute().
+  void set_values(size_t i, const float* host) const;
   // [padded count]; not under grad_slots (each unit's are unit_grads(u) there).
   Tensor grads() const;
   bool grad_slots() const { return grad_slots_; }
@@ -85,10 +123,12 @@ class ParameterStore {
   // Zeroes the gradients that accumulate over the step: the flat buffer, or under grad_slots
   // the kept units' (the slots are zeroed unit by unit as backward reaches them).
   void zero_grads(Backend& be) const;
-  Tensor compute_values() const { return compute_; }  // [padded count]: values_ or bf16
-  bool mixed_precision() const { return compute_.dtype != values_.dtype; }
+  // [padded count]: values_ or bf16; empty under value_slots (each unit's is unit_compute(u)).
+  Tensor compute_values() const { return compute_; }
+  bool mixed_precision() const { return compute_dtype_ != values_.dtype; }
   // The compute copy of values [begin, end) (end < 0: to the end) after an update or a load;
-  // a no-op without mixed precision.
+  // a no-op without mixed precision. Under value_slots: the kept units' whole copies (the
+  // slots are cast as they are gathered).
   void refresh_compute(Backend& be, int64_t begin = 0, int64_t end = -1) const;
   int64_t count() const { return count_; }  // elements up to the last parameter's end
   size_t bytes() const { return value_arena_ ? value_arena_->bytes() : 0; }  // values
@@ -107,11 +147,17 @@ class ParameterStore {
   std::map<std::string, size_t> index_;
   int64_t count_ = 0;
   std::vector<ParamUnit> units_;
-  bool grad_slots_ = false;
+  int64_t padded_ = 0;
+  bool grad_slots_ = false, value_slots_ = false;
+  DType compute_dtype_ = DType::f32;
   std::unique_ptr<Arena> value_arena_, grad_arena_, compute_arena_;
   Tensor values_, grads_, compute_;
   Tensor grad_slot_[2];  // [largest unit of each parity] grad_slots
   Tensor kept_grads_;    // [kept units end to end] grad_slots
+  // value_slots.
+  ShardLayout values_shard_;
+  Tensor value_slot_[2], compute_slot_[2];  // [largest unit of each parity] fp32, compute dtype
+  Tensor kept_values_, kept_compute_;       // [kept units end to end] fp32, compute dtype
 };
 
 // A standard normal for element `index` of the stream `key` (counter-based, stateless).

@@ -33,7 +33,9 @@ inline const char* recompute_keeps(Recompute policy) {
   return "";
 }
 
-// Collectives issued while a block is recomputed count under this site prefix.
+// Collectives issued while a block is recomputed count under this site prefix, and its ops
+// under this backend range (Backend::push_range): a profile shows recomputation apart.
 inline constexpr const char* kRecomputePhase = "recompute.";
+inline constexpr const char* kRecomputeRange = "recompute";
 
 }  // namespace bottle

@@ -1,6 +1,8 @@
 #pragma once
 // The tensor-parallel group a model runs in and the TP mode's layout that splits the model
 // over it (docs/design.md §4; the modes are registered in tp_layouts.cpp).
+#include <array>
+
 #include "comm/communicator.h"
 
 namespace bottle {
@@ -8,9 +10,12 @@ namespace bottle {
 // How online RMSNorm's backward gets Σ over the whole hidden of γ ⊙ ∂n ⊙ x per token
 // (docs/design.md §5): its own all-reduce of b·s values, or from the chunk's latent, which the
 // chunk's backward all-reduce already made whole (no communication; see online_rmsnorm.h).
+// parallel.norm_statistic chooses; the default is the mechanism's (BOOST §4.2), the other its
+// alternative, kept to compare against (`bench tp --variants`).
 enum class NormStatistic { from_latent, all_reduce };
+// parallel.norm_statistic's spelling of each, in the enum's order.
+inline constexpr std::array<const char*, 2> kNormStatisticNames = {"latent", "all_reduce"};
 
-class ComponentTimes;
 class TpLayout;
 
 struct TensorParallel {
@@ -22,9 +27,6 @@ struct TensorParallel {
   // parallel.grouping (train/train_config.h takes it from here).
   bool grouping = true;
   NormStatistic norm_backward = NormStatistic::from_latent;
-  // Where vanilla and btp add the compute time of their q/k/v and gate/up groups
-  // (component_times.h); null: nothing is timed.
-  ComponentTimes* times = nullptr;
 
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }

@@ -104,6 +104,7 @@ void TpBlock::recompute(Backend& be, const TensorParallel& tp, const BlockLatent
   BOTTLE_ASSERT(policy_ == Recompute::block, "this block cannot recompute \"{}\"",
                 recompute_name(policy_));
   const CommPhase phase(tp.comm, kRecomputePhase);
+  const BackendRange range(be, kRecomputeRange);
   forward(be, tp, prev, x, out);
 }
 

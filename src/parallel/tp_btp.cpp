@@ -20,7 +20,6 @@
 #include <algorithm>
 #include <vector>
 
-#include "parallel/component_times.h"
 #include "parallel/mappings.h"
 #include "parallel/online_rmsnorm.h"
 #include "parallel/projection_group.h"
@@ -53,9 +52,10 @@ struct Group {
   std::array<Projection*, 3> members{};
   std::array<ProjectionId, 3> ids{};
   size_t size = 0;
-  const char* component = nullptr;  // what tp.times counts its compute under, if anything
-  Group(TpBlock& b, std::initializer_list<ProjectionId> list, const char* component = nullptr)
-      : component(component) {
+  // A group's name ("qkv", "gate_up"): the call site of its collectives and the backend range
+  // its compute runs in (TpComponent); null for one projection, named by its own sites.
+  const char* name = nullptr;
+  Group(TpBlock& b, std::span<const ProjectionId> list, const char* name = nullptr) : name(name) {
     for (ProjectionId id : list) {
       ids[size] = id;
       members[size++] = &b[id];
@@ -65,9 +65,22 @@ struct Group {
   Projection& operator[](size_t i) const { return *members[i]; }
 };
 
-std::string site(const char* pass, const Group& g, size_t i) {
-  return fmt::format("btp.{}.{}", pass, kProjectionNames[int(g.ids[i])]);
+// The call site of a collective of a group or a projection, forward or backward.
+std::string btp_site(std::string_view pass, std::string_view name) {
+  return fmt::format("btp.{}.{}", pass, name);
 }
+// Member i's own, or the group's.
+std::string site(const char* pass, const Group& g, size_t i) {
+  return btp_site(pass, kProjectionNames[int(g.ids[i])]);
+}
+std::string group_site(const char* pass, const Group& g) {
+  return g.size == 1 ? site(pass, g, 0) : btp_site(pass, g.name);
+}
+
+constexpr std::array<ProjectionId, 3> kQkv{P::q, P::k, P::v};
+constexpr std::array<ProjectionId, 2> kGateUp{P::gate, P::up};
+constexpr std::array<ProjectionId, 1> kO{P::o};
+constexpr std::array<ProjectionId, 1> kDown{P::down};
 
 // The RMSNorm statistic ΣS travels after a group's latents in its all-reduce slab, or in a
 // buffer of its own (`own`) where the slab is bf16.
@@ -75,11 +88,10 @@ Tensor norm_statistic(Tensor slab, Tensor own, int64_t rows) {
   return own.empty() ? slab.view(slab.numel() - rows, {rows}) : own;
 }
 
-void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const BlockLatents& prev,
-                     const Group& g) {
+void latents_forward(Backend& be, TpBlock& b, const BlockLatents& prev, const Group& g) {
   std::array<Tensor, 3> u_prev{};
   for (size_t i = 0; i < g.size; ++i) u_prev[i] = prev_latent(prev, b, g.ids[i]);
-  const ComponentTimer timer(tp, g.component);
+  const BackendRange range(be, g.name);
   group_latent_forward(be, g.span(), {u_prev.data(), g.size});
 }
 
@@ -87,9 +99,9 @@ void latents_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const Bl
 // after the last member's latent, which it follows in memory): one all-reduce with grouping,
 // else one each.
 void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64_t tail,
-                    const char* pass, const char* group_site) {
+                    const char* pass) {
   if (tp.grouping || g.size == 1) {
-    reduce_from_forward(tp, slab, g.size == 1 ? site(pass, g, 0) : std::string(group_site));
+    reduce_from_forward(tp, slab, group_site(pass, g));
     return;
   }
   BOTTLE_ASSERT(!g[0].interleaved(), "btp: one all-reduce per member needs stacked latents");
@@ -104,24 +116,24 @@ void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64
 // A (row-parallel) → all-reduce → latent stage; `norm` (btp's online RMSNorm) wraps the
 // GEMM when the chunk starts at a norm.
 void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const BlockLatents& prev,
-                       const Group& g, Tensor x, OnlineRMSNorm* norm, Tensor slab, Tensor own_sumsq,
-                       const char* group_site) {
+                       const Group& g, Tensor x, OnlineRMSNorm* norm, Tensor slab,
+                       Tensor own_sumsq) {
   const Tensor sumsq = norm ? norm_statistic(slab, own_sumsq, x.rows()) : Tensor{};
   if (norm) {
     norm->forward_local(be, x, sumsq);
     x = norm->out;
   }
   {
-    const ComponentTimer timer(tp, g.component);
+    const BackendRange range(be, g.name);
     group_down_forward(be, g.span(), x, tp.grouping);
   }
   const std::vector<Tensor> z = rows_of(g.span(), &Projection::z);
   if (norm) norm->scale_partials(be, z, sumsq);
   const bool stat_in_slab = norm && own_sumsq.empty();
-  reduce_latents(tp, g, slab, stat_in_slab ? sumsq.numel() : 0, "fwd", group_site);
-  if (norm && !stat_in_slab) reduce_from_forward(tp, sumsq, std::string(group_site) + ".stat");
+  reduce_latents(tp, g, slab, stat_in_slab ? sumsq.numel() : 0, "fwd");
+  if (norm && !stat_in_slab) reduce_from_forward(tp, sumsq, group_site("fwd", g) + ".stat");
   if (norm) norm->finish(be, z, sumsq);
-  latents_forward(be, tp, b, prev, g);
+  latents_forward(be, b, prev, g);
 }
 
 // The chunk's start: B (column-parallel) on the whole latents, copy_to's forward; its
@@ -129,7 +141,7 @@ void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
 void chunk_start_forward(Backend& be, const TensorParallel& tp, const Group& g,
                          std::span<const Tensor> outputs) {
   for (size_t i = 0; i < g.size; ++i) copy_to_forward(tp, g[i].u);
-  const ComponentTimer timer(tp, g.component);
+  const BackendRange range(be, g.name);
   group_up_forward(be, g.span(), outputs, tp.grouping);
 }
 
@@ -144,8 +156,7 @@ Tensor group_du(const Group& g) {
 // The chunk's start in backward: B's (column-parallel) latent gradient is a partial sum;
 // copy_to's backward all-reduces it, then the latent stage runs on the whole latent.
 void chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
-                          const BlockLatents& prev, const Group& g, std::span<const Tensor> dys,
-                          const char* group_site) {
+                          const BlockLatents& prev, const Group& g, std::span<const Tensor> dys) {
   // Under LaX the crossing of the next block may already have added its share to du, so B's
   // partial sum goes to a buffer of its own and is added after the all-reduce. Otherwise B's
   // product is du's only producer: it is written into du and all-reduced there.
@@ -159,11 +170,11 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
   }
   const Tensor whole = shared ? b.latent_part.view(0, {du.numel()}) : du;
   {
-    const ComponentTimer timer(tp, g.component);
+    const BackendRange range(be, g.name);
     group_up_backward(be, g.span(), dys, {parts.data(), shared ? g.size : 0}, false, tp.grouping);
   }
   if (tp.grouping || g.size == 1) {
-    copy_to_backward(tp, whole, g.size == 1 ? site("bwd", g, 0) : std::string(group_site));
+    copy_to_backward(tp, whole, group_site("bwd", g));
   } else {
     for (size_t i = 0; i < g.size; ++i)
       copy_to_backward(tp, shared ? parts[i] : g[i].du, site("bwd", g, i));
@@ -173,7 +184,7 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
     u_prev[i] = prev_latent(prev, b, g.ids[i]);
     du_prev[i] = prev_latent_grad(prev, b, g.ids[i]);
   }
-  const ComponentTimer timer(tp, g.component);
+  const BackendRange range(be, g.name);
   if (shared)
     for (size_t i = 0; i < g.size; ++i) be.accumulate(g[i].du, parts[i]);
   group_latent_backward(be, g.span(), {u_prev.data(), g.size}, {du_prev.data(), g.size});
@@ -186,7 +197,7 @@ void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, T
                         OnlineRMSNorm* norm, Tensor dn, Tensor residual_in, const char* stat_site) {
   for (size_t i = 0; i < g.size; ++i) reduce_from_backward(tp, g[i].dz);
   if (!norm) {
-    const ComponentTimer timer(tp, g.component);
+    const BackendRange range(be, g.name);
     group_down_backward(be, g.span(), dx, x, false, tp.grouping);
     return;
   }
@@ -199,7 +210,7 @@ void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, T
     norm->latent_statistic(be, latents);
   }
   {
-    const ComponentTimer timer(tp, g.component);
+    const BackendRange range(be, g.name);
     group_down_backward(be, g.span(), dn, norm->out, false, tp.grouping);
   }
   norm->backward(be, tp, dx, dn, residual_in, stat_site);
@@ -236,22 +247,20 @@ BtpBlock::BtpBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAll
 void BtpBlock::forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
                        Tensor out) {
   BtpBlock& b = *this;
-  const Group qkv_group(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
-      gate_up_group(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
-  chunk_end_forward(be, tp, b, prev, qkv_group, x, &b.online1, b.qkv_latent.z, b.sumsq1,
-                    "btp.fwd.qkv");
+  const Group qkv_group(b, kQkv, "qkv"), o(b, kO), gate_up_group(b, kGateUp, "gate_up"),
+      down(b, kDown);
+  chunk_end_forward(be, tp, b, prev, qkv_group, x, &b.online1, b.qkv_latent.z, b.sumsq1);
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
   chunk_start_forward(be, tp, qkv_group, qkv_out);
   b.attention.forward(be, b.q, b.k, b.v);
-  chunk_end_forward(be, tp, b, prev, o, attention_output(b), nullptr, b[P::o].z, {}, "");
+  chunk_end_forward(be, tp, b, prev, o, attention_output(b), nullptr, b[P::o].z, {});
   copy_to_forward(tp, b[P::o].u);
   b[P::o].up_forward(be, b.h, x);  // h = x + B_o u: the residual add is the GEMM's
-  chunk_end_forward(be, tp, b, prev, gate_up_group, b.h, &b.online2, b.gate_up_latent.z, b.sumsq2,
-                    "btp.fwd.gate_up");
+  chunk_end_forward(be, tp, b, prev, gate_up_group, b.h, &b.online2, b.gate_up_latent.z, b.sumsq2);
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
   chunk_start_forward(be, tp, gate_up_group, gate_up_out);
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
-  chunk_end_forward(be, tp, b, prev, down, b.gated, nullptr, b[P::down].z, {}, "");
+  chunk_end_forward(be, tp, b, prev, down, b.gated, nullptr, b[P::down].z, {});
   copy_to_forward(tp, b[P::down].u);
   b[P::down].up_forward(be, out, b.h);
 }
@@ -260,21 +269,21 @@ void BtpBlock::backward(Backend& be, const TensorParallel& tp, const BlockLatent
                         Tensor d_residual) {
   BtpBlock& b = *this;
   BlockGradients& g = grad;
-  const Group qkv_group(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
-      gate_up_group(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
+  const Group qkv_group(b, kQkv, "qkv"), o(b, kO), gate_up_group(b, kGateUp, "gate_up"),
+      down(b, kDown);
   const std::array<Tensor, 1> d_res{d_residual};
-  chunk_start_backward(be, tp, b, prev, down, d_res, "");
+  chunk_start_backward(be, tp, b, prev, down, d_res);
   chunk_end_backward(be, tp, down, g.gated, b.gated, nullptr, {}, {}, "");
   be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
   const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
-  chunk_start_backward(be, tp, b, prev, gate_up_group, d_gate_up, "btp.bwd.gate_up");
+  chunk_start_backward(be, tp, b, prev, gate_up_group, d_gate_up);
   chunk_end_backward(be, tp, gate_up_group, d_residual, b.h, &b.online2, g.normed, b.h,
                      "btp.bwd.norm2_stat");
-  chunk_start_backward(be, tp, b, prev, o, d_res, "");
+  chunk_start_backward(be, tp, b, prev, o, d_res);
   chunk_end_backward(be, tp, o, g.attn, attention_output(b), nullptr, {}, {}, "");
   b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
-  chunk_start_backward(be, tp, b, prev, qkv_group, d_qkv, "btp.bwd.qkv");
+  chunk_start_backward(be, tp, b, prev, qkv_group, d_qkv);
   chunk_end_backward(be, tp, qkv_group, d_residual, x, &b.online1, g.normed, x,
                      "btp.bwd.norm1_stat");
 }
@@ -286,22 +295,33 @@ void BtpBlock::recompute(Backend& be, const TensorParallel& tp, const BlockLaten
                          Tensor out) {
   if (policy() != Recompute::lowrank) return TpBlock::recompute(be, tp, prev, x, out);
   const CommPhase phase(tp.comm, kRecomputePhase);
+  const BackendRange range(be, kRecomputeRange);
   BtpBlock& b = *this;
-  const Group qkv_group(b, {P::q, P::k, P::v}, "qkv"), o(b, {P::o}),
-      gate_up_group(b, {P::gate, P::up}, "gate_up"), down(b, {P::down});
+  const Group qkv_group(b, kQkv, "qkv"), o(b, kO), gate_up_group(b, kGateUp, "gate_up"),
+      down(b, kDown);
   const int64_t n = x.rows();
   b.online1.recompute(be, x, norm_statistic(b.qkv_latent.z, b.sumsq1, n));
-  latents_forward(be, tp, b, prev, qkv_group);
+  latents_forward(be, b, prev, qkv_group);
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
   chunk_start_forward(be, tp, qkv_group, qkv_out);
   b.attention.forward(be, b.q, b.k, b.v);
-  latents_forward(be, tp, b, prev, o);
+  latents_forward(be, b, prev, o);
   b.online2.recompute(be, b.h, norm_statistic(b.gate_up_latent.z, b.sumsq2, n));
-  latents_forward(be, tp, b, prev, gate_up_group);
+  latents_forward(be, b, prev, gate_up_group);
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
   chunk_start_forward(be, tp, gate_up_group, gate_up_out);
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
-  latents_forward(be, tp, b, prev, down);
+  latents_forward(be, b, prev, down);
+}
+
+// A timed group and the call sites of its all-reduces, grouped and per member.
+TpComponent component(const char* group, std::span<const ProjectionId> members) {
+  TpComponent c{group, {btp_site("fwd", group), btp_site("bwd", group)}};
+  for (ProjectionId id : members) {
+    c.sites.push_back(btp_site("fwd", kProjectionNames[int(id)]));
+    c.sites.push_back(btp_site("bwd", kProjectionNames[int(id)]));
+  }
+  return c;
 }
 
 class BtpLayout final : public TpLayout {
@@ -342,6 +362,10 @@ class BtpLayout final : public TpLayout {
   std::unique_ptr<TpBlock> make_block(const BlockSpec& spec,
                                       const BlockAllocators& a) const override {
     return std::make_unique<BtpBlock>(*this, spec, a);
+  }
+  // The q/k/v and gate/up groups (the RMSNorm statistic's own sites belong to neither).
+  std::vector<TpComponent> components() const override {
+    return {component("qkv", kQkv), component("gate_up", kGateUp)};
   }
 };
 

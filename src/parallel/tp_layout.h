@@ -9,6 +9,8 @@
 // mode's name.
 #include <array>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "core/backend.h"
 #include "core/setting_error.h"
@@ -62,6 +64,16 @@ struct ProjectionDims {
   int64_t shard_rank = 0, shard_offset = 0;  // latent columns A and B hold (0: all of it)
 };
 
+// A projection group that a profile shows apart (BOOST §4.3's grouping ablation times the
+// q/k/v and gate/up groups): its ops run inside a backend range of its name
+// (Backend::push_range), and these are the call sites of its collectives, forward and
+// backward, with grouping (one for the group) and without (one per member); a recomputation's
+// carry kRecomputePhase in front.
+struct TpComponent {
+  const char* name;  // its range: "qkv", "gate_up"
+  std::vector<std::string> sites;
+};
+
 class TpLayout {
  public:
   virtual ~TpLayout() = default;
@@ -96,6 +108,8 @@ class TpLayout {
   // backward and recomputation with every collective they issue.
   virtual std::unique_ptr<TpBlock> make_block(const BlockSpec& spec,
                                               const BlockAllocators& a) const = 0;
+  // The groups its blocks time apart; none by default (full's blocks time none).
+  virtual std::vector<TpComponent> components() const { return {}; }
 };
 
 // Throws SettingError: naming the TP mode when `layout` does not fit the model, the TP degree

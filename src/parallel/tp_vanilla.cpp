@@ -12,7 +12,6 @@
 // Embedding and LM head: both split by vocabulary rows; the embedding's rows are summed by one
 // all-reduce of N·d, and the residual reaches the final norm whole.
 #include "nn/rmsnorm.h"
-#include "parallel/component_times.h"
 #include "parallel/mappings.h"
 #include "parallel/projection_group.h"
 #include "parallel/tp_layout.h"
@@ -56,7 +55,7 @@ void latents_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
       gather_last_dim_forward(be, tp, p.z, p.z_shard, b.gather, "vanilla.fwd.lax_gather");
     u_prev[i] = prev_latent(prev, b, ids[i]);
   }
-  const ComponentTimer timer(tp, component);
+  const BackendRange range(be, component);
   group_latent_forward(be, group, {u_prev.data(), group.size()});
 }
 
@@ -74,48 +73,58 @@ void latents_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
     // B reads its columns of u (scatter's forward, inside B's strided GEMM): its backward
     // all-gathers the slices of ∂u.
     scatter_last_dim_backward(be, tp, whole, p.du_shard, b.grad_gather, "vanilla.bwd.lax_gather");
-    const ComponentTimer timer(tp, component);
+    const BackendRange range(be, component);
     be.accumulate(p.du, whole);
   }
-  const ComponentTimer timer(tp, component);
+  const BackendRange range(be, component);
   group_latent_backward(be, group, {u_prev.data(), group.size()}, {du_prev.data(), group.size()});
 }
 
+// The call sites of a chunk's all-reduces (a group's, or a projection's): forward, of its
+// output; backward, of its input's gradient.
+std::string forward_site(std::string_view chunk) {
+  return fmt::format("vanilla.fwd.{}_out", chunk);
+}
+std::string backward_site(std::string_view chunk) {
+  return fmt::format("vanilla.bwd.{}_in", chunk);
+}
+
 // outputs_p = chunk_p(x), then reduce_from: one all-reduce over the contiguous outputs
-// with grouping, else one per projection.
+// with grouping, else one per projection. `chunk` names the group; `timed`: its compute runs
+// in a backend range of that name (TpComponent).
 void chunks_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
                     const BlockLatents& prev, std::span<const ProjectionId> ids, Tensor x,
-                    std::span<const Tensor> outputs, Tensor outputs_slab, const char* group_site,
-                    const char* component) {
+                    std::span<const Tensor> outputs, Tensor outputs_slab, const char* chunk,
+                    bool timed) {
+  const char* component = timed ? chunk : nullptr;
   std::array<Projection*, 3> members{};
   for (size_t i = 0; i < ids.size(); ++i) members[i] = &b[ids[i]];
   const ProjectionSpan group{members.data(), ids.size()};
   copy_to_forward(tp, x);
   {
-    const ComponentTimer timer(tp, component);
+    const BackendRange range(be, component);
     group_down_forward(be, group, x, tp.grouping);
   }
   latents_forward(be, tp, b, prev, group, ids, component);
   {
     // A sharded B reads its columns of u inside its strided GEMM: scatter's forward.
-    const ComponentTimer timer(tp, component);
+    const BackendRange range(be, component);
     group_up_forward(be, group, outputs, tp.grouping);
   }
   if (tp.grouping) {
-    reduce_from_forward(tp, outputs_slab, group_site);
+    reduce_from_forward(tp, outputs_slab, forward_site(chunk));
     return;
   }
   for (size_t i = 0; i < ids.size(); ++i)
-    reduce_from_forward(tp, outputs[i],
-                        fmt::format("vanilla.fwd.{}_out", kProjectionNames[int(ids[i])]));
+    reduce_from_forward(tp, outputs[i], forward_site(kProjectionNames[int(ids[i])]));
 }
 
 // dx = Σ_p ∂/∂x of chunk_p given dys; copy_to's backward all-reduces the input gradient:
 // once for the sum with grouping, else once per projection.
 void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
                      const BlockLatents& prev, std::span<const ProjectionId> ids, Tensor x,
-                     std::span<const Tensor> dys, Tensor dx, const char* group_site,
-                     const char* component) {
+                     std::span<const Tensor> dys, Tensor dx, const char* chunk, bool timed) {
+  const char* component = timed ? chunk : nullptr;
   std::array<Projection*, 3> members{};
   for (size_t i = 0; i < ids.size(); ++i) members[i] = &b[ids[i]];
   const ProjectionSpan group{members.data(), ids.size()};
@@ -125,27 +134,27 @@ void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
   for (const Tensor& dy : dys) reduce_from_backward(tp, dy);
   const bool adds = !members[0]->sharded() && members[0]->shares_du();
   {
-    const ComponentTimer timer(tp, component);
+    const BackendRange range(be, component);
     group_up_backward(be, group, dys, {}, adds, tp.grouping);
   }
   latents_backward(be, tp, b, prev, group, ids, component);
   if (tp.grouping) {
     {
-      const ComponentTimer timer(tp, component);
+      const BackendRange range(be, component);
       group_down_backward(be, group, dx, x, false, true);
     }
-    copy_to_backward(tp, dx, group_site);
+    copy_to_backward(tp, dx, backward_site(chunk));
     return;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     Tensor part = i == 0 ? dx : b.normed_part.reshaped(dx.shape);
     {
-      const ComponentTimer timer(tp, component);
+      const BackendRange range(be, component);
       group_down_backward(be, group.subspan(i, 1), part, x, false, false);
     }
-    copy_to_backward(tp, part, fmt::format("vanilla.bwd.{}_in", kProjectionNames[int(ids[i])]));
+    copy_to_backward(tp, part, backward_site(kProjectionNames[int(ids[i])]));
     if (i > 0) {
-      const ComponentTimer timer(tp, component);
+      const BackendRange range(be, component);
       be.accumulate(dx, part);
     }
   }
@@ -155,6 +164,16 @@ constexpr std::array<ProjectionId, 3> kQkv{P::q, P::k, P::v};
 constexpr std::array<ProjectionId, 2> kGateUp{P::gate, P::up};
 constexpr std::array<ProjectionId, 1> kO{P::o};
 constexpr std::array<ProjectionId, 1> kDown{P::down};
+
+// A timed group and the call sites of its all-reduces, grouped and per member.
+TpComponent component(const char* chunk, std::span<const ProjectionId> members) {
+  TpComponent c{chunk, {forward_site(chunk), backward_site(chunk)}};
+  for (ProjectionId id : members) {
+    c.sites.push_back(forward_site(kProjectionNames[int(id)]));
+    c.sites.push_back(backward_site(kProjectionNames[int(id)]));
+  }
+  return c;
+}
 
 class VanillaLayout final : public TpLayout {
  public:
@@ -219,6 +238,11 @@ class VanillaLayout final : public TpLayout {
                                       const BlockAllocators& a) const override {
     return std::make_unique<VanillaBlock>(*this, spec, a);
   }
+  // The q/k/v and gate/up groups; LaX's all-gathers serve every projection alike and belong
+  // to none.
+  std::vector<TpComponent> components() const override {
+    return {component("qkv", kQkv), component("gate_up", kGateUp)};
+  }
 };
 
 VanillaBlock::VanillaBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAllocators& a)
@@ -237,20 +261,18 @@ void VanillaBlock::forward(Backend& be, const TensorParallel& tp, const BlockLat
   VanillaBlock& b = *this;
   norm1.forward(be, x);
   const std::array<Tensor, 3> qkv_out{q, k, v};
-  chunks_forward(be, tp, b, prev, kQkv, norm1.out, qkv_out, qkv, "vanilla.fwd.qkv_out", "qkv");
+  chunks_forward(be, tp, b, prev, kQkv, norm1.out, qkv_out, qkv, "qkv", true);
   attention.forward(be, q, k, v);
   // The o projection's output before the residual add, in a buffer only backward uses.
   const Tensor o_out = grad.normed;  // [N, d]
   const std::array<Tensor, 1> o_outs{o_out};
-  chunks_forward(be, tp, b, prev, kO, attention_output(b), o_outs, o_out, "vanilla.fwd.o_out",
-                 nullptr);
+  chunks_forward(be, tp, b, prev, kO, attention_output(b), o_outs, o_out, "o", false);
   norm2.forward_residual(be, h, o_out, x);
   const std::array<Tensor, 2> gate_up_out{gate, up};
-  chunks_forward(be, tp, b, prev, kGateUp, norm2.out, gate_up_out, gate_up,
-                 "vanilla.fwd.gate_up_out", "gate_up");
+  chunks_forward(be, tp, b, prev, kGateUp, norm2.out, gate_up_out, gate_up, "gate_up", true);
   be.swiglu_forward(gated, gate, up, dims.gate_act);
   const std::array<Tensor, 1> o{out};
-  chunks_forward(be, tp, b, prev, kDown, gated, o, out, "vanilla.fwd.down_out", nullptr);
+  chunks_forward(be, tp, b, prev, kDown, gated, o, out, "down", false);
   be.add(out, out, h);
 }
 
@@ -259,17 +281,15 @@ void VanillaBlock::backward(Backend& be, const TensorParallel& tp, const BlockLa
   VanillaBlock& b = *this;
   BlockGradients& g = grad;
   const std::array<Tensor, 1> d_out{d_residual};
-  chunks_backward(be, tp, b, prev, kDown, gated, d_out, g.gated, "vanilla.bwd.down_in", nullptr);
+  chunks_backward(be, tp, b, prev, kDown, gated, d_out, g.gated, "down", false);
   be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
   const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
-  chunks_backward(be, tp, b, prev, kGateUp, norm2.out, d_gate_up, g.normed,
-                  "vanilla.bwd.gate_up_in", "gate_up");
+  chunks_backward(be, tp, b, prev, kGateUp, norm2.out, d_gate_up, g.normed, "gate_up", true);
   norm2.backward(be, d_residual, g.normed, h);
-  chunks_backward(be, tp, b, prev, kO, attention_output(b), d_out, g.attn, "vanilla.bwd.o_in",
-                  nullptr);
+  chunks_backward(be, tp, b, prev, kO, attention_output(b), d_out, g.attn, "o", false);
   attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
-  chunks_backward(be, tp, b, prev, kQkv, norm1.out, d_qkv, g.normed, "vanilla.bwd.qkv_in", "qkv");
+  chunks_backward(be, tp, b, prev, kQkv, norm1.out, d_qkv, g.normed, "qkv", true);
   norm1.backward(be, d_residual, g.normed, x);
 }
 

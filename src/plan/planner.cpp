@@ -221,11 +221,26 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     // ZeRO's parameter all-gathers under the next step's first forward (one third of a
     // micro-batch's compute and TP collectives), by the same rule read forwards: the forward
     // needs bucket i at W·i/b, and the first bucket never hides.
-    if (p.zero > 0 && p.overlap_param_gather && p.dp > 1) {
+    // (ZeRO-3 gathers only a tied table's unit after the update, and waits for it there.)
+    if (p.zero > 0 && p.zero < 3 && p.overlap_param_gather && p.dp > 1) {
       const auto [A, b] = dp_buckets(cluster, counts.calls.at("dp"), {stage_base, dp_stride},
                                      "dp.params.all_gather");
       const double forward = (1.0 / 3.0) * (t.compute + t.tp) / m;
       t.dp_hidden += A - exposed_gradient_seconds(A, b, forward);
+    }
+    // ZeRO-3's unit gathers, before every unit's forward and backward of every micro-batch:
+    // each pass's run under that pass's compute by the same rule (unit i needed at W·i/b, the
+    // first never hidden), a forward a third of a micro-batch's compute and TP collectives,
+    // a backward two thirds and its recomputation; the 2·m passes taken as equal shares.
+    if (p.zero >= 3 && p.overlap_param_gather && p.dp > 1) {
+      const auto [A, b] = dp_buckets(cluster, counts.calls.at("dp"), {stage_base, dp_stride},
+                                     "dp.params.unit_gather");
+      const double forward = (1.0 / 3.0) * (t.compute + t.tp) / m,
+                   backward = ((2.0 / 3.0) * (t.compute + t.tp) + t.recompute) / m;
+      const double A_pass = A / (2.0 * m);
+      const int64_t b_pass = b / (2 * m);
+      for (const double window : {forward, backward})
+        t.dp_hidden += m * (A_pass - exposed_gradient_seconds(A_pass, b_pass, window));
     }
     t.tail_comm -= t.dp_hidden;
     stages.push_back(t);

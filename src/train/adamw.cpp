@@ -6,9 +6,9 @@ namespace bottle {
 
 AdamW::AdamW(const ParameterStore& params, const AdamWConfig& config, ShardLayout shard)
     : config_(config),
-      shard_(shard.pieces.empty() ? ShardLayout::cut(params.values().numel(),
-                                                     std::max<int64_t>(1, params.values().numel()))
-                                  : std::move(shard)),
+      shard_(shard.pieces.empty()
+                 ? ShardLayout::cut(params.padded(), std::max<int64_t>(1, params.padded()))
+                 : std::move(shard)),
       arena_(MemoryTag::optimizer, params.backend()) {
   m_ = arena_.alloc({shard_.count});
   v_ = arena_.alloc({shard_.count});
@@ -43,16 +43,21 @@ void AdamW::step(Backend& be, const ParameterStore& params, float lr, Tensor con
   args.weight_decay = config_.weight_decay;
   args.step = step_ + 1;
   // Element-wise: one pass per owned stretch gives the bits one pass over them all would.
+  // Under ZeRO-3 the values are the owned stretches end to end, as the moments are, and the
+  // compute copies are cast where the units are gathered.
+  const bool sharded = params.value_slots();
   for (const Part& part : parts_) {
     args.no_decay = part.no_decay;
     const ElementRange& r = part.flat;
     const Shape range{r.count};
-    const Tensor compute =
-        params.mixed_precision() ? params.compute_values().view(r.offset, range) : Tensor{};
+    const Tensor compute = params.mixed_precision() && !sharded
+                               ? params.compute_values().view(r.offset, range)
+                               : Tensor{};
     const Tensor grads = grad_shard.empty() ? params.grads().view(r.offset, range)
                                             : grad_shard.view(part.local, range);
-    be.adamw_update(params.values().view(r.offset, range), compute, grads,
-                    m_.view(part.local, range), v_.view(part.local, range), control, args);
+    const Tensor values = params.values().view(sharded ? part.local : r.offset, range);
+    be.adamw_update(values, compute, grads, m_.view(part.local, range), v_.view(part.local, range),
+                    control, args);
   }
 }
 

@@ -9,7 +9,7 @@
 #include "core/arena.h"
 #include "core/backend.h"
 #include "model/parameters.h"
-#include "train/shard_layout.h"
+#include "model/shard_layout.h"
 
 namespace bottle {
 

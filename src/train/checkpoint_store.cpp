@@ -142,7 +142,7 @@ CheckpointStore::CheckpointStore(std::string folder, int keep)
   if (ec) fail("{}: checkpoint.folder cannot be created: {}", folder_, ec.message());
 }
 
-std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
+std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer, Tensor values,
                                   const TrainerState& state, int64_t step, Communicator* dp,
                                   Communicator* world) {
   const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
@@ -156,7 +156,7 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
     save_part(world, step, [&] { open_temporary(model, temp); });
   else
     save_part(world, step, [] {});
-  save_part(world, step, [&] { write_shards(model, optimizer, temp, dp); });
+  save_part(world, step, [&] { write_shards(model, optimizer, values, temp, dp); });
   if (leader)
     save_part(world, step, [&] { place(model, state, step, temp, final_dir); });
   else
@@ -214,16 +214,18 @@ void CheckpointStore::open_temporary(const LlamaModel& model, const fs::path& te
 // Every rank's part: each pipeline stage writes its own shard; the TP slices are gathered to
 // the stage's TP rank 0 (and ZeRO-1's moment shards over the DP group); DP replicas write
 // nothing.
-void CheckpointStore::write_shards(const LlamaModel& model, const AdamW& optimizer,
+void CheckpointStore::write_shards(const LlamaModel& model, const AdamW& optimizer, Tensor values,
                                    const fs::path& temp, Communicator* dp) const {
   const ParameterStore& params = model.parameters();
+  BOTTLE_ASSERT(values.numel() == params.padded(), "a checkpoint of {} values for {} parameters",
+                values.numel(), params.padded());
   Arena moments_arena(MemoryTag::comm, params.backend());
-  const Tensor m = moments_arena.alloc(params.values().shape),
-               v = moments_arena.alloc(params.values().shape);
+  const Tensor m = moments_arena.alloc({params.padded()}),
+               v = moments_arena.alloc({params.padded()});
   optimizer.gather_moments(m, v, dp);
   if (dp && dp->rank() != 0) return;
   Communicator* tp = model.tensor_parallel().comm;
-  write_shard(temp.string(), "model", params, tp, model.stage(), {{"", params.values()}},
+  write_shard(temp.string(), "model", params, tp, model.stage(), {{"", values}},
               {{"format", "pt"}});
   failpoint(2);
   write_shard(temp.string(), "optimizer", params, tp, model.stage(),
@@ -375,8 +377,8 @@ TrainerState CheckpointStore::load(const std::string& dir, LlamaModel& model, Ad
   const ShardedReader files(dir, "optimizer");
   const ParameterStore& params = model.parameters();
   Arena moments_arena(MemoryTag::comm, params.backend());
-  const Tensor m = moments_arena.alloc(params.values().shape),
-               v = moments_arena.alloc(params.values().shape);
+  const Tensor m = moments_arena.alloc({params.padded()}),
+               v = moments_arena.alloc({params.padded()});
   for (const ParamSpec& spec : params.specs()) {
     for (const auto& [which, flat] : {std::pair{"exp_avg", m}, std::pair{"exp_avg_sq", v}}) {
       const std::string tensor = moment_name(which, spec.name);

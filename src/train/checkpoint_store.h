@@ -48,9 +48,11 @@ class CheckpointStore {
   // Returns the checkpoint's directory. Every rank of the job calls it: the TP slices (and
   // a ZeRO-1 optimizer's DP shards) are gathered, one rank writes, and all return once the
   // checkpoint is complete. A failure on any rank (a full disk, the folder deleted under the
-  // save) fails every rank with one message.
-  std::string save(const LlamaModel& model, const AdamW& optimizer, const TrainerState& state,
-                   int64_t step, Communicator* dp = nullptr, Communicator* world = nullptr);
+  // save) fails every rank with one message. values: [padded] this rank's stage's fp32
+  // masters whole (DataParallel::whole_masters: ZeRO-3 keeps only a shard of them).
+  std::string save(const LlamaModel& model, const AdamW& optimizer, Tensor values,
+                   const TrainerState& state, int64_t step, Communicator* dp = nullptr,
+                   Communicator* world = nullptr);
   // Complete checkpoints (ours, with trainer_state.json), oldest step first.
   std::vector<std::string> list() const;
   // Our step folders without trainer_state.json (a damaged one), oldest step first.
@@ -85,7 +87,7 @@ class CheckpointStore {
   // on any rank (a filesystem error named by its path, the folder guard's) fails them all.
   void save_part(Communicator* world, int64_t step, const std::function<void()>& part) const;
   void open_temporary(const LlamaModel& model, const std::filesystem::path& temp) const;
-  void write_shards(const LlamaModel& model, const AdamW& optimizer,
+  void write_shards(const LlamaModel& model, const AdamW& optimizer, Tensor values,
                     const std::filesystem::path& temp, Communicator* dp) const;
   void place(const LlamaModel& model, const TrainerState& state, int64_t step,
              const std::filesystem::path& temp, const std::filesystem::path& final_dir) const;

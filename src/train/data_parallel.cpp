@@ -12,17 +12,21 @@ DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, const
       options_(options),
       scratch_arena_(MemoryTag::comm, params.backend()),
       grad_arena_(MemoryTag::gradients, params.backend()) {
-  const int64_t total = params.values().numel();
-  int64_t bucket = std::max<int64_t>(1, options.bucket_bytes / int64_t(sizeof(float)));
+  const int64_t total = params.padded();
+  int64_t bucket = bucket_elements(options.bucket_bytes, this->zero() ? size() : 1);
   if (this->zero()) {
     BOTTLE_ASSERT(total % size() == 0,
                   "ZeRO: the flat parameter buffer ({}) is not padded to a multiple of the {} "
                   "data-parallel ranks",
                   total, size());
-    // Every bucket splits into dp equal slices: the first one cut (the buffer's start) too,
-    // as the buffer is a multiple of dp.
-    bucket = (bucket + size() - 1) / size() * size();
-    if (shards_gradients()) {
+    if (shards_parameters()) {
+      // The store keeps this rank's slices of the masters, cut as the buckets are here.
+      BOTTLE_ASSERT(params.value_slots() && params.values_shard().total == total &&
+                        params.values_shard().count * size() == total,
+                    "ZeRO-3 over a store whose values are not sharded over the {} ranks", size());
+      shard_ = params.values_shard();
+      grad_shard_ = grad_arena_.alloc({shard_.count});
+    } else if (shards_gradients()) {
       BOTTLE_ASSERT(params.grad_slots(), "ZeRO-2 over a store without gradient slots");
       // No bucket crosses a unit: each is reduced as soon as its unit's backward is done.
       std::vector<ElementRange> units;
@@ -33,7 +37,8 @@ DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, const
       shard_ = ShardLayout::cut(total, bucket, size(), dp_->rank());
     }
     scratch_ = scratch_arena_.alloc({shard_.count});
-    if (params.mixed_precision())
+    // ZeRO-1 and 2 gather the compute copies; ZeRO-3 the masters themselves, into the slots.
+    if (params.mixed_precision() && !shards_parameters())
       scratch_compute_ = scratch_arena_.alloc({shard_.count}, params.compute_values().dtype);
   } else {
     shard_ = ShardLayout::cut(total, bucket);
@@ -51,6 +56,13 @@ DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, const
   }
 }
 
+int64_t DataParallel::bucket_elements(int64_t bucket_bytes, int ranks) {
+  const int64_t bucket = std::max<int64_t>(1, bucket_bytes / int64_t(sizeof(float)));
+  // Every bucket splits into dp equal slices: the first one cut (the buffer's start) too, as
+  // the buffer is a multiple of dp.
+  return (bucket + ranks - 1) / ranks * ranks;
+}
+
 std::string DataParallel::describe() const {
   if (size() == 1) return "";
   int64_t largest = 0;
@@ -63,16 +75,28 @@ std::string DataParallel::describe() const {
       "(parallel.overlap_grad_reduce = {})",
       size(), buckets_.size(), format_bytes(size_t(largest) * sizeof(float)),
       zero() ? "reduce-scattered" : "reduced", when, options_.overlap_grad_reduce);
-  if (zero())
+  if (zero() && !shards_parameters())
     line += fmt::format(
         ", each rank updating 1/{} of each (ZeRO-{}), parameters all-gathered {} "
         "(parallel.overlap_param_gather = {})",
         size(), options_.zero,
         options_.overlap_param_gather ? "during the next forward" : "after the update",
         options_.overlap_param_gather);
+  else if (shards_parameters())
+    line += fmt::format(
+        ", each rank updating 1/{} of each (ZeRO-3, parallel.overlap_param_gather = {})", size(),
+        options_.overlap_param_gather);
   if (shards_gradients())
     line += fmt::format(", gradients kept as 1/{} shards ({} held per unit in two slots)", size(),
                         format_bytes(params_.grad_bytes()));
+  if (shards_parameters())
+    line += fmt::format(
+        ", parameters kept as 1/{} shards and gathered per unit before its forward and its "
+        "backward, {} ({} of weights held)",
+        size(),
+        options_.overlap_param_gather ? "the next unit's gather started while a unit computes"
+                                      : "each when it is needed",
+        format_bytes(params_.bytes() + params_.compute_bytes()));
   return line;
 }
 
@@ -199,6 +223,19 @@ void DataParallel::reduce_gradients(Backend& be) {
 void DataParallel::gather_parameters(Backend& be) {
   // AdamW has written the compute copy of what it updated: all of it without ZeRO.
   if (!zero()) return;
+  if (shards_parameters()) {
+    // Every slot's values are older than the update now; a kept unit is gathered whole again.
+    for (int slot = 0; slot < 2; ++slot) {
+      wait_slot(slot);
+      resident_[slot] = -1;
+    }
+    std::vector<PendingCall> calls;
+    for (size_t u = 0; u < params_.units().size(); ++u)
+      if (params_.units()[u].kept) start_unit_calls(u, calls, "dp.params.all_gather");
+    for (PendingCall& call : calls) call.wait();
+    params_.refresh_compute(be);
+    return;
+  }
   BOTTLE_ASSERT(gathers_.empty(), "DataParallel: parameters gathered twice without a forward");
   // Under mixed precision the bf16 compute weights travel; in fp32, the values themselves.
   const bool mixed = params_.mixed_precision();
@@ -212,21 +249,102 @@ void DataParallel::gather_parameters(Backend& be) {
 }
 
 void DataParallel::params_needed(int64_t end) {
+  if (shards_parameters()) {
+    const size_t u = unit_ending_at(end);
+    ensure_unit(u);
+    if (options_.overlap_param_gather && u + 1 < params_.units().size()) start_unit_gather(u + 1);
+    return;
+  }
   size_t done = 0;
   while (done < gathers_.size() && gathers_[done].bucket < end) gathers_[done++].call.wait();
   gathers_.erase(gathers_.begin(), gathers_.begin() + std::ptrdiff_t(done));
 }
 
-void DataParallel::gather_masters() {
-  if (!zero()) return;
+void DataParallel::params_needed_backward(int64_t end) {
+  if (!shards_parameters()) return;
+  const size_t u = unit_ending_at(end);
+  ensure_unit(u);
+  if (options_.overlap_param_gather && u > (options_.first_unit_forward_only ? 1u : 0u))
+    start_unit_gather(u - 1);
+}
+
+void DataParallel::finish_gathers() {
+  if (shards_parameters()) {
+    for (int slot = 0; slot < 2; ++slot) wait_slot(slot);
+    return;
+  }
+  params_needed(shard_.total);
+}
+
+Tensor DataParallel::whole_masters(Arena& arena) {
+  if (!zero()) return params_.values();
   finish_gathers();
   Backend& be = params_.backend();
-  const Tensor values = params_.values();
-  shard_.take(be, scratch_, values);
-  shard_.gather(be, dp_, values, scratch_, "dp.params.all_gather");
+  Tensor values = params_.values();
+  if (shards_parameters()) {
+    const Tensor shard = values;  // [shard] the owned slices end to end
+    values = arena.alloc({params_.padded()});
+    shard_.gather(be, dp_, values, shard, "dp.params.all_gather");
+  } else if (params_.mixed_precision()) {
+    // The update wrote the owned slices of the masters alone; the others are stale here.
+    shard_.take(be, scratch_, values);
+    shard_.gather(be, dp_, values, scratch_, "dp.params.all_gather");
+  }
+  // (In fp32 under ZeRO-1 and 2 the gathered compute weights are the masters.)
   // A checkpoint reads them on the host next: a device group's call ends here, with its
   // errors and timeout, rather than in a stream synchronisation that cannot time out.
   dp_->complete();
+  return values;
+}
+
+size_t DataParallel::unit_ending_at(int64_t end) const {
+  const std::vector<ParamUnit>& units = params_.units();
+  for (size_t u = 0; u < units.size(); ++u)
+    if (units[u].end == end) return u;
+  BOTTLE_ASSERT(false, "ZeRO-3: no parameter unit ends at {}", end);
+  return 0;
+}
+
+void DataParallel::wait_slot(int slot) {
+  for (PendingCall& call : slot_calls_[slot]) call.wait();
+  slot_calls_[slot].clear();
+}
+
+// Unit u's values from every rank's shard of the masters into its slot (or kept buffer): one
+// all-gather per bucket, started, appended to `calls`.
+void DataParallel::start_unit_calls(size_t u, std::vector<PendingCall>& calls,
+                                    std::string_view site) {
+  const ParamUnit& unit = params_.units()[u];
+  const Tensor values = params_.unit_values(u);  // [unit]
+  for (size_t b : unit_buckets_[u]) {
+    const ShardPiece& p = buckets_[b].piece;
+    calls.push_back(dp_->start_all_gather(values.view(p.bucket - unit.begin, {p.bucket_count}),
+                                          params_.values().view(p.local, {p.count}), site));
+  }
+}
+
+// Unit u's gather into its slot, unless the slot holds it already; the slot's earlier gathers
+// end first (their unit is done with).
+void DataParallel::start_unit_gather(size_t u) {
+  const int slot = int(u % 2);
+  if (params_.units()[u].kept || resident_[slot] == int64_t(u)) return;
+  wait_slot(slot);
+  start_unit_calls(u, slot_calls_[slot], "dp.params.unit_gather");
+  resident_[slot] = int64_t(u);
+  cast_pending_[slot] = params_.mixed_precision();
+}
+
+// Unit u's values gathered and, under mixed precision, cast to the compute copy the GEMMs read:
+// the bf16 that AdamW's update writes from the same fp32 under ZeRO-0, so ZeRO-0's bits.
+void DataParallel::ensure_unit(size_t u) {
+  if (params_.units()[u].kept) return;
+  const int slot = int(u % 2);
+  start_unit_gather(u);
+  wait_slot(slot);
+  if (cast_pending_[slot]) {
+    params_.backend().copy(params_.unit_compute(u), params_.unit_values(u));
+    cast_pending_[slot] = false;
+  }
 }
 
 }  // namespace bottle

@@ -25,15 +25,25 @@
 // under ZeRO-1. With one micro-batch per step the sums are ZeRO-1's, bit for bit; with more,
 // each micro-batch is summed over the ranks first (Σ_micro Σ_ranks, where ZeRO-0 and 1 add
 // Σ_ranks Σ_micro), which rounds differently.
+//
+// With ZeRO-3 the parameters are sharded too (FSDP, DeepSpeed's stage 3): each rank keeps the
+// fp32 masters of its slices alone (the store's values(), cut as the buckets are), and a unit's
+// values are all-gathered into the store's slot of its parity before the unit's forward and
+// again before its backward (params_needed, params_needed_backward), the next unit's gather
+// started while the unit computes (parallel.overlap_param_gather), the slot reused two units
+// later. Under mixed precision the fp32 masters travel and each rank casts the gathered unit
+// to bf16 itself, so the GEMMs read the bits ZeRO-0 would give them. A kept unit (a tied
+// table) stays whole for the step, gathered after each update. Gradients go as under ZeRO-2.
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "comm/communicator.h"
 #include "core/backend.h"
 #include "model/parameters.h"
-#include "train/shard_layout.h"
+#include "model/shard_layout.h"
 
 namespace bottle {
 
@@ -47,7 +57,12 @@ class DataParallel {
     // that touch it start in reduce_gradients().
     std::pair<int64_t, int64_t> held{0, 0};
     int64_t bucket_bytes = int64_t(32) << 20;
+    // ZeRO-3: backward never reads the first unit's parameters (the embedding's: its backward
+    // only writes gradients), so backward does not gather it ahead.
+    bool first_unit_forward_only = false;
   };
+  // The bucket size in elements that a ZeRO group of `ranks` cuts (ParamSharding::bucket).
+  static int64_t bucket_elements(int64_t bucket_bytes, int ranks);
   // dp null or of size 1: a no-op. The store must have been allocated with its count
   // padded to a multiple of dp under ZeRO (ParameterStore::allocate(pad)).
   DataParallel(Communicator* dp, const ParameterStore& params, const Options& options);
@@ -57,6 +72,8 @@ class DataParallel {
   bool zero() const { return options_.zero && size() > 1; }
   // ZeRO-2: gradients reduced after every micro-batch's backward and kept as the shard alone.
   bool shards_gradients() const { return options_.zero >= 2 && size() > 1; }
+  // ZeRO-3: parameters kept as a shard and gathered per unit.
+  bool shards_parameters() const { return options_.zero >= 3 && size() > 1; }
   // ZeRO-2: [shard] the owned gradients end to end in flat order (the mean over the DP ranks
   // after reduce_gradients()); empty otherwise.
   Tensor grad_shard() const { return grad_shard_; }
@@ -86,17 +103,22 @@ class DataParallel {
   // all-gathers start, first bucket first, and are waited for where the next forward first
   // reads them (params_needed) or by finish_gathers(); otherwise they are waited for here.
   void gather_parameters(Backend& be);
-  // The parameters of the flat range [0, end) are about to be read: the gathers of the
-  // buckets that start below `end` end first (LlamaModel::ParamsNeeded).
+  // A forward is about to read the parameters of the flat range [0, end): the gathers of the
+  // buckets that start below `end` end first (LlamaModel::ParamsNeeded). ZeRO-3: those of the
+  // unit that ends at `end`, the next unit's started.
   void params_needed(int64_t end);
+  // ZeRO-3: a backward is about to read the unit that ends at `end`; the one before it is
+  // started. Nothing otherwise: the forward gathered everything.
+  void params_needed_backward(int64_t end);
   // Every started gather ends: before anything else reads the parameters (evaluation, a
   // checkpoint) or the buffers they gather into.
-  void finish_gathers() { params_needed(shard_.total); }
+  void finish_gathers();
   // Whether gathers started by gather_parameters() are still to be waited for.
   bool gathering() const { return !gathers_.empty(); }
-  // ZeRO under mixed precision: every rank's fp32 masters whole again (for a checkpoint).
-  // No-op otherwise.
-  void gather_masters();
+  // [padded] the stage's fp32 masters whole, for a checkpoint: the store's values, gathered
+  // over the group where ZeRO keeps only this rank's slices of them (ZeRO-1 under mixed
+  // precision into the store's own buffer; ZeRO-3 into one taken from `arena`).
+  Tensor whole_masters(Arena& arena);
 
  private:
   struct Bucket {
@@ -114,6 +136,12 @@ class DataParallel {
   void fold_unit(size_t u);
   void fold(Bucket& bucket);
   void fold_pending();
+  // ZeRO-3.
+  size_t unit_ending_at(int64_t end) const;
+  void start_unit_calls(size_t u, std::vector<PendingCall>& calls, std::string_view site);
+  void start_unit_gather(size_t u);  // into its slot, unless it holds u already
+  void ensure_unit(size_t u);        // its gather waited for and cast
+  void wait_slot(int slot);
 
   Communicator* dp_;
   const ParameterStore& params_;
@@ -132,6 +160,12 @@ class DataParallel {
   int64_t pending_[2] = {-1, -1};  // per slot, the unit whose reduce-scatter is running
   Backend* be_ = nullptr;          // backward_begins()'s
   bool final_ = false;             // the backward under way is the step's last
+  // ZeRO-3: per value slot, the unit it holds or is being gathered into it (-1: none, or
+  // values older than the last update), its started calls, and whether its cast to the
+  // compute dtype is still to be made.
+  int64_t resident_[2] = {-1, -1};
+  std::vector<PendingCall> slot_calls_[2];
+  bool cast_pending_[2] = {false, false};
 };
 
 }  // namespace bottle

@@ -181,14 +181,16 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
   plan.allocate_activations(tc.micro_batch_size, tc.seq_len, slots, tc.recompute);
   MemoryBreakdown m = plan.memory();
   // As AdamW, DataParallel and the trainer allocate them.
-  const int64_t elements = plan.parameters().values().numel();
+  const int64_t elements = plan.parameters().padded();
   const int64_t shard = zero ? elements / dp : elements;
   m[MemoryTag::optimizer] = 2 * aligned_size(size_t(shard) * sizeof(float));
   if (zero) m[MemoryTag::comm] += aligned_size(size_t(shard) * sizeof(float));
-  // ZeRO-2: the reduced gradients' shard beside the store's unit slots.
+  // ZeRO-2 and 3: the reduced gradients' shard beside the store's unit slots.
   if (zero && config.parallel.zero >= 2)
     m[MemoryTag::gradients] += aligned_size(size_t(shard) * sizeof(float));
-  if (zero && plan.parameters().mixed_precision())
+  // ZeRO-1 and 2 gather bf16 compute copies from a shard of their own (ZeRO-3 gathers the
+  // masters straight into the store's slots).
+  if (zero && config.parallel.zero < 3 && plan.parameters().mixed_precision())
     m[MemoryTag::comm] += aligned_size(size_t(shard) * dtype_size(DType::bf16));
   m[MemoryTag::workspace] =
       2 * size_t(tc.grad_accum_steps) *
@@ -208,8 +210,7 @@ MemoryBreakdown plan_model_memory(const ModelConfig& config, const TensorParalle
   plan.allocate_activations(batch, seq);
   MemoryBreakdown m = plan.memory();
   if (training)
-    m[MemoryTag::optimizer] =
-        2 * aligned_size(size_t(plan.parameters().values().numel()) * sizeof(float));
+    m[MemoryTag::optimizer] = 2 * aligned_size(size_t(plan.parameters().padded()) * sizeof(float));
   m[MemoryTag::workspace] += 2 * aligned_size(size_t(batch * seq) * sizeof(int32_t));
   return m;
 }

@@ -22,6 +22,7 @@ struct StageHooks {
   std::function<void(bool final)> backward_begins;  // before each backward
   LlamaModel::GradsReady ready;                     // LlamaModel::backward_stage
   LlamaModel::ParamsNeeded needed;                  // LlamaModel::forward_stage
+  LlamaModel::ParamsNeeded needed_backward;         // LlamaModel::backward_stage (ZeRO-3)
 };
 
 class TrainStageWork final : public StageWork {
@@ -49,7 +50,8 @@ class TrainStageWork final : public StageWork {
     const bool final = m == hooks_.final_backward;
     if (hooks_.backward_begins) hooks_.backward_begins(final);
     model_.backward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_,
-                          final || hooks_.every_backward ? hooks_.ready : LlamaModel::GradsReady{});
+                          final || hooks_.every_backward ? hooks_.ready : LlamaModel::GradsReady{},
+                          hooks_.needed_backward);
     compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
   std::vector<Tensor> activation_in(int m) override { return model_.stage_input(m % slots_); }

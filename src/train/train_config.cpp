@@ -35,6 +35,7 @@ const char* comm_name(CommKind comm, BackendKind backend) {
 const char* enum_name(OnNonfinite value) { return kOnNonfiniteNames[int(value)]; }
 const char* enum_name(LrDecay value) { return kLrDecayNames[int(value)]; }
 const char* enum_name(PipelineSchedule value) { return kScheduleNames[int(value)]; }
+const char* enum_name(NormStatistic value) { return kNormStatisticNames[int(value)]; }
 
 const char* config_key(Setting setting) {
   switch (setting) {
@@ -266,10 +267,12 @@ std::vector<ConfigKey> build_schema() {
                           "full for a full-rank model, btp for a bottleneck model"));
   s.push_back(choice_key("parallel.schedule", FIELD(parallel.schedule), kScheduleNames,
                          "pipeline schedule: 1f1b or gpipe"));
-  s.push_back(integer_key("parallel.zero", FIELD(parallel.zero), closed(0, 2),
-                          "ZeRO stage: 0 (replicated AdamW state), 1 (sharded) or 2 (the "
+  s.push_back(integer_key("parallel.zero", FIELD(parallel.zero), closed(0, 3),
+                          "ZeRO stage: 0 (replicated AdamW state), 1 (sharded), 2 (the "
                           "gradients sharded too: reduce-scattered after every micro-batch's "
-                          "backward, block by block, and kept as 1/dp)"));
+                          "backward, block by block, and kept as 1/dp) or 3 (the parameters "
+                          "too, FSDP: each rank keeps 1/dp of the fp32 weights, and each block's "
+                          "are all-gathered before its forward and again before its backward)"));
   s.push_back(bool_key("parallel.overlap_grad_reduce", FIELD(parallel.overlap_grad_reduce),
                        "reduce gradient buckets over the DP group during the last backward, "
                        "last block first, while the rest of backward computes (all-reduced, "
@@ -282,6 +285,13 @@ std::vector<ConfigKey> build_schema() {
                          "(cut from the last layer back)"));
   s.push_back(bool_key("parallel.grouping", FIELD(parallel.grouping),
                        "one GEMM for projections reading the same input (q,k,v; gate,up)"));
+  s.push_back(choice_key("parallel.norm_statistic", FIELD(parallel.norm_statistic),
+                         kNormStatisticNames,
+                         "btp: how the online RMSNorm's backward gets its per-token sum over "
+                         "the whole hidden: from the chunk's latent, which its all-reduce has "
+                         "made whole (latent: no communication), or all-reduced over the TP "
+                         "group (all_reduce: one more collective of b·s values per norm, to "
+                         "compare against)"));
   s.push_back(choice_key("parallel.comm", FIELD(parallel.comm), kCommNames,
                          "collectives of the TP, PP and DP groups: nccl (GPU memory, one rank "
                          "per GPU), mpi (host memory; with cuda, staged through the host so "

@@ -39,6 +39,7 @@ const char* comm_name(CommKind comm, BackendKind backend);
 const char* enum_name(OnNonfinite value);
 const char* enum_name(LrDecay value);
 const char* enum_name(PipelineSchedule value);
+const char* enum_name(NormStatistic value);
 // The dtype of the weights GEMMs read and of the activations: bf16 under mixed precision.
 inline DType compute_dtype(Precision p) { return p == Precision::bf16 ? DType::bf16 : DType::f32; }
 
@@ -108,7 +109,7 @@ struct ParallelConfig {
   // which gives default_tp_layout(model.shape()) when the key is not set.
   const TpLayout* tp_mode = nullptr;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
-  int zero = 0;  // ZeRO stage, 0 or 1
+  int zero = 0;  // ZeRO stage, 0 to 3
   // Gradient buckets reduced over the DP group during the step's last backward, on the
   // group's communication thread (DataParallel): the same sums, so the same bits, either way.
   bool overlap_grad_reduce = true;
@@ -119,6 +120,7 @@ struct ParallelConfig {
   // earlier in backward, larger ones pay a link's latency fewer times.
   double bucket_mb = 32;
   bool grouping = TensorParallel{}.grouping;  // its one default is the mechanism's
+  NormStatistic norm_statistic = TensorParallel{}.norm_backward;  // btp's, the same way
   CommKind comm = CommKind::automatic;
   // Seconds one collective or transfer may wait for its peers before the job ends naming
   // the rank and host it waited for (Communicator::timeout): PyTorch's NCCL default.

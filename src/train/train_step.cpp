@@ -26,10 +26,10 @@ void complete_collectives(std::initializer_list<Communicator*> groups) {
 
 double eval_step(Backend& be, LlamaModel& model, Communicator* pp,
                  const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-                 Tensor loss_sum) {
+                 Tensor loss_sum, const LlamaModel::ParamsNeeded& needed) {
   const PipelineStage& stage = model.stage();
   be.fill_zero(loss_sum);
-  TrainStageWork work(be, model, 1, inputs, targets, 0.0f, loss_sum);
+  TrainStageWork work(be, model, 1, inputs, targets, 0.0f, loss_sum, StageHooks{.needed = needed});
   run_pipeline(forward_only_schedule(stage.stages, stage.stage, 1), work, pp);
   complete_collectives({model.tensor_parallel().comm, pp});
   double loss = 0.0;
@@ -62,7 +62,8 @@ LrSchedule lr_schedule_of(const TrainConfig& config) {
 }
 
 TensorParallel tensor_parallel_of(const TrainConfig& config, Communicator* tp) {
-  return TensorParallel{config.parallel.tp_mode, tp, config.parallel.grouping};
+  return TensorParallel{config.parallel.tp_mode, tp, config.parallel.grouping,
+                        config.parallel.norm_statistic};
 }
 
 int pipeline_slots(const TrainConfig& config, int stage) {
@@ -70,10 +71,19 @@ int pipeline_slots(const TrainConfig& config, int stage) {
                                           int(config.training.grad_accum_steps)));
 }
 
-ParamSharding parameter_sharding(const TrainConfig& config) {
+ParamSharding parameter_sharding(const TrainConfig& config, int dp_rank) {
   const ParallelConfig& p = config.parallel;
   if (p.zero == 0 || p.dp == 1) return {};
-  return {p.dp, p.zero >= 2};
+  ParamSharding sharding{p.dp, p.zero >= 2};
+  sharding.value_slots = p.zero >= 3;
+  sharding.rank = dp_rank;
+  sharding.bucket = DataParallel::bucket_elements(dp_bucket_bytes(config), int(p.dp));
+  return sharding;
+}
+
+int64_t dp_bucket_bytes(const TrainConfig& config) {
+  // At most a petabyte: one bucket.
+  return int64_t(std::min(config.parallel.bucket_mb, 1e9) * 1048576.0);
 }
 
 TrainConfig bench_step_config(TrainConfig config) {
@@ -101,9 +111,9 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
   BOTTLE_CHECK(config.training.precision == Precision::fp32 || be.bf16_unsupported().empty(),
                "training.precision = \"bf16\" on the {} backend: {}", be.name(),
                be.bf16_unsupported());
-  model_ = std::make_unique<LlamaModel>(config.model, tp, parameter_sharding(config), stage,
-                                        /*reserve_only=*/false, be,
-                                        compute_dtype(config.training.precision));
+  model_ = std::make_unique<LlamaModel>(
+      config.model, tp, parameter_sharding(config, dp ? dp->rank() : 0), stage,
+      /*reserve_only=*/false, be, compute_dtype(config.training.precision));
   // Tied embeddings: the first and the last stage each hold the table (every pp rank joins
   // the split; the others' group goes unused).
   if (config.model.tie_embeddings && stage.stages > 1)
@@ -115,8 +125,8 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
                             .overlap_grad_reduce = p.overlap_grad_reduce,
                             .overlap_param_gather = p.overlap_param_gather,
                             .held = model_->tied_grad_range(),
-                            // At most a petabyte: one bucket.
-                            .bucket_bytes = int64_t(std::min(p.bucket_mb, 1e9) * 1048576.0)});
+                            .bucket_bytes = dp_bucket_bytes(config),
+                            .first_unit_forward_only = stage.first()});
   // The stage's last backward of a step: the one after which its gradients are final.
   for (const Action& a : actions_)
     if (a.kind == ActionKind::backward) final_backward_ = a.micro_batch;
@@ -166,7 +176,9 @@ StepResult TrainStep::step(int64_t step) {
                  .backward_begins = [&data_parallel,
                                      &be](bool final) { data_parallel.backward_begins(be, final); },
                  .ready = [&data_parallel](int64_t begin) { data_parallel.grads_ready(begin); },
-                 .needed = [&data_parallel](int64_t end) { data_parallel.params_needed(end); }});
+                 .needed = [&data_parallel](int64_t end) { data_parallel.params_needed(end); },
+                 .needed_backward =
+                     [&data_parallel](int64_t end) { data_parallel.params_needed_backward(end); }});
   const auto pipeline_start = Clock::now();
   run_pipeline(actions_, work, pp_);
   r.pipeline_seconds = seconds_since(pipeline_start);

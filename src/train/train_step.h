@@ -38,10 +38,11 @@ struct StepResult {
 // pipeline stage (pp: its pipeline group, null for one stage), in activation slot 0: this
 // stage's loss (the last stage's mean cross-entropy; 0 on the others, which the caller's sum
 // over the pipeline group adds up). Validation in `bottle train` and `bottle eval`.
-// loss_sum: f64 [1] scratch in the backend's memory.
+// loss_sum: f64 [1] scratch in the backend's memory. needed: as forward_stage's (ZeRO-3
+// gathers the units).
 double eval_step(Backend& be, LlamaModel& model, Communicator* pp,
                  const std::vector<Tensor>& inputs, const std::vector<Tensor>& targets,
-                 Tensor loss_sum);
+                 Tensor loss_sum, const LlamaModel::ParamsNeeded& needed = {});
 
 // value (f64 [1] in the backend's memory) = its sum or max over `group`, on the device:
 // reduce_scalar's arithmetic (the value travels as f32; unchanged in a group of one) through
@@ -63,8 +64,11 @@ TensorParallel tensor_parallel_of(const TrainConfig& config, Communicator* tp);
 // the activation slots its step allocates (1 without a pipeline).
 int pipeline_slots(const TrainConfig& config, int stage);
 // How the parameter buffers are cut for parallel.zero over parallel.dp ranks: the ZeRO
-// shards' multiple, and ZeRO-2's gradient slots.
-ParamSharding parameter_sharding(const TrainConfig& config);
+// shards' multiple, ZeRO-2's gradient slots, and ZeRO-3's value slots with DP rank
+// `dp_rank`'s shard of the masters (any rank's for a plan: they are the same size).
+ParamSharding parameter_sharding(const TrainConfig& config, int dp_rank = 0);
+// parallel.bucket_mb in bytes, as DataParallel cuts its buckets.
+int64_t dp_bucket_bytes(const TrainConfig& config);
 
 // A configuration's step as the benches time it: the learning rate held at optimizer.lr (a
 // bench's few steps follow no schedule; the rate does not change the work), everything else
@@ -121,7 +125,9 @@ class TrainStep {
   // eval_step of inputs()[0] and targets()[0] on this step's model.
   double eval_step() {
     data_parallel_->finish_gathers();
-    return bottle::eval_step(be_, *model_, pp_, inputs_, targets_, scalar(kEvalLoss));
+    DataParallel& data_parallel = *data_parallel_;
+    return bottle::eval_step(be_, *model_, pp_, inputs_, targets_, scalar(kEvalLoss),
+                             [&data_parallel](int64_t end) { data_parallel.params_needed(end); });
   }
 
  private:

@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <set>
 
@@ -53,14 +54,23 @@ namespace {
 // flushed) as it starts step S, to check that a dead rank ends the job instead of hanging it.
 // BOTTLE_FAILPOINT=internal_error_at_step:S fails an internal check as step S starts, to show
 // that an internal error in the middle of a run first saves the steps trained before it.
-void kill_failpoint(int rank, int64_t step) {
+// BOTTLE_FAILPOINT=nonfinite_weight_at_step:S does the same after writing +inf into the last
+// parameter's first element, whose loss the run has not seen: the save on the error path must
+// find it in the weights themselves.
+void kill_failpoint(int rank, int64_t step, const ParameterStore& params) {
   const char* spec = std::getenv("BOTTLE_FAILPOINT");
   int kill_rank = -1;
   long long kill_step = -1, error_step = -1;
   if (spec && std::sscanf(spec, "kill_rank:%d:%lld", &kill_rank, &kill_step) == 2 &&
       kill_rank == rank && kill_step == step)
     std::raise(SIGKILL);
-  if (spec && std::sscanf(spec, "internal_error_at_step:%lld", &error_step) == 1)
+  if (spec && std::sscanf(spec, "nonfinite_weight_at_step:%lld", &error_step) == 1 &&
+      error_step == step) {
+    const float inf = std::numeric_limits<float>::infinity();
+    params.backend().from_host(params.at(params.specs().size() - 1).value.view(0, {1}), &inf);
+  }
+  if (spec && (std::sscanf(spec, "internal_error_at_step:%lld", &error_step) == 1 ||
+               std::sscanf(spec, "nonfinite_weight_at_step:%lld", &error_step) == 1))
     BOTTLE_ASSERT(error_step != step, "BOTTLE_FAILPOINT={} at step {}", spec, step);
 }
 
@@ -247,13 +257,19 @@ void Trainer::lock_outside_writers() {
     fs::create_directories(dir, ec);
     BOTTLE_CHECK(!ec, "{}: cannot create the directory of {}: {}", dir.string(), key, ec.message());
   };
-  const fs::path jsonl = in_folder(config_.checkpoint.folder, config_.metrics.jsonl);
-  if (outside(jsonl)) {
-    make_directory(jsonl.parent_path(), "metrics.jsonl");
+  // A file is locked by .NAME.lock beside it.
+  auto lock_file = [&](const fs::path& file, const char* key, const char* why) {
+    make_directory(file.parent_path(), key);
     writer_locks_.push_back(std::make_unique<FolderLock>(
-        (jsonl.parent_path() / fmt::format(".{}.lock", jsonl.filename().string())).string(),
-        LockSubject{"metrics.jsonl", jsonl.string(), "bottle train",
-                    "two runs writing it would tear its lines", true}));
+        (file.parent_path() / fmt::format(".{}.lock", file.filename().string())).string(),
+        LockSubject{key, file.string(), "bottle train", why, true}));
+  };
+  const fs::path jsonl = in_folder(config_.checkpoint.folder, config_.metrics.jsonl);
+  if (outside(jsonl)) lock_file(jsonl, "metrics.jsonl", "two runs writing it would tear its lines");
+  if (!config_.metrics.plot.empty()) {
+    const fs::path plot = in_folder(config_.checkpoint.folder, config_.metrics.plot);
+    if (outside(plot))
+      lock_file(plot, "metrics.plot", "two runs drawing it would replace each other's curve");
   }
   if (config_.metrics.tensorboard.empty()) return;
   const fs::path events = in_folder(config_.checkpoint.folder, config_.metrics.tensorboard);
@@ -277,11 +293,12 @@ void Trainer::set_up_model() {
       "the model over more ranks (parallel.tp, parallel.pp) and machines";
   const bool on_device = be_->device() != Device::cpu;
   // The host's memory holds a host backend's model; a device's is checked against its own.
+  // ZeRO shards the moments (1), the gradients too (2), everything (3) over the DP ranks.
+  const int64_t dp = config_.parallel.dp, zero = config_.parallel.zero;
   if (!on_device)
-    check_parameter_memory(config_.model, true, config_.parallel.tp * config_.parallel.pp,
-                           config_.parallel.zero ? config_.parallel.dp : 1,
-                           config_.parallel.zero >= 2 ? config_.parallel.dp : 1, world_,
-                           options_.config_path, advice);
+    check_parameter_memory(
+        config_.model, true, config_.parallel.tp * config_.parallel.pp * (zero >= 3 ? dp : 1),
+        zero == 1 || zero == 2 ? dp : 1, zero == 2 ? dp : 1, world_, options_.config_path, advice);
   // The attention's own workspace (cuDNN's backward on a GPU: up to B·H·S²·2 bytes) is part
   // of the plan, so that a shape it cannot hold fails here, naming it, not in the first step.
   const BlockDims dims =
@@ -575,16 +592,16 @@ void Trainer::save_before_failing(const std::string& what) {
 // infinity; "" when every value is finite. One process only (save_before_failing's case): the
 // whole model is here.
 std::string Trainer::first_nonfinite_tensor() {
-  train_step_->data_parallel().gather_masters();
   const ParameterStore& params = train_step_->model().parameters();
   Backend& be = params.backend();
   Arena arena(MemoryTag::comm, be);
-  const Tensor m = arena.alloc(params.values().shape), v = arena.alloc(params.values().shape);
+  const Tensor values = train_step_->data_parallel().whole_masters(arena);  // [padded]
+  const Tensor m = arena.alloc({params.padded()}), v = arena.alloc({params.padded()});
   train_step_->optimizer().gather_moments(m, v, groups_.dp.get());
-  BOTTLE_ASSERT(params.values().dtype == DType::f32, "the parameter values are not fp32");
-  std::vector<float> host(size_t(params.values().numel()));
+  BOTTLE_ASSERT(values.dtype == DType::f32, "the parameter values are not fp32");
+  std::vector<float> host(size_t(params.padded()));
   for (const auto& [prefix, flat] :
-       {std::pair{"", params.values()}, std::pair{"exp_avg/", m}, std::pair{"exp_avg_sq/", v}}) {
+       {std::pair{"", values}, std::pair{"exp_avg/", m}, std::pair{"exp_avg_sq/", v}}) {
     be.to_host(host.data(), flat);
     for (const ParamSpec& spec : params.specs()) {
       const float* x = host.data() + spec.offset;
@@ -622,7 +639,7 @@ TrainResult Trainer::run_steps(StopRequests& signals) {
           world_.size() > 1 ? " (or the next, if another rank gets the signal later)" : "",
           newest_checkpoint()));
     read_batch();
-    kill_failpoint(world_.rank(), step_ + 1);
+    kill_failpoint(world_.rank(), step_ + 1, train_step_->model().parameters());
     const StepResult r = train_step_->step(step_);
     if (r.skipped) {
       message(fmt::format("step {}: loss {}, grad norm {}: not finite; step skipped", step_ + 1,
@@ -742,10 +759,11 @@ bool Trainer::checkpoint_due() const {
 // Every rank takes part; rank 0 writes.
 std::string Trainer::save_checkpoint() {
   check_folder_held(fmt::format("saving step {}", step_));
-  train_step_->data_parallel().gather_masters();
+  Arena arena(MemoryTag::comm, train_step_->model().parameters().backend());
+  const Tensor values = train_step_->data_parallel().whole_masters(arena);  // [padded]
   // A folder deleted while the save wrote fails the save on every rank, said as what it is
   // (the store's folder guard).
-  const std::string dir = store_->save(train_step_->model(), train_step_->optimizer(),
+  const std::string dir = store_->save(train_step_->model(), train_step_->optimizer(), values,
                                        trainer_state(), step_, groups_.dp.get(), &world_);
   // A folder deleted or taken while the save wrote: the checkpoint may be in another run's
   // folder, or in one made anew by the save, and is not reported as this run's.

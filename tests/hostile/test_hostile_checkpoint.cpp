@@ -913,8 +913,9 @@ TEST(Prepare, OnAFullDiskLeavesTheEarlierDataSet) {
   // data set's splits, the lock file and a page, none for its tokenizer's many pages.
   ASSERT_NO_FATAL_FAILURE(disk.resize(used_bytes(dir / "disk") + small_split_bytes + 2 * 4096));
   const CommandResult late = prepare(dir / "small.txt");
-  expect_refused(late, {out + "/.tokenizer.partial-", "/tokenizer.tiktoken.partial: write failed",
-                        "; the earlier output in " + out + " is unchanged"});
+  expect_refused(
+      late, {out + "/.tokenizer.partial-", "/.tokenizer.tiktoken.partial-",
+             ": write failed (disk full?)", "; the earlier output in " + out + " is unchanged"});
   EXPECT_EQ(count_occurrences(late.output, "bottle: error:"), 1) << late.output;
   expect_same_files(files_under(out), large_set);
 

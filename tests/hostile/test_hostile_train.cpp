@@ -163,6 +163,21 @@ TEST_F(HostileTrain, ADivergedRunSavesNoCheckpointThatGivesNaN) {
   EXPECT_FALSE(fs::exists(dir / "run/step_00000001")) << r.output;
 }
 
+// The same when the loss is still finite but a weight is not (written by the failpoint as step
+// 3 starts, before its forward, which then fails an internal check): the error path finds it
+// in the weights and saves nothing, where internal_error_at_step:3 alone saves step 2.
+TEST_F(HostileTrain, AnErrorPathSaveRefusesNonFiniteWeights) {
+  const CommandResult r =
+      run_case("BOTTLE_FAILPOINT=nonfinite_weight_at_step:3 {bottle} train {dir}/tiny.toml");
+  EXPECT_EQ(r.status, 2) << r.output;  // an internal error, as the test above
+  EXPECT_NE(r.output.find("step 2's tensor '"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("' holds a non-finite value, so the step is not saved; the newest "
+                          "checkpoint is none"),
+            std::string::npos)
+      << r.output;
+  EXPECT_FALSE(fs::exists(dir / "run/step_00000002")) << r.output;
+}
+
 // Issue 45, case 7: the stored dtype is the tensors', not what config.json's torch_dtype claims
 // (inspect said "int8" for F32 tensors before).
 TEST_F(HostileTrain, InspectTellsTheStoredDtypeFromTheTensors) {
@@ -288,6 +303,35 @@ INSTANTIATE_TEST_SUITE_P(
                 "{dir}/bytes/data_train_000000.bin && {bottle} inspect {dir}/bytes",
                 "{dir}/bytes/data_train_000000.bin: holds 4000 tokens, but "
                 "{dir}/bytes/data_train.json says"},
+        // Issue 45, case 7 through prepare: a name ending .gz or .zst that does not decode is
+        // refused naming the file (its compressed bytes were tokenized as text before).
+        Hostile{"prepare_damaged_gz",
+                "printf 'some text\\n' | gzip > {dir}/c.txt.gz && printf x | dd "
+                "of={dir}/c.txt.gz bs=1 count=1 conv=notrunc 2> /dev/null && {bottle} prepare "
+                "--input {dir}/c.txt.gz --output {dir}/out",
+                "{dir}/c.txt.gz: the name ends in .gz but the file is not gzip data (it starts "
+                "with the bytes 78 8b"},
+        Hostile{"prepare_text_named_zst",
+                "printf 'plain text' > {dir}/t.zst && {bottle} prepare --input {dir}/t.zst "
+                "--output {dir}/out",
+                "{dir}/t.zst: the name ends in .zst but the file is not zstd data"},
+        // Issue 45, case 8: one rule for mixture weights (a share that prints as 0.0 % and an
+        // empty list were accepted), and one data set spelt twice is refused.
+        Hostile{"weights_share_below_print",
+                "{bottle} train {dir}/tiny.toml --set 'data.train=[\"{dir}/train.bin\", "
+                "\"{dir}/val.bin\"]' --set 'data.weights=[1e-300, 1]'",
+                "key 'data.weights' gives source 1 (\"{dir}/train.bin\") a weight of 1e-300 in a "
+                "total of 1"},
+        Hostile{"weights_empty_list",
+                "{bottle} train {dir}/tiny.toml --set 'data.train=[\"{dir}/train.bin\", "
+                "\"{dir}/val.bin\"]' --set 'data.weights=[]'",
+                "key 'data.weights' is an empty list; give one weight per data.train source, or "
+                "omit the key"},
+        Hostile{"same_shards_as_two_sources",
+                "mkdir {dir}/s && cp {dir}/train.bin {dir}/s/a.bin && {bottle} train "
+                "{dir}/tiny.toml --set 'data.train=[\"{dir}/s\", \"{dir}/s/*.bin\"]'",
+                "sources 1 (\"{dir}/s\") and 2 (\"{dir}/s/*.bin\") both hold the shard "
+                "{dir}/s/a.bin"},
         // Case 5: more validation batches than the split holds wrapped forever.
         Hostile{"eval_batches",
                 "{bottle} train {dir}/tiny.toml --set training.eval_interval=1 --set "
@@ -521,6 +565,18 @@ int64_t newest_step(const std::string& run) {
   return newest;
 }
 
+// metrics.jsonl holds steps 1 to `last`, each once, each line whole JSON.
+void expect_every_step_once(const std::string& metrics, int64_t last, const std::string& output) {
+  std::ifstream in(metrics);
+  int64_t expected = 1;
+  for (std::string line; std::getline(in, line); ++expected) {
+    const auto j = nlohmann::json::parse(line, nullptr, false);
+    ASSERT_FALSE(j.is_discarded()) << "a cut line: " << line;
+    EXPECT_EQ(j.value("step", int64_t(-1)), expected) << line;
+  }
+  EXPECT_EQ(expected, last + 1) << output;
+}
+
 // A full disk while logging: the metrics write fails, training stops at the end of that step
 // with a checkpoint, and the error names metrics.jsonl; the checkpoint resumes.
 TEST_F(HostileTrain, MetricsWriteFailureStopsWithACheckpoint) {
@@ -542,14 +598,30 @@ TEST_F(HostileTrain, MetricsWriteFailureStopsWithACheckpoint) {
       << resume.output;
   // Issue 45, case 4: the line the full disk cut (that of the checkpointed step) is written
   // again, whole, by the resume: every step once, every line JSON. Before, it was dropped.
-  std::ifstream in(dir / "run/metrics.jsonl");
-  int64_t expected = 1;
-  for (std::string line; std::getline(in, line); ++expected) {
-    const auto j = nlohmann::json::parse(line, nullptr, false);
-    ASSERT_FALSE(j.is_discarded()) << "a cut line: " << line;
-    EXPECT_EQ(j.value("step", int64_t(-1)), expected) << line;
-  }
-  EXPECT_EQ(expected, newest_step(dir / "run") + 1) << resume.output;
+  expect_every_step_once(dir / "run/metrics.jsonl", newest_step(dir / "run"), resume.output);
+}
+
+// The same on a disk that is full (ENOSPC, where the test above meets a file-size limit):
+// metrics.jsonl alone on a small tmpfs, the run stops with a checkpoint, and the resume, given
+// room, writes the cut line again whole.
+TEST_F(HostileTrain, MetricsOnAFullDiskAreWholeAfterResume) {
+  const SmallDisk disk(dir / "disk", 8192);
+  if (!disk.mounted()) GTEST_SKIP() << disk.why();
+  const std::string metrics = "--set metrics.jsonl={dir}/disk/metrics.jsonl";
+  const CommandResult r =
+      run_case("{bottle} train {dir}/tiny.toml --set training.steps=1000000 " + metrics, 60);
+  EXPECT_EQ(r.status, 1) << r.output;
+  EXPECT_NE(r.output.find(dir / "disk/metrics.jsonl: cannot write metrics.jsonl (No space left "
+                                "on device)"),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("with checkpoint " + dir / "run/step_"), std::string::npos) << r.output;
+  ASSERT_NO_FATAL_FAILURE(disk.resize(1 << 20));
+  const CommandResult resume =
+      run_case(fmt::format("{{bottle}} train {{dir}}/tiny.toml {} --resume --set training.steps={}",
+                           metrics, newest_step(dir / "run") + 1));
+  EXPECT_EQ(resume.status, 0) << resume.output;
+  expect_every_step_once(dir / "disk/metrics.jsonl", newest_step(dir / "run"), resume.output);
 }
 
 // Issue 45, case 4: a full TensorBoard directory is named as such (its event file), not as
@@ -831,9 +903,10 @@ TEST_F(HostileTrain, ARunWhoseFolderIsDeletedOrTakenStops) {
       "status=$?; wait; exit $status",
       dir / "run", mpirun(2, 60), bottle_binary(), dir / "tiny.toml", long_run));
   EXPECT_NE(mid.status, 0) << mid.output;
-  EXPECT_EQ(count_occurrences(mid.output, "checkpoint.folder was deleted or replaced while this "
-                                          "run trained (its lock file " +
-                                              lock + " is gone"),
+  EXPECT_EQ(count_occurrences(mid.output,
+                              "checkpoint.folder was deleted or replaced while this "
+                              "run trained (its lock file " +
+                                  lock + " is gone"),
             2)
       << mid.output;
   EXPECT_EQ(mid.output.find("done:"), std::string::npos) << mid.output;
@@ -854,17 +927,18 @@ bool wait_until_locked(const std::string& lock, int pid, double seconds) {
 }
 
 // Issue 45, case 2: what a run writes outside its folder (an absolute metrics.jsonl, a
-// TensorBoard directory) and prepare's --output are locked as the folder is: a second writer is
-// refused naming the file and the holder, and the holder goes on. Before, two runs in two
-// folders tore one metrics.jsonl's lines, and two prepares replaced each other's shards.
+// TensorBoard directory, the loss plot) and prepare's --output are locked as the folder is: a
+// second writer is refused naming the file and the holder, and the holder goes on. Before, two runs
+// in two folders tore one metrics.jsonl's lines, and two prepares replaced each other's shards.
 TEST_F(HostileTrain, WritersOutsideTheFolderAreLocked) {
   char host[256] = {};
   ASSERT_EQ(::gethostname(host, sizeof(host) - 1), 0);
-  const std::string shared = dir / "shared/metrics.jsonl", events = dir / "events";
+  const std::string shared = dir / "shared/metrics.jsonl", events = dir / "events",
+                    plot = dir / "shared/loss.png";
   BackgroundRun a(*this,
                   fmt::format("--set training.steps=1000000 --set checkpoint.folder={} --set "
-                              "metrics.jsonl={} --set metrics.tensorboard={}",
-                              dir / "a", shared, events),
+                              "metrics.jsonl={} --set metrics.tensorboard={} --set metrics.plot={}",
+                              dir / "a", shared, events, plot),
                   "a");
   ASSERT_GT(a.pid(), 0);
   // The folder's lock first; its writers' locks follow at once (up to 5 s for them here, so
@@ -890,6 +964,13 @@ TEST_F(HostileTrain, WritersOutsideTheFolderAreLocked) {
                                     holder),
             std::string::npos)
       << tensorboard.output;
+  const CommandResult plotted = run_case(
+      "{bottle} train {dir}/tiny.toml --set checkpoint.folder={dir}/d --set metrics.plot=" + plot);
+  EXPECT_EQ(plotted.status, 1) << plotted.output;
+  EXPECT_NE(
+      plotted.output.find(plot + ": metrics.plot is in use by another bottle train " + holder),
+      std::string::npos)
+      << plotted.output;
   EXPECT_FALSE(std::filesystem::exists(dir / "b/step_00000004"));
   EXPECT_TRUE(a.alive()) << "the refused runs stopped the holder: " << a.output();
   // prepare: the first waits for its input on a pipe, holding its --output.

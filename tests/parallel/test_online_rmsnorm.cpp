@@ -6,9 +6,9 @@
 
 #include <cstdio>
 
+#include "bench/online_rmsnorm_check.h"
 #include "comm/communicator.h"
 #include "core/backend.h"
-#include "parallel/online_rmsnorm_check.h"
 #include "parallel/tensor_parallel.h"
 
 namespace bottle {

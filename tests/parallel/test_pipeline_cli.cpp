@@ -144,15 +144,19 @@ INSTANTIATE_TEST_SUITE_P(
                       Layout{1, 2, 2, "--set parallel.zero=1 --set training.precision=bf16"},
                       // ZeRO-2: each micro-batch's gradients reduce-scattered block by block,
                       // the tied table's kept whole for the step.
-                      Layout{1, 2, 2, "--set parallel.zero=2 --set model.tie_embeddings=true"}),
+                      Layout{1, 2, 2, "--set parallel.zero=2 --set model.tie_embeddings=true"},
+                      // ZeRO-3: the parameters too, gathered per block before its forward and
+                      // its backward, beside TP.
+                      Layout{2, 1, 2, "--set parallel.zero=3"}),
     [](const auto& info) {
       const std::string extra = info.param.extra;
       return fmt::format("{}x{}x{}{}", info.param.tp, info.param.pp, info.param.dp,
-                         extra.find("zero=2") != std::string::npos ? "_zero2"
-                         : extra.find("tie") != std::string::npos  ? "_tied"
-                         : extra.find("lax") != std::string::npos  ? "_lax"
-                         : extra.find("bf16") != std::string::npos ? "_bf16"
-                                                                   : "");
+                         extra.find("zero=2") != std::string::npos   ? "_zero2"
+                         : extra.find("zero=3") != std::string::npos ? "_zero3"
+                         : extra.find("tie") != std::string::npos    ? "_tied"
+                         : extra.find("lax") != std::string::npos    ? "_lax"
+                         : extra.find("bf16") != std::string::npos   ? "_bf16"
+                                                                     : "");
     });
 
 // Issue 44: gradient buckets reduced during the last backward (parallel.overlap_grad_reduce,
@@ -181,7 +185,14 @@ TEST_F(PipelineCli, OverlappedGradientReduceGivesTheSameBits) {
         // and added to the shard in the order issued, the tied table's after the pipeline.
         Case{1, 2, 2, "--set parallel.zero=2 --set model.tie_embeddings=true"},
         Case{2, 1, 2, "--set parallel.zero=2 --set parallel.tp_mode=btp"},
-        Case{1, 1, 4, "--set parallel.zero=2 --set training.precision=bf16"}}) {
+        Case{1, 1, 4, "--set parallel.zero=2 --set training.precision=bf16"},
+        // ZeRO-3: each unit's parameters gathered before its forward and its backward, the
+        // next one's started ahead, the tied table's kept whole for the step.
+        Case{1, 2, 2, "--set parallel.zero=3 --set model.tie_embeddings=true"},
+        Case{2, 1, 2, "--set parallel.zero=3 --set parallel.tp_mode=btp"},
+        Case{1, 1, 4,
+             "--set parallel.zero=3 --set training.precision=bf16 --set "
+             "training.recompute=block"}}) {
     // A folder of its own per case: two cases may share a layout.
     const std::string name = fmt::format("{}x{}x{}_{}", c.tp, c.pp, c.dp, case_index++);
     SCOPED_TRACE(name + " " + c.extra);
@@ -193,7 +204,9 @@ TEST_F(PipelineCli, OverlappedGradientReduceGivesTheSameBits) {
                                         "parallel.overlap_param_gather=false " +
                                         c.extra);
     ASSERT_EQ(off.status, 0) << off.output;
-    const bool zero2 = c.extra.find("zero=2") != std::string::npos;
+    const bool zero2 =
+        c.extra.find("zero=2") != std::string::npos || c.extra.find("zero=3") != std::string::npos;
+    const bool zero3 = c.extra.find("zero=3") != std::string::npos;
     EXPECT_NE(on.output.find(zero2 ? " during every backward (parallel.overlap_grad_reduce = true)"
                                    : " during backward (parallel.overlap_grad_reduce = true)"),
               std::string::npos)
@@ -202,7 +215,13 @@ TEST_F(PipelineCli, OverlappedGradientReduceGivesTheSameBits) {
                                     : " after backward (parallel.overlap_grad_reduce = false)"),
               std::string::npos)
         << off.output;
-    if (c.extra.find("zero") != std::string::npos) {
+    if (zero3) {
+      EXPECT_NE(on.output.find("(ZeRO-3, parallel.overlap_param_gather = true)"), std::string::npos)
+          << on.output;
+      EXPECT_NE(off.output.find("(ZeRO-3, parallel.overlap_param_gather = false)"),
+                std::string::npos)
+          << off.output;
+    } else if (c.extra.find("zero") != std::string::npos) {
       EXPECT_NE(on.output.find("parameters all-gathered during the next forward"),
                 std::string::npos)
           << on.output;
@@ -276,31 +295,130 @@ TEST_F(PipelineCli, ZeroTwoAtOneMicroBatchGivesReplicatedBitsAndResumesEitherWay
                          "reduce-scattered during every backward");
 }
 
+// Issue 44: ZeRO-3 with one micro-batch per step: each rank keeps its slices of the fp32
+// masters, and every block's are gathered before its forward and again before its backward;
+// the sums are ZeRO-2's and the gathered values the masters themselves, so the same bits as
+// replicated AdamW, a ZeRO-3 checkpoint resumed at ZeRO-0 and the reverse included.
+TEST_F(PipelineCli, ZeroThreeAtOneMicroBatchGivesReplicatedBitsAndResumesEitherWay) {
+  expect_replicated_bits(*this, 2, 3, "--set training.grad_accum_steps=1",
+                         "parameters kept as 1/2 shards and gathered per unit");
+}
+
+// The same in bf16 with block recomputation (the gathered fp32 units cast to bf16 on each rank,
+// as AdamW casts them under ZeRO-0; the recomputed forward reads the unit its backward gathered)
+// and tied embeddings (the table's unit kept whole for the step).
+TEST_F(PipelineCli, ZeroThreeInBf16WithRecomputationGivesReplicatedBits) {
+  expect_replicated_bits(*this, 2, 3,
+                         "--set training.grad_accum_steps=1 --set training.precision=bf16 --set "
+                         "training.recompute=block --set model.tie_embeddings=true",
+                         "parameters kept as 1/2 shards and gathered per unit");
+}
+
+// Validation under ZeRO-3 gathers each unit for its forward as training does (and the next
+// step finds the slots as the evaluation left them): the validation losses are ZeRO-0's.
+TEST_F(PipelineCli, ZeroThreeEvaluatesAsReplicated) {
+  const std::string common = fmt::format(
+      "--set training.grad_accum_steps=1 --set training.max_norm=0 --set "
+      "training.eval_interval=3 --set training.eval_batches=2 --set data.val={} ",
+      dir / "train.bin");
+  std::map<int, std::vector<std::string>> val;
+  for (int zero : {0, 3}) {
+    const std::string folder = fmt::format("val_z{}", zero);
+    const CommandResult r =
+        train(1, 1, 2, folder, common + fmt::format("--set parallel.zero={}", zero));
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::ifstream in(dir / (folder + "/metrics.jsonl"));
+    for (std::string line; std::getline(in, line);) {
+      const auto j = nlohmann::json::parse(line, nullptr, false);
+      if (j.is_object() && j.contains("val_loss")) val[zero].push_back(j.at("val_loss").dump());
+    }
+  }
+  ASSERT_EQ(val[0].size(), 4u);  // steps 3, 6, 9 and the last
+  EXPECT_EQ(val[3], val[0]);
+}
+
+// ZeRO-3 reduces the gradients as ZeRO-2 does (each micro-batch's reduce-scattered, added to
+// the shard in the order issued), so with several micro-batches per step, over a pipeline with
+// tied embeddings, the two give the same bits: losses and checkpoints.
+TEST_F(PipelineCli, ZeroThreeGivesZeroTwosBitsOverMicroBatches) {
+  const std::string common =
+      "--set training.grad_accum_steps=4 --set model.tie_embeddings=true --set "
+      "parallel.bucket_mb=0.004 --set checkpoint.interval=10 ";
+  for (int zero : {2, 3}) {
+    const CommandResult r = train(1, 2, 2, fmt::format("acc_z{}", zero),
+                                  common + fmt::format("--set parallel.zero={}", zero));
+    ASSERT_EQ(r.status, 0) << r.output;
+  }
+  const auto a = steps_of(dir / "acc_z2/metrics.jsonl"), b = steps_of(dir / "acc_z3/metrics.jsonl");
+  ASSERT_EQ(a.size(), 10u);
+  ASSERT_EQ(b.size(), 10u);
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].at("loss").dump(), b[i].at("loss").dump()) << "step " << i + 1;
+    EXPECT_EQ(a[i].at("grad_norm").dump(), b[i].at("grad_norm").dump()) << "step " << i + 1;
+  }
+  expect_same_tensors(dir / "acc_z3/step_00000010", dir / "acc_z2/step_00000010");
+}
+
+// Trains 8 full-rank blocks (d 64) on 4 DP ranks at ZeRO stage `zero`, in `folder`: the peak of
+// each memory tag of `tags` as the last metrics line gives it, the same on every rank, and the
+// plan's figure (the run's first line) equal to it.
+std::map<std::string, int64_t> memory_peaks(PipelineCli& t, int zero, const std::string& folder,
+                                            std::initializer_list<const char*> tags) {
+  const std::string model =
+      "--set model.bottleneck=none --set model.num_layers=8 --set model.hidden_size=64 --set "
+      "model.intermediate_size=176 --set training.steps=2 --set training.grad_accum_steps=1 ";
+  std::map<std::string, int64_t> peak;
+  const CommandResult r =
+      t.train(1, 1, 4, folder, model + fmt::format("--set parallel.zero={}", zero));
+  EXPECT_EQ(r.status, 0) << r.output;
+  const auto rows = steps_of(t.dir / (folder + "/metrics.jsonl"));
+  EXPECT_FALSE(rows.empty()) << r.output;
+  if (rows.empty()) return peak;
+  for (const char* tag : tags) {
+    const auto& ranks = rows.back().at("memory").at(tag);
+    peak[tag] = ranks.at(0).get<int64_t>();
+    for (const auto& rank : ranks) EXPECT_EQ(rank.get<int64_t>(), peak[tag]) << tag;
+    EXPECT_NE(r.output.find(fmt::format("{} {},", tag, format_bytes(size_t(peak[tag])))),
+              std::string::npos)
+        << tag << ": " << r.output;
+  }
+  return peak;
+}
+
+// A block of memory_peaks' model: 4·64² + 3·64·176 fp32 values.
+constexpr int64_t kPeaksBlockBytes = (4 * 64 * 64 + 3 * 64 * 176) * 4;
+
+// Issue 44: ZeRO-3 keeps 1/dp of the parameters, gradients and optimizer state plus two units'
+// slots: the peaks measured on each rank (metrics.jsonl) against ZeRO-0's, and the plan (the
+// run's first line) equal to the measured peaks.
+TEST_F(PipelineCli, ZeroThreeKeepsAShardOfEverything) {
+  std::map<int, std::map<std::string, int64_t>> peak;
+  for (int zero : {0, 3})
+    peak[zero] = memory_peaks(*this, zero, fmt::format("mem3_z{}", zero),
+                              {"weights", "gradients", "optimizer"});
+  auto state = [&](int zero) {
+    return peak[zero]["weights"] + peak[zero]["gradients"] + peak[zero]["optimizer"];
+  };
+  // A block's weights and its gradients in a slot each.
+  const int64_t block = kPeaksBlockBytes;
+  std::printf(
+      "weights + gradients + optimizer per rank at dp 4: ZeRO-0 %lld B, ZeRO-3 %lld B "
+      "(weights %lld B; a block: %lld B)\n",
+      static_cast<long long>(state(0)), static_cast<long long>(state(3)),
+      static_cast<long long>(peak[3]["weights"]), static_cast<long long>(block));
+  EXPECT_LE(state(3), state(0) / 4 + 2 * 2 * block + 16384);
+  EXPECT_LE(peak[3]["weights"], peak[0]["weights"] / 4 + 2 * block + 8192);
+}
+
 // Issue 44: ZeRO-2 keeps 1/dp of the gradients plus two blocks' slots: the peak of the
 // gradients' memory measured on each rank (metrics.jsonl) against ZeRO-0's, and the plan
 // (the run's first line) equal to the measured peak.
 TEST_F(PipelineCli, ZeroTwoKeepsAShardOfTheGradients) {
-  const std::string model =
-      "--set model.bottleneck=none --set model.num_layers=8 --set model.hidden_size=64 --set "
-      "model.intermediate_size=176 --set training.steps=2 --set training.grad_accum_steps=1 ";
   std::map<int, int64_t> peak;
-  for (int zero : {0, 2}) {
-    const std::string folder = fmt::format("mem_z{}", zero);
-    const CommandResult r =
-        train(1, 1, 4, folder, model + fmt::format("--set parallel.zero={}", zero));
-    ASSERT_EQ(r.status, 0) << r.output;
-    const auto rows = steps_of(dir / (folder + "/metrics.jsonl"));
-    ASSERT_FALSE(rows.empty());
-    const auto& grads = rows.back().at("memory").at("gradients");
-    peak[zero] = grads.at(0).get<int64_t>();
-    for (const auto& rank : grads) EXPECT_EQ(rank.get<int64_t>(), peak[zero]) << r.output;
-    // The plan's figure, as the first line prints it.
-    EXPECT_NE(r.output.find(fmt::format("gradients {},", format_bytes(size_t(peak[zero])))),
-              std::string::npos)
-        << r.output;
-  }
-  // A block: 4·64² + 3·64·176 fp32 values; the ends (64 x 64 each) are smaller.
-  const int64_t block = (4 * 64 * 64 + 3 * 64 * 176) * 4;
+  for (int zero : {0, 2})
+    peak[zero] =
+        memory_peaks(*this, zero, fmt::format("mem_z{}", zero), {"gradients"})["gradients"];
+  const int64_t block = kPeaksBlockBytes;
   std::printf("gradients per rank at dp 4: ZeRO-0 %lld B, ZeRO-2 %lld B (a block: %lld B)\n",
               static_cast<long long>(peak[0]), static_cast<long long>(peak[2]),
               static_cast<long long>(block));

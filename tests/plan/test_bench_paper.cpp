@@ -11,7 +11,7 @@
 #include <regex>
 #include <set>
 
-#include "apps/paper_figures.h"
+#include "bench/paper_figures.h"
 #include "core/error.h"
 #include "test_util.h"
 

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "core/backend.h"
-#include "train/shard_layout.h"
+#include "model/shard_layout.h"
 
 namespace bottle {
 namespace {

@@ -72,6 +72,9 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"dp2_zero_bf16", "cola", "precision = \"bf16\"", "dp = 2\nzero = 1"},
         // ZeRO-2: every micro-batch's buckets folded into the shard on the device.
         Case{"dp2_zero2_accum", "cola", "grad_accum_steps = 3", "dp = 2\nzero = 2"},
+        // ZeRO-3: every unit gathered and cast on the device, before each forward and backward.
+        Case{"dp2_zero3_bf16_accum", "cola", "precision = \"bf16\"\ngrad_accum_steps = 3",
+             "dp = 2\nzero = 3"},
         Case{"tp2_pp2_dp2", "cola", "grad_accum_steps = 2", "tp = 2\npp = 2\ndp = 2\nzero = 1"}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 

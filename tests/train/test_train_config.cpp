@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "parallel/tp_layouts.h"
 #include "train/train_config.h"
+#include "train/train_step.h"
 
 namespace bottle {
 namespace {
@@ -311,8 +312,8 @@ TEST(TrainConfig, OutOfRange) {
             "test.toml: key 'lr_scheduler.min_lr_ratio' must be in [0, 1], got 1.5");
   EXPECT_EQ(error_of("[checkpoint]\nkeep = 0\n"),
             "test.toml: key 'checkpoint.keep' must be >= 1, got 0");
-  EXPECT_EQ(error_of("[parallel]\nzero = 3\n"),
-            "test.toml: key 'parallel.zero' must be in [0, 2], got 3");
+  EXPECT_EQ(error_of("[parallel]\nzero = 4\n"),
+            "test.toml: key 'parallel.zero' must be in [0, 3], got 4");
   EXPECT_CONTAINS(error_of("[parallel]\ntp = 9999999999\n"), "'parallel.tp'");
   EXPECT_CONTAINS(error_of("[optimizer]\nlr = nan\n"), "'optimizer.lr' must be > 0");
   EXPECT_CONTAINS(error_of("[optimizer]\nlr = inf\n"), "'optimizer.lr'");
@@ -423,6 +424,14 @@ TEST(TrainConfig, SetOverrides) {
   EXPECT_EQ(c.metrics.log_freq, 1000);
   // Later overrides win.
   EXPECT_EQ(parse("", {"training.steps=5", "training.steps=6"}).training.steps, 6);
+  // btp's RMSNorm statistic: from the latent unless told, and what the model is built with.
+  EXPECT_EQ(parse("").parallel.norm_statistic, NormStatistic::from_latent);
+  const TrainConfig all_reduce = parse("", {"parallel.norm_statistic=\"all_reduce\""});
+  EXPECT_EQ(all_reduce.parallel.norm_statistic, NormStatistic::all_reduce);
+  EXPECT_EQ(tensor_parallel_of(all_reduce, nullptr).norm_backward, NormStatistic::all_reduce);
+  EXPECT_EQ(error_of("", {"parallel.norm_statistic=\"both\""}),
+            "--set: key 'parallel.norm_statistic' must be one of \"latent\", \"all_reduce\"; "
+            "got \"both\"");
 }
 
 TEST(TrainConfig, SetErrors) {

@@ -14,8 +14,14 @@
 # ((serial - alone) / alone) and each step over the step alone. Issue 44's target: overlap
 # within 1.15 x alone where serial's share is at least 40 %.
 #
+# --zero-stages "1 3" runs, instead of serial and overlap, the overlapped step at each ZeRO stage
+# listed (parallel.zero), side by side in each repeat, and the last stage's step over the
+# first's: issue 44's target for ZeRO-3 is at most 1.2 x ZeRO-1's at DP 2 and 4 (--dp: one
+# rank a node, that many nodes).
+#
 #   tools/cluster/bench_overlap.sh [--config configs/bench_tp_1b.toml] [--inter 400mbit] [--mtu 9000]
 #       [--set KEY=VALUE]... [--steps 4] [--warmup 1] [--repeats 1] [--out DIR]
+#       [--dp 2] [--zero-stages "1 3"]
 #
 # Default --set: parallel.tp=1, training.seq_len=128, training.grad_accum_steps=1,
 # parallel.bucket_mb=8; one OpenMP thread a rank. Files under DIR (default overlap-bench/):
@@ -26,9 +32,11 @@ root=$(cd "$here/../.." && pwd)
 cluster=$here/cluster.sh
 bottle=${BOTTLE:-$root/build/bottle}
 config=$root/configs/bench_tp_1b.toml inter=400mbit mtu=9000 steps=4 warmup=1 repeats=1
-out=overlap-bench sets=()
+out=overlap-bench sets=() dp=2 zero_stages=()
 while (($#)); do
   case $1 in
+    --dp) dp=$2; shift 2 ;;
+    --zero-stages) read -r -a zero_stages <<< "$2"; shift 2 ;;
     --config) config=$2; shift 2 ;;
     --inter) inter=$2; shift 2 ;;
     --mtu) mtu=$2; shift 2 ;;
@@ -54,7 +62,7 @@ say() { printf "$@" | tee -a "$out/table.txt"; }
 state=$(mktemp -d "${TMPDIR:-/tmp}/bovl.XXXXXX")
 cleanup() { "$cluster" down --state "$state" > /dev/null 2>&1 || true; rm -rf "$state"; }
 trap cleanup EXIT
-"$cluster" up --state "$state" --nodes 2 --ranks-per-node 1 --inter "$inter" --mtu "$mtu" > /dev/null
+"$cluster" up --state "$state" --nodes "$dp" --ranks-per-node 1 --inter "$inter" --mtu "$mtu" > /dev/null
 
 awk 'BEGIN { for (i = 1; i <= 20000; i++) printf "line %d: %d apples and %d pears\n", i, i * 7919 % 1000, i * 104729 % 977 }' \
   > "$out/corpus.txt"
@@ -73,13 +81,15 @@ median() {
   done | awk -v w="$warmup" '$1 > w { print $2 }' | sort -g |
     awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'
 }
-# train NAME OVERLAP: DP 2 across the nodes; prints its median step.
+# train NAME OVERLAP [KEY=VALUE...]: DP across the nodes; prints its median step.
 train() {
-  local dir=$out/$1_$rep
+  local dir=$out/$1_$rep overlap=$2 more=() kv
+  shift 2
+  for kv in "$@"; do more+=(--set "$kv"); done
   rm -rf "$dir"
-  eval "\"\$cluster\" run --state \"\$state\" -- -np 2 -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
-    $(train_args) --set parallel.dp=2 --set parallel.overlap_grad_reduce=$2 \
-    --set parallel.overlap_param_gather=$2 \
+  eval "\"\$cluster\" run --state \"\$state\" -- -np $dp -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
+    $(train_args) ${more[*]} --set parallel.dp=$dp --set parallel.overlap_grad_reduce=$overlap \
+    --set parallel.overlap_param_gather=$overlap \
     --set checkpoint.folder=\"\$dir\"" > "$dir.log" 2>&1 ||
     { echo "bench_overlap.sh: $1 failed: $(tail -n 3 "$dir.log")" >&2; return 1; }
   median "$dir"
@@ -87,21 +97,47 @@ train() {
 # alone: one job of one rank on each node at once; prints the median step of both.
 alone() {
   local i pids=()
-  for i in 0 1; do
+  for ((i = 0; i < dp; i++)); do
     rm -rf "$out/alone${i}_$rep"
     eval "\"\$cluster\" exec --state \"\$state\" --rank $i -- $(train_args) \
       --set parallel.dp=1 --set checkpoint.folder=\"\$out/alone${i}_\$rep\"" \
       > "$out/alone${i}_$rep.log" 2>&1 &
     pids+=($!)
   done
-  for i in 0 1; do
+  for ((i = 0; i < dp; i++)); do
     wait "${pids[$i]}" || { echo "bench_overlap.sh: alone on node $i failed: $(tail -n 3 "$out/alone${i}_$rep.log")" >&2; return 1; }
   done
-  median "$out/alone0_$rep" "$out/alone1_$rep"
+  local dirs=()
+  for ((i = 0; i < dp; i++)); do dirs+=("$out/alone${i}_$rep"); done
+  median "${dirs[@]}"
 }
 
-say '# DP 2 across 2 emulated nodes, inter-node link %s (MTU %s); %s %s; median of %s steps after %s\n' \
-  "$inter" "$mtu" "$(basename "$config")" "${sets[*]}" "$steps" "$warmup"
+if ((${#zero_stages[@]})); then
+  say '# DP %s across %s emulated nodes, inter-node link %s (MTU %s); %s %s; median of %s steps after %s\n' \
+    "$dp" "$dp" "$inter" "$mtu" "$(basename "$config")" "${sets[*]}" "$steps" "$warmup"
+  header=(repeat "alone ms")
+  for z in "${zero_stages[@]}"; do header+=("zero=$z ms"); done
+  say '%-7s %10s' "${header[0]}" "${header[1]}"
+  for h in "${header[@]:2}"; do say ' %12s' "$h"; done
+  say ' %16s\n' "last/first"
+  for ((rep = 1; rep <= repeats; rep++)); do
+    alone=$(alone)
+    say '%-7s %10.1f' "$rep" "$alone"
+    ms=()
+    for z in "${zero_stages[@]}"; do
+      ms+=("$(train "zero$z" true parallel.zero="$z")")
+      say ' %12.1f' "${ms[-1]}"
+    done
+    say ' %16.3f\n' "$(awk -v a="${ms[-1]}" -v b="${ms[0]}" 'BEGIN { print a / b }')"
+  done
+  for z in "${zero_stages[@]}"; do
+    grep -h "data parallel:" "$out/zero${z}_1.log" | head -n 1 | sed 's/^/# /' | tee -a "$out/table.txt"
+  done
+  exit 0
+fi
+
+say '# DP %s across %s emulated nodes, inter-node link %s (MTU %s); %s %s; median of %s steps after %s\n' \
+  "$dp" "$dp" "$inter" "$mtu" "$(basename "$config")" "${sets[*]}" "$steps" "$warmup"
 say '%-7s %10s %10s %10s %14s %14s %14s\n' repeat "alone ms" "serial ms" "overlap ms" \
   "serial share" "serial/alone" "overlap/alone"
 for ((rep = 1; rep <= repeats; rep++)); do

@@ -1,4 +1,4 @@
-#include "train/shard_layout.h"
+#include "model/shard_layout.h"
 
 #include <algorithm>
 

@@ -5,7 +5,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "apps/paper_figures.h"
+#include "bench/paper_figures.h"
 #include "plan/cluster.h"
 
 namespace bottle {

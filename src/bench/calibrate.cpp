@@ -1,4 +1,4 @@
-#include "apps/calibrate.h"
+#include "bench/calibrate.h"
 
 #include <fmt/format.h>
 #include <omp.h>
@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/arena.h"
+#include "core/atomic_output.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/statistics.h"
@@ -181,11 +182,8 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
                   n, omp_get_max_threads()));
   // What plan reads back: a measurement it would refuse is an error here, not there.
   parse_cluster(text, path);
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  BOTTLE_CHECK(out.good(), "{}: cannot write the cluster file", path);
-  out << text;
-  out.close();
-  BOTTLE_CHECK(out.good(), "{}: cannot write the cluster file", path);
+  // Whole or not at all (core/atomic_output.h): plan never reads half a cluster file.
+  write_file_atomically(path, text);
   fmt::print("{}", text);
 }
 

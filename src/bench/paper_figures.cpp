@@ -1,4 +1,4 @@
-#include "apps/paper_figures.h"
+#include "bench/paper_figures.h"
 
 #include <fmt/format.h>
 #include <toml++/toml.h>

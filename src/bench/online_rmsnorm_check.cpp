@@ -1,4 +1,4 @@
-#include "parallel/online_rmsnorm_check.h"
+#include "bench/online_rmsnorm_check.h"
 
 #include <array>
 #include <cmath>

@@ -1,12 +1,12 @@
-#include "apps/paper_report.h"
+#include "bench/paper_report.h"
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <limits>
 
-#include "apps/paper_figures.h"
-#include "apps/paper_prediction.h"
+#include "bench/paper_figures.h"
+#include "bench/paper_prediction.h"
 #include "core/arena.h"
 #include "core/atomic_output.h"
 #include "core/error.h"
@@ -73,12 +73,10 @@ struct Chart {
 
 std::string gnuplot_value(double v) { return std::isnan(v) ? "NaN" : fmt::format("{}", v); }
 
-// The chart's data and script stay in plots/ beside the report, to redraw or inspect.
+// The chart's data and script stay in plots/ beside the report, to redraw or inspect; each
+// whole or not at all (core/atomic_output.h).
 void write_plot_file(const fs::path& path, const std::string& text) {
-  std::ofstream out(path);
-  out << text;
-  out.close();
-  BOTTLE_CHECK(out, "bench paper: cannot write {} (disk full?)", path.string());
+  write_file_atomically(path.string(), text);
 }
 
 // The opening of a chart's script: terminal, output and labels.
@@ -876,15 +874,7 @@ void write_paper_report(const PaperResults& r, const fs::path& out) {
   const PaperFigures paper = PaperFigures::built_in();
   const std::string md = Report(r, paper, out).write();
   // Each file whole or not at all (core/atomic_output.h).
-  auto write_whole = [](const fs::path& path, const std::string& text) {
-    write_file_atomically(path.string(), [&](const std::string& temp) {
-      std::ofstream file(temp);
-      file << text;
-      file.close();
-      BOTTLE_CHECK(file, "bench paper: cannot write {} (disk full?)", path.string());
-    });
-  };
-  write_whole(out / "report.md", md);
+  write_file_atomically((out / "report.md").string(), md);
   json all{{"scale", r.scale},       {"machine", r.machine},
            {"settings", r.settings}, {"memory_limit", r.memory_limit},
            {"fits", r.fits},         {"norm", r.norm},
@@ -898,7 +888,7 @@ void write_paper_report(const PaperResults& r, const fs::path& out) {
   for (const EmulatedRow& row : r.emulated) all["emulated"].push_back(to_json(row));
   // The paper's figures the report quoted, as read from the file and as printed.
   all["paper"] = {{"file", paper.file_name()}, {"quoted", paper.quoted()}};
-  write_whole(out / "results.json", all.dump(1) + "\n");
+  write_file_atomically((out / "results.json").string(), all.dump(1) + "\n");
 }
 
 }  // namespace bottle

@@ -1,4 +1,4 @@
-#include "apps/subprocess.h"
+#include "bench/subprocess.h"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "apps/paper_prediction.h"
+#include "bench/paper_prediction.h"
 
 #include <fmt/ranges.h>
 

@@ -1,4 +1,4 @@
-#include "apps/paper_emulated.h"
+#include "bench/paper_emulated.h"
 
 #include <algorithm>
 #include <fstream>

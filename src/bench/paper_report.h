@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "apps/paper_emulated.h"
+#include "bench/paper_emulated.h"
 
 namespace bottle {
 

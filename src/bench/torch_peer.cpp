@@ -1,4 +1,4 @@
-#include "apps/torch_peer.h"
+#include "bench/torch_peer.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -6,7 +6,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "apps/subprocess.h"
+#include "bench/subprocess.h"
 #include "core/error.h"
 
 namespace bottle {
@@ -41,8 +41,8 @@ TorchStep run_torch_bench(const std::string& checkpoint, const std::string& shar
       "{}'{}' '{}' --checkpoint '{}' --data '{}' --batch {} --seq {} --bench --steps {} --warmup "
       "{} --threads {} --device {} --dtype {}{}",
       mode.best_blas ? "BOTTLE_OPENBLAS_BEST=1 " : "", torch_python(mode.device),
-      torch_script_path(), checkpoint, shard, batch, seq, steps, warmup,
-      threads, mode.device, mode.dtype, mode.compile ? " --compile" : "");
+      torch_script_path(), checkpoint, shard, batch, seq, steps, warmup, threads, mode.device,
+      mode.dtype, mode.compile ? " --compile" : "");
   const ShellResult r = run_shell(command + " 2>&1");
   const std::string& out = r.output;
   if (r.status != 0)
