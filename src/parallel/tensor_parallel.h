@@ -17,6 +17,7 @@ enum class NormStatistic { from_latent, all_reduce };
 inline constexpr std::array<const char*, 2> kNormStatisticNames = {"latent", "all_reduce"};
 
 class TpLayout;
+struct TpHalf;
 
 struct TensorParallel {
   // The TP mode: how the model is split (tp_layout.h). No default: a model needs one, and
@@ -27,6 +28,9 @@ struct TensorParallel {
   // parallel.grouping (train/train_config.h takes it from here).
   bool grouping = true;
   NormStatistic norm_backward = NormStatistic::from_latent;
+  // Under TP overlap, the half (of the micro-batch's rows) whose pass this is, which its
+  // collectives suspend (tp_overlap.h); null: the pass runs serially, its collectives blocking.
+  TpHalf* half = nullptr;
 
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }

@@ -576,6 +576,49 @@ class WideningOps : public BackendOps {
   }
 };
 
+// TP overlap (parallel/tp_overlap.h) runs a block's activation GEMMs on half the rows at a
+// time and promises the serial pass's bits: a row of x·Wᵀ (the forward) or of dy·W (the
+// activation gradient) must not depend on how many rows the GEMM is given. Shapes of a tiny
+// test block, of a skinny one (few rows and columns over a long k, where a GEMM library is
+// most tempted to split k) and of a bench block (rank 256 of d 1024); M and M/2 rows, in fp32
+// and with bf16 operands.
+TEST_F(WideningOps, GemmRowsDoNotDependOnM) {
+  struct Shape3 {
+    int64_t m, n, k;
+  };
+  for (const Shape3 s : {Shape3{64, 8, 32}, Shape3{32, 8, 1024}, Shape3{512, 256, 1024},
+                          Shape3{512, 1024, 256}})
+    for (bool trans_b : {true, false})
+      for (bool bf16 : {false, true})
+        for (Backend* be : {cpu.get(), wide_ref.get()}) {
+          SCOPED_TRACE(fmt::format("{} m {} n {} k {} {} {}", be->name(), s.m, s.n, s.k,
+                                   trans_b ? "x·Wᵀ" : "dy·W", bf16 ? "bf16" : "f32"));
+          // x [m, k]; W [n, k] (x·Wᵀ) or [k, n] (dy·W, dy being x here); y [m, n].
+          Tensor x = randn({s.m, s.k}), w = randn(trans_b ? Shape{s.n, s.k} : Shape{s.k, s.n});
+          if (bf16) x = to_bf16(x), w = to_bf16(w);
+          Tensor whole = full({s.m, s.n}, kNaN), halves = full({s.m, s.n}, kNaN);
+          auto gemm = [&](Tensor y, int64_t row0, int64_t rows) {
+            GemmArgs g;
+            g.trans_b = trans_b;
+            g.m = rows, g.n = s.n, g.k = s.k;
+            g.a = static_cast<const char*>(x.data) + row0 * s.k * dtype_size(x.dtype);
+            g.lda = s.k;
+            g.b = w.data, g.ldb = trans_b ? s.k : s.n;
+            g.c = y.f32() + row0 * s.n, g.ldc = s.n;
+            g.a_dtype = x.dtype, g.b_dtype = w.dtype;
+            be->gemm(g);
+          };
+          gemm(whole, 0, s.m);
+          gemm(halves, 0, s.m / 2);
+          gemm(halves, s.m / 2, s.m / 2);
+          int64_t differ = 0;
+          for (int64_t i = 0; i < whole.numel(); ++i)
+            differ += std::bit_cast<uint32_t>(whole.f32()[i]) !=
+                      std::bit_cast<uint32_t>(halves.f32()[i]);
+          EXPECT_EQ(differ, 0) << "of " << whole.numel() << " elements";
+        }
+}
+
 TEST_F(WideningOps, CopyConvertsBothWays) {
   Tensor x = randn({5, 7});
   for (Backend* be : {cpu.get(), wide_ref.get()}) {
