@@ -229,7 +229,8 @@ Command add_plan_command(CLI::App& app) {
         "overlap: the DP gradient buckets hide under the last backward "
         "(parallel.overlap_grad_reduce),\n"
         "         ZeRO's parameter gathers under the next forward, ZeRO-3's each under "
-        "the unit before it (parallel.overlap_param_gather); nothing else\n");
+        "the unit before it (parallel.overlap_param_gather);\n"
+        "         nothing else: TP collectives are priced exposed, parallel.tp_overlap or not\n");
     print_table(rows, o->top, o->all);
     return 0;
   };

@@ -124,7 +124,7 @@ OnlineNormDiffs compare_online_rmsnorm(Backend& be, const TensorParallel& tp,
   const std::array<std::pair<Tensor, Tensor>, 1> latents{std::pair{z, DZ}};
   if (tp.norm_backward == NormStatistic::from_latent) norm.latent_statistic(be, latents);
   input_gradient(be, DNL, DZ, AL);
-  norm.backward(be, tp, DXL, DNL, XL, "check.norm.stat");
+  norm.backward(be, tp, DXL, DNL, XL, "check.norm.stat").get();
   const std::vector<float> dx_parts = gather(tp, to_host(be, DXL), "check.norm.dx"),
                            dgamma_parts =
                                gather(tp, to_host(be, norm.weight.grad), "check.norm.dgamma");

@@ -208,6 +208,15 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   batch_ = batch;
   seq_ = seq;
   recompute_ = policy;
+  // TP overlap halves a micro-batch by its sequences; one that cannot be halved (an odd batch
+  // of eval or sample; training's is checked with its key) runs serially.
+  halved_ = tp_.overlap && batch % 2 == 0;
+  BOTTLE_CHECK(!halved_ || !crosses_boundaries(),
+               "TP overlap does not run LaX over a pipeline: its latents cross the stage "
+               "boundary whole");
+  // Each half's blocks are made for half the sequences.
+  const int halves = halved_ ? 2 : 1;
+  const int64_t block_batch = batch / halves;
   activations_ = std::make_unique<Arena>(MemoryTag::activations, *memory_, reserve_only_);
   comm_ = std::make_unique<Arena>(MemoryTag::comm, *memory_, reserve_only_);
   activations_->set_act_dtype(compute_);
@@ -218,13 +227,13 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   const int blocks = end_layer_ - first_layer_;
   // Blocks share what they do not keep, one block at a time: lay out the widest block (the
   // last: LaX's first block has no crossing) in reserve to size the shared regions.
-  RegionAllocator recomputed, grads, comm;
+  std::array<RegionAllocator, 2> recomputed, grads, comm;  // per half; [0] when serial
   if (blocks > 0) {
     Arena plan_kept(MemoryTag::activations, true), plan_recomputed(MemoryTag::activations, true),
         plan_grads(MemoryTag::activations, true), plan_comm(MemoryTag::comm, true);
     for (Arena* plan : {&plan_kept, &plan_recomputed, &plan_grads, &plan_comm})
       plan->set_act_dtype(compute_);
-    layout_.make_block(block_spec(end_layer_ - 1, batch, seq, policy),
+    layout_.make_block(block_spec(end_layer_ - 1, block_batch, seq, policy),
                        {plan_kept, policy == Recompute::none ? plan_kept : plan_recomputed,
                         plan_grads, plan_comm});
     auto region = [&](Arena& arena, const Arena& plan, const char* what) {
@@ -232,22 +241,29 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
       r.set_act_dtype(compute_);
       return r;
     };
-    recomputed = region(a, plan_recomputed, "recomputed block activations");
-    grads = region(a, plan_grads, "block gradients");
-    comm = region(*comm_, plan_comm, "block communication scratch");
+    // The halves are in flight together, each in a different block: one set of regions each.
+    for (int h = 0; h < halves; ++h) {
+      recomputed[h] = region(a, plan_recomputed, "recomputed block activations");
+      grads[h] = region(a, plan_grads, "block gradients");
+      comm[h] = region(*comm_, plan_comm, "block communication scratch");
+    }
   }
-  Allocator& recomputed_from = policy == Recompute::none ? static_cast<Allocator&>(a) : recomputed;
   slots_.clear();
   slots_.resize(size_t(slots));
   for (Slot& slot : slots_) {
     // Each slot's blocks share the parameters; the activations are the slot's own.
     for (int i = 0; i <= blocks; ++i) slot.residual.push_back(a.alloc_act({n, d_res}));
-    for (int l = first_layer_; l < end_layer_; ++l) {
-      recomputed.rewind();
-      grads.rewind();
-      comm.rewind();
-      slot.blocks.push_back(
-          layout_.make_block(block_spec(l, batch, seq, policy), {a, recomputed_from, grads, comm}));
+    for (int h = 0; h < halves; ++h) {
+      Allocator& recomputed_from =
+          policy == Recompute::none ? static_cast<Allocator&>(a) : recomputed[h];
+      for (int l = first_layer_; l < end_layer_; ++l) {
+        recomputed[h].rewind();
+        grads[h].rewind();
+        comm[h].rewind();
+        (halved_ ? slot.halves[size_t(h)] : slot.blocks)
+            .push_back(layout_.make_block(block_spec(l, block_batch, seq, policy),
+                                          {a, recomputed_from, grads[h], comm[h]}));
+      }
     }
     if (ends_.sharded_residual && (stage_.first() || stage_.last()))
       slot.whole = a.alloc_act({n, d});
@@ -330,6 +346,47 @@ std::vector<Tensor> LlamaModel::stage_input_grad(int slot) const {
   return parts;
 }
 
+namespace {
+
+// Rows [h·N/2, (h+1)·N/2) of t [N, C]: TP overlap's half h of a micro-batch (its sequences
+// are whole rows of S tokens each, so a half is a range of rows).
+Tensor half_rows(Tensor t, int h) {
+  if (t.empty()) return t;
+  const int64_t rows = t.rows() / 2, cols = t.numel() / t.rows();
+  return t.view(h * rows * cols, {rows, cols});
+}
+
+// The latents a half's block i crosses with (LaX): its own block before's. TP overlap refuses
+// LaX over a pipeline, so the first block of a stage crosses with nothing across it.
+BlockLatents half_latents(const std::vector<std::unique_ptr<TpBlock>>& half, size_t i) {
+  return i ? half[i - 1]->latents() : BlockLatents{};
+}
+
+// One half's share of a block in backward: its recomputation (when the policy has one), then
+// its backward.
+TpTask recompute_and_backward(Backend& be, TpBlock& block, const TensorParallel& tp,
+                              BlockLatents prev, Tensor x, Tensor recompute_out, Tensor d_residual,
+                              bool recompute) {
+  if (recompute) co_await block.recompute(be, tp, prev, x, recompute_out);
+  co_await block.backward(be, tp, prev, x, d_residual);
+}
+
+}  // namespace
+
+size_t LlamaModel::stage_blocks(const Slot& s) const {
+  return halved_ ? s.halves[0].size() : s.blocks.size();
+}
+
+void LlamaModel::make_halves(Halves& h) const {
+  for (int i = 0; i < 2; ++i) {
+    h.state[size_t(i)].index = i;
+    // The calls are counted under the phase the group is in (CommStats::phase), as serially.
+    if (tp_.comm) h.state[size_t(i)].phase = tp_.comm->stats().phase();
+    h.tp[size_t(i)] = tp_;
+    h.tp[size_t(i)].half = &h.state[size_t(i)];
+  }
+}
+
 void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
                                Tensor loss_sum, const ParamsNeeded& needed) {
   BOTTLE_ASSERT(activations_, "forward before allocate_activations");
@@ -360,10 +417,28 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
                                        "vocab.fwd.embedding");
     }
   }
-  for (size_t i = 0; i < s.blocks.size(); ++i) {
-    need(i + 1 < s.blocks.size() ? block_offsets_[i + 1] : head_offset_);
-    s.blocks[i]->forward(be, tp_, i ? s.blocks[i - 1]->latents() : s.boundary, s.residual[i],
-                         s.residual[i + 1]);
+  const size_t blocks = stage_blocks(s);
+  for (size_t i = 0; i < blocks; ++i) {
+    need(i + 1 < blocks ? block_offsets_[i + 1] : head_offset_);
+    if (halved_) {
+      // The halves meet after every block, where ZeRO's gathers and the next block's buffers
+      // are the serial pass's concern again.
+      Halves h;
+      make_halves(h);
+      std::array<TpTask, 2> tasks;
+      for (int k = 0; k < 2; ++k) {
+        const auto& half = s.halves[size_t(k)];
+        tasks[size_t(k)] =
+            half[i]->forward(be, h.tp[size_t(k)], half_latents(half, i),
+                             half_rows(s.residual[i], k), half_rows(s.residual[i + 1], k));
+      }
+      run_halves(tasks, h.state);
+      continue;
+    }
+    s.blocks[i]
+        ->forward(be, tp_, i ? s.blocks[i - 1]->latents() : s.boundary, s.residual[i],
+                  s.residual[i + 1])
+        .get();
   }
   need(all);
   if (!stage_.last()) return;
@@ -416,17 +491,34 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   }
   for (const Tensor& du : s.boundary.du)
     if (!du.empty()) be.fill_zero(du);
-  for (size_t i = s.blocks.size(); i-- > 0;) {
+  const size_t blocks = stage_blocks(s);
+  for (size_t i = blocks; i-- > 0;) {
+    need(i + 1 < blocks ? block_offsets_[i + 1] : head_offset_);
+    if (halved_) {
+      // Both halves' gradients of the block are added before `ready` hears of them.
+      Halves h;
+      make_halves(h);
+      std::array<TpTask, 2> tasks;
+      for (int k = 0; k < 2; ++k) {
+        const auto& half = s.halves[size_t(k)];
+        tasks[size_t(k)] =
+            recompute_and_backward(be, *half[i], h.tp[size_t(k)], half_latents(half, i),
+                                   half_rows(s.residual[i], k), half_rows(recompute_out_, k),
+                                   half_rows(residual_grad_, k), recompute_ != Recompute::none);
+      }
+      run_halves(tasks, h.state);
+      if (ready) ready(block_offsets_[i]);
+      continue;
+    }
     const BlockLatents prev = i ? s.blocks[i - 1]->latents() : s.boundary;
     TpBlock& block = *s.blocks[i];
-    need(i + 1 < s.blocks.size() ? block_offsets_[i + 1] : head_offset_);
     if (recompute_ != Recompute::none) {
       const auto start = std::chrono::steady_clock::now();
-      block.recompute(be, tp_, prev, s.residual[i], recompute_out_);
+      block.recompute(be, tp_, prev, s.residual[i], recompute_out_).get();
       recompute_seconds_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    block.backward(be, tp_, prev, s.residual[i], residual_grad_);
+    block.backward(be, tp_, prev, s.residual[i], residual_grad_).get();
     if (ready) ready(block_offsets_[i]);
   }
   if (!stage_.first()) {

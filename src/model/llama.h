@@ -7,6 +7,7 @@
 // (parallel/tp_layout.h) and the collectives run inside. The model asks the layout what to
 // split, how wide each buffer is and how the embedding and LM head meet the blocks; it never
 // asks which mode it runs.
+#include <array>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_layout.h"
 #include "parallel/tp_layouts.h"
+#include "parallel/tp_overlap.h"
 #include "parallel/vocab_parallel.h"
 
 namespace bottle {
@@ -74,6 +76,7 @@ class LlamaModel {
                             Recompute policy = Recompute::none);
   Recompute recompute() const { return recompute_; }
   // Wall time spent recomputing blocks in backward since the last reset (the policy's cost).
+  // Under TP overlap the halves' recomputation interleaves with other work and is not timed.
   double recompute_seconds() const { return recompute_seconds_; }
   void reset_recompute_seconds() { recompute_seconds_ = 0; }
   int64_t batch() const { return batch_; }
@@ -169,6 +172,9 @@ class LlamaModel {
   struct Slot {
     // This stage's blocks, made by the layout, bound to the shared parameters.
     std::vector<std::unique_ptr<TpBlock>> blocks;
+    // TP overlap (`blocks` empty): each half's blocks, made for B/2 sequences with buffers of
+    // their own; a half reads and writes rows [h·N/2, (h+1)·N/2) of the residuals.
+    std::array<std::vector<std::unique_ptr<TpBlock>>, 2> halves;
     std::vector<Tensor> residual;    // blocks+1 x [N, d_res]: each block's input, then output
     Tensor whole;                    // [N, d] sharded residual: whole rows at the model's ends
     RMSNorm final_norm;              // last stage
@@ -182,7 +188,14 @@ class LlamaModel {
     BlockLatents boundary;
     std::array<Tensor, kNumProjections> latent_grad_in;  // [N, r] each
   };
-  bool crosses_boundaries() const;  // LaX over more than one stage
+  bool crosses_boundaries() const;           // LaX over more than one stage
+  size_t stage_blocks(const Slot& s) const;  // the stage's blocks (of each half)
+  // The two halves' TP groups and states for one run_halves.
+  struct Halves {
+    std::array<TpHalf, 2> state;
+    std::array<TensorParallel, 2> tp;
+  };
+  void make_halves(Halves& h) const;
 
   ModelConfig config_;
   TensorParallel tp_;
@@ -203,6 +216,7 @@ class LlamaModel {
   DType compute_ = DType::f32;  // of the weights GEMMs read and of the activations
   int64_t batch_ = 0, seq_ = 0;
   Recompute recompute_ = Recompute::none;
+  bool halved_ = false;  // TP overlap: each micro-batch's blocks run as two halves
   double recompute_seconds_ = 0;
   std::unique_ptr<Arena> activations_, comm_;
   // forward()'s loss, f64 [1] in the model's memory, made on first use (tools and tests; a

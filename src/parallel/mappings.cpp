@@ -4,18 +4,20 @@ namespace bottle {
 namespace {
 
 // out [N, C·t] = the ranks' in [N, C] side by side: gather's forward and scatter's backward.
-void all_gather_last_dim(Backend& be, const TensorParallel& tp, Tensor out, Tensor in,
-                         Tensor scratch, std::string_view site) {
+TpTask all_gather_last_dim(Backend& be, const TensorParallel& tp, Tensor out, Tensor in,
+                           Tensor scratch, std::string_view site) {
   const int64_t n = in.rows(), c = in.cols(), t = tp.size();
   BOTTLE_ASSERT(out.rows() == n && out.cols() == c * t, "gather {}: [{}, {}] x {} ranks != {}",
                 site, n, c, t, out.shape.str());
   if (t == 1) {
     be.copy(out, in);
-    return;
+    co_return;
   }
   BOTTLE_ASSERT(scratch.numel() >= t * n * c, "gather {}: scratch too small", site);
   Tensor blocks = scratch.view(0, {t * n * c});  // [t, N, C]: rank r's block r
-  tp.comm->all_gather(blocks, in.reshaped({n * c}), site);
+  // (No braced list inside a co_await expression: g++ 12 cannot compile its array.)
+  const Tensor flat_in = in.reshaped({n * c});
+  co_await tp_all_gather(tp, blocks, flat_in, site);
   for (int64_t r = 0; r < t; ++r) be.copy_columns(out, r * c, blocks.view(r * n * c, {n, c}), 0, c);
 }
 
@@ -37,9 +39,23 @@ void reduce_from_forward(const TensorParallel& tp, Tensor y, std::string_view si
   if (tp.size() > 1) tp.comm->all_reduce(y, ReduceOp::sum, site);
 }
 
+CollectiveAwaiter co_copy_to_backward(const TensorParallel& tp, Tensor dx, std::string_view site) {
+  return tp_all_reduce(tp, dx, site);
+}
+
+CollectiveAwaiter co_reduce_from_forward(const TensorParallel& tp, Tensor y,
+                                         std::string_view site) {
+  return tp_all_reduce(tp, y, site);
+}
+
 void gather_last_dim_forward(Backend& be, const TensorParallel& tp, Tensor out, Tensor in,
                              Tensor scratch, std::string_view site) {
-  all_gather_last_dim(be, tp, out, in, scratch, site);
+  all_gather_last_dim(be, tp, out, in, scratch, site).get();
+}
+
+TpTask co_gather_last_dim_forward(Backend& be, const TensorParallel& tp, Tensor out, Tensor in,
+                                  Tensor scratch, std::string_view site) {
+  return all_gather_last_dim(be, tp, out, in, scratch, site);
 }
 
 void gather_last_dim_backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dy) {
@@ -52,7 +68,12 @@ void scatter_last_dim_forward(Backend& be, const TensorParallel& tp, Tensor out,
 
 void scatter_last_dim_backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dy,
                                Tensor scratch, std::string_view site) {
-  all_gather_last_dim(be, tp, dx, dy, scratch, site);
+  all_gather_last_dim(be, tp, dx, dy, scratch, site).get();
+}
+
+TpTask co_scatter_last_dim_backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dy,
+                                    Tensor scratch, std::string_view site) {
+  return all_gather_last_dim(be, tp, dx, dy, scratch, site);
 }
 
 }  // namespace bottle

@@ -11,10 +11,16 @@
 // The identity halves do nothing: they are called where they apply so that every
 // communicating half has its partner written in the other pass. A group of one rank
 // communicates nothing.
+//
+// A block's passes are coroutines (tp_overlap.h) and co_await the communicating halves' twins
+// (co_copy_to_backward, ...): blocking where the pass runs serially, started and suspending the
+// pass where TP overlap runs it as one of two halves. The model's ends (embedding, final
+// gather, LM head, loss) run outside the halves and call the blocking ones.
 #include <string_view>
 
 #include "core/backend.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/tp_overlap.h"
 
 namespace bottle {
 
@@ -24,8 +30,11 @@ inline void copy_to_forward(const TensorParallel&, Tensor) {}
 // Backward of copy_to: dx [N, C] partial sums on each rank → the sum, in place.
 void copy_to_backward(const TensorParallel& tp, Tensor dx, std::string_view site);
 
+CollectiveAwaiter co_copy_to_backward(const TensorParallel& tp, Tensor dx, std::string_view site);
+
 // Forward of reduce_from: y [N, C] partial sums → the sum, in place.
 void reduce_from_forward(const TensorParallel& tp, Tensor y, std::string_view site);
+CollectiveAwaiter co_reduce_from_forward(const TensorParallel& tp, Tensor y, std::string_view site);
 // Backward of reduce_from: dy [N, C] is whole on every rank, and so is the gradient of each
 // rank's partial sum; nothing to do.
 inline void reduce_from_backward(const TensorParallel&, Tensor) {}
@@ -34,6 +43,8 @@ inline void reduce_from_backward(const TensorParallel&, Tensor) {}
 // elements.
 void gather_last_dim_forward(Backend& be, const TensorParallel& tp, Tensor out, Tensor in,
                              Tensor scratch, std::string_view site);
+TpTask co_gather_last_dim_forward(Backend& be, const TensorParallel& tp, Tensor out, Tensor in,
+                                  Tensor scratch, std::string_view site);
 // Backward of gather: dx [N, C] = this rank's columns [rank·C, (rank+1)·C) of dy [N, C·t]
 // (no communication).
 void gather_last_dim_backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dy);
@@ -45,5 +56,7 @@ void scatter_last_dim_forward(Backend& be, const TensorParallel& tp, Tensor out,
 // elements.
 void scatter_last_dim_backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dy,
                                Tensor scratch, std::string_view site);
+TpTask co_scatter_last_dim_backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dy,
+                                    Tensor scratch, std::string_view site);
 
 }  // namespace bottle

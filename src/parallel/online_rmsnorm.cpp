@@ -58,16 +58,19 @@ void OnlineRMSNorm::latent_statistic(Backend& be,
   be.divide(dot, dot, rstd);
 }
 
-void OnlineRMSNorm::backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dn, Tensor x,
-                             std::string_view site) {
-  if (one_rank) return be.rmsnorm_backward(dx, weight.grad, dn, x, weight.value, rstd);
+TpTask OnlineRMSNorm::backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dn,
+                               Tensor x, std::string_view site) {
+  if (one_rank) {
+    be.rmsnorm_backward(dx, weight.grad, dn, x, weight.value, rstd);
+    co_return;
+  }
   if (tp.norm_backward == NormStatistic::all_reduce) {
     // out = x ⊙ γ · rstd, so Σ_local γ dn x = <dn, out> / rstd.
     be.row_dot(dot, dn, out);
     be.divide(dot, dot, rstd);
     // rstd is whole on every rank and scales each rank's columns (copy_to's forward, the
     // identity, in finish): its gradient sums the ranks' shares.
-    copy_to_backward(tp, dot, site);
+    co_await co_copy_to_backward(tp, dot, site);
   }
   be.rmsnorm_shard_backward(dx, weight.grad, dn, x, weight.value, rstd, dot, d);
 }

@@ -22,6 +22,7 @@
 #include "core/backend.h"
 #include "nn/param.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/tp_overlap.h"
 
 namespace bottle {
 
@@ -55,8 +56,9 @@ struct OnlineRMSNorm {
   // replicated). Call before their backward zeroes the latent gradients.
   void latent_statistic(Backend& be, std::span<const std::pair<Tensor, Tensor>> latents);
   // dx += ∂/∂x and dγ += from dn = ∂/∂out [N, d/t]; all_reduce: c from dn, summed over ranks.
-  void backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dn, Tensor x,
-                std::string_view site);
+  // A coroutine of the block's pass (tp_overlap.h): the statistic's all-reduce is awaited.
+  TpTask backward(Backend& be, const TensorParallel& tp, Tensor dx, Tensor dn, Tensor x,
+                  std::string_view site);
 
  private:
   void set_local_rms(Backend& be, Tensor sumsq);        // rms_local from S_i

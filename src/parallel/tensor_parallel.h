@@ -28,6 +28,10 @@ struct TensorParallel {
   // parallel.grouping (train/train_config.h takes it from here).
   bool grouping = true;
   NormStatistic norm_backward = NormStatistic::from_latent;
+  // TP overlap (parallel.tp_overlap): the model runs each micro-batch's blocks as two halves
+  // (LlamaModel). Off by default: it changes the parameter gradients' rounding, and halving
+  // a GEMM costs efficiency where communication is cheap.
+  bool overlap = false;
   // Under TP overlap, the half (of the micro-batch's rows) whose pass this is, which its
   // collectives suspend (tp_overlap.h); null: the pass runs serially, its collectives blocking.
   TpHalf* half = nullptr;

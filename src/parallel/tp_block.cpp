@@ -97,15 +97,17 @@ void TpBlock::allocate_buffers(const BlockAllocators& a, int64_t slab_tail) {
   g.gated = a.grads.alloc_act({n, d.dff});
 }
 
-void TpBlock::recompute(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-                        Tensor out) {
-  if (policy_ == Recompute::none) return;
+TpTask TpBlock::recompute(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                          Tensor out) {
+  if (policy_ == Recompute::none) co_return;
   // validate_recompute refused the policies a layout's supports() does not name.
   BOTTLE_ASSERT(policy_ == Recompute::block, "this block cannot recompute \"{}\"",
                 recompute_name(policy_));
-  const CommPhase phase(tp.comm, kRecomputePhase);
-  const BackendRange range(be, kRecomputeRange);
-  forward(be, tp, prev, x, out);
+  const TpPhase phase(tp, kRecomputePhase);
+  // A range must not stay open while a half is suspended (the other half's would nest in it):
+  // under TP overlap the recomputation is not a range of its own.
+  const BackendRange range(be, tp.half ? nullptr : kRecomputeRange);
+  co_await forward(be, tp, prev, x, out);
 }
 
 BlockLatents TpBlock::latents() const {

@@ -18,6 +18,7 @@
 #include "nn/rmsnorm.h"
 #include "parallel/recompute.h"
 #include "parallel/tensor_parallel.h"
+#include "parallel/tp_overlap.h"
 
 namespace bottle {
 
@@ -94,19 +95,24 @@ class TpBlock {
   TpBlock& operator=(const TpBlock&) = delete;
   virtual ~TpBlock() = default;
 
+  // The passes are coroutines (tp_overlap.h) that co_await their collectives. Run serially
+  // (tp.half null) a pass has ended when it returns: .get() rethrows its error. Arguments are
+  // taken by value where the pass may outlive the caller's expression (TP overlap's halves);
+  // the backend and the TP group outlive every pass.
+  //
   // out [N, d_res] = the block of x [N, d_res]. prev: the latents of the block before (LaX's
   // crossing reads them).
-  virtual void forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-                       Tensor out) = 0;
+  virtual TpTask forward(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                         Tensor out) = 0;
   // d_residual: on entry ∂loss/∂out, on exit ∂loss/∂x [N, d_res]. Parameter gradients +=, and
   // prev.du += the crossing's share.
-  virtual void backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-                        Tensor d_residual) = 0;
+  virtual TpTask backward(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                          Tensor d_residual) = 0;
   // Rebuilds what backward reads that the block's policy did not keep (recompute.h). `out`
   // [N, d_res] takes the block's output again where the policy re-runs the whole block.
   // Collectives issued count under kRecomputePhase. Here: none and block; a mode adds its own.
-  virtual void recompute(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-                         Tensor out);
+  virtual TpTask recompute(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                           Tensor out);
 
   BlockLatents latents() const;
   Recompute policy() const { return policy_; }

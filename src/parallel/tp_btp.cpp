@@ -35,13 +35,13 @@ using P = ProjectionId;
 class BtpBlock final : public TpBlock {
  public:
   BtpBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAllocators& a);
-  void forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-               Tensor out) override;
-  void backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-                Tensor d_residual) override;
-  // lowrank: each chunk's inside from the kept latents, h and x; no collective.
-  void recompute(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
+  TpTask forward(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
                  Tensor out) override;
+  TpTask backward(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                  Tensor d_residual) override;
+  // lowrank: each chunk's inside from the kept latents, h and x; no collective.
+  TpTask recompute(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                   Tensor out) override;
 
   OnlineRMSNorm online1, online2;  // this rank's d/t columns
   Tensor sumsq1, sumsq2;           // [N] fp32 ΣS of each norm when the latent slabs are bf16
@@ -98,26 +98,27 @@ void latents_forward(Backend& be, TpBlock& b, const BlockLatents& prev, const Gr
 // reduce_from's forward on the A outputs of a group (the statistic, when present, travels
 // after the last member's latent, which it follows in memory): one all-reduce with grouping,
 // else one each.
-void reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64_t tail,
-                    const char* pass) {
+TpTask reduce_latents(const TensorParallel& tp, const Group& g, Tensor slab, int64_t tail,
+                      const char* pass) {
   if (tp.grouping || g.size == 1) {
-    reduce_from_forward(tp, slab, group_site(pass, g));
-    return;
+    co_await co_reduce_from_forward(tp, slab, group_site(pass, g));
+    co_return;
   }
   BOTTLE_ASSERT(!g[0].interleaved(), "btp: one all-reduce per member needs stacked latents");
   int64_t offset = 0;  // of member i's latent in the slab
   for (size_t i = 0; i < g.size; ++i) {
     const int64_t count = g[i].z.numel() + (i + 1 == g.size ? tail : 0);
-    reduce_from_forward(tp, slab.view(offset, {count}), site(pass, g, i));
+    const Tensor member = slab.view(offset, {count});
+    co_await co_reduce_from_forward(tp, member, site(pass, g, i));
     offset += g[i].z.numel();
   }
 }
 
 // A (row-parallel) → all-reduce → latent stage; `norm` (btp's online RMSNorm) wraps the
 // GEMM when the chunk starts at a norm.
-void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const BlockLatents& prev,
-                       const Group& g, Tensor x, OnlineRMSNorm* norm, Tensor slab,
-                       Tensor own_sumsq) {
+TpTask chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b,
+                         const BlockLatents& prev, const Group& g, Tensor x, OnlineRMSNorm* norm,
+                         Tensor slab, Tensor own_sumsq) {
   const Tensor sumsq = norm ? norm_statistic(slab, own_sumsq, x.rows()) : Tensor{};
   if (norm) {
     norm->forward_local(be, x, sumsq);
@@ -130,8 +131,9 @@ void chunk_end_forward(Backend& be, const TensorParallel& tp, TpBlock& b, const 
   const std::vector<Tensor> z = rows_of(g.span(), &Projection::z);
   if (norm) norm->scale_partials(be, z, sumsq);
   const bool stat_in_slab = norm && own_sumsq.empty();
-  reduce_latents(tp, g, slab, stat_in_slab ? sumsq.numel() : 0, "fwd");
-  if (norm && !stat_in_slab) reduce_from_forward(tp, sumsq, group_site("fwd", g) + ".stat");
+  co_await reduce_latents(tp, g, slab, stat_in_slab ? sumsq.numel() : 0, "fwd");
+  if (norm && !stat_in_slab)
+    co_await co_reduce_from_forward(tp, sumsq, group_site("fwd", g) + ".stat");
   if (norm) norm->finish(be, z, sumsq);
   latents_forward(be, b, prev, g);
 }
@@ -155,8 +157,8 @@ Tensor group_du(const Group& g) {
 
 // The chunk's start in backward: B's (column-parallel) latent gradient is a partial sum;
 // copy_to's backward all-reduces it, then the latent stage runs on the whole latent.
-void chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
-                          const BlockLatents& prev, const Group& g, std::span<const Tensor> dys) {
+TpTask chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
+                            const BlockLatents& prev, const Group& g, std::span<const Tensor> dys) {
   // Under LaX the crossing of the next block may already have added its share to du, so B's
   // partial sum goes to a buffer of its own and is added after the all-reduce. Otherwise B's
   // product is du's only producer: it is written into du and all-reduced there.
@@ -174,10 +176,10 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
     group_up_backward(be, g.span(), dys, {parts.data(), shared ? g.size : 0}, false, tp.grouping);
   }
   if (tp.grouping || g.size == 1) {
-    copy_to_backward(tp, whole, group_site("bwd", g));
+    co_await co_copy_to_backward(tp, whole, group_site("bwd", g));
   } else {
     for (size_t i = 0; i < g.size; ++i)
-      copy_to_backward(tp, shared ? parts[i] : g[i].du, site("bwd", g, i));
+      co_await co_copy_to_backward(tp, shared ? parts[i] : g[i].du, site("bwd", g, i));
   }
   std::array<Tensor, 3> u_prev{}, du_prev{};
   for (size_t i = 0; i < g.size; ++i) {
@@ -193,13 +195,14 @@ void chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
 // A's backward is local (row-parallel: each rank's input columns; the latent gradient is
 // whole on every rank). With a norm in front, dn goes through the online RMSNorm's backward
 // into dx (+=); else dx = ∂/∂x.
-void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, Tensor dx, Tensor x,
-                        OnlineRMSNorm* norm, Tensor dn, Tensor residual_in, const char* stat_site) {
+TpTask chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, Tensor dx,
+                          Tensor x, OnlineRMSNorm* norm, Tensor dn, Tensor residual_in,
+                          const char* stat_site) {
   for (size_t i = 0; i < g.size; ++i) reduce_from_backward(tp, g[i].dz);
   if (!norm) {
     const BackendRange range(be, g.name);
     group_down_backward(be, g.span(), dx, x, false, tp.grouping);
-    return;
+    co_return;
   }
   if (tp.norm_backward == NormStatistic::from_latent) {
     // Before group_down_backward zeroes du (svd: dz is du).
@@ -213,7 +216,7 @@ void chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g, T
     const BackendRange range(be, g.name);
     group_down_backward(be, g.span(), dn, norm->out, false, tp.grouping);
   }
-  norm->backward(be, tp, dx, dn, residual_in, stat_site);
+  co_await norm->backward(be, tp, dx, dn, residual_in, stat_site);
 }
 
 BtpBlock::BtpBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAllocators& a)
@@ -244,58 +247,64 @@ BtpBlock::BtpBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAll
   latent_part = a.comm.alloc_act({widest_group});
 }
 
-void BtpBlock::forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-                       Tensor out) {
+TpTask BtpBlock::forward(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                         Tensor out) {
   BtpBlock& b = *this;
   const Group qkv_group(b, kQkv, "qkv"), o(b, kO), gate_up_group(b, kGateUp, "gate_up"),
       down(b, kDown);
-  chunk_end_forward(be, tp, b, prev, qkv_group, x, &b.online1, b.qkv_latent.z, b.sumsq1);
+  co_await chunk_end_forward(be, tp, b, prev, qkv_group, x, &b.online1, b.qkv_latent.z, b.sumsq1);
   const std::array<Tensor, 3> qkv_out{b.q, b.k, b.v};
   chunk_start_forward(be, tp, qkv_group, qkv_out);
   b.attention.forward(be, b.q, b.k, b.v);
-  chunk_end_forward(be, tp, b, prev, o, attention_output(b), nullptr, b[P::o].z, {});
+  co_await chunk_end_forward(be, tp, b, prev, o, attention_output(b), nullptr, b[P::o].z, {});
   copy_to_forward(tp, b[P::o].u);
   b[P::o].up_forward(be, b.h, x);  // h = x + B_o u: the residual add is the GEMM's
-  chunk_end_forward(be, tp, b, prev, gate_up_group, b.h, &b.online2, b.gate_up_latent.z, b.sumsq2);
+  co_await chunk_end_forward(be, tp, b, prev, gate_up_group, b.h, &b.online2, b.gate_up_latent.z,
+                             b.sumsq2);
   const std::array<Tensor, 2> gate_up_out{b.gate, b.up};
   chunk_start_forward(be, tp, gate_up_group, gate_up_out);
   be.swiglu_forward(b.gated, b.gate, b.up, b.dims.gate_act);
-  chunk_end_forward(be, tp, b, prev, down, b.gated, nullptr, b[P::down].z, {});
+  co_await chunk_end_forward(be, tp, b, prev, down, b.gated, nullptr, b[P::down].z, {});
   copy_to_forward(tp, b[P::down].u);
   b[P::down].up_forward(be, out, b.h);
 }
 
-void BtpBlock::backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-                        Tensor d_residual) {
+TpTask BtpBlock::backward(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                          Tensor d_residual) {
   BtpBlock& b = *this;
   BlockGradients& g = grad;
   const Group qkv_group(b, kQkv, "qkv"), o(b, kO), gate_up_group(b, kGateUp, "gate_up"),
       down(b, kDown);
   const std::array<Tensor, 1> d_res{d_residual};
-  chunk_start_backward(be, tp, b, prev, down, d_res);
-  chunk_end_backward(be, tp, down, g.gated, b.gated, nullptr, {}, {}, "");
+  co_await chunk_start_backward(be, tp, b, prev, down, d_res);
+  co_await chunk_end_backward(be, tp, down, g.gated, b.gated, nullptr, {}, {}, "");
   be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
   const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
-  chunk_start_backward(be, tp, b, prev, gate_up_group, d_gate_up);
-  chunk_end_backward(be, tp, gate_up_group, d_residual, b.h, &b.online2, g.normed, b.h,
-                     "btp.bwd.norm2_stat");
-  chunk_start_backward(be, tp, b, prev, o, d_res);
-  chunk_end_backward(be, tp, o, g.attn, attention_output(b), nullptr, {}, {}, "");
+  co_await chunk_start_backward(be, tp, b, prev, gate_up_group, d_gate_up);
+  co_await chunk_end_backward(be, tp, gate_up_group, d_residual, b.h, &b.online2, g.normed, b.h,
+                              "btp.bwd.norm2_stat");
+  co_await chunk_start_backward(be, tp, b, prev, o, d_res);
+  co_await chunk_end_backward(be, tp, o, g.attn, attention_output(b), nullptr, {}, {}, "");
   b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
-  chunk_start_backward(be, tp, b, prev, qkv_group, d_qkv);
-  chunk_end_backward(be, tp, qkv_group, d_residual, x, &b.online1, g.normed, x,
-                     "btp.bwd.norm1_stat");
+  co_await chunk_start_backward(be, tp, b, prev, qkv_group, d_qkv);
+  co_await chunk_end_backward(be, tp, qkv_group, d_residual, x, &b.online1, g.normed, x,
+                              "btp.bwd.norm1_stat");
 }
 
 // The chunks' insides from what lowrank keeps: the latents z after each all-reduce (ΣS in
 // their slabs' tails, or in buffers of their own in bf16), x and h; every step below is local
 // to this rank.
-void BtpBlock::recompute(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-                         Tensor out) {
-  if (policy() != Recompute::lowrank) return TpBlock::recompute(be, tp, prev, x, out);
-  const CommPhase phase(tp.comm, kRecomputePhase);
-  const BackendRange range(be, kRecomputeRange);
+TpTask BtpBlock::recompute(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                           Tensor out) {
+  if (policy() != Recompute::lowrank) {
+    co_await TpBlock::recompute(be, tp, prev, x, out);
+    co_return;
+  }
+  const TpPhase phase(tp, kRecomputePhase);
+  // A range must not stay open while a half is suspended (the other half's would nest in it):
+  // under TP overlap the recomputation is not a range of its own.
+  const BackendRange range(be, tp.half ? nullptr : kRecomputeRange);
   BtpBlock& b = *this;
   const Group qkv_group(b, kQkv, "qkv"), o(b, kO), gate_up_group(b, kGateUp, "gate_up"),
       down(b, kDown);

@@ -103,8 +103,8 @@ class FullBlock final : public TpBlock {
     allocate_buffers(a, 0);
   }
 
-  void forward(Backend& be, const TensorParallel& tp, const BlockLatents&, Tensor x,
-               Tensor out) override {
+  TpTask forward(Backend& be, const TensorParallel& tp, BlockLatents, Tensor x,
+                 Tensor out) override {
     TpBlock& b = *this;
     norm1.forward(be, x);
     copy_to_forward(tp, norm1.out);
@@ -113,22 +113,22 @@ class FullBlock final : public TpBlock {
     // The o projection's output before the residual add, in a buffer only backward uses.
     const Tensor o_out = grad.normed;  // [N, d]
     b[P::o].forward(be, o_out, attention_output(b), {});
-    reduce_from_forward(tp, o_out, "full.fwd.attn_out");  // N·d
+    co_await co_reduce_from_forward(tp, o_out, "full.fwd.attn_out");  // N·d
     norm2.forward_residual(be, h, o_out, x);
     copy_to_forward(tp, norm2.out);
     shared_input_forward(be, tp, b, kGateUp, std::array{gate, up}, norm2.out);
     be.swiglu_forward(gated, gate, up, dims.gate_act);
     if (tp.size() == 1) {  // the all-reduce is the identity: the residual add is the GEMM's
       b[P::down].forward(be, out, gated, {}, h);
-      return;
+      co_return;
     }
     b[P::down].forward(be, out, gated, {});
-    reduce_from_forward(tp, out, "full.fwd.mlp_out");  // N·d
+    co_await co_reduce_from_forward(tp, out, "full.fwd.mlp_out");  // N·d
     be.add(out, out, h);
   }
 
-  void backward(Backend& be, const TensorParallel& tp, const BlockLatents&, Tensor x,
-                Tensor d_residual) override {
+  TpTask backward(Backend& be, const TensorParallel& tp, BlockLatents, Tensor x,
+                  Tensor d_residual) override {
     TpBlock& b = *this;
     BlockGradients& g = grad;
     // d_residual is whole on every rank.
@@ -136,13 +136,13 @@ class FullBlock final : public TpBlock {
     b[P::down].backward(be, g.gated, d_residual, gated, {}, {}, false);
     be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
     shared_input_backward(be, tp, b, kGateUp, g.normed, std::array{g.gate, g.up}, norm2.out);
-    copy_to_backward(tp, g.normed, "full.bwd.mlp_in");  // N·d
+    co_await co_copy_to_backward(tp, g.normed, "full.bwd.mlp_in");  // N·d
     norm2.backward(be, d_residual, g.normed, h);
     reduce_from_backward(tp, d_residual);  // of attn_out
     b[P::o].backward(be, g.attn, d_residual, attention_output(b), {}, {}, false);
     attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
     shared_input_backward(be, tp, b, kQkv, g.normed, std::array{g.q, g.k, g.v}, norm1.out);
-    copy_to_backward(tp, g.normed, "full.bwd.attn_in");  // N·d
+    co_await co_copy_to_backward(tp, g.normed, "full.bwd.attn_in");  // N·d
     norm1.backward(be, d_residual, g.normed, x);
   }
 

@@ -1,6 +1,5 @@
 #include "parallel/tp_overlap.h"
 
-#include <climits>
 #include <stdexcept>
 
 namespace bottle {
@@ -44,6 +43,8 @@ CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, std::span<const Tensor
                                 std::string_view site) {
   std::vector<PendingCall> calls;
   if (communicates(tp)) {
+    std::optional<CommPhase> phase;  // the half's, while it starts its call
+    if (tp.half) phase.emplace(tp.comm, tp.half->phase);
     for (const Tensor& piece : pieces) {
       if (tp.half == nullptr)
         tp.comm->all_reduce(piece, ReduceOp::sum, site);
@@ -62,6 +63,8 @@ CollectiveAwaiter tp_all_gather(const TensorParallel& tp, Tensor out, Tensor in,
                                 std::string_view site) {
   std::vector<PendingCall> calls;
   if (communicates(tp)) {
+    std::optional<CommPhase> phase;  // the half's, while it starts its call
+    if (tp.half) phase.emplace(tp.comm, tp.half->phase);
     if (tp.half == nullptr)
       tp.comm->all_gather(out, in, site);
     else
@@ -70,23 +73,18 @@ CollectiveAwaiter tp_all_gather(const TensorParallel& tp, Tensor out, Tensor in,
   return CollectiveAwaiter(tp.half, std::move(calls));
 }
 
-void tp_weight_grads(const TensorParallel& tp, WeightGrad work) {
-  if (tp.half == nullptr)
-    work();
-  else if (tp.half->index == 0)
-    tp.half->weight_grads.emplace_back(tp.half->segments, std::move(work));
+TpPhase::TpPhase(const TensorParallel& tp, std::string phase) : half_(tp.half) {
+  if (half_)
+    previous_ = std::exchange(half_->phase, std::move(phase));
+  else
+    serial_.emplace(tp.comm, std::move(phase));
+}
+
+TpPhase::~TpPhase() {
+  if (half_) half_->phase = std::move(previous_);
 }
 
 namespace {
-
-// Half 0's weight-gradient work of every segment half 1 has also left.
-void run_joined(const std::array<TpTask, 2>& tasks, std::array<TpHalf, 2>& halves) {
-  const int through = tasks[1].done() ? INT_MAX : halves[1].segments;
-  std::vector<std::pair<int, WeightGrad>>& queued = halves[0].weight_grads;
-  size_t ran = 0;
-  while (ran < queued.size() && queued[ran].first < through) queued[ran++].second();
-  queued.erase(queued.begin(), queued.begin() + ptrdiff_t(ran));
-}
 
 // Waits for the half's collective, then runs the half until its next one or its end.
 void resume(TpTask& task, TpHalf& half) {
@@ -103,18 +101,9 @@ void resume(TpTask& task, TpHalf& half) {
 void run_halves(std::array<TpTask, 2>& tasks, std::array<TpHalf, 2>& halves) {
   for (TpTask& task : tasks)
     if (task.failed()) task.get();
-  run_joined(tasks, halves);
-  while (!tasks[0].done() || !tasks[1].done()) {
-    if (!tasks[0].done()) {
-      resume(tasks[0], halves[0]);
-      if (tasks[1].done()) run_joined(tasks, halves);
-    }
-    if (!tasks[1].done()) {
-      resume(tasks[1], halves[1]);
-      run_joined(tasks, halves);
-    }
-  }
-  run_joined(tasks, halves);
+  while (!tasks[0].done() || !tasks[1].done())
+    for (int h : {0, 1})
+      if (!tasks[size_t(h)].done()) resume(tasks[size_t(h)], halves[size_t(h)]);
   for (TpTask& task : tasks) task.get();
 }
 

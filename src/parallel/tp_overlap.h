@@ -12,16 +12,17 @@
 // waiting its call, alternating 0, 1, 0, 1, so that every rank issues the TP group's calls in
 // one order (MPI's rule for a group's collectives).
 //
-// Weight gradients sum over all rows, so a half's share would change their bits. A pass hands
-// them to tp_weight_grads: serially they run at once; under overlap the work half 0 hands in
-// runs once, over the whole micro-batch, at the join of its segment (both halves past the
-// segment, neither begun the next), and half 1's is dropped — the same GEMM with the same
-// arguments as the serial pass.
+// Each half is a block of its own, made for B/2 rows with its own buffers (the model's
+// LlamaModel::Slot::halves), so a half's activations are the serial pass's rows bit for bit
+// (a GEMM's rows do not depend on how many there are: WideningOps.GemmRowsDoNotDependOnM).
+// The parameter gradients are each half's sum over its rows added one after the other, as
+// under gradient accumulation: the same values up to fp32 rounding.
 #include <array>
 #include <coroutine>
 #include <exception>
-#include <functional>
+#include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -85,16 +86,15 @@ class [[nodiscard]] TpTask {
   std::coroutine_handle<promise_type> handle_;
 };
 
-using WeightGrad = std::function<void()>;
-
 // One half's state while run_halves interleaves the two.
 struct TpHalf {
   int index = 0;                        // 0 or 1: rows [index·N/2, (index+1)·N/2)
   int segments = 0;                     // collectives started so far: the current segment
   std::vector<PendingCall> pending{};   // the collective the half is suspended at (its pieces)
   std::coroutine_handle<> resume_at{};  // the innermost pass suspended there
-  // Half 0's weight-gradient work, by the segment it was handed in during.
-  std::vector<std::pair<int, WeightGrad>> weight_grads{};
+  // The phase the half's collectives are counted under (CommStats::phase): the halves may be
+  // in different ones (one still recomputing a block, the other in its backward).
+  std::string phase{};
 };
 
 // Suspends a pass at a started collective (under overlap) or runs it blocking (serially).
@@ -116,8 +116,8 @@ class [[nodiscard]] CollectiveAwaiter {
 // (a half's buffer may be several row ranges: stacked slabs, vanilla's q|k|v), one call each,
 // waited together. A group of one rank moves nothing; under overlap the pass still suspends
 // there, so that both halves' segments stay the same whatever the group's size.
-// (Pieces come as a span, not a braced list: g++ 12 miscompiles an initializer_list's array
-// inside a coroutine's co_await expression.)
+// (Pieces come as a span, not a braced list: g++ 12 rejects a braced list's array inside a
+// co_await expression, "array used as initializer". Passes hoist such temporaries.)
 CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, std::span<const Tensor> pieces,
                                 std::string_view site);
 CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, Tensor x, std::string_view site);
@@ -125,16 +125,27 @@ CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, Tensor x, std::string_
 CollectiveAwaiter tp_all_gather(const TensorParallel& tp, Tensor out, Tensor in,
                                 std::string_view site);
 
-// Weight-gradient work of the pass's current segment: run now (serially), queued for the
-// segment's join (half 0 under overlap) or dropped (half 1: half 0's work covers both).
-void tp_weight_grads(const TensorParallel& tp, WeightGrad work);
+// A pass's phase for the scope (kRecomputePhase while a block is recomputed): serially the TP
+// group's (CommPhase), under overlap the half's, set on the group only while the half starts
+// a call.
+class TpPhase {
+ public:
+  TpPhase(const TensorParallel& tp, std::string phase);
+  ~TpPhase();
+  TpPhase(const TpPhase&) = delete;
+  TpPhase& operator=(const TpPhase&) = delete;
+
+ private:
+  TpHalf* half_;
+  std::optional<CommPhase> serial_;
+  std::string previous_;
+};
 
 // Runs two halves' passes to their ends. tasks[h] is half h's outermost pass, already called
 // (and so run to its first collective) in the order 0, 1 with tp.half = &halves[h]. Resumes
-// the halves alternately, each after waiting its pending collective; after half 1 has
-// started collective s (or ended), runs half 0's weight-gradient work of the segments up to s.
-// An error in either half is rethrown at once; the other half's started call is abandoned as
-// its PendingCall unwinds (never waiting on a peer).
+// the halves alternately, each after waiting its pending collective. An error in either half
+// is rethrown at once; the other half's started call is abandoned as its PendingCall unwinds
+// (never waiting on a peer).
 void run_halves(std::array<TpTask, 2>& tasks, std::array<TpHalf, 2>& halves);
 
 }  // namespace bottle

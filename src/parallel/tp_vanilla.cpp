@@ -25,10 +25,10 @@ using P = ProjectionId;
 class VanillaBlock final : public TpBlock {
  public:
   VanillaBlock(const TpLayout& layout, const BlockSpec& spec, const BlockAllocators& a);
-  void forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-               Tensor out) override;
-  void backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev, Tensor x,
-                Tensor d_residual) override;
+  TpTask forward(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                 Tensor out) override;
+  TpTask backward(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                  Tensor d_residual) override;
 
   RMSNorm norm1, norm2;  // whole rows, replicated
   Tensor gather;         // [2·N·r] LaX: the all-gather's scratch of a latent (comm)
@@ -43,25 +43,26 @@ struct Chunk {
 };
 
 // The latent stage of each member, after gathering LaX's sharded latents.
-void latents_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
-                     const BlockLatents& prev, ProjectionSpan group,
-                     std::span<const ProjectionId> ids, const char* component) {
+TpTask latents_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
+                       const BlockLatents& prev, ProjectionSpan group,
+                       std::span<const ProjectionId> ids, const char* component) {
   std::array<Tensor, 3> u_prev{};
   for (size_t i = 0; i < group.size(); ++i) {
     Projection& p = *group[i];
     // gather's backward (keep own slice of dz) is A's strided backward, which reads dz's
     // columns from shard_offset: no call of its own.
     if (p.sharded())
-      gather_last_dim_forward(be, tp, p.z, p.z_shard, b.gather, "vanilla.fwd.lax_gather");
+      co_await co_gather_last_dim_forward(be, tp, p.z, p.z_shard, b.gather,
+                                          "vanilla.fwd.lax_gather");
     u_prev[i] = prev_latent(prev, b, ids[i]);
   }
   const BackendRange range(be, component);
   group_latent_forward(be, group, {u_prev.data(), group.size()});
 }
 
-void latents_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
-                      const BlockLatents& prev, ProjectionSpan group,
-                      std::span<const ProjectionId> ids, const char* component) {
+TpTask latents_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
+                        const BlockLatents& prev, ProjectionSpan group,
+                        std::span<const ProjectionId> ids, const char* component) {
   std::array<Tensor, 3> u_prev{}, du_prev{};
   for (size_t i = 0; i < group.size(); ++i) {
     Projection& p = *group[i];
@@ -72,7 +73,8 @@ void latents_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
     const Tensor whole = b.grad_gather.view(n * p.rank, {n, p.rank});  // after the gather's own
     // B reads its columns of u (scatter's forward, inside B's strided GEMM): its backward
     // all-gathers the slices of ∂u.
-    scatter_last_dim_backward(be, tp, whole, p.du_shard, b.grad_gather, "vanilla.bwd.lax_gather");
+    co_await co_scatter_last_dim_backward(be, tp, whole, p.du_shard, b.grad_gather,
+                                          "vanilla.bwd.lax_gather");
     const BackendRange range(be, component);
     be.accumulate(p.du, whole);
   }
@@ -92,10 +94,10 @@ std::string backward_site(std::string_view chunk) {
 // outputs_p = chunk_p(x), then reduce_from: one all-reduce over the contiguous outputs
 // with grouping, else one per projection. `chunk` names the group; `timed`: its compute runs
 // in a backend range of that name (TpComponent).
-void chunks_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
-                    const BlockLatents& prev, std::span<const ProjectionId> ids, Tensor x,
-                    std::span<const Tensor> outputs, Tensor outputs_slab, const char* chunk,
-                    bool timed) {
+TpTask chunks_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
+                      const BlockLatents& prev, std::span<const ProjectionId> ids, Tensor x,
+                      std::span<const Tensor> outputs, Tensor outputs_slab, const char* chunk,
+                      bool timed) {
   const char* component = timed ? chunk : nullptr;
   std::array<Projection*, 3> members{};
   for (size_t i = 0; i < ids.size(); ++i) members[i] = &b[ids[i]];
@@ -105,25 +107,25 @@ void chunks_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
     const BackendRange range(be, component);
     group_down_forward(be, group, x, tp.grouping);
   }
-  latents_forward(be, tp, b, prev, group, ids, component);
+  co_await latents_forward(be, tp, b, prev, group, ids, component);
   {
     // A sharded B reads its columns of u inside its strided GEMM: scatter's forward.
     const BackendRange range(be, component);
     group_up_forward(be, group, outputs, tp.grouping);
   }
   if (tp.grouping) {
-    reduce_from_forward(tp, outputs_slab, forward_site(chunk));
-    return;
+    co_await co_reduce_from_forward(tp, outputs_slab, forward_site(chunk));
+    co_return;
   }
   for (size_t i = 0; i < ids.size(); ++i)
-    reduce_from_forward(tp, outputs[i], forward_site(kProjectionNames[int(ids[i])]));
+    co_await co_reduce_from_forward(tp, outputs[i], forward_site(kProjectionNames[int(ids[i])]));
 }
 
 // dx = Σ_p ∂/∂x of chunk_p given dys; copy_to's backward all-reduces the input gradient:
 // once for the sum with grouping, else once per projection.
-void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
-                     const BlockLatents& prev, std::span<const ProjectionId> ids, Tensor x,
-                     std::span<const Tensor> dys, Tensor dx, const char* chunk, bool timed) {
+TpTask chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
+                       const BlockLatents& prev, std::span<const ProjectionId> ids, Tensor x,
+                       std::span<const Tensor> dys, Tensor dx, const char* chunk, bool timed) {
   const char* component = timed ? chunk : nullptr;
   std::array<Projection*, 3> members{};
   for (size_t i = 0; i < ids.size(); ++i) members[i] = &b[ids[i]];
@@ -137,14 +139,14 @@ void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
     const BackendRange range(be, component);
     group_up_backward(be, group, dys, {}, adds, tp.grouping);
   }
-  latents_backward(be, tp, b, prev, group, ids, component);
+  co_await latents_backward(be, tp, b, prev, group, ids, component);
   if (tp.grouping) {
     {
       const BackendRange range(be, component);
       group_down_backward(be, group, dx, x, false, true);
     }
-    copy_to_backward(tp, dx, backward_site(chunk));
-    return;
+    co_await co_copy_to_backward(tp, dx, backward_site(chunk));
+    co_return;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     Tensor part = i == 0 ? dx : b.normed_part.reshaped(dx.shape);
@@ -152,7 +154,7 @@ void chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
       const BackendRange range(be, component);
       group_down_backward(be, group.subspan(i, 1), part, x, false, false);
     }
-    copy_to_backward(tp, part, backward_site(kProjectionNames[int(ids[i])]));
+    co_await co_copy_to_backward(tp, part, backward_site(kProjectionNames[int(ids[i])]));
     if (i > 0) {
       const BackendRange range(be, component);
       be.accumulate(dx, part);
@@ -256,40 +258,42 @@ VanillaBlock::VanillaBlock(const TpLayout& layout, const BlockSpec& spec, const 
   if (widest) grad_gather = a.comm.alloc_act({2 * n * widest});
 }
 
-void VanillaBlock::forward(Backend& be, const TensorParallel& tp, const BlockLatents& prev,
-                           Tensor x, Tensor out) {
+TpTask VanillaBlock::forward(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                             Tensor out) {
   VanillaBlock& b = *this;
   norm1.forward(be, x);
   const std::array<Tensor, 3> qkv_out{q, k, v};
-  chunks_forward(be, tp, b, prev, kQkv, norm1.out, qkv_out, qkv, "qkv", true);
+  co_await chunks_forward(be, tp, b, prev, kQkv, norm1.out, qkv_out, qkv, "qkv", true);
   attention.forward(be, q, k, v);
   // The o projection's output before the residual add, in a buffer only backward uses.
   const Tensor o_out = grad.normed;  // [N, d]
   const std::array<Tensor, 1> o_outs{o_out};
-  chunks_forward(be, tp, b, prev, kO, attention_output(b), o_outs, o_out, "o", false);
+  co_await chunks_forward(be, tp, b, prev, kO, attention_output(b), o_outs, o_out, "o", false);
   norm2.forward_residual(be, h, o_out, x);
   const std::array<Tensor, 2> gate_up_out{gate, up};
-  chunks_forward(be, tp, b, prev, kGateUp, norm2.out, gate_up_out, gate_up, "gate_up", true);
+  co_await chunks_forward(be, tp, b, prev, kGateUp, norm2.out, gate_up_out, gate_up, "gate_up",
+                          true);
   be.swiglu_forward(gated, gate, up, dims.gate_act);
   const std::array<Tensor, 1> o{out};
-  chunks_forward(be, tp, b, prev, kDown, gated, o, out, "down", false);
+  co_await chunks_forward(be, tp, b, prev, kDown, gated, o, out, "down", false);
   be.add(out, out, h);
 }
 
-void VanillaBlock::backward(Backend& be, const TensorParallel& tp, const BlockLatents& prev,
-                            Tensor x, Tensor d_residual) {
+TpTask VanillaBlock::backward(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,
+                              Tensor d_residual) {
   VanillaBlock& b = *this;
   BlockGradients& g = grad;
   const std::array<Tensor, 1> d_out{d_residual};
-  chunks_backward(be, tp, b, prev, kDown, gated, d_out, g.gated, "down", false);
+  co_await chunks_backward(be, tp, b, prev, kDown, gated, d_out, g.gated, "down", false);
   be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
   const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
-  chunks_backward(be, tp, b, prev, kGateUp, norm2.out, d_gate_up, g.normed, "gate_up", true);
+  co_await chunks_backward(be, tp, b, prev, kGateUp, norm2.out, d_gate_up, g.normed, "gate_up",
+                           true);
   norm2.backward(be, d_residual, g.normed, h);
-  chunks_backward(be, tp, b, prev, kO, attention_output(b), d_out, g.attn, "o", false);
+  co_await chunks_backward(be, tp, b, prev, kO, attention_output(b), d_out, g.attn, "o", false);
   attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
-  chunks_backward(be, tp, b, prev, kQkv, norm1.out, d_qkv, g.normed, "qkv", true);
+  co_await chunks_backward(be, tp, b, prev, kQkv, norm1.out, d_qkv, g.normed, "qkv", true);
   norm1.backward(be, d_residual, g.normed, x);
 }
 

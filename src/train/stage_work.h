@@ -19,10 +19,10 @@ struct StageHooks {
   // `ready` hears the gradients of every backward (ZeRO-2 reduces each micro-batch's), not
   // only the final one's.
   bool every_backward = false;
-  std::function<void(bool final)> backward_begins;  // before each backward
-  LlamaModel::GradsReady ready;                     // LlamaModel::backward_stage
-  LlamaModel::ParamsNeeded needed;                  // LlamaModel::forward_stage
-  LlamaModel::ParamsNeeded needed_backward;         // LlamaModel::backward_stage (ZeRO-3)
+  std::function<void(bool final)> backward_begins{};  // before each backward
+  LlamaModel::GradsReady ready{};                     // LlamaModel::backward_stage
+  LlamaModel::ParamsNeeded needed{};                  // LlamaModel::forward_stage
+  LlamaModel::ParamsNeeded needed_backward{};         // LlamaModel::backward_stage (ZeRO-3)
 };
 
 class TrainStageWork final : public StageWork {

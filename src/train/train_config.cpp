@@ -283,6 +283,12 @@ std::vector<ConfigKey> build_schema() {
   s.push_back(number_key("parallel.bucket_mb", FIELD(parallel.bucket_mb), greater(0),
                          "MiB of gradients per DP bucket, all-reduced or reduce-scattered "
                          "(cut from the last layer back)"));
+  s.push_back(bool_key("parallel.tp_overlap", FIELD(parallel.tp_overlap),
+                       "split each micro-batch into two halves of its sequences whose blocks "
+                       "run interleaved, so that one half's TP collectives travel while the "
+                       "other half computes (DeepSpeed Domino); needs an even "
+                       "training.micro_batch_size. The same activations; parameter gradients "
+                       "summed half by half, as under gradient accumulation (fp32 rounding)"));
   s.push_back(bool_key("parallel.grouping", FIELD(parallel.grouping),
                        "one GEMM for projections reading the same input (q,k,v; gate,up)"));
   s.push_back(choice_key("parallel.norm_statistic", FIELD(parallel.norm_statistic),

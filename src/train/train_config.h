@@ -119,6 +119,9 @@ struct ParallelConfig {
   // The gradient buckets' size in MiB (PyTorch DDP's bucket_cap_mb): smaller buckets start
   // earlier in backward, larger ones pay a link's latency fewer times.
   double bucket_mb = 32;
+  // Each micro-batch's block passes as two halves of its sequences whose TP collectives
+  // travel while the other half computes (DeepSpeed Domino; parallel/tp_overlap.h).
+  bool tp_overlap = TensorParallel{}.overlap;
   bool grouping = TensorParallel{}.grouping;  // its one default is the mechanism's
   NormStatistic norm_statistic = TensorParallel{}.norm_backward;  // btp's, the same way
   CommKind comm = CommKind::automatic;

@@ -62,8 +62,11 @@ LrSchedule lr_schedule_of(const TrainConfig& config) {
 }
 
 TensorParallel tensor_parallel_of(const TrainConfig& config, Communicator* tp) {
-  return TensorParallel{config.parallel.tp_mode, tp, config.parallel.grouping,
-                        config.parallel.norm_statistic};
+  return TensorParallel{.layout = config.parallel.tp_mode,
+                        .comm = tp,
+                        .grouping = config.parallel.grouping,
+                        .norm_backward = config.parallel.norm_statistic,
+                        .overlap = config.parallel.tp_overlap};
 }
 
 int pipeline_slots(const TrainConfig& config, int stage) {

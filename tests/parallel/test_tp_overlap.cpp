@@ -1,6 +1,7 @@
 // TP overlap's scheduler (parallel/tp_overlap.h) over a communicator that records what it is
-// asked: the order in which two halves issue and wait their collectives, when the weight-
-// gradient work runs, that a serial pass never suspends, and what an error leaves behind.
+// asked: the order in which two halves issue and wait their collectives, the phase each half's
+// calls are counted under, that a serial pass never suspends, and what an error leaves behind.
+// The model's halves against the serial model are in test_tensor_parallel.cpp.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -26,7 +27,7 @@ class RecordingGroup final : public Communicator {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   void all_reduce(Tensor, ReduceOp, std::string_view site) override {
-    log_.push_back(fmt::format("reduce {}", site));
+    log_.push_back(fmt::format("reduce {}{}", stats().phase(), site));
   }
   void all_gather(Tensor, Tensor, std::string_view site) override {
     log_.push_back(fmt::format("gather {}", site));
@@ -48,10 +49,12 @@ class RecordingGroup final : public Communicator {
   }
 
  private:
+  // Named by the group's phase and the site, as CommStats records a started call.
   PendingCall started(std::string_view site) {
-    log_.push_back(fmt::format("start {}", site));
-    return PendingCall([this, s = std::string(site)] { log_.push_back("wait " + s); },
-                       [this, s = std::string(site)] { log_.push_back("abandon " + s); });
+    const std::string name = stats().phase() + std::string(site);
+    log_.push_back("start " + name);
+    return PendingCall([this, name] { log_.push_back("wait " + name); },
+                       [this, name] { log_.push_back("abandon " + name); });
   }
   [[noreturn]] static void unexpected() { throw std::logic_error("not a TP pass's call"); }
 
@@ -71,17 +74,14 @@ TpTask chunk(const TensorParallel& tp, Log& log, std::string name, std::string s
   log.push_back(name + " after " + site);
 }
 
-// A block pass as the modes write them: compute, weight gradients, collectives, a helper.
+// A block pass as the modes write them: compute, collectives, a helper.
 TpTask pass(TensorParallel tp, Log& log, std::string name) {
   log.push_back(name + " compute 0");
-  tp_weight_grads(tp, [&log] { log.push_back("W 0"); });
   co_await tp_all_reduce(tp, buffer(), "t.a");
   log.push_back(name + " compute 1");
   co_await chunk(tp, log, name, "t.b");
-  tp_weight_grads(tp, [&log] { log.push_back("W 1"); });
   co_await tp_all_gather(tp, buffer(), buffer(), "t.c");
   log.push_back(name + " tail");
-  tp_weight_grads(tp, [&log] { log.push_back("W 2"); });
 }
 
 TEST(TpOverlap, ASerialPassNeverSuspends) {
@@ -90,35 +90,34 @@ TEST(TpOverlap, ASerialPassNeverSuspends) {
   TpTask task = pass(TensorParallel{.comm = &group}, log, "s");
   ASSERT_TRUE(task.done());
   task.get();
-  EXPECT_EQ(log, (Log{"s compute 0", "W 0", "reduce t.a", "s compute 1", "s chunk", "reduce t.b",
-                      "reduce t.b", "s after t.b", "W 1", "gather t.c", "s tail", "W 2"}));
+  EXPECT_EQ(log, (Log{"s compute 0", "reduce t.a", "s compute 1", "s chunk", "reduce t.b",
+                      "reduce t.b", "s after t.b", "gather t.c", "s tail"}));
 }
 
-// Half 0 and half 1 alternate segment by segment; each waits its own call only when it is
-// resumed, after the other half has computed; the weight-gradient work runs once, where both
-// halves have left its segment.
-TEST(TpOverlap, HalvesAlternateAndWeightGradientsRunAtTheJoins) {
+// Half 0 and half 1 alternate segment by segment, so that every rank issues the group's calls
+// in one order; each waits its own call only when it is resumed, after the other half has
+// computed.
+TEST(TpOverlap, HalvesAlternateAndWaitOnlyWhenResumed) {
   Log log;
   RecordingGroup group(log);
   std::array<TpHalf, 2> halves{TpHalf{.index = 0}, TpHalf{.index = 1}};
   std::array<TpTask, 2> tasks{pass(TensorParallel{.comm = &group, .half = &halves[0]}, log, "h0"),
                               pass(TensorParallel{.comm = &group, .half = &halves[1]}, log, "h1")};
   run_halves(tasks, halves);
-  EXPECT_EQ(log, (Log{"h0 compute 0", "start t.a",            //
-                      "h1 compute 0", "start t.a",    "W 0",  //
+  EXPECT_EQ(log, (Log{"h0 compute 0", "start t.a",  //
+                      "h1 compute 0", "start t.a",  //
                       "wait t.a",     "h0 compute 1", "h0 chunk",     "start t.b", "start t.b",
                       "wait t.a",     "h1 compute 1", "h1 chunk",     "start t.b", "start t.b",  //
                       "wait t.b",     "wait t.b",     "h0 after t.b", "start t.c",               //
-                      "wait t.b",     "wait t.b",     "h1 after t.b", "start t.c", "W 1",        //
+                      "wait t.b",     "wait t.b",     "h1 after t.b", "start t.c",               //
                       "wait t.c",     "h0 tail",                                                 //
-                      "wait t.c",     "h1 tail",      "W 2"}));
+                      "wait t.c",     "h1 tail"}));
   EXPECT_EQ(halves[0].segments, 3);
   EXPECT_EQ(halves[1].segments, 3);
-  EXPECT_TRUE(halves[0].weight_grads.empty());
 }
 
-// A group of one rank moves nothing, but the halves still meet at every collective's place:
-// the joins, and so the weight-gradient work, come where they come with a group.
+// A group of one rank moves nothing, but the halves still take turns at every collective's
+// place, as they would with a group.
 TEST(TpOverlap, AGroupOfOneRankKeepsTheSegments) {
   Log log;
   RecordingGroup group(log, 1);
@@ -126,9 +125,34 @@ TEST(TpOverlap, AGroupOfOneRankKeepsTheSegments) {
   std::array<TpTask, 2> tasks{pass(TensorParallel{.comm = &group, .half = &halves[0]}, log, "h0"),
                               pass(TensorParallel{.comm = &group, .half = &halves[1]}, log, "h1")};
   run_halves(tasks, halves);
-  EXPECT_EQ(log,
-            (Log{"h0 compute 0", "h1 compute 0", "W 0", "h0 compute 1", "h0 chunk", "h1 compute 1",
-                 "h1 chunk", "h0 after t.b", "h1 after t.b", "W 1", "h0 tail", "h1 tail", "W 2"}));
+  EXPECT_EQ(log, (Log{"h0 compute 0", "h1 compute 0", "h0 compute 1", "h0 chunk", "h1 compute 1",
+                      "h1 chunk", "h0 after t.b", "h1 after t.b", "h0 tail", "h1 tail"}));
+}
+
+// A recomputation in one half and a backward in the other: each half's calls are counted under
+// its own phase, and the group's phase is left as it was.
+TpTask phased(TensorParallel tp, bool recompute) {
+  if (recompute) {
+    const TpPhase phase(tp, "recompute.");
+    co_await tp_all_reduce(tp, buffer(), "t.a");
+  }
+  co_await tp_all_reduce(tp, buffer(), "t.b");
+}
+
+TEST(TpOverlap, EachHalfCountsUnderItsOwnPhase) {
+  Log log;
+  RecordingGroup group(log);
+  std::array<TpHalf, 2> halves{TpHalf{.index = 0}, TpHalf{.index = 1}};
+  std::array<TpTask, 2> tasks{phased(TensorParallel{.comm = &group, .half = &halves[0]}, true),
+                              phased(TensorParallel{.comm = &group, .half = &halves[1]}, false)};
+  run_halves(tasks, halves);
+  EXPECT_EQ(log, (Log{"start recompute.t.a", "start t.b", "wait recompute.t.a", "start t.b",
+                      "wait t.b", "wait t.b"}));
+  EXPECT_EQ(group.stats().phase(), "");
+  // Serially the phase is the group's for the scope.
+  log.clear();
+  phased(TensorParallel{.comm = &group}, true).get();
+  EXPECT_EQ(log, (Log{"reduce recompute.t.a", "reduce t.b"}));
 }
 
 TpTask failing(TensorParallel tp, Log& log, bool fail) {

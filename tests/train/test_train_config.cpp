@@ -344,6 +344,16 @@ TEST(TrainConfig, CrossFieldValidation) {
   EXPECT_CONTAINS(error_of("[parallel]\npp = 5\n"), "'parallel.pp'");
   // Cross-field errors from --set name the file too (the key is what matters).
   EXPECT_CONTAINS(error_of("", {"training.seq_len=4096"}), "training.seq_len");
+  // TP overlap halves each micro-batch by its sequences; LaX's latents cross a stage boundary
+  // whole, which the halves do not keep.
+  EXPECT_FALSE(parse("").parallel.tp_overlap);
+  EXPECT_TRUE(parse("[parallel]\ntp_overlap = true\n").parallel.tp_overlap);
+  EXPECT_EQ(error_of("[training]\nmicro_batch_size = 3\n[parallel]\ntp_overlap = true\n"),
+            "test.toml: key 'parallel.tp_overlap' splits each micro-batch into two halves of its "
+            "sequences: it needs an even training.micro_batch_size, not 3");
+  EXPECT_CONTAINS(error_of("[model]\nbottleneck = \"lax\"\nrank = 64\nnum_layers = 4\n"
+                           "[parallel]\ntp_overlap = true\npp = 2\n"),
+                  "key 'parallel.tp_overlap' does not run LaX over a pipeline");
 }
 
 // training.attention: auto by default; "cudnn" is cuDNN's SDPA on the GPU, so a host backend
