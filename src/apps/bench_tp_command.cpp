@@ -59,17 +59,19 @@ struct Variant {
   bool grouping;
   NormStatistic statistic = NormStatistic::from_latent;
   Recompute recompute = Recompute::none;
+  bool overlap = false;  // parallel.tp_overlap
   std::string label() const {
     std::string l = mode->name();
     if (!grouping) l += " ungrouped";
     if (statistic == NormStatistic::all_reduce) l += " norm-stat-allreduce";
     if (recompute != Recompute::none) l += fmt::format(" recompute={}", recompute_name(recompute));
+    if (overlap) l += " tp-overlap";
     return l;
   }
   // The same variant keeping every activation: what recomputation is measured against.
   bool is_baseline_of(const Variant& v) const {
     return mode == v.mode && grouping == v.grouping && statistic == v.statistic &&
-           recompute == Recompute::none;
+           overlap == v.overlap && recompute == Recompute::none;
   }
 };
 
@@ -136,6 +138,7 @@ class ModeRun {
     c.parallel.grouping = variant.grouping;
     c.parallel.norm_statistic = variant.statistic;
     c.training.recompute = variant.recompute;
+    c.parallel.tp_overlap = variant.overlap;
     const ModelConfig& model_config = c.model;
     train_step_ = std::make_unique<TrainStep>(c, *be_, tensor_parallel_of(c, tp), nullptr, nullptr);
     train_step_->model().init_weights(uint64_t(config.training.seed));
@@ -322,14 +325,17 @@ void print_fit_table(const TrainConfig& config, const std::string& path, Communi
     }
 }
 
-// The variants bench tp times: each mode as configured, with --variants grouping switched
-// and btp's RMSNorm statistic all-reduced, with --recompute every other policy of each.
+// The variants bench tp times: each mode as configured (with --tp-overlap also with TP overlap
+// on), with --variants grouping switched and btp's RMSNorm statistic all-reduced, with
+// --recompute every other policy of each.
 std::vector<Variant> bench_variants(const std::vector<const TpLayout*>& modes, bool grouping,
                                     Recompute base, bool bottleneck, bool with_variants,
-                                    bool with_recompute) {
+                                    bool with_recompute, bool with_overlap) {
   std::vector<Variant> variants;
-  for (const TpLayout* mode : modes)
+  for (const TpLayout* mode : modes) {
     variants.push_back({mode, grouping, NormStatistic::from_latent, base});
+    if (with_overlap) variants.push_back({mode, grouping, NormStatistic::from_latent, base, true});
+  }
   if (bottleneck && with_variants) {
     variants.push_back({vanilla_mode(), !grouping, NormStatistic::from_latent, base});
     variants.push_back({btp_mode(), !grouping, NormStatistic::from_latent, base});
@@ -338,7 +344,7 @@ std::vector<Variant> bench_variants(const std::vector<const TpLayout*>& modes, b
   if (with_recompute) {
     const std::vector<Variant> kept = variants;
     for (const Variant& v : kept)
-      if (v.statistic == NormStatistic::from_latent && v.grouping == grouping)
+      if (v.statistic == NormStatistic::from_latent && v.grouping == grouping && !v.overlap)
         for (Recompute policy : recompute_policies(v.mode))
           if (policy != base) variants.push_back({v.mode, v.grouping, v.statistic, policy});
   }
@@ -373,6 +379,7 @@ void print_result_json(const ModeResult& r, const Saving& saved, int tp, Precisi
       {"model", bottleneck_kind_name(r.kind)},
       {"tp", tp},
       {"recompute", recompute_name(r.variant.recompute)},
+      {"tp_overlap", r.variant.overlap},
       {"precision", enum_name(precision)},
       {"fwd_elems_per_block", double(r.fwd.elements) / blocks},
       {"bwd_elems_per_block", double(r.bwd.elements) / blocks},
@@ -466,7 +473,8 @@ const ModeResult* find_result(const std::vector<ModeResult>& results, const TpLa
                               Recompute policy, bool grouping) {
   for (const ModeResult& r : results)
     if (r.mode == mode && r.variant.grouping == grouping &&
-        r.variant.statistic == NormStatistic::from_latent && r.variant.recompute == policy)
+        r.variant.statistic == NormStatistic::from_latent && r.variant.recompute == policy &&
+        !r.variant.overlap)
       return &r;
   return nullptr;
 }
@@ -512,7 +520,7 @@ void print_comparisons(const std::vector<ModeResult>& results, Recompute base, b
           paper.value("recompute.vanilla_batch4"), paper.value("recompute.boost_advantage_batch4"));
     const ModeResult *vanilla_ungrouped = nullptr, *btp_ungrouped = nullptr, *stat = nullptr;
     for (const ModeResult& r : results) {
-      if (r.variant.recompute != base) continue;
+      if (r.variant.recompute != base || r.variant.overlap) continue;
       if (r.variant.grouping != grouping)
         (r.mode == vanilla_mode() ? vanilla_ungrouped : btp_ungrouped) = &r;
       if (r.variant.statistic == NormStatistic::all_reduce) stat = &r;
@@ -539,6 +547,25 @@ void print_comparisons(const std::vector<ModeResult>& results, Recompute base, b
       fmt::print(" iteration {:.1f} vs {:.1f}\n", on.iter_ms(), off.iter_ms());
     }
   }
+  // --tp-overlap: each mode's serial iteration over its overlapped one, and how much of the
+  // serial step its TP communication was (what overlap can hide at most).
+  std::string overlap_line;
+  for (const TpLayout* mode : {full_mode(), vanilla_mode(), btp_mode()}) {
+    const ModeResult* serial = find(mode, base);
+    const ModeResult* halves = nullptr;
+    for (const ModeResult& r : results)
+      if (r.mode == mode && r.variant.overlap && r.variant.recompute == base) halves = &r;
+    if (!serial || !halves) continue;
+    overlap_line += fmt::format(
+        " {} {:.2f}x (serial comm {:.0f} % of the step, exposed under "
+        "overlap {:.1f} of {:.1f} ms) |",
+        mode->name(), serial->iter_ms() / halves->iter_ms(),
+        100.0 * serial->comm_ms() / serial->iter_ms(), halves->comm_exposed.median,
+        halves->comm_ms());
+  }
+  if (!overlap_line.empty())
+    fmt::print("  tp_overlap speedup (serial / overlapped iteration):{}\n",
+               overlap_line.substr(0, overlap_line.size() - 2));
 }
 
 }  // namespace
@@ -548,7 +575,7 @@ Command add_bench_tp_command(CLI::App& app) {
     std::string config;
     std::vector<std::string> overrides;
     int steps = 5, warmup = 2, threads = 0;
-    bool json = false, variants = false, recompute = false, components = false;
+    bool json = false, variants = false, recompute = false, components = false, tp_overlap = false;
     std::string fit;
     int64_t fit_max = 64;
   };
@@ -569,6 +596,10 @@ Command add_bench_tp_command(CLI::App& app) {
   app.add_flag("--components", o->components,
                "time vanilla's and btp's q/k/v and gate/up groups apart: compute (GEMMs and "
                "latent stage) and all-reduce, forward + backward, with each call site's time");
+  app.add_flag("--tp-overlap", o->tp_overlap,
+               "also time each mode with parallel.tp_overlap (the micro-batch's blocks as two "
+               "halves, one half's TP collectives under the other half's compute; needs an "
+               "even training.micro_batch_size); under it each block site is called twice");
   app.add_option("--fit", o->fit,
                  "plan (without allocating or timing) the largest micro-batch each mode and "
                  "recompute policy fits per rank under this many bytes (\"80GiB\")");
@@ -613,9 +644,13 @@ Command add_bench_tp_command(CLI::App& app) {
                    given.set.count("training.recompute") ? "--set" : o->config,
                    recompute_name(base), mode->name());
     }
+    BOTTLE_CHECK(!o->tp_overlap || config.training.micro_batch_size % 2 == 0,
+                 "bench tp --tp-overlap splits each micro-batch into two halves of its "
+                 "sequences: it needs an even training.micro_batch_size, not {}",
+                 config.training.micro_batch_size);
     const std::vector<Variant> variants =
         bench_variants(modes, grouping, base, config.model.bottleneck != BottleneckKind::none,
-                       o->variants, o->recompute);
+                       o->variants, o->recompute, o->tp_overlap);
     const bool leader = world.rank() == 0;
     const ModelConfig& m = config.model;
     if (leader && !o->json)
