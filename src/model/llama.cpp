@@ -377,14 +377,22 @@ size_t LlamaModel::stage_blocks(const Slot& s) const {
   return halved_ ? s.halves[0].size() : s.blocks.size();
 }
 
-void LlamaModel::make_halves(Halves& h) const {
-  for (int i = 0; i < 2; ++i) {
-    h.state[size_t(i)].index = i;
+// The halves meet after every block: ZeRO's gathers before it, the DP hook after it and the
+// next block's shared buffers are then the serial pass's concern again.
+void LlamaModel::run_in_halves(
+    const std::function<TpTask(int half, const TensorParallel& tp)>& pass) const {
+  std::array<TpHalf, 2> halves;
+  std::array<TensorParallel, 2> tp{tp_, tp_};
+  std::array<TpTask, 2> tasks;
+  for (int k = 0; k < 2; ++k) {
+    halves[size_t(k)].index = k;
     // The calls are counted under the phase the group is in (CommStats::phase), as serially.
-    if (tp_.comm) h.state[size_t(i)].phase = tp_.comm->stats().phase();
-    h.tp[size_t(i)] = tp_;
-    h.tp[size_t(i)].half = &h.state[size_t(i)];
+    if (tp_.comm) halves[size_t(k)].phase = tp_.comm->stats().phase();
+    tp[size_t(k)].half = &halves[size_t(k)];
   }
+  // Half 0 runs to its first collective, then half 1 to its own.
+  for (int k = 0; k < 2; ++k) tasks[size_t(k)] = pass(k, tp[size_t(k)]);
+  run_halves(tasks, halves);
 }
 
 void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
@@ -421,18 +429,11 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
   for (size_t i = 0; i < blocks; ++i) {
     need(i + 1 < blocks ? block_offsets_[i + 1] : head_offset_);
     if (halved_) {
-      // The halves meet after every block, where ZeRO's gathers and the next block's buffers
-      // are the serial pass's concern again.
-      Halves h;
-      make_halves(h);
-      std::array<TpTask, 2> tasks;
-      for (int k = 0; k < 2; ++k) {
+      run_in_halves([&](int k, const TensorParallel& tp) {
         const auto& half = s.halves[size_t(k)];
-        tasks[size_t(k)] =
-            half[i]->forward(be, h.tp[size_t(k)], half_latents(half, i),
-                             half_rows(s.residual[i], k), half_rows(s.residual[i + 1], k));
-      }
-      run_halves(tasks, h.state);
+        return half[i]->forward(be, tp, half_latents(half, i), half_rows(s.residual[i], k),
+                                half_rows(s.residual[i + 1], k));
+      });
       continue;
     }
     s.blocks[i]
@@ -495,18 +496,13 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   for (size_t i = blocks; i-- > 0;) {
     need(i + 1 < blocks ? block_offsets_[i + 1] : head_offset_);
     if (halved_) {
-      // Both halves' gradients of the block are added before `ready` hears of them.
-      Halves h;
-      make_halves(h);
-      std::array<TpTask, 2> tasks;
-      for (int k = 0; k < 2; ++k) {
+      run_in_halves([&](int k, const TensorParallel& tp) {
         const auto& half = s.halves[size_t(k)];
-        tasks[size_t(k)] =
-            recompute_and_backward(be, *half[i], h.tp[size_t(k)], half_latents(half, i),
-                                   half_rows(s.residual[i], k), half_rows(recompute_out_, k),
-                                   half_rows(residual_grad_, k), recompute_ != Recompute::none);
-      }
-      run_halves(tasks, h.state);
+        return recompute_and_backward(be, *half[i], tp, half_latents(half, i),
+                                      half_rows(s.residual[i], k), half_rows(recompute_out_, k),
+                                      half_rows(residual_grad_, k), recompute_ != Recompute::none);
+      });
+      // Both halves' gradients of the block are in.
       if (ready) ready(block_offsets_[i]);
       continue;
     }

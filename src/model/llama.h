@@ -190,12 +190,8 @@ class LlamaModel {
   };
   bool crosses_boundaries() const;           // LaX over more than one stage
   size_t stage_blocks(const Slot& s) const;  // the stage's blocks (of each half)
-  // The two halves' TP groups and states for one run_halves.
-  struct Halves {
-    std::array<TpHalf, 2> state;
-    std::array<TensorParallel, 2> tp;
-  };
-  void make_halves(Halves& h) const;
+  // TP overlap: one block's passes of both halves, pass(k, half k's TP group), by run_halves.
+  void run_in_halves(const std::function<TpTask(int half, const TensorParallel& tp)>& pass) const;
 
   ModelConfig config_;
   TensorParallel tp_;

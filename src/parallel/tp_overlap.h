@@ -5,7 +5,7 @@
 // group's communication thread, or NCCL's stream) while the other half computes.
 //
 // A block pass is written once, as a coroutine (TpTask) that co_awaits each collective:
-//   co_await tp_all_reduce(tp, {y}, "btp.fwd.o");
+//   co_await co_reduce_from_forward(tp, y, "btp.fwd.o");  // (parallel/mappings.h)
 // Serially (tp.half null) the awaiter runs the blocking collective and never suspends: the
 // same source gives the same bits as a plain function. Under overlap (tp.half set to the
 // half's TpHalf) it starts the collective and suspends; run_halves resumes each half after
@@ -113,9 +113,9 @@ class [[nodiscard]] CollectiveAwaiter {
 
 // The awaitable collectives of a TP pass, with the blocking ones' contracts
 // (Communicator::all_reduce, all_gather): summed in place over the TP group, piece by piece
-// (a half's buffer may be several row ranges: stacked slabs, vanilla's q|k|v), one call each,
-// waited together. A group of one rank moves nothing; under overlap the pass still suspends
-// there, so that both halves' segments stay the same whatever the group's size.
+// (buffers that are not one after another: one call each, waited together). A group of one
+// rank moves nothing; under overlap the pass still suspends there, so that both halves'
+// segments stay the same whatever the group's size.
 // (Pieces come as a span, not a braced list: g++ 12 rejects a braced list's array inside a
 // co_await expression, "array used as initializer". Passes hoist such temporaries.)
 CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, std::span<const Tensor> pieces,

@@ -154,6 +154,58 @@ void add_run_keys(std::vector<ConfigKey>& s) {
                          "scalars (relative to checkpoint.folder; empty: none)"));
 }
 
+// [parallel]: the layout over ranks, and how its communication runs.
+void add_parallel_keys(std::vector<ConfigKey>& s) {
+  s.push_back(integer_key("parallel.tp", FIELD(parallel.tp), greater(0), "tensor-parallel ranks"));
+  s.push_back(integer_key("parallel.pp", FIELD(parallel.pp), greater(0), "pipeline stages"));
+  s.push_back(integer_key("parallel.dp", FIELD(parallel.dp), greater(0), "data-parallel ranks"));
+  s.push_back(tp_mode_key("parallel.tp_mode",
+                          "full (Megatron TP, full-rank model), vanilla (Megatron TP on a "
+                          "bottleneck model), btp (bottleneck-aware TP)",
+                          "full for a full-rank model, btp for a bottleneck model"));
+  s.push_back(choice_key("parallel.schedule", FIELD(parallel.schedule), kScheduleNames,
+                         "pipeline schedule: 1f1b or gpipe"));
+  s.push_back(integer_key("parallel.zero", FIELD(parallel.zero), closed(0, 3),
+                          "ZeRO stage: 0 (replicated AdamW state), 1 (sharded), 2 (the "
+                          "gradients sharded too: reduce-scattered after every micro-batch's "
+                          "backward, block by block, and kept as 1/dp) or 3 (the parameters "
+                          "too, FSDP: each rank keeps 1/dp of the fp32 weights, and each block's "
+                          "are all-gathered before its forward and again before its backward)"));
+  s.push_back(bool_key("parallel.overlap_grad_reduce", FIELD(parallel.overlap_grad_reduce),
+                       "reduce gradient buckets over the DP group during the last backward, "
+                       "last block first, while the rest of backward computes (all-reduced, "
+                       "or reduce-scattered under ZeRO; the same bits as without)"));
+  s.push_back(bool_key("parallel.overlap_param_gather", FIELD(parallel.overlap_param_gather),
+                       "ZeRO: all-gather the updated parameters during the next forward, each "
+                       "bucket waited for where it is first read (the same bits as without)"));
+  s.push_back(number_key("parallel.bucket_mb", FIELD(parallel.bucket_mb), greater(0),
+                         "MiB of gradients per DP bucket, all-reduced or reduce-scattered "
+                         "(cut from the last layer back)"));
+  s.push_back(bool_key("parallel.tp_overlap", FIELD(parallel.tp_overlap),
+                       "split each micro-batch into two halves of its sequences whose blocks "
+                       "run interleaved, so that one half's TP collectives travel while the "
+                       "other half computes (DeepSpeed Domino); needs an even "
+                       "training.micro_batch_size. The same activations; parameter gradients "
+                       "summed half by half, as under gradient accumulation (fp32 rounding)"));
+  s.push_back(bool_key("parallel.grouping", FIELD(parallel.grouping),
+                       "one GEMM for projections reading the same input (q,k,v; gate,up)"));
+  s.push_back(choice_key("parallel.norm_statistic", FIELD(parallel.norm_statistic),
+                         kNormStatisticNames,
+                         "btp: how the online RMSNorm's backward gets its per-token sum over "
+                         "the whole hidden: from the chunk's latent, which its all-reduce has "
+                         "made whole (latent: no communication), or all-reduced over the TP "
+                         "group (all_reduce: one more collective of b·s values per norm, to "
+                         "compare against)"));
+  s.push_back(choice_key("parallel.comm", FIELD(parallel.comm), kCommNames,
+                         "collectives of the TP, PP and DP groups: nccl (GPU memory, one rank "
+                         "per GPU), mpi (host memory; with cuda, staged through the host so "
+                         "ranks may share a GPU) or auto (nccl on cuda, else mpi)"));
+  s.push_back(integer_key("parallel.comm_timeout", FIELD(parallel.comm_timeout), greater(0),
+                          "seconds a collective or pipeline transfer may wait for its peers "
+                          "before the job ends naming the rank and host it waited for (a "
+                          "stopped, dead or cut-off host)"));
+}
+
 }  // namespace
 
 std::vector<ConfigKey> build_schema() {
@@ -257,55 +309,7 @@ std::vector<ConfigKey> build_schema() {
   s.push_back(number_key("lr_scheduler.min_lr_ratio", FIELD(lr_scheduler.min_lr_ratio),
                          closed(0, 1), "final learning rate as a fraction of optimizer.lr"));
   add_run_keys(s);
-  // [parallel]
-  s.push_back(integer_key("parallel.tp", FIELD(parallel.tp), greater(0), "tensor-parallel ranks"));
-  s.push_back(integer_key("parallel.pp", FIELD(parallel.pp), greater(0), "pipeline stages"));
-  s.push_back(integer_key("parallel.dp", FIELD(parallel.dp), greater(0), "data-parallel ranks"));
-  s.push_back(tp_mode_key("parallel.tp_mode",
-                          "full (Megatron TP, full-rank model), vanilla (Megatron TP on a "
-                          "bottleneck model), btp (bottleneck-aware TP)",
-                          "full for a full-rank model, btp for a bottleneck model"));
-  s.push_back(choice_key("parallel.schedule", FIELD(parallel.schedule), kScheduleNames,
-                         "pipeline schedule: 1f1b or gpipe"));
-  s.push_back(integer_key("parallel.zero", FIELD(parallel.zero), closed(0, 3),
-                          "ZeRO stage: 0 (replicated AdamW state), 1 (sharded), 2 (the "
-                          "gradients sharded too: reduce-scattered after every micro-batch's "
-                          "backward, block by block, and kept as 1/dp) or 3 (the parameters "
-                          "too, FSDP: each rank keeps 1/dp of the fp32 weights, and each block's "
-                          "are all-gathered before its forward and again before its backward)"));
-  s.push_back(bool_key("parallel.overlap_grad_reduce", FIELD(parallel.overlap_grad_reduce),
-                       "reduce gradient buckets over the DP group during the last backward, "
-                       "last block first, while the rest of backward computes (all-reduced, "
-                       "or reduce-scattered under ZeRO; the same bits as without)"));
-  s.push_back(bool_key("parallel.overlap_param_gather", FIELD(parallel.overlap_param_gather),
-                       "ZeRO: all-gather the updated parameters during the next forward, each "
-                       "bucket waited for where it is first read (the same bits as without)"));
-  s.push_back(number_key("parallel.bucket_mb", FIELD(parallel.bucket_mb), greater(0),
-                         "MiB of gradients per DP bucket, all-reduced or reduce-scattered "
-                         "(cut from the last layer back)"));
-  s.push_back(bool_key("parallel.tp_overlap", FIELD(parallel.tp_overlap),
-                       "split each micro-batch into two halves of its sequences whose blocks "
-                       "run interleaved, so that one half's TP collectives travel while the "
-                       "other half computes (DeepSpeed Domino); needs an even "
-                       "training.micro_batch_size. The same activations; parameter gradients "
-                       "summed half by half, as under gradient accumulation (fp32 rounding)"));
-  s.push_back(bool_key("parallel.grouping", FIELD(parallel.grouping),
-                       "one GEMM for projections reading the same input (q,k,v; gate,up)"));
-  s.push_back(choice_key("parallel.norm_statistic", FIELD(parallel.norm_statistic),
-                         kNormStatisticNames,
-                         "btp: how the online RMSNorm's backward gets its per-token sum over "
-                         "the whole hidden: from the chunk's latent, which its all-reduce has "
-                         "made whole (latent: no communication), or all-reduced over the TP "
-                         "group (all_reduce: one more collective of b·s values per norm, to "
-                         "compare against)"));
-  s.push_back(choice_key("parallel.comm", FIELD(parallel.comm), kCommNames,
-                         "collectives of the TP, PP and DP groups: nccl (GPU memory, one rank "
-                         "per GPU), mpi (host memory; with cuda, staged through the host so "
-                         "ranks may share a GPU) or auto (nccl on cuda, else mpi)"));
-  s.push_back(integer_key("parallel.comm_timeout", FIELD(parallel.comm_timeout), greater(0),
-                          "seconds a collective or pipeline transfer may wait for its peers "
-                          "before the job ends naming the rank and host it waited for (a "
-                          "stopped, dead or cut-off host)"));
+  add_parallel_keys(s);
   return s;
 }
 #undef FIELD
