@@ -49,21 +49,9 @@ check() {
 }
 
 if [ "${1:-}" = --self-test ]; then
-  check "$here"
-  tmp=$(mktemp -d)
-  trap 'rm -rf "$tmp"' EXIT
-  cp -r "$here/src" "$tmp/src"
-  echo 'inline void planted(bottle::Tensor t) { t.f32()[0] = 1.0f; }' >> "$tmp/src/parallel/mappings.h"
-  if out=$(check "$tmp" 2>&1); then
-    echo "check_device_clean: the self-test's planted raw access was not caught" >&2
-    exit 1
-  fi
-  grep -q '^src/parallel/mappings.h:[0-9]*:.*planted' <<<"$out" || {
-    echo "check_device_clean: the self-test's finding does not name the planted line: $out" >&2
-    exit 1
-  }
-  echo "check_device_clean: ok (the tree is clean; a planted raw access was caught: ${out%%$'\n'*})"
-  exit 0
+  # shellcheck source=tools/lib/planted_self_test.sh
+  source "$here/tools/lib/planted_self_test.sh"
+  planted_self_test check_device_clean 'inline void planted(bottle::Tensor t) { t.f32()[0] = 1.0f; }' "raw access"
 fi
 check "${1:-$here}"
 echo "check_device_clean: ok"
