@@ -1,7 +1,9 @@
 # shellcheck shell=bash
 # Sourced by the repository checks (tools/check_*.sh) for their --self-test: the check passes on
 # this tree, then fails on a copy of src/ with one line planted in src/parallel/mappings.h and
-# names that line. The caller defines check ROOT (0: clean; 1 and "file:line: ..." findings).
+# names that line. The caller defines check ROOT (0: clean; 1 and "file:line: ..." findings)
+# and `here`, the repository root.
+# shellcheck disable=SC2154 # here: the caller's
 #   planted_self_test NAME PLANTED_LINE WHAT   (WHAT: "hook", "raw access", for the messages)
 planted_self_test() {
   local name=$1 planted=$2 what=$3 tmp out
