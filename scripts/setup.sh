@@ -77,7 +77,7 @@ if ! hf_venv_ok; then
 fi
 
 # .deps/cudnn-frontend: NVIDIA's header-only cudnn-frontend C++ API, through which the cuda
-# backend runs cuDNN's SDPA attention (src/core/cuda/attention_cudnn.cpp). Debian has no
+# backend runs cuDNN's SDPA attention (src/backend/cuda/attention_cudnn.cpp). Debian has no
 # package; PyPI's wheel ships the headers (include/), pinned here. Only the headers are
 # unpacked, never committed; a version stamp says what is there, and only a missing or other
 # version is fetched again. CMake finds them (CUDNN_FRONTEND_INCLUDE_DIR); without them the

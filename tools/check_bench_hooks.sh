@@ -10,7 +10,7 @@
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
-product=(core comm nn parallel pipeline model data train plan)
+product=(core sys io backend comm nn parallel pipeline model data train plan)
 
 # Each a pattern and what it means, for the product's layers.
 product_patterns=(

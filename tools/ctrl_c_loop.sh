@@ -3,7 +3,7 @@
 # its process group (as a terminal's Ctrl-C) at a random moment 1.5-9 s after the start; counts
 # the exit statuses and keeps the folder of every run that did not exit 0 or say how it ended.
 # Not a test (it takes minutes); the signals suite has the bounded version. Before the stop
-# signals were read on a watcher thread (src/core/stop_signals.h) about 1 run in 20 crashed.
+# signals were read on a watcher thread (src/sys/stop_signals.h) about 1 run in 20 crashed.
 #   tools/ctrl_c_loop.sh [BOTTLE] [RUNS] [SEED]
 set -uo pipefail
 cd "$(dirname "$0")/.."

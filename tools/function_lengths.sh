@@ -36,7 +36,7 @@ fi
 allowed=(
   # Every split tried changes its SASS (compared per kernel with the cubins of sm_90), and a
   # tensor-core kernel is only re-split where a GPU can time it and check its bits.
-  "src/core/cuda/attention_mma.cu tc_forward_kernel"
+  "src/backend/cuda/attention_mma.cu tc_forward_kernel"
 )
 long=$(awk -v limit="$limit" '$1 > limit' <<<"$list")
 for entry in "${allowed[@]}"; do

@@ -16,7 +16,7 @@
 #include "apps/commands.h"
 #include "bench/online_rmsnorm_check.h"
 #include "comm/communicator.h"
-#include "core/backend_options.h"
+#include "backend/backend_options.h"
 
 namespace bottle {
 

@@ -27,7 +27,7 @@
 #include "bench/subprocess.h"
 #include "core/arena.h"
 #include "core/error.h"
-#include "core/system_info.h"
+#include "sys/system_info.h"
 #include "train/plot.h"
 
 namespace bottle {

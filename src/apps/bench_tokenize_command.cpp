@@ -15,8 +15,8 @@
 #include "apps/tokenizer_options.h"
 #include "bench/subprocess.h"
 #include "core/error.h"
-#include "core/system_info.h"
-#include "core/worker_pool.h"
+#include "sys/system_info.h"
+#include "sys/worker_pool.h"
 #include "data/tokenizer_files.h"
 #include "data/utf8.h"
 

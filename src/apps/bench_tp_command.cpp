@@ -23,7 +23,7 @@
 #include "apps/commands.h"
 #include "bench/paper_figures.h"
 #include "comm/process_groups.h"
-#include "core/profiling_backend.h"
+#include "backend/profiling_backend.h"
 #include "core/statistics.h"
 #include "model/llama.h"
 #include "plan/planner.h"

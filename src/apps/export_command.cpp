@@ -10,7 +10,7 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/communicator.h"
-#include "core/atomic_output.h"
+#include "io/atomic_output.h"
 #include "model/checkpoint.h"
 #include "train/run_tokenizer.h"
 
@@ -43,7 +43,7 @@ Command add_export_command(CLI::App& app) {
     check_new_model_directory(o->out);  // before the work of loading
     auto model = load_model(o->checkpoint);
     const auto tokenizer = checkpoint_tokenizer(o->checkpoint, model->config());
-    // Whole or not at all (core/atomic_output.h): a full disk leaves nothing to refuse later.
+    // Whole or not at all (io/atomic_output.h): a full disk leaves nothing to refuse later.
     write_directory_atomically(o->out, [&](const std::string& temp) {
       save_model(*model, temp, o->dtype == "bf16" ? DType::bf16 : DType::f32,
                  special_token_ids(tokenizer.get()));

@@ -7,7 +7,7 @@
 //     the last losses of metrics.jsonl;
 //   - prepare's output (a directory of shards or one shard): each split's documents, tokens,
 //     shards and tokenizer.
-// Every file read is bounded (core/file_read.h through read_json_file); errors name the file.
+// Every file read is bounded (io/file_read.h through read_json_file); errors name the file.
 #include <fmt/ranges.h>
 
 #include <algorithm>
@@ -19,10 +19,10 @@
 
 #include "apps/commands.h"
 #include "core/error.h"
-#include "core/file_read.h"
-#include "core/json_io.h"
-#include "core/safetensors.h"
-#include "core/token_shard.h"
+#include "io/file_read.h"
+#include "io/json_io.h"
+#include "io/safetensors.h"
+#include "io/token_shard.h"
 #include "data/shard_meta.h"
 #include "model/checkpoint.h"
 #include "train/checkpoint_store.h"

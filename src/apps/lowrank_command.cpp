@@ -10,7 +10,7 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "comm/communicator.h"
-#include "core/atomic_output.h"
+#include "io/atomic_output.h"
 #include "model/checkpoint.h"
 #include "model/lowrank.h"
 #include "train/data_loader.h"
@@ -122,7 +122,7 @@ Command add_lowrank_command(CLI::App& app) {
           o->batches, o->batch, seq, before, o->kind, o->rank, after, after - before,
           100.0 * (after - before) / before);
     }
-    // Whole or not at all (core/atomic_output.h): a full disk leaves nothing to refuse later.
+    // Whole or not at all (io/atomic_output.h): a full disk leaves nothing to refuse later.
     write_directory_atomically(o->out, [&](const std::string& temp) {
       save_model(*low, temp, DType::f32, special_token_ids(tokenizer.get()));
       if (tokenizer) tokenizer->save(temp);

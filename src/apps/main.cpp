@@ -17,7 +17,7 @@
 #include "apps/version.h"
 #include "comm/communicator.h"
 #include "core/error.h"
-#include "core/stop_signals.h"
+#include "sys/stop_signals.h"
 #include "train/memory_plan.h"
 #include "train/train_config.h"
 
@@ -53,7 +53,7 @@ void check_openmp_threads() {
 
 int main(int argc, char** argv) {
   // Before any thread exists: MPI's and OpenMP's threads are born with the stop signals
-  // blocked, so that no signal handler ever runs on a thread in a GEMM (core/stop_signals.h).
+  // blocked, so that no signal handler ever runs on a thread in a GEMM (sys/stop_signals.h).
   bottle::block_stop_signals();
   // A file-size limit (ulimit -f) would kill the process with SIGXFSZ in the middle of a
   // write; ignored, the write fails with EFBIG and the error names the file being written.

@@ -44,9 +44,9 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/tokenizer_options.h"
-#include "core/atomic_output.h"
+#include "io/atomic_output.h"
 #include "core/error.h"
-#include "core/worker_pool.h"
+#include "sys/worker_pool.h"
 #include "data/byte_tokenizer.h"
 #include "data/shard_writer.h"
 #include "data/text_source.h"
@@ -112,7 +112,7 @@ bool read_batch(DocumentReader& reader, Batch& batch) {
 }
 
 // Encodes a batch's documents on the pool's workers, each document by whichever worker claims
-// it first (core/worker_pool.h).
+// it first (sys/worker_pool.h).
 class BatchEncoder {
  public:
   BatchEncoder(const Tokenizer& tokenizer, int threads)

@@ -10,8 +10,8 @@
 #include "apps/commands.h"
 #include "apps/tokenizer_options.h"
 #include "core/error.h"
-#include "core/file_read.h"
-#include "core/json_io.h"
+#include "io/file_read.h"
+#include "io/json_io.h"
 #include "data/utf8.h"
 
 namespace bottle {

@@ -4,8 +4,8 @@
 
 #include "bottle_build_info.h"
 #include "comm/communicator.h"
-#include "core/backend.h"
-#include "core/system_info.h"
+#include "backend/backend.h"
+#include "sys/system_info.h"
 
 namespace bottle {
 

@@ -10,11 +10,11 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/atomic_output.h"
-#include "core/backend.h"
+#include "io/atomic_output.h"
+#include "backend/backend.h"
 #include "core/error.h"
 #include "core/statistics.h"
-#include "core/system_info.h"
+#include "sys/system_info.h"
 #include "plan/cluster.h"
 #include "train/memory_plan.h"
 
@@ -182,7 +182,7 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
                   n, omp_get_max_threads()));
   // What plan reads back: a measurement it would refuse is an error here, not there.
   parse_cluster(text, path);
-  // Whole or not at all (core/atomic_output.h): plan never reads half a cluster file.
+  // Whole or not at all (io/atomic_output.h): plan never reads half a cluster file.
   write_file_atomically(path, text);
   fmt::print("{}", text);
 }

@@ -5,7 +5,7 @@
 // test of the online norm and `bottle bench norm` both measure it here.
 #include <cstdint>
 
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "parallel/tensor_parallel.h"
 
 namespace bottle {

@@ -8,7 +8,7 @@
 #include "bench/paper_figures.h"
 #include "bench/paper_prediction.h"
 #include "core/arena.h"
-#include "core/atomic_output.h"
+#include "io/atomic_output.h"
 #include "core/error.h"
 #include "train/plot.h"
 
@@ -74,7 +74,7 @@ struct Chart {
 std::string gnuplot_value(double v) { return std::isnan(v) ? "NaN" : fmt::format("{}", v); }
 
 // The chart's data and script stay in plots/ beside the report, to redraw or inspect; each
-// whole or not at all (core/atomic_output.h).
+// whole or not at all (io/atomic_output.h).
 void write_plot_file(const fs::path& path, const std::string& text) {
   write_file_atomically(path.string(), text);
 }
@@ -82,7 +82,7 @@ void write_plot_file(const fs::path& path, const std::string& text) {
 // The opening of a chart's script: terminal, output and labels.
 std::string chart_preamble(const fs::path& png, const std::string& title, const std::string& xlabel,
                            const std::string& ylabel) {
-  // gnuplot draws into the partial copy, renamed onto png once whole (core/atomic_output.h);
+  // gnuplot draws into the partial copy, renamed onto png once whole (io/atomic_output.h);
   // a path it cannot quote is named as given.
   gnuplot_path(png);
   std::string script = gnuplot_png_preamble(partial_path(png.string()), 900, 520) + "set title " +
@@ -873,7 +873,7 @@ class Report {
 void write_paper_report(const PaperResults& r, const fs::path& out) {
   const PaperFigures paper = PaperFigures::built_in();
   const std::string md = Report(r, paper, out).write();
-  // Each file whole or not at all (core/atomic_output.h).
+  // Each file whole or not at all (io/atomic_output.h).
   write_file_atomically((out / "report.md").string(), md);
   json all{{"scale", r.scale},       {"machine", r.machine},
            {"settings", r.settings}, {"memory_limit", r.memory_limit},

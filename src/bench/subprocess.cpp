@@ -3,7 +3,7 @@
 #include <utility>
 
 #include "core/error.h"
-#include "core/subprocess.h"
+#include "sys/subprocess.h"
 
 namespace bottle {
 

@@ -1,6 +1,6 @@
 #pragma once
 // Shell commands run from bottle (the PyTorch peer, the runs of `bench paper`), through
-// core/subprocess.h's run_process: /bin/sh -c, stdin /dev/null, in bottle's process group.
+// sys/subprocess.h's run_process: /bin/sh -c, stdin /dev/null, in bottle's process group.
 #include <string>
 
 namespace bottle {

@@ -14,7 +14,7 @@
 #include "comm/communicator.h"
 #include "comm/mpi_communicator.h"
 #include "comm/staged_communicator.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #ifdef BOTTLE_HAVE_NCCL
 #include "comm/nccl_communicator.h"
 #endif

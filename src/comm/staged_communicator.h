@@ -13,7 +13,7 @@
 #include <memory>
 
 #include "comm/communicator.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 
 namespace bottle {
 

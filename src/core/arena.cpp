@@ -9,8 +9,6 @@
 #include <cstring>
 #include <numeric>
 
-#include "core/backend.h"
-
 namespace bottle {
 
 const char* memory_tag_name(MemoryTag tag) {
@@ -97,13 +95,13 @@ size_t aligned_size(size_t bytes) {
 }
 
 void Arena::Release::operator()(void* p) const {
-  if (backend)
-    backend->deallocate(p, bytes);
+  if (source)
+    source->deallocate(p, bytes);
   else
     munmap(p, bytes);
 }
 
-Arena::Arena(MemoryTag tag, bool reserve_only) : Arena(tag, host_backend(), reserve_only) {}
+Arena::Arena(MemoryTag tag, bool reserve_only) : Arena(tag, host_memory(), reserve_only) {}
 
 Arena::~Arena() {
   if (bytes_ && !reserve_only_) MemoryStats::global().sub(tag_, bytes_);
@@ -130,13 +128,13 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
                    : std::string());
     }
   } else {
-    p = backend_->allocate(rounded, memory_tag_name(tag_));
+    p = source_->allocate(rounded, memory_tag_name(tag_));
     MemoryStats::global().add(tag_, rounded);
   }
-  blocks_.emplace_back(p, Release{reserve_only_ ? nullptr : backend_, rounded});
+  blocks_.emplace_back(p, Release{reserve_only_ ? nullptr : source_, rounded});
   bytes_ += rounded;
   t.data = p;
-  t.device = backend_->device();
+  t.device = source_->device();
   return t;
 }
 

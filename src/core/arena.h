@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/memory_source.h"
 #include "core/tensor.h"
 
 namespace bottle {
@@ -83,18 +84,16 @@ class Allocator {
 inline constexpr size_t kAllocationAlignment = 256;
 size_t aligned_size(size_t bytes);
 
-class Backend;
-
-// kAllocationAlignment-aligned, zero-initialised memory from a backend (host memory from
-// host_backend() when none is given), released when the arena dies.
+// kAllocationAlignment-aligned, zero-initialised memory from a source (a backend's device
+// memory, or host_memory() when none is given), released when the arena dies.
 // `reserve_only`: plans a footprint without using memory. Each allocation reserves address
 // space that is never touched (its pages are never backed), so code that lays out buffers
 // runs unchanged and bytes() is exactly what a real arena would hold; MemoryStats is not
 // told. Writing to such a buffer faults.
 class Arena final : public Allocator {
  public:
-  Arena(MemoryTag tag, Backend& backend, bool reserve_only = false)
-      : tag_(tag), backend_(&backend), reserve_only_(reserve_only) {}
+  Arena(MemoryTag tag, MemorySource& source, bool reserve_only = false)
+      : tag_(tag), source_(&source), reserve_only_(reserve_only) {}
   explicit Arena(MemoryTag tag, bool reserve_only = false);
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -102,7 +101,7 @@ class Arena final : public Allocator {
   Arena(Arena&& other) noexcept
       : Allocator(other),
         tag_(other.tag_),
-        backend_(other.backend_),
+        source_(other.source_),
         reserve_only_(other.reserve_only_),
         bytes_(std::exchange(other.bytes_, 0)),
         blocks_(std::move(other.blocks_)) {}
@@ -113,17 +112,15 @@ class Arena final : public Allocator {
   size_t bytes() const { return bytes_; }
   MemoryTag tag() const { return tag_; }
   bool reserve_only() const { return reserve_only_; }
-  // The backend the memory belongs to: the one that stages it to and from the host.
-  Backend& backend() const { return *backend_; }
 
  private:
   struct Release {
-    Backend* backend = nullptr;  // null: reserved address space
+    MemorySource* source = nullptr;  // null: reserved address space
     size_t bytes = 0;
     void operator()(void* p) const;
   };
   MemoryTag tag_;
-  Backend* backend_ = nullptr;
+  MemorySource* source_ = nullptr;
   bool reserve_only_ = false;
   size_t bytes_ = 0;
   std::vector<std::unique_ptr<void, Release>> blocks_;

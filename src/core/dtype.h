@@ -1,6 +1,6 @@
 #pragma once
 // Element types and devices. Free of fmt and the standard library's heavier headers, so that
-// nvcc-compiled kernels (src/core/cuda) share the same enums with the host code.
+// nvcc-compiled kernels (src/backend/cuda) share the same enums with the host code.
 #include <cstddef>
 #include <cstdint>
 

@@ -1,6 +1,6 @@
 #pragma once
 // The per-element math of bottle's kernels, written once and compiled twice: by g++ into the
-// CPU backends and by nvcc into the CUDA kernels (src/core/cuda). The CPU tests therefore
+// CPU backends and by nvcc into the CUDA kernels (src/backend/cuda). The CPU tests therefore
 // exercise the formulas the GPU runs; what differs between the two is only how elements are
 // scheduled and summed. Each function takes what the kernel already has (an exp or a sigmoid
 // computed the backend's own fast way, a row statistic), so a backend keeps its vectorised

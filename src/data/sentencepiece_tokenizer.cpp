@@ -4,7 +4,7 @@
 #include <fmt/format.h>
 #include <sentencepiece_processor.h>
 
-#include "core/atomic_output.h"
+#include "io/atomic_output.h"
 #include "core/error.h"
 #include "data/tokenizer_files.h"
 

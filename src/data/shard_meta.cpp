@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/json_io.h"
-#include "core/token_shard.h"
+#include "io/json_io.h"
+#include "io/token_shard.h"
 
 namespace bottle {
 

@@ -6,9 +6,9 @@
 #include <climits>
 #include <cstring>
 
-#include "core/atomic_output.h"
+#include "io/atomic_output.h"
 #include "core/error.h"
-#include "core/token_shard.h"
+#include "io/token_shard.h"
 
 namespace bottle {
 

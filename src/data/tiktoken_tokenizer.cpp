@@ -9,9 +9,9 @@
 #include <map>
 #include <unordered_map>
 
-#include "core/atomic_output.h"
+#include "io/atomic_output.h"
 #include "core/error.h"
-#include "core/json_io.h"
+#include "io/json_io.h"
 #include "data/bpe_merges.h"
 #include "data/split_pattern.h"
 #include "data/tokenizer_files.h"

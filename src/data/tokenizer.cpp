@@ -5,9 +5,9 @@
 #include <fstream>
 #include <iterator>
 
-#include "core/atomic_output.h"
+#include "io/atomic_output.h"
 #include "core/error.h"
-#include "core/json_io.h"
+#include "io/json_io.h"
 #include "data/bpe_merges.h"
 #include "data/byte_tokenizer.h"
 #include "data/tokenizer_files.h"

@@ -7,7 +7,7 @@
 #include <optional>
 #include <string>
 
-#include "core/file_read.h"
+#include "io/file_read.h"
 #include "data/tokenizer.h"
 
 namespace bottle {

@@ -7,7 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <span>
 
-#include "core/json_io.h"
+#include "io/json_io.h"
 #include "model/hf_modeling_files.h"
 
 namespace bottle {

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "model/llama.h"
 
 namespace bottle {

@@ -6,8 +6,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "core/file_read.h"
-#include "core/json_io.h"
+#include "io/file_read.h"
+#include "io/json_io.h"
 #include "model/hf_modeling_files.h"
 
 namespace bottle {

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "model/config.h"
 #include "model/parameters.h"
 #include "nn/rmsnorm.h"

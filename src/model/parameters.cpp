@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "core/host_parallel.h"
+#include "sys/host_parallel.h"
 
 namespace bottle {
 namespace {
@@ -76,6 +76,7 @@ void ParameterStore::allocate(Backend& memory, const ParamSharding& sharding, bo
                "parameters: compute dtype {} (f32 or bf16)", dtype_name(compute));
   BOTTLE_ASSERT(!sharding.value_slots || sharding.grad_slots,
                 "parameters: values in slots without gradients in slots");
+  backend_ = &memory;
   value_arena_ = std::make_unique<Arena>(MemoryTag::weights, memory, reserve_only);
   grad_arena_ = std::make_unique<Arena>(MemoryTag::gradients, memory, reserve_only);
   const int64_t multiple = sharding.ranks;

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "model/shard_layout.h"
 #include "nn/param.h"
 
@@ -90,7 +90,7 @@ class ParameterStore {
   void allocate(Backend& memory, const ParamSharding& sharding = {}, bool reserve_only = false,
                 DType compute = DType::f32);
   // The backend the buffers belong to (it stages them to and from the host).
-  Backend& backend() const { return value_arena_->backend(); }
+  Backend& backend() const { return *backend_; }
 
   Param get(const std::string& name) const;  // throws naming the parameter
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
@@ -150,6 +150,7 @@ class ParameterStore {
   int64_t padded_ = 0;
   bool grad_slots_ = false, value_slots_ = false;
   DType compute_dtype_ = DType::f32;
+  Backend* backend_ = nullptr;  // the one given to allocate()
   std::unique_ptr<Arena> value_arena_, grad_arena_, compute_arena_;
   Tensor values_, grads_, compute_;
   Tensor grad_slot_[2];  // [largest unit of each parity] grad_slots

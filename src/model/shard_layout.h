@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 
 namespace bottle {
 

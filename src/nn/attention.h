@@ -2,7 +2,7 @@
 // Causal self-attention core with RoPE and GQA: out = softmax(rope(q) rope(k)ᵀ/√hd) v per
 // head. The q/k/v/o projections live in the block; this is the part between them.
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 
 namespace bottle {
 

@@ -1,7 +1,7 @@
 #pragma once
 // Mean token cross-entropy over N rows of logits.
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 
 namespace bottle {
 

@@ -1,6 +1,6 @@
 #pragma once
 // Token embedding: out[n,:] = table[token[n],:].
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "nn/param.h"
 
 namespace bottle {

@@ -3,7 +3,7 @@
 #include <span>
 #include <vector>
 
-#include "core/backend.h"
+#include "backend/backend.h"
 
 namespace bottle {
 

@@ -16,7 +16,7 @@
 #include <string>
 
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "nn/param.h"
 
 namespace bottle {

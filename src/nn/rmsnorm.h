@@ -1,7 +1,7 @@
 #pragma once
 // RMSNorm(x) = x / sqrt(mean(x²) + eps) ⊙ γ over the last dim.
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "nn/param.h"
 
 namespace bottle {

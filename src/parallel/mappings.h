@@ -18,7 +18,7 @@
 // gather, LM head, loss) run outside the halves and call the blocking ones.
 #include <string_view>
 
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_overlap.h"
 

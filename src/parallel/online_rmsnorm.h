@@ -19,7 +19,7 @@
 #include <utility>
 
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "nn/param.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_overlap.h"

@@ -10,7 +10,7 @@
 #include <span>
 #include <vector>
 
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "nn/projection.h"
 
 namespace bottle {

@@ -10,7 +10,7 @@
 #include <memory>
 
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "nn/attention.h"
 #include "nn/model_shape.h"
 #include "nn/param.h"

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "core/setting_error.h"
 #include "nn/model_shape.h"
 #include "parallel/recompute.h"

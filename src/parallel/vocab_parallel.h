@@ -3,7 +3,7 @@
 // tensor_parallel/{layers,cross_entropy}.py): rank i holds vocabulary rows
 // [i·V/t, (i+1)·V/t), and no rank ever holds full-vocabulary logits.
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "parallel/tensor_parallel.h"
 
 namespace bottle {

@@ -17,7 +17,7 @@
 #include "cluster_h100.h"
 #include "cluster_h200.h"
 #include "core/error.h"
-#include "core/file_read.h"
+#include "io/file_read.h"
 
 namespace bottle {
 namespace {

@@ -21,7 +21,7 @@
 //                 barrier     an all-reduce of nothing
 //                 send        the link's α + S/β (its receive is the same transfer: 0)
 #include "comm/counting_communicator.h"
-#include "core/counting_backend.h"
+#include "backend/counting_backend.h"
 #include "plan/cluster.h"
 
 namespace bottle {

@@ -10,7 +10,7 @@
 
 #include "comm/counting_communicator.h"
 #include "core/arena.h"
-#include "core/counting_backend.h"
+#include "backend/counting_backend.h"
 #include "train/train_config.h"
 
 namespace bottle {

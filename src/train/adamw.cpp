@@ -9,6 +9,7 @@ AdamW::AdamW(const ParameterStore& params, const AdamWConfig& config, ShardLayou
       shard_(shard.pieces.empty()
                  ? ShardLayout::cut(params.padded(), std::max<int64_t>(1, params.padded()))
                  : std::move(shard)),
+      backend_(&params.backend()),
       arena_(MemoryTag::optimizer, params.backend()) {
   m_ = arena_.alloc({shard_.count});
   v_ = arena_.alloc({shard_.count});
@@ -62,7 +63,7 @@ void AdamW::step(Backend& be, const ParameterStore& params, float lr, Tensor con
 }
 
 void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) const {
-  Backend& be = arena_.backend();
+  Backend& be = *backend_;
   shard_.gather(be, dp, m_whole, m_, "checkpoint.moments");
   shard_.gather(be, dp, v_whole, v_, "checkpoint.moments");
   // The caller reads them on the host next: a device group's calls end here, with its errors.
@@ -70,7 +71,7 @@ void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) con
 }
 
 void AdamW::load_moments(Tensor m_whole, Tensor v_whole) {
-  Backend& be = arena_.backend();
+  Backend& be = *backend_;
   shard_.take(be, m_, m_whole);
   shard_.take(be, v_, v_whole);
 }

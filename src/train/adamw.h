@@ -7,7 +7,7 @@
 
 #include "comm/communicator.h"
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "model/parameters.h"
 #include "model/shard_layout.h"
 
@@ -57,6 +57,7 @@ class AdamW {
   AdamWConfig config_;
   ShardLayout shard_;
   std::vector<Part> parts_;  // in flat order
+  Backend* backend_;         // the parameters'
   Arena arena_;              // on the parameters' backend
   Tensor m_, v_;             // [shard] each: the owned stretches end to end
   int64_t step_ = 0;

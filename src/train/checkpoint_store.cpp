@@ -16,8 +16,8 @@
 #include <string_view>
 #include <thread>
 
-#include "core/json_io.h"
-#include "core/safetensors.h"
+#include "io/json_io.h"
+#include "io/safetensors.h"
 #include "model/checkpoint.h"
 #include "train/data_loader.h"
 #include "train/job_agreement.h"

@@ -13,7 +13,7 @@
 
 #include "core/arena.h"
 #include "core/error.h"
-#include "core/file_read.h"
+#include "io/file_read.h"
 #include "model/llama.h"
 #include "train/config_key.h"
 #include "train/memory_plan.h"

@@ -6,7 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
-#include "core/token_shard.h"
+#include "io/token_shard.h"
 #include "train/data_files.h"
 
 namespace bottle {

@@ -24,7 +24,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend.h"
+#include "backend/backend.h"
 
 namespace bottle {
 

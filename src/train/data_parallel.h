@@ -41,7 +41,7 @@
 #include <vector>
 
 #include "comm/communicator.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "model/parameters.h"
 #include "model/shard_layout.h"
 

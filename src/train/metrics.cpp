@@ -11,8 +11,8 @@
 
 #include "core/arena.h"
 #include "core/error.h"
-#include "core/file_read.h"
-#include "core/system_info.h"
+#include "io/file_read.h"
+#include "sys/system_info.h"
 
 namespace bottle {
 

@@ -8,10 +8,10 @@
 #include <nlohmann/json.hpp>
 #include <vector>
 
-#include "core/atomic_output.h"
+#include "io/atomic_output.h"
 #include "core/error.h"
-#include "core/file_read.h"
-#include "core/subprocess.h"
+#include "io/file_read.h"
+#include "sys/subprocess.h"
 
 namespace bottle {
 

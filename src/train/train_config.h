@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "core/backend_options.h"
+#include "backend/backend_options.h"
 #include "core/setting_error.h"
 #include "model/config.h"
 #include "parallel/recompute.h"

@@ -20,11 +20,11 @@
 #include <set>
 
 #include "comm/process_groups.h"
-#include "core/gemm_peak.h"
+#include "backend/gemm_peak.h"
 #include "core/statistics.h"
-#include "core/stop_signals.h"
-#include "core/system_info.h"
-#include "core/token_shard.h"
+#include "sys/stop_signals.h"
+#include "sys/system_info.h"
+#include "io/token_shard.h"
 #include "data/byte_tokenizer.h"
 #include "data/shard_meta.h"
 #include "model/checkpoint.h"

@@ -5,7 +5,7 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "core/json_io.h"
+#include "io/json_io.h"
 
 namespace bottle {
 

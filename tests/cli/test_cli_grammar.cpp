@@ -5,7 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "test_util.h"
 
 namespace bottle::testing {

@@ -14,9 +14,9 @@
 #include "comm/communicator.h"
 #include "comm/process_groups.h"
 #include "comm/staged_communicator.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "core/bf16.h"
-#include "core/forwarding_backend.h"
+#include "backend/forwarding_backend.h"
 
 namespace bottle {
 namespace {

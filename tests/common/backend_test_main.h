@@ -10,8 +10,8 @@
 #include <cstdio>
 #include <string>
 
-#include "core/backend.h"
-#include "core/backend_options.h"
+#include "backend/backend.h"
+#include "backend/backend_options.h"
 
 namespace bottle::testing {
 

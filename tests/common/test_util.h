@@ -14,7 +14,7 @@
 #include <system_error>
 #include <vector>
 
-#include "core/token_shard.h"
+#include "io/token_shard.h"
 #include "model/checkpoint.h"
 
 namespace bottle::testing {

@@ -19,12 +19,12 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "core/bf16.h"
-#include "core/counting_backend.h"
-#include "core/cpu_backend.h"
-#include "core/gemm_peak.h"
-#include "core/reference_backend.h"
+#include "backend/counting_backend.h"
+#include "backend/cpu_backend.h"
+#include "backend/gemm_peak.h"
+#include "backend/reference_backend.h"
 
 namespace bottle {
 namespace {

@@ -1,4 +1,4 @@
-// The cpu backend's bf16 kernels (src/core/cpu/): every op a training step runs, and the
+// The cpu backend's bf16 kernels (src/backend/cpu/): every op a training step runs, and the
 // rest of backend.h, on bf16 tensors (and on a mix of bf16 and fp32 operands), run three ways
 // on the same inputs:
 //  - `cpu`: the native kernels, which read bf16, compute in fp32 and round once;
@@ -22,7 +22,7 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "core/bf16.h"
 
 namespace bottle {

@@ -34,11 +34,11 @@
 
 #include "backend_test_main.h"
 #include "core/arena.h"
-#include "core/backend.h"
-#include "core/backend_options.h"
+#include "backend/backend.h"
+#include "backend/backend_options.h"
 #include "core/bf16.h"
-#include "core/forwarding_backend.h"
-#include "core/profiling_backend.h"
+#include "backend/forwarding_backend.h"
+#include "backend/profiling_backend.h"
 
 namespace bottle {
 namespace {
@@ -1250,18 +1250,18 @@ std::string case_name(const ::testing::TestParamInfo<size_t>& info) {
 
 INSTANTIATE_TEST_SUITE_P(Ops, OpTable, ::testing::Range<size_t>(0, op_table().size()), case_name);
 
-// Every Backend op (the list of core/backend_ops.def) has an entry, and every op an entry
+// Every Backend op (the list of backend/backend_ops.def) has an entry, and every op an entry
 // names is one of them.
 TEST(OpTableCoverage, EveryBackendOpHasAnEntry) {
   const std::set<std::string> declared{
 #define BOTTLE_BACKEND_OP(ret, op, params, call, traffic) #op,
-#include "core/backend_ops.def"
+#include "backend/backend_ops.def"
   };
   std::set<std::string> tested;
   for (const OpCase& op : op_table()) {
     for (const std::string& name : op.ops) {
       EXPECT_TRUE(declared.contains(name))
-          << op.name << " names " << name << ", which core/backend_ops.def does not list";
+          << op.name << " names " << name << ", which backend/backend_ops.def does not list";
       tested.insert(name);
     }
   }

@@ -1,4 +1,4 @@
-// core/file_read.h: whole-file and line-by-line reads bounded before they happen. The type is
+// io/file_read.h: whole-file and line-by-line reads bounded before they happen. The type is
 // checked without blocking (a FIFO is refused at once), the size before the read, and each line
 // of a JSON Lines file as it is streamed; lines come back exactly, across the reader's chunks.
 #include <sys/stat.h>
@@ -7,7 +7,7 @@
 #include <random>
 
 #include "core/error.h"
-#include "core/file_read.h"
+#include "io/file_read.h"
 #include "test_util.h"
 
 namespace bottle::testing {

@@ -1,6 +1,6 @@
 // The GPU path's host-side rules that need no GPU to check: the growing device buffers'
-// state after a failed allocation (core/cuda/growing_buffer.h), cuDNN's attention backward
-// choice and its planned workspace (core/attention_workspace.h), and a batched GEMM run as its
+// state after a failed allocation (backend/cuda/growing_buffer.h), cuDNN's attention backward
+// choice and its planned workspace (backend/attention_workspace.h), and a batched GEMM run as its
 // single items (GemmArgs::item, what the cuda backend does where cuBLASLt has no batched
 // algorithm), item by item against the reference backend's batched GEMM.
 #include <gtest/gtest.h>
@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
-#include "core/attention_workspace.h"
-#include "core/backend.h"
-#include "core/cuda/growing_buffer.h"
+#include "backend/attention_workspace.h"
+#include "backend/backend.h"
+#include "backend/cuda/growing_buffer.h"
 #include "core/error.h"
 #include "train/memory_plan.h"
 #include "train/train_config.h"

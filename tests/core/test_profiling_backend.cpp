@@ -1,11 +1,11 @@
-// core/profiling_backend.h: every op timed, and the ops inside a backend range
+// backend/profiling_backend.h: every op timed, and the ops inside a backend range
 // (Backend::push_range, BackendRange) summed under the range's path, which is how bench tp
 // --components times a layout's projection groups (TpLayout::components) without a timer of
 // its own inside the layers.
 #include <gtest/gtest.h>
 
 #include "core/arena.h"
-#include "core/profiling_backend.h"
+#include "backend/profiling_backend.h"
 
 namespace bottle::testing {
 namespace {

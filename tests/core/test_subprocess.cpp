@@ -1,4 +1,4 @@
-// core/subprocess.h: the one way bottle starts another program. Its output is collected whole
+// sys/subprocess.h: the one way bottle starts another program. Its output is collected whole
 // (more than a pipe holds), stderr only when asked, stdin is /dev/null, how it ended is told
 // apart (exit status, signal, not started), a process group of its own only when asked, and
 // the stop signals reach it at their default action although the caller blocks them (as a
@@ -10,8 +10,8 @@
 #include <cerrno>
 #include <string>
 
-#include "core/stop_signals.h"
-#include "core/subprocess.h"
+#include "sys/stop_signals.h"
+#include "sys/subprocess.h"
 
 namespace bottle::testing {
 namespace {

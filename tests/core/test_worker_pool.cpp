@@ -1,4 +1,4 @@
-// core/worker_pool.h: the host workers of prepare and bench tokenize. Every item of a job runs
+// sys/worker_pool.h: the host workers of prepare and bench tokenize. Every item of a job runs
 // once, on a worker numbered within the pool, whether claimed one or several at a time; a job runs
 // while the caller goes on until wait(); the first exception comes back from wait() and the pool
 // runs the next job; the workers are the same threads from job to job.
@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "core/worker_pool.h"
+#include "sys/worker_pool.h"
 
 namespace bottle::testing {
 namespace {

@@ -12,7 +12,7 @@
 #include <set>
 
 #include "core/error.h"
-#include "core/token_shard.h"
+#include "io/token_shard.h"
 #include "test_util.h"
 #include "train/data_loader.h"
 

@@ -9,7 +9,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "core/token_shard.h"
+#include "io/token_shard.h"
 #include "test_util.h"
 #include "train/data_mixture.h"
 

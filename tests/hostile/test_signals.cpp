@@ -223,7 +223,7 @@ TEST_F(Signals, AStopSignalAtAnyMomentEndsCleanly) {
 // No thread of a training run takes a stop signal: every thread (the main one, OpenMP's workers,
 // Open MPI's progress threads) has them blocked, and the watcher's thread ("stop signals") reads
 // them from a signalfd, so that no handler lands on a thread in a oneDNN GEMM
-// (core/stop_signals.h). Read from /proc while the run trains, on two OpenMP threads.
+// (sys/stop_signals.h). Read from /proc while the run trains, on two OpenMP threads.
 TEST_F(Signals, NoThreadOfARunTakesAStopSignal) {
   const std::string log = dir / "threads.log";
   ::setenv("OMP_NUM_THREADS", "2", 1);
@@ -292,7 +292,7 @@ TEST_F(Signals, ARunOutsideMpirunStartsNoHelperProcess) {
 // A burst of signals while the steps run: SIGINTs a few µs apart once the run trains, until it
 // says it stopped (checked every 200), so that many land during the rest of the step. With a
 // handler on the main thread, one landing in a oneDNN JIT GEMM wrote its frame into the heap
-// (core/stop_signals.h): 5 runs of this in 6 crashed. With configs/tiny.toml's shapes, whose
+// (sys/stop_signals.h): 5 runs of this in 6 crashed. With configs/tiny.toml's shapes, whose
 // GEMMs are oneDNN's JIT kernels, and 4 micro-batches a step for a longer step.
 TEST_F(Signals, ABurstOfSignalsDuringTheStepsEndsCleanly) {
   const std::string log = dir / "out.log";

@@ -28,7 +28,7 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "model/config.h"
 #include "model/llama.h"
 #include "model/parameters.h"
@@ -154,7 +154,7 @@ std::vector<int64_t> pick_indices(const std::vector<float>& ana, const FdOptions
 }
 
 // `again` must be `once` exactly: an activation gradient a backward kernel writes
-// (core/backend.h) does not depend on what the buffer held.
+// (backend/backend.h) does not depend on what the buffer held.
 ::testing::AssertionResult check_rewritten(const std::string& what, const std::vector<float>& once,
                                            Tensor again) {
   for (size_t i = 0; i < once.size(); ++i)

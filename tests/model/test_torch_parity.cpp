@@ -3,7 +3,7 @@
 // compared. Fails — never skips — when /usr/bin/python3 or torch is missing.
 #include <cmath>
 
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 
 namespace bottle::testing {

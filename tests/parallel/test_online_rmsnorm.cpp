@@ -8,7 +8,7 @@
 
 #include "bench/online_rmsnorm_check.h"
 #include "comm/communicator.h"
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "parallel/tensor_parallel.h"
 
 namespace bottle {

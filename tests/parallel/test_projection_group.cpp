@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "core/arena.h"
-#include "core/backend.h"
-#include "core/profiling_backend.h"
+#include "backend/backend.h"
+#include "backend/profiling_backend.h"
 #include "nn/linear.h"
 #include "nn/projection.h"
 #include "parallel/projection_group.h"

@@ -14,7 +14,7 @@
 #include <tuple>
 
 #include "comm/communicator.h"
-#include "core/profiling_backend.h"
+#include "backend/profiling_backend.h"
 #include "parallel/recompute.h"
 #include "plan/dry_run.h"
 #include "train/memory_plan.h"

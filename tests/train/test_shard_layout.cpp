@@ -5,7 +5,7 @@
 #include <numeric>
 #include <vector>
 
-#include "core/backend.h"
+#include "backend/backend.h"
 #include "model/shard_layout.h"
 
 namespace bottle {

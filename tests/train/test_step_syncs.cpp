@@ -8,7 +8,7 @@
 
 #include <string>
 
-#include "core/counting_backend.h"
+#include "backend/counting_backend.h"
 #include "plan/dry_run.h"
 #include "train/train_config.h"
 

@@ -13,8 +13,8 @@
 #include <thread>
 
 #include "core/bf16.h"
-#include "core/reference_backend.h"
-#include "core/safetensors.h"
+#include "backend/reference_backend.h"
+#include "io/safetensors.h"
 #include "test_util.h"
 #include "train/train_step.h"
 

@@ -1,7 +1,7 @@
 // libFuzzer target: a whole safetensors file (8-byte length, JSON header, data) through the
 // header reader that SafeTensorsReader uses. bottle::Error is the expected answer to bad input;
 // anything else (another exception, a crash, a sanitizer report) is a bug.
-#include "core/safetensors.h"
+#include "io/safetensors.h"
 
 #include <cstdint>
 #include <sstream>

@@ -1,6 +1,6 @@
 // libFuzzer target: a whole llm.c token shard through the shard reader. bottle::Error is the
 // expected answer to bad input; anything else is a bug.
-#include "core/token_shard.h"
+#include "io/token_shard.h"
 
 #include <cstdint>
 #include <sstream>
