@@ -230,7 +230,9 @@ Command add_plan_command(CLI::App& app) {
         "(parallel.overlap_grad_reduce),\n"
         "         ZeRO's parameter gathers under the next forward, ZeRO-3's each under "
         "the unit before it (parallel.overlap_param_gather);\n"
-        "         nothing else: TP collectives are priced exposed, parallel.tp_overlap or not\n");
+        "         and under parallel.tp_overlap one half's TP collectives under the other half's "
+        "kernels (the step replayed in issue order, one call at a time on the link);\n"
+        "         nothing else is overlapped\n");
     print_table(rows, o->top, o->all);
     return 0;
   };

@@ -42,10 +42,14 @@ void CountingBackend::around(const char* op, std::span<const Tensor> traffic, do
   const std::string_view name = op;
   if (name == "to_host" || name == "first_outside" || name == "sum" || name == "sum_squares")
     ++host_waits_;
-  KernelCount& k = here().kernels[op];
-  ++k.calls;
-  k.flops += flops;
-  for (const Tensor& t : traffic) k.bytes += double(t.nbytes());
+  double bytes = 0;
+  for (const Tensor& t : traffic) bytes += double(t.nbytes());
+  count([&](OpCounts& counts) {
+    KernelCount& k = counts.kernels[op];
+    ++k.calls;
+    k.flops += flops;
+    k.bytes += bytes;
+  });
 }
 
 CountingBackend::~CountingBackend() {
@@ -88,7 +92,7 @@ void CountingBackend::do_gemm(const GemmArgs& a) {
                         int(dtype_size(a.b_dtype)),
                         int(dtype_size(a.c_dtype)),
                         a.beta != 0.0f};
-  ++here().gemms[shape];
+  count([&](OpCounts& counts) { ++counts.gemms[shape]; });
 }
 
 }  // namespace bottle

@@ -62,6 +62,9 @@ class CountingBackend final : public ForwardingBackend {
   // Kernels count under the string `*phase` points to while it is set (the TP communicator's
   // phase, "recompute." while a block is recomputed), else under "".
   void set_phase_source(const std::string* phase) { phase_ = phase; }
+  // While set, every kernel also counts into *segment (the caller swaps it between the
+  // TP group's calls, so that a dry run's timeline knows the work between two calls).
+  void set_segment(OpCounts* segment) { segment_ = segment; }
   const std::map<std::string, OpCounts>& counts() const { return counts_; }
   void reset() { counts_.clear(); }
   // Bytes reserved now and at most, over every allocation this backend made.
@@ -103,6 +106,12 @@ class CountingBackend final : public ForwardingBackend {
 
  private:
   OpCounts& here() { return counts_[phase_ ? *phase_ : std::string()]; }
+  // The OpCounts one kernel counts into: its phase's, and the segment's when one is set.
+  template <typename Count>
+  void count(Count&& add) {
+    add(here());
+    if (segment_) add(*segment_);
+  }
   int64_t host_waits_ = 0;
 
   struct Reservation {
@@ -111,6 +120,7 @@ class CountingBackend final : public ForwardingBackend {
   };
   std::vector<Reservation> reservations_;
   const std::string* phase_ = nullptr;
+  OpCounts* segment_ = nullptr;
   std::map<std::string, OpCounts> counts_;
   size_t reserved_ = 0, peak_reserved_ = 0;
 };

@@ -26,9 +26,9 @@ CountingCommunicator::CountingCommunicator(std::string name, const SplitGroup& g
   calls_ = parent.calls_;
 }
 
-void CountingCommunicator::count(Collective kind, std::string_view site, const Tensor& x,
-                                 int peer) {
-  if (size_ == 1) return;
+int64_t CountingCommunicator::count(Collective kind, std::string_view site, const Tensor& x,
+                                    int peer, bool started) {
+  if (size_ == 1) return -1;
   stats_.record(kind, site, x.numel(), dtype_size(x.dtype), 0.0);
   CallShape call{kind,
                  size_,
@@ -44,6 +44,26 @@ void CountingCommunicator::count(Collective kind, std::string_view site, const T
     call.stride = std::abs(peer - rank_) * stride_;
   }
   ++(*calls_)[call];
+  if (!timeline_) return -1;
+  timeline_->issued(call, next_id_, started);
+  return next_id_++;
+}
+
+PendingCall CountingCommunicator::started(Collective kind, std::string_view site,
+                                          const Tensor& x) {
+  const int64_t id = count(kind, site, x, -1, true);
+  if (id < 0) return {};
+  return PendingCall([this, id] { timeline_->waited(id); }, [] {});
+}
+
+PendingCall CountingCommunicator::start_all_reduce(Tensor x, ReduceOp, std::string_view site) {
+  return started(Collective::all_reduce, site, x);
+}
+PendingCall CountingCommunicator::start_reduce_scatter(Tensor, Tensor in, std::string_view site) {
+  return started(Collective::reduce_scatter, site, in);
+}
+PendingCall CountingCommunicator::start_all_gather(Tensor out, Tensor, std::string_view site) {
+  return started(Collective::all_gather, site, out);
 }
 
 void CountingCommunicator::all_reduce(Tensor x, ReduceOp, std::string_view site) {

@@ -28,6 +28,16 @@ struct CallShape {
   double bytes() const { return double(elements) * double(element_bytes); }
 };
 
+// The order of one group's calls, for a dry run's timeline (bottle plan's TP overlap): each
+// call as its caller issues it, and for a started call (start_*) the moment its caller waits
+// for it. A blocking call is waited for as it is issued.
+class CallTimeline {
+ public:
+  virtual ~CallTimeline() = default;
+  virtual void issued(const CallShape& call, int64_t id, bool started) = 0;
+  virtual void waited(int64_t id) = 0;
+};
+
 class CountingCommunicator final : public Communicator {
  public:
   // What split() makes of this rank's group, which one process cannot learn from the other
@@ -60,16 +70,30 @@ class CountingCommunicator final : public Communicator {
   void wait_sends() override {}
   void barrier() override;
   std::unique_ptr<Communicator> split(int color, int key, std::string name) override;
+  // Started calls count as the blocking ones do; their PendingCall tells the timeline when
+  // the caller waits.
+  PendingCall start_all_reduce(Tensor x, ReduceOp op, std::string_view site) override;
+  PendingCall start_reduce_scatter(Tensor out, Tensor in, std::string_view site) override;
+  PendingCall start_all_gather(Tensor out, Tensor in, std::string_view site) override;
+
+  // This group's own calls (not those of groups split from it) go to `timeline` while set.
+  void set_timeline(CallTimeline* timeline) { timeline_ = timeline; }
 
  private:
   // `peer`: the other end of a send or receive (-1: a collective of the whole group).
-  void count(Collective kind, std::string_view site, const Tensor& x, int peer = -1);
+  // `started`: a start_* call, which the caller waits for later. Returns the call's id in
+  // the timeline (-1 when none is told: no timeline, or a group of one rank).
+  int64_t count(Collective kind, std::string_view site, const Tensor& x, int peer = -1,
+                bool started = false);
+  PendingCall started(Collective kind, std::string_view site, const Tensor& x);
 
   std::string name_;
   int size_, rank_;
   int first_ = 0, stride_ = 1;  // this group's members in the root group's ranks
   SplitRule split_rule_;
   std::shared_ptr<std::map<CallShape, int64_t>> calls_;
+  CallTimeline* timeline_ = nullptr;
+  int64_t next_id_ = 0;
 };
 
 }  // namespace bottle

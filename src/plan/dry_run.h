@@ -7,6 +7,7 @@
 // collective with its size, and the rank's memory plan.
 #include <map>
 #include <string>
+#include <vector>
 
 #include "comm/counting_communicator.h"
 #include "core/arena.h"
@@ -14,6 +15,18 @@
 #include "train/train_config.h"
 
 namespace bottle {
+
+// One event of a stage's timeline under parallel.tp_overlap (what `bottle plan` replays to
+// price it, planner.cpp): the kernels run since the last event, a call of the TP group issued
+// (started, or blocking: waited at once), or the wait for a started one.
+struct TpTimelineEvent {
+  enum class Kind { work, issue, wait };
+  Kind kind = Kind::work;
+  OpCounts work;         // work: the kernels, in any phase
+  CallShape call;        // issue
+  int64_t id = 0;        // issue, wait: the call's number in the timeline
+  bool started = false;  // issue: a started call, waited for by a later wait event
+};
 
 // Kernels by phase: "" (the step's first pass) and kRecomputePhase (blocks recomputed in
 // backward).
@@ -27,6 +40,9 @@ struct StageCounts {
   MemoryBreakdown memory;       // the memory planner's plan of this rank (plan_rank_memory)
   MemoryBreakdown step_memory;  // what the dry run's own TrainStep laid out, the same tags
   double model_flops = 0;       // this rank's GEMM + attention FLOPs outside recomputation
+  // The TP group's calls and the kernels between them, in issue order: recorded only under
+  // parallel.tp_overlap with tp > 1 (empty otherwise, where every TP call is blocking).
+  std::vector<TpTimelineEvent> tp_timeline;
   // Times one training step made the host wait for the device (Backend::host_waits), as a
   // device backend would: the step's own waits, not those of setting it up.
   int64_t host_waits = 0;

@@ -10,6 +10,7 @@
 #include "parallel/tp_layouts.h"
 #include "plan/cost_model.h"
 #include "plan/dry_run.h"
+#include "plan/timeline_replay.h"
 #include "train/memory_plan.h"
 
 namespace bottle {
@@ -33,14 +34,18 @@ bool once_per_step(const CallShape& call) {
          call.site.starts_with("dp.") || call.site.find("tied") != std::string::npos;
 }
 
+// One call of a group placed at `place`.
+double call_seconds(const ClusterSpec& c, const CallShape& call, GroupPlace place) {
+  const int nodes = nodes_spanned(c, place.base + call.first * place.stride, call.ranks,
+                                  call.stride * place.stride);
+  return collective_seconds(c, call.kind, call.bytes(), call.ranks, nodes);
+}
+
 CallSeconds price_calls(const ClusterSpec& c, const std::map<CallShape, int64_t>& calls,
                         GroupPlace place, bool whole_group_is_tail) {
   CallSeconds s;
   for (const auto& [call, count] : calls) {
-    const int nodes = nodes_spanned(c, place.base + call.first * place.stride, call.ranks,
-                                    call.stride * place.stride);
-    const double t =
-        double(count) * collective_seconds(c, call.kind, call.bytes(), call.ranks, nodes);
+    const double t = double(count) * call_seconds(c, call, place);
     if (call.kind == Collective::send || call.kind == Collective::recv)
       s.sends += t;
     else if (whole_group_is_tail || once_per_step(call))
@@ -80,6 +85,29 @@ double exposed_gradient_seconds(double G, int64_t b, double W) {
   return std::max(G / double(b), G - W * double(b - 1) / double(b));
 }
 
+// The TP collectives parallel.tp_overlap hides, in seconds: the stage's timeline priced event
+// by event and replayed (plan/timeline_replay.h states the rule).
+double tp_hidden_seconds(const ClusterSpec& c, const std::vector<TpTimelineEvent>& timeline,
+                         GroupPlace place, bool bf16) {
+  std::vector<TimedEvent> timed;  // [timeline.size()]
+  timed.reserve(timeline.size());
+  for (const TpTimelineEvent& e : timeline) {
+    switch (e.kind) {
+      case TpTimelineEvent::Kind::work:
+        timed.push_back({TimedEvent::Kind::work, ops_seconds(c, e.work, false, bf16)});
+        break;
+      case TpTimelineEvent::Kind::issue:
+        timed.push_back(
+            {TimedEvent::Kind::issue, call_seconds(c, e.call, place), e.id, e.started});
+        break;
+      case TpTimelineEvent::Kind::wait:
+        timed.push_back({TimedEvent::Kind::wait, 0.0, e.id});
+        break;
+    }
+  }
+  return replay_timeline(timed).hidden();
+}
+
 // The blocks pipeline stage `stage` holds.
 int64_t stage_blocks(const TrainConfig& config, int stage) {
   const PipelineStage s{config.parallel.pp, stage};
@@ -109,6 +137,12 @@ std::string validation_error(const TrainConfig& config) {
   } catch (const SettingError& e) {
     return describe_setting_error(e);
   }
+  // What the configuration loader refuses under parallel.tp_overlap (config_loader.cpp).
+  if (p.tp_overlap && config.training.micro_batch_size % 2)
+    return fmt::format("parallel.tp_overlap splits a micro-batch into two halves: {} sequences",
+                       config.training.micro_batch_size);
+  if (p.tp_overlap && config.model.bottleneck == BottleneckKind::lax && p.pp > 1)
+    return "parallel.tp_overlap does not run LaX over a pipeline";
   return {};
 }
 
@@ -133,6 +167,7 @@ nlohmann::ordered_json prediction_json(const Prediction& r) {
   j["step_s"] = r.step;
   j["compute_s"] = r.compute;
   j["tp_comm_s"] = r.tp_comm;
+  if (p.tp_overlap) j["tp_hidden_s"] = r.tp_hidden;
   j["bubble_s"] = r.bubble;
   j["p2p_s"] = r.p2p;
   j["dp_comm_s"] = r.dp_comm;
@@ -186,7 +221,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   const bool bf16 = config.training.precision == Precision::bf16;
   const double peak = (bf16 ? cluster.bf16_tflops : cluster.fp32_tflops) * 1e12;
   struct StageTime {
-    double compute, recompute, tp, p2p, tail_compute, tail_comm, dp_hidden;
+    double compute, recompute, tp, p2p, tail_compute, tail_comm, dp_hidden, tp_hidden;
   };
   std::vector<StageTime> stages;
   double model_flops = 0;
@@ -205,6 +240,14 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
         price_calls(cluster, counts.calls.at("dp"), {stage_base, dp_stride}, true);
     t.tp = tp.first;
     t.recompute += tp.recompute + pp.recompute;
+    // TP overlap: what the replay hides comes off the first pass's TP collectives, then off
+    // recomputation's (its collectives are in t.recompute).
+    if (!counts.tp_timeline.empty()) {
+      t.tp_hidden = tp_hidden_seconds(cluster, counts.tp_timeline, {stage_base, 1}, bf16);
+      const double from_first = std::min(t.tp_hidden, t.tp);
+      t.tp -= from_first;
+      t.recompute -= std::min(t.tp_hidden - from_first, tp.recompute);
+    }
     t.p2p = pp.sends;
     t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
     // Overlapped DP: the buckets (all-reduced, or reduce-scattered under ZeRO) run under the
@@ -280,6 +323,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   r.compute = t.compute;
   r.recompute = t.recompute;
   r.tp_comm = t.tp;
+  r.tp_hidden = t.tp_hidden;
   r.p2p = t.p2p;
   r.bubble = pipe - m * *slowest;
   r.optimizer = tail.tail_compute;
@@ -351,6 +395,8 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
               // Every micro-batch size that divides a replica's share, up to 64 sequences.
               for (int64_t mb = 1; mb <= global_batch / dp && mb <= 64; ++mb) {
                 if ((global_batch / dp) % mb) continue;
+                // TP overlap splits a micro-batch into two halves of its sequences.
+                if (config.parallel.tp_overlap && mb % 2) continue;
                 TrainConfig c = layout;
                 c.parallel.schedule = schedule;
                 c.training.recompute = policy;

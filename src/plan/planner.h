@@ -8,7 +8,9 @@
 // The overlaps modelled are the DP gradient buckets' under the last micro-batch's backward
 // (parallel.overlap_grad_reduce) and ZeRO's parameter all-gathers under the next step's first
 // forward (parallel.overlap_param_gather): the tail keeps only what they cannot hide
-// (exposed_gradient_seconds in planner.cpp states the rule).
+// (exposed_gradient_seconds in planner.cpp states the rule). Under parallel.tp_overlap the TP
+// collectives of one half hide under the other half's kernels: the stage's timeline replayed
+// with the kernels in order and one call at a time on the link (tp_hidden_seconds states it).
 // and the breakdown is the slowest stage's, with bubble = pipe − m · max_s c_s.
 #include <nlohmann/json.hpp>
 #include <string>
@@ -32,6 +34,7 @@ struct Prediction {
   double step = 0, compute = 0, tp_comm = 0, bubble = 0, p2p = 0, dp_comm = 0, recompute = 0,
          optimizer = 0;
   double dp_hidden = 0;  // DP gradient reduction hidden under backward (not in dp_comm)
+  double tp_hidden = 0;  // TP collectives hidden by parallel.tp_overlap (not in tp_comm)
   double tokens_per_s = 0, mfu = 0;
   // The same pipeline at 100 % of the dense peak with free memory traffic and communication:
   // a lower bound no efficiency constant can beat.

@@ -7,12 +7,15 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "parallel/tp_layouts.h"
 #include "plan/cluster.h"
 #include "plan/cost_model.h"
+#include "plan/dry_run.h"
 #include "plan/planner.h"
+#include "plan/timeline_replay.h"
 #include "test_util.h"
 #include "train/train_config.h"
 
@@ -155,6 +158,110 @@ grad_accum_steps = 4
     // The slowest stage sends over the network (stage 1 or 2), each of its 2m sends at least
     // the network's latency.
     EXPECT_GT(p.p2p, 2 * 4 * 14e-6);
+  }
+}
+
+// The replay's rule (plan/timeline_replay.h) on timelines worked by hand.
+TEST(TimelineReplay, HoldsKernelsOnlyWhereACallIsWaitedFor) {
+  using K = TimedEvent::Kind;
+  // Serially every call is blocking: all of it is exposed.
+  const std::vector<TimedEvent> serial = {
+      {K::work, 1.0}, {K::issue, 2.0, 0, false}, {K::work, 1.0}, {K::issue, 0.5, 1, false}};
+  const ReplayTimes s = replay_timeline(serial);
+  EXPECT_DOUBLE_EQ(s.kernels, 2.0);
+  EXPECT_DOUBLE_EQ(s.calls, 2.5);
+  EXPECT_DOUBLE_EQ(s.end, 4.5);
+  EXPECT_DOUBLE_EQ(s.hidden(), 0.0);
+  // Two halves as run_halves interleaves them: A computes, starts its call, B computes and
+  // starts its call, which waits for the link until A's has gone (2.5 to 4); A resumes after
+  // its call (2.5 to 3.5) and B after its own (4 to 5). 1 s of the 3 s of calls is exposed.
+  const std::vector<TimedEvent> halves = {
+      {K::work, 1.0}, {K::issue, 1.5, 0, true}, {K::work, 1.0}, {K::issue, 1.5, 1, true},
+      {K::wait, 0, 0},  {K::work, 1.0},           {K::wait, 0, 1}, {K::work, 1.0}};
+  const ReplayTimes h = replay_timeline(halves);
+  EXPECT_DOUBLE_EQ(h.kernels, 4.0);
+  EXPECT_DOUBLE_EQ(h.calls, 3.0);
+  EXPECT_DOUBLE_EQ(h.end, 5.0);
+  EXPECT_DOUBLE_EQ(h.exposed(), 1.0);
+  EXPECT_DOUBLE_EQ(h.hidden(), 2.0);
+  // A blocking call waits for the link behind a started one.
+  const std::vector<TimedEvent> queued = {
+      {K::issue, 3.0, 0, true}, {K::work, 1.0}, {K::issue, 1.0, 1, false}, {K::wait, 0, 0}};
+  EXPECT_DOUBLE_EQ(replay_timeline(queued).end, 4.0);
+  // A wait for a call that is not pending is a bug of the recorder.
+  const std::vector<TimedEvent> stray = {{K::wait, 0, 7}};
+  EXPECT_THROW(replay_timeline(stray), InternalError);
+}
+
+// Under parallel.tp_overlap the dry run records every TP call in issue order with the waits
+// for the started ones, and the planner hides part of them: never more than the calls or the
+// kernels they run under, a good part where the link is slow, nothing on a free link.
+TEST(Planner, ReplaysTpOverlapsTimeline) {
+  const std::string model = R"(vocab_size = 32000
+hidden_size = 2048
+intermediate_size = 5504
+num_layers = 4
+num_heads = 16
+rank = 512
+max_seq_len = 2048
+[training]
+micro_batch_size = 4
+seq_len = 2048
+precision = "bf16"
+[parallel]
+tp = 2
+)";
+  ClusterSpec slow = load_cluster("a100-perlmutter");
+  slow.intra_node = {10.0, 5.0};  // 10 GB/s: the calls cost more than the kernels
+  for (const char* mode : {"full", "vanilla", "btp"}) {
+    SCOPED_TRACE(mode);
+    const TrainConfig serial = parse_train_config_string(
+        fmt::format("[model]\nbottleneck = \"{}\"\n{}tp_mode = \"{}\"\n",
+                    std::string_view(mode) == "full" ? "none" : "cola", model, mode),
+        "overlap.toml");
+    TrainConfig overlap = serial;
+    overlap.parallel.tp_overlap = true;
+    EXPECT_TRUE(dry_run_stage(serial, 0).tp_timeline.empty());
+    const StageCounts counts = dry_run_stage(overlap, 0);
+    int64_t calls = 0, issued = 0, started = 0, waited = 0;
+    for (const auto& [call, n] : counts.calls.at("tp")) calls += n;
+    std::set<int64_t> pending;
+    for (const TpTimelineEvent& e : counts.tp_timeline) {
+      if (e.kind == TpTimelineEvent::Kind::issue) {
+        ++issued;
+        if (e.started) {
+          ++started;
+          pending.insert(e.id);
+        }
+      } else if (e.kind == TpTimelineEvent::Kind::wait) {
+        ++waited;
+        EXPECT_EQ(pending.erase(e.id), 1u) << "a wait before its call, or twice";
+      }
+    }
+    EXPECT_EQ(issued, calls);
+    EXPECT_GT(started, 0);
+    EXPECT_EQ(waited, started);
+    EXPECT_TRUE(pending.empty());
+
+    const Prediction s = predict(serial, slow), o = predict(overlap, slow);
+    ASSERT_TRUE(o.excluded.empty()) << o.excluded;
+    EXPECT_EQ(s.tp_hidden, 0);
+    // Hidden time runs under the other half's kernels: at most the calls or the kernels,
+    // whichever is less, and here a good part of that (a block's calls alternate with its
+    // kernels).
+    const double bound = std::min(o.tp_comm + o.tp_hidden, o.compute);
+    EXPECT_GT(o.tp_hidden, 0.3 * bound);
+    EXPECT_LE(o.tp_hidden, bound);
+    EXPECT_GE(o.tp_comm, 0);
+    EXPECT_LT(o.step, s.step);
+    EXPECT_TRUE(prediction_json(o).contains("tp_hidden_s"));
+    EXPECT_FALSE(prediction_json(s).contains("tp_hidden_s"));
+    // On a link that costs nothing there is nothing to hide.
+    ClusterSpec free_link = slow;
+    free_link.intra_node = {1e12, 0.0};
+    free_link.nccl_base_latency_us = 0;
+    const Prediction f = predict(overlap, free_link);
+    EXPECT_NEAR(f.tp_comm + f.tp_hidden, 0, 1e-6);
   }
 }
 

@@ -12,8 +12,13 @@
 #
 #   tools/cluster/bench_emulated.sh [--preset a100-perlmutter] [--precision fp32]
 #       [--config configs/bench_tp_1b.toml] [--set KEY=VALUE]... [--layouts "1x2 2x2"]
+#       [--tp-overlap]
 #       [--trains "2x2x1 2x1x2"] [--paper "3B 7B 13B"] [--paper-scale 4] [--paper-layers 4]
 #       [--steps 3] [--warmup 1] [--repeats 1] [--out DIR]
+#
+# --tp-overlap: bench tp also times each mode with parallel.tp_overlap, in the same run, and
+# `bottle plan --set parallel.tp_overlap=true` predicts those (plan-overlap.json): a second
+# table per layout, overlapped iteration measured vs predicted and the overlap's speedup.
 #
 # --trains TPxPPxDP...: 3D layouts too, each on nodes of TP ranks (TP within a node, the
 # pipeline's stage boundary or the DP all-reduce across the inter-node link): `bottle train`
@@ -44,7 +49,7 @@ root=$(cd "$here/../.." && pwd)
 cluster=$here/cluster.sh
 bottle=${BOTTLE:-$root/build/bottle}
 preset=a100-perlmutter precision=fp32 config=$root/configs/bench_tp_1b.toml
-layouts="1x2 2x2" trains='' steps=3 warmup=1 repeats=1 out=emulated-bench sets=()
+layouts="1x2 2x2" trains='' tp_overlap='' steps=3 warmup=1 repeats=1 out=emulated-bench sets=()
 paper_models='' paper_scale=4 paper_layers=4
 while (($#)); do
   case $1 in
@@ -53,6 +58,7 @@ while (($#)); do
     --config) config=$2; shift 2 ;;
     --set) sets+=("$2"); shift 2 ;;
     --layouts) layouts=$2; shift 2 ;;
+    --tp-overlap) tp_overlap=--tp-overlap; shift ;;
     --trains) trains=$2; shift 2 ;;
     --paper) paper_models=$2; shift 2 ;;
     --paper-scale) paper_scale=$2; shift 2 ;;
@@ -138,7 +144,8 @@ bench_tp_layout() { # LAYOUT(NxR) CONFIG NAME
     echo "bench_emulated.sh: $layout: bench tp at TP $tp on the shaped cluster" >&2
     "$cluster" run --state "$state" -- -np "$tp" -x OMP_NUM_THREADS -x OMP_WAIT_POLICY \
       "$bottle" bench tp "$cfg" --set parallel.tp="$tp" "${set_args[@]}" --threads 1 --json \
-      --steps "$steps" --warmup "$warmup" 2> "$dir/bench.err" | grep '^{' > "$dir/bench.json"
+      --steps "$steps" --warmup "$warmup" ${tp_overlap:+"$tp_overlap"} 2> "$dir/bench.err" |
+      grep '^{' > "$dir/bench.json"
     # The links again, right after the bench: on a shared machine they drift.
     "$here/emulate.sh" --preset "$preset" --nodes "$nodes" --ranks-per-node "$rpn" \
       --precision "$precision" --state "$state" --out "$dir" --bottle "$bottle" \
@@ -148,6 +155,10 @@ bench_tp_layout() { # LAYOUT(NxR) CONFIG NAME
       "$bottle" plan "$cfg" --cluster "$dir/emulated$f.toml" --tp "$tp" --gpus "$tp" --json \
         "${set_args[@]}" | grep '^{' > "$dir/plan$f.json"
     done
+    if [[ -n $tp_overlap ]]; then
+      "$bottle" plan "$cfg" --cluster "$dir/emulated.toml" --tp "$tp" --gpus "$tp" --json \
+        "${set_args[@]}" --set parallel.tp_overlap=true | grep '^{' > "$dir/plan-overlap.json"
+    fi
     # shellcheck disable=SC1091
     . "$dir/emulate.env"
     say '\n## %s nodes x %s ranks, TP %s, repeat %s: k = %.4g\n' "$nodes" "$rpn" "$tp" "$rep" "$k"
@@ -207,8 +218,37 @@ bench_tp_layout() { # LAYOUT(NxR) CONFIG NAME
         awk -v e="$err" 'BEGIN { exit !(e < -10 || e > 10) }' && status=1
       done
     fi
+    [[ -n $tp_overlap ]] && overlap_table "$dir" "${micro_batch:-0}"
     write_result "$dir" bench_tp "$layout" "$tp" 1 1 "$cfg"
     unset meas pred after
+  done
+}
+
+# --tp-overlap's table of one layout: each mode's overlapped iteration measured (bench tp's
+# tp-overlap variant) and predicted (plan-overlap.json), and the overlap's speedup (serial over
+# overlapped iteration) measured and predicted. Uses meas and pred of the caller.
+overlap_table() { # DIR MICRO_BATCH
+  local mode m p err ms ps
+  say '%-8s %12s %12s %8s   %10s %10s   %9s %9s\n' overlap "measured ms" "predicted ms" error \
+    "hidden ms" "pred hid." speedup predicted
+  for mode in full vanilla btp; do
+    m=$(jq -r --arg m "$mode" 'select(.mode == $m and .tp_overlap == true and .recompute == "none")
+      | "\(.iter_ms) \(.comm_ms - .comm_exposed_ms)"' "$1/bench.json" | head -1)
+    p=$(jq -r --arg m "$mode" --argjson b "$2" \
+      'select(has("step_s") and .tp_mode == $m and .recompute == "none"
+              and .micro_batch_size == $b and .micro_batches == 1)
+       | "\(.step_s * 1000) \(.tp_hidden_s * 1000)"' "$1/plan-overlap.json" | head -1)
+    if [[ -z $m || -z $p || -z ${meas[$mode]:-} ]]; then
+      say '%-8s %12s %12s\n' "$mode" "${m%% *}" "${p%% *}"
+      status=1
+      continue
+    fi
+    err=$(awk -v p="${p%% *}" -v m="${m%% *}" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
+    ms=$(awk -v s="${meas[$mode]}" -v o="${m%% *}" 'BEGIN { printf "%.3f", s / o }')
+    ps=$(awk -v s="${pred[$mode]}" -v o="${p%% *}" 'BEGIN { printf "%.3f", s / o }')
+    say '%-8s %12.1f %12.1f %+7.1f%%   %10.1f %10.1f   %9s %9s\n' "$mode" "${m%% *}" \
+      "${p%% *}" "$err" "${m##* }" "${p##* }" "$ms" "$ps"
+    awk -v e="$err" 'BEGIN { exit !(e < -15 || e > 15) }' && status=1
   done
 }
 
