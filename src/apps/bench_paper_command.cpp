@@ -135,6 +135,25 @@ log_freq = 1
                      s.loss_steps, (data / "data_train_000000.bin").string(), folder.string());
 }
 
+template <typename Row>
+Row row_from_json(const json& j, const std::string& what);
+template <>
+TpRow row_from_json(const json& j, const std::string& what) {
+  return tp_row_from_json(j, what);
+}
+template <>
+FitRow row_from_json(const json& j, const std::string& what) {
+  return fit_row_from_json(j, what);
+}
+template <>
+NormRow row_from_json(const json& j, const std::string& what) {
+  return norm_row_from_json(j, what);
+}
+template <>
+StepRow row_from_json(const json& j, const std::string& what) {
+  return step_row_from_json(j, what);
+}
+
 // Runs bottle commands (alone or under mpirun), each logged in DIR/logs/NAME.log; a command
 // that fails ends the report with its name, status and last lines.
 class Launcher {
@@ -194,6 +213,15 @@ class Launcher {
     return rows;
   }
 
+  // The rows a bench printed, read once into its records (bench/results.h).
+  template <typename Row>
+  std::vector<Row> run_rows(const std::string& name, int ranks, const std::string& args) {
+    std::vector<Row> rows;
+    const std::string what = fmt::format("bench paper: '{}'", name);
+    for (const json& j : run_json(name, ranks, args)) rows.push_back(row_from_json<Row>(j, what));
+    return rows;
+  }
+
  private:
   fs::path out_;
   std::string mpirun_, exe_;
@@ -246,28 +274,26 @@ std::vector<std::string> default_corpus() {
 // under it, and the paper's own setting planned: CoLA-7B on its GPUs' memory.
 void plan_memory_fits(Launcher& launcher, const PaperFigures& paper, const fs::path& out,
                       const std::string& cola, std::optional<int64_t> limit, PaperResults& r) {
-  const std::vector<json> plan_state =
-      launcher.run_json("fit_state", 2,
-                        fmt::format("bench tp {} --set parallel.tp=2 --fit 1TiB --fit-max 1 --json",
-                                    shell_quote(cola)));
+  const std::vector<FitRow> plan_state = launcher.run_rows<FitRow>(
+      "fit_state", 2,
+      fmt::format("bench tp {} --set parallel.tp=2 --fit 1TiB --fit-max 1 --json",
+                  shell_quote(cola)));
   size_t state = 0;  // of the CoLA model, as the paper's 5 GB is CoLA-7B's
-  for (const json& row : plan_state)
-    if (row.at("mode") == "btp")
-      state = std::max(state, row.at("weights_bytes").get<size_t>() +
-                                  row.at("gradients_bytes").get<size_t>() +
-                                  row.at("optimizer_bytes").get<size_t>());
+  for (const FitRow& row : plan_state)
+    if (row.mode == "btp")
+      state = std::max(state, row.weights_bytes + row.gradients_bytes + row.optimizer_bytes);
   r.memory_limit =
       limit ? size_t(*limit) : size_t(paper_memory_per_model_state(paper) * double(state));
   r.memory_limit_default = !limit;
   r.fits =
-      launcher.run_json("fit", 2,
+      launcher.run_rows<FitRow>("fit", 2,
                         fmt::format("bench tp {} --set parallel.tp=2 --fit {} --fit-max 8 --json",
                                     shell_quote(cola), r.memory_limit));
   // The paper's own setting, planned (nothing is allocated): CoLA-7B on its GPUs' memory.
   {
     const fs::path path = out / "configs" / "llama7b_cola.toml";
     std::ofstream(path) << llama7b_cola_config(paper);
-    r.fits_7b = launcher.run_json(
+    r.fits_7b = launcher.run_rows<FitRow>(
         "fit_7b", int(paper.value("llama7b.tp")),
         fmt::format("bench tp {} --fit {:g}GiB --fit-max 16 --json", shell_quote(path.string()),
                     paper.value("memory.gpu_memory")));
@@ -376,7 +402,7 @@ Command add_bench_paper_command(CLI::App& app) {
     const std::string timing = fmt::format("--steps {} --warmup {} --json", s.steps, s.warmup);
     auto bench_tp = [&](const std::string& name, int t, const std::string& config,
                         const std::string& extra) {
-      return launcher.run_json(name, t,
+      return launcher.run_rows<TpRow>(name, t,
                                fmt::format("bench tp {} {} --set parallel.tp={} {}",
                                            shell_quote(config), timing, t, extra));
     };
@@ -400,16 +426,16 @@ Command add_bench_paper_command(CLI::App& app) {
                                            b));
     // Online RMSNorm against RMSNorm + linear on one rank.
     r.norm.push_back(
-        launcher.run_json("norm", o->max_ranks,
+        launcher.run_rows<NormRow>("norm", o->max_ranks,
                           fmt::format("bench norm --rows {} --hidden {} --rank {} --json",
                                       s.norm_rows, s.norm_hidden, s.norm_rank))[0]);
     // The same with GEMMs summed in double: the norm's own error.
-    r.norm.push_back(launcher.run_json(
+    r.norm.push_back(launcher.run_rows<NormRow>(
         "norm_reference", o->max_ranks,
         fmt::format("bench norm --backend reference --rows 128 --hidden {} --rank {} --json",
                     s.norm_hidden, s.norm_rank))[0]);
     // The same training step in PyTorch.
-    r.torch = launcher.run_json(
+    r.torch = launcher.run_rows<StepRow>(
         "torch", 0,
         fmt::format("bench step --hidden {} --ffn {} --layers {} --heads {} --rank {} --batch {} "
                     "--seq {} --steps {} --warmup {} --threads {} --json",
