@@ -248,10 +248,9 @@ class Report {
         "| software | {}; {}; oneDNN {} (its kernels: {}); PyTorch {} (OpenBLAS kernels: {}, {}); "
         "{} |",
         m.value("compiler", ""), m.value("mpi", ""), m.value("onednn", ""),
-        m.value("onednn_isa", "unknown"),
-        torch_peer_fact(&StepRow::Peer::version), torch_peer_fact(&StepRow::Peer::blas_core),
-        torch_peer_fact(&StepRow::Peer::blas_core_source),
-        m.value("gnuplot", ""));
+        m.value("onednn_isa", "unknown"), torch_peer_fact(&StepRow::Peer::version),
+        torch_peer_fact(&StepRow::Peer::blas_core),
+        torch_peer_fact(&StepRow::Peer::blas_core_source), m.value("gnuplot", ""));
     linef(
         "| model | LLaMA-style, CoLA bottlenecks unless stated: d = {}, d_ff = {}, {} heads, r = "
         "{}, {} blocks, vocabulary 256; micro-batch {} × {} tokens; fp32 |",
@@ -306,15 +305,11 @@ class Report {
     linef(
         "At TP 2, btp is {} faster than full-rank TP and {} faster than vanilla TP; at TP {} "
         "{} and {}. Paper ({}): full-rank {}, vanilla {}, BOOST {} ({} and {} over {}).",
-        versus(iter_ms(two.full) / iter_ms(two.btp),
-               "iteration.boost_speedup_over_full_7b"),
-        versus(iter_ms(two.vanilla) / iter_ms(two.btp),
-               "iteration.boost_speedup_over_vanilla_7b"),
+        versus(iter_ms(two.full) / iter_ms(two.btp), "iteration.boost_speedup_over_full_7b"),
+        versus(iter_ms(two.vanilla) / iter_ms(two.btp), "iteration.boost_speedup_over_vanilla_7b"),
         r_.tp.rbegin()->first,
-        versus(iter_ms(top.full) / iter_ms(top.btp),
-               "iteration.boost_speedup_over_full_7b"),
-        versus(iter_ms(top.vanilla) / iter_ms(top.btp),
-               "iteration.boost_speedup_over_vanilla_7b"),
+        versus(iter_ms(top.full) / iter_ms(top.btp), "iteration.boost_speedup_over_full_7b"),
+        versus(iter_ms(top.vanilla) / iter_ms(top.btp), "iteration.boost_speedup_over_vanilla_7b"),
         paper("iteration.setting"), paper("iteration.full_7b"), paper("iteration.vanilla_7b"),
         paper("iteration.boost_7b"), paper("iteration.boost_speedup_over_full_range"),
         paper("iteration.boost_speedup_over_vanilla_range"), paper("iteration.range_models"));
@@ -550,7 +545,8 @@ class Report {
       const TpRow* rows2[] = {m.vanilla, m.btp};
       for (size_t k = 0; k < 2; ++k) c.series[k].add(field(rows2[k], &TpRow::iter_ms));
     }
-    linef("| full-rank TP | {} | | | |", spread(modes_of(r_.kinds.at("cola")).full, &TpRow::iter_ms));
+    linef("| full-rank TP | {} | | | |",
+          spread(modes_of(r_.kinds.at("cola")).full, &TpRow::iter_ms));
     draw_bars(c, out_, "kinds");
     line();
     std::string here;
@@ -695,12 +691,10 @@ class Report {
     const std::pair<const char*, const TpRow*> by_mode[] = {
         {"full-rank TP", m.full}, {"vanilla TP", m.vanilla}, {"btp", m.btp}};
     for (const auto& [name, row] : by_mode) {
-      const double act =
-          field(row, &TpRow::activation_bytes) + field(row, &TpRow::buffer_bytes);
-      const double values[] = {field(row, &TpRow::weights_bytes),
-                               field(row, &TpRow::gradients_bytes),
-                               field(row, &TpRow::optimizer_bytes), act,
-                               field(row, &TpRow::peak_bytes)};
+      const double act = field(row, &TpRow::activation_bytes) + field(row, &TpRow::buffer_bytes);
+      const double values[] = {
+          field(row, &TpRow::weights_bytes), field(row, &TpRow::gradients_bytes),
+          field(row, &TpRow::optimizer_bytes), act, field(row, &TpRow::peak_bytes)};
       linef("| {} | {} | {} | {} | {} | {} |", name, mib(values[0]), mib(values[1]), mib(values[2]),
             mib(values[3]), mib(values[4]));
       Series s{name, {}, {}, {}};
@@ -747,8 +741,8 @@ class Report {
       if (row.recompute == "none" || !row.grouping) continue;
       const double per_ms = row.saved_mb_per_ms;
       linef("| {} | {} | {} | {:.1f} | {} | {:.1f} | {:.2f} | {:.0f} |", row.mode, row.recompute,
-            mib(double(row.activation_bytes)), row.saved_mb, spread(row.recompute_ms),
-            row.extra_ms, per_ms, row.recompute_collectives);
+            mib(double(row.activation_bytes)), row.saved_mb, spread(row.recompute_ms), row.extra_ms,
+            per_ms, row.recompute_collectives);
       c.categories.push_back(row.mode + " " + row.recompute);
       c.series[0].value.push_back(per_ms);
       c.series[0].lo.push_back(kNaN);
@@ -812,8 +806,8 @@ class Report {
       // better (or why it kept them): the ratio below is against the kernels named first.
       const std::optional<StepRow::Peer>& t = r_.torch.front().peer;
       const std::string pinned = t ? t->blas_core_pinned : "";
-      linef("PyTorch {}, OpenBLAS kernels {} ({}{}){}.",
-            torch_peer_fact(&StepRow::Peer::version), torch_peer_fact(&StepRow::Peer::blas_core),
+      linef("PyTorch {}, OpenBLAS kernels {} ({}{}){}.", torch_peer_fact(&StepRow::Peer::version),
+            torch_peer_fact(&StepRow::Peer::blas_core),
             torch_peer_fact(&StepRow::Peer::blas_core_source),
             pinned.empty() ? "" : fmt::format("; the environment pinned {}", pinned),
             t && t->blas_fallback ? fmt::format("; {}", *t->blas_fallback) : std::string());
@@ -889,12 +883,9 @@ void write_paper_report(const PaperResults& r, const fs::path& out) {
   const std::string md = Report(r, paper, out).write();
   // Each file whole or not at all (core/atomic_output.h).
   write_file_atomically((out / "report.md").string(), md);
-  json all{{"scale", r.scale},
-           {"machine", r.machine},
-           {"settings", r.settings},
-           {"memory_limit", r.memory_limit},
-           {"fits", rows_json(r.fits)},
-           {"norm", rows_json(r.norm)},
+  json all{{"scale", r.scale},           {"machine", r.machine},
+           {"settings", r.settings},     {"memory_limit", r.memory_limit},
+           {"fits", rows_json(r.fits)},  {"norm", rows_json(r.norm)},
            {"torch", rows_json(r.torch)}};
   for (const auto& [t, rows] : r.tp) all["tp"][std::to_string(t)] = rows_json(rows);
   for (const auto& [b, rows] : r.batch) all["batch"][std::to_string(b)] = rows_json(rows);

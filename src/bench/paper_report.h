@@ -22,10 +22,10 @@ struct PaperResults {
   std::map<int64_t, std::vector<TpRow>> grouping;   // ... --variants --components
   size_t memory_limit = 0;                          // of the micro-batch sweep, per rank
   bool memory_limit_default = true;
-  std::vector<FitRow> fits;      // `bench tp --fit` rows under memory_limit, TP 2
-  std::vector<FitRow> fits_7b;   // the same for CoLA-7B's shape, TP 4, 80 GiB
-  std::vector<NormRow> norm;     // `bench norm --json`, per backend
-  std::vector<StepRow> torch;    // `bench step --json` rows (none, cola)
+  std::vector<FitRow> fits;                 // `bench tp --fit` rows under memory_limit, TP 2
+  std::vector<FitRow> fits_7b;              // the same for CoLA-7B's shape, TP 4, 80 GiB
+  std::vector<NormRow> norm;                // `bench norm --json`, per backend
+  std::vector<StepRow> torch;               // `bench step --json` rows (none, cola)
   std::map<int, std::vector<double>> loss;  // per TP degree, one per step
   // The paper's own runs predicted on its cluster (paper_prediction.h): no measurement.
   nlohmann::json predicted;
