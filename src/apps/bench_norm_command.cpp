@@ -10,11 +10,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <nlohmann/json.hpp>
 
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "bench/online_rmsnorm_check.h"
+#include "bench/results.h"
 #include "comm/communicator.h"
 #include "backend/backend_options.h"
 
@@ -62,16 +62,16 @@ Command add_bench_norm_command(CLI::App& app) {
         compare_online_rmsnorm(*be, TensorParallel{.comm = &world}, problem);
     if (world.rank() != 0) return 0;
     if (o->json) {
-      const nlohmann::ordered_json j{{"tp", t},
-                                     {"rows", o->rows},
-                                     {"hidden", o->hidden},
-                                     {"rank", o->rank},
-                                     {"backend", o->backend},
-                                     {"max_abs_diff", diffs.output.max},
-                                     {"mean_abs_diff", diffs.output.mean},
-                                     {"bwd_max_abs_diff", diffs.input_grad.max},
-                                     {"bwd_mean_abs_diff", diffs.input_grad.mean}};
-      fmt::print("{}\n", j.dump());
+      const NormRow row{.tp = t,
+                        .rows = o->rows,
+                        .hidden = o->hidden,
+                        .rank = o->rank,
+                        .backend = o->backend,
+                        .max_abs_diff = diffs.output.max,
+                        .mean_abs_diff = diffs.output.mean,
+                        .bwd_max_abs_diff = diffs.input_grad.max,
+                        .bwd_mean_abs_diff = diffs.input_grad.mean};
+      fmt::print("{}\n", to_json(row).dump());
     } else {
       fmt::print(
           "bench norm: online RMSNorm + row-split linear on {} rank(s) vs RMSNorm + linear on "

@@ -20,25 +20,33 @@ using json = nlohmann::json;
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
-const json* find_variant(const std::vector<json>& rows, const std::string& variant) {
-  for (const json& r : rows)
-    if (r.value("variant", "") == variant) return &r;
+// The row of `variant` among one bench tp run's; null when that run did not time it.
+const TpRow* find_variant(const std::vector<TpRow>& rows, const std::string& variant) {
+  for (const TpRow& r : rows)
+    if (r.variant == variant) return &r;
   return nullptr;
 }
 
-double number(const json* row, const std::string& key) {
-  if (!row || !row->contains(key) || !(*row)[key].is_number()) return kNaN;
-  return (*row)[key].get<double>();
+// A row's field; NaN (shown as "n/a", drawn as missing) for a variant the run did not time.
+template <typename T>
+double field(const TpRow* row, T TpRow::*member) {
+  return row ? double(row->*member) : kNaN;
+}
+Spread field(const TpRow* row, Spread TpRow::*member) {
+  return row ? row->*member : Spread{kNaN, kNaN, kNaN};
 }
 
 // "123.4 [120.1–130.2]": a median with the min and max of the same steps.
-std::string spread(const json* row, const std::string& key, int digits = 1) {
-  const double v = number(row, key);
-  if (std::isnan(v)) return "n/a";
-  const double lo = number(row, key + "_min"), hi = number(row, key + "_max");
-  if (std::isnan(lo) || std::isnan(hi)) return fmt::format("{:.{}f}", v, digits);
-  return fmt::format("{:.{}f} [{:.{}f}–{:.{}f}]", v, digits, lo, digits, hi, digits);
+std::string spread(const Spread& s, int digits = 1) {
+  if (std::isnan(s.median)) return "n/a";
+  if (std::isnan(s.min) || std::isnan(s.max)) return fmt::format("{:.{}f}", s.median, digits);
+  return fmt::format("{:.{}f} [{:.{}f}–{:.{}f}]", s.median, digits, s.min, digits, s.max, digits);
 }
+std::string spread(const TpRow* row, Spread TpRow::*member, int digits = 1) {
+  return spread(field(row, member), digits);
+}
+// A row's median iteration time (NaN: not timed).
+double iter_ms(const TpRow* row) { return field(row, &TpRow::iter_ms).median; }
 
 std::string ratio(double a, double b) {
   if (std::isnan(a) || std::isnan(b) || b == 0) return "n/a";
@@ -62,6 +70,12 @@ std::string mib(double bytes) { return fmt::format("{:.1f}", bytes / double(1 <<
 struct Series {
   std::string name;
   std::vector<double> value, lo, hi;
+  // A median with its min and max as the error bar, each divided by `scale`.
+  void add(const Spread& s, double scale = 1) {
+    value.push_back(s.median / scale);
+    lo.push_back(s.min / scale);
+    hi.push_back(s.max / scale);
+  }
 };
 
 struct Chart {
@@ -162,9 +176,9 @@ void draw_lines(const std::string& title, const std::string& xlabel, const std::
 
 // The three modes of one bench tp run, grouping on, no recomputation.
 struct Modes {
-  const json *full, *vanilla, *btp;
+  const TpRow *full, *vanilla, *btp;
 };
-Modes modes_of(const std::vector<json>& rows) {
+Modes modes_of(const std::vector<TpRow>& rows) {
   return {find_variant(rows, "full"), find_variant(rows, "vanilla"), find_variant(rows, "btp")};
 }
 
@@ -200,6 +214,13 @@ class Report {
   }
   int64_t layers() const { return r_.settings.at("layers").get<int64_t>(); }
   std::string paper(const std::string& id) const { return paper_.show(id); }
+  // What the header says of the PyTorch peer: "n/a" without its bench, "unknown" when the
+  // peer did not run.
+  std::string torch_peer_fact(std::string StepRow::Peer::*member) const {
+    if (r_.torch.empty()) return "n/a";
+    const std::optional<StepRow::Peer>& peer = r_.torch.front().peer;
+    return peer ? (*peer).*member : "unknown";
+  }
   std::string versus(double here, const std::string& paper_id) const {
     return versus_paper(here, paper_, paper_id);
   }
@@ -227,11 +248,9 @@ class Report {
         "| software | {}; {}; oneDNN {} (its kernels: {}); PyTorch {} (OpenBLAS kernels: {}, {}); "
         "{} |",
         m.value("compiler", ""), m.value("mpi", ""), m.value("onednn", ""),
-        m.value("onednn_isa", "unknown"),
-        r_.torch.empty() ? "n/a" : r_.torch.front().value("torch_version", "unknown"),
-        r_.torch.empty() ? "n/a" : r_.torch.front().value("torch_blas_core", "unknown"),
-        r_.torch.empty() ? "n/a" : r_.torch.front().value("torch_blas_core_source", "unknown"),
-        m.value("gnuplot", ""));
+        m.value("onednn_isa", "unknown"), torch_peer_fact(&StepRow::Peer::version),
+        torch_peer_fact(&StepRow::Peer::blas_core),
+        torch_peer_fact(&StepRow::Peer::blas_core_source), m.value("gnuplot", ""));
     linef(
         "| model | LLaMA-style, CoLA bottlenecks unless stated: d = {}, d_ff = {}, {} heads, r = "
         "{}, {} blocks, vocabulary 256; micro-batch {} × {} tokens; fp32 |",
@@ -272,17 +291,12 @@ class Report {
       const std::string label = t > r_.machine.value("cores", 2)
                                     ? fmt::format("{} (oversubscribed)", t)
                                     : std::to_string(t);
-      linef("| {} | {} | {} | {} | {} | {} |", label, spread(m.full, "iter_ms"),
-            spread(m.vanilla, "iter_ms"), spread(m.btp, "iter_ms"),
-            ratio(number(m.full, "iter_ms"), number(m.btp, "iter_ms")),
-            ratio(number(m.vanilla, "iter_ms"), number(m.btp, "iter_ms")));
+      linef("| {} | {} | {} | {} | {} | {} |", label, spread(m.full, &TpRow::iter_ms),
+            spread(m.vanilla, &TpRow::iter_ms), spread(m.btp, &TpRow::iter_ms),
+            ratio(iter_ms(m.full), iter_ms(m.btp)), ratio(iter_ms(m.vanilla), iter_ms(m.btp)));
       c.categories.push_back("TP " + label);
-      const json* rows3[] = {m.full, m.vanilla, m.btp};
-      for (size_t k = 0; k < 3; ++k) {
-        c.series[k].value.push_back(number(rows3[k], "iter_ms"));
-        c.series[k].lo.push_back(number(rows3[k], "iter_ms_min"));
-        c.series[k].hi.push_back(number(rows3[k], "iter_ms_max"));
-      }
+      const TpRow* rows3[] = {m.full, m.vanilla, m.btp};
+      for (size_t k = 0; k < 3; ++k) c.series[k].add(field(rows3[k], &TpRow::iter_ms));
     }
     draw_bars(c, out_, "iteration");
     line();
@@ -291,15 +305,11 @@ class Report {
     linef(
         "At TP 2, btp is {} faster than full-rank TP and {} faster than vanilla TP; at TP {} "
         "{} and {}. Paper ({}): full-rank {}, vanilla {}, BOOST {} ({} and {} over {}).",
-        versus(number(two.full, "iter_ms") / number(two.btp, "iter_ms"),
-               "iteration.boost_speedup_over_full_7b"),
-        versus(number(two.vanilla, "iter_ms") / number(two.btp, "iter_ms"),
-               "iteration.boost_speedup_over_vanilla_7b"),
+        versus(iter_ms(two.full) / iter_ms(two.btp), "iteration.boost_speedup_over_full_7b"),
+        versus(iter_ms(two.vanilla) / iter_ms(two.btp), "iteration.boost_speedup_over_vanilla_7b"),
         r_.tp.rbegin()->first,
-        versus(number(top.full, "iter_ms") / number(top.btp, "iter_ms"),
-               "iteration.boost_speedup_over_full_7b"),
-        versus(number(top.vanilla, "iter_ms") / number(top.btp, "iter_ms"),
-               "iteration.boost_speedup_over_vanilla_7b"),
+        versus(iter_ms(top.full) / iter_ms(top.btp), "iteration.boost_speedup_over_full_7b"),
+        versus(iter_ms(top.vanilla) / iter_ms(top.btp), "iteration.boost_speedup_over_vanilla_7b"),
         paper("iteration.setting"), paper("iteration.full_7b"), paper("iteration.vanilla_7b"),
         paper("iteration.boost_7b"), paper("iteration.boost_speedup_over_full_range"),
         paper("iteration.boost_speedup_over_vanilla_range"), paper("iteration.range_models"));
@@ -430,9 +440,8 @@ class Report {
     line("| micro-batch | full (ms) | vanilla (ms) | btp (ms) | btp vs full | btp vs vanilla |");
     line("|---|---|---|---|---|---|");
     auto max_batch = [&](const std::string& mode) {
-      for (const json& f : r_.fits)
-        if (f.value("mode", "") == mode && f.value("recompute", "") == "none")
-          return f.at("max_micro_batch").get<int64_t>();
+      for (const FitRow& f : r_.fits)
+        if (f.mode == mode && f.recompute == "none") return f.max_micro_batch;
       return int64_t(0);
     };
     std::vector<double> x;
@@ -441,17 +450,16 @@ class Report {
     const char* names[] = {"full", "vanilla", "btp"};
     for (const auto& [b, rows] : r_.batch) {
       const Modes m = modes_of(rows);
-      const json* by_mode[] = {m.full, m.vanilla, m.btp};
+      const TpRow* by_mode[] = {m.full, m.vanilla, m.btp};
       std::string cells[3];
       double ms[3];
       x.push_back(double(b));
       for (size_t k = 0; k < 3; ++k) {
         const bool fits = b <= max_batch(names[k]);
-        ms[k] = fits ? number(by_mode[k], "iter_ms") : kNaN;
-        cells[k] = fits ? spread(by_mode[k], "iter_ms") : "does not fit";
-        series[k].value.push_back(ms[k]);
-        series[k].lo.push_back(fits ? number(by_mode[k], "iter_ms_min") : kNaN);
-        series[k].hi.push_back(fits ? number(by_mode[k], "iter_ms_max") : kNaN);
+        const Spread t = fits ? field(by_mode[k], &TpRow::iter_ms) : Spread{kNaN, kNaN, kNaN};
+        ms[k] = t.median;
+        cells[k] = fits ? spread(t) : "does not fit";
+        series[k].add(t);
       }
       linef("| {} | {} | {} | {} | {} | {} |", b, cells[0], cells[1], cells[2], ratio(ms[0], ms[2]),
             ratio(ms[1], ms[2]));
@@ -466,12 +474,10 @@ class Report {
     line();
     line("| mode | recompute | largest micro-batch | planned per rank at it |");
     line("|---|---|---|---|");
-    for (const json& f : r_.fits)
-      linef("| {} | {} | {} | {} |", f.value("mode", ""), f.value("recompute", ""),
-            f.at("max_micro_batch").get<int64_t>()
-                ? std::to_string(f.at("max_micro_batch").get<int64_t>())
-                : "none",
-            format_bytes(f.at("total_bytes").get<size_t>()));
+    for (const FitRow& f : r_.fits)
+      linef("| {} | {} | {} | {} |", f.mode, f.recompute,
+            f.max_micro_batch ? std::to_string(f.max_micro_batch) : "none",
+            format_bytes(f.total_bytes));
     line();
     linef(
         "The paper's own setting, planned at CoLA-7B's real shape (d {}, d_ff {}, {} blocks, "
@@ -485,16 +491,13 @@ class Report {
         "| mode | recompute | largest micro-batch | weights + gradients + optimizer | activations "
         "+ buffers | total |");
     line("|---|---|---|---|---|---|");
-    for (const json& f : r_.fits_7b) {
-      const int64_t b = f.at("max_micro_batch").get<int64_t>();
-      const bool capped = b == f.value("tried_up_to", int64_t(0));
-      linef(
-          "| {} | {} | {} | {} | {} | {} |", f.value("mode", ""), f.value("recompute", ""),
-          b ? fmt::format("{}{}", capped ? "≥ " : "", b) : "none",
-          format_bytes(f.at("weights_bytes").get<size_t>() + f.at("gradients_bytes").get<size_t>() +
-                       f.at("optimizer_bytes").get<size_t>()),
-          format_bytes(f.at("activation_and_buffer_bytes").get<size_t>()),
-          format_bytes(f.at("total_bytes").get<size_t>()));
+    for (const FitRow& f : r_.fits_7b) {
+      const int64_t b = f.max_micro_batch;
+      const bool capped = b == f.tried_up_to;
+      linef("| {} | {} | {} | {} | {} | {} |", f.mode, f.recompute,
+            b ? fmt::format("{}{}", capped ? "≥ " : "", b) : "none",
+            format_bytes(f.weights_bytes + f.gradients_bytes + f.optimizer_bytes),
+            format_bytes(f.activation_and_buffer_bytes), format_bytes(f.total_bytes));
     }
     line();
     // The sweep's largest micro-batch: which modes fit it without recomputation.
@@ -525,7 +528,7 @@ class Report {
     line();
     line("| model | vanilla (ms) | btp (ms) | btp vs vanilla | btp vs full-rank |");
     line("|---|---|---|---|---|");
-    const double full = number(modes_of(r_.kinds.at("cola")).full, "iter_ms");
+    const double full = iter_ms(modes_of(r_.kinds.at("cola")).full);
     Chart c{
         fmt::format("Iteration time by bottleneck, TP 2 (full-rank TP: {:.0f} ms, dashed)", full),
         "ms per iteration",
@@ -535,25 +538,22 @@ class Report {
                     full)};
     for (const char* kind : {"svd", "cola", "lax"}) {
       const Modes m = modes_of(r_.kinds.at(kind));
-      linef("| {} | {} | {} | {} | {} |", kind, spread(m.vanilla, "iter_ms"),
-            spread(m.btp, "iter_ms"), ratio(number(m.vanilla, "iter_ms"), number(m.btp, "iter_ms")),
-            ratio(full, number(m.btp, "iter_ms")));
+      linef("| {} | {} | {} | {} | {} |", kind, spread(m.vanilla, &TpRow::iter_ms),
+            spread(m.btp, &TpRow::iter_ms), ratio(iter_ms(m.vanilla), iter_ms(m.btp)),
+            ratio(full, iter_ms(m.btp)));
       c.categories.push_back(kind);
-      const json* rows2[] = {m.vanilla, m.btp};
-      for (size_t k = 0; k < 2; ++k) {
-        c.series[k].value.push_back(number(rows2[k], "iter_ms"));
-        c.series[k].lo.push_back(number(rows2[k], "iter_ms_min"));
-        c.series[k].hi.push_back(number(rows2[k], "iter_ms_max"));
-      }
+      const TpRow* rows2[] = {m.vanilla, m.btp};
+      for (size_t k = 0; k < 2; ++k) c.series[k].add(field(rows2[k], &TpRow::iter_ms));
     }
-    linef("| full-rank TP | {} | | | |", spread(modes_of(r_.kinds.at("cola")).full, "iter_ms"));
+    linef("| full-rank TP | {} | | | |",
+          spread(modes_of(r_.kinds.at("cola")).full, &TpRow::iter_ms));
     draw_bars(c, out_, "kinds");
     line();
     std::string here;
     for (const char* kind : {"svd", "cola", "lax"}) {
       const Modes m = modes_of(r_.kinds.at(kind));
       here += fmt::format("{}{} {:.2f}×", here.empty() ? "" : ", ", kind,
-                          number(m.vanilla, "iter_ms") / number(m.btp, "iter_ms"));
+                          iter_ms(m.vanilla) / iter_ms(m.btp));
     }
     linef(
         "btp vs vanilla here: {}. Paper ({}): {} for {}, and {} over full-rank. SVD has nothing "
@@ -579,16 +579,16 @@ class Report {
     for (const auto& [t, rows] : r_.tp) {
       if (t == 1) continue;
       const Modes m = modes_of(rows);
-      const json* by_mode[] = {m.full, m.vanilla, m.btp};
+      const TpRow* by_mode[] = {m.full, m.vanilla, m.btp};
       c.categories.push_back(fmt::format("TP {}", t));
       for (size_t k = 0; k < 3; ++k) {
-        const json* row = by_mode[k];
-        linef("| {} | {} | {:.0f} / {:.0f} | {:.0f} | {} |", t, row ? row->value("mode", "") : "",
-              number(row, "fwd_elems_per_token_block"), number(row, "bwd_elems_per_token_block"),
-              number(row, "collectives_per_block"), spread(row, "block_comm_ms_per_pass", 3));
-        c.series[k].value.push_back(number(row, "block_comm_ms_per_pass"));
-        c.series[k].lo.push_back(number(row, "block_comm_ms_per_pass_min"));
-        c.series[k].hi.push_back(number(row, "block_comm_ms_per_pass_max"));
+        const TpRow* row = by_mode[k];
+        linef("| {} | {} | {:.0f} / {:.0f} | {:.0f} | {} |", t, row ? row->mode : "",
+              field(row, &TpRow::fwd_elems_per_token_block),
+              field(row, &TpRow::bwd_elems_per_token_block),
+              field(row, &TpRow::collectives_per_block),
+              spread(row, &TpRow::block_comm_ms_per_pass, 3));
+        c.series[k].add(field(row, &TpRow::block_comm_ms_per_pass));
       }
     }
     draw_bars(c, out_, "comm");
@@ -621,8 +621,8 @@ class Report {
     c.series = {{"default (ungrouped)", {}, {}, {}}, {"grouped", {}, {}, {}}};
     const double L = double(layers());
     for (const auto& [b, rows] : r_.grouping) {
-      const json* grouped = find_variant(rows, "btp");
-      const json* ungrouped = find_variant(rows, "btp ungrouped");
+      const TpRow* grouped = find_variant(rows, "btp");
+      const TpRow* ungrouped = find_variant(rows, "btp ungrouped");
       linef(
           "Micro-batch {}, btp, ms per block (forward + backward; whole step per block: "
           "iteration / {} blocks):",
@@ -630,26 +630,28 @@ class Report {
       line();
       line("| | default | grouped | speedup |");
       line("|---|---|---|---|");
-      const std::pair<const char*, const char*> parts[] = {
-          {"gate and up, compute", "gate_up_compute_ms"},
-          {"gate and up, all-reduce", "gate_up_comm_ms"},
-          {"QKV, compute", "qkv_compute_ms"},
-          {"QKV, all-reduce", "qkv_comm_ms"},
-          {"whole step per block", "iter_ms"}};
-      for (const auto& [label, key] : parts) {
-        const double u = number(ungrouped, key) / L, g = number(grouped, key) / L;
-        linef("| {} | {:.3f} [{:.3f}–{:.3f}] | {:.3f} [{:.3f}–{:.3f}] | {} |", label, u,
-              number(ungrouped, std::string(key) + "_min") / L,
-              number(ungrouped, std::string(key) + "_max") / L, g,
-              number(grouped, std::string(key) + "_min") / L,
-              number(grouped, std::string(key) + "_max") / L, ratio(u, g));
+      // A component's compute or all-reduce ("" for the whole step), per step.
+      const std::pair<const char*, std::pair<const char*, bool>> parts[] = {
+          {"gate and up, compute", {"gate_up", false}},
+          {"gate and up, all-reduce", {"gate_up", true}},
+          {"QKV, compute", {"qkv", false}},
+          {"QKV, all-reduce", {"qkv", true}},
+          {"whole step per block", {"", false}}};
+      for (const auto& [label, part] : parts) {
+        const auto& [component, comm] = part;
+        auto times = [&](const TpRow* row) {
+          if (!row) return Spread{kNaN, kNaN, kNaN};
+          if (!*component) return row->iter_ms;
+          const TpComponentTimes& t = row->component(component);
+          return comm ? t.comm_ms : t.compute_ms;
+        };
+        const Spread u = times(ungrouped), g = times(grouped);
+        linef("| {} | {:.3f} [{:.3f}–{:.3f}] | {:.3f} [{:.3f}–{:.3f}] | {} |", label, u.median / L,
+              u.min / L, u.max / L, g.median / L, g.min / L, g.max / L,
+              ratio(u.median / L, g.median / L));
         c.categories.push_back(fmt::format("b{} {}", b, label));
-        const json* rows2[] = {ungrouped, grouped};
-        for (size_t k = 0; k < 2; ++k) {
-          c.series[k].value.push_back(number(rows2[k], key) / L);
-          c.series[k].lo.push_back(number(rows2[k], std::string(key) + "_min") / L);
-          c.series[k].hi.push_back(number(rows2[k], std::string(key) + "_max") / L);
-        }
+        c.series[0].add(u, L);
+        c.series[1].add(g, L);
       }
       line();
     }
@@ -686,12 +688,13 @@ class Report {
             {"weights", "gradients", "optimizer", "activations + buffers", "total"},
             {},
             ""};
-    const std::pair<const char*, const json*> by_mode[] = {
+    const std::pair<const char*, const TpRow*> by_mode[] = {
         {"full-rank TP", m.full}, {"vanilla TP", m.vanilla}, {"btp", m.btp}};
     for (const auto& [name, row] : by_mode) {
-      const double act = number(row, "activation_bytes") + number(row, "buffer_bytes");
-      const double values[] = {number(row, "weights_bytes"), number(row, "gradients_bytes"),
-                               number(row, "optimizer_bytes"), act, number(row, "peak_bytes")};
+      const double act = field(row, &TpRow::activation_bytes) + field(row, &TpRow::buffer_bytes);
+      const double values[] = {
+          field(row, &TpRow::weights_bytes), field(row, &TpRow::gradients_bytes),
+          field(row, &TpRow::optimizer_bytes), act, field(row, &TpRow::peak_bytes)};
       linef("| {} | {} | {} | {} | {} | {} |", name, mib(values[0]), mib(values[1]), mib(values[2]),
             mib(values[3]), mib(values[4]));
       Series s{name, {}, {}, {}};
@@ -699,9 +702,10 @@ class Report {
       c.series.push_back(s);
     }
     draw_bars(c, out_, "memory");
-    const double btp_act = number(m.btp, "activation_bytes") + number(m.btp, "buffer_bytes");
+    const double btp_act =
+        field(m.btp, &TpRow::activation_bytes) + field(m.btp, &TpRow::buffer_bytes);
     const double van_act =
-        number(m.vanilla, "activation_bytes") + number(m.vanilla, "buffer_bytes");
+        field(m.vanilla, &TpRow::activation_bytes) + field(m.vanilla, &TpRow::buffer_bytes);
     line();
     const double paper_ratio =
         paper_.value("memory.activations_boost") / paper_.value("memory.activations_vanilla");
@@ -733,21 +737,18 @@ class Report {
     Chart c{"Activation memory saved per ms of recomputation, TP 2", "MB per ms", {}, {}, ""};
     c.series = {{"MB saved per ms", {}, {}, {}}};
     double lowrank = kNaN, vanilla_block = kNaN;
-    for (const json& row : r_.tp.at(2)) {
-      if (row.value("recompute", "none") == "none" || !row.value("grouping", true)) continue;
-      const double per_ms = number(&row, "saved_mb_per_ms");
-      linef("| {} | {} | {} | {:.1f} | {} | {:.1f} | {:.2f} | {:.0f} |", row.value("mode", ""),
-            row.value("recompute", ""), mib(number(&row, "activation_bytes")),
-            number(&row, "saved_mb"), spread(&row, "recompute_ms"), number(&row, "extra_ms"),
-            per_ms, number(&row, "recompute_collectives"));
-      c.categories.push_back(row.value("mode", "") + " " + row.value("recompute", ""));
+    for (const TpRow& row : r_.tp.at(2)) {
+      if (row.recompute == "none" || !row.grouping) continue;
+      const double per_ms = row.saved_mb_per_ms;
+      linef("| {} | {} | {} | {:.1f} | {} | {:.1f} | {:.2f} | {:.0f} |", row.mode, row.recompute,
+            mib(double(row.activation_bytes)), row.saved_mb, spread(row.recompute_ms), row.extra_ms,
+            per_ms, row.recompute_collectives);
+      c.categories.push_back(row.mode + " " + row.recompute);
       c.series[0].value.push_back(per_ms);
       c.series[0].lo.push_back(kNaN);
       c.series[0].hi.push_back(kNaN);
-      if (row.value("mode", "") == "btp" && row.value("recompute", "") == "lowrank")
-        lowrank = per_ms;
-      if (row.value("mode", "") == "vanilla" && row.value("recompute", "") == "block")
-        vanilla_block = per_ms;
+      if (row.mode == "btp" && row.recompute == "lowrank") lowrank = per_ms;
+      if (row.mode == "vanilla" && row.recompute == "block") vanilla_block = per_ms;
     }
     draw_bars(c, out_, "recompute");
     line();
@@ -780,11 +781,10 @@ class Report {
         "| backend | ranks | rows × d → r | max \\|Δ\\| | mean \\|Δ\\| | backward max | backward "
         "mean |");
     line("|---|---|---|---|---|---|---|");
-    for (const json& n : r_.norm)
-      linef("| {} | {} | {} × {} → {} | {:.2e} | {:.2e} | {:.2e} | {:.2e} |",
-            n.value("backend", "cpu"), n.value("tp", 0), n.value("rows", 0), n.value("hidden", 0),
-            n.value("rank", 0), n.value("max_abs_diff", kNaN), n.value("mean_abs_diff", kNaN),
-            n.value("bwd_max_abs_diff", kNaN), n.value("bwd_mean_abs_diff", kNaN));
+    for (const NormRow& n : r_.norm)
+      linef("| {} | {} | {} × {} → {} | {:.2e} | {:.2e} | {:.2e} | {:.2e} |", n.backend, n.tp,
+            n.rows, n.hidden, n.rank, n.max_abs_diff, n.mean_abs_diff, n.bwd_max_abs_diff,
+            n.bwd_mean_abs_diff);
     line();
     line(
         "The `reference` backend sums its GEMMs in double, so its difference is the online "
@@ -804,25 +804,25 @@ class Report {
     if (!r_.torch.empty()) {
       // The kernels the peer ran, and the ones the environment pinned when bench step chose
       // better (or why it kept them): the ratio below is against the kernels named first.
-      const json& t = r_.torch.front();
-      const std::string pinned = t.value("torch_blas_core_pinned", "");
-      linef("PyTorch {}, OpenBLAS kernels {} ({}{}){}.", t.value("torch_version", "unknown"),
-            t.value("torch_blas_core", "unknown"), t.value("torch_blas_core_source", "unknown"),
+      const std::optional<StepRow::Peer>& t = r_.torch.front().peer;
+      const std::string pinned = t ? t->blas_core_pinned : "";
+      linef("PyTorch {}, OpenBLAS kernels {} ({}{}){}.", torch_peer_fact(&StepRow::Peer::version),
+            torch_peer_fact(&StepRow::Peer::blas_core),
+            torch_peer_fact(&StepRow::Peer::blas_core_source),
             pinned.empty() ? "" : fmt::format("; the environment pinned {}", pinned),
-            t.contains("torch_blas_fallback")
-                ? fmt::format("; {}", t.value("torch_blas_fallback", ""))
-                : std::string());
+            t && t->blas_fallback ? fmt::format("; {}", *t->blas_fallback) : std::string());
     }
     line();
     line("| model | bottle (ms) | PyTorch (ms) | bottle vs PyTorch |");
     line("|---|---|---|---|");
-    for (const json& row : r_.torch)
-      linef("| {} | {} | {} | {} |", row.value("kind", ""),
-            fmt::format("{:.1f} [{:.1f}–{:.1f}]", number(&row, "ms_per_step"),
-                        number(&row, "ms_min"), number(&row, "ms_max")),
-            fmt::format("{:.1f} [{:.1f}–{:.1f}]", number(&row, "torch_ms_per_step"),
-                        number(&row, "torch_ms_min"), number(&row, "torch_ms_max")),
-            ratio(number(&row, "torch_ms_per_step"), number(&row, "ms_per_step")));
+    for (const StepRow& row : r_.torch) {
+      // Without the peer its cells read "nan", as they always have.
+      const Spread torch = row.peer ? row.peer->ms : Spread{kNaN, kNaN, kNaN};
+      linef("| {} | {} | {} | {} |", row.kind,
+            fmt::format("{:.1f} [{:.1f}–{:.1f}]", row.ms.median, row.ms.min, row.ms.max),
+            fmt::format("{:.1f} [{:.1f}–{:.1f}]", torch.median, torch.min, torch.max),
+            ratio(torch.median, row.ms.median));
+    }
     line();
     linef("{} Debian's PyTorch runs its own GEMMs on this CPU, bottle runs oneDNN's.",
           paper("claims.framework"));
@@ -868,6 +868,14 @@ class Report {
   std::string md_;
 };
 
+// Records as a JSON list, each as its bench prints it (results.h).
+template <typename Row>
+json rows_json(const std::vector<Row>& rows) {
+  json list = json::array();
+  for (const Row& row : rows) list.push_back(json(to_json(row)));
+  return list;
+}
+
 }  // namespace
 
 void write_paper_report(const PaperResults& r, const fs::path& out) {
@@ -875,14 +883,14 @@ void write_paper_report(const PaperResults& r, const fs::path& out) {
   const std::string md = Report(r, paper, out).write();
   // Each file whole or not at all (io/atomic_output.h).
   write_file_atomically((out / "report.md").string(), md);
-  json all{{"scale", r.scale},       {"machine", r.machine},
-           {"settings", r.settings}, {"memory_limit", r.memory_limit},
-           {"fits", r.fits},         {"norm", r.norm},
-           {"torch", r.torch}};
-  for (const auto& [t, rows] : r.tp) all["tp"][std::to_string(t)] = rows;
-  for (const auto& [b, rows] : r.batch) all["batch"][std::to_string(b)] = rows;
-  for (const auto& [k, rows] : r.kinds) all["kinds"][k] = rows;
-  for (const auto& [b, rows] : r.grouping) all["grouping"][std::to_string(b)] = rows;
+  json all{{"scale", r.scale},           {"machine", r.machine},
+           {"settings", r.settings},     {"memory_limit", r.memory_limit},
+           {"fits", rows_json(r.fits)},  {"norm", rows_json(r.norm)},
+           {"torch", rows_json(r.torch)}};
+  for (const auto& [t, rows] : r.tp) all["tp"][std::to_string(t)] = rows_json(rows);
+  for (const auto& [b, rows] : r.batch) all["batch"][std::to_string(b)] = rows_json(rows);
+  for (const auto& [k, rows] : r.kinds) all["kinds"][k] = rows_json(rows);
+  for (const auto& [b, rows] : r.grouping) all["grouping"][std::to_string(b)] = rows_json(rows);
   for (const auto& [t, losses] : r.loss) all["loss"][std::to_string(t)] = losses;
   if (!r.predicted.is_null()) all["predicted"] = r.predicted;
   for (const EmulatedRow& row : r.emulated) all["emulated"].push_back(to_json(row));

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "bench/paper_emulated.h"
+#include "bench/results.h"
 
 namespace bottle {
 
@@ -15,16 +16,16 @@ struct PaperResults {
   std::string scale;  // "quick" or "full"
   nlohmann::json machine, settings;
   // `bench tp --json` rows (one per mode and variant) ...
-  std::map<int, std::vector<nlohmann::json>> tp;             // ... per TP degree (2: + recompute)
-  std::map<int64_t, std::vector<nlohmann::json>> batch;      // ... per micro-batch, TP 2
-  std::map<std::string, std::vector<nlohmann::json>> kinds;  // ... per bottleneck kind, TP 2
-  std::map<int64_t, std::vector<nlohmann::json>> grouping;   // ... --variants --components
-  size_t memory_limit = 0;                                   // of the micro-batch sweep, per rank
+  std::map<int, std::vector<TpRow>> tp;             // ... per TP degree (2: + recompute)
+  std::map<int64_t, std::vector<TpRow>> batch;      // ... per micro-batch, TP 2
+  std::map<std::string, std::vector<TpRow>> kinds;  // ... per bottleneck kind, TP 2
+  std::map<int64_t, std::vector<TpRow>> grouping;   // ... --variants --components
+  size_t memory_limit = 0;                          // of the micro-batch sweep, per rank
   bool memory_limit_default = true;
-  std::vector<nlohmann::json> fits;         // `bench tp --fit` rows under memory_limit, TP 2
-  std::vector<nlohmann::json> fits_7b;      // the same for CoLA-7B's shape, TP 4, 80 GiB
-  std::vector<nlohmann::json> norm;         // `bench norm --json`, per backend
-  std::vector<nlohmann::json> torch;        // `bench step --json` rows (none, cola)
+  std::vector<FitRow> fits;                 // `bench tp --fit` rows under memory_limit, TP 2
+  std::vector<FitRow> fits_7b;              // the same for CoLA-7B's shape, TP 4, 80 GiB
+  std::vector<NormRow> norm;                // `bench norm --json`, per backend
+  std::vector<StepRow> torch;               // `bench step --json` rows (none, cola)
   std::map<int, std::vector<double>> loss;  // per TP degree, one per step
   // The paper's own runs predicted on its cluster (paper_prediction.h): no measurement.
   nlohmann::json predicted;
