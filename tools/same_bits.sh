@@ -14,6 +14,10 @@
 #           the times of the metrics lines it keeps).
 #   bench   `bench tp` on 2 ranks, each mode and recompute policy: the communication volumes
 #           (every *_elems_*, *_bytes_per_token_* and collectives key), not the times.
+#   paper   `bench paper --quick`'s results.json, every figure but the timings (milliseconds,
+#           seconds, rates, speedups, MFU, the date), and report.md with its numbers and the
+#           words a timing chooses masked; opt in with SAME_BITS_PAPER=1 (about 3 minutes a
+#           binary).
 #   cli     byte for byte, with the exit status: `--help`, `train --help`, `train --help-config`,
 #           configuration errors (an unknown key, values out of range, a bad choice, a bad
 #           TOML file), `plan` on configs/llama7b_cola.toml for a cluster file, `bench tp --fit`.
@@ -197,6 +201,39 @@ bench_tp_volumes() {
   fi
 }
 
+# --- paper: bench paper --quick's figures but its timings. Which lines of the report a
+# timing decides ("higher" or "about the same") are masked with the numbers.
+bench_paper() {
+  local name="bench paper"
+  [ "${SAME_BITS_PAPER:-0}" = 1 ] && selected "$name" || return 0
+  local which out
+  # bench step's peak_bytes counts the buffers its GEMM peak measurement sized by time.
+  local untimed='walk(if type == "object" then with_entries(select(.key |
+    test("ms_per|_ms$|_ms_|^ms|_per_ms$|_per_s$|speedup|_s$|gflops|mfu|^date$") | not))
+    else . end) | del(.torch[]?.peak_bytes)'
+  for which in old new; do
+    out="$work/$which/paper"
+    rm -rf "$out"
+    local status=0
+    ("$(binary $which)" bench paper --quick --out "$out" || exit) >"$out.log" 2>&1 || status=$?
+    if [ $status != 0 ]; then
+      failed "$name" $which $status "$out.log"
+      return 0
+    fi
+    jq -S "$untimed" "$out/results.json" >"$out.cmp"
+    sed -E 's/[-+]?[0-9][0-9.,]*(e[-+]?[0-9]+)?/N/g; s/higher|lower|about the same|faster|slower/W/g' \
+      "$out/report.md" >"$out.report"
+  done
+  local a="$work/old/paper" b="$work/new/paper"
+  if ! cmp -s "$a.cmp" "$b.cmp"; then
+    differs "$name" "results.json $(text_difference "$a.cmp" "$b.cmp")"
+  elif ! cmp -s "$a.report" "$b.report"; then
+    differs "$name" "report.md $(text_difference "$a.report" "$b.report")"
+  else
+    same "$name" "$(jq '[paths(scalars)] | length' "$a.cmp") figures, $(wc -l <"$a.report") report lines"
+  fi
+}
+
 # --- cli: stdout, stderr and the exit status, byte for byte. argv[0] is "bottle" for both,
 # since the usage line names it.
 cli() {  # cli NAME NP ARGS...
@@ -257,6 +294,7 @@ train pp2_dp2_zero_bf16 4 --set model.bottleneck=cola --set parallel.pp=2 --set 
 train_resumed
 
 bench_tp_volumes
+bench_paper
 
 cli help 1 --help
 cli train_help 1 train --help
