@@ -49,7 +49,7 @@ cmake --build "$build" -j"$(nproc)" --target bottle test_device_ops test_model_b
 
 rm -rf "$bundle" "$bundle.tar.xz"
 mkdir -p "$bundle"/{bin,lib,ompi}
-cp "$build/bottle" "$build/tests/core/test_device_ops" "$build/tests/model/test_model_backends" \
+cp "$build/bottle" "$build/tests/backend/test_device_ops" "$build/tests/model/test_model_backends" \
   "$bundle/bin/"
 
 # Open MPI's runtime at the paths `ompi_info --path all` reports (prefix /usr): OPAL_PREFIX

@@ -111,7 +111,7 @@ bundle_env() {
 libs=""
 if [ "$rehearse" = 1 ]; then
   build=${BOTTLE_BUILD_DIR:-build}
-  bin=$build device_ops=$build/tests/core/test_device_ops
+  bin=$build device_ops=$build/tests/backend/test_device_ops
   model_backends=$build/tests/model/test_model_backends
   echo "binaries: $build/ (rehearsal)"
 elif [ -f gpu-bundle.tar.xz ]; then
@@ -124,7 +124,7 @@ else
     tail -n 30 "$work/build.log" "$work/configure.log" 2>/dev/null
     exit 1
   }
-  bin=build-cuda device_ops=build-cuda/tests/core/test_device_ops
+  bin=build-cuda device_ops=build-cuda/tests/backend/test_device_ops
   model_backends=build-cuda/tests/model/test_model_backends
   echo "binaries: built in build-cuda/"
 fi

@@ -6,7 +6,7 @@
 // the exact oracle of it. GEMMs go to the wrapped backend as bf16 where it runs them on bf16
 // instructions (bf16_gemm_path()), else widened the same way. make_backend wraps the reference
 // in it, and the cpu backend as "cpu-widened": the cpu kernels as bf16 ran before they took it
-// themselves, kept as a fallback and as the bits tests/core/test_bf16_host_kernels.cpp holds the
+// themselves, kept as a fallback and as the bits tests/backend/test_bf16_host_kernels.cpp holds the
 // native kernels to.
 //
 // The scratch lives as long as one kernel call; it grows to the largest call's operands and

@@ -3,7 +3,7 @@
 // backend's scratch (attention, widened GEMM operands, norm partial sums) and its small
 // uploaded tables. Free of CUDA headers: the backend passes its allocator, so the state rules
 // below are tested on the CPU with an allocator that fails on demand
-// (tests/core/test_growing_buffer.cpp).
+// (tests/backend/test_gpu_host_logic.cpp).
 //
 // A failed allocation never leaves the buffer pointing at nothing with a size it does not
 // have: the new block is allocated into a local first and published only once it exists.
