@@ -53,7 +53,12 @@ PendingCall CountingCommunicator::started(Collective kind, std::string_view site
                                           const Tensor& x) {
   const int64_t id = count(kind, site, x, -1, true);
   if (id < 0) return {};
-  return PendingCall([this, id] { timeline_->waited(id); }, [] {});
+  // The timeline may have been taken away before the caller waits (the dry run is over).
+  return PendingCall(
+      [this, id] {
+        if (timeline_) timeline_->waited(id);
+      },
+      [] {});
 }
 
 PendingCall CountingCommunicator::start_all_reduce(Tensor x, ReduceOp, std::string_view site) {
