@@ -27,8 +27,10 @@
 #include "bench/subprocess.h"
 #include "core/arena.h"
 #include "core/error.h"
+#include "nn/projection.h"
 #include "sys/system_info.h"
 #include "train/plot.h"
+#include "train/train_config.h"
 
 namespace bottle {
 namespace {
@@ -47,92 +49,72 @@ struct Scale {
 constexpr Scale kQuick{"quick", 256, 688, 2, 4, 64, 64, 4, 5, 1, 512, 512, 128, 60};
 constexpr Scale kFull{"full", 1024, 2752, 4, 16, 256, 256, 4, 8, 2, 4096, 4096, 1024, 400};
 
-std::string bench_config(const Scale& s, const std::string& bottleneck) {
-  return fmt::format(R"([model]
-vocab_size = 256
-hidden_size = {}
-intermediate_size = {}
-num_layers = {}
-num_heads = {}
-bottleneck = "{}"
-rank = {}
-max_seq_len = {}
+// A model of `model`'s shape with its key/value heads resolved as the loader would (one per
+// query head), for a configuration written whole by to_toml.
+ModelConfig paper_model(int64_t vocab, int64_t hidden, int64_t ffn, int64_t layers, int64_t heads,
+                        const std::string& bottleneck, int64_t rank, int64_t max_seq_len) {
+  ModelConfig m;
+  m.vocab_size = vocab;
+  m.hidden_size = hidden;
+  m.intermediate_size = ffn;
+  m.num_layers = layers;
+  m.num_heads = heads;
+  m.num_kv_heads = heads;
+  m.bottleneck = parse_bottleneck_kind(bottleneck);
+  m.rank = rank;
+  m.max_seq_len = max_seq_len;
+  return m;
+}
 
-[training]
-micro_batch_size = {}
-seq_len = {}
-seed = 1
-
-[parallel]
-grouping = true
-)",
-                     s.hidden, s.ffn, s.layers, s.heads, bottleneck, s.rank, s.seq, s.batch, s.seq);
+// The model the benches time at `s`'s scale, one micro-batch of it.
+TrainConfig bench_config(const Scale& s, const std::string& bottleneck) {
+  TrainConfig c;
+  c.model = paper_model(256, s.hidden, s.ffn, s.layers, s.heads, bottleneck, s.rank, s.seq);
+  c.training.micro_batch_size = s.batch;
+  c.training.seq_len = s.seq;
+  c.training.seed = 1;
+  c.parallel.grouping = true;
+  return c;
 }
 
 // CoLA LLaMA-7B as in the paper (its shape from reference/boost_paper.toml), for planning its
 // memory.
-std::string llama7b_cola_config(const PaperFigures& paper) {
+TrainConfig llama7b_cola_config(const PaperFigures& paper) {
   auto count = [&](const char* id) { return int64_t(paper.value(id)); };
-  return fmt::format(R"([model]
-vocab_size = {}
-hidden_size = {}
-intermediate_size = {}
-num_layers = {}
-num_heads = {}
-bottleneck = "cola"
-rank = {}
-max_seq_len = {}
-
-[training]
-micro_batch_size = 1
-seq_len = {}
-
-[parallel]
-tp = {}
-grouping = true
-)",
-                     count("llama7b.vocab"), count("llama7b.hidden"), count("llama7b.ffn"),
-                     count("llama7b.layers"), count("llama7b.heads"), count("llama7b.rank"),
-                     count("llama7b.seq_len"), count("llama7b.seq_len"), count("llama7b.tp"));
+  TrainConfig c;
+  c.model = paper_model(count("llama7b.vocab"), count("llama7b.hidden"), count("llama7b.ffn"),
+                        count("llama7b.layers"), count("llama7b.heads"), "cola",
+                        count("llama7b.rank"), count("llama7b.seq_len"));
+  c.training.micro_batch_size = 1;
+  c.training.seq_len = count("llama7b.seq_len");
+  c.parallel.tp = int(count("llama7b.tp"));
+  c.parallel.grouping = true;
+  return c;
 }
 
 // The loss-curve runs: a small CoLA model on a real text corpus.
-std::string train_config(const Scale& s, const fs::path& data, const fs::path& folder) {
-  return fmt::format(R"([model]
-vocab_size = 256
-hidden_size = 128
-intermediate_size = 352
-num_layers = 2
-num_heads = 4
-bottleneck = "cola"
-rank = 32
-max_seq_len = 64
+TrainConfig train_config(const Scale& s, const fs::path& data, const fs::path& folder) {
+  TrainConfig c;
+  c.model = paper_model(256, 128, 352, 2, 4, "cola", 32, 64);
+  c.training.steps = s.loss_steps;
+  c.training.micro_batch_size = 8;
+  c.training.seq_len = 64;
+  c.training.seed = 1;
+  c.training.eval_interval = 0;
+  c.optimizer.lr = 1e-3;
+  c.optimizer.weight_decay = 0.0;
+  c.lr_scheduler.warmup_steps = 10;
+  c.data.train = {(data / "data_train_000000.bin").string()};
+  c.checkpoint.folder = folder.string();
+  c.checkpoint.interval = 0;
+  c.metrics.log_freq = 1;
+  return c;
+}
 
-[training]
-steps = {}
-micro_batch_size = 8
-seq_len = 64
-seed = 1
-eval_interval = 0
-
-[optimizer]
-lr = 1e-3
-weight_decay = 0.0
-
-[lr_scheduler]
-warmup_steps = 10
-
-[data]
-train = "{}"
-
-[checkpoint]
-folder = "{}"
-interval = 0
-
-[metrics]
-log_freq = 1
-)",
-                     s.loss_steps, (data / "data_train_000000.bin").string(), folder.string());
+// Writes `config` where a child command reads it: every key, resolved (to_toml); the keys a
+// command does not read hold their defaults, which check_honoured_keys lets through.
+void write_config(const fs::path& path, const TrainConfig& config) {
+  std::ofstream(path) << to_toml(config);
 }
 
 template <typename Row>
@@ -292,7 +274,7 @@ void plan_memory_fits(Launcher& launcher, const PaperFigures& paper, const fs::p
   // The paper's own setting, planned (nothing is allocated): CoLA-7B on its GPUs' memory.
   {
     const fs::path path = out / "configs" / "llama7b_cola.toml";
-    std::ofstream(path) << llama7b_cola_config(paper);
+    write_config(path, llama7b_cola_config(paper));
     r.fits_7b = launcher.run_rows<FitRow>(
         "fit_7b", int(paper.value("llama7b.tp")),
         fmt::format("bench tp {} --fit {:g}GiB --fit-max 16 --json", shell_quote(path.string()),
@@ -313,7 +295,7 @@ void run_loss_curves(Launcher& launcher, const Scale& s, const fs::path& out,
     const fs::path folder = out / "runs" / fmt::format("tp{}", t);
     fs::remove_all(folder);
     const fs::path config = out / "configs" / fmt::format("train_tp{}.toml", t);
-    std::ofstream(config) << train_config(s, out / "data", folder);
+    write_config(config, train_config(s, out / "data", folder));
     launcher.run(fmt::format("train_tp{}", t), t,
                  fmt::format("train {} --set parallel.tp={} --set parallel.tp_mode=btp",
                              shell_quote(config.string()), t));
@@ -368,7 +350,7 @@ void run_bench_paper(PaperBenchOptions o) {
                 {"warmup", s.warmup}, {"vocab", 256}, {"max_ranks", o.max_ranks}};
   auto config_for = [&](const std::string& bottleneck) {
     const fs::path path = out / "configs" / ("bench_" + bottleneck + ".toml");
-    std::ofstream(path) << bench_config(s, bottleneck);
+    write_config(path, bench_config(s, bottleneck));
     return path.string();
   };
   const std::string cola = config_for("cola");

@@ -4,6 +4,9 @@
 
 #include <cmath>
 
+#include "core/error.h"
+#include "nn/projection.h"
+#include "parallel/tp_layouts.h"
 #include "plan/planner.h"
 #include "train/train_config.h"
 
@@ -31,34 +34,31 @@ constexpr PaperModel kModels[] = {
 };
 constexpr int64_t kVocab = 32000, kSeq = 4096, kMicroBatch = 4;
 
+// The paper's model `m` under TP mode `mode` (full: the full-rank model), in bf16. Written as
+// TOML and read back, so that the loader resolves and validates it as it would a file.
 TrainConfig paper_config(const PaperModel& m, const char* mode, const char* bottleneck,
                          int64_t micro_batch) {
   const bool full = std::string(mode) == "full";
-  return parse_train_config_string(
-      fmt::format(R"([model]
-vocab_size = {}
-hidden_size = {}
-intermediate_size = {}
-num_layers = {}
-num_heads = {}
-bottleneck = "{}"
-rank = {}
-max_seq_len = {}
-
-[training]
-micro_batch_size = {}
-seq_len = {}
-precision = "bf16"
-
-[parallel]
-tp = {}
-pp = {}
-tp_mode = "{}"
-grouping = true
-)",
-                  kVocab, m.hidden, m.ffn, m.layers, m.heads, full ? "none" : bottleneck,
-                  m.hidden / 4, kSeq, micro_batch, kSeq, m.tp, m.pp, mode),
-      fmt::format("the paper's {} ({})", m.name, mode));
+  TrainConfig c;
+  ModelConfig& model = c.model;
+  model.vocab_size = kVocab;
+  model.hidden_size = m.hidden;
+  model.intermediate_size = m.ffn;
+  model.num_layers = m.layers;
+  model.num_heads = m.heads;
+  model.num_kv_heads = m.heads;
+  model.bottleneck = parse_bottleneck_kind(full ? "none" : bottleneck);
+  model.rank = m.hidden / 4;
+  model.max_seq_len = kSeq;
+  c.training.micro_batch_size = micro_batch;
+  c.training.seq_len = kSeq;
+  c.training.precision = Precision::bf16;
+  c.parallel.tp = m.tp;
+  c.parallel.pp = m.pp;
+  c.parallel.tp_mode = find_tp_layout(mode);
+  BOTTLE_ASSERT(c.parallel.tp_mode, "paper_config: no TP mode '{}'", mode);
+  c.parallel.grouping = true;
+  return parse_train_config_string(to_toml(c), fmt::format("the paper's {} ({})", m.name, mode));
 }
 
 json three_modes(const PaperModel& m, const ClusterSpec& cluster, const char* bottleneck,

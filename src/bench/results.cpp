@@ -1,6 +1,7 @@
 #include "bench/results.h"
 
 #include <limits>
+#include <type_traits>
 
 #include "core/error.h"
 #include "parallel/tp_layouts.h"
@@ -11,59 +12,64 @@ namespace {
 using json = nlohmann::json;
 using ordered = nlohmann::ordered_json;
 
-// Reads the keys of one row, failing with the row's source and the key it lacks.
-class RowReader {
+// Reads the keys of one row, failing with the row's source and the key it lacks; `Json`: json,
+// or ordered_json for a row that kept its keys' order.
+template <typename Json>
+class BasicRowReader {
  public:
-  RowReader(const json& j, const std::string& what) : j_(j), what_(what) {
+  BasicRowReader(const Json& j, const std::string& what) : j_(j), what_(what) {
     BOTTLE_CHECK(j.is_object(), "{}: a result row is not a JSON object: {}", what, j.dump());
   }
   bool has(const std::string& key) const { return j_.contains(key); }
-  const json& at(const std::string& key) const {
+  const Json& at(const std::string& key) const {
     BOTTLE_CHECK(j_.contains(key), "{}: the result row has no key '{}'", what_, key);
     return j_[key];
   }
   // JSON writes a NaN as null: read back as NaN, so that a row survives the round trip.
   double number(const std::string& key) const {
-    const json& v = at(key);
+    const Json& v = at(key);
     if (v.is_null()) return std::numeric_limits<double>::quiet_NaN();
     BOTTLE_CHECK(v.is_number(), "{}: key '{}' is not a number: {}", what_, key, v.dump());
-    return v.get<double>();
+    return v.template get<double>();
   }
   template <typename Int>
   Int integer(const std::string& key) const {
-    const json& v = at(key);
-    BOTTLE_CHECK(v.is_number_integer() && (!std::is_unsigned_v<Int> || v.get<int64_t>() >= 0),
-                 "{}: key '{}' is not a whole number{}: {}", what_, key,
-                 std::is_unsigned_v<Int> ? " ≥ 0" : "", v.dump());
-    return v.get<Int>();
+    const Json& v = at(key);
+    BOTTLE_CHECK(
+        v.is_number_integer() && (!std::is_unsigned_v<Int> || v.template get<int64_t>() >= 0),
+        "{}: key '{}' is not a whole number{}: {}", what_, key,
+        std::is_unsigned_v<Int> ? " ≥ 0" : "", v.dump());
+    return v.template get<Int>();
   }
   std::string text(const std::string& key) const {
-    const json& v = at(key);
+    const Json& v = at(key);
     BOTTLE_CHECK(v.is_string(), "{}: key '{}' is not a string: {}", what_, key, v.dump());
-    return v.get<std::string>();
+    return v.template get<std::string>();
   }
   bool flag(const std::string& key) const {
-    const json& v = at(key);
+    const Json& v = at(key);
     BOTTLE_CHECK(v.is_boolean(), "{}: key '{}' is not true or false: {}", what_, key, v.dump());
-    return v.get<bool>();
+    return v.template get<bool>();
   }
   // A median under `key` with its `key`_min and `key`_max.
   Spread spread(const std::string& key) const {
     return {number(key), number(key + "_min"), number(key + "_max")};
   }
+  const std::string& what() const { return what_; }
   std::map<std::string, double> numbers(const std::string& key) const {
-    const json& v = at(key);
+    const Json& v = at(key);
     BOTTLE_CHECK(v.is_object(), "{}: key '{}' is not an object: {}", what_, key, v.dump());
     std::map<std::string, double> out;
     for (const auto& [name, value] : v.items())
-      out[name] = RowReader(v, what_ + " '" + key + "'").number(name);
+      out[name] = BasicRowReader(v, what_ + " '" + key + "'").number(name);
     return out;
   }
 
  private:
-  const json& j_;
+  const Json& j_;
   std::string what_;
 };
+using RowReader = BasicRowReader<json>;
 
 void add_min_max(ordered& j, const std::string& key, const Spread& s) {
   j[key + "_min"] = s.min;
@@ -263,26 +269,180 @@ NormRow norm_row_from_json(const json& j, const std::string& what) {
   return r;
 }
 
-const json& to_json(const StepRow& r) { return r.json; }
+ordered to_json(const StepRow& r) {
+  ordered j{{"kind", r.kind},
+            {"precision", r.precision},
+            {"backend", r.backend},
+            {"rank", r.rank},
+            {"params", r.params},
+            {"ms_per_step", r.ms.median},
+            {"ms_min", r.ms.min},
+            {"ms_max", r.ms.max},
+            {"tokens_per_s", r.tokens_per_s},
+            {"gflops", r.gflops},
+            {"mfu", r.mfu ? ordered(*r.mfu) : ordered(nullptr)},
+            {"gemm_peak_gflops", r.gemm_peak_gflops}};
+  if (r.nominal) {
+    j["mfu_nominal"] = r.nominal->mfu;
+    j["nominal_peak_tflops"] = r.nominal->peak_tflops;
+  }
+  if (r.device) j["device"] = *r.device;
+  j["attention"] = r.attention;
+  j["cpu"] = r.cpu;
+  j["onednn_isa"] = r.onednn_isa;
+  if (r.host_waits_per_step) j["host_waits_per_step"] = *r.host_waits_per_step;
+  j["loss"] = r.loss;
+  j["grad_norm"] = r.grad_norm;
+  j["lr"] = r.lr;
+  j["peak_bytes"] = r.peak_bytes;
+  if (r.bf16_gemm_path) j["bf16_gemm_path"] = *r.bf16_gemm_path;
+  if (r.speedup_vs_full_rank) j["speedup_vs_full_rank"] = *r.speedup_vs_full_rank;
+  if (r.speedup_vs_precision)
+    j["speedup_vs_" + r.speedup_vs_precision->first] = r.speedup_vs_precision->second;
+  if (r.torch_error) j["torch_error"] = *r.torch_error;
+  if (const auto& p = r.peer) {
+    j["torch_ms_per_step"] = p->ms.median;
+    add_min_max(j, "torch_ms", p->ms);
+    j["torch_version"] = p->version;
+    j["torch_blas_core"] = p->blas_core;
+    j["torch_blas_core_source"] = p->blas_core_source;
+    j["torch_blas_core_pinned"] = p->blas_core_pinned;
+    if (p->blas_fallback) j["torch_blas_fallback"] = *p->blas_fallback;
+    j["torch_first_loss"] = p->first_loss;
+    j["torch_first_grad_norm"] = p->first_grad_norm;
+    j["first_loss"] = p->bottle_first_loss;
+    j["first_grad_norm"] = p->bottle_first_grad_norm;
+    j["torch_device"] = p->device;
+    j["torch_dtype"] = p->dtype;
+    j["torch_attention"] = p->attention;
+    if (p->gpu) j["torch_gpu"] = *p->gpu;
+    j["speedup_vs_torch"] = p->speedup_vs_torch;
+  }
+  if (r.compiled) {
+    j["torch_compile_ms_per_step"] = r.compiled->ms.median;
+    add_min_max(j, "torch_compile_ms", r.compiled->ms);
+    j["speedup_vs_torch_compile"] = r.compiled->speedup;
+  }
+  if (const auto& f = r.compile_failure) {
+    if (f->raised) j["torch_compile_error"] = f->error;
+    j["torch_compile_failed"] = true;
+    j["torch_compile_error"] = f->error;
+  }
+  if (const auto& p = r.profile) {
+    j["ops_per_step"] = p->ops_per_step;
+    j["kernel_ms_per_step"] = p->kernel_ms_per_step;
+    j["attention_ms_per_step"] = p->attention_ms_per_step;
+    ordered ops = ordered::object();
+    for (const auto& [name, t] : p->ops) ops[name] = {{"calls", t.calls}, {"ms", t.ms}};
+    j["profile"] = std::move(ops);
+  }
+  return j;
+}
 
-StepRow step_row_from_json(const json& j, const std::string& what) {
-  const RowReader in(j, what);
+namespace {
+
+// The peer's columns come together: torch_ms_per_step names them all.
+template <typename Json>
+StepRow::Peer step_peer_from_json(const BasicRowReader<Json>& in) {
+  StepRow::Peer p;
+  p.ms = {in.number("torch_ms_per_step"), in.number("torch_ms_min"), in.number("torch_ms_max")};
+  p.version = in.text("torch_version");
+  p.blas_core = in.text("torch_blas_core");
+  p.blas_core_source = in.text("torch_blas_core_source");
+  p.blas_core_pinned = in.text("torch_blas_core_pinned");
+  if (in.has("torch_blas_fallback")) p.blas_fallback = in.text("torch_blas_fallback");
+  p.first_loss = in.number("torch_first_loss");
+  p.first_grad_norm = in.number("torch_first_grad_norm");
+  p.bottle_first_loss = in.number("first_loss");
+  p.bottle_first_grad_norm = in.number("first_grad_norm");
+  p.device = in.text("torch_device");
+  p.dtype = in.text("torch_dtype");
+  p.attention = in.text("torch_attention");
+  if (in.has("torch_gpu")) p.gpu = in.text("torch_gpu");
+  p.speedup_vs_torch = in.number("speedup_vs_torch");
+  return p;
+}
+
+// --torch-compile's columns and --profile's, where the row has them.
+template <typename Json>
+void step_extras_from_json(const Json& j, const BasicRowReader<Json>& in, StepRow& r) {
+  if (in.has("torch_compile_ms_per_step"))
+    r.compiled =
+        StepRow::Compiled{{in.number("torch_compile_ms_per_step"),
+                           in.number("torch_compile_ms_min"), in.number("torch_compile_ms_max")},
+                          in.number("speedup_vs_torch_compile")};
+  if (in.has("torch_compile_failed")) {
+    BOTTLE_CHECK(in.flag("torch_compile_failed"), "{}: key 'torch_compile_failed' is false",
+                 in.what());
+    StepRow::CompileFailure f{in.text("torch_compile_error")};
+    // Only an ordered row knows which key came first (an unordered one sorts them).
+    if constexpr (std::is_same_v<Json, ordered>)
+      for (const auto& [key, value] : j.items())
+        if (key == "torch_compile_error" || key == "torch_compile_failed") {
+          f.raised = key == "torch_compile_error";
+          break;
+        }
+    r.compile_failure = f;
+  }
+  if (in.has("profile")) {
+    StepRow::Profile p;
+    p.ops_per_step = in.number("ops_per_step");
+    p.kernel_ms_per_step = in.number("kernel_ms_per_step");
+    p.attention_ms_per_step = in.number("attention_ms_per_step");
+    const Json& ops = in.at("profile");
+    BOTTLE_CHECK(ops.is_object(), "{}: key 'profile' is not an object: {}", in.what(), ops.dump());
+    for (const auto& [name, t] : ops.items()) {
+      const BasicRowReader<Json> op(t, in.what() + " 'profile' '" + name + "'");
+      p.ops[name] = {op.number("calls"), op.number("ms")};
+    }
+    r.profile = std::move(p);
+  }
+}
+
+template <typename Json>
+StepRow step_row_from(const Json& j, const std::string& what) {
+  const BasicRowReader<Json> in(j, what);
   StepRow r;
   r.kind = in.text("kind");
+  r.precision = in.text("precision");
+  r.backend = in.text("backend");
+  r.rank = in.template integer<int64_t>("rank");
+  r.params = in.template integer<int64_t>("params");
   r.ms = {in.number("ms_per_step"), in.number("ms_min"), in.number("ms_max")};
-  // The peer's columns come together: torch_ms_per_step names them all.
-  if (in.has("torch_ms_per_step")) {
-    StepRow::Peer p;
-    p.ms = {in.number("torch_ms_per_step"), in.number("torch_ms_min"), in.number("torch_ms_max")};
-    p.version = in.text("torch_version");
-    p.blas_core = in.text("torch_blas_core");
-    p.blas_core_source = in.text("torch_blas_core_source");
-    p.blas_core_pinned = in.text("torch_blas_core_pinned");
-    if (in.has("torch_blas_fallback")) p.blas_fallback = in.text("torch_blas_fallback");
-    r.peer = p;
-  }
-  r.json = j;
+  r.tokens_per_s = in.number("tokens_per_s");
+  r.gflops = in.number("gflops");
+  if (!in.at("mfu").is_null()) r.mfu = in.number("mfu");
+  r.gemm_peak_gflops = in.number("gemm_peak_gflops");
+  if (in.has("nominal_peak_tflops"))
+    r.nominal = StepRow::Nominal{in.number("mfu_nominal"), in.number("nominal_peak_tflops")};
+  if (in.has("device")) r.device = in.text("device");
+  r.attention = in.text("attention");
+  r.cpu = in.text("cpu");
+  r.onednn_isa = in.text("onednn_isa");
+  if (in.has("host_waits_per_step")) r.host_waits_per_step = in.number("host_waits_per_step");
+  r.loss = in.number("loss");
+  r.grad_norm = in.number("grad_norm");
+  r.lr = in.number("lr");
+  r.peak_bytes = in.template integer<size_t>("peak_bytes");
+  if (in.has("bf16_gemm_path")) r.bf16_gemm_path = in.text("bf16_gemm_path");
+  if (in.has("speedup_vs_full_rank")) r.speedup_vs_full_rank = in.number("speedup_vs_full_rank");
+  for (const char* other : {"fp32", "bf16"})
+    if (in.has(std::string("speedup_vs_") + other))
+      r.speedup_vs_precision = {other, in.number(std::string("speedup_vs_") + other)};
+  if (in.has("torch_error")) r.torch_error = in.text("torch_error");
+  if (in.has("torch_ms_per_step")) r.peer = step_peer_from_json(in);
+  step_extras_from_json(j, in, r);
   return r;
+}
+
+}  // namespace
+
+StepRow step_row_from_json(const json& j, const std::string& what) {
+  return step_row_from(j, what);
+}
+
+StepRow step_row_from_json(const ordered& j, const std::string& what) {
+  return step_row_from(j, what);
 }
 
 }  // namespace bottle

@@ -1,7 +1,7 @@
 #pragma once
 // The benches' results as typed records, each written to and read from JSON in this one place:
 // `bench tp --json`'s row per mode and variant, `bench tp --fit --json`'s row per mode and
-// policy, `bench norm --json`'s row, and the columns `bench paper` reads of `bench step --json`.
+// policy, `bench norm --json`'s row and `bench step --json`'s row per kind and precision.
 // The JSON keeps the keys and values the benches have always printed (tools/ and the tests
 // parse them; tools/same_bits.sh compares them). Reading a row that lacks a key fails naming
 // the key: a missing figure is an error, never a NaN that a report prints as "n/a".
@@ -81,27 +81,76 @@ struct NormRow {
   double max_abs_diff = 0, mean_abs_diff = 0, bwd_max_abs_diff = 0, bwd_mean_abs_diff = 0;
 };
 
-// What `bench paper` reads of a `bench step --json` row, with the row as printed. bench step
-// still builds its row as JSON (many keys depend on the backend and flags): `json` keeps it
-// whole for results.json, the fields are what the report shows.
+// `bench step --json`: one model kind's training step in one precision, with the PyTorch
+// peer's columns where it ran and the kernels' profile with --profile. An optional member is a
+// key the row holds only on some backends or with some flags, written where it always was.
 struct StepRow {
-  std::string kind;
+  std::string kind, precision, backend;
+  int64_t rank = 0;  // the bottleneck's rank of q (0: the full-rank model)
+  int64_t params = 0;
   Spread ms;  // ms_per_step, ms_min, ms_max
+  double tokens_per_s = 0, gflops = 0;
+  std::optional<double> mfu;  // null: above the measured peak, or the peak measured while busy
+  double gemm_peak_gflops = 0;
+  // --peak-tflops: MFU against it (mfu_nominal), and it (nominal_peak_tflops).
+  struct Nominal {
+    double mfu = 0, peak_tflops = 0;
+  };
+  std::optional<Nominal> nominal;
+  std::optional<std::string> device;  // backend_names()'s line, on a backend other than cpu
+  std::string attention, cpu, onednn_isa;
+  std::optional<double> host_waits_per_step;  // on a device
+  double loss = 0, grad_norm = 0, lr = 0;     // the last timed step's
+  size_t peak_bytes = 0;
+  std::optional<std::string> bf16_gemm_path;   // in bf16
+  std::optional<double> speedup_vs_full_rank;  // a bottleneck kind in the first precision
+  // In a precision after the first, against the first: its name ("fp32" writes the key
+  // speedup_vs_fp32) and the speedup.
+  std::optional<std::pair<std::string, double>> speedup_vs_precision;
+  std::optional<std::string> torch_error;  // the peer failed on a device: the error's first line
   // The PyTorch peer's columns; absent when the peer did not run (--torch false, or it
   // failed on a device).
   struct Peer {
     Spread ms;  // torch_ms_per_step, torch_ms_min, torch_ms_max
     std::string version, blas_core, blas_core_source, blas_core_pinned;
     std::optional<std::string> blas_fallback;  // why the pinned core ran after all
+    double first_loss = 0, first_grad_norm = 0;                // the peer's first step
+    double bottle_first_loss = 0, bottle_first_grad_norm = 0;  // first_loss, first_grad_norm
+    std::string device, dtype, attention;
+    std::optional<std::string> gpu;  // on cuda
+    double speedup_vs_torch = 0;
   };
   std::optional<Peer> peer;
-  nlohmann::json json;
+  // --torch-compile, when it compiled: torch_compile_ms_*, speedup_vs_torch_compile.
+  struct Compiled {
+    Spread ms;
+    double speedup = 0;
+  };
+  std::optional<Compiled> compiled;
+  // --torch-compile, when it failed: torch_compile_failed (true) and torch_compile_error.
+  // `raised`: the peer's run failed (the error's key comes first) rather than reporting that
+  // compiling failed (the flag's key comes first); only an ordered row tells them apart.
+  struct CompileFailure {
+    std::string error;
+    bool raised = false;
+  };
+  std::optional<CompileFailure> compile_failure;
+  // --profile: backend ops (launches) and ms in them per step, attention's share, and each
+  // op's calls and ms per step.
+  struct OpTime {
+    double calls = 0, ms = 0;
+  };
+  struct Profile {
+    double ops_per_step = 0, kernel_ms_per_step = 0, attention_ms_per_step = 0;
+    std::map<std::string, OpTime> ops;
+  };
+  std::optional<Profile> profile;
 };
 
 nlohmann::ordered_json to_json(const TpRow& row);
 nlohmann::ordered_json to_json(const FitRow& row);
 nlohmann::ordered_json to_json(const NormRow& row);
-const nlohmann::json& to_json(const StepRow& row);
+nlohmann::ordered_json to_json(const StepRow& row);
 
 // Each fails naming the key a row lacks or holds with the wrong type; `what` names the row's
 // source in the message ("bench paper: 'tp2'").
@@ -109,5 +158,7 @@ TpRow tp_row_from_json(const nlohmann::json& j, const std::string& what);
 FitRow fit_row_from_json(const nlohmann::json& j, const std::string& what);
 NormRow norm_row_from_json(const nlohmann::json& j, const std::string& what);
 StepRow step_row_from_json(const nlohmann::json& j, const std::string& what);
+// The same from a row that kept its keys' order: the one way to tell CompileFailure::raised.
+StepRow step_row_from_json(const nlohmann::ordered_json& j, const std::string& what);
 
 }  // namespace bottle

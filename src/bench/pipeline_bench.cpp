@@ -1,0 +1,114 @@
+// `bottle bench pipeline` (bench/pipeline_bench.h): both pipeline schedules timed for the
+// full-rank and the bottleneck model.
+#include "bench/pipeline_bench.h"
+
+#include <fmt/format.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <random>
+
+#include "comm/process_groups.h"
+#include "core/statistics.h"
+#include "model/llama.h"
+#include "train/train_config.h"
+#include "train/train_step.h"
+
+namespace bottle {
+namespace {
+
+struct PipelineResult {
+  double step_ms = 0, bubble = 0;  // bubble: mean over stages, of the schedule's time
+  int64_t dp_grad_elements = 0;    // per DP rank and step, the whole model (all stages)
+};
+
+PipelineResult measure(const TrainConfig& config, const ModelConfig& model_config,
+                       PipelineSchedule schedule, ProcessGroups& groups, int steps, int warmup) {
+  // The step of `bottle train` at the constant rate optimizer.lr, with this model (full TP
+  // for the full-rank one) and schedule.
+  TrainConfig c = bench_step_config(config);
+  c.model = model_config;
+  if (model_config.bottleneck == BottleneckKind::none)
+    c.parallel.tp_mode = &default_tp_layout(model_config.shape());
+  c.parallel.schedule = schedule;
+  auto be = make_backend("cpu");
+  TrainStep train_step(c, *be, tensor_parallel_of(c, groups.tp.get()), groups.pp.get(),
+                       groups.dp.get());
+  train_step.model().init_weights(uint64_t(config.training.seed));
+  train_step.allocate_activations();
+  // Random tokens, the same on every rank: per micro-batch its inputs, then its targets.
+  std::mt19937 rng(uint32_t(config.training.seed));
+  for (int m = 0; m < train_step.micro_batches(); ++m)
+    for (const Tensor& t : {train_step.inputs()[size_t(m)], train_step.targets()[size_t(m)]}) {
+      std::vector<int32_t> tokens(size_t(t.numel()));
+      for (int32_t& id : tokens) id = int32_t(rng() % uint32_t(model_config.vocab_size));
+      be->from_host(t, tokens.data());
+    }
+  const int stages = int(c.parallel.pp);
+  std::vector<double> step_ms, bubble;
+  int64_t dp_elements = 0;
+  for (int step = 0; step < warmup + steps; ++step) {
+    groups.world->barrier();
+    if (groups.dp) groups.dp->stats().reset();
+    const StepResult r = train_step.step(step);
+    // The slowest stage sets the pipeline's time; each stage's bubble is its idle share.
+    const double pipeline_wall =
+        reduce_scalar(groups.world, r.pipeline_seconds, ReduceOp::max, "bench.max");
+    const double idle = 1.0 - r.compute_seconds / pipeline_wall;
+    const double mean_idle =
+        reduce_scalar(groups.pp.get(), idle, ReduceOp::sum, "bench.sum") / double(stages);
+    const double wall = reduce_scalar(groups.world, r.seconds, ReduceOp::max, "bench.max");
+    if (step < warmup) continue;
+    step_ms.push_back(wall * 1e3);
+    bubble.push_back(mean_idle);
+    dp_elements = groups.dp ? groups.dp->stats().with_prefix("dp.grads").elements : 0;
+  }
+  return {median(step_ms), median(bubble),
+          int64_t(reduce_scalar(groups.pp.get(), double(dp_elements), ReduceOp::sum, "bench.sum"))};
+}
+
+}  // namespace
+
+void run_bench_pipeline(const TrainConfig& config, const BenchPipelineOptions& o) {
+  Communicator& world = world_communicator();
+  const auto& p = config.parallel;
+  ProcessGroups groups = ProcessGroups::create(world, {int(p.tp), int(p.pp), int(p.dp)});
+  omp_set_num_threads(std::max(1, omp_get_num_procs() / world.size()));
+  ModelConfig full_rank = config.model;
+  full_rank.bottleneck = BottleneckKind::none;
+  full_rank.rank = 0;
+  full_rank.ranks = {};
+  full_rank.mlp_gate_act.reset();
+  std::vector<ModelConfig> models{full_rank};
+  if (config.model.bottleneck != BottleneckKind::none) models.push_back(config.model);
+  const int m = int(config.training.grad_accum_steps);
+  if (world.rank() == 0)
+    fmt::print(
+        "bench pipeline: {}, tp {} x pp {} x dp {} (zero {}), {} micro-batches "
+        "of {} x {} per step\n",
+        o.config_path, p.tp, p.pp, p.dp, p.zero, m, config.training.micro_batch_size,
+        config.training.seq_len);
+  std::vector<int64_t> traffic;
+  for (const ModelConfig& model : models) {
+    for (PipelineSchedule schedule : {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
+      const PipelineResult r = measure(config, model, schedule, groups, o.steps, o.warmup);
+      if (schedule == PipelineSchedule::one_f_one_b) traffic.push_back(r.dp_grad_elements);
+      if (world.rank() != 0) continue;
+      fmt::print(
+          "  {:<5} {:<5} step {:>8.1f} ms | bubble {:>5.1f}% (ideal {:>5.1f}%) | DP gradient "
+          "traffic {} elements ({:.1f} MB) per DP rank and step\n",
+          bottleneck_kind_name(model.bottleneck),
+          schedule == PipelineSchedule::gpipe ? "gpipe" : "1f1b", r.step_ms, 100.0 * r.bubble,
+          100.0 * bubble_fraction(schedule, int(p.pp), m), r.dp_grad_elements,
+          double(r.dp_grad_elements) * 4 / 1e6);
+      std::fflush(stdout);
+    }
+  }
+  if (world.rank() == 0 && traffic.size() == 2 && traffic[1] > 0)
+    fmt::print("  DP gradient traffic, full-rank / {}: {:.2f}x\n",
+               bottleneck_kind_name(config.model.bottleneck),
+               double(traffic[0]) / double(traffic[1]));
+}
+
+}  // namespace bottle
