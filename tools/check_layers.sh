@@ -49,10 +49,13 @@ check() {
     done < <(find "$root/src/$layer" -type f \( -name '*.cpp' -o -name '*.h' -o -name '*.cu' \
                -o -name '*.cuh' -o -name '*.def' -o -name '*.in' \) -print0 | sort -z)
   done < <(allowed_table)
-  # Every folder of src/ must have a floor, so that a new layer is placed deliberately.
+  # Every folder of src/ must have a floor, so that a new layer is placed deliberately. (The
+  # table is read whole first: grep -q quitting early would fail its writer under pipefail.)
+  local table
+  table=$(allowed_table)
   for file in "$root"/src/*/; do
     layer=$(basename "$file")
-    if ! allowed_table | grep -q "^$layer:"; then
+    if ! grep -q "^$layer:" <<<"$table"; then
       echo "src/$layer/: a layer with no floor in tools/check_layers.sh"
       found=1
     fi

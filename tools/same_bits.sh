@@ -15,7 +15,7 @@
 #   bench   `bench tp` on 2 ranks, each mode and recompute policy: the communication volumes
 #           (every *_elems_*, *_bytes_per_token_* and collectives key), not the times.
 #   paper   `bench paper --quick`'s results.json, every figure but the timings (milliseconds,
-#           seconds, rates, speedups, MFU, the date), and report.md with its numbers and the
+#           seconds, rates, speedups, MFU, the date; the planner's predictions whole), and report.md with its numbers and the
 #           words a timing chooses masked; opt in with SAME_BITS_PAPER=1 (about 3 minutes a
 #           binary).
 #   cli     byte for byte, with the exit status: `--help`, `train --help`, `train --help-config`,
@@ -207,10 +207,12 @@ bench_paper() {
   local name="bench paper"
   [ "${SAME_BITS_PAPER:-0}" = 1 ] && selected "$name" || return 0
   local which out
-  # bench step's peak_bytes counts the buffers its GEMM peak measurement sized by time.
-  local untimed='walk(if type == "object" then with_entries(select(.key |
+  # bench step's peak_bytes counts the buffers its GEMM peak measurement sized by time. The
+  # planner's predictions (.predicted) are no timings: they are compared whole.
+  # shellcheck disable=SC2016 # $planned is jq's variable
+  local untimed='.predicted as $planned | walk(if type == "object" then with_entries(select(.key |
     test("ms_per|_ms$|_ms_|^ms|_per_ms$|_per_s$|speedup|_s$|gflops|mfu|^date$") | not))
-    else . end) | del(.torch[]?.peak_bytes)'
+    else . end) | del(.torch[]?.peak_bytes) | .predicted = $planned'
   for which in old new; do
     out="$work/$which/paper"
     rm -rf "$out"

@@ -242,11 +242,15 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     t.recompute += tp.recompute + pp.recompute;
     // TP overlap: what the replay hides comes off the first pass's TP collectives, then off
     // recomputation's (its collectives are in t.recompute).
+    // (Only the blocks' passes start calls, so all of it comes off one of the two; the cap
+    // keeps tp_hidden what was taken off.)
     if (!counts.tp_timeline.empty()) {
-      t.tp_hidden = tp_hidden_seconds(cluster, counts.tp_timeline, {stage_base, 1}, bf16);
-      const double from_first = std::min(t.tp_hidden, t.tp);
+      const double hidden = tp_hidden_seconds(cluster, counts.tp_timeline, {stage_base, 1}, bf16);
+      const double from_first = std::min(hidden, t.tp);
+      const double from_recompute = std::min(hidden - from_first, tp.recompute);
       t.tp -= from_first;
-      t.recompute -= std::min(t.tp_hidden - from_first, tp.recompute);
+      t.recompute -= from_recompute;
+      t.tp_hidden = from_first + from_recompute;
     }
     t.p2p = pp.sends;
     t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
