@@ -14,7 +14,7 @@ namespace {
 // progresses only inside an MPI call) and goes back to sleep at once. Where the caller's ranks
 // fill every core with their kernels, an ordinary thread's wake-up waits for the scheduler's
 // next turn, a millisecond or more, and each call's rounds with it: on the emulated cluster
-// the same collectives took 4x as long on this thread as blocking. So it asks to preempt the
+// the same collectives took 5-6x as long on this thread as blocking. So it asks to preempt the
 // kernels when it wakes, as the driver's threads of a GPU's transfers do: the lowest real-time
 // priority where the process may have one (root, or RLIMIT_RTPRIO), else a higher nice value
 // than the compute threads, else nothing; and a timer slack of 1 ns, so that its short sleeps

@@ -137,12 +137,9 @@ std::string validation_error(const TrainConfig& config) {
   } catch (const SettingError& e) {
     return describe_setting_error(e);
   }
-  // What the configuration loader refuses under parallel.tp_overlap (config_loader.cpp).
-  if (p.tp_overlap && config.training.micro_batch_size % 2)
-    return fmt::format("parallel.tp_overlap splits a micro-batch into two halves: {} sequences",
-                       config.training.micro_batch_size);
-  if (p.tp_overlap && config.model.bottleneck == BottleneckKind::lax && p.pp > 1)
-    return "parallel.tp_overlap does not run LaX over a pipeline";
+  // What the configuration loader refuses under parallel.tp_overlap, by the same rule.
+  if (const std::string refused = tp_overlap_refusal(config); !refused.empty())
+    return "parallel.tp_overlap " + refused;
   return {};
 }
 

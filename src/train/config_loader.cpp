@@ -353,18 +353,9 @@ struct Loader {
                  "{}: key 'training.attention' = \"cudnn\" is cuDNN's attention on the GPU: it "
                  "needs training.backend = \"cuda\", not \"{}\" (choose \"auto\" or \"own\")",
                  source, enum_name(t.backend));
-    if (p.tp_overlap) {
-      BOTTLE_CHECK(t.micro_batch_size % 2 == 0,
-                   "{}: key 'parallel.tp_overlap' splits each micro-batch into two halves of its "
-                   "sequences: it needs an even training.micro_batch_size, not {}",
-                   source, t.micro_batch_size);
-      // LaX's latents cross a stage boundary as one [N, r] tensor per projection; the halves
-      // hold theirs apart.
-      BOTTLE_CHECK(m.bottleneck != BottleneckKind::lax || p.pp == 1,
-                   "{}: key 'parallel.tp_overlap' does not run LaX over a pipeline "
-                   "(parallel.pp = {}) yet: its latents cross the stage boundary whole",
-                   source, p.pp);
-    }
+    const std::string overlap_refused = tp_overlap_refusal(config);
+    BOTTLE_CHECK(overlap_refused.empty(), "{}: key 'parallel.tp_overlap' {}", source,
+                 overlap_refused);
     check_data_sources(config.data, source, given.count("data.weights") > 0);
     check_batch_shape(m, t.micro_batch_size, t.seq_len, source + ": key",
                       "'training.micro_batch_size'", "'training.seq_len'");

@@ -67,6 +67,24 @@ const char* config_key(Setting setting) {
   return "?";
 }
 
+std::string tp_overlap_refusal(const TrainConfig& config) {
+  const ParallelConfig& p = config.parallel;
+  if (!p.tp_overlap) return {};
+  if (config.training.micro_batch_size % 2)
+    return fmt::format(
+        "splits each micro-batch into two halves of its sequences: it needs an even "
+        "training.micro_batch_size, not {}",
+        config.training.micro_batch_size);
+  // LaX's latents cross a stage boundary as one [N, r] tensor per projection; the halves hold
+  // theirs apart.
+  if (config.model.bottleneck == BottleneckKind::lax && p.pp > 1)
+    return fmt::format(
+        "does not run LaX over a pipeline (parallel.pp = {}) yet: its latents cross the stage "
+        "boundary whole",
+        p.pp);
+  return {};
+}
+
 std::string describe_setting_error(const SettingError& error, const std::string& source) {
   const std::string text = error.render([&](Setting setting, bool wrong) {
     if (wrong && !source.empty()) return fmt::format("key '{}'", config_key(setting));

@@ -154,6 +154,10 @@ const char* config_key(Setting setting);
 // or "--set", where the value came from), the message starts with it and names the wrong
 // setting as key '...', as every other configuration error does.
 std::string describe_setting_error(const SettingError& error, const std::string& source = {});
+// Why parallel.tp_overlap cannot run `config`, as the rest of a sentence that starts with the
+// key ("splits each micro-batch into two halves ..."), or empty when it can (or is off). The
+// loader refuses such a configuration, and the planner excludes such a layout, by this one rule.
+std::string tp_overlap_refusal(const TrainConfig& config);
 
 // Compares every key of the schema; config_difference names the first key that differs
 // ("training.steps: 10 vs 20"), or returns "" when the two are equal.

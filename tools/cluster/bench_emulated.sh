@@ -130,6 +130,14 @@ write_result() { # DIR KIND LAYOUT TP PP DP CONFIG
       preset: $preset, precision: $precision, paper_model: $model, modes: $modes}' > "$1/result.json"
 }
 
+# EXPR (jq) of bottle plan's row in FILE for MODE without recomputation, one micro-batch of
+# MICRO_BATCH sequences: the row bench tp's run of that mode is compared with.
+planned() { # FILE MODE MICRO_BATCH EXPR
+  jq -r --arg m "$2" --argjson b "$3" 'select(has("step_s") and .tp_mode == $m
+    and .recompute == "none" and .micro_batch_size == $b and .micro_batches == 1) | '"$4" \
+    "$1" | head -1
+}
+
 # bench tp's three modes at TP N·R on an N x R emulated cluster, repeats times.
 bench_tp_layout() { # LAYOUT(NxR) CONFIG NAME
   local layout=$1 cfg=$2 name=$3
@@ -185,14 +193,9 @@ bench_tp_layout() { # LAYOUT(NxR) CONFIG NAME
     for mode in full vanilla btp; do
       m=$(jq -r --arg m "$mode" 'select(.mode == $m and .variant == $m and .recompute == "none") | "\(.iter_ms) \(.comm_ms)"' \
         "$dir/bench.json" | head -1)
-      p=$(jq -r --arg m "$mode" --argjson b "${micro_batch:-0}" \
-        'select(has("step_s") and .tp_mode == $m and .recompute == "none"
-                and .micro_batch_size == $b and .micro_batches == 1)
-         | "\(.step_s * 1000) \(.tp_comm_s * 1000)"' "$dir/plan.json" | head -1)
-      pa=$(jq -r --arg m "$mode" --argjson b "${micro_batch:-0}" \
-        'select(has("step_s") and .tp_mode == $m and .recompute == "none"
-                and .micro_batch_size == $b and .micro_batches == 1) | .step_s * 1000' \
-        "$dir/plan-after.json" | head -1)
+      p=$(planned "$dir/plan.json" "$mode" "${micro_batch:-0}" \
+        '"\(.step_s * 1000) \(.tp_comm_s * 1000)"')
+      pa=$(planned "$dir/plan-after.json" "$mode" "${micro_batch:-0}" '.step_s * 1000')
       if [[ -z $m || -z $p ]]; then
         say '%-8s %12s %12s\n' "$mode" "${m%% *}" "${p%% *}"
         status=1
@@ -234,10 +237,7 @@ overlap_table() { # DIR MICRO_BATCH
   for mode in full vanilla btp; do
     m=$(jq -r --arg m "$mode" 'select(.mode == $m and .tp_overlap == true and .recompute == "none")
       | "\(.iter_ms) \(.comm_ms - .comm_exposed_ms)"' "$1/bench.json" | head -1)
-    p=$(jq -r --arg m "$mode" --argjson b "$2" \
-      'select(has("step_s") and .tp_mode == $m and .recompute == "none"
-              and .micro_batch_size == $b and .micro_batches == 1)
-       | "\(.step_s * 1000) \(.tp_hidden_s * 1000)"' "$1/plan-overlap.json" | head -1)
+    p=$(planned "$1/plan-overlap.json" "$mode" "$2" '"\(.step_s * 1000) \(.tp_hidden_s * 1000)"')
     if [[ -z $m || -z $p || -z ${meas[$mode]:-} ]]; then
       say '%-8s %12s %12s\n' "$mode" "${m%% *}" "${p%% *}"
       status=1
