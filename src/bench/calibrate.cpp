@@ -4,8 +4,11 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
+#include <exception>
 #include <chrono>
 #include <fstream>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -129,6 +132,70 @@ double all_reduce_seconds(Communicator& world, int64_t elements) {
   return reduce_scalar(&world, median(times), ReduceOp::max, "calibrate");
 }
 
+// How much longer kernels take while this rank's collectives move beside them
+// (overlap.compute_slowdown). A chain of started all-reduces of 1 MiB (about 0.15 s of them,
+// blocking) runs on the communication thread while the caller runs square fp32 GEMMs one after
+// another until the chain has ended; the chain's span over the GEMM work done inside it (the
+// GEMMs' count at their time alone, less the part of the last one past the chain's end) is the
+// slowdown's 1 + s. Where the transfers take the cores whole (shared memory, which the thread
+// polls at a real-time priority) the GEMMs barely move, and s is large: overlap then buys
+// nothing. The median of 9 rounds, the slowest rank's, at least 0 and at most 99.
+double overlap_compute_slowdown(Communicator& world, Backend& be) {
+  constexpr int64_t n = 256, elements = 1 << 18;
+  constexpr double kMostSlowdown = 100.0;
+  Arena arena(MemoryTag::workspace, be);
+  Tensor a = arena.alloc({n, n}), b = arena.alloc({n, n}), c = arena.alloc({n, n});
+  GemmArgs g;
+  g.m = g.n = g.k = n;
+  g.a = a.data, g.b = b.data, g.c = c.data;
+  g.lda = g.ldb = g.ldc = n;
+  g.dtypes_of(a, b, c);
+  const double gemm = median_seconds([&] { be.gemm(g); }, 5, 0.02);
+  // Zeros: a chain of sums stays finite however long it is.
+  std::vector<float> data(size_t(elements), 0.0f);  // [elements]
+  const Tensor x = host_tensor(std::span(data));
+  // Every rank starts as many calls (the slowest rank's count): the calls must match.
+  const double per_call = all_reduce_seconds(world, elements);
+  const int64_t chain = std::clamp<int64_t>(int64_t(0.15 / per_call), 2, 4096);
+  std::vector<double> ratios;  // [rounds]
+  for (int round = 0; round < 9; ++round) {
+    world.barrier();
+    std::vector<PendingCall> calls;  // [chain]
+    calls.reserve(size_t(chain));
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < chain; ++i)
+      calls.push_back(world.start_all_reduce(x, ReduceOp::sum, "calibrate"));
+    // The calls run in issue order: the last one's end is the chain's.
+    std::atomic<bool> ended{false};
+    Clock::time_point end;
+    std::exception_ptr error;
+    std::thread waiter([&] {
+      try {
+        calls.back().wait();
+      } catch (...) {
+        error = std::current_exception();
+      }
+      end = Clock::now();
+      ended.store(true, std::memory_order_release);
+    });
+    int64_t gemms = 0;
+    while (!ended.load(std::memory_order_acquire)) {
+      be.gemm(g);
+      ++gemms;
+    }
+    const auto after = Clock::now();
+    waiter.join();
+    if (error) std::rethrow_exception(error);
+    for (PendingCall& call : calls) call.wait();
+    const double span = std::chrono::duration<double>(end - start).count();
+    const double work =
+        double(gemms) * gemm - std::chrono::duration<double>(after - end).count();
+    ratios.push_back(work > span / kMostSlowdown ? span / work : kMostSlowdown);
+  }
+  const double slowest = reduce_scalar(&world, median(ratios), ReduceOp::max, "calibrate");
+  return std::clamp(slowest - 1.0, 0.0, kMostSlowdown - 1.0);
+}
+
 }  // namespace
 
 void calibrate_cluster(Communicator& world, const std::string& path) {
@@ -172,13 +239,15 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
   c.inter_node = c.intra_node;
   c.nccl_base_latency_us = 0;
   c.gemm_efficiency = c.bandwidth_efficiency = 1.0;
+  c.overlap_compute_slowdown = overlap_compute_slowdown(world, *be);
   if (world.rank() != 0) return;
   const std::string text = cluster_to_toml(
       c,
       fmt::format("Measured by `bottle plan --calibrate` on {} ranks of {} thread(s): every "
                   "rate is one reached here\n(the median of several runs, the slowest rank's), so "
                   "both efficiency constants are 1.\nThe links are MPI's all-reduce between "
-                  "these ranks; no other node was measured.",
+                  "these ranks; no other node was measured.\noverlap.compute_slowdown: how much "
+                  "longer GEMMs took while 1 MiB all-reduces ran beside them.",
                   n, omp_get_max_threads()));
   // What plan reads back: a measurement it would refuse is an error here, not there.
   parse_cluster(text, path);

@@ -85,6 +85,7 @@ const std::vector<Key>& keys() {
       num("nccl.base_latency_us", &ClusterSpec::nccl_base_latency_us),
       num("efficiency.gemm", &ClusterSpec::gemm_efficiency),
       num("efficiency.bandwidth", &ClusterSpec::bandwidth_efficiency),
+      num("overlap.compute_slowdown", &ClusterSpec::overlap_compute_slowdown, false),
   };
   return all;
 }
@@ -92,7 +93,8 @@ const std::vector<Key>& keys() {
 // Latencies and the kernel overhead may be 0; rates, sizes and efficiencies may not.
 bool may_be_zero(const std::string& path) {
   return path.ends_with("latency_us") || path == "gpu.kernel_overhead_us" ||
-         path == "gpu.attention_tflops" || path == "gpu.gemm_bandwidth_gbs";
+         path == "gpu.attention_tflops" || path == "gpu.gemm_bandwidth_gbs" ||
+         path == "overlap.compute_slowdown";
 }
 
 }  // namespace

@@ -28,6 +28,11 @@ struct ClusterSpec {
   Link intra_node, inter_node;
   double nccl_base_latency_us = 0;  // per collective call
   double gemm_efficiency = 1, bandwidth_efficiency = 1;
+  // How much longer a rank's kernels take while a collective of its own moves beside them
+  // (0.25: a quarter longer); what overlap pays for what it hides. Measured by --calibrate,
+  // where the transfers' packet work runs on the cores that compute; 0 in the GPU presets,
+  // where NICs and NVLink move the bytes (the SMs NCCL's kernels take are not measured yet).
+  double overlap_compute_slowdown = 0;
 };
 
 // The preset names ("a100-perlmutter", "h100", "h200").

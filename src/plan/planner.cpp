@@ -85,10 +85,11 @@ double exposed_gradient_seconds(double G, int64_t b, double W) {
   return std::max(G / double(b), G - W * double(b - 1) / double(b));
 }
 
-// The TP collectives parallel.tp_overlap hides, in seconds: the stage's timeline priced event
-// by event and replayed (plan/timeline_replay.h states the rule).
-double tp_hidden_seconds(const ClusterSpec& c, const std::vector<TpTimelineEvent>& timeline,
-                         GroupPlace place, bool bf16) {
+// The TP collectives parallel.tp_overlap hides, and what the kernels beside them lose, in
+// seconds: the stage's timeline priced event by event and replayed (plan/timeline_replay.h
+// states the rule).
+ReplayTimes tp_overlap_replay(const ClusterSpec& c, const std::vector<TpTimelineEvent>& timeline,
+                              GroupPlace place, bool bf16) {
   std::vector<TimedEvent> timed;  // [timeline.size()]
   timed.reserve(timeline.size());
   for (const TpTimelineEvent& e : timeline) {
@@ -105,7 +106,7 @@ double tp_hidden_seconds(const ClusterSpec& c, const std::vector<TpTimelineEvent
         break;
     }
   }
-  return replay_timeline(timed).hidden();
+  return replay_timeline(timed, 1.0 + c.overlap_compute_slowdown);
 }
 
 // The blocks pipeline stage `stage` holds.
@@ -165,10 +166,12 @@ nlohmann::ordered_json prediction_json(const Prediction& r) {
   j["compute_s"] = r.compute;
   j["tp_comm_s"] = r.tp_comm;
   if (p.tp_overlap) j["tp_hidden_s"] = r.tp_hidden;
+  if (p.tp_overlap) j["tp_contention_s"] = r.tp_contention;
   j["bubble_s"] = r.bubble;
   j["p2p_s"] = r.p2p;
   j["dp_comm_s"] = r.dp_comm;
   j["dp_hidden_s"] = r.dp_hidden;
+  if (r.dp_contention > 0) j["dp_contention_s"] = r.dp_contention;
   j["recompute_s"] = r.recompute;
   j["optimizer_s"] = r.optimizer;
   j["tokens_per_s"] = r.tokens_per_s;
@@ -219,6 +222,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   const double peak = (bf16 ? cluster.bf16_tflops : cluster.fp32_tflops) * 1e12;
   struct StageTime {
     double compute, recompute, tp, p2p, tail_compute, tail_comm, dp_hidden, tp_hidden;
+    double dp_contention, tp_contention;
   };
   std::vector<StageTime> stages;
   double model_flops = 0;
@@ -238,16 +242,21 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     t.tp = tp.first;
     t.recompute += tp.recompute + pp.recompute;
     // TP overlap: what the replay hides comes off the first pass's TP collectives, then off
-    // recomputation's (its collectives are in t.recompute).
+    // recomputation's (its collectives are in t.recompute); what the kernels lose beside the
+    // calls is added to the first pass's.
     // (Only the blocks' passes start calls, so all of it comes off one of the two; the cap
     // keeps tp_hidden what was taken off.)
     if (!counts.tp_timeline.empty()) {
-      const double hidden = tp_hidden_seconds(cluster, counts.tp_timeline, {stage_base, 1}, bf16);
+      const ReplayTimes replay =
+          tp_overlap_replay(cluster, counts.tp_timeline, {stage_base, 1}, bf16);
+      const double hidden = replay.hidden();
       const double from_first = std::min(hidden, t.tp);
       const double from_recompute = std::min(hidden - from_first, tp.recompute);
       t.tp -= from_first;
       t.recompute -= from_recompute;
       t.tp_hidden = from_first + from_recompute;
+      t.tp_contention = replay.stretch;
+      t.tp += t.tp_contention;
     }
     t.p2p = pp.sends;
     t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
@@ -286,7 +295,12 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
       for (const double window : {forward, backward})
         t.dp_hidden += m * (A_pass - exposed_gradient_seconds(A_pass, b_pass, window));
     }
-    t.tail_comm -= t.dp_hidden;
+    // The kernels beside the hidden buckets and gathers run 1 + s times slower (the cluster's
+    // overlap.compute_slowdown): of the H seconds they share with the transfers they do only
+    // H / (1 + s) seconds of work, so the step grows by H · s / (1 + s).
+    const double s_over = cluster.overlap_compute_slowdown;
+    t.dp_contention = t.dp_hidden * s_over / (1.0 + s_over);
+    t.tail_comm += t.dp_contention - t.dp_hidden;
     stages.push_back(t);
     per_micro_batch[size_t(s)] = (t.compute + t.recompute + t.tp + t.p2p) / m;
     model_flops += counts.model_flops;
@@ -325,11 +339,13 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   r.recompute = t.recompute;
   r.tp_comm = t.tp;
   r.tp_hidden = t.tp_hidden;
+  r.tp_contention = t.tp_contention;
   r.p2p = t.p2p;
   r.bubble = pipe - m * *slowest;
   r.optimizer = tail.tail_compute;
   r.dp_comm = tail.tail_comm;
   r.dp_hidden = tail.dp_hidden;
+  r.dp_contention = tail.dp_contention;
   r.step = pipe + tail.tail_compute + tail.tail_comm;
   const double tokens =
       double(config.training.micro_batch_size * config.training.seq_len * m * p.dp);

@@ -10,7 +10,8 @@
 // forward (parallel.overlap_param_gather): the tail keeps only what they cannot hide
 // (exposed_gradient_seconds in planner.cpp states the rule). Under parallel.tp_overlap the TP
 // collectives of one half hide under the other half's kernels: the stage's timeline replayed
-// with the kernels in order and one call at a time on the link (tp_hidden_seconds states it).
+// with the kernels in order and one call at a time on the link (tp_overlap_replay states it).
+// Kernels beside a hidden transfer run slower by the cluster's overlap.compute_slowdown.
 // and the breakdown is the slowest stage's, with bubble = pipe − m · max_s c_s.
 #include <nlohmann/json.hpp>
 #include <string>
@@ -35,6 +36,9 @@ struct Prediction {
          optimizer = 0;
   double dp_hidden = 0;  // DP gradient reduction hidden under backward (not in dp_comm)
   double tp_hidden = 0;  // TP collectives hidden by parallel.tp_overlap (not in tp_comm)
+  // What the kernels beside the hidden calls lose (the cluster's overlap.compute_slowdown):
+  // part of dp_comm and tp_comm.
+  double dp_contention = 0, tp_contention = 0;
   double tokens_per_s = 0, mfu = 0;
   // The same pipeline at 100 % of the dense peak with free memory traffic and communication:
   // a lower bound no efficiency constant can beat.

@@ -188,6 +188,18 @@ TEST(TimelineReplay, HoldsKernelsOnlyWhereACallIsWaitedFor) {
   const std::vector<TimedEvent> queued = {
       {K::issue, 3.0, 0, true}, {K::work, 1.0}, {K::issue, 1.0, 1, false}, {K::wait, 0, 0}};
   EXPECT_DOUBLE_EQ(replay_timeline(queued).end, 4.0);
+  // Kernels twice as slow beside a call on the link: A's call (1 to 2.5) leaves B's first
+  // kernel 0.75 s of work done at 2.5 and the rest at 2.75; B's call (2.75 to 4.25) holds A's
+  // second kernel at half speed until 4.25, whose rest ends at 4.5; B's last runs alone.
+  // Everything is hidden and the kernels lost 1.5 s: 5.5 s against 7 s serially.
+  const ReplayTimes slow = replay_timeline(halves, 2.0);
+  EXPECT_DOUBLE_EQ(slow.end, 5.5);
+  EXPECT_DOUBLE_EQ(slow.stretch, 1.5);
+  EXPECT_DOUBLE_EQ(slow.exposed(), 0.0);
+  EXPECT_DOUBLE_EQ(slow.hidden(), 3.0);
+  // A blocking call holds the kernels, so nothing runs beside it.
+  EXPECT_DOUBLE_EQ(replay_timeline(serial, 2.0).end, 4.5);
+  EXPECT_DOUBLE_EQ(replay_timeline(serial, 2.0).stretch, 0.0);
   // A wait for a call that is not pending is a bug of the recorder.
   const std::vector<TimedEvent> stray = {{K::wait, 0, 7}};
   EXPECT_THROW(replay_timeline(stray), InternalError);
@@ -262,6 +274,22 @@ tp = 2
     free_link.nccl_base_latency_us = 0;
     const Prediction f = predict(overlap, free_link);
     EXPECT_NEAR(f.tp_comm + f.tp_hidden, 0, 1e-6);
+    // Where kernels beside a transfer run twice as slow (overlap.compute_slowdown 1), overlap
+    // pays for what it hides: the kernels lose at most half the calls' time (of each second
+    // beside a call they do half a second's work), and the step grows.
+    ClusterSpec contended = slow;
+    contended.overlap_compute_slowdown = 1.0;
+    const Prediction c = predict(overlap, contended);
+    EXPECT_GT(c.tp_contention, 0);
+    EXPECT_LE(c.tp_contention, 0.5 * (o.tp_comm + o.tp_hidden) + 1e-9);
+    // (Vanilla's link is the bottleneck here: its kernels' loss fills time they would have
+    // waited anyway.)
+    EXPECT_GE(c.step, o.step);
+    if (std::string_view(mode) != "vanilla") {
+      EXPECT_GT(c.step, o.step);
+    }
+    EXPECT_EQ(o.tp_contention, 0);
+    EXPECT_DOUBLE_EQ(prediction_json(c).at("tp_contention_s").get<double>(), c.tp_contention);
   }
 }
 
@@ -448,6 +476,13 @@ TEST(PlanCli, CalibrateWritesAClusterFileOfThisMachine) {
   EXPECT_GT(here.attention_tflops, 0);
   EXPECT_GT(here.intra_node.bandwidth_gbs, 0);
   EXPECT_EQ(here.gemm_efficiency, 1.0);
+  // Measured and read back, in its range: how much GEMMs lose beside the ranks' transfers
+  // depends on the cores free (over shared memory on two cores, most of their speed).
+  EXPECT_GE(here.overlap_compute_slowdown, 0);
+  EXPECT_LE(here.overlap_compute_slowdown, 99);
+  std::stringstream text;
+  text << std::ifstream(file).rdbuf();
+  EXPECT_NE(text.str().find("[overlap]\ncompute_slowdown = "), std::string::npos);
   write_file(dir / "c.toml", kConfig);
   const auto plan =
       run(fmt::format("{} plan {} --cluster {} --tp 2", bottle_binary(), (dir / "c.toml"), file));
