@@ -1,6 +1,7 @@
 #include "comm/mpi_communicator.h"
 
 #include <fmt/format.h>
+#include <sched.h>
 
 #include <algorithm>
 #include <chrono>
@@ -219,13 +220,18 @@ constexpr int kLongestPauseUs = 1000;
 
 void MpiCommunicator::wait(int count, MPI_Request* requests, MPI_Status* statuses,
                            const char* function, std::string_view site, int peer) const {
-  // Spinning keeps collectives between ranks in step at their blocking speed. Past that, a
-  // pause of an eighth of the time waited so far (at most a millisecond) adds at most ~1/8
-  // to a long wait while using almost no CPU: a stopped or far slower peer costs nothing.
-  // The communication thread never spins, and pauses for at most 100 us.
+  // Spinning keeps collectives between ranks in step at their blocking speed: Open MPI's TCP
+  // transport moves a message (and answers its peer's handshakes) only inside a poll, so every
+  // pause stalls the transfer at both ends. Spinning for the first 20 ms covers a TP
+  // all-reduce whole on the emulated clusters; at 1 ms, bench tp's TP collectives took 1.2 to
+  // 1.3x as long (tools/cluster/MEASURED.txt, 2026-12-05). Each spin yields the core, so that
+  // a rank sharing it with others that compute does not hold it from them. Past that, a pause
+  // of an eighth of the time waited so far (at most a millisecond) adds at most ~1/8 to a long
+  // wait while using almost no CPU: a stopped or far slower peer costs nothing. The
+  // communication thread never spins, and pauses for at most 100 us.
   const auto kSpin =
       on_comm_thread ? Clock::duration::zero()
-                     : std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(1));
+                     : std::chrono::duration_cast<Clock::duration>(std::chrono::milliseconds(20));
   const auto kLongestPause =
       std::chrono::microseconds(on_comm_thread ? kCommThreadPauseUs : kLongestPauseUs);
   const auto start = Clock::now();
@@ -236,7 +242,10 @@ void MpiCommunicator::wait(int count, MPI_Request* requests, MPI_Status* statuse
     if (on_comm_thread && abandoned_.load(std::memory_order_relaxed))
       abandon_requests(count, requests, function, site);
     const auto waited = Clock::now() - start;
-    if (waited < kSpin) continue;
+    if (waited < kSpin) {
+      sched_yield();
+      continue;
+    }
     if (waited > timeout_) fail_stalled(function, site, peer);
     std::this_thread::sleep_for(std::min<Clock::duration>(
         waited / 8, std::chrono::duration_cast<Clock::duration>(kLongestPause)));

@@ -18,7 +18,9 @@
 #
 # --tp-overlap: bench tp also times each mode with parallel.tp_overlap, in the same run, and
 # `bottle plan --set parallel.tp_overlap=true` predicts those (plan-overlap.json): a second
-# table per layout, overlapped iteration measured vs predicted and the overlap's speedup.
+# table per layout, overlapped iteration measured vs predicted, the hidden communication measured
+# and predicted, what the kernels lose beside the calls as predicted (tp_contention_s, from the
+# emulated file's overlap.compute_slowdown) and the overlap's speedup.
 #
 # --trains TPxPPxDP...: 3D layouts too, each on nodes of TP ranks (TP within a node, the
 # pipeline's stage boundary or the DP all-reduce across the inter-node link): `bottle train`
@@ -231,13 +233,14 @@ bench_tp_layout() { # LAYOUT(NxR) CONFIG NAME
 # tp-overlap variant) and predicted (plan-overlap.json), and the overlap's speedup (serial over
 # overlapped iteration) measured and predicted. Uses meas and pred of the caller.
 overlap_table() { # DIR MICRO_BATCH
-  local mode m p err ms ps
-  say '%-8s %12s %12s %8s   %10s %10s   %9s %9s\n' overlap "measured ms" "predicted ms" error \
-    "hidden ms" "pred hid." speedup predicted
+  local mode m p p_step p_hidden p_contention err ms ps
+  say '%-8s %12s %12s %8s   %10s %10s %10s   %9s %9s\n' overlap "measured ms" "predicted ms" error \
+    "hidden ms" "pred hid." "pred cont." speedup predicted
   for mode in full vanilla btp; do
     m=$(jq -r --arg m "$mode" 'select(.mode == $m and .tp_overlap == true and .recompute == "none")
       | "\(.iter_ms) \(.comm_ms - .comm_exposed_ms)"' "$1/bench.json" | head -1)
-    p=$(planned "$1/plan-overlap.json" "$mode" "$2" '"\(.step_s * 1000) \(.tp_hidden_s * 1000)"')
+    p=$(planned "$1/plan-overlap.json" "$mode" "$2" \
+      '"\(.step_s * 1000) \(.tp_hidden_s * 1000) \((.tp_contention_s // 0) * 1000)"')
     if [[ -z $m || -z $p || -z ${meas[$mode]:-} ]]; then
       say '%-8s %12s %12s\n' "$mode" "${m%% *}" "${p%% *}"
       status=1
@@ -246,8 +249,9 @@ overlap_table() { # DIR MICRO_BATCH
     err=$(awk -v p="${p%% *}" -v m="${m%% *}" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
     ms=$(awk -v s="${meas[$mode]}" -v o="${m%% *}" 'BEGIN { printf "%.3f", s / o }')
     ps=$(awk -v s="${pred[$mode]}" -v o="${p%% *}" 'BEGIN { printf "%.3f", s / o }')
-    say '%-8s %12.1f %12.1f %+7.1f%%   %10.1f %10.1f   %9s %9s\n' "$mode" "${m%% *}" \
-      "${p%% *}" "$err" "${m##* }" "${p##* }" "$ms" "$ps"
+    read -r p_step p_hidden p_contention <<< "$p"
+    say '%-8s %12.1f %12.1f %+7.1f%%   %10.1f %10.1f %10.1f   %9s %9s\n' "$mode" "${m%% *}" \
+      "$p_step" "$err" "${m##* }" "$p_hidden" "$p_contention" "$ms" "$ps"
     awk -v e="$err" 'BEGIN { exit !(e < -15 || e > 15) }' && status=1
   done
 }
