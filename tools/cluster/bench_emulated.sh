@@ -252,7 +252,7 @@ overlap_table() { # DIR MICRO_BATCH
     read -r p_step p_hidden p_contention <<< "$p"
     say '%-8s %12.1f %12.1f %+7.1f%%   %10.1f %10.1f %10.1f   %9s %9s\n' "$mode" "${m%% *}" \
       "$p_step" "$err" "${m##* }" "$p_hidden" "$p_contention" "$ms" "$ps"
-    awk -v e="$err" 'BEGIN { exit !(e < -15 || e > 15) }' && status=1
+    if awk -v e="$err" 'BEGIN { exit !(e < -15 || e > 15) }'; then status=1; fi
   done
 }
 
