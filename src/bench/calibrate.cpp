@@ -5,8 +5,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <exception>
 #include <chrono>
+#include <exception>
 #include <fstream>
 #include <thread>
 #include <tuple>

@@ -11,8 +11,8 @@
 // (exposed_gradient_seconds in planner.cpp states the rule). Under parallel.tp_overlap the TP
 // collectives of one half hide under the other half's kernels: the stage's timeline replayed
 // with the kernels in order and one call at a time on the link (tp_overlap_replay states it).
-// Kernels beside a hidden transfer run slower by the cluster's overlap.compute_slowdown.
-// and the breakdown is the slowest stage's, with bubble = pipe − m · max_s c_s.
+// Kernels beside a hidden transfer run slower by the cluster's overlap.compute_slowdown. The
+// breakdown is the slowest stage's, with bubble = pipe − m · max_s c_s.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
