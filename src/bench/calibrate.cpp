@@ -10,15 +10,16 @@
 #include <fstream>
 #include <thread>
 #include <tuple>
+#include <utility>
 #include <vector>
 
-#include "core/arena.h"
-#include "io/atomic_output.h"
 #include "backend/backend.h"
+#include "core/arena.h"
 #include "core/error.h"
 #include "core/statistics.h"
-#include "sys/system_info.h"
+#include "io/atomic_output.h"
 #include "plan/cluster.h"
+#include "sys/system_info.h"
 #include "train/memory_plan.h"
 
 namespace bottle {
@@ -132,15 +133,17 @@ double all_reduce_seconds(Communicator& world, int64_t elements) {
   return reduce_scalar(&world, median(times), ReduceOp::max, "calibrate");
 }
 
-// How much longer kernels take while this rank's collectives move beside them
-// (overlap.compute_slowdown). A chain of started all-reduces of 1 MiB (about 0.15 s of them,
-// blocking) runs on the communication thread while the caller runs square fp32 GEMMs one after
-// another until the chain has ended; the chain's span over the GEMM work done inside it (the
-// GEMMs' count at their time alone, less the part of the last one past the chain's end) is the
-// slowdown's 1 + s. Where the transfers take the cores whole (shared memory, which the thread
-// polls at a real-time priority) the GEMMs barely move, and s is large: overlap then buys
-// nothing. The median of 9 rounds, the slowest rank's, at least 0 and at most 99.
-double overlap_compute_slowdown(Communicator& world, Backend& be) {
+// What overlapping costs here: how much longer kernels take while this rank's collectives
+// move beside them (overlap.compute_slowdown, s) and how much longer those collectives take
+// than blocking (overlap.call_slowdown, c). A chain of started all-reduces of 1 MiB (about
+// 0.15 s of them, blocking) runs on the communication thread while the caller runs square fp32
+// GEMMs one after another until the chain has ended. The chain's span over the GEMM work done
+// inside it (the GEMMs' count at their time alone, less the part of the last one past the
+// chain's end) is 1 + s; the span over the chain's blocking time is 1 + c. Where the transfers
+// take the cores whole (shared memory, which the thread polls at a real-time priority) the
+// GEMMs barely move, and s is large: overlap then buys nothing. Each the median of 9 rounds,
+// the slowest rank's, at least 0 and s at most 99.
+std::pair<double, double> overlap_slowdowns(Communicator& world, Backend& be) {
   constexpr int64_t n = 256, elements = 1 << 18;
   constexpr double kMostSlowdown = 100.0;
   Arena arena(MemoryTag::workspace, be);
@@ -157,7 +160,7 @@ double overlap_compute_slowdown(Communicator& world, Backend& be) {
   // Every rank starts as many calls (the slowest rank's count): the calls must match.
   const double per_call = all_reduce_seconds(world, elements);
   const int64_t chain = std::clamp<int64_t>(int64_t(0.15 / per_call), 2, 4096);
-  std::vector<double> ratios;  // [rounds]
+  std::vector<double> ratios, call_ratios;  // [rounds]
   for (int round = 0; round < 9; ++round) {
     world.barrier();
     std::vector<PendingCall> calls;  // [chain]
@@ -188,12 +191,13 @@ double overlap_compute_slowdown(Communicator& world, Backend& be) {
     if (error) std::rethrow_exception(error);
     for (PendingCall& call : calls) call.wait();
     const double span = std::chrono::duration<double>(end - start).count();
-    const double work =
-        double(gemms) * gemm - std::chrono::duration<double>(after - end).count();
+    const double work = double(gemms) * gemm - std::chrono::duration<double>(after - end).count();
     ratios.push_back(work > span / kMostSlowdown ? span / work : kMostSlowdown);
+    call_ratios.push_back(span / (double(chain) * per_call));
   }
   const double slowest = reduce_scalar(&world, median(ratios), ReduceOp::max, "calibrate");
-  return std::clamp(slowest - 1.0, 0.0, kMostSlowdown - 1.0);
+  const double calls = reduce_scalar(&world, median(call_ratios), ReduceOp::max, "calibrate");
+  return {std::clamp(slowest - 1.0, 0.0, kMostSlowdown - 1.0), std::max(calls - 1.0, 0.0)};
 }
 
 }  // namespace
@@ -239,15 +243,16 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
   c.inter_node = c.intra_node;
   c.nccl_base_latency_us = 0;
   c.gemm_efficiency = c.bandwidth_efficiency = 1.0;
-  c.overlap_compute_slowdown = overlap_compute_slowdown(world, *be);
+  std::tie(c.overlap_compute_slowdown, c.overlap_call_slowdown) = overlap_slowdowns(world, *be);
   if (world.rank() != 0) return;
   const std::string text = cluster_to_toml(
       c,
       fmt::format("Measured by `bottle plan --calibrate` on {} ranks of {} thread(s): every "
                   "rate is one reached here\n(the median of several runs, the slowest rank's), so "
                   "both efficiency constants are 1.\nThe links are MPI's all-reduce between "
-                  "these ranks; no other node was measured.\noverlap.compute_slowdown: how much "
-                  "longer GEMMs took while 1 MiB all-reduces ran beside them.",
+                  "these ranks; no other node was measured.\noverlap: how much longer GEMMs took "
+                  "while 1 MiB all-reduces ran beside them (compute_slowdown),\nand those "
+                  "all-reduces than blocking (call_slowdown).",
                   n, omp_get_max_threads()));
   // What plan reads back: a measurement it would refuse is an error here, not there.
   parse_cluster(text, path);

@@ -86,6 +86,7 @@ const std::vector<Key>& keys() {
       num("efficiency.gemm", &ClusterSpec::gemm_efficiency),
       num("efficiency.bandwidth", &ClusterSpec::bandwidth_efficiency),
       num("overlap.compute_slowdown", &ClusterSpec::overlap_compute_slowdown, false),
+      num("overlap.call_slowdown", &ClusterSpec::overlap_call_slowdown, false),
   };
   return all;
 }
@@ -94,7 +95,7 @@ const std::vector<Key>& keys() {
 bool may_be_zero(const std::string& path) {
   return path.ends_with("latency_us") || path == "gpu.kernel_overhead_us" ||
          path == "gpu.attention_tflops" || path == "gpu.gemm_bandwidth_gbs" ||
-         path == "overlap.compute_slowdown";
+         path.starts_with("overlap.");
 }
 
 }  // namespace

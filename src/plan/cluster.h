@@ -33,6 +33,11 @@ struct ClusterSpec {
   // where the transfers' packet work runs on the cores that compute; 0 in the GPU presets,
   // where NICs and NVLink move the bytes (the SMs NCCL's kernels take are not measured yet).
   double overlap_compute_slowdown = 0;
+  // How much longer a started collective takes, run beside the kernels by the communication
+  // thread, than the same call blocking (0.4: 40 % longer). Measured by --calibrate: over TCP
+  // the thread polls with pauses (it may not spin beside the kernels), and each pause stalls
+  // the transfer; 0 in the GPU presets (NCCL's stream runs a started call as a blocking one).
+  double overlap_call_slowdown = 0;
 };
 
 // The preset names ("a100-perlmutter", "h100", "h200").

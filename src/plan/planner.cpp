@@ -85,11 +85,68 @@ double exposed_gradient_seconds(double G, int64_t b, double W) {
   return std::max(G / double(b), G - W * double(b - 1) / double(b));
 }
 
+// What the DP group's overlapped calls hide and what overlapping them costs, in seconds, from
+// the stage's compute and TP collectives per step (`compute_and_tp`) and its recomputation.
+struct DpOverlap {
+  double hidden = 0, contention = 0;
+};
+DpOverlap dp_overlap_seconds(const ClusterSpec& cluster, const ParallelConfig& p, int m,
+                             const std::map<CallShape, int64_t>& calls, GroupPlace place,
+                             double compute_and_tp, double recompute) {
+  DpOverlap r;
+  // Overlapped DP: the buckets (all-reduced, or reduce-scattered under ZeRO) run under the
+  // last micro-batch's backward, two thirds of its compute and TP collectives (backward is
+  // twice forward's GEMMs), recomputation included; under ZeRO-2, which reduces every
+  // micro-batch's, under every backward of the step.
+  // Started on the communication thread, the buckets and gathers take 1 + c times their
+  // blocking price (the cluster's overlap.call_slowdown); the extra is in dp_contention.
+  const double started = 1.0 + cluster.overlap_call_slowdown;
+  double call_extra = 0;
+  if (p.overlap_grad_reduce && p.dp > 1) {
+    const auto [G, b] = dp_buckets(cluster, calls, place, "dp.grads.bucket");
+    const double share = p.zero >= 2 ? 1.0 : 1.0 / m;
+    const double backward = ((2.0 / 3.0) * compute_and_tp + recompute) * share;
+    r.hidden = G * started - exposed_gradient_seconds(G * started, b, backward);
+    call_extra += G * (started - 1.0);
+  }
+  // ZeRO's parameter all-gathers under the next step's first forward (one third of a
+  // micro-batch's compute and TP collectives), by the same rule read forwards: the forward
+  // needs bucket i at W·i/b, and the first bucket never hides.
+  // (ZeRO-3 gathers only a tied table's unit after the update, and waits for it there.)
+  if (p.zero > 0 && p.zero < 3 && p.overlap_param_gather && p.dp > 1) {
+    const auto [A, b] = dp_buckets(cluster, calls, place, "dp.params.all_gather");
+    const double forward = (1.0 / 3.0) * compute_and_tp / m;
+    r.hidden += A * started - exposed_gradient_seconds(A * started, b, forward);
+    call_extra += A * (started - 1.0);
+  }
+  // ZeRO-3's unit gathers, before every unit's forward and backward of every micro-batch:
+  // each pass's run under that pass's compute by the same rule (unit i needed at W·i/b, the
+  // first never hidden), a forward a third of a micro-batch's compute and TP collectives,
+  // a backward two thirds and its recomputation; the 2·m passes taken as equal shares.
+  if (p.zero >= 3 && p.overlap_param_gather && p.dp > 1) {
+    const auto [A, b] = dp_buckets(cluster, calls, place, "dp.params.unit_gather");
+    const double forward = (1.0 / 3.0) * compute_and_tp / m,
+                 backward = ((2.0 / 3.0) * compute_and_tp + recompute) / m;
+    const double A_pass = A * started / (2.0 * m);
+    call_extra += A * (started - 1.0);
+    const int64_t b_pass = b / (2 * m);
+    for (const double window : {forward, backward})
+      r.hidden += m * (A_pass - exposed_gradient_seconds(A_pass, b_pass, window));
+  }
+  // The kernels beside the hidden buckets and gathers run 1 + s times slower (the cluster's
+  // overlap.compute_slowdown): of the H seconds they share with the transfers they do only
+  // H / (1 + s) seconds of work, so the step grows by H · s / (1 + s).
+  const double s_over = cluster.overlap_compute_slowdown;
+  r.contention = r.hidden * s_over / (1.0 + s_over) + call_extra;
+  return r;
+}
+
 // The TP collectives parallel.tp_overlap hides, and what the kernels beside them lose, in
 // seconds: the stage's timeline priced event by event and replayed (plan/timeline_replay.h
-// states the rule).
+// states the rule). `call_extra`: what the started calls take beyond their blocking price.
 ReplayTimes tp_overlap_replay(const ClusterSpec& c, const std::vector<TpTimelineEvent>& timeline,
-                              GroupPlace place, bool bf16) {
+                              GroupPlace place, bool bf16, double& call_extra) {
+  call_extra = 0;
   std::vector<TimedEvent> timed;  // [timeline.size()]
   timed.reserve(timeline.size());
   for (const TpTimelineEvent& e : timeline) {
@@ -97,10 +154,14 @@ ReplayTimes tp_overlap_replay(const ClusterSpec& c, const std::vector<TpTimeline
       case TpTimelineEvent::Kind::work:
         timed.push_back({TimedEvent::Kind::work, ops_seconds(c, e.work, false, bf16)});
         break;
-      case TpTimelineEvent::Kind::issue:
-        timed.push_back(
-            {TimedEvent::Kind::issue, call_seconds(c, e.call, place), e.id, e.started});
+      case TpTimelineEvent::Kind::issue: {
+        // A started call runs on the communication thread, which polls it with pauses.
+        const double blocking = call_seconds(c, e.call, place);
+        const double extra = e.started ? blocking * c.overlap_call_slowdown : 0.0;
+        call_extra += extra;
+        timed.push_back({TimedEvent::Kind::issue, blocking + extra, e.id, e.started});
         break;
+      }
       case TpTimelineEvent::Kind::wait:
         timed.push_back({TimedEvent::Kind::wait, 0.0, e.id});
         break;
@@ -242,64 +303,31 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     t.tp = tp.first;
     t.recompute += tp.recompute + pp.recompute;
     // TP overlap: what the replay hides comes off the first pass's TP collectives, then off
-    // recomputation's (its collectives are in t.recompute); what the kernels lose beside the
-    // calls is added to the first pass's.
+    // recomputation's (its collectives are in t.recompute); what overlapping costs (the
+    // kernels' loss beside the calls, the started calls' own slowdown) is added to the first
+    // pass's.
     // (Only the blocks' passes start calls, so all of it comes off one of the two; the cap
     // keeps tp_hidden what was taken off.)
     if (!counts.tp_timeline.empty()) {
+      double call_extra = 0;
       const ReplayTimes replay =
-          tp_overlap_replay(cluster, counts.tp_timeline, {stage_base, 1}, bf16);
+          tp_overlap_replay(cluster, counts.tp_timeline, {stage_base, 1}, bf16, call_extra);
       const double hidden = replay.hidden();
       const double from_first = std::min(hidden, t.tp);
       const double from_recompute = std::min(hidden - from_first, tp.recompute);
       t.tp -= from_first;
       t.recompute -= from_recompute;
       t.tp_hidden = from_first + from_recompute;
-      t.tp_contention = replay.stretch;
+      t.tp_contention = replay.stretch + call_extra;
       t.tp += t.tp_contention;
     }
     t.p2p = pp.sends;
     t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
-    // Overlapped DP: the buckets (all-reduced, or reduce-scattered under ZeRO) run under the
-    // last micro-batch's backward, two thirds of its compute and TP collectives (backward is
-    // twice forward's GEMMs), recomputation included; under ZeRO-2, which reduces every
-    // micro-batch's, under every backward of the step.
-    if (p.overlap_grad_reduce && p.dp > 1) {
-      const auto [G, b] =
-          dp_buckets(cluster, counts.calls.at("dp"), {stage_base, dp_stride}, "dp.grads.bucket");
-      const double share = p.zero >= 2 ? 1.0 : 1.0 / m;
-      const double backward = ((2.0 / 3.0) * (t.compute + t.tp) + t.recompute) * share;
-      t.dp_hidden = G - exposed_gradient_seconds(G, b, backward);
-    }
-    // ZeRO's parameter all-gathers under the next step's first forward (one third of a
-    // micro-batch's compute and TP collectives), by the same rule read forwards: the forward
-    // needs bucket i at W·i/b, and the first bucket never hides.
-    // (ZeRO-3 gathers only a tied table's unit after the update, and waits for it there.)
-    if (p.zero > 0 && p.zero < 3 && p.overlap_param_gather && p.dp > 1) {
-      const auto [A, b] = dp_buckets(cluster, counts.calls.at("dp"), {stage_base, dp_stride},
-                                     "dp.params.all_gather");
-      const double forward = (1.0 / 3.0) * (t.compute + t.tp) / m;
-      t.dp_hidden += A - exposed_gradient_seconds(A, b, forward);
-    }
-    // ZeRO-3's unit gathers, before every unit's forward and backward of every micro-batch:
-    // each pass's run under that pass's compute by the same rule (unit i needed at W·i/b, the
-    // first never hidden), a forward a third of a micro-batch's compute and TP collectives,
-    // a backward two thirds and its recomputation; the 2·m passes taken as equal shares.
-    if (p.zero >= 3 && p.overlap_param_gather && p.dp > 1) {
-      const auto [A, b] = dp_buckets(cluster, counts.calls.at("dp"), {stage_base, dp_stride},
-                                     "dp.params.unit_gather");
-      const double forward = (1.0 / 3.0) * (t.compute + t.tp) / m,
-                   backward = ((2.0 / 3.0) * (t.compute + t.tp) + t.recompute) / m;
-      const double A_pass = A / (2.0 * m);
-      const int64_t b_pass = b / (2 * m);
-      for (const double window : {forward, backward})
-        t.dp_hidden += m * (A_pass - exposed_gradient_seconds(A_pass, b_pass, window));
-    }
-    // The kernels beside the hidden buckets and gathers run 1 + s times slower (the cluster's
-    // overlap.compute_slowdown): of the H seconds they share with the transfers they do only
-    // H / (1 + s) seconds of work, so the step grows by H · s / (1 + s).
-    const double s_over = cluster.overlap_compute_slowdown;
-    t.dp_contention = t.dp_hidden * s_over / (1.0 + s_over);
+    const DpOverlap dp_overlap =
+        dp_overlap_seconds(cluster, p, m, counts.calls.at("dp"), {stage_base, dp_stride},
+                           t.compute + t.tp, t.recompute);
+    t.dp_hidden = dp_overlap.hidden;
+    t.dp_contention = dp_overlap.contention;
     t.tail_comm += t.dp_contention - t.dp_hidden;
     stages.push_back(t);
     per_micro_batch[size_t(s)] = (t.compute + t.recompute + t.tp + t.p2p) / m;

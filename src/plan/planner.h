@@ -36,8 +36,9 @@ struct Prediction {
          optimizer = 0;
   double dp_hidden = 0;  // DP gradient reduction hidden under backward (not in dp_comm)
   double tp_hidden = 0;  // TP collectives hidden by parallel.tp_overlap (not in tp_comm)
-  // What the kernels beside the hidden calls lose (the cluster's overlap.compute_slowdown):
-  // part of dp_comm and tp_comm.
+  // What overlapping costs: the kernels' loss beside the hidden calls (the cluster's
+  // overlap.compute_slowdown) and the started calls' own slowdown (overlap.call_slowdown).
+  // Part of dp_comm and tp_comm.
   double dp_contention = 0, tp_contention = 0;
   double tokens_per_s = 0, mfu = 0;
   // The same pipeline at 100 % of the dense peak with free memory traffic and communication:

@@ -37,10 +37,10 @@ double run_kernels(double t, double work, double slowdown,
 ReplayTimes replay_timeline(std::span<const TimedEvent> events, double slowdown) {
   BOTTLE_ASSERT(slowdown >= 1.0, "timeline replay: a slowdown of {} below 1", slowdown);
   ReplayTimes r;
-  double link = 0;                               // when the link is next free
-  std::vector<std::pair<double, double>> busy;   // [calls]: the link's busy intervals
-  size_t next = 0;                               // the first of them not yet behind the kernels
-  std::map<int64_t, double> ends;                // a started call's end, until its wait
+  double link = 0;                              // when the link is next free
+  std::vector<std::pair<double, double>> busy;  // [calls]: the link's busy intervals
+  size_t next = 0;                              // the first of them not yet behind the kernels
+  std::map<int64_t, double> ends;               // a started call's end, until its wait
   for (const TimedEvent& e : events) {
     switch (e.kind) {
       case TimedEvent::Kind::work: {
@@ -67,8 +67,8 @@ ReplayTimes replay_timeline(std::span<const TimedEvent> events, double slowdown)
       }
       case TimedEvent::Kind::wait: {
         const auto end = ends.find(e.id);
-        BOTTLE_ASSERT(end != ends.end(), "timeline replay: a wait for call {}, which is not pending",
-                      e.id);
+        BOTTLE_ASSERT(end != ends.end(),
+                      "timeline replay: a wait for call {}, which is not pending", e.id);
         r.end = std::max(r.end, end->second);
         ends.erase(end);
         break;

@@ -290,7 +290,68 @@ tp = 2
     }
     EXPECT_EQ(o.tp_contention, 0);
     EXPECT_DOUBLE_EQ(prediction_json(c).at("tp_contention_s").get<double>(), c.tp_contention);
+    // Started calls that take half again their blocking time (overlap.call_slowdown 0.5) cost
+    // that much more of themselves, some of it hidden again: never a faster step.
+    ClusterSpec slow_calls = slow;
+    slow_calls.overlap_call_slowdown = 0.5;
+    const Prediction sc = predict(overlap, slow_calls);
+    EXPECT_GT(sc.tp_contention, 0);
+    EXPECT_GE(sc.step, o.step);
   }
+}
+
+// Gradient buckets reduced during backward (parallel.overlap_grad_reduce) hide part of the DP
+// all-reduce; what overlapping costs on a cluster that says so (overlap.compute_slowdown,
+// overlap.call_slowdown) comes back as dp_contention, in dp_comm.
+TEST(Planner, HidesGradientBucketsAndPricesWhatOverlapCosts) {
+  ClusterSpec c = load_cluster("a100-perlmutter");
+  c.gpus_per_node = 1;                      // DP 2 across the network
+  c.inter_node = {2.0, 14.0};               // 2 GB/s: the all-reduce weighs
+  const std::string text = R"([model]
+vocab_size = 32000
+hidden_size = 2048
+intermediate_size = 5504
+num_layers = 4
+num_heads = 16
+bottleneck = "cola"
+rank = 512
+max_seq_len = 2048
+[training]
+micro_batch_size = 4
+seq_len = 2048
+precision = "bf16"
+[parallel]
+dp = 2
+bucket_mb = 16
+)";
+  TrainConfig serial = parse_train_config_string(text, "dp.toml");
+  serial.parallel.overlap_grad_reduce = false;
+  TrainConfig overlap = serial;
+  overlap.parallel.overlap_grad_reduce = true;
+  const Prediction s = predict(serial, c), o = predict(overlap, c);
+  ASSERT_TRUE(o.excluded.empty()) << o.excluded;
+  EXPECT_EQ(s.dp_hidden, 0);
+  EXPECT_GT(o.dp_hidden, 0);
+  EXPECT_NEAR(o.dp_comm + o.dp_hidden, s.dp_comm, 1e-9);  // what is hidden leaves the tail
+  EXPECT_LT(o.step, s.step);
+  EXPECT_EQ(o.dp_contention, 0);
+  EXPECT_FALSE(prediction_json(o).contains("dp_contention_s"));
+  // Kernels twice as slow beside the buckets: of the hidden seconds, half come back.
+  ClusterSpec contended = c;
+  contended.overlap_compute_slowdown = 1.0;
+  const Prediction k = predict(overlap, contended);
+  EXPECT_DOUBLE_EQ(k.dp_hidden, o.dp_hidden);
+  EXPECT_NEAR(k.dp_contention, 0.5 * k.dp_hidden, 1e-12);
+  EXPECT_NEAR(k.step - o.step, k.dp_contention, 1e-9);
+  EXPECT_DOUBLE_EQ(prediction_json(k).at("dp_contention_s").get<double>(), k.dp_contention);
+  // Buckets that take twice their blocking time on the communication thread: the extra is in
+  // dp_contention, and the step is no faster than the serial one's tail plus that extra.
+  ClusterSpec slow_calls = c;
+  slow_calls.overlap_call_slowdown = 1.0;
+  const Prediction sc = predict(overlap, slow_calls);
+  EXPECT_GT(sc.dp_contention, 0);
+  EXPECT_GT(sc.step, o.step);
+  EXPECT_LE(sc.step, s.step + sc.dp_contention + 1e-9);
 }
 
 // The dry run of LLaMA-7B's step at TP 4 counts the design's volumes per token and block (both

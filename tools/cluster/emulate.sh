@@ -35,11 +35,12 @@
 #          to send, data), about three one-way trips and more, not NCCL's one.
 #      α', β' (inter-node, N ≥ 2) those that make the planner's ring formula fit the all-rank
 #          probe (below: Open MPI's all-reduce over N·R ranks is not two two-rank exchanges).
-#      s   overlap.compute_slowdown: `bottle plan --calibrate` run again on the shaped links
-#          (DIR/shaped.toml, of which only s is kept): how much longer GEMMs take beside
-#          started all-reduces, whose packet work here runs on the cores that compute.
+#      s, c  overlap.compute_slowdown and .call_slowdown: `bottle plan --calibrate` run again
+#          on the shaped links (DIR/shaped.toml, of which only they are kept): how much longer
+#          GEMMs take beside started all-reduces, whose packet work here runs on the cores
+#          that compute, and how much longer those all-reduces take than blocking ones.
 #    and writes DIR/emulated.toml: raw.toml's "GPU" (this machine's rank), gpus_per_node = R,
-#    the measured links, nccl.base_latency_us = a, s, a comment at the top with k, the preset
+#    the measured links, nccl.base_latency_us = a, s and c, a comment at the top with k, the preset
 #    and intended vs measured figures. DIR/emulate.env holds the same as shell variables.
 #
 # --remeasure TAG: the shaped cluster of an earlier emulate.sh into the same --out and --state
@@ -218,14 +219,15 @@ fi
 if [[ -z ${m_intra_gbs:-} ]]; then m_intra_gbs=$m_inter_gbs m_intra_alpha_us=$m_inter_alpha_us m_intra_oneway_us=$m_inter_oneway_us; intra_note="not measured (one rank per node): the inter-node figures"; fi
 if [[ -z ${m_inter_gbs:-} ]]; then m_inter_gbs=$m_intra_gbs m_inter_alpha_us=$m_intra_alpha_us m_inter_oneway_us=$m_intra_oneway_us; inter_note="not measured (one node): the intra-node figures"; fi
 
-# What overlap costs the kernels on these links: bottle plan --calibrate on the shaped cluster,
-# of whose file only overlap.compute_slowdown is taken (GEMMs beside started all-reduces; the
-# transfers' packet work runs on the cores that compute, and more of it on a faster link).
+# What overlap costs on these links: bottle plan --calibrate on the shaped cluster, of whose
+# file only [overlap] is taken (GEMMs beside started all-reduces, whose packet work runs on the
+# cores that compute, and those all-reduces, polled with pauses, against blocking ones).
 echo "emulate.sh: measuring the kernels' slowdown beside transfers on the shaped links" >&2
 "$cluster" run --state "$state" -- -np "$np" "${mpi_env[@]}" "$bottle" plan --calibrate \
   "$out/shaped$tag.toml" > "$out/calibrate-shaped$tag.log" 2>&1 ||
   { cat "$out/calibrate-shaped$tag.log" >&2; die "calibrate on the shaped links failed"; }
 slowdown=$(toml "$out/shaped$tag.toml" overlap compute_slowdown)
+call_slowdown=$(toml "$out/shaped$tag.toml" overlap call_slowdown)
 
 # --- the emulated cluster file --------------------------------------------------------------
 {
@@ -241,7 +243,8 @@ slowdown=$(toml "$out/shaped$tag.toml" overlap compute_slowdown)
   echo "#   measured one-way $m_inter_oneway_us us, all-reduce bandwidth $(calc "$m_inter_gbs * 8000") Mbit/s,"
   echo "#   per-step latency of a large message $m_inter_alpha_us us ${inter_note:-}"
   echo "# per call: intended NCCL base x k = $base_us us (not emulated); measured MPI base $a_us us."
-  echo "# overlap.compute_slowdown: GEMMs beside all-reduces on the shaped links took $slowdown longer."
+  echo "# overlap: on the shaped links, GEMMs beside started all-reduces took $slowdown longer"
+  echo "#   (compute_slowdown), and those all-reduces $call_slowdown longer than blocking (call_slowdown)."
   for n in "${notes[@]}"; do echo "# note: $n"; done
   if [[ -f $out/probe_all$tag.txt ]]; then
     echo "# all $np ranks, all-reduce measured vs this file's ring/tree (µs):"
@@ -253,7 +256,7 @@ slowdown=$(toml "$out/shaped$tag.toml" overlap compute_slowdown)
       "$out/probe_all$tag.txt"
   fi
   awk -v R="$rpn" -v ib="$m_intra_gbs" -v il="$m_intra_alpha_us" -v eb="$m_inter_gbs" \
-      -v el="$m_inter_alpha_us" -v base="$a_us" -v sd="$slowdown" \
+      -v el="$m_inter_alpha_us" -v base="$a_us" -v sd="$slowdown" -v cs="$call_slowdown" \
       -v name="emulated-$(basename "$preset" .toml)" '
     /^#/ { next }
     /^\[/ { sec = $1 }
@@ -265,6 +268,7 @@ slowdown=$(toml "$out/shaped$tag.toml" overlap compute_slowdown)
     sec == "[links.inter_node]" && $1 == "latency_us" { print "latency_us = " el; next }
     sec == "[nccl]" && $1 == "base_latency_us" { print "base_latency_us = " base; next }
     sec == "[overlap]" && $1 == "compute_slowdown" { print "compute_slowdown = " sd; next }
+    sec == "[overlap]" && $1 == "call_slowdown" { print "call_slowdown = " cs; next }
     { print }' "$out/raw.toml"
 } > "$out/emulated$tag.toml"
 cat > "$out/emulate$tag.env" <<EOF
@@ -286,6 +290,7 @@ inter_measured_alpha_us=$m_inter_alpha_us
 base_intended_us=$base_us
 base_measured_us=$a_us
 overlap_slowdown=$slowdown
+overlap_call_slowdown=$call_slowdown
 EOF
 # What plan reads back: a file it would refuse is an error here.
 "$bottle" plan "$root/configs/tiny.toml" --cluster "$out/emulated$tag.toml" --top 1 > /dev/null
