@@ -19,8 +19,9 @@
 # --tp-overlap: bench tp also times each mode with parallel.tp_overlap, in the same run, and
 # `bottle plan --set parallel.tp_overlap=true` predicts those (plan-overlap.json): a second
 # table per layout, overlapped iteration measured vs predicted, the hidden communication measured
-# and predicted, what the kernels lose beside the calls as predicted (tp_contention_s, from the
-# emulated file's overlap.compute_slowdown) and the overlap's speedup.
+# and predicted, what overlapping costs as predicted (tp_contention_s: the kernels' loss beside
+# the calls and the started calls' own slowdown, from the emulated file's [overlap]) and the
+# overlap's speedup.
 #
 # --trains TPxPPxDP...: 3D layouts too, each on nodes of TP ranks (TP within a node, the
 # pipeline's stage boundary or the DP all-reduce across the inter-node link): `bottle train`
