@@ -47,16 +47,23 @@ double median_seconds(F&& f, int rounds = 7, double min_seconds = 0.1) {
   return median(times);
 }
 
-// TFLOP/s of a square product of n = 1024 in `dtype` (fp32 accumulation and output).
-double gemm_tflops(Backend& be, DType dtype) {
-  constexpr int64_t n = 1024;
-  Arena arena(MemoryTag::workspace, be);
-  Tensor a = arena.alloc({n, n}, dtype), b = arena.alloc({n, n}, dtype), c = arena.alloc({n, n});
+// c = a · b of three square n × n tensors (c in fp32).
+GemmArgs square_gemm(const Tensor& a, const Tensor& b, const Tensor& c) {
+  const int64_t n = a.shape[0];
   GemmArgs g;
   g.m = g.n = g.k = n;
   g.a = a.data, g.b = b.data, g.c = c.data;
   g.lda = g.ldb = g.ldc = n;
   g.dtypes_of(a, b, c);
+  return g;
+}
+
+// TFLOP/s of a square product of n = 1024 in `dtype` (fp32 accumulation and output).
+double gemm_tflops(Backend& be, DType dtype) {
+  constexpr int64_t n = 1024;
+  Arena arena(MemoryTag::workspace, be);
+  Tensor a = arena.alloc({n, n}, dtype), b = arena.alloc({n, n}, dtype), c = arena.alloc({n, n});
+  const GemmArgs g = square_gemm(a, b, c);
   return 2.0 * double(n) * double(n) * double(n) / median_seconds([&] { be.gemm(g); }) / 1e12;
 }
 
@@ -148,11 +155,7 @@ std::pair<double, double> overlap_slowdowns(Communicator& world, Backend& be) {
   constexpr double kMostSlowdown = 100.0;
   Arena arena(MemoryTag::workspace, be);
   Tensor a = arena.alloc({n, n}), b = arena.alloc({n, n}), c = arena.alloc({n, n});
-  GemmArgs g;
-  g.m = g.n = g.k = n;
-  g.a = a.data, g.b = b.data, g.c = c.data;
-  g.lda = g.ldb = g.ldc = n;
-  g.dtypes_of(a, b, c);
+  const GemmArgs g = square_gemm(a, b, c);
   const double gemm = median_seconds([&] { be.gemm(g); }, 5, 0.02);
   // Zeros: a chain of sums stays finite however long it is.
   std::vector<float> data(size_t(elements), 0.0f);  // [elements]
