@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <omp.h>
 #include <thread>
 
 #include "core/bf16.h"
@@ -941,9 +942,12 @@ TEST_F(Train, BenchStepTakesTrainsStepBitForBit) {
   const std::string bench = dir / "bench", folder = dir / "trained";
   // max_norm 0.5 clips every step of both (checked below).
   const std::string clip = "--set training.max_norm=0.5";
+  // As many threads as the training run gets (OpenMP's default here: OMP_NUM_THREADS, else
+  // the cores): a reduction split over another count of threads adds in another order.
   const CommandResult b =
-      run(fmt::format("{} bench step {} {} --steps 2 --warmup 0 --torch false --json --save {}",
-                      bottle_binary(), dir / "tiny.toml", clip, bench));
+      run(fmt::format("{} bench step {} {} --steps 2 --warmup 0 --torch false --threads {} --json "
+                      "--save {}",
+                      bottle_binary(), dir / "tiny.toml", clip, omp_get_max_threads(), bench));
   ASSERT_EQ(b.status, 0) << b.output;
   const nlohmann::json row = last_json_line(b.output);
   // The tokens bench step stepped on: one window of b·s + 1 tokens, which every training step
