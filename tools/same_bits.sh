@@ -120,7 +120,7 @@ train() {  # train NAME NP ARGS...
 compare_runs() {  # compare_runs NAME: the two folders the binaries trained into
   local name=$1 a="$work/old/$1" b="$work/new/$1"
   # A metrics record without its times, rates and memory.
-  local drop='del(.tokens_per_s, .mfu, .ms, .peak_bytes, .activation_bytes, .memory, .elapsed_s,
+  local drop='del(.tokens_per_s, .mfu, .ms, .comm, .peak_bytes, .activation_bytes, .memory, .elapsed_s,
     .eta_s, .time, .seconds, .tokens_seen, .epoch)'
   # trainer_state.json without the resolved configuration, which gains every key a change
   # adds, and with the metrics lines it carries for a resume as metrics.jsonl's.

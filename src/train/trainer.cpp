@@ -16,19 +16,20 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <optional>
 #include <set>
 
-#include "comm/process_groups.h"
 #include "backend/gemm_peak.h"
+#include "comm/process_groups.h"
 #include "core/statistics.h"
-#include "sys/stop_signals.h"
-#include "sys/system_info.h"
-#include "io/token_shard.h"
 #include "data/byte_tokenizer.h"
 #include "data/shard_meta.h"
+#include "io/token_shard.h"
 #include "model/checkpoint.h"
 #include "parallel/tp_block.h"
+#include "sys/stop_signals.h"
+#include "sys/system_info.h"
 #include "train/checkpoint_store.h"
 #include "train/data_files.h"
 #include "train/data_loader.h"
@@ -128,7 +129,9 @@ class Trainer {
   std::string newest_checkpoint() const;
 
   void read_batch();
-  void log_step(const StepResult& r, double ms);
+  std::map<std::string, CommCounter> comm_totals() const;
+  void log_step(const StepResult& r, double ms,
+                const std::map<std::string, CommCounter>& comm_before);
   bool eval_due() const;
   double evaluate();
   StopRequest agree_on_stop(const StopRequests& signals);
@@ -638,6 +641,7 @@ TrainResult Trainer::run_steps(StopRequests& signals) {
           // signals them one after another) makes it the step after.
           world_.size() > 1 ? " (or the next, if another rank gets the signal later)" : "",
           newest_checkpoint()));
+    const std::map<std::string, CommCounter> comm_before = comm_totals();
     read_batch();
     kill_failpoint(world_.rank(), step_ + 1, train_step_->model().parameters());
     const StepResult r = train_step_->step(step_);
@@ -657,8 +661,8 @@ TrainResult Trainer::run_steps(StopRequests& signals) {
     }
     ++step_;
     log_step(
-        r,
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        r, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(),
+        comm_before);
     result.last_loss = r.loss;
     // Before the evaluation: a stop saves at once, which under mpirun must fit in the
     // launcher's grace period.
@@ -699,8 +703,40 @@ void Trainer::read_batch() {
   }
 }
 
-// One metrics.jsonl line (rank 0); `ms` is the whole step, reading its batch included.
-void Trainer::log_step(const StepResult& r, double ms) {
+// Each group's counters so far (this rank's), by the group's name; the world's only carries
+// the run's agreements (configuration, stops), not the step's work. The step's last call,
+// complete(), has added every started call's time by the time they are read.
+std::map<std::string, CommCounter> Trainer::comm_totals() const {
+  std::map<std::string, CommCounter> totals;
+  for (const Communicator* group : {groups_.tp.get(), groups_.pp.get(), groups_.dp.get()})
+    if (group && group->size() > 1) totals[group->name()] = group->stats().total();
+  return totals;
+}
+
+namespace {
+
+// What each group's calls took during one step, as Megatron's timers print it: the calls'
+// own seconds, and the part the step waited for (the rest ran beside its kernels).
+nlohmann::json comm_of_step(const std::map<std::string, CommCounter>& before,
+                            const std::map<std::string, CommCounter>& after) {
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [name, now] : after) {
+    const auto it = before.find(name);
+    const CommCounter was = it == before.end() ? CommCounter{} : it->second;
+    out[name] = {{"calls", now.calls - was.calls},
+                 {"bytes", now.bytes - was.bytes},
+                 {"s", now.seconds - was.seconds},
+                 {"exposed_s", now.exposed_seconds - was.exposed_seconds}};
+  }
+  return out;
+}
+
+}  // namespace
+
+// One metrics.jsonl line (rank 0); `ms` is the whole step, reading its batch included;
+// "comm" is rank 0's communication during it, per group.
+void Trainer::log_step(const StepResult& r, double ms,
+                       const std::map<std::string, CommCounter>& comm_before) {
   const double tokens_per_s = double(config_.tokens_per_step()) / (ms / 1e3);
   rates_.push_back(tokens_per_s);
   // The whole model's FLOPs over the whole job's GEMM peak.
@@ -718,6 +754,7 @@ void Trainer::log_step(const StepResult& r, double ms) {
                         {"activation_bytes", MemoryStats::global().peak(MemoryTag::activations)},
                         {"memory", memory},
                         {"ms", ms},
+                        {"comm", comm_of_step(comm_before, comm_totals())},
                         {"tokens_seen", step_ * config_.tokens_per_step()},
                         {"epoch", loader_->epoch()},
                         {"skipped", r.skipped}});

@@ -3,7 +3,11 @@
 // and `bench tp` prints the per-block volumes of docs/design.md §4.
 #include <fstream>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "test_util.h"
 
@@ -169,6 +173,28 @@ std::vector<nlohmann::json> metrics_of(const std::string& path) {
 
 using PolicyRuns = std::map<std::string, std::vector<nlohmann::json>>;
 
+// Every step's line says what each group's collectives took ("comm": calls, bytes, seconds,
+// exposed seconds), for exactly the groups of more than one rank; each step of a run makes
+// the same calls.
+void expect_comm_per_step(const std::vector<nlohmann::json>& rows,
+                          const std::set<std::string>& groups) {
+  ASSERT_FALSE(rows.empty());
+  for (const nlohmann::json& row : rows) {
+    const nlohmann::json& comm = row.at("comm");
+    std::set<std::string> seen;
+    for (const auto& [name, group] : comm.items()) {
+      seen.insert(name);
+      EXPECT_GT(group.at("calls").get<int64_t>(), 0) << name;
+      EXPECT_GT(group.at("bytes").get<int64_t>(), 0) << name;
+      EXPECT_GT(group.at("s").get<double>(), 0.0) << name;
+      EXPECT_GE(group.at("exposed_s").get<double>(), 0.0) << name;
+      EXPECT_EQ(group.at("calls"), rows.front().at("comm").at(name).at("calls")) << name;
+      EXPECT_EQ(group.at("bytes"), rows.front().at("comm").at(name).at("bytes")) << name;
+    }
+    EXPECT_EQ(seen, groups) << row.dump();
+  }
+}
+
 // block and lowrank logged the very losses and gradient norms of none, step by step.
 void expect_same_steps(PolicyRuns& runs) {
   for (const std::string policy : {"block", "lowrank"}) {
@@ -192,6 +218,7 @@ TEST_F(TpCli, RecomputeTrainsTheSameStepsWithLessMemory) {
     EXPECT_EQ(count_occurrences(r.output, fmt::format("recompute \"{}\"", policy)), 1) << r.output;
     runs[policy] = metrics_of(dir / (policy + "/metrics.jsonl"));
     ASSERT_EQ(runs[policy].size(), 4u);
+    expect_comm_per_step(runs[policy], {"tp"});
   }
   expect_same_steps(runs);
   auto activations = [&](const std::string& policy, size_t rank) {
@@ -221,6 +248,7 @@ TEST_F(TpCli, RecomputeOverAPipelineOfLax) {
     ASSERT_EQ(r.status, 0) << r.output;
     runs[policy] = metrics_of(dir / (policy + "/metrics.jsonl"));
     ASSERT_EQ(runs[policy].size(), 2u);
+    expect_comm_per_step(runs[policy], {"tp", "pp"});
   }
   expect_same_steps(runs);
 }

@@ -29,7 +29,9 @@
 # made here, 4 micro-batches per step over all DP replicas (grad_accum_steps = 4 / DP), the
 # median of metrics.jsonl's per-step ms after the warmup, beside `bottle plan --tp TP --pp PP
 # --gpus TP·PP·DP --global-batch 4·micro_batch_size` (its row of that micro-batch size and
-# count, 1F1B). Default: none ("" skips them; --layouts "" skips bench tp).
+# count, 1F1B), the prediction's parts, and beside them what each group's collectives took in
+# the run (metrics.jsonl's "comm", rank 0, the median over the steps: the calls' own time and
+# the part the step waited for). Default: none ("" skips them; --layouts "" skips bench tp).
 #
 # --paper MODELS: the paper's iteration-time rows (`bottle plan --paper --json`'s models and
 # layouts: 3B at TP 2, 7B at TP 4 in one node of four GPUs, 13B at TP 4 x PP 2 over two nodes),
@@ -257,6 +259,24 @@ overlap_table() { # DIR MICRO_BATCH
   done
 }
 
+# What each group's collectives took in a run's steps after the warm-up, as metrics.jsonl's
+# "comm" (rank 0) has it: per group the median over the steps of the calls' own time and of
+# the time the step waited for them, "tp 250/250, dp 1300/980" (ms).
+measured_comm() { # METRICS
+  jq -r --argjson w "$warmup" 'select(.step > $w) | .comm // {} | to_entries[] |
+      "\(.key) \(.value.s * 1000) \(.value.exposed_s * 1000)"' "$1" 2>/dev/null |
+    awk '
+      { s[$1, ++n[$1]] = $2; e[$1, n[$1]] = $3; if (n[$1] == 1) order[++groups] = $1 }
+      function median(a, g, k,   i, j, v, t) {
+        for (i = 1; i <= k; ++i) v[i] = a[g, i]
+        for (i = 2; i <= k; ++i)
+          for (j = i; j > 1 && v[j - 1] > v[j]; --j) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+        return k % 2 ? v[(k + 1) / 2] : (v[k / 2] + v[k / 2 + 1]) / 2 }
+      END { for (i = 1; i <= groups; ++i) { g = order[i]
+              printf "%s%s %.0f/%.0f", (i > 1 ? ", " : ""), g, median(s, g, n[g]), median(e, g, n[g]) }
+            if (!groups) printf "-" }'
+}
+
 # bottle train per mode at TP x PP x DP on PP·DP emulated nodes of TP ranks, repeats times.
 train_layout() { # LAYOUT(TPxPPxDP) CONFIG NAME
   local layout=$1 cfg=$2 name=$3
@@ -298,8 +318,10 @@ train_layout() { # LAYOUT(TPxPPxDP) CONFIG NAME
       "$tp" "$pp" "$dp" "$nodes" "$tp" "${micro_batch:-?}" "$rep" "$k"
     say 'links shaped: intra %s, inter %s; measured after: inter %.0f Mbit/s\n' "$intra_link" \
       "$inter_link" "$(. "$dir/emulate-after.env"; echo "$inter_measured_mbit")"
-    say '%-8s %12s %12s %8s   %12s %8s   %s\n' mode "measured ms" "predicted ms" error \
-      "pred (after)" error "predicted: compute, tp comm, bubble, p2p, dp comm, optimizer (ms)"
+    say '%-8s %12s %12s %8s   %12s %8s   %-42s %s\n' mode "measured ms" "predicted ms" error \
+      "pred (after)" error "predicted: compute, tp comm, bubble, p2p," "measured (rank 0): tp, pp, dp"
+    say '%-8s %12s %12s %8s   %12s %8s   %-42s %s\n' "" "" "" "" "" "" "dp comm, optimizer (ms)" \
+      "calls' time / waited for (ms)"
     declare -A meas=() pred=() after=()
     for mode in full vanilla btp; do
       m=$(sed -n 's/.*"ms":\([^,]*\),.*"step":\([0-9]*\),.*/\2 \1/p' "$dir/run_$mode/metrics.jsonl" 2>/dev/null |
@@ -320,8 +342,9 @@ train_layout() { # LAYOUT(TPxPPxDP) CONFIG NAME
       meas[$mode]=$m pred[$mode]=${p%% *} after[$mode]=${pa:-}
       err=$(awk -v p="${p%% *}" -v m="$m" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
       erra=$(awk -v p="${pa:-0}" -v m="$m" 'BEGIN { printf "%.1f", 100 * (p / m - 1) }')
-      say '%-8s %12.1f %12.1f %+7.1f%%   %12.1f %+7.1f%%   %s\n' "$mode" "$m" "${p%% *}" "$err" \
-        "${pa:-0}" "$erra" "$(awk '{ printf "%.0f, %.0f, %.0f, %.0f, %.0f, %.0f", $2, $3, $4, $5, $6, $7 }' <<< "$p")"
+      say '%-8s %12.1f %12.1f %+7.1f%%   %12.1f %+7.1f%%   %-42s %s\n' "$mode" "$m" "${p%% *}" "$err" \
+        "${pa:-0}" "$erra" "$(awk '{ printf "%.0f, %.0f, %.0f, %.0f, %.0f, %.0f", $2, $3, $4, $5, $6, $7 }' <<< "$p")" \
+        "$(measured_comm "$dir/run_$mode/metrics.jsonl")"
       awk -v e="$err" 'BEGIN { exit !(e < -15 || e > 15) }' && status=1
     done
     if [[ -n ${meas[btp]:-} && -n ${meas[vanilla]:-} && -n ${meas[full]:-} ]]; then
