@@ -100,14 +100,20 @@ DpOverlap dp_overlap_seconds(const ClusterSpec& cluster, const ParallelConfig& p
   // micro-batch's, under every backward of the step.
   // Started on the communication thread, the buckets and gathers take 1 + c times their
   // blocking price (the cluster's overlap.call_slowdown); the extra is in dp_contention.
+  // hidden(blocking, b, window, passes): of b calls priced `blocking` in all, issued in step
+  // with a pass of `window` seconds, the part that runs under it, for each of `passes` such
+  // passes.
   const double started = 1.0 + cluster.overlap_call_slowdown;
   double call_extra = 0;
+  auto hidden = [&](double blocking, int64_t b, double window, int passes = 1) {
+    call_extra += passes * blocking * (started - 1.0);
+    const double priced = blocking * started;
+    return passes * (priced - exposed_gradient_seconds(priced, b, window));
+  };
   if (p.overlap_grad_reduce && p.dp > 1) {
     const auto [G, b] = dp_buckets(cluster, calls, place, "dp.grads.bucket");
     const double share = p.zero >= 2 ? 1.0 : 1.0 / m;
-    const double backward = ((2.0 / 3.0) * compute_and_tp + recompute) * share;
-    r.hidden = G * started - exposed_gradient_seconds(G * started, b, backward);
-    call_extra += G * (started - 1.0);
+    r.hidden = hidden(G, b, ((2.0 / 3.0) * compute_and_tp + recompute) * share);
   }
   // ZeRO's parameter all-gathers under the next step's first forward (one third of a
   // micro-batch's compute and TP collectives), by the same rule read forwards: the forward
@@ -115,9 +121,7 @@ DpOverlap dp_overlap_seconds(const ClusterSpec& cluster, const ParallelConfig& p
   // (ZeRO-3 gathers only a tied table's unit after the update, and waits for it there.)
   if (p.zero > 0 && p.zero < 3 && p.overlap_param_gather && p.dp > 1) {
     const auto [A, b] = dp_buckets(cluster, calls, place, "dp.params.all_gather");
-    const double forward = (1.0 / 3.0) * compute_and_tp / m;
-    r.hidden += A * started - exposed_gradient_seconds(A * started, b, forward);
-    call_extra += A * (started - 1.0);
+    r.hidden += hidden(A, b, (1.0 / 3.0) * compute_and_tp / m);
   }
   // ZeRO-3's unit gathers, before every unit's forward and backward of every micro-batch:
   // each pass's run under that pass's compute by the same rule (unit i needed at W·i/b, the
@@ -127,11 +131,8 @@ DpOverlap dp_overlap_seconds(const ClusterSpec& cluster, const ParallelConfig& p
     const auto [A, b] = dp_buckets(cluster, calls, place, "dp.params.unit_gather");
     const double forward = (1.0 / 3.0) * compute_and_tp / m,
                  backward = ((2.0 / 3.0) * compute_and_tp + recompute) / m;
-    const double A_pass = A * started / (2.0 * m);
-    call_extra += A * (started - 1.0);
-    const int64_t b_pass = b / (2 * m);
     for (const double window : {forward, backward})
-      r.hidden += m * (A_pass - exposed_gradient_seconds(A_pass, b_pass, window));
+      r.hidden += hidden(A / (2.0 * m), b / (2 * m), window, m);
   }
   // The kernels beside the hidden buckets and gathers run 1 + s times slower (the cluster's
   // overlap.compute_slowdown): of the H seconds they share with the transfers they do only

@@ -205,11 +205,9 @@ TEST(TimelineReplay, HoldsKernelsOnlyWhereACallIsWaitedFor) {
   EXPECT_THROW(replay_timeline(stray), InternalError);
 }
 
-// Under parallel.tp_overlap the dry run records every TP call in issue order with the waits
-// for the started ones, and the planner hides part of them: never more than the calls or the
-// kernels they run under, a good part where the link is slow, nothing on a free link.
-TEST(Planner, ReplaysTpOverlapsTimeline) {
-  const std::string model = R"(vocab_size = 32000
+// The shape the overlap tests plan (a 2048-wide model of 4 blocks, bf16), from the model's
+// keys after its bottleneck to the [parallel] header; each test adds its layout.
+constexpr const char* kOverlapShape = R"(vocab_size = 32000
 hidden_size = 2048
 intermediate_size = 5504
 num_layers = 4
@@ -221,15 +219,27 @@ micro_batch_size = 4
 seq_len = 2048
 precision = "bf16"
 [parallel]
-tp = 2
 )";
+
+// `c` where overlapping costs what it says: kernels beside a call run 1 + compute_slowdown
+// times slower, a started call takes 1 + call_slowdown times its blocking price.
+ClusterSpec with_overlap_costs(ClusterSpec c, double compute_slowdown, double call_slowdown) {
+  c.overlap_compute_slowdown = compute_slowdown;
+  c.overlap_call_slowdown = call_slowdown;
+  return c;
+}
+
+// Under parallel.tp_overlap the dry run records every TP call in issue order with the waits
+// for the started ones, and the planner hides part of them: never more than the calls or the
+// kernels they run under, a good part where the link is slow, nothing on a free link.
+TEST(Planner, ReplaysTpOverlapsTimeline) {
   ClusterSpec slow = load_cluster("a100-perlmutter");
   slow.intra_node = {10.0, 5.0};  // 10 GB/s: the calls cost more than the kernels
   for (const char* mode : {"full", "vanilla", "btp"}) {
     SCOPED_TRACE(mode);
     const TrainConfig serial = parse_train_config_string(
-        fmt::format("[model]\nbottleneck = \"{}\"\n{}tp_mode = \"{}\"\n",
-                    std::string_view(mode) == "full" ? "none" : "cola", model, mode),
+        fmt::format("[model]\nbottleneck = \"{}\"\n{}tp = 2\ntp_mode = \"{}\"\n",
+                    std::string_view(mode) == "full" ? "none" : "cola", kOverlapShape, mode),
         "overlap.toml");
     TrainConfig overlap = serial;
     overlap.parallel.tp_overlap = true;
@@ -277,9 +287,7 @@ tp = 2
     // Where kernels beside a transfer run twice as slow (overlap.compute_slowdown 1), overlap
     // pays for what it hides: the kernels lose at most half the calls' time (of each second
     // beside a call they do half a second's work), and the step grows.
-    ClusterSpec contended = slow;
-    contended.overlap_compute_slowdown = 1.0;
-    const Prediction c = predict(overlap, contended);
+    const Prediction c = predict(overlap, with_overlap_costs(slow, 1.0, 0.0));
     EXPECT_GT(c.tp_contention, 0);
     EXPECT_LE(c.tp_contention, 0.5 * (o.tp_comm + o.tp_hidden) + 1e-9);
     // (Vanilla's link is the bottleneck here: its kernels' loss fills time they would have
@@ -292,9 +300,7 @@ tp = 2
     EXPECT_DOUBLE_EQ(prediction_json(c).at("tp_contention_s").get<double>(), c.tp_contention);
     // Started calls that take half again their blocking time (overlap.call_slowdown 0.5) cost
     // that much more of themselves, some of it hidden again: never a faster step.
-    ClusterSpec slow_calls = slow;
-    slow_calls.overlap_call_slowdown = 0.5;
-    const Prediction sc = predict(overlap, slow_calls);
+    const Prediction sc = predict(overlap, with_overlap_costs(slow, 0.0, 0.5));
     EXPECT_GT(sc.tp_contention, 0);
     EXPECT_GE(sc.step, o.step);
   }
@@ -307,24 +313,9 @@ TEST(Planner, HidesGradientBucketsAndPricesWhatOverlapCosts) {
   ClusterSpec c = load_cluster("a100-perlmutter");
   c.gpus_per_node = 1;                      // DP 2 across the network
   c.inter_node = {2.0, 14.0};               // 2 GB/s: the all-reduce weighs
-  const std::string text = R"([model]
-vocab_size = 32000
-hidden_size = 2048
-intermediate_size = 5504
-num_layers = 4
-num_heads = 16
-bottleneck = "cola"
-rank = 512
-max_seq_len = 2048
-[training]
-micro_batch_size = 4
-seq_len = 2048
-precision = "bf16"
-[parallel]
-dp = 2
-bucket_mb = 16
-)";
-  TrainConfig serial = parse_train_config_string(text, "dp.toml");
+  TrainConfig serial = parse_train_config_string(
+      fmt::format("[model]\nbottleneck = \"cola\"\n{}dp = 2\nbucket_mb = 16\n", kOverlapShape),
+      "dp.toml");
   serial.parallel.overlap_grad_reduce = false;
   TrainConfig overlap = serial;
   overlap.parallel.overlap_grad_reduce = true;
@@ -337,18 +328,14 @@ bucket_mb = 16
   EXPECT_EQ(o.dp_contention, 0);
   EXPECT_FALSE(prediction_json(o).contains("dp_contention_s"));
   // Kernels twice as slow beside the buckets: of the hidden seconds, half come back.
-  ClusterSpec contended = c;
-  contended.overlap_compute_slowdown = 1.0;
-  const Prediction k = predict(overlap, contended);
+  const Prediction k = predict(overlap, with_overlap_costs(c, 1.0, 0.0));
   EXPECT_DOUBLE_EQ(k.dp_hidden, o.dp_hidden);
   EXPECT_NEAR(k.dp_contention, 0.5 * k.dp_hidden, 1e-12);
   EXPECT_NEAR(k.step - o.step, k.dp_contention, 1e-9);
   EXPECT_DOUBLE_EQ(prediction_json(k).at("dp_contention_s").get<double>(), k.dp_contention);
   // Buckets that take twice their blocking time on the communication thread: the extra is in
   // dp_contention, and the step is no faster than the serial one's tail plus that extra.
-  ClusterSpec slow_calls = c;
-  slow_calls.overlap_call_slowdown = 1.0;
-  const Prediction sc = predict(overlap, slow_calls);
+  const Prediction sc = predict(overlap, with_overlap_costs(c, 0.0, 1.0));
   EXPECT_GT(sc.dp_contention, 0);
   EXPECT_GT(sc.step, o.step);
   EXPECT_LE(sc.step, s.step + sc.dp_contention + 1e-9);
