@@ -11,12 +11,12 @@
 #include <thread>
 #include <vector>
 
+#include "backend/backend.h"
+#include "backend/forwarding_backend.h"
 #include "comm/communicator.h"
 #include "comm/process_groups.h"
 #include "comm/staged_communicator.h"
-#include "backend/backend.h"
 #include "core/bf16.h"
-#include "backend/forwarding_backend.h"
 
 namespace bottle {
 namespace {
@@ -61,6 +61,32 @@ TEST(Comm, AllReduceMaxF32) {
   for (int i = 0; i < 6; ++i) x[i] = r == i % n ? 100.0f + float(i) : -1.0f - float(r);
   world().all_reduce(view(x), ReduceOp::max, "test.max");
   for (int i = 0; i < 6; ++i) EXPECT_EQ(x[i], 100.0f + float(i)) << i;
+}
+
+// A message of more chunks (2^18 elements) than the all-reduce keeps in flight, and a partial
+// last one: every element must meet its own partners' values, blocking and started alike.
+TEST(Comm, AllReduceOfManyChunksInFlight) {
+  const int r = world().rank(), n = world().size();
+  constexpr int64_t kCount = 17 * (int64_t(1) << 18) + 3;
+  auto value = [](int rank, int64_t i) { return float((rank + 1) * (i % 1009) + rank); };
+  std::unique_ptr<Communicator> started = world().split(0, r, "started");
+  for (Communicator* c : {&world(), started.get()}) {
+    std::vector<float> sum(static_cast<size_t>(kCount)),
+        max(static_cast<size_t>(kCount));  // [kCount]
+    for (int64_t i = 0; i < kCount; ++i) {
+      sum[size_t(i)] = value(r, i);
+      // Element i is largest on rank (i / 2^18) % n: each chunk's maximum on another rank.
+      max[size_t(i)] = r == int((i >> 18) % n) ? float(i % 4099) : -1.0f - float(r);
+    }
+    c->start_all_reduce(view(sum), ReduceOp::sum, "test.sum").wait();
+    c->all_reduce(view(max), ReduceOp::max, "test.max");
+    for (int64_t i = 0; i < kCount; ++i) {
+      float want = 0;
+      for (int q = 0; q < n; ++q) want += value(q, i);
+      ASSERT_EQ(sum[size_t(i)], want) << c->name() << " element " << i;
+      ASSERT_EQ(max[size_t(i)], float(i % 4099)) << c->name() << " element " << i;
+    }
+  }
 }
 
 TEST(Comm, AllReduceI32) {

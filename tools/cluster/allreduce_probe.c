@@ -12,9 +12,9 @@
  * (out of the timing), as a training step computes between its collectives (PROBE_SPIN=1:
  * spins on its core instead, as a computing rank holds it). With PROBE_ALGO=bottle (and a
  * power-of-two number of ranks) the all-reduce is bottle's own (src/comm/mpi_communicator.cpp,
- * MpiCommunicator::all_reduce): recursive doubling over point-to-point messages in chunks of
- * 2^18 elements, one chunk after the other, each round's exchange waited for, then
- * MPI_Reduce_local; not Open MPI's MPI_Allreduce, which bench tp does not call there. Built by mpicc
+ * MpiCommunicator::run_all_reduce): recursive doubling over point-to-point messages in chunks
+ * of 2^18 elements, up to 16 chunks' exchanges in flight (PROBE_WINDOW=W to compare), each
+ * reduced by MPI_Reduce_local as it arrives; not Open MPI's MPI_Allreduce, which bench tp does not call there. Built by mpicc
  * at run time (no build of bottle needed). */
 #include <mpi.h>
 #include <stdio.h>
@@ -22,19 +22,31 @@
 #include <string.h>
 #include <time.h>
 
-/* bottle's all-reduce of a power-of-two group (MpiCommunicator::all_reduce). */
-static void bottle_allreduce(float* x, float* scratch, int count, int rank, int size) {
+/* bottle's all-reduce of a power-of-two group (MpiCommunicator::run_all_reduce): in each
+ * round of the recursive doubling the message goes in chunks of 2^18 elements with up to
+ * `window` chunks' exchanges in flight, each chunk reduced as soon as its exchange has ended.
+ * `scratch` holds window chunks. */
+static void bottle_allreduce(float* x, float* scratch, int count, int rank, int size, int window) {
   enum { kChunk = 1 << 18 };
-  for (long begin = 0; begin < count; begin += kChunk) {
-    const int n = (int)(count - begin < kChunk ? count - begin : kChunk);
-    float* part = x + begin;
-    for (int distance = 1; distance < size; distance *= 2) {
-      const int partner = rank ^ distance;
-      MPI_Request requests[2];
-      MPI_Irecv(scratch, n, MPI_FLOAT, partner, 7, MPI_COMM_WORLD, &requests[0]);
-      MPI_Isend(part, n, MPI_FLOAT, partner, 7, MPI_COMM_WORLD, &requests[1]);
-      MPI_Waitall(2, requests, MPI_STATUSES_IGNORE);
-      MPI_Reduce_local(scratch, part, n, MPI_FLOAT, MPI_SUM);
+  const int chunks = (count + kChunk - 1) / kChunk;
+  MPI_Request requests[2 * 64];
+  for (int distance = 1; distance < size; distance *= 2) {
+    const int partner = rank ^ distance;
+    int posted = 0;
+    for (int done = 0; done < chunks; ++done) {
+      for (; posted < chunks && posted - done < window; ++posted) {
+        const long begin = (long)posted * kChunk;
+        const int n = (int)(count - begin < kChunk ? count - begin : kChunk);
+        const int slot = posted % window;
+        MPI_Irecv(scratch + (long)slot * kChunk, n, MPI_FLOAT, partner, 7, MPI_COMM_WORLD,
+                  &requests[2 * slot]);
+        MPI_Isend(x + begin, n, MPI_FLOAT, partner, 7, MPI_COMM_WORLD, &requests[2 * slot + 1]);
+      }
+      const long begin = (long)done * kChunk;
+      const int n = (int)(count - begin < kChunk ? count - begin : kChunk);
+      const int slot = done % window;
+      MPI_Waitall(2, &requests[2 * slot], MPI_STATUSES_IGNORE);
+      MPI_Reduce_local(scratch + (long)slot * kChunk, x + begin, n, MPI_FLOAT, MPI_SUM);
     }
   }
 }
@@ -58,13 +70,16 @@ int main(int argc, char** argv) {
   const int spin = getenv("PROBE_SPIN") && atoi(getenv("PROBE_SPIN")) != 0;
   const int bottle = getenv("PROBE_ALGO") && strcmp(getenv("PROBE_ALGO"), "bottle") == 0 &&
                      (size & (size - 1)) == 0;
+  /* Chunks in flight: bottle's (kAllReduceWindow); PROBE_WINDOW=W for comparisons. */
+  int window = getenv("PROBE_WINDOW") ? atoi(getenv("PROBE_WINDOW")) : 16;
+  window = window < 1 ? 1 : window > 64 ? 64 : window;
   for (int s = 0; s < nsizes; ++s) {
     const long bytes = argc > 1 ? atol(argv[s + 1]) : defaults[s];
     const int count = (int)(bytes / 4 > 0 ? bytes / 4 : 1);
     float* in = calloc((size_t)count, sizeof(float));
-    float* out = calloc((size_t)count, sizeof(float));
+    float* out = calloc((size_t)(bottle ? window * (1 << 18) : count), sizeof(float));
 #define ALLREDUCE()                                                                 \
-  (bottle ? bottle_allreduce(in, out, count, rank, size)                            \
+  (bottle ? bottle_allreduce(in, out, count, rank, size, window)                            \
           : (void)MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD))
     /* Calls per round: more for small messages, so a round lasts a few milliseconds. */
     const int calls = bytes <= 65536 ? 16 : bytes <= 1048576 ? 4 : 2;

@@ -18,8 +18,8 @@
 #    said so. NCCL's base latency × k is no link property: it is reported, not emulated.
 # 4. bottle's all-reduce is measured on the shaped links (tools/cluster/allreduce_probe.c,
 #    built by mpicc, PROBE_ALGO=bottle: on a power-of-two group bottle's MPI communicator does
-#    not call MPI_Allreduce but its own recursive doubling in chunks of 2^18 elements, one
-#    chunk after the other, each paying a rendezvous's latency per round): two ranks inside
+#    not call MPI_Allreduce but its own recursive doubling in chunks of 2^18 elements, up to
+#    16 chunks' exchanges in flight, each a rendezvous above the eager limit): two ranks inside
 #    node 0, two ranks on nodes 0 and 1, and all ranks; the sizes
 #    bench tp's TP all-reduces have (0.5 to 8 MiB, above Open MPI's TCP eager limit) and 64 B,
 #    each call after --gap-ms (default 20) of the ranks spinning on their cores, as a step's
