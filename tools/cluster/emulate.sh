@@ -171,9 +171,9 @@ echo "emulate.sh: measuring the shaped links" >&2
 ((nodes >= 2)) && measure inter "${addr[0]},${addr[$rpn]}" 2
 ((np > 2)) && measure all "$(IFS=,; echo "${addr[*]}")" "$np"
 # fit NAME: a two-rank probe's least-squares line over the large sizes, in relative error
-# (weights 1/t², so that every size counts alike, as the planner's errors are judged; bottle's
-# chunked all-reduce grows faster than linearly with the size, and a plain fit would follow
-# the largest) (2(n−1)/n = 1: the slope is 1/β), its intercept, its small message and the one-way latency: sets fit_bw_gbs,
+# (weights 1/t², so that every size counts alike, as the planner's errors are judged; a plain
+# fit would follow the largest size, and one chunk at a time bottle's all-reduce grew faster
+# than linearly) (2(n−1)/n = 1: the slope is 1/β), its intercept, its small message and the one-way latency: sets fit_bw_gbs,
 # fit_icept_us, fit_small_us, fit_oneway_us.
 fit() {
   local line
