@@ -59,6 +59,13 @@ const std::vector<Key>& keys() {
         [link, field](ClusterSpec& s, double v, const std::string&) { (s.*link).*field = v; },
         [link, field](const ClusterSpec& s) { return number_text((s.*link).*field); }};
   };
+  // Written as what it prices: latency_us where it was not given.
+  auto small_latency = [](const char* path, Link ClusterSpec::*link) {
+    return Key{
+        path, Key::number, false,
+        [link](ClusterSpec& s, double v, const std::string&) { (s.*link).small_latency_us = v; },
+        [link](const ClusterSpec& s) { return number_text((s.*link).step_latency_us(true)); }};
+  };
   auto str = [](const char* path, std::string ClusterSpec::*field) {
     return Key{path, Key::text, true,
                [field](ClusterSpec& s, double, const std::string& v) { s.*field = v; },
@@ -80,9 +87,12 @@ const std::vector<Key>& keys() {
           [](const ClusterSpec& s) { return std::to_string(s.gpus_per_node); }},
       link("links.intra_node.bandwidth_gbs", &ClusterSpec::intra_node, &Link::bandwidth_gbs),
       link("links.intra_node.latency_us", &ClusterSpec::intra_node, &Link::latency_us),
+      small_latency("links.intra_node.small_latency_us", &ClusterSpec::intra_node),
       link("links.inter_node.bandwidth_gbs", &ClusterSpec::inter_node, &Link::bandwidth_gbs),
       link("links.inter_node.latency_us", &ClusterSpec::inter_node, &Link::latency_us),
+      small_latency("links.inter_node.small_latency_us", &ClusterSpec::inter_node),
       num("nccl.base_latency_us", &ClusterSpec::nccl_base_latency_us),
+      num("nccl.small_message_bytes", &ClusterSpec::small_message_bytes, false),
       num("efficiency.gemm", &ClusterSpec::gemm_efficiency),
       num("efficiency.bandwidth", &ClusterSpec::bandwidth_efficiency),
       num("overlap.compute_slowdown", &ClusterSpec::overlap_compute_slowdown, false),
@@ -94,8 +104,8 @@ const std::vector<Key>& keys() {
 // Latencies and the kernel overhead may be 0; rates, sizes and efficiencies may not.
 bool may_be_zero(const std::string& path) {
   return path.ends_with("latency_us") || path == "gpu.kernel_overhead_us" ||
-         path == "gpu.attention_tflops" || path == "gpu.gemm_bandwidth_gbs" ||
-         path.starts_with("overlap.");
+         path == "nccl.small_message_bytes" || path == "gpu.attention_tflops" ||
+         path == "gpu.gemm_bandwidth_gbs" || path.starts_with("overlap.");
 }
 
 }  // namespace

@@ -11,6 +11,13 @@ namespace bottle {
 struct Link {
   double bandwidth_gbs = 0;  // per GPU and direction, GB/s (10^9 bytes)
   double latency_us = 0;     // per step of a ring (NCCL's hardware latency)
+  // Per step for a message of at most ClusterSpec::small_message_bytes, which a transport
+  // sends another way (NCCL's LL protocol; over MPI, eagerly, without the rendezvous a large
+  // message waits for); negative: not given, latency_us.
+  double small_latency_us = -1;
+  double step_latency_us(bool small) const {
+    return small && small_latency_us >= 0 ? small_latency_us : latency_us;
+  }
 };
 
 struct ClusterSpec {
@@ -27,6 +34,8 @@ struct ClusterSpec {
   int gpus_per_node = 1;
   Link intra_node, inter_node;
   double nccl_base_latency_us = 0;  // per collective call
+  // Messages of at most this many bytes pay the links' small_latency_us; 0: none do.
+  double small_message_bytes = 0;
   double gemm_efficiency = 1, bandwidth_efficiency = 1;
   // How much longer a rank's kernels take while a collective of its own moves beside them
   // (0.25: a quarter longer); what overlap pays for what it hides. Measured by --calibrate,

@@ -56,7 +56,9 @@ double collective_seconds(const ClusterSpec& c, Collective kind, double bytes, i
   const double n = ranks, N = nodes, S = bytes;
   const Link& bottleneck = nodes > 1 ? c.inter_node : c.intra_node;
   const double beta = bottleneck.bandwidth_gbs * 1e9 * c.bandwidth_efficiency;
-  const double alpha = c.intra_node.latency_us * 1e-6, alpha_net = c.inter_node.latency_us * 1e-6;
+  const bool small = S <= c.small_message_bytes;
+  const double alpha = c.intra_node.step_latency_us(small) * 1e-6,
+               alpha_net = c.inter_node.step_latency_us(small) * 1e-6;
   const double base = c.nccl_base_latency_us * 1e-6;
   // A ring of `steps` steps, `net_steps` of them crossing nodes.
   auto ring = [&](double steps, double net_steps) {
@@ -75,9 +77,9 @@ double collective_seconds(const ClusterSpec& c, Collective kind, double bytes, i
     case Collective::reduce_scatter:
       return ring(n - 1, N - 1) + (n - 1) / n * S / beta;
     case Collective::broadcast:
-      return base + (n - 1) * bottleneck.latency_us * 1e-6 + S / beta;
+      return base + (n - 1) * bottleneck.step_latency_us(small) * 1e-6 + S / beta;
     case Collective::send:
-      return bottleneck.latency_us * 1e-6 + S / beta;
+      return bottleneck.step_latency_us(small) * 1e-6 + S / beta;
     case Collective::recv:
       return 0;
   }

@@ -115,6 +115,42 @@ TEST(CostModel, NcclRingAndTreeFormulas) {
   EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::recv, 2000, 2, 2), 0);
 }
 
+// A transport that sends small messages another way (MPI's eager messages, NCCL's LL): up to
+// nccl.small_message_bytes they pay the links' small_latency_us per step, above it
+// latency_us; a file without the small latencies prices every message alike, and both keys
+// read back as written.
+TEST(CostModel, SmallMessagesPayTheirOwnLatency) {
+  std::string text = cluster_to_toml(load_cluster("a100-perlmutter"), "small");
+  auto set = [&](const std::string& from, const std::string& to) {
+    const size_t at = text.find(from);
+    ASSERT_NE(at, std::string::npos) << from;
+    text.replace(at, from.size(), to);
+  };
+  set("small_latency_us = 3.4", "small_latency_us = 1.5");
+  set("small_latency_us = 14.0", "small_latency_us = 6.0");
+  set("small_message_bytes = 0.0", "small_message_bytes = 65536.0");
+  const ClusterSpec c = parse_cluster(text, "small.toml");
+  EXPECT_EQ(c.intra_node.small_latency_us, 1.5);
+  EXPECT_EQ(c.inter_node.small_latency_us, 6.0);
+  EXPECT_EQ(c.small_message_bytes, 65536.0);
+  EXPECT_EQ(cluster_to_toml(parse_cluster(cluster_to_toml(c, "x"), "again"), "x"),
+            cluster_to_toml(c, "x"));
+  const double nvlink = 300e9 * 0.8, net = 25e9 * 0.8, a = 8.4e-6;
+  // Two ranks of a node: 2(n − 1) steps at the small latency up to 64 KiB, at NVLink's above.
+  EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::all_reduce, 65536, 2, 1),
+                   a + 2 * 1.5e-6 + 65536 / nvlink);
+  EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::all_reduce, 65537, 2, 1),
+                   a + 2 * 3.4e-6 + 65537 / nvlink);
+  // Across nodes the network's steps too.
+  EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::send, 2000, 2, 2), 6e-6 + 2000 / net);
+  EXPECT_DOUBLE_EQ(collective_seconds(c, Collective::send, 1 << 20, 2, 2), 14e-6 + (1 << 20) / net);
+  // The preset gives no small latencies: a small message pays the large one's.
+  const ClusterSpec preset = load_cluster("a100-perlmutter");
+  EXPECT_LT(preset.intra_node.small_latency_us, 0);
+  EXPECT_DOUBLE_EQ(collective_seconds(preset, Collective::all_reduce, 4096, 2, 1),
+                   a + 2 * 3.4e-6 + 4096 / nvlink);
+}
+
 // Four GPUs a node, world ranks TP fastest: which nodes a group's ranks span.
 TEST(CostModel, GroupsSpanTheNodesTheirRanksSitOn) {
   const ClusterSpec c = load_cluster("a100-perlmutter");
@@ -176,8 +212,8 @@ TEST(TimelineReplay, HoldsKernelsOnlyWhereACallIsWaitedFor) {
   // starts its call, which waits for the link until A's has gone (2.5 to 4); A resumes after
   // its call (2.5 to 3.5) and B after its own (4 to 5). 1 s of the 3 s of calls is exposed.
   const std::vector<TimedEvent> halves = {
-      {K::work, 1.0}, {K::issue, 1.5, 0, true}, {K::work, 1.0}, {K::issue, 1.5, 1, true},
-      {K::wait, 0, 0},  {K::work, 1.0},           {K::wait, 0, 1}, {K::work, 1.0}};
+      {K::work, 1.0},  {K::issue, 1.5, 0, true}, {K::work, 1.0},  {K::issue, 1.5, 1, true},
+      {K::wait, 0, 0}, {K::work, 1.0},           {K::wait, 0, 1}, {K::work, 1.0}};
   const ReplayTimes h = replay_timeline(halves);
   EXPECT_DOUBLE_EQ(h.kernels, 4.0);
   EXPECT_DOUBLE_EQ(h.calls, 3.0);
@@ -311,8 +347,8 @@ TEST(Planner, ReplaysTpOverlapsTimeline) {
 // overlap.call_slowdown) comes back as dp_contention, in dp_comm.
 TEST(Planner, HidesGradientBucketsAndPricesWhatOverlapCosts) {
   ClusterSpec c = load_cluster("a100-perlmutter");
-  c.gpus_per_node = 1;                      // DP 2 across the network
-  c.inter_node = {2.0, 14.0};               // 2 GB/s: the all-reduce weighs
+  c.gpus_per_node = 1;         // DP 2 across the network
+  c.inter_node = {2.0, 14.0};  // 2 GB/s: the all-reduce weighs
   TrainConfig serial = parse_train_config_string(
       fmt::format("[model]\nbottleneck = \"cola\"\n{}dp = 2\nbucket_mb = 16\n", kOverlapShape),
       "dp.toml");

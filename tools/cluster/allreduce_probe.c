@@ -1,7 +1,8 @@
 /* tools/cluster/allreduce_probe.c: MPI's all-reduce over the ranks of the job, as
  * tools/cluster/emulate.sh measures the shaped links of an emulated cluster. For each size
- * (arguments: bytes, default 64 262144 1048576 4194304; floats summed, as bottle's TP
- * all-reduces are) it times rounds of a few calls, each round started by a barrier, and
+ * (arguments: bytes, default 64 262144 1048576 4194304; floats summed, as bottle's fp32 TP
+ * all-reduces are; PROBE_ELEMENT_BYTES=2: 16-bit integers, as many bytes and 2^18-element
+ * chunks as bf16's) it times rounds of a few calls, each round started by a barrier, and
  * rank 0 prints one line per size:
  *   allreduce ranks N bytes S median_us X min_us Y
  * X the median round's time per call and Y the fastest's, both the slowest rank's. Then
@@ -26,7 +27,8 @@
  * round of the recursive doubling the message goes in chunks of 2^18 elements with up to
  * `window` chunks' exchanges in flight, each chunk reduced as soon as its exchange has ended.
  * `scratch` holds window chunks. */
-static void bottle_allreduce(float* x, float* scratch, int count, int rank, int size, int window) {
+static void bottle_allreduce(char* x, char* scratch, int count, MPI_Datatype type, int element,
+                             int rank, int size, int window) {
   enum { kChunk = 1 << 18 };
   const int chunks = (count + kChunk - 1) / kChunk;
   MPI_Request requests[2 * 64];
@@ -38,15 +40,17 @@ static void bottle_allreduce(float* x, float* scratch, int count, int rank, int 
         const long begin = (long)posted * kChunk;
         const int n = (int)(count - begin < kChunk ? count - begin : kChunk);
         const int slot = posted % window;
-        MPI_Irecv(scratch + (long)slot * kChunk, n, MPI_FLOAT, partner, 7, MPI_COMM_WORLD,
+        MPI_Irecv(scratch + (long)slot * kChunk * element, n, type, partner, 7, MPI_COMM_WORLD,
                   &requests[2 * slot]);
-        MPI_Isend(x + begin, n, MPI_FLOAT, partner, 7, MPI_COMM_WORLD, &requests[2 * slot + 1]);
+        MPI_Isend(x + begin * element, n, type, partner, 7, MPI_COMM_WORLD,
+                  &requests[2 * slot + 1]);
       }
       const long begin = (long)done * kChunk;
       const int n = (int)(count - begin < kChunk ? count - begin : kChunk);
       const int slot = done % window;
       MPI_Waitall(2, &requests[2 * slot], MPI_STATUSES_IGNORE);
-      MPI_Reduce_local(scratch + (long)slot * kChunk, x + begin, n, MPI_FLOAT, MPI_SUM);
+      MPI_Reduce_local(scratch + (long)slot * kChunk * element, x + begin * element, n, type,
+                       MPI_SUM);
     }
   }
 }
@@ -73,14 +77,16 @@ int main(int argc, char** argv) {
   /* Chunks in flight: bottle's (kAllReduceWindow); PROBE_WINDOW=W for comparisons. */
   int window = getenv("PROBE_WINDOW") ? atoi(getenv("PROBE_WINDOW")) : 16;
   window = window < 1 ? 1 : window > 64 ? 64 : window;
+  const int element = getenv("PROBE_ELEMENT_BYTES") && atoi(getenv("PROBE_ELEMENT_BYTES")) == 2 ? 2 : 4;
+  const MPI_Datatype type = element == 2 ? MPI_SHORT : MPI_FLOAT;
   for (int s = 0; s < nsizes; ++s) {
     const long bytes = argc > 1 ? atol(argv[s + 1]) : defaults[s];
-    const int count = (int)(bytes / 4 > 0 ? bytes / 4 : 1);
-    float* in = calloc((size_t)count, sizeof(float));
-    float* out = calloc((size_t)(bottle ? window * (1 << 18) : count), sizeof(float));
+    const int count = (int)(bytes / element > 0 ? bytes / element : 1);
+    char* in = calloc((size_t)count, (size_t)element);
+    char* out = calloc((size_t)(bottle ? window * (1 << 18) : count), (size_t)element);
 #define ALLREDUCE()                                                                 \
-  (bottle ? bottle_allreduce(in, out, count, rank, size, window)                            \
-          : (void)MPI_Allreduce(in, out, count, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD))
+  (bottle ? bottle_allreduce(in, out, count, type, element, rank, size, window)      \
+          : (void)MPI_Allreduce(in, out, count, type, MPI_SUM, MPI_COMM_WORLD))
     /* Calls per round: more for small messages, so a round lasts a few milliseconds. */
     const int calls = bytes <= 65536 ? 16 : bytes <= 1048576 ? 4 : 2;
     double times[kRounds];

@@ -33,6 +33,10 @@
 #      α   (per tier) the per-step latency of a large message: half of (the two-rank line's
 #          intercept − a). Above the eager limit every step is a rendezvous (request, clear
 #          to send, data), about three one-way trips and more, not NCCL's one.
+#      αs  (per tier, small_latency_us) half the one-way latency: a message of at most
+#          Open MPI's TCP eager limit less 64 bytes of header (ompi_info's
+#          btl_tcp_eager_limit; nccl.small_message_bytes) goes at once, and two ranks' small
+#          all-reduce takes a and one trip, 2(n − 1) = 2 steps.
 #      α', β' (inter-node, N ≥ 2) those that make the planner's ring formula fit the all-rank
 #          probe (below: Open MPI's all-reduce over N·R ranks is not two two-rank exchanges).
 #      s, c  overlap.compute_slowdown and .call_slowdown: `bottle plan --calibrate` run again
@@ -40,7 +44,7 @@
 #          GEMMs take beside started all-reduces, whose packet work here runs on the cores
 #          that compute, and how much longer those all-reduces take than blocking ones.
 #    and writes DIR/emulated.toml: raw.toml's "GPU" (this machine's rank), gpus_per_node = R,
-#    the measured links, nccl.base_latency_us = a, s and c, a comment at the top with k, the preset
+#    the measured links (α, αs, β), nccl.base_latency_us = a, nccl.small_message_bytes, s and c, a comment at the top with k, the preset
 #    and intended vs measured figures. DIR/emulate.env holds the same as shell variables.
 #
 # --remeasure TAG: the shaped cluster of an earlier emulate.sh into the same --out and --state
@@ -151,13 +155,18 @@ fi
 probe=$out/allreduce_probe
 mpicc -O2 -o "$probe" "$here/allreduce_probe.c"
 mapfile -t addr < <(awk '!/^#/ { print $1 }' "$state/hosts")
-# The sizes bench tp's TP all-reduces have at its configurations here (0.5 to 11 MiB), and
-# a small one.
-sizes=(64 524288 1048576 2097152 4194304 8388608)
+# The sizes bench tp's TP all-reduces have at its configurations here (0.5 to 11 MiB in fp32,
+# half as many bytes in bf16), and a small one, in the precision's element size (bottle's
+# chunks are 2^18 elements).
+if [[ $precision == bf16 ]]; then
+  element=2 sizes=(64 262144 524288 1048576 2097152 4194304)
+else
+  element=4 sizes=(64 524288 1048576 2097152 4194304 8388608)
+fi
 large=("${sizes[@]:1}")
 measure() { # NAME HOSTS NP
   "$cluster" run --state "$state" -- -np "$3" --host "$2" -x PROBE_GAP_MS="$gap_ms" -x PROBE_SPIN=1 \
-    -x PROBE_ALGO=bottle \
+    -x PROBE_ALGO=bottle -x PROBE_ELEMENT_BYTES="$element" \
     "$probe" \
     "${sizes[@]}" 2>/dev/null |
     grep -E '^(allreduce|oneway)' > "$out/probe_$1$tag.txt"
@@ -199,8 +208,16 @@ for t in intra inter; do
     awk "BEGIN { exit !($alpha < 0) }" && alpha=0
     printf -v "m_${t}_alpha_us" %s "$alpha"
     printf -v "m_${t}_oneway_us" %s "$fit_oneway_us"
+    # A message under Open MPI's eager limit goes at once, without a rendezvous: two ranks'
+    # small all-reduce is the base and one trip, 2(n − 1) = 2 steps of half a trip each.
+    printf -v "m_${t}_small_us" %s "$(calc "$fit_oneway_us / 2")"
   fi
 done
+# Open MPI's TCP eager limit (it counts its header: 64 bytes are left for it).
+eager=$(ompi_info --param btl tcp --level 9 2>/dev/null |
+  awk -F'"' '/"btl_tcp_eager_limit"/ { print $4; exit }')
+[[ $eager =~ ^[0-9]+$ ]] || eager=65536
+small_bytes=$((eager - 64))
 # Across nodes, the group the runs use is all N·R ranks, whose all-reduce Open MPI does its
 # own way (a ring where the two-rank probe is one exchange each way): the inter-node figures
 # are those for which the planner's ring formula, a + (2(n−1) − 2(N−1))α + 2(N−1)α' +
@@ -216,8 +233,8 @@ if [[ -f $out/probe_all$tag.txt && $nodes -ge 2 ]]; then
   m_inter_alpha_us=$alpha
 fi
 # A tier that has no two ranks here (one node; one rank per node) keeps the other's figures.
-if [[ -z ${m_intra_gbs:-} ]]; then m_intra_gbs=$m_inter_gbs m_intra_alpha_us=$m_inter_alpha_us m_intra_oneway_us=$m_inter_oneway_us; intra_note="not measured (one rank per node): the inter-node figures"; fi
-if [[ -z ${m_inter_gbs:-} ]]; then m_inter_gbs=$m_intra_gbs m_inter_alpha_us=$m_intra_alpha_us m_inter_oneway_us=$m_intra_oneway_us; inter_note="not measured (one node): the intra-node figures"; fi
+if [[ -z ${m_intra_gbs:-} ]]; then m_intra_gbs=$m_inter_gbs m_intra_alpha_us=$m_inter_alpha_us m_intra_oneway_us=$m_inter_oneway_us m_intra_small_us=$m_inter_small_us; intra_note="not measured (one rank per node): the inter-node figures"; fi
+if [[ -z ${m_inter_gbs:-} ]]; then m_inter_gbs=$m_intra_gbs m_inter_alpha_us=$m_intra_alpha_us m_inter_oneway_us=$m_intra_oneway_us m_inter_small_us=$m_intra_small_us; inter_note="not measured (one node): the intra-node figures"; fi
 
 # What overlap costs on these links: bottle plan --calibrate on the shaped cluster, of whose
 # file only [overlap] is taken (GEMMs beside started all-reduces, whose packet work runs on the
@@ -238,10 +255,10 @@ call_slowdown=$(toml "$out/shaped$tag.toml" overlap call_slowdown)
   echo "# all $np ranks at once, unshaped); the links are MPI's all-reduce measured on the shaped links."
   echo "# intra-node: intended $intra_node_mbit Mbit/s, $intra_node_lat_us us (preset / k, x k); shaped $intra_link;"
   echo "#   measured one-way $m_intra_oneway_us us, all-reduce bandwidth $(calc "$m_intra_gbs * 8000") Mbit/s,"
-  echo "#   per-step latency of a large message $m_intra_alpha_us us ${intra_note:-}"
+  echo "#   per-step latency of a large message $m_intra_alpha_us us, of one of at most $small_bytes bytes $m_intra_small_us us ${intra_note:-}"
   echo "# inter-node: intended $inter_node_mbit Mbit/s, $inter_node_lat_us us; shaped $inter_link;"
   echo "#   measured one-way $m_inter_oneway_us us, all-reduce bandwidth $(calc "$m_inter_gbs * 8000") Mbit/s,"
-  echo "#   per-step latency of a large message $m_inter_alpha_us us ${inter_note:-}"
+  echo "#   per-step latency of a large message $m_inter_alpha_us us, of one of at most $small_bytes bytes $m_inter_small_us us ${inter_note:-}"
   echo "# per call: intended NCCL base x k = $base_us us (not emulated); measured MPI base $a_us us."
   echo "# overlap: on the shaped links, GEMMs beside started all-reduces took $slowdown longer"
   echo "#   (compute_slowdown), and those all-reduces $call_slowdown longer than blocking (call_slowdown)."
@@ -257,6 +274,7 @@ call_slowdown=$(toml "$out/shaped$tag.toml" overlap call_slowdown)
   fi
   awk -v R="$rpn" -v ib="$m_intra_gbs" -v il="$m_intra_alpha_us" -v eb="$m_inter_gbs" \
       -v el="$m_inter_alpha_us" -v base="$a_us" -v sd="$slowdown" -v cs="$call_slowdown" \
+      -v is="$m_intra_small_us" -v es="$m_inter_small_us" -v sb="$small_bytes" \
       -v name="emulated-$(basename "$preset" .toml)" '
     /^#/ { next }
     /^\[/ { sec = $1 }
@@ -264,8 +282,11 @@ call_slowdown=$(toml "$out/shaped$tag.toml" overlap call_slowdown)
     sec == "[node]" && $1 == "gpus" { print "gpus = " R; next }
     sec == "[links.intra_node]" && $1 == "bandwidth_gbs" { print "bandwidth_gbs = " ib; next }
     sec == "[links.intra_node]" && $1 == "latency_us" { print "latency_us = " il; next }
+    sec == "[links.intra_node]" && $1 == "small_latency_us" { print "small_latency_us = " is; next }
     sec == "[links.inter_node]" && $1 == "bandwidth_gbs" { print "bandwidth_gbs = " eb; next }
     sec == "[links.inter_node]" && $1 == "latency_us" { print "latency_us = " el; next }
+    sec == "[links.inter_node]" && $1 == "small_latency_us" { print "small_latency_us = " es; next }
+    sec == "[nccl]" && $1 == "small_message_bytes" { print "small_message_bytes = " sb; next }
     sec == "[nccl]" && $1 == "base_latency_us" { print "base_latency_us = " base; next }
     sec == "[overlap]" && $1 == "compute_slowdown" { print "compute_slowdown = " sd; next }
     sec == "[overlap]" && $1 == "call_slowdown" { print "call_slowdown = " cs; next }
