@@ -44,8 +44,8 @@
 #          GEMMs take beside started all-reduces, whose packet work here runs on the cores
 #          that compute, and how much longer those all-reduces take than blocking ones.
 #    and writes DIR/emulated.toml: raw.toml's "GPU" (this machine's rank), gpus_per_node = R,
-#    the measured links (α, αs, β), nccl.base_latency_us = a, nccl.small_message_bytes, s and c, a comment at the top with k, the preset
-#    and intended vs measured figures. DIR/emulate.env holds the same as shell variables.
+#    the measured links (α, αs, β), nccl.base_latency_us = a, nccl.small_message_bytes, s
+#    and c, a comment at the top with k, the preset and intended vs measured figures. DIR/emulate.env holds the same as shell variables.
 #
 # --remeasure TAG: the shaped cluster of an earlier emulate.sh into the same --out and --state
 # is still up; only step 4 runs again (links drift on a shared machine), writing
