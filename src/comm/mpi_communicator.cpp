@@ -378,8 +378,8 @@ void MpiCommunicator::run_all_reduce(Tensor x, int count, ReduceOp op, std::stri
     // up to kWindow chunks' exchanges in flight: above Open MPI's TCP eager limit every message
     // pays a rendezvous (request, clear to send, data), which one chunk at a time would pay in
     // full per chunk. Measured on two emulated nodes (1.5 Gbit/s, 1.4 ms one way,
-    // tools/cluster/MEASURED.txt 2026-12-05): 32 MiB in 338 ms one chunk at a time, 232 with
-    // 8 in flight, 212 with 16, 203 with 32; the link alone takes 179.
+    // tools/cluster/MEASURED.txt 2026-12-05): 32 MiB in 337-340 ms one chunk at a time,
+    // 226-238 with 8 in flight, 212 with 16, 203 with 32; the link alone takes 179.
     constexpr int kChunk = 1 << 18;  // elements
     constexpr int kWindow = 16;      // chunks in flight
     const size_t element = dtype_size(x.dtype);
