@@ -56,31 +56,104 @@ bottle=${BOTTLE:-$root/build/bottle}
 preset=a100-perlmutter precision=fp32 config=$root/configs/bench_tp_1b.toml
 layouts="1x2 2x2" trains='' tp_overlap='' steps=3 warmup=1 repeats=1 out=emulated-bench sets=()
 paper_models='' paper_scale=4 paper_layers=4
+die() { echo "bench_emulated.sh: $*" >&2; exit 2; }
+# need_value, whole, one_of, key_value, input_file, preset, check_out_dir, make_out_dir.
+# shellcheck source-path=SCRIPTDIR source=args.sh
+. "$here/args.sh"
 while (($#)); do
   case $1 in
-    --preset) preset=$2; shift 2 ;;
-    --precision) precision=$2; shift 2 ;;
-    --config) config=$2; shift 2 ;;
-    --set) sets+=("$2"); shift 2 ;;
-    --layouts) layouts=$2; shift 2 ;;
-    --tp-overlap) tp_overlap=--tp-overlap; shift ;;
-    --trains) trains=$2; shift 2 ;;
-    --paper) paper_models=$2; shift 2 ;;
-    --paper-scale) paper_scale=$2; shift 2 ;;
-    --paper-layers) paper_layers=$2; shift 2 ;;
-    --steps) steps=$2; shift 2 ;;
-    --warmup) warmup=$2; shift 2 ;;
-    --repeats) repeats=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
+    --tp-overlap) tp_overlap=--tp-overlap; shift; continue ;;
     -h | --help) sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "bench_emulated.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
+    --preset | --precision | --config | --set | --layouts | --trains | --paper | --paper-scale | \
+      --paper-layers | --steps | --warmup | --repeats | --out) need_value "$@" ;;
+    *) die "unknown argument '$1' (--help)" ;;
   esac
+  case $1 in
+    --preset) preset=$2 ;;
+    --precision) precision=$2 ;;
+    --config) config=$2 ;;
+    --set) key_value --set "$2"; sets+=("$2") ;;
+    --layouts) layouts=$2 ;;
+    --trains) trains=$2 ;;
+    --paper) paper_models=$2 ;;
+    --paper-scale) paper_scale=$2 ;;
+    --paper-layers) paper_layers=$2 ;;
+    --steps) steps=$2 ;;
+    --warmup) warmup=$2 ;;
+    --repeats) repeats=$2 ;;
+    --out) out=$2 ;;
+  esac
+  shift 2
 done
+# Every argument is checked before anything runs: a bad one would otherwise end a run of
+# minutes as what it became (an unbound variable, a division by 0), or, where it leaves nothing
+# to run, print that every prediction is within its target.
+one_of --precision "$precision" fp32 bf16
+# A layout runs on NODES emulated nodes of RANKS each: as many as cluster.sh makes, and two
+# ranks at least, as emulate.sh calibrates with an all-reduce.
+fits() { # NODES RANKS
+  (($1 >= 1 && $1 <= max_nodes && $2 >= 1 && $2 <= max_ranks && $1 * $2 >= 2))
+}
+for layout in $layouts; do # NxR: bench tp at TP N·R on N nodes of R ranks
+  if ! [[ $layout =~ ^([1-9][0-9]{0,2})x([1-9][0-9]{0,2})$ ]] ||
+    ! fits "${BASH_REMATCH[1]}" "${BASH_REMATCH[2]}"; then
+    die "--layouts '$layout': give NxR layouts, N nodes of R ranks (N 1 to $max_nodes, R 1 to $max_ranks, 2 ranks at least; e.g. \"1x2 2x2\")"
+  fi
+done
+for layout in $trains; do # TPxPPxDP: bottle train on PP·DP nodes of TP ranks, DP dividing 4 micro-batches
+  if ! [[ $layout =~ ^([1-9][0-9]{0,2})x([1-9][0-9]{0,2})x([124])$ ]] ||
+    ! fits $((BASH_REMATCH[2] * BASH_REMATCH[3])) "${BASH_REMATCH[1]}"; then
+    die "--trains '$layout': give TPxPPxDP layouts, DP 1, 2 or 4 (PP·DP nodes of TP ranks: at most $max_nodes nodes of $max_ranks, 2 ranks at least; e.g. \"2x2x1 2x1x2\")"
+  fi
+done
+[[ -n ${layouts//[[:space:]]/} || -n ${trains//[[:space:]]/} || -n ${paper_models//[[:space:]]/} ]] ||
+  die "nothing to measure: --layouts is empty, and no --trains or --paper is given"
+whole steps --steps 1
+whole warmup --warmup 0
+whole repeats --repeats 1
+whole paper_scale --paper-scale 1
+whole paper_layers --paper-layers 1
+# The preset is only checked here: emulate.sh finds its file again from the name.
+# shellcheck disable=SC2034 # set by preset, not read
+preset_file=$preset
+preset preset_file --preset "$precision"
+input_file --config "$config"
+command -v jq >/dev/null || die "no jq (it reads bottle's JSON lines; Debian package jq)"
+[[ -f $bottle && -x $bottle ]] || die "no bottle binary at $bottle (build it, or set BOTTLE)"
+# The paper's models (see --paper): each a row of bottle plan --paper, scaled down to a shape
+# that bottle can build; one of one GPU (1B) has no link to emulate and is no row.
+paper_json='' paper_rows=0
+[[ -z ${paper_models//[[:space:]]/} ]] || paper_json=$("$bottle" plan --paper --json)
+# paper_shape MODEL: sets p_row (its row of bottle plan --paper --json's iteration table),
+# p_tp, p_pp and the scaled-down p_hidden, p_ffn, p_heads, or dies naming the option.
+paper_shape() {
+  local hidden ffn heads
+  p_row=$(jq -c --arg m "$1" '.iteration[] | select(.model == $m)' <<< "$paper_json")
+  [[ -n $p_row ]] ||
+    die "--paper '$1': no such model in bottle plan --paper (its models: $(jq -r '[.iteration[].model] | join(" ")' <<< "$paper_json"))"
+  read -r hidden ffn heads p_tp p_pp < <(jq -r '"\(.hidden) \(.ffn) \(.heads) \(.tp) \(.pp)"' <<< "$p_row")
+  ((paper_layers % p_pp == 0)) || die "--paper-layers $paper_layers is not a multiple of $1's PP $p_pp"
+  p_hidden=$((hidden / paper_scale))
+  p_ffn=$(((ffn / paper_scale + 4) / 8 * 8)) # a multiple of 8, so that TP 2 and 4 divide it
+  # The heads rounded up to a multiple of TP that divides the hidden size.
+  p_heads=$(((heads / paper_scale + p_tp - 1) / p_tp * p_tp))
+  ((p_heads >= p_tp)) || p_heads=$p_tp
+  while ((p_heads <= p_hidden && p_hidden % p_heads)); do p_heads=$((p_heads + p_tp)); done
+  ((p_hidden >= 4 && p_ffn > 0 && p_heads <= p_hidden)) ||
+    die "--paper-scale $paper_scale: $1 (hidden $hidden, FFN $ffn) scaled down has no hidden size of 4 or more that a multiple of TP $p_tp heads divides"
+}
+for paper_model in $paper_models; do
+  paper_shape "$paper_model"
+  ((p_tp * p_pp < 2)) || paper_rows=$((paper_rows + 1))
+done
+[[ -n ${layouts//[[:space:]]/} || -n ${trains//[[:space:]]/} ]] || ((paper_rows)) ||
+  die "nothing to measure: --layouts is empty, no --trains, and --paper '$paper_models' has no model of more than one GPU"
+check_out_dir --out "$out" bench_emulated
 ((${#sets[@]})) || sets=(training.seq_len=128)
 sets+=("training.precision=$precision")
 set_args=()
 for s in "${sets[@]}"; do set_args+=(--set "$s"); done
-mkdir -p "$out"
+make_out_dir "$out" bench_emulated
 out=$(cd "$out" && pwd)
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 
@@ -283,7 +356,6 @@ train_layout() { # LAYOUT(TPxPPxDP) CONFIG NAME
   local tp pp dp ranks nodes accum rep dir micro_batch mode model m p pa err erra mr pr over query f
   IFS=x read -r tp pp dp <<< "$layout"
   ranks=$((tp * pp * dp)) nodes=$((pp * dp)) accum=$((4 / dp))
-  ((accum * dp == 4)) || { echo "bench_emulated.sh: --trains $layout: DP must divide 4" >&2; exit 2; }
   for ((rep = 1; rep <= repeats; rep++)); do
     dir=$out/${name}_$rep
     mkdir -p "$dir"
@@ -373,26 +445,18 @@ make_corpus() {
 # The paper's MODEL scaled down (see --paper), written to DIR/paper_MODEL.toml; prints its
 # layout as TP PP.
 paper_config() { # MODEL
-  local row hidden ffn heads tp pp d f h
-  row=$("$bottle" plan --paper --json | jq -c --arg m "$1" '.iteration[] | select(.model == $m)')
-  [[ -n $row ]] || { echo "bench_emulated.sh: --paper: no model '$1' in bottle plan --paper" >&2; exit 2; }
-  read -r hidden ffn heads tp pp < <(jq -r '"\(.hidden) \(.ffn) \(.heads) \(.tp) \(.pp)"' <<< "$row")
-  ((paper_layers % pp == 0)) || { echo "bench_emulated.sh: --paper-layers $paper_layers is not a multiple of $1's PP $pp" >&2; exit 2; }
-  d=$((hidden / paper_scale))
-  f=$(((ffn / paper_scale + 4) / 8 * 8))  # a multiple of 8, so that TP 2 and 4 divide it
-  h=$(((heads / paper_scale + tp - 1) / tp * tp))
-  while ((d % h)); do h=$((h + tp)); done
+  paper_shape "$1" # checked before the runs began
   cat > "$out/paper_$1.toml" << TOML
-# The paper's $1 ($(jq -r .shape <<< "$row"); TP $tp, PP $pp), scaled down by bench_emulated.sh
+# The paper's $1 ($(jq -r .shape <<< "$p_row"); TP $p_tp, PP $p_pp), scaled down by bench_emulated.sh
 # --paper-scale $paper_scale: hidden, FFN and heads ÷ $paper_scale, r = hidden / 4, $paper_layers blocks.
 [model]
 vocab_size = 256
-hidden_size = $d
-intermediate_size = $f
+hidden_size = $p_hidden
+intermediate_size = $p_ffn
 num_layers = $paper_layers
-num_heads = $h
+num_heads = $p_heads
 bottleneck = "cola"
-rank = $((d / 4))
+rank = $((p_hidden / 4))
 max_seq_len = 1024
 
 [training]
@@ -403,7 +467,7 @@ seed = 1
 [parallel]
 grouping = true
 TOML
-  echo "$tp $pp"
+  echo "$p_tp $p_pp"
 }
 
 for layout in $layouts; do bench_tp_layout "$layout" "$config" "$layout"; done

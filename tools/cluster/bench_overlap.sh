@@ -32,28 +32,50 @@ root=$(cd "$here/../.." && pwd)
 cluster=$here/cluster.sh
 bottle=${BOTTLE:-$root/build/bottle}
 config=$root/configs/bench_tp_1b.toml inter=400mbit mtu=9000 steps=4 warmup=1 repeats=1
-out=overlap-bench sets=() dp=2 zero_stages=()
+out=overlap-bench sets=() dp=2 zero_stages=() zero_given=0
+die() { echo "bench_overlap.sh: $*" >&2; exit 2; }
+# need_value, whole, key_value, input_file, parse_link, check_out_dir, make_out_dir.
+# shellcheck source-path=SCRIPTDIR source=args.sh
+. "$here/args.sh"
 while (($#)); do
   case $1 in
-    --dp) dp=$2; shift 2 ;;
-    --zero-stages) read -r -a zero_stages <<< "$2"; shift 2 ;;
-    --config) config=$2; shift 2 ;;
-    --inter) inter=$2; shift 2 ;;
-    --mtu) mtu=$2; shift 2 ;;
-    --set) sets+=("$2"); shift 2 ;;
-    --steps) steps=$2; shift 2 ;;
-    --warmup) warmup=$2; shift 2 ;;
-    --repeats) repeats=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "bench_overlap.sh: unknown argument '$1' (--help)" >&2; exit 2 ;;
+    --dp | --zero-stages | --config | --inter | --mtu | --set | --steps | --warmup | --repeats | \
+      --out) need_value "$@" ;;
+    *) die "unknown argument '$1' (--help)" ;;
   esac
+  case $1 in
+    --dp) dp=$2 ;;
+    --zero-stages) read -r -a zero_stages <<< "$2"; zero_given=1 ;;
+    --config) config=$2 ;;
+    --inter) inter=$2 ;;
+    --mtu) mtu=$2 ;;
+    --set) key_value --set "$2"; sets+=("$2") ;;
+    --steps) steps=$2 ;;
+    --warmup) warmup=$2 ;;
+    --repeats) repeats=$2 ;;
+    --out) out=$2 ;;
+  esac
+  shift 2
 done
+# Every argument is checked before the cluster comes up: a bad one would otherwise fail late,
+# or make a table of nothing (--steps 0: 0.0 ms and -nan %).
+whole dp --dp 2 "$max_nodes" # one rank a node, as many nodes as cluster.sh makes
+((zero_given == 0 || ${#zero_stages[@]})) || die "--zero-stages '': give ZeRO stages 0 to 3 (e.g. \"1 3\")"
+for z in "${zero_stages[@]}"; do one_of --zero-stages "$z" 0 1 2 3; done
+input_file --config "$config"
+parse_link inter "$inter" --inter
+whole mtu --mtu 1280 65535
+whole steps --steps 1
+whole warmup --warmup 0
+whole repeats --repeats 1
+[[ -f $bottle && -x $bottle ]] || die "no bottle binary at $bottle (build it, or set BOTTLE)"
+check_out_dir --out "$out" bench_overlap
 ((${#sets[@]})) ||
   sets=(parallel.tp=1 training.seq_len=128 training.grad_accum_steps=1 parallel.bucket_mb=8)
 set_args=()
 for s in "${sets[@]}"; do set_args+=(--set "$s"); done
-mkdir -p "$out"
+make_out_dir "$out" bench_overlap
 out=$(cd "$out" && pwd)
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 say() { printf "$@" | tee -a "$out/table.txt"; }

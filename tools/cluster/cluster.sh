@@ -10,9 +10,10 @@ export LC_ALL=C
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 self="$here/$(basename "${BASH_SOURCE[0]}")"
-max_nodes=16     # one /24 per node inside the run's /20
-max_ranks=64     # per node
 slots=32         # /20 subnets in 198.18.0.0/15 (RFC 2544's benchmarking range)
+# What up writes into the state directory besides $cluster_marker: down removes these names,
+# and up refuses a state directory that holds any of them already (they would be a user's).
+state_files=(config hosts hostfile agent env.sh delayswitch delayswitch.log tmp)
 
 usage() {
   cat <<'EOF'
@@ -52,40 +53,10 @@ die() {
   exit 1
 }
 
-# Bits per second of a bandwidth (0 for none).
-parse_rate() {
-  local s=${1,,}
-  s=${s%/s}
-  case $s in '' | none | 0) echo 0; return ;; esac
-  [[ $s =~ ^([0-9]+(\.[0-9]+)?)(kbit|mbit|gbit)$ ]] ||
-    die "bandwidth '$1': give N kbit, mbit or gbit (bits per second), or none"
-  awk -v n="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" \
-    'BEGIN { m = u == "kbit" ? 1e3 : u == "mbit" ? 1e6 : 1e9; printf "%.0f\n", n * m }'
-}
-
-# Nanoseconds of a latency (0 for none).
-parse_delay() {
-  local s=${1,,}
-  s=${s/µs/us}
-  case $s in '' | none | 0) echo 0; return ;; esac
-  [[ $s =~ ^([0-9]+(\.[0-9]+)?)(us|ms|s)$ ]] ||
-    die "latency '$1': give N us, ms or s (one way), or none"
-  awk -v n="${BASH_REMATCH[1]}" -v u="${BASH_REMATCH[3]}" \
-    'BEGIN { m = u == "us" ? 1e3 : u == "ms" ? 1e6 : 1e9; printf "%.0f\n", n * m }'
-}
-
-# parse_link TIER SPEC: sets TIER_bits and TIER_ns.
-parse_link() {
-  local bw=none lat=none extra='' bits ns
-  if [[ ${2,,} != none ]]; then
-    IFS=, read -r bw lat extra <<<"$2"
-    [[ -z $extra ]] || die "link '$2': give BANDWIDTH[,LATENCY] or none"
-  fi
-  bits=$(parse_rate "$bw")
-  ns=$(parse_delay "${lat:-none}")
-  printf -v "${1}_bits" '%s' "$bits"
-  printf -v "${1}_ns" '%s' "$ns"
-}
+# need_value, whole, parse_link (its bandwidths and latencies), max_nodes, max_ranks and
+# cluster_marker, shared with the tools that run clusters.
+# shellcheck source-path=SCRIPTDIR source=args.sh
+. "$here/args.sh"
 
 valid_prefix() {
   [[ $1 =~ ^[a-z][a-z0-9]{1,9}$ ]] || die "prefix '$1': 2 to 10 characters, a-z then a-z or 0-9"
@@ -98,11 +69,13 @@ namespaces_of() {
 }
 
 # Reads the config of the state directory given (or of BOTTLE_CLUSTER_STATE): its variables,
-# state included, land in the caller's locals.
+# state included, land in the caller's locals. Only a config that up wrote (beside its marker)
+# is read: a file of the same name that is not up's is no cluster, and sourcing it would run it.
 load_state() {
   local dir=${1:-${BOTTLE_CLUSTER_STATE:-}}
   [[ -n $dir ]] || die "no --state DIR and no BOTTLE_CLUSTER_STATE"
-  [[ -f $dir/config ]] || die "$dir holds no cluster that is up (no config)"
+  [[ -f $dir/$cluster_marker && -f $dir/config ]] ||
+    die "$dir holds no cluster that is up (no $cluster_marker and config of cluster.sh up)"
   # shellcheck source=/dev/null
   . "$dir/config"
 }
@@ -305,18 +278,30 @@ write_config() {
   } >"$state/config"
 }
 
+# remove_state_files STATE: up's files, which it made (it refused a state directory that held
+# any of their names) and marked; nothing else of the directory.
+remove_state_files() {
+  local name
+  for name in "${state_files[@]}"; do rm -rf "${1:?}/$name"; done
+  rm -f "$1/$cluster_marker"
+}
+
 # up_failed PREFIX STATE: what an up that did not finish leaves is removed.
 up_failed() {
   local status=$?
   teardown "$1" >/dev/null 2>&1 || true
-  rm -rf "$2/config" "$2/hosts" "$2/hostfile" "$2/agent" "$2/env.sh" "$2/delayswitch" \
-    "$2/delayswitch.log" "$2/tmp"
+  remove_state_files "$2"
   printf 'cluster.sh: up %s failed (status %d); removed what it had made\n' "$1" "$status" >&2
 }
 
 cmd_up() {
   local nodes=1 ranks_per_node=1 intra=none inter=none prefix='' state='' delay_by=auto mtu=1500
   while (($#)); do
+    case $1 in
+      --mtu | --nodes | --ranks-per-node | --intra | --inter | --prefix | --state | --delay-by)
+        need_value "$@" ;;
+      *) die "up: unknown option '$1'" ;;
+    esac
     case $1 in
       --mtu) mtu=$2 ;;
       --nodes) nodes=$2 ;;
@@ -326,30 +311,31 @@ cmd_up() {
       --prefix) prefix=$2 ;;
       --state) state=$2 ;;
       --delay-by) delay_by=$2 ;;
-      *) die "up: unknown option '$1'" ;;
     esac
-    shift 2 || die "up: $1 needs a value"
+    shift 2
   done
   [[ -n $state ]] || die "up: --state DIR is required"
-  if ! [[ $nodes =~ ^[0-9]+$ ]] || ((nodes < 1 || nodes > max_nodes)); then
-    die "up: --nodes $nodes: 1 to $max_nodes"
-  fi
-  if ! [[ $ranks_per_node =~ ^[0-9]+$ ]] || ((ranks_per_node < 1 || ranks_per_node > max_ranks)); then
-    die "up: --ranks-per-node $ranks_per_node: 1 to $max_ranks"
-  fi
+  whole nodes --nodes 1 "$max_nodes"
+  whole ranks_per_node --ranks-per-node 1 "$max_ranks"
   [[ -n $prefix ]] || prefix=$(new_prefix)
   valid_prefix "$prefix"
   # shellcheck disable=SC2034 # set by parse_link, read by shape and write_config
   local intra_bits intra_ns inter_bits inter_ns
-  parse_link intra "$intra"
-  parse_link inter "$inter"
-  case $delay_by in auto | netem | switch) ;; *) die "up: --delay-by auto, netem or switch" ;; esac
-  if ! [[ $mtu =~ ^[0-9]+$ ]] || ((mtu < 1280 || mtu > 65535)); then
-    die "up: --mtu $mtu: 1280 to 65535 bytes"
-  fi
+  parse_link intra "$intra" --intra
+  parse_link inter "$inter" --inter
+  one_of --delay-by "$delay_by" auto netem switch
+  whole mtu --mtu 1280 65535
+  # The state directory may hold other files (emulate.sh keeps its output there), but none of
+  # the names up writes: up would replace a user's hosts or agent, and down remove them.
+  [[ ! -e $state || -d $state ]] || die "up: --state $state: not a directory"
+  [[ ! -e $state/$cluster_marker ]] || die "up: $state already holds a cluster; run down first"
+  local name
+  for name in "${state_files[@]}"; do
+    [[ ! -e $state/$name && ! -L $state/$name ]] ||
+      die "up: $state/$name exists and is not cluster.sh's: give a state directory without ${state_files[*]}"
+  done
   mkdir -p "$state"
   state=$(cd "$state" && pwd -P)
-  [[ ! -e $state/config ]] || die "up: $state already holds a cluster; run down first"
 
   # One cluster at a time chooses its subnet and creates its namespaces (not a lock on
   # /run/netns: ip netns add takes that one).
@@ -365,6 +351,9 @@ cmd_up() {
   trap 'exit 130' INT
   trap 'exit 143' TERM
   trap 'exit 129' HUP
+  # The marker first: whatever up makes from here on is its own, and down removes it.
+  printf '# cluster.sh up made %s here; down removes them and this file\nprefix=%s\n' \
+    "${state_files[*]}" "$prefix" >"$state/$cluster_marker"
   local slot base second third subnet switch=bridge
   slot=$(free_slot "$prefix")
   second=$((18 + slot / 16)) third=$((slot % 16 * 16))
@@ -461,11 +450,11 @@ cmd_down() {
   local state='' prefix=''
   while (($#)); do
     case $1 in
-      --state) state=$2 ;;
-      --prefix) prefix=$2 ;;
+      --state) need_value "$@"; state=$2 ;;
+      --prefix) need_value "$@"; prefix=$2 ;;
       *) die "down: unknown option '$1'" ;;
     esac
-    shift 2 || die "down: $1 needs a value"
+    shift 2
   done
   if [[ -n $prefix ]]; then
     valid_prefix "$prefix"
@@ -474,13 +463,17 @@ cmd_down() {
   fi
   state=${state:-${BOTTLE_CLUSTER_STATE:-}}
   [[ -n $state ]] || die "down: give --state DIR or --prefix P"
-  [[ -f $state/config ]] || return 0 # down already, or never up
-  # shellcheck source=/dev/null
-  prefix=$(. "$state/config" && echo "$prefix")
+  # Only what up made goes, and only where up left its marker: a config, hosts or tmp of
+  # someone else's is no cluster's.
+  if [[ ! -f $state/$cluster_marker ]]; then
+    [[ ! -e $state/config ]] ||
+      die "down: $state/config was not written by cluster.sh up (no $cluster_marker): nothing removed (down --prefix P removes a cluster by its prefix)"
+    return 0 # down already, or never up
+  fi
+  prefix=$(sed -n 's/^prefix=//p' "$state/$cluster_marker")
   valid_prefix "$prefix"
   teardown "$prefix"
-  rm -rf "$state/config" "$state/hosts" "$state/hostfile" "$state/agent" "$state/env.sh" \
-    "$state/delayswitch" "$state/delayswitch.log" "$state/tmp"
+  remove_state_files "$state"
 }
 
 # ---------------------------------------------------------------------------------------
@@ -501,7 +494,7 @@ cmd_run() {
   local state=
   while (($#)); do
     case $1 in
-      --state) state=$2; shift 2 ;;
+      --state) need_value "$@"; state=$2; shift 2 ;;
       --) shift; break ;;
       *) die "run: unknown option '$1' (mpirun's arguments go after --)" ;;
     esac
@@ -514,14 +507,14 @@ cmd_exec() {
   local state='' rank=0
   while (($#)); do
     case $1 in
-      --state) state=$2; shift 2 ;;
-      --rank) rank=$2; shift 2 ;;
+      --state) need_value "$@"; state=$2; shift 2 ;;
+      --rank) need_value "$@"; rank=$2; shift 2 ;;
       --) shift; break ;;
       *) die "exec: unknown option '$1' (the command goes after --)" ;;
     esac
   done
   (($#)) || die "exec: no command after --"
-  [[ $rank =~ ^[0-9]+$ ]] || die "exec: --rank $rank"
+  whole rank --rank 0
   load_state "$state"
   in_rank "$state" "$rank" "$@"
 }
@@ -593,11 +586,11 @@ cmd_fault() {
   shift
   while (($#)); do
     case $1 in
-      --state) state=$2 ;;
-      --node) node=$2 ;;
+      --state) need_value "$@"; state=$2 ;;
+      --node) need_value "$@"; node=$2 ;;
       *) die "$what: unknown option '$1'" ;;
     esac
-    shift 2 || die "$what: $1 needs a value"
+    shift 2
   done
   load_state "$state"
   [[ -z $node ]] || node_option "$node"

@@ -58,44 +58,63 @@ here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 cluster=$here/cluster.sh
 
-preset='' nodes='' rpn='' precision=fp32 out='' state=${BOTTLE_CLUSTER_STATE:-} max_mbit=1500 gap_ms=20 tag=''
+preset='' nodes='' rpn='' precision=fp32 out='' state=${BOTTLE_CLUSTER_STATE:-} max_mbit=1500 gap_ms=20 tag='' remeasure=0
 bottle=${BOTTLE:-$root/build/bottle}
 die() { echo "emulate.sh: $*" >&2; exit 2; }
+# need_value, whole, number, one_of, preset, toml, check_out_dir, make_out_dir.
+# shellcheck source-path=SCRIPTDIR source=args.sh
+. "$here/args.sh"
 while (($#)); do
   case $1 in
-    --preset) preset=$2; shift 2 ;;
-    --nodes) nodes=$2; shift 2 ;;
-    --ranks-per-node) rpn=$2; shift 2 ;;
-    --precision) precision=$2; shift 2 ;;
-    --out) out=$2; shift 2 ;;
-    --state) state=$2; shift 2 ;;
-    --max-mbit) max_mbit=$2; shift 2 ;;
-    --gap-ms) gap_ms=$2; shift 2 ;;
-    --remeasure) tag=-$2; shift 2 ;;
-    --bottle) bottle=$2; shift 2 ;;
     -h | --help) sed -n '2,/^# shellcheck/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    --preset | --nodes | --ranks-per-node | --precision | --out | --state | --max-mbit | --gap-ms | \
+      --remeasure | --bottle) need_value "$@" ;;
     *) die "unknown argument '$1' (--help)" ;;
   esac
+  case $1 in
+    --preset) preset=$2 ;;
+    --nodes) nodes=$2 ;;
+    --ranks-per-node) rpn=$2 ;;
+    --precision) precision=$2 ;;
+    --out) out=$2 ;;
+    --state) state=$2 ;;
+    --max-mbit) max_mbit=$2 ;;
+    --gap-ms) gap_ms=$2 ;;
+    --remeasure) tag=$2 remeasure=1 ;;
+    --bottle) bottle=$2 ;;
+  esac
+  shift 2
 done
+# Every argument is checked before a cluster comes up or a file is written: a bad one would
+# otherwise fail after the calibration, or as what it became (an unbound variable, awk's
+# syntax error over a file that is no cluster file).
+[[ -z $nodes ]] || whole nodes --nodes 1 "$max_nodes"
+[[ -z $rpn ]] || whole rpn --ranks-per-node 1 "$max_ranks"
 [[ -n $preset && -n $nodes && -n $rpn ]] || die "--preset, --nodes and --ranks-per-node are required"
-[[ $precision == fp32 || $precision == bf16 ]] || die "--precision is fp32 or bf16"
-[[ -n $state ]] || die "no state directory: --state DIR or BOTTLE_CLUSTER_STATE"
-[[ -f $preset ]] || preset=$root/clusters/$preset.toml
-[[ -f $preset ]] || die "no preset $preset (clusters/: $(ls "$root/clusters" | tr '\n' ' '))"
-out=${out:-$state/emulate}
-mkdir -p "$out" "$state"
 np=$((nodes * rpn))
+# bottle plan --calibrate measures the all-reduce between ranks: one rank cannot calibrate.
+((np >= 2)) || die "--nodes $nodes --ranks-per-node $rpn: one rank; the calibration (bottle plan --calibrate) needs at least 2"
+one_of --precision "$precision" fp32 bf16
+preset preset --preset "$precision"
+number --max-mbit "$max_mbit" positive
+number --gap-ms "$gap_ms"
+if ((remeasure)); then
+  [[ $tag =~ ^[A-Za-z0-9_]+$ ]] || die "--remeasure '$tag': give a tag of letters, digits and _ (it names files)"
+  tag=-$tag
+fi
+[[ -n $state ]] || die "no state directory: --state DIR or BOTTLE_CLUSTER_STATE"
+[[ -f $bottle && -x $bottle ]] || die "--bottle $bottle: no bottle binary there (build it, or give --bottle PATH)"
+out=${out:-$state/emulate}
+check_out_dir --out "$out" emulate
+if ((remeasure)) && ! [[ -f $out/.made-by-emulate && -f $out/raw.toml ]]; then
+  die "--remeasure: $out holds no output of an earlier emulate.sh (its raw.toml)"
+fi
+command -v mpicc >/dev/null || die "no mpicc (it builds the all-reduce probe; Debian package libopenmpi-dev)"
 
-# toml FILE SECTION KEY: a number of the file's [SECTION].
-toml() {
-  awk -v sec="[$2]" -v key="$3" '
-    /^\[/ { in_sec = ($1 == sec) }
-    in_sec && $1 == key && $2 == "=" { v = $3; sub(/#.*/, "", v); print v; exit }' "$1"
-}
 calc() { awk "BEGIN { printf \"%.6g\", $* }"; }
 
 # --- 1. the unshaped cluster, calibrated on all ranks --------------------------------------
-if [[ -f $state/config ]]; then
+if [[ -f $state/$cluster_marker && -f $state/config ]]; then
   # shellcheck disable=SC1091
   read -r prefix c_nodes c_rpn < <(. "$state/config" && echo "$prefix $nodes $ranks_per_node")
   [[ $c_nodes == "$nodes" && $c_rpn == "$rpn" ]] ||
@@ -106,6 +125,7 @@ else
   prefix=em$(printf '%05x' $((($$ * 7919 + RANDOM) % 1048576)))
   "$cluster" up --state "$state" --prefix "$prefix" --nodes "$nodes" --ranks-per-node "$rpn" >&2
 fi
+make_out_dir "$out" emulate
 # Every rank one thread, as bench tp's ranks run here.
 export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=passive
 mpi_env=(-x OMP_NUM_THREADS -x OMP_WAIT_POLICY)
@@ -119,6 +139,7 @@ fi
 peak=$(toml "$preset" gpu "${precision}_tflops")
 eta=$(toml "$preset" efficiency gemm)
 rate=$(toml "$out/raw.toml" gpu "${precision}_tflops")
+[[ -n $rate ]] || die "$out/raw.toml has no [gpu] ${precision}_tflops (see $out/calibrate.log)"
 k=$(calc "$peak * $eta / $rate")
 
 # --- 3. the preset's links, dilated, shaped ------------------------------------------------
