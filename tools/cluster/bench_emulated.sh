@@ -45,8 +45,12 @@
 # Default --set: training.seq_len=128. Files under DIR (default emulated-bench/): per layout
 # and repeat the emulation (raw.toml, emulated.toml, emulate.env, probes), bench.json and
 # plan.json, and result.json (the measured and predicted milliseconds per mode, k, the
-# layout); table.txt is what it prints. Exit status 1 when a prediction misses its target
-# (±15 % of an iteration, ±10 % of a speedup). Needs root (cluster.sh), mpicc, jq, build/bottle.
+# layout); table.txt is what it prints. DIR is a new or empty directory, or one of an earlier
+# run (.made-by-bench_emulated): one with other files is refused, as its names would be
+# replaced. Exit status 1 when a prediction misses its target (±15 % of an iteration, ±10 % of
+# a speedup); 2, before anything runs, for an argument it cannot use or nothing to measure
+# (--layouts '' with no --trains and no --paper row). Needs root (cluster.sh), mpicc, jq,
+# build/bottle.
 # shellcheck disable=SC2154 # the variables of the sourced emulate.env
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)

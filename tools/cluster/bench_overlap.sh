@@ -25,7 +25,10 @@
 #
 # Default --set: parallel.tp=1, training.seq_len=128, training.grad_accum_steps=1,
 # parallel.bucket_mb=8; one OpenMP thread a rank. Files under DIR (default overlap-bench/):
-# each run's log and metrics, table.txt. Needs root (cluster.sh) and build/bottle.
+# each run's log and metrics, the corpus and its data/, table.txt; DIR is a new or empty
+# directory, or one of an earlier run (.made-by-bench_overlap): one with other files is
+# refused, as its names would be replaced. An argument it cannot use (--steps 0, --dp 1, ...)
+# is refused before the cluster comes up. Needs root (cluster.sh) and build/bottle.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)

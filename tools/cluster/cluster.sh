@@ -22,9 +22,12 @@ usage: cluster.sh COMMAND [OPTIONS]
   check                      exit 0 when clusters can be made here, else 77 and one line why
   up --state DIR [--nodes N] [--ranks-per-node R] [--intra LINK] [--inter LINK]
      [--prefix P] [--delay-by auto|netem|switch] [--mtu BYTES]
-                             bring a cluster up; DIR receives hostfile, agent, env.sh, config
+                             bring a cluster up; DIR receives .made-by-cluster, config,
+                             hosts, hostfile, agent, env.sh, tmp/ and the delay switch's
+                             files (none of these names may be there already)
   down [--state DIR | --prefix P]
-                             remove everything of that cluster (idempotent)
+                             remove everything of that cluster (idempotent): in DIR, only
+                             what up made there
   run [--state DIR] -- MPIRUN-ARGS...
                              mpirun across the cluster, from rank 0's namespace
   exec [--state DIR] [--rank I] -- COMMAND...

@@ -47,9 +47,13 @@
 #    the measured links (α, αs, β), nccl.base_latency_us = a, nccl.small_message_bytes, s
 #    and c, a comment at the top with k, the preset and intended vs measured figures. DIR/emulate.env holds the same as shell variables.
 #
-# --remeasure TAG: the shaped cluster of an earlier emulate.sh into the same --out and --state
-# is still up; only step 4 runs again (links drift on a shared machine), writing
-# DIR/emulated-TAG.toml, DIR/emulate-TAG.env and DIR/probe_*-TAG.txt.
+# --out DIR (default: STATE/emulate) is a new or empty directory, or one of an earlier run
+# (.made-by-emulate): one with other files is refused, as its names would be replaced. Every
+# argument is checked before the cluster comes up: N·R of 2 ranks at least (the calibration
+# all-reduces), a --preset that holds each figure dilated, a number each.
+# --remeasure TAG (letters, digits, _): the shaped cluster of an earlier emulate.sh into the
+# same --out and --state is still up; only step 4 runs again (links drift on a shared
+# machine), writing DIR/emulated-TAG.toml, DIR/emulate-TAG.env and DIR/probe_*-TAG.txt.
 # Leaves the shaped cluster up in the state directory (the caller takes it down: `cluster.sh
 # down --state DIR`, or `cluster.sh with` does). Needs root (as cluster.sh), mpicc, awk.
 # shellcheck disable=SC2154 # variables set by printf -v and by sourced files
