@@ -95,10 +95,11 @@ fingerprint() {
 for option in --nodes --ranks-per-node --intra --inter --prefix --state --delay-by --mtu; do
   refused "$option needs a value" "$tools/cluster.sh" up "$option"
 done
-refused "--nodes needs a value (found the option --state)" \
+refused "--nodes needs a value (found --state)" \
   "$tools/cluster.sh" up --nodes --state "$fresh"
 for option in --state --prefix; do refused "$option needs a value" "$tools/cluster.sh" down "$option"; done
 refused "--state needs a value" "$tools/cluster.sh" run --state
+refused "--state needs a value (found --)" "$tools/cluster.sh" run --state -- -np 1 true
 for option in --state --rank; do refused "$option needs a value" "$tools/cluster.sh" exec "$option"; done
 for command in cut heal pids; do
   for option in --state --node; do refused "$option needs a value" "$tools/cluster.sh" "$command" "$option"; done

@@ -18,11 +18,11 @@ args_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 }
 
 # need_value OPTION [NEXT...]: called with the arguments left ("$@") at an option that takes
-# a value; dies unless one follows. A next word that is itself an option is no value:
-# `--nodes --state DIR` would otherwise take "--state" for the node count.
+# a value; dies unless one follows. A next word that is itself an option, or the -- before a
+# command, is no value: `--nodes --state DIR` would otherwise take "--state" for the node count.
 need_value() {
   (($# >= 2)) || die "$1 needs a value"
-  [[ $2 != --?* ]] || die "$1 needs a value (found the option $2)"
+  [[ $2 != --* ]] || die "$1 needs a value (found $2)"
 }
 
 # whole VAR OPTION MIN [MAX]: the variable VAR, given as OPTION, must hold a whole number from

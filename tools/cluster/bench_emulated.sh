@@ -144,7 +144,7 @@ paper_shape() {
   ((p_heads >= p_tp)) || p_heads=$p_tp
   while ((p_heads <= p_hidden && p_hidden % p_heads)); do p_heads=$((p_heads + p_tp)); done
   ((p_hidden >= 4 && p_ffn > 0 && p_heads <= p_hidden)) ||
-    die "--paper-scale $paper_scale: $1 (hidden $hidden, FFN $ffn) scaled down has no hidden size of 4 or more that a multiple of TP $p_tp heads divides"
+    die "--paper-scale $paper_scale: $1 (hidden $hidden, FFN $ffn) ÷ $paper_scale is too small to build (hidden 4 or more, FFN 8 or more, a multiple of TP $p_tp heads dividing the hidden size)"
 }
 for paper_model in $paper_models; do
   paper_shape "$paper_model"

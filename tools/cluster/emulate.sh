@@ -143,7 +143,8 @@ fi
 peak=$(toml "$preset" gpu "${precision}_tflops")
 eta=$(toml "$preset" efficiency gemm)
 rate=$(toml "$out/raw.toml" gpu "${precision}_tflops")
-[[ -n $rate ]] || die "$out/raw.toml has no [gpu] ${precision}_tflops (see $out/calibrate.log)"
+awk -v r="$rate" 'BEGIN { exit !(r + 0 > 0) }' ||
+  die "$out/raw.toml has no [gpu] ${precision}_tflops above 0 (see $out/calibrate.log)"
 k=$(calc "$peak * $eta / $rate")
 
 # --- 3. the preset's links, dilated, shaped ------------------------------------------------
