@@ -115,19 +115,21 @@ toml() {
 # a cluster file; it must name one that holds every figure emulate.sh dilates, each a number
 # (a bandwidth, a rate, the efficiency above 0), and VAR is set to the file's path.
 preset() {
-  local _file=${!1} _entry _section _key _value _names=()
+  local _file=${!1} _entry _section _key _least _names=()
   [[ -f $_file ]] || _file=$args_root/clusters/$_file.toml
   if ! [[ -f $_file && -r $_file ]]; then
     for _entry in "$args_root"/clusters/*.toml; do _names+=("$(basename "$_entry" .toml)"); done
     die "$2 '${!1}': no such cluster file or preset (clusters/: ${_names[*]})"
   fi
-  for _entry in "gpu ${3}_tflops +" "efficiency gemm +" "links.intra_node bandwidth_gbs +" \
-    "links.intra_node latency_us 0" "links.inter_node bandwidth_gbs +" \
-    "links.inter_node latency_us 0" "nccl base_latency_us 0"; do
-    read -r _section _key _value <<<"$_entry"
-    if ! awk -v v="$(toml "$_file" "$_section" "$_key")" -v positive="$_value" 'BEGIN {
-        exit !(v ~ /^[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$/ && (positive == "0" || v + 0 > 0)) }'; then
-      die "$2 '${!1}': not a cluster file emulate.sh can use: no number$([[ $_value == + ]] && echo ' above 0') for $_key in [$_section] (see clusters/a100-perlmutter.toml)"
+  # Each figure, and whether it may be 0 ("0 or more") or not ("above 0").
+  for _entry in "gpu ${3}_tflops above 0" "efficiency gemm above 0" \
+    "links.intra_node bandwidth_gbs above 0" "links.intra_node latency_us 0 or more" \
+    "links.inter_node bandwidth_gbs above 0" "links.inter_node latency_us 0 or more" \
+    "nccl base_latency_us 0 or more"; do
+    read -r _section _key _least <<<"$_entry"
+    if ! awk -v v="$(toml "$_file" "$_section" "$_key")" -v above="${_least%% *}" 'BEGIN {
+        exit !(v ~ /^[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$/ && (above != "above" || v + 0 > 0)) }'; then
+      die "$2 '${!1}': not a cluster file emulate.sh can use: $_key in [$_section] is no number $_least (see clusters/a100-perlmutter.toml)"
     fi
   done
   printf -v "$1" '%s' "$_file"
