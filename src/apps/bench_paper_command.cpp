@@ -11,7 +11,7 @@ Command add_bench_paper_command(CLI::App& app) {
   auto o = std::make_shared<PaperBenchOptions>();
   app.add_option("--out", o->out, "directory for report.md, the plots and the logs")
       ->required()
-      ->check(output_path());
+      ->check(output_directory());
   app.add_flag("--quick", o->quick, "small shapes and few steps (under 3 minutes on 2 cores)");
   app.add_option("--memory-limit", o->memory_limit,
                  "per-rank limit of the micro-batch sweep (default: the model state per rank "

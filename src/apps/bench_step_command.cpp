@@ -101,7 +101,7 @@ BenchStepFlags add_bench_step_options(CLI::App& app, BenchStepCommandOptions* c)
                  "write each kind's model after its steps and the tokens it stepped on to "
                  "DIR/KIND (config.json, model.safetensors, tokens.bin: a shard of that one "
                  "batch that `bottle train` reads)")
-      ->check(output_path());
+      ->check(output_directory());
   return {config, kv_heads, kinds, precisions, backend, attention};
 }
 

@@ -10,6 +10,7 @@
 
 #include "comm/communicator.h"
 #include "data/utf8.h"
+#include "io/atomic_output.h"
 #include "train/checkpoint_store.h"
 
 namespace bottle {
@@ -39,6 +40,32 @@ CLI::Validator output_path() {
         return {};
       },
       "PATH");
+}
+
+namespace {
+
+// output_path's rule, then `check` (io/atomic_output.h) on the path; its message, if any.
+CLI::Validator checked_output(void (*check)(const std::string&, std::string_view),
+                              std::string_view what) {
+  return CLI::Validator(
+      [check, what](std::string& text) -> std::string {
+        if (std::string why = output_path()(text); !why.empty()) return why;
+        try {
+          check(text, what);
+        } catch (const Error& e) {
+          return e.what();
+        }
+        return {};
+      },
+      "PATH");
+}
+
+}  // namespace
+
+CLI::Validator output_file() { return checked_output(check_output_file, "the output file"); }
+
+CLI::Validator output_directory() {
+  return checked_output(check_output_directory, "the output directory");
 }
 
 CLI::Validator finite_in(double lo, double hi, bool hi_open) {

@@ -24,6 +24,11 @@ CLI::Validator finite_in(double lo, double hi = std::numeric_limits<double>::inf
 // the messages, JSON and scripts that name it), refused where it enters rather than after the
 // work.
 CLI::Validator output_path();
+// The same for an output file: besides, an existing path that is not a regular file (a device,
+// a FIFO, a directory, a socket) is refused, since the output would be renamed over it.
+CLI::Validator output_file();
+// The same for an output directory: an existing path that is not a directory is refused.
+CLI::Validator output_directory();
 
 // The model directory of a command's --checkpoint: the directory given, or for a run's folder
 // its newest checkpoint, which the first rank names on stderr ("eval: runs/tiny is a run's

@@ -27,7 +27,7 @@ Command add_export_command(CLI::App& app) {
   app.add_option("--out", o->out,
                  "new directory for config.json, model.safetensors and the tokenizer")
       ->required()
-      ->check(output_path());
+      ->check(output_directory());
   app.add_option("--dtype", o->dtype,
                  "the weights' dtype in the file: f32 (as trained), or bf16 (rounded to nearest "
                  "even: half the bytes, for inference)")
@@ -41,16 +41,17 @@ Command add_export_command(CLI::App& app) {
                  "export: run it as one process (it writes one model), not under mpirun -np {}",
                  world_communicator().size());
     check_new_model_directory(o->out);  // before the work of loading
-    auto model = load_model(o->checkpoint);
-    const auto tokenizer = checkpoint_tokenizer(o->checkpoint, model->config());
-    // Whole or not at all (io/atomic_output.h): a full disk leaves nothing to refuse later.
+    const ModelConfig config = read_model_config(o->checkpoint);
+    const auto tokenizer = checkpoint_tokenizer(o->checkpoint, config);
+    // Whole or not at all (io/atomic_output.h): a full disk leaves nothing to refuse later. A
+    // sharded checkpoint is consolidated one tensor at a time.
     write_directory_atomically(o->out, [&](const std::string& temp) {
-      save_model(*model, temp, o->dtype == "bf16" ? DType::bf16 : DType::f32,
-                 special_token_ids(tokenizer.get()));
+      export_model(o->checkpoint, temp, o->dtype == "bf16" ? DType::bf16 : DType::f32,
+                   special_token_ids(tokenizer.get()));
       if (tokenizer) tokenizer->save(temp);
     });
     fmt::print("exported {} ({} parameters, {}) to {}\n", o->checkpoint,
-               model->config().parameter_count(), o->dtype, o->out);
+               config.parameter_count(), o->dtype, o->out);
     return 0;
   };
 }

@@ -51,7 +51,9 @@ Command add_lowrank_command(CLI::App& app) {
     int64_t rank = 0, batch = 4, seq = 0, batches = 8;
   };
   auto o = std::make_shared<Options>();
-  app.add_option("--from", o->from, "full-rank model directory (config.json + safetensors)")
+  app.add_option("--from", o->from,
+                 "full-rank model directory (config.json + safetensors), or a run's folder (its "
+                 "newest checkpoint)")
       ->required();
   app.add_option("--kind", o->kind, "bottleneck of the result: svd (B·A·x) or cola (B·σ(A·x))")
       ->required()
@@ -61,7 +63,7 @@ Command add_lowrank_command(CLI::App& app) {
       ->check(integer_in(1));
   app.add_option("--out", o->out, "new directory for the low-rank model")
       ->required()
-      ->check(output_path());
+      ->check(output_directory());
   app.add_option("--data", o->data,
                  "token shards (file, directory or glob): report the loss before and after");
   app.add_option("--batch", o->batch, "rows per batch of the loss")->check(integer_in(1));
@@ -76,6 +78,8 @@ Command add_lowrank_command(CLI::App& app) {
                  "lowrank: run it as one process, not under mpirun -np {}",
                  world_communicator().size());
     check_new_model_directory(o->out);  // before the work
+    // A run's folder stands for its newest complete checkpoint, as for eval, sample, export.
+    o->from = checkpoint_option(o->from, "lowrank");
     const ModelConfig dense_config = read_model_config(o->from);
     const BottleneckKind kind = parse_bottleneck_kind(o->kind);
     const ModelConfig low_config = lowrank_config(dense_config, kind, o->rank);

@@ -140,7 +140,8 @@ Command add_plan_command(CLI::App& app) {
                "paper's machine) beside the paper's figures, as Markdown (--json: the rows)");
   app.add_option("--calibrate", o->calibrate,
                  "measure this machine (GEMMs, memory, attention, the collectives of the ranks "
-                 "it runs on) and write it as a cluster file");
+                 "it runs on) and write it as a cluster file")
+      ->check(output_file());
   return [o] {
     Communicator& world = world_communicator();
     if (!o->calibrate.empty()) {

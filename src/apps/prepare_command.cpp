@@ -44,8 +44,9 @@
 #include "apps/cli_checks.h"
 #include "apps/commands.h"
 #include "apps/tokenizer_options.h"
-#include "io/atomic_output.h"
+#include "core/arena.h"
 #include "core/error.h"
+#include "io/atomic_output.h"
 #include "sys/worker_pool.h"
 #include "data/byte_tokenizer.h"
 #include "data/shard_writer.h"
@@ -384,6 +385,7 @@ struct PrepareOptions {
   TokenizerOptions tokenizer;
   double val_fraction = 0.05;
   int64_t shard_tokens = 100'000'000;
+  std::string max_document_bytes = "1GiB";
   int64_t threads = std::max(1u, std::thread::hardware_concurrency());
   bool progress = false, no_progress = false;
 };
@@ -399,6 +401,11 @@ TextSourceOptions source_options(const PrepareOptions& o, const std::vector<std:
                "--documents record reads JSONL, but --format text was given: drop one of them");
   source.documents = text_documents(o.documents, files, source.format);
   source.text_field = o.text_field;
+  const std::optional<int64_t> bound = parse_byte_size(o.max_document_bytes);
+  BOTTLE_CHECK(bound && *bound > 0,
+               "--max-document-bytes '{}': not a byte size (such as 1GiB or 500MB)",
+               o.max_document_bytes);
+  source.max_document_bytes = uint64_t(*bound);
   // One text file without blank lines (a document per line) holds one paragraph: by default
   // its lines are the documents then, when its paragraphs are too few for one validation
   // document. Counting stops once there are enough; standard input cannot be read twice.
@@ -558,7 +565,7 @@ Command add_prepare_command(CLI::App& app) {
                  ".zst are read as such");
   app.add_option("--output", o->output, "directory for the shards (created if missing)")
       ->required()
-      ->check(output_path());
+      ->check(output_directory());
   add_tokenizer_options(app, o->tokenizer, /*required=*/false);
   app.add_option("--format", o->format,
                  "auto (.jsonl / .ndjson names are JSONL, and .json ones in JSON Lines form), "
@@ -577,6 +584,9 @@ Command add_prepare_command(CLI::App& app) {
   app.add_option("--shard-tokens", o->shard_tokens,
                  "tokens per shard (the last one of a split holds the rest)")
       ->check(integer_in(1, INT32_MAX));
+  app.add_option("--max-document-bytes", o->max_document_bytes,
+                 "the most bytes one document (or line) may hold, such as 1GiB (default): a "
+                 "document is held whole in memory");
   app.add_option("--prefix", o->prefix, "shard name prefix: <prefix>_train_000000.bin, ...");
   app.add_option("--threads", o->threads, "encoding threads (default: the machine's cores)")
       ->check(integer_in(1, kMaxThreads));

@@ -75,7 +75,7 @@ Command add_plot_command(CLI::App& app) {
                  "metrics.jsonl written by bottle train; several: their runs in one plot")
       ->required();
   app.add_option("--out", o->out, "PNG to write (default: beside the first metrics, loss.png)")
-      ->check(output_path());
+      ->check(output_file());
   return [o] {
     const std::string out =
         o->out.empty()

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <thread>
 #include <tuple>
@@ -20,6 +21,7 @@
 #include "io/atomic_output.h"
 #include "plan/cluster.h"
 #include "sys/system_info.h"
+#include "train/job_agreement.h"
 #include "train/memory_plan.h"
 
 namespace bottle {
@@ -203,6 +205,24 @@ std::pair<double, double> overlap_slowdowns(Communicator& world, Backend& be) {
   return {std::clamp(slowest - 1.0, 0.0, kMostSlowdown - 1.0), std::max(calls - 1.0, 0.0)};
 }
 
+// The cluster file of measurement `c` over `n` ranks, written whole to `path` and printed.
+void write_calibration(const ClusterSpec& c, int n, const std::string& path) {
+  const std::string text = cluster_to_toml(
+      c,
+      fmt::format("Measured by `bottle plan --calibrate` on {} ranks of {} thread(s): every "
+                  "rate is one reached here\n(the median of several runs, the slowest rank's), so "
+                  "both efficiency constants are 1.\nThe links are MPI's all-reduce between "
+                  "these ranks; no other node was measured.\noverlap: how much longer GEMMs took "
+                  "while 1 MiB all-reduces ran beside them (compute_slowdown),\nand those "
+                  "all-reduces than blocking (call_slowdown).",
+                  n, omp_get_max_threads()));
+  // What plan reads back: a measurement it would refuse is an error here, not there.
+  parse_cluster(text, path);
+  // Whole or not at all (io/atomic_output.h): plan never reads half a cluster file.
+  write_file_atomically(path, text);
+  fmt::print("{}", text);
+}
+
 }  // namespace
 
 void calibrate_cluster(Communicator& world, const std::string& path) {
@@ -212,6 +232,15 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
                "with as many ranks as the runs it should predict use per machine (e.g. mpirun "
                "-np 2 bottle plan --calibrate {})",
                path);
+  // Before any measurement, on every rank: a path that is a device, FIFO or directory is
+  // refused (it would be replaced by a plain file), and so is one that cannot be written.
+  run_on_root_or_fail_together(world, 0, [&] {
+    check_output_file(path, "plan --calibrate's cluster file");
+    const std::string folder = std::filesystem::path(path).parent_path().string();
+    std::error_code ec;
+    BOTTLE_CHECK(folder.empty() || std::filesystem::is_directory(folder, ec),
+                 "{}: the folder of plan --calibrate's cluster file does not exist", folder);
+  });
   const std::unique_ptr<Backend> be = make_backend("cpu");
   // The slowest rank's rate: the smallest, as minus the largest negated.
   auto slowest = [&](double v) { return -reduce_scalar(&world, -v, ReduceOp::max, "calibrate"); };
@@ -247,21 +276,9 @@ void calibrate_cluster(Communicator& world, const std::string& path) {
   c.nccl_base_latency_us = 0;
   c.gemm_efficiency = c.bandwidth_efficiency = 1.0;
   std::tie(c.overlap_compute_slowdown, c.overlap_call_slowdown) = overlap_slowdowns(world, *be);
-  if (world.rank() != 0) return;
-  const std::string text = cluster_to_toml(
-      c,
-      fmt::format("Measured by `bottle plan --calibrate` on {} ranks of {} thread(s): every "
-                  "rate is one reached here\n(the median of several runs, the slowest rank's), so "
-                  "both efficiency constants are 1.\nThe links are MPI's all-reduce between "
-                  "these ranks; no other node was measured.\noverlap: how much longer GEMMs took "
-                  "while 1 MiB all-reduces ran beside them (compute_slowdown),\nand those "
-                  "all-reduces than blocking (call_slowdown).",
-                  n, omp_get_max_threads()));
-  // What plan reads back: a measurement it would refuse is an error here, not there.
-  parse_cluster(text, path);
-  // Whole or not at all (io/atomic_output.h): plan never reads half a cluster file.
-  write_file_atomically(path, text);
-  fmt::print("{}", text);
+  // Rank 0 writes; a failure (a full disk, the path taken meanwhile) fails every rank with its
+  // message, so that the job's exit status says the file was not written.
+  run_on_root_or_fail_together(world, 0, [&] { write_calibration(c, n, path); });
 }
 
 }  // namespace bottle

@@ -27,6 +27,7 @@
 #include "bench/subprocess.h"
 #include "core/arena.h"
 #include "core/error.h"
+#include "io/atomic_output.h"
 #include "nn/projection.h"
 #include "sys/system_info.h"
 #include "train/plot.h"
@@ -316,8 +317,12 @@ void run_bench_paper(PaperBenchOptions o) {
   BOTTLE_CHECK(!mpirun.empty(), "bench paper: mpirun not found (Debian package openmpi-bin)");
   BOTTLE_CHECK(!find_in_path("gnuplot").empty(),
                "bench paper: gnuplot not found (Debian package gnuplot-nox)");
-  // A folder that gnuplot cannot be told to write into fails now, not after the runs.
+  // A folder that gnuplot cannot be told to write into fails now, not after the runs, and so
+  // does a report's name taken by a device, FIFO or directory (never replaced).
   gnuplot_path(fs::path(o.out) / "report.png");
+  check_output_directory(o.out, "bench paper --out");
+  for (const char* file : {"report.md", "results.json"})
+    check_output_file((fs::path(o.out) / file).string(), "a file of bench paper's report");
   std::optional<int64_t> limit;
   if (!o.memory_limit.empty()) {
     limit = parse_byte_size(o.memory_limit);

@@ -419,6 +419,7 @@ struct DocumentReader::State {
       if (newline == nullptr) {
         carry.append(start, left);
         block_pos = block_end;
+        check_document_size(carry.size(), "a line");
         continue;
       }
       const size_t length = static_cast<size_t>(newline - start);
@@ -431,6 +432,15 @@ struct DocumentReader::State {
       }
       return true;
     }
+  }
+
+  // Fails, naming the file, once `bytes` of one document (or line) pass the bound.
+  void check_document_size(uint64_t bytes, const char* what) const {
+    BOTTLE_CHECK(bytes <= options.max_document_bytes,
+                 "{}: {} longer than {} bytes (--max-document-bytes), from line {} on: a "
+                 "document is held whole in memory; split the input into documents (--documents "
+                 "paragraph or line), or raise the bound",
+                 name, what, options.max_document_bytes, line_number + 1);
   }
 
   void parse_line(std::string_view line, Document& doc) const {
@@ -467,6 +477,7 @@ struct DocumentReader::State {
       const size_t n = decoder->read(doc.text.data() + at, kBlockBytes);
       doc.text.resize(at + n);
       if (n == 0) break;
+      check_document_size(doc.text.size(), "a document (the whole file, --documents file)");
     }
     doc.origin = name;
   }
@@ -534,6 +545,7 @@ struct DocumentReader::State {
   void append_line(std::string_view line) {
     gathering.append(line);
     if (line_ended) gathering.push_back('\n');
+    check_document_size(gathering.size(), "a document");
   }
 
   void take_gathered(Document& doc) {

@@ -33,6 +33,11 @@ struct TextSourceOptions {
   TextFormat format = TextFormat::auto_detect;
   TextDocuments documents = TextDocuments::file;
   std::string text_field = "text";
+  // The most bytes one document (and one line, which a document gathers) may hold: the
+  // reader keeps a document whole in memory, so an endless line (/dev/zero) or a huge file
+  // read as one document is refused at this size, naming the file, instead of growing
+  // without limit.
+  uint64_t max_document_bytes = uint64_t(1) << 30;
 };
 
 // The format `file` is read in under `requested` by its name alone (a .json file's content

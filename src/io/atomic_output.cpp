@@ -14,6 +14,45 @@ namespace bottle {
 
 namespace fs = std::filesystem;
 
+namespace {
+
+// What `st` is, for an error: "a character device", "a FIFO", ...
+const char* kind_of(const fs::file_status& st) {
+  switch (st.type()) {
+    case fs::file_type::directory: return "a directory";
+    case fs::file_type::character: return "a character device";
+    case fs::file_type::block: return "a block device";
+    case fs::file_type::fifo: return "a FIFO";
+    case fs::file_type::socket: return "a socket";
+    case fs::file_type::regular: return "a regular file";
+    default: return "not a regular file";
+  }
+}
+
+}  // namespace
+
+void check_output_file(const std::string& path, std::string_view what) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    fail("{}: {} cannot be written: {}", path, what, ec.message());
+  if (!fs::exists(st) || fs::is_regular_file(st)) return;
+  fail("{}: {} must be a regular file, and this is {}: bottle never replaces it; name a new or "
+       "regular file",
+       path, what, kind_of(st));
+}
+
+void check_output_directory(const std::string& path, std::string_view what) {
+  std::error_code ec;
+  const fs::file_status st = fs::status(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory)
+    fail("{}: {} cannot be written: {}", path, what, ec.message());
+  if (!fs::exists(st) || fs::is_directory(st)) return;
+  fail("{}: {} must be a directory, and this is {}: bottle never replaces it; name a new or "
+       "empty directory",
+       path, what, kind_of(st));
+}
+
 std::string partial_path(const std::string& path) {
   fs::path p = fs::path(path).lexically_normal();
   if (p.filename().empty()) p = p.parent_path();  // "out/"
@@ -50,6 +89,7 @@ void write_then_publish(const std::string& destination, const std::string& temp,
 
 void write_directory_atomically(const std::string& dir,
                                 const std::function<void(const std::string& temp)>& write) {
+  check_output_directory(dir, "the output");
   const std::string temp = partial_path(dir);
   std::error_code ec;
   fs::remove_all(temp, ec);  // a leftover of an earlier process with our pid
@@ -63,8 +103,11 @@ void write_directory_atomically(const std::string& dir,
 
 void write_file_atomically(const std::string& path,
                            const std::function<void(const std::string& temp)>& write) {
+  check_output_file(path, "the output");
   const std::string temp = partial_path(path);
   write_then_publish(path, temp, write, [&] {
+    // Again at the rename: what took the name meanwhile is not replaced either.
+    check_output_file(path, "the output");
     std::error_code ec;
     fs::rename(temp, path, ec);
     BOTTLE_CHECK(!ec, "{}: cannot move the written copy {} into place: {}", path, temp,

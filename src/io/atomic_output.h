@@ -11,6 +11,15 @@
 
 namespace bottle {
 
+// Refuses, naming `path` and `what` it is (e.g. "plan --calibrate's cluster file"), an existing
+// path that is not a regular file: a device, a FIFO, a directory or a socket. Every output
+// renamed into place would replace it (mknod'ed /dev/full turned into a plain file), so each
+// command checks its outputs this way before any work. A missing path passes.
+void check_output_file(const std::string& path, std::string_view what);
+
+// The same for an output directory: an existing path that is not a directory is refused.
+void check_output_directory(const std::string& path, std::string_view what);
+
 // The temporary name beside `path`: PARENT/.NAME.partial-PID.
 std::string partial_path(const std::string& path);
 
@@ -19,7 +28,8 @@ std::string partial_path(const std::string& path);
 void write_directory_atomically(const std::string& dir,
                                 const std::function<void(const std::string& temp)>& write);
 
-// `write` writes one file at the path it is given; once it returns, the file replaces `path`.
+// `write` writes one file at the path it is given; once it returns, the file replaces `path`,
+// which must be missing or a regular file (check_output_file; checked again before the rename).
 void write_file_atomically(const std::string& path,
                            const std::function<void(const std::string& temp)>& write);
 

@@ -3,6 +3,7 @@
 // crash or a hang; a full disk stops training with a checkpoint; a stopped rank leaves its
 // peers idle, not spinning; SIGHUP stops a run like SIGTERM.
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -273,7 +274,8 @@ INSTANTIATE_TEST_SUITE_P(
                 "the environment's OMP_NUM_THREADS (100000) asks for 100000 OpenMP threads"},
         Hostile{"file_size_limit",
                 "ulimit -f 40 && {bottle} train {dir}/tiny.toml --set training.steps=1",
-                "{dir}/run/.tmp-step_00000001/model.safetensors: write failed (File too large)"},
+                "{dir}/run/.tmp-step_00000001/rank-00000.safetensors: write failed (File too "
+                "large)"},
         // Issue 45, case 6: messages name the key, option or folder at fault.
         Hostile{"vocab_below_byte_shards",
                 "seq 3000 > {dir}/t.txt && {bottle} prepare --input {dir}/t.txt --output "
@@ -349,7 +351,8 @@ INSTANTIATE_TEST_SUITE_P(
         Hostile{"plot_to_device",
                 "{bottle} train {dir}/tiny.toml && {bottle} plot {dir}/run/metrics.jsonl --out "
                 "/dev/full",
-                "/dev/full: the plot must be written to a regular file"},
+                "/dev/full: the output file must be a regular file, and this is a character "
+                "device"},
         Hostile{"train_data_fifo", "{bottle} train {dir}/tiny.toml --set data.train={fifo}",
                 "{dir}/fifo: a token shard must be a regular file"},
         Hostile{"val_data_fifo", "{bottle} train {dir}/tiny.toml --set data.val={fifo}",
@@ -536,6 +539,98 @@ INSTANTIATE_TEST_SUITE_P(
                 "{dir}/tiny.toml",
                 "{dir}/tok.json: the vocabulary is empty"}),
     case_name);
+
+// Issue 57, case 1: an output path that is a device, a FIFO or a directory is refused before
+// any work, naming it, and left as it was (plan --calibrate renamed its file over a device
+// node and exited 0). Each command's output: a file or a directory.
+INSTANTIATE_TEST_SUITE_P(
+    Issue57, HostileCase,
+    ::testing::Values(
+        Hostile{"calibrate_to_fifo", "{bottle} plan --calibrate {fifo}",
+                "{dir}/fifo: the output file must be a regular file, and this is a FIFO"},
+        Hostile{"calibrate_to_directory", "{bottle} plan --calibrate {dir}",
+                "{dir}: the output file must be a regular file, and this is a directory"},
+        Hostile{"plot_to_fifo",
+                "{bottle} train {dir}/tiny.toml && {bottle} plot {dir}/run/metrics.jsonl --out "
+                "{fifo}",
+                "{dir}/fifo: the output file must be a regular file, and this is a FIFO"},
+        Hostile{"export_to_device", "{bottle} export --checkpoint {dir}/model --out /dev/full",
+                "/dev/full: the output directory must be a directory, and this is a character "
+                "device"},
+        Hostile{"lowrank_to_fifo",
+                "{bottle} lowrank --from {dir}/model --out {fifo} --kind svd --rank 4",
+                "{dir}/fifo: the output directory must be a directory, and this is a FIFO"},
+        Hostile{"prepare_to_fifo", "{bottle} prepare --input {dir}/tiny.toml --output {fifo}",
+                "{dir}/fifo: the output directory must be a directory, and this is a FIFO"},
+        Hostile{"bench_step_save_to_fifo", "{bottle} bench step --save {fifo}",
+                "{dir}/fifo: the output directory must be a directory, and this is a FIFO"},
+        Hostile{"bench_paper_to_fifo", "{bottle} bench paper --quick --out {fifo}",
+                "{dir}/fifo: the output directory must be a directory, and this is a FIFO"},
+        // Case 7: an endless line (/dev/zero) was read into memory without limit.
+        Hostile{"prepare_endless_line",
+                "{bottle} prepare --input /dev/zero --output {dir}/out --max-document-bytes 4MiB",
+                "/dev/zero: a line longer than 4194304 bytes (--max-document-bytes), from line 1 "
+                "on"},
+        Hostile{"prepare_huge_document",
+                "head -c 3000000 /dev/zero | tr '\\0' 'a' | fold -w 100 > {dir}/big.txt && "
+                "{bottle} prepare --input {dir}/big.txt {dir}/tiny.toml --output {dir}/out "
+                "--max-document-bytes 1MB",
+                "{dir}/big.txt: a document (the whole file, --documents file) longer than "
+                "1000000 bytes"},
+        Hostile{"bench_paper_report_is_fifo",
+                "mkdir {dir}/p && mkfifo {dir}/p/report.md && {bottle} bench paper --quick --out "
+                "{dir}/p",
+                "{dir}/p/report.md: a file of bench paper's report must be a regular file, and "
+                "this is a FIFO"}),
+    case_name);
+
+// Issue 57, case 7: lowrank --from a run's folder takes its newest checkpoint, as eval, sample
+// and export do (it said "cannot open config.json").
+TEST_F(HostileTrain, LowrankFromARunFolderTakesItsNewestCheckpoint) {
+  const CommandResult r = run_case(
+      "{bottle} train {dir}/tiny.toml --set model.bottleneck=none --set training.steps=2 "
+      "--set checkpoint.interval=1 > /dev/null && {bottle} lowrank --from {dir}/run --kind svd "
+      "--rank 4 --out {dir}/low 2>&1",
+      60);
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_NE(r.output.find(dir / "run is a run's folder: its newest checkpoint is " +
+                          (dir / "run/step_00000002")),
+            std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::filesystem::is_regular_file(dir / "low/config.json"));
+}
+
+// Issue 57, case 1, as reported: under mpirun, plan --calibrate given a character device
+// (/dev/full's numbers, made with mknod) fails on every rank before it measures, and the node
+// is still a character device afterwards; so does a folder that does not exist.
+TEST_F(HostileTrain, CalibrateNeverReplacesADeviceNode) {
+#ifndef BOTTLE_MPIEXEC
+  GTEST_SKIP() << "built without MPI's launcher";
+#else
+  if (::geteuid() != 0) GTEST_SKIP() << "mknod needs root";
+  const std::string node = dir / "full";
+  ASSERT_EQ(::mknod(node.c_str(), S_IFCHR | 0600, makedev(1, 7)), 0);
+  const CommandResult r =
+      run(fmt::format("{} {} plan --calibrate {} 2>&1", mpirun(2, 60), bottle_binary(), node));
+  EXPECT_NE(r.status, 0) << r.output;
+  EXPECT_EQ(count_occurrences(r.output, node + ": the output file must be a regular file, and "
+                                               "this is a character device"),
+            2)
+      << r.output;
+  struct stat st {};
+  ASSERT_EQ(::lstat(node.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISCHR(st.st_mode)) << node << " is no longer a character device";
+  const std::string missing = dir / "no/such/folder/cluster.toml";
+  const CommandResult m =
+      run(fmt::format("{} {} plan --calibrate {} 2>&1", mpirun(2, 60), bottle_binary(), missing));
+  EXPECT_NE(m.status, 0) << m.output;
+  EXPECT_EQ(count_occurrences(m.output, "the folder of plan --calibrate's cluster file does not "
+                                        "exist"),
+            2)
+      << m.output;
+  EXPECT_EQ(m.output.find("fp32_tflops"), std::string::npos) << "it measured: " << m.output;
+#endif
+}
 
 // A file-size limit (prlimit on the running process, once MPI has started) stands for a
 // full disk: writes past it fail with EFBIG, as they would with ENOSPC. Prints the run's
