@@ -154,13 +154,16 @@ class Backend : public MemorySource {
                                      int64_t head_dim, DType dtype) {
     return "own CPU kernel";
   }
-  // Device workspace the same attention takes beyond the activations (cuDNN's backward: its
-  // dP or dQ workspace, backend/attention_workspace.h), for the memory plan; 0 for the host
-  // backends, whose attention needs none.
+  // Workspace the same attention takes beyond the activations, for the memory plan: cuDNN's
+  // backward's dP or dQ workspace (backend/attention_workspace.h), the cpu backend's per-thread
+  // scores (and bf16 windows); 0 for a backend whose attention needs none.
   virtual int64_t attention_workspace_bytes(int64_t batch, int64_t seq, int64_t heads,
                                             int64_t kv_heads, int64_t head_dim, DType dtype) {
     return 0;
   }
+  // Scratch a norm's backward keeps beyond its operands for rows of up to `width` values (the
+  // cpu backend's per-thread partials of the weight's gradient), for the memory plan.
+  virtual int64_t norm_scratch_bytes(int64_t width, DType dtype) { return 0; }
 
   // --- The ops (backend/backend_ops.def, one entry each, with its contract). Each checks its
   // operands once for every backend (backend.cpp) and then calls its implementation, do_<op>.

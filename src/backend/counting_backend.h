@@ -91,6 +91,9 @@ class CountingBackend final : public ForwardingBackend {
                                     int64_t head_dim, DType dtype) override {
     return Backend::attention_workspace_bytes(batch, seq, heads, kv_heads, head_dim, dtype);
   }
+  int64_t norm_scratch_bytes(int64_t width, DType dtype) override {
+    return Backend::norm_scratch_bytes(width, dtype);
+  }
   // What a device backend would wait for: every synchronize and every op that returns device
   // data to the host (to_host, first_outside, sum, sum_squares).
   void synchronize() override { ++host_waits_; }

@@ -100,6 +100,9 @@ class ForwardingBackend : public Backend {
                                     int64_t head_dim, DType dtype) override {
     return inner().attention_workspace_bytes(batch, seq, heads, kv_heads, head_dim, dtype);
   }
+  int64_t norm_scratch_bytes(int64_t width, DType dtype) override {
+    return inner().norm_scratch_bytes(width, dtype);
+  }
 
   // The ops, each through around() with the traffic its entry of backend/backend_ops.def gives.
 #define BOTTLE_BACKEND_OP(ret, op, params, call, traffic) ret do_##op params override;

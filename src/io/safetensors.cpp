@@ -204,46 +204,74 @@ void SafeTensorsReader::check_finite(const std::string& name, std::span<const fl
                path_, name, *bad, bad - values.begin());
 }
 
-void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
-                       const std::map<std::string, std::string>& metadata, DType stored) {
+SafeTensorsWriter::SafeTensorsWriter(std::string path, const std::vector<Spec>& tensors,
+                                     const std::map<std::string, std::string>& metadata,
+                                     DType stored)
+    : path_(std::move(path)), stored_(stored) {
   BOTTLE_CHECK(stored == DType::f32 || stored == DType::bf16,
-               "{}: tensors are written as f32 or bf16, not {}", path, dtype_name(stored));
+               "{}: tensors are written as f32 or bf16, not {}", path_, dtype_name(stored));
   nlohmann::ordered_json header;
   if (!metadata.empty()) header["__metadata__"] = metadata;
   uint64_t offset = 0;
-  for (const auto& [name, t] : tensors) {
-    BOTTLE_CHECK(t.dtype == DType::f32, "{}: tensor '{}' must be f32 to be written", path, name);
-    std::vector<int64_t> shape(t.shape.dims.begin(), t.shape.dims.begin() + t.shape.rank);
-    const uint64_t bytes = uint64_t(t.numel()) * dtype_size(stored);
-    header[name] = {{"dtype", stored == DType::bf16 ? "BF16" : "F32"},
-                    {"shape", shape},
-                    {"data_offsets", {offset, offset + bytes}}};
+  for (const Spec& t : tensors) {
+    int64_t numel = 1;
+    for (const int64_t d : t.shape) numel *= d;
+    const uint64_t bytes = uint64_t(numel) * dtype_size(stored);
+    header[t.name] = {{"dtype", stored == DType::bf16 ? "BF16" : "F32"},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
+    left_ += uint64_t(numel);
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  BOTTLE_CHECK(out, "{}: cannot open for writing", path);
+  out_.open(path_, std::ios::binary | std::ios::trunc);
+  BOTTLE_CHECK(out_, "{}: cannot open for writing", path_);
+  const uint64_t len = text.size();
+  out_.write(reinterpret_cast<const char*>(&len), 8);
+  out_.write(text.data(), std::streamsize(text.size()));
+}
+
+void SafeTensorsWriter::write(std::span<const float> values) {
+  BOTTLE_ASSERT(values.size() <= left_, "{}: {} values past the tensors' end", path_,
+                values.size() - left_);
+  left_ -= values.size();
   // The stream keeps no error code: errno after a failed write says why (ENOSPC, or EFBIG
   // under a file-size limit).
   errno = 0;
-  const uint64_t len = text.size();
-  out.write(reinterpret_cast<const char*>(&len), 8);
-  out.write(text.data(), std::streamsize(text.size()));
-  std::vector<uint16_t> narrowed;
-  for (const auto& nt : tensors) {
-    if (stored == DType::f32) {
-      out.write(static_cast<const char*>(nt.tensor.data), std::streamsize(nt.tensor.nbytes()));
-      continue;
-    }
-    narrowed.resize(size_t(nt.tensor.numel()));
-    for (size_t i = 0; i < narrowed.size(); ++i) narrowed[i] = bf16_from_float(nt.tensor.f32()[i]);
-    out.write(reinterpret_cast<const char*>(narrowed.data()),
-              std::streamsize(narrowed.size() * sizeof(uint16_t)));
+  if (stored_ == DType::f32) {
+    out_.write(reinterpret_cast<const char*>(values.data()),
+               std::streamsize(values.size_bytes()));
+  } else {
+    narrowed_.resize(values.size());
+    for (size_t i = 0; i < values.size(); ++i) narrowed_[i] = bf16_from_float(values[i]);
+    out_.write(reinterpret_cast<const char*>(narrowed_.data()),
+               std::streamsize(narrowed_.size() * sizeof(uint16_t)));
   }
-  out.flush();
   const int err = errno;
-  BOTTLE_CHECK(out, "{}: write failed ({})", path, err ? std::strerror(err) : "disk full?");
+  BOTTLE_CHECK(out_, "{}: write failed ({})", path_, err ? std::strerror(err) : "disk full?");
+}
+
+void SafeTensorsWriter::close() {
+  BOTTLE_ASSERT(left_ == 0, "{}: closed with {} values of its tensors unwritten", path_, left_);
+  errno = 0;
+  out_.flush();
+  const int err = errno;
+  BOTTLE_CHECK(out_, "{}: write failed ({})", path_, err ? std::strerror(err) : "disk full?");
+  out_.close();
+}
+
+void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata, DType stored) {
+  std::vector<SafeTensorsWriter::Spec> specs;
+  for (const auto& [name, t] : tensors) {
+    BOTTLE_CHECK(t.dtype == DType::f32, "{}: tensor '{}' must be f32 to be written", path, name);
+    specs.push_back({name, std::vector<int64_t>(t.shape.dims.begin(),
+                                                t.shape.dims.begin() + t.shape.rank)});
+  }
+  SafeTensorsWriter out(path, specs, metadata, stored);
+  for (const auto& nt : tensors) out.write(std::span(nt.tensor.f32(), size_t(nt.tensor.numel())));
+  out.close();
 }
 
 }  // namespace bottle

@@ -2,6 +2,7 @@
 // The safetensors format: u64 little-endian header length, a JSON header
 // {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then the raw data.
 #include <cstdint>
+#include <fstream>
 #include <istream>
 #include <map>
 #include <span>
@@ -55,6 +56,33 @@ class SafeTensorsReader {
 struct NamedTensor {
   std::string name;
   Tensor tensor;  // f32 host memory
+};
+
+// A safetensors file written tensor by tensor: the header is made from the names and shapes
+// first, then each tensor's f32 values arrive in order, in as many parts as the caller likes,
+// so that a writer never holds more than the part it stages (a checkpoint's rank streams its
+// slices from the device through a bounded buffer). Stored as F32, or as BF16 (rounded to
+// nearest even). Every error names `path`; close() fails unless every value arrived.
+class SafeTensorsWriter {
+ public:
+  struct Spec {
+    std::string name;
+    std::vector<int64_t> shape;
+  };
+  SafeTensorsWriter(std::string path, const std::vector<Spec>& tensors,
+                    const std::map<std::string, std::string>& metadata = {},
+                    DType stored = DType::f32);
+  // The next values of the tensors, in order.
+  void write(std::span<const float> values);
+  // Flushes and checks the stream: a full disk fails here at the latest.
+  void close();
+
+ private:
+  std::string path_;
+  DType stored_;
+  uint64_t left_ = 0;  // values still to come
+  std::ofstream out_;
+  std::vector<uint16_t> narrowed_;
 };
 
 // Writes f32 tensors, stored as F32, or as BF16 (rounded to nearest even) when `stored` is

@@ -9,6 +9,7 @@
 
 #include "io/json_io.h"
 #include "model/hf_modeling_files.h"
+#include "parallel/tp_layouts.h"
 
 namespace bottle {
 
@@ -236,7 +237,29 @@ ModelConfig read_model_config(const std::string& dir) {
   return read_hf_config((fs::path(dir) / kConfigFile).string());
 }
 
+void load_model_weights(LlamaModel& model, const ShardedCheckpoint& checkpoint) {
+  const ParameterStore& params = model.parameters();
+  // A model on one stage holds every parameter: any other weight in the index is foreign.
+  if (model.stage().stages == 1)
+    for (const std::string& name : checkpoint.names())
+      BOTTLE_CHECK(name.find('/') != std::string::npos || params.contains(name),
+                   "{}: unexpected tensor '{}' (not a parameter of the model {} describes)",
+                   checkpoint.index_path(), name, kConfigFile);
+  std::vector<float> slice;  // [one parameter's slice]
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    const ParamSpec& spec = params.specs()[i];
+    slice.resize(size_t(spec.shape.numel()));
+    checkpoint.read(spec.name, spec, 0, spec.shape.numel(), slice);
+    params.set_values(i, slice.data());
+  }
+  params.refresh_compute(params.backend());
+}
+
 void load_model_weights(LlamaModel& model, const std::string& dir) {
+  if (is_sharded_checkpoint(dir)) {
+    load_model_weights(model, ShardedCheckpoint(dir));
+    return;
+  }
   const ShardedReader files(dir, "model");
   const ParameterStore& params = model.parameters();
   // A model on one stage holds every parameter: anything else in the files is foreign.
@@ -252,6 +275,29 @@ void load_model_weights(LlamaModel& model, const std::string& dir) {
     params.set_values(i, slice.data());
   }
   params.refresh_compute(params.backend());
+}
+
+void export_model(const std::string& dir, const std::string& out, DType stored,
+                  const SpecialTokenIds& ids) {
+  if (!is_sharded_checkpoint(dir)) {
+    save_model(*load_model(dir), out, stored, ids);
+    return;
+  }
+  const ModelConfig config = read_model_config(dir);
+  // The names, in the order a model saves them, from a model laid out without memory.
+  const LlamaModel plan(config, TensorParallel{&default_tp_layout(config.shape())}, 1,
+                        PipelineStage{}, /*reserve_only=*/true);
+  std::vector<std::string> names;
+  for (const ParamSpec& spec : plan.parameters().specs()) names.push_back(spec.name);
+  check_new_model_directory(out);
+  try {
+    fs::create_directories(out);
+  } catch (const fs::filesystem_error& e) {
+    fail("{}: cannot create the model directory: {}", out, e.code().message());
+  }
+  write_model_description(config, out, stored, ids);
+  consolidate_weights(ShardedCheckpoint(dir), names, (fs::path(out) / kWeightsFile).string(),
+                      stored);
 }
 
 std::unique_ptr<LlamaModel> load_model(const std::string& dir) {

@@ -70,6 +70,10 @@ void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) con
   if (!shard_.owns_all()) dp->complete();
 }
 
+std::vector<FlatSource> AdamW::held_state() const {
+  return {{"exp_avg/", m_, shard_.pieces}, {"exp_avg_sq/", v_, shard_.pieces}};
+}
+
 void AdamW::load_moments(Tensor m_whole, Tensor v_whole) {
   Backend& be = *backend_;
   shard_.take(be, m_, m_whole);

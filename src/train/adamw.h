@@ -10,6 +10,7 @@
 #include "backend/backend.h"
 #include "model/parameters.h"
 #include "model/shard_layout.h"
+#include "model/sharded_checkpoint.h"
 
 namespace bottle {
 
@@ -46,6 +47,12 @@ class AdamW {
   void gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) const;
   // Takes this rank's slices out of whole-buffer moments.
   void load_moments(Tensor m_whole, Tensor v_whole);
+  // The state as a checkpoint names it, with what this rank holds of each: "exp_avg/" and
+  // "exp_avg_sq/", the owned stretches end to end. A sharded checkpoint writes and reads them
+  // in place (model/sharded_checkpoint.h): nothing is gathered.
+  std::vector<FlatSource> held_state() const;
+  // The owned part of the flat parameter buffer.
+  const ShardLayout& shard() const { return shard_; }
 
  private:
   // One stretch of owned parameters, updated in one pass.

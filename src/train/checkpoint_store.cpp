@@ -16,6 +16,8 @@
 #include <string_view>
 #include <thread>
 
+#include "core/arena.h"
+
 #include "io/json_io.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"
@@ -110,6 +112,27 @@ std::string moment_name(const char* which, const std::string& param) {
   return std::string(which) + "/" + param;
 }
 
+fs::path rank_file(const fs::path& dir, int world_rank) {
+  return dir / fmt::format("rank-{:05d}.safetensors", world_rank);
+}
+
+// What this rank writes of a save, nullptr for nothing: every TP rank its slices (TP rank 0 the
+// parameters they all hold whole), every pipeline stage its parameters; a DP replica nothing
+// unless ZeRO shards the optimizer state (then each DP rank its owned slices of the masters
+// and the moments). The last stage's copy of a tied table is the first stage's and is not
+// written twice.
+std::unique_ptr<RankPieces> held_pieces(const LlamaModel& model, const AdamW& optimizer,
+                                        const FlatSource& masters, Communicator* dp) {
+  const bool zero = !optimizer.shard().owns_all();
+  if (!zero && dp && dp->rank() != 0) return nullptr;
+  std::vector<FlatSource> sources{masters};
+  for (FlatSource& state : optimizer.held_state()) sources.push_back(std::move(state));
+  const Communicator* tp = model.tensor_parallel().comm;
+  return std::make_unique<RankPieces>(model.parameters(), model.stage().stage, sources,
+                                      !tp || tp->rank() == 0,
+                                      model.holds_tied_copy() ? "model.embed_tokens.weight" : "");
+}
+
 }  // namespace
 
 CheckpointStore::CheckpointStore(std::string folder, int keep)
@@ -142,7 +165,8 @@ CheckpointStore::CheckpointStore(std::string folder, int keep)
   if (ec) fail("{}: checkpoint.folder cannot be created: {}", folder_, ec.message());
 }
 
-std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer, Tensor values,
+std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
+                                  const FlatSource& masters,
                                   const TrainerState& state, int64_t step, Communicator* dp,
                                   Communicator* world) {
   const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
@@ -156,9 +180,11 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
     save_part(world, step, [&] { open_temporary(model, temp); });
   else
     save_part(world, step, [] {});
-  save_part(world, step, [&] { write_shards(model, optimizer, values, temp, dp); });
+  save_part(world, step,
+            [&] { write_shards(model, optimizer, masters, temp, dp, world ? world->rank() : 0); });
   if (leader)
-    save_part(world, step, [&] { place(model, state, step, temp, final_dir); });
+    save_part(world, step,
+              [&] { place(optimizer.steps_taken(), state, step, temp, final_dir); });
   else
     save_part(world, step, [] {});
   return final_dir.string();
@@ -211,39 +237,120 @@ void CheckpointStore::open_temporary(const LlamaModel& model, const fs::path& te
   if (tokenizer_) tokenizer_->save(temp);
 }
 
-// Every rank's part: each pipeline stage writes its own shard; the TP slices are gathered to
-// the stage's TP rank 0 (and ZeRO-1's moment shards over the DP group); DP replicas write
-// nothing.
-void CheckpointStore::write_shards(const LlamaModel& model, const AdamW& optimizer, Tensor values,
-                                   const fs::path& temp, Communicator* dp) const {
-  const ParameterStore& params = model.parameters();
-  BOTTLE_ASSERT(values.numel() == params.padded(), "a checkpoint of {} values for {} parameters",
-                values.numel(), params.padded());
-  Arena moments_arena(MemoryTag::comm, params.backend());
-  const Tensor m = moments_arena.alloc({params.padded()}),
-               v = moments_arena.alloc({params.padded()});
-  optimizer.gather_moments(m, v, dp);
-  if (dp && dp->rank() != 0) return;
-  Communicator* tp = model.tensor_parallel().comm;
-  write_shard(temp.string(), "model", params, tp, model.stage(), {{"", values}},
-              {{"format", "pt"}});
+// Every rank's part: each writes what it holds (held_pieces), into a file of its own, in
+// parallel. Nothing is gathered and nothing of the model's size is allocated.
+void CheckpointStore::write_shards(const LlamaModel& model, const AdamW& optimizer,
+                                   const FlatSource& masters, const fs::path& temp,
+                                   Communicator* dp, int world_rank) const {
+  const std::unique_ptr<RankPieces> pieces = held_pieces(model, optimizer, masters, dp);
+  if (!pieces) return;
+  const fs::path file = rank_file(temp, world_rank);
+  pieces->write(file.string(), model.parameters().backend());
   failpoint(2);
-  write_shard(temp.string(), "optimizer", params, tp, model.stage(),
-              {{"exp_avg/", m}, {"exp_avg_sq/", v}},
-              {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer.steps_taken())}});
+  fsync_path(file);
   failpoint(3);
+}
+
+// The background thread's part of an asynchronous save, and what the others wait for.
+struct CheckpointStore::Pending {
+  int64_t step = 0, optimizer_steps = 0;
+  TrainerState state;
+  fs::path temp, final_dir;
+  bool leader = false;
+  std::unique_ptr<RankPieces> pieces;  // null: this rank writes nothing
+  std::vector<float> copy;             // [pieces->values()] what this rank holds, at the step
+  size_t counted = 0;                  // bytes of `copy` counted as the host backend's comm
+  std::thread writer;
+  std::exception_ptr error;  // the writer's failure
+};
+
+std::string CheckpointStore::save_async(const LlamaModel& model, const AdamW& optimizer,
+                                        const FlatSource& masters, const TrainerState& state,
+                                        int64_t step, Communicator* dp, Communicator* world) {
+  finish_pending(world);
+  auto p = std::make_unique<Pending>();
+  const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
+  p->step = step;
+  p->optimizer_steps = optimizer.steps_taken();
+  p->state = state;
+  p->final_dir = fs::path(folder_) / name;
+  p->temp = fs::path(folder_) / fmt::format("{}{}", kTempPrefix, name);
+  p->leader = !world || world->rank() == 0;
+  if (p->leader)
+    save_part(world, step, [&] { open_temporary(model, p->temp); });
+  else
+    save_part(world, step, [] {});
+  // The copy is taken now, on the thread that owns the backend: the next step changes what it
+  // copies. On a host backend it is the backend's memory, so it counts as its comm tag (and the
+  // memory plan holds it, §10).
+  save_part(world, step, [&] {
+    p->pieces = held_pieces(model, optimizer, masters, dp);
+    if (!p->pieces) return;
+    Backend& be = model.parameters().backend();
+    p->copy = p->pieces->snapshot(be);
+    if (be.device() == Device::cpu) {
+      p->counted = async_copy_bytes(p->pieces->values());
+      MemoryStats::global().add(MemoryTag::comm, p->counted);
+    }
+  });
+  const fs::path file = rank_file(p->temp, world ? world->rank() : 0);
+  p->writer = std::thread([p = p.get(), file] {
+    try {
+      if (!p->pieces) return;
+      p->pieces->write_snapshot(file.string(), p->copy);
+      failpoint(2);
+      fsync_path(file);
+      failpoint(3);
+    } catch (...) {
+      p->error = std::current_exception();
+    }
+  });
+  pending_ = std::move(p);
+  return pending_->final_dir.string();
+}
+
+std::string CheckpointStore::finish_pending(Communicator* world) {
+  if (!pending_) return "";
+  const std::unique_ptr<Pending> p = std::move(pending_);
+  p->writer.join();
+  if (p->counted) MemoryStats::global().sub(MemoryTag::comm, p->counted);
+  p->copy = {};
+  // Every rank learns whether every write succeeded before the leader publishes.
+  save_part(world, p->step, [&] {
+    if (!p->error) return;
+    try {
+      std::rethrow_exception(p->error);
+    } catch (const Error&) {
+      throw;
+    } catch (const fs::filesystem_error&) {
+      throw;
+    } catch (const std::exception& e) {
+      fail("{}", e.what());
+    }
+  });
+  if (p->leader)
+    save_part(world, p->step,
+              [&] { place(p->optimizer_steps, p->state, p->step, p->temp, p->final_dir); });
+  else
+    save_part(world, p->step, [] {});
+  return p->final_dir.string();
+}
+
+CheckpointStore::~CheckpointStore() {
+  // A run that ends by an error leaves the save under way unpublished (its .tmp- folder goes
+  // at the next save), but its thread ends first.
+  if (pending_ && pending_->writer.joinable()) pending_->writer.join();
 }
 
 // The leader's last part: the shard indexes and the trainer state, the temporary folder
 // renamed into place, and the oldest checkpoints beyond `keep` pruned.
-void CheckpointStore::place(const LlamaModel& model, const TrainerState& state, int64_t step,
+void CheckpointStore::place(int64_t optimizer_steps, const TrainerState& state, int64_t step,
                             const fs::path& temp, const fs::path& final_dir) const {
-  const int tp_size = model.tensor_parallel().size();
-  if (model.stage().stages * tp_size > 1) {
-    write_shard_index(temp.string(), "model");
-    write_shard_index(temp.string(), "optimizer");
-  }
-  for (const auto& e : fs::directory_iterator(temp)) fsync_path(e.path());
+  write_checkpoint_index(temp.string(),
+                         {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer_steps)}});
+  // The rank files were synced by their writers.
+  for (const auto& e : fs::directory_iterator(temp))
+    if (!e.path().filename().string().starts_with("rank-")) fsync_path(e.path());
   write_trainer_state(temp, state);
   fsync_path(temp / kTrainerStateFile);
   fsync_path(temp);
@@ -341,6 +448,9 @@ std::vector<int64_t> CheckpointStore::interrupted_saves() const {
   return steps;
 }
 
+CheckpointStore::CheckpointStore(ReadOnly, std::string folder)
+    : folder_(std::move(folder)), keep_(0) {}
+
 std::optional<std::string> CheckpointStore::newest(const std::string& folder) {
   return CheckpointStore(ReadOnly{}, folder).latest();
 }
@@ -373,6 +483,19 @@ std::optional<std::string> CheckpointStore::latest() const {
 TrainerState CheckpointStore::load(const std::string& dir, LlamaModel& model, AdamW& optimizer) {
   // The small file first: a damaged state fails before the weights are read.
   const TrainerState state = read_trainer_state(dir);
+  if (is_sharded_checkpoint(dir)) {
+    // Each rank reads its own slices, of any layout's pieces, straight into place.
+    const ShardedCheckpoint checkpoint(dir);
+    const auto saved = checkpoint.metadata().find("optimizer");
+    BOTTLE_CHECK(saved == checkpoint.metadata().end() || saved->second == "adamw",
+                 "{}: the optimizer state is {}'s; this run trains with adamw",
+                 checkpoint.index_path(), saved->second);
+    load_model_weights(model, checkpoint);
+    for (const FlatSource& state_part : optimizer.held_state())
+      read_rank_pieces(checkpoint, model.parameters(), state_part);
+    optimizer.set_steps_taken(state.optimizer_steps);
+    return state;
+  }
   load_model_weights(model, dir);
   const ShardedReader files(dir, "optimizer");
   const ParameterStore& params = model.parameters();

@@ -1,10 +1,11 @@
 #pragma once
 // Training checkpoints: folder/step_00000200/ holds config.json, the weights and the AdamW
-// moments of each pipeline stage and TP rank (model.safetensors / optimizer.safetensors on
-// one rank; else HF's sharded model-0000k-of-0000n.safetensors with
-// model.safetensors.index.json, and the same for optimizer-*), and trainer_state.json
-// (step, data position, config, ...). The weights alone are a complete model (any layout
-// reads them; `bottle export` merges the shards). Everything is written into a temporary
+// moments as every rank holds them (rank-RRRRR.safetensors, one per writing rank, written in
+// parallel, with checkpoint_index.json naming the pieces: model/sharded_checkpoint.h), and
+// trainer_state.json (step, data position, config, ...). Any layout reads them back (eval,
+// sample, --init-from, --resume); `bottle export` consolidates the weights into the model
+// transformers reads. Checkpoints written before (model.safetensors / optimizer.safetensors, or
+// HF's sharded files with an index) still load. Everything is written into a temporary
 // directory, fsync'ed and renamed into place, so an interrupted write never replaces or
 // damages the last good checkpoint; the last `keep` are kept.
 //
@@ -15,6 +16,7 @@
 // replaced or deleted); other names (step_00000010.bak) are not the store's and are ignored.
 #include <filesystem>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,14 +47,32 @@ class CheckpointStore {
   // unwritable place).
   CheckpointStore(std::string folder, int keep);
 
-  // Returns the checkpoint's directory. Every rank of the job calls it: the TP slices (and
-  // a ZeRO-1 optimizer's DP shards) are gathered, one rank writes, and all return once the
-  // checkpoint is complete. A failure on any rank (a full disk, the folder deleted under the
-  // save) fails every rank with one message. values: [padded] this rank's stage's fp32
-  // masters whole (DataParallel::whole_masters: ZeRO-3 keeps only a shard of them).
-  std::string save(const LlamaModel& model, const AdamW& optimizer, Tensor values,
+  // Returns the checkpoint's directory. Every rank of the job calls it: each writes what it
+  // holds (a DP replica nothing unless ZeRO shards the state), nothing is gathered, and all
+  // return once the checkpoint is complete. A failure on any rank (a full disk, the folder
+  // deleted under the save) fails every rank with one message. masters: what this rank holds
+  // of its stage's fp32 masters (DataParallel::held_masters).
+  std::string save(const LlamaModel& model, const AdamW& optimizer, const FlatSource& masters,
                    const TrainerState& state, int64_t step, Communicator* dp = nullptr,
                    Communicator* world = nullptr);
+  // checkpoint.async (TorchTitan's asynchronous checkpointing): the same save, but each rank
+  // copies what it holds to host memory at once and a background thread writes it while
+  // training goes on. The checkpoint is published (its index, its state, the rename into
+  // place, pruning) by finish_pending(), which the next save, a stop and the run's end call;
+  // until then the newest checkpoint is the one before, and a kill leaves it so. Returns the
+  // directory the checkpoint will have. Every rank calls it.
+  std::string save_async(const LlamaModel& model, const AdamW& optimizer,
+                         const FlatSource& masters, const TrainerState& state, int64_t step,
+                         Communicator* dp = nullptr, Communicator* world = nullptr);
+  // Waits for the save under way and publishes it (every rank calls); its directory, "" when
+  // none was under way. A write that failed on any rank fails every rank with its message.
+  std::string finish_pending(Communicator* world = nullptr);
+  bool save_pending() const { return pending_ != nullptr; }
+  // Bytes of host memory an asynchronous save holds: the copy of `values` values.
+  static size_t async_copy_bytes(int64_t values) { return size_t(values) * sizeof(float); }
+  ~CheckpointStore();
+  CheckpointStore(const CheckpointStore&) = delete;
+  CheckpointStore& operator=(const CheckpointStore&) = delete;
   // Complete checkpoints (ours, with trainer_state.json), oldest step first.
   std::vector<std::string> list() const;
   // Our step folders without trainer_state.json (a damaged one), oldest step first.
@@ -82,14 +102,14 @@ class CheckpointStore {
 
  private:
   struct ReadOnly {};
-  CheckpointStore(ReadOnly, std::string folder) : folder_(std::move(folder)), keep_(0) {}
+  CheckpointStore(ReadOnly, std::string folder);
   // One part of a save on every rank of `world` (nullptr: this process alone); a failure
   // on any rank (a filesystem error named by its path, the folder guard's) fails them all.
   void save_part(Communicator* world, int64_t step, const std::function<void()>& part) const;
   void open_temporary(const LlamaModel& model, const std::filesystem::path& temp) const;
-  void write_shards(const LlamaModel& model, const AdamW& optimizer, Tensor values,
-                    const std::filesystem::path& temp, Communicator* dp) const;
-  void place(const LlamaModel& model, const TrainerState& state, int64_t step,
+  void write_shards(const LlamaModel& model, const AdamW& optimizer, const FlatSource& masters,
+                    const std::filesystem::path& temp, Communicator* dp, int world_rank) const;
+  void place(int64_t optimizer_steps, const TrainerState& state, int64_t step,
              const std::filesystem::path& temp, const std::filesystem::path& final_dir) const;
   std::vector<std::string> list(bool complete) const;
   // Our step folders as (step, path), oldest first, and the foreign ones with the reason.
@@ -99,6 +119,8 @@ class CheckpointStore {
   };
   Scan scan() const;
 
+  struct Pending;  // an asynchronous save under way
+  std::unique_ptr<Pending> pending_;
   std::string folder_;
   int keep_;
   const Tokenizer* tokenizer_ = nullptr;

@@ -297,6 +297,13 @@ Tensor DataParallel::whole_masters(Arena& arena) {
   return values;
 }
 
+FlatSource DataParallel::held_masters() {
+  if (!zero()) return {"", params_.values(), whole_buffer(params_.padded())};
+  finish_gathers();
+  if (shards_parameters()) return {"", params_.values(), shard_.pieces};
+  return {"", params_.values(), owned_in_whole_buffer(shard_)};
+}
+
 size_t DataParallel::unit_ending_at(int64_t end) const {
   const std::vector<ParamUnit>& units = params_.units();
   for (size_t u = 0; u < units.size(); ++u)

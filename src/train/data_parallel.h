@@ -44,6 +44,7 @@
 #include "backend/backend.h"
 #include "model/parameters.h"
 #include "model/shard_layout.h"
+#include "model/sharded_checkpoint.h"
 
 namespace bottle {
 
@@ -119,6 +120,11 @@ class DataParallel {
   // over the group where ZeRO keeps only this rank's slices of them (ZeRO-1 under mixed
   // precision into the store's own buffer; ZeRO-3 into one taken from `arena`).
   Tensor whole_masters(Arena& arena);
+  // What this rank holds of the stage's fp32 masters, for a sharded checkpoint, gathering
+  // nothing: the store's values whole without ZeRO; under ZeRO the owned slices alone (of the
+  // store's whole buffer under ZeRO-1 and 2, where the update wrote them; the shard itself
+  // under ZeRO-3). Started gathers end first: they write the values under fp32 ZeRO.
+  FlatSource held_masters();
 
  private:
   struct Bucket {

@@ -172,7 +172,7 @@ void check_layers_memory(const ModelConfig& model, const TensorParallel& tp, int
 
 MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel& tp,
                                  const PipelineStage& stage, int slots,
-                                 int64_t attention_workspace) {
+                                 int64_t attention_workspace, int64_t kernel_scratch) {
   const TrainingConfig& tc = config.training;
   const int64_t dp = config.parallel.dp;
   const bool zero = config.parallel.zero && dp > 1;
@@ -192,10 +192,16 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
   // masters straight into the store's slots).
   if (zero && config.parallel.zero < 3 && plan.parameters().mixed_precision())
     m[MemoryTag::comm] += aligned_size(size_t(shard) * dtype_size(DType::bf16));
+  // checkpoint.async on a host backend: the copy of what the rank holds (its masters and both
+  // moments, its shard of them under ZeRO) lives in the host's memory while it is written
+  // (CheckpointStore::save_async). A GPU's copy is in host memory, not the device's.
+  if (config.checkpoint.async && config.training.backend != BackendKind::cuda)
+    m[MemoryTag::comm] += 3 * aligned_size(size_t(shard) * sizeof(float));
   m[MemoryTag::workspace] =
       2 * size_t(tc.grad_accum_steps) *
           aligned_size(size_t(tc.micro_batch_size * tc.seq_len) * sizeof(int32_t)) +
       TrainStep::scalar_bytes();
+  m[MemoryTag::workspace] += aligned_size(size_t(kernel_scratch));
   // One attention call runs at a time, so its workspace is held once, however many blocks.
   if (attention_workspace > 0) {
     m.attention = aligned_size(size_t(attention_workspace));

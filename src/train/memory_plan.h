@@ -51,10 +51,12 @@ void check_layers_memory(const ModelConfig& model, const TensorParallel& tp, int
 
 // This rank's footprint when training `config` as `stage` of the pipeline with `tp`,
 // `slots` micro-batches in flight; `attention_workspace` is what the backend's attention takes
-// beyond the activations (Backend::attention_workspace_bytes: cuDNN's backward on a GPU).
+// beyond the activations (Backend::attention_workspace_bytes: cuDNN's backward on a GPU, the
+// cpu backend's per-thread scores), `kernel_scratch` what its other kernels keep
+// (Backend::norm_scratch_bytes).
 MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel& tp,
                                  const PipelineStage& stage, int slots,
-                                 int64_t attention_workspace = 0);
+                                 int64_t attention_workspace = 0, int64_t kernel_scratch = 0);
 
 // One process's footprint running `model` (its `stage` of a pipeline) on `batch` rows of `seq`
 // tokens (eval, sample, bench step): weights, gradients, activations, the token batches and, when

@@ -159,6 +159,10 @@ void add_run_keys(std::vector<ConfigKey>& s) {
                           "steps between checkpoints; 0 = only at the end"));
   s.push_back(integer_key("checkpoint.keep", FIELD(checkpoint.keep), at_least(1),
                           "checkpoints kept (older ones are removed)"));
+  s.push_back(bool_key("checkpoint.async", FIELD(checkpoint.async),
+                       "write checkpoints in the background: each rank copies what it holds to "
+                       "host memory at the step and training goes on while a thread writes it; "
+                       "published at the next save, a stop or the end"));
   // [metrics]
   s.push_back(integer_key("metrics.log_freq", FIELD(metrics.log_freq), greater(0),
                           "steps between printed log lines (metrics.jsonl records every step)"));

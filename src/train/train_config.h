@@ -94,6 +94,9 @@ struct CheckpointConfig {
   std::string folder = "checkpoints";
   int64_t interval = 0;  // 0: only at the end
   int64_t keep = 3;
+  // Each rank copies what it holds to host memory and a background thread writes it while
+  // training goes on (CheckpointStore::save_async).
+  bool async = false;
 };
 
 struct MetricsConfig {

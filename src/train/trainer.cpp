@@ -75,13 +75,13 @@ void kill_failpoint(int rank, int64_t step, const ParameterStore& params) {
     BOTTLE_ASSERT(error_step != step, "BOTTLE_FAILPOINT={} at step {}", spec, step);
 }
 
-// Peak bytes per tag, one entry per world rank: {"weights": [r0, r1, ...], ..., "total": [...]}.
-nlohmann::json peak_memory_per_rank(Communicator& world) {
+// Bytes per tag, one entry per world rank: {"weights": [r0, r1, ...], ..., "total": [...]}, of
+// this rank's `bytes` per tag and `total`.
+nlohmann::json memory_per_rank(Communicator& world, const MemoryBreakdown& bytes, size_t total) {
   constexpr size_t kTags = size_t(MemoryTag::count);
-  const MemoryStats& stats = MemoryStats::global();
   std::array<size_t, kTags + 1> mine{};
-  for (size_t i = 0; i < kTags; ++i) mine[i] = stats.peak(MemoryTag(i));
-  mine[kTags] = stats.peak_total();
+  for (size_t i = 0; i < kTags; ++i) mine[i] = bytes.bytes[i];
+  mine[kTags] = total;
   const auto ranks = gather_sizes(world, mine);
   nlohmann::json out = nlohmann::json::object();
   for (size_t i = 0; i <= kTags; ++i) {
@@ -90,6 +90,14 @@ nlohmann::json peak_memory_per_rank(Communicator& world) {
     out[i < kTags ? memory_tag_name(MemoryTag(i)) : "total"] = per_rank;
   }
   return out;
+}
+
+// The peaks so far, per tag and rank.
+nlohmann::json peak_memory_per_rank(Communicator& world) {
+  const MemoryStats& stats = MemoryStats::global();
+  MemoryBreakdown peaks;
+  for (size_t i = 0; i < size_t(MemoryTag::count); ++i) peaks.bytes[i] = stats.peak(MemoryTag(i));
+  return memory_per_rank(world, peaks, stats.peak_total());
 }
 
 // What every rank learns at the end of a step: a stop signal or a failed metrics write on
@@ -136,7 +144,8 @@ class Trainer {
   double evaluate();
   StopRequest agree_on_stop(const StopRequests& signals);
   bool checkpoint_due() const;
-  std::string save_checkpoint();
+  // `wait`: an asynchronous save (checkpoint.async) is published before it returns.
+  std::string save_checkpoint(bool wait = false);
   void check_folder_held(const std::string& before);
   std::string folder_lost(const std::string& before);
   void finish(TrainResult& result);
@@ -174,6 +183,7 @@ class Trainer {
   std::unique_ptr<Backend> be_;
   std::string attention_path_;  // which attention kernels run, and why (the run's first line)
   MemoryBreakdown plan_;        // this rank's planned footprint
+  nlohmann::json plan_per_rank_;  // every rank's, per tag: metrics.jsonl's "memory_plan"
   std::unique_ptr<TrainStep> train_step_;
   std::unique_ptr<DataMixture> loader_;     // data.train's sources
   std::vector<SourceRecord> shards_;        // their shards as the run opened them
@@ -309,9 +319,15 @@ void Trainer::set_up_model() {
   const int64_t attention_workspace =
       be_->attention_workspace_bytes(tc_.micro_batch_size, tc_.seq_len, dims.heads, dims.kv_heads,
                                      dims.head_dim, compute_dtype(tc_.precision));
+  // The norms' backward scratch, for their widest row (the hidden width, or a latent's).
+  int64_t norm_width = config_.model.hidden_size;
+  for (int p = 0; p < kNumProjections; ++p)
+    norm_width = std::max(norm_width, config_.model.rank_of(ProjectionId(p)));
   plan_ = plan_rank_memory(config_, tp, stage, pipeline_slots(config_, stage.stage),
-                           attention_workspace);
+                           attention_workspace,
+                           be_->norm_scratch_bytes(norm_width, compute_dtype(tc_.precision)));
   check_memory_limit(config_, plan_, world_, options_.config_path);
+  plan_per_rank_ = memory_per_rank(world_, plan_, plan_.total());
   if (!on_device) {
     check_available_memory(plan_, world_, options_.config_path, advice);
   } else {
@@ -580,7 +596,7 @@ void Trainer::save_before_failing(const std::string& what) {
           step_, tensor, newest_checkpoint()));
       return;
     }
-    const std::string dir = save_checkpoint();
+    const std::string dir = save_checkpoint(/*wait=*/true);
     message(
         fmt::format("step {}: checkpoint {} (saved before reporting the error below)", step_, dir));
   } catch (const std::exception& e) {
@@ -672,8 +688,10 @@ TrainResult Trainer::run_steps(StopRequests& signals) {
       if (metrics_) metrics_->log_eval(step_, result.last_val_loss);
     }
     if (checkpoint_due() || stop.any()) {
-      result.last_checkpoint = save_checkpoint();
-      message(fmt::format("step {}: checkpoint {}", step_, result.last_checkpoint));
+      // A stop publishes at once: the launcher's grace period is short.
+      result.last_checkpoint = save_checkpoint(stop.any());
+      message(fmt::format("step {}: checkpoint {}{}", step_, result.last_checkpoint,
+                          store_->save_pending() ? " (being written in the background)" : ""));
     }
     if (stop.write_failed)
       fail("{}; stopped after step {} with checkpoint {}",
@@ -753,6 +771,7 @@ void Trainer::log_step(const StepResult& r, double ms,
                         {"peak_bytes", MemoryStats::global().peak_total()},
                         {"activation_bytes", MemoryStats::global().peak(MemoryTag::activations)},
                         {"memory", memory},
+                        {"memory_plan", plan_per_rank_},
                         {"ms", ms},
                         {"comm", comm_of_step(comm_before, comm_totals())},
                         {"tokens_seen", step_ * config_.tokens_per_step()},
@@ -793,15 +812,20 @@ bool Trainer::checkpoint_due() const {
          step_ == tc_.steps;
 }
 
-// Every rank takes part; rank 0 writes.
-std::string Trainer::save_checkpoint() {
+// Every rank takes part, each writing what it holds.
+std::string Trainer::save_checkpoint(bool wait) {
   check_folder_held(fmt::format("saving step {}", step_));
-  Arena arena(MemoryTag::comm, train_step_->model().parameters().backend());
-  const Tensor values = train_step_->data_parallel().whole_masters(arena);  // [padded]
-  // A folder deleted while the save wrote fails the save on every rank, said as what it is
-  // (the store's folder guard).
-  const std::string dir = store_->save(train_step_->model(), train_step_->optimizer(), values,
-                                       trainer_state(), step_, groups_.dp.get(), &world_);
+  // What this rank holds, written in place: no buffer of the model's size (the memory plan
+  // holds through a save). A folder deleted while the save wrote fails the save on every rank,
+  // said as what it is (the store's folder guard).
+  const FlatSource masters = train_step_->data_parallel().held_masters();
+  const std::string dir =
+      config_.checkpoint.async
+          ? store_->save_async(train_step_->model(), train_step_->optimizer(), masters,
+                               trainer_state(), step_, groups_.dp.get(), &world_)
+          : store_->save(train_step_->model(), train_step_->optimizer(), masters, trainer_state(),
+                         step_, groups_.dp.get(), &world_);
+  if (wait) store_->finish_pending(&world_);
   // A folder deleted or taken while the save wrote: the checkpoint may be in another run's
   // folder, or in one made anew by the save, and is not reported as this run's.
   check_folder_held(fmt::format("reporting {}", dir));
@@ -833,6 +857,7 @@ std::string Trainer::folder_lost(const std::string& before) {
 // The last checkpoint (unless the last step has one), the median rate and the plot.
 void Trainer::finish(TrainResult& result) {
   if (last_saved_ != step_ && step_ > 0) result.last_checkpoint = save_checkpoint();
+  store_->finish_pending(&world_);
   check_folder_held("reporting the end of the run");
   result.steps_done = step_;
   if (!rates_.empty()) result.tokens_per_s = median(rates_);

@@ -626,7 +626,7 @@ TEST_F(Run, ForeignStepFoldersAreRefusedAndKept) {
       fs::remove_all(fs::path(path));  // the symlink itself, not its target
     }
   }
-  EXPECT_TRUE(fs::exists(dir / "run/step_00000002/model.safetensors"));
+  EXPECT_TRUE(fs::exists(dir / "run/step_00000002/checkpoint_index.json"));
 }
 
 // Names that are not a step folder's (a copy, a backup) are ignored: never resumed from, never

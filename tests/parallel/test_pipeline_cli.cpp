@@ -39,6 +39,23 @@ void expect_same_tensors(const std::string& a, const std::string& b) {
   EXPECT_GT(files, 0) << a;
 }
 
+// Issue 57: every tag's measured peak within its plan, on every rank of every logged step
+// (metrics.jsonl's "memory" against "memory_plan"): training.memory_limit means what it says,
+// through a save too (each row after a checkpoint's step includes the save's buffers).
+void expect_peaks_within_plan(const std::vector<nlohmann::json>& rows, const std::string& what) {
+  ASSERT_FALSE(rows.empty()) << what;
+  for (const nlohmann::json& row : rows) {
+    const nlohmann::json &peaks = row.at("memory"), &plan = row.at("memory_plan");
+    for (const auto& [tag, per_rank] : plan.items()) {
+      ASSERT_EQ(peaks.at(tag).size(), per_rank.size()) << what;
+      for (size_t r = 0; r < per_rank.size(); ++r)
+        EXPECT_LE(peaks.at(tag)[r].get<size_t>(), per_rank[r].get<size_t>())
+            << what << ": step " << row.at("step") << ", rank " << r << ", tag " << tag
+            << " measured above its plan";
+    }
+  }
+}
+
 class PipelineCli : public ::testing::Test {
  public:
   void SetUp() override {
@@ -111,13 +128,15 @@ TEST_P(Layouts, TenStepsMatchOneProcess) {
                                     : "";
     const CommandResult one = train(1, 1, 1, "one_" + model, sets + tied);
     ASSERT_EQ(one.status, 0) << one.output;
-    const CommandResult many =
-        train(l.tp, l.pp, l.dp, "many_" + model, sets + " " + std::string(l.extra));
+    // A checkpoint at step 5: the rows after it show the save's memory.
+    const CommandResult many = train(l.tp, l.pp, l.dp, "many_" + model,
+                                     sets + " --set checkpoint.interval=5 " + std::string(l.extra));
     ASSERT_EQ(many.status, 0) << many.output;
     const auto a = steps_of(dir / ("one_" + model + "/metrics.jsonl"));
     const auto b = steps_of(dir / ("many_" + model + "/metrics.jsonl"));
     ASSERT_EQ(a.size(), 10u);
     ASSERT_EQ(b.size(), 10u) << many.output;
+    expect_peaks_within_plan(b, model + " " + std::string(l.extra));
     double worst = 0;
     for (size_t i = 0; i < a.size(); ++i) {
       const double want = a[i].at("loss").get<double>(), got = b[i].at("loss").get<double>();
@@ -467,7 +486,7 @@ TEST_F(PipelineCli, ResumeOnAnotherLayout) {
       train(2, 2, 1, "whole", "--set training.steps=6 --set checkpoint.interval=5");
   ASSERT_EQ(whole.status, 0) << whole.output;
   const double want = steps_of(dir / "whole/metrics.jsonl").back().at("loss").get<double>();
-  ASSERT_TRUE(fs::exists(dir / "whole/step_00000005/model.safetensors.index.json")) << whole.output;
+  ASSERT_TRUE(fs::exists(dir / "whole/step_00000005/checkpoint_index.json")) << whole.output;
   for (const std::string folder : {"a", "b"}) {
     fs::copy(dir / "whole", dir / folder, fs::copy_options::recursive);
     fs::remove_all(dir / (folder + "/step_00000006"));

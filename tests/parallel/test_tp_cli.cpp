@@ -120,10 +120,10 @@ TEST_F(TpCli, CheckpointsLoadIntoAnyLayout) {
   EXPECT_EQ(count_occurrences(trained.output, "done: 4 steps"), 1)
       << trained.output;  // rank 0 reports
   const std::string ckpt = dir / "run/step_00000004";
-  // Each TP rank wrote its share of the tensors, whole, listed by HF's index.
-  ASSERT_TRUE(fs::exists(ckpt + "/model-00001-of-00002.safetensors")) << trained.output;
-  ASSERT_TRUE(fs::exists(ckpt + "/model-00002-of-00002.safetensors")) << trained.output;
-  ASSERT_TRUE(fs::exists(ckpt + "/model.safetensors.index.json")) << trained.output;
+  // Each TP rank wrote its own slices, listed by the checkpoint's index (a sharded checkpoint).
+  ASSERT_TRUE(fs::exists(ckpt + "/rank-00000.safetensors")) << trained.output;
+  ASSERT_TRUE(fs::exists(ckpt + "/rank-00001.safetensors")) << trained.output;
+  ASSERT_TRUE(fs::exists(ckpt + "/checkpoint_index.json")) << trained.output;
   // The same 4 steps on one rank give the same weights (and so the same eval loss).
   const CommandResult serial = train(1, fmt::format("--set checkpoint.folder={}", dir / "serial"));
   ASSERT_EQ(serial.status, 0) << serial.output;
@@ -161,7 +161,7 @@ TEST_F(TpCli, CheckpointsLoadIntoAnyLayout) {
   const CommandResult resumed =
       train(2, "--set parallel.tp=2 --set parallel.tp_mode=btp --set training.steps=6 --resume");
   ASSERT_EQ(resumed.status, 0) << resumed.output;
-  EXPECT_TRUE(fs::exists(dir / "run/step_00000006/model.safetensors.index.json")) << resumed.output;
+  EXPECT_TRUE(fs::exists(dir / "run/step_00000006/checkpoint_index.json")) << resumed.output;
 }
 
 std::vector<nlohmann::json> metrics_of(const std::string& path) {

@@ -117,10 +117,11 @@ bool is_png(const std::string& path) {
   return in && magic == "\x89PNG\r\n\x1a\n";
 }
 
-// A complete checkpoint: the model directory, the optimizer moments and the trainer state.
+// A complete checkpoint: the model's description, the one rank's weights and moments with the
+// index that lists them, and the trainer state.
 void expect_complete_checkpoint(const std::string& dir) {
   for (const char* f :
-       {"config.json", "model.safetensors", "optimizer.safetensors", "trainer_state.json"})
+       {"config.json", "rank-00000.safetensors", "checkpoint_index.json", "trainer_state.json"})
     EXPECT_TRUE(fs::exists(fs::path(dir) / f)) << dir << " lacks " << f;
 }
 
@@ -298,7 +299,7 @@ TEST_F(Train, ResumeIsBitExactInBf16) {
   ASSERT_NO_FATAL_FAILURE(
       resume_matches(*this, dir / "a", dir / "b",
                      "--set lr_scheduler.decay=constant --set training.precision=bf16", 6, 12));
-  const SafeTensorsReader weights(dir / "b/step_00000006/model.safetensors");
+  const SafeTensorsReader weights(dir / "b/step_00000006/rank-00000.safetensors");
   for (const auto& [name, entry] : weights.entries()) EXPECT_EQ(entry.dtype, "F32") << name;
   std::ifstream config(dir / "b/step_00000006/config.json");
   const std::string text((std::istreambuf_iterator<char>(config)), {});
@@ -434,9 +435,11 @@ TEST_P(KilledCheckpoint, PreviousCheckpointSurvives) {
   const std::vector<std::string> temps = entries_with_prefix(folder, ".tmp-");
   ASSERT_EQ(temps.size(), 1u);
   EXPECT_EQ(temps[0], ".tmp-step_00000010");  // one name every rank of a job knows
-  // What the killed save had written: model directory, + moments (n >= 3), + state (n = 4).
-  EXPECT_TRUE(fs::exists(fs::path(folder) / temps[0] / "model.safetensors"));
-  EXPECT_EQ(fs::exists(fs::path(folder) / temps[0] / "optimizer.safetensors"), n >= 3);
+  // What the killed save had written: the model's description and the rank's weights and
+  // moments (n >= 2, synced from n = 3), + the index and the state (n = 4).
+  EXPECT_TRUE(fs::exists(fs::path(folder) / temps[0] / "config.json"));
+  EXPECT_TRUE(fs::exists(fs::path(folder) / temps[0] / "rank-00000.safetensors"));
+  EXPECT_EQ(fs::exists(fs::path(folder) / temps[0] / "checkpoint_index.json"), n >= 4);
   EXPECT_EQ(fs::exists(fs::path(folder) / temps[0] / "trainer_state.json"), n >= 4);
 
   const CommandResult eval =

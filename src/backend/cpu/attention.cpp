@@ -58,6 +58,14 @@ void close_block(const Tensor& t, int64_t offset, int64_t rows, int64_t cols, in
 
 }  // namespace
 
+int64_t CpuBackend::attention_workspace_bytes(int64_t batch, int64_t seq, int64_t heads,
+                                              int64_t kv_heads, int64_t head_dim, DType dtype) {
+  const int64_t nt = omp_get_max_threads();
+  int64_t floats = nt * 2 * kQueryBlock * seq;  // do_attention_backward's scratch
+  if (dtype == DType::bf16) floats += nt * 8 * std::max(seq, kQueryBlock) * head_dim;
+  return floats * int64_t(sizeof(float));
+}
+
 CpuBackend::AttentionDims CpuBackend::attention_dims(const Tensor& q, const Tensor& k) {
   AttentionDims d{q.shape[0], q.shape[1], q.shape[2], k.shape[2], q.shape[3], 0, 0.0f};
   d.rep = d.H / d.Hkv;

@@ -24,6 +24,12 @@ class CpuBackend final : public HostBackend {
   std::string_view name() const override { return "cpu"; }
   std::string bf16_unsupported() const override { return {}; }
   std::string bf16_gemm_path() const override;
+  // attention.cpp: the backward's per-thread scores (the forward's are half) and, in bf16, its
+  // eight per-thread slabs.
+  int64_t attention_workspace_bytes(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
+                                    int64_t head_dim, DType dtype) override;
+  // norm.cpp: a LayerNorm backward's per-thread partials of its weight and bias gradients.
+  int64_t norm_scratch_bytes(int64_t width, DType dtype) override;
 
  protected:
   // Each kernel of backend/backend_ops.def, defined in the file of its family: embedding.cpp,

@@ -64,6 +64,11 @@ void CpuBackend::do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd
   }
 }
 
+int64_t CpuBackend::norm_scratch_bytes(int64_t width, DType dtype) {
+  // [threads, 2, width]: the largest partials any norm's backward takes (layernorm's).
+  return int64_t(omp_get_max_threads()) * 2 * width * int64_t(sizeof(float));
+}
+
 void CpuBackend::add_partials(Tensor dweight, const float* partial, int threads, int64_t stride,
                               int64_t c) {
   if (dweight.dtype != DType::bf16) {
