@@ -15,6 +15,7 @@
 #include "comm/mpi_communicator.h"
 #include "comm/staged_communicator.h"
 #include "backend/backend.h"
+#include "sys/launcher_guard.h"
 #ifdef BOTTLE_HAVE_NCCL
 #include "comm/nccl_communicator.h"
 #endif
@@ -46,6 +47,10 @@ class MpiRuntime {
       // processes, so the singleton needs no daemon: ask for none, unless the user's
       // environment already decided. Under mpirun this parameter is not read.
       ::setenv("OMPI_MCA_ess_singleton_isolated", "1", /*overwrite=*/0);
+      // Before MPI starts, so that nothing of MPI is in the guard's copy of the process: a
+      // rank that mpirun started on its own host leaves a guard that ends mpirun should the
+      // rank end without finishing MPI and mpirun then wait for a host that never answers.
+      start_launcher_guard();
       int provided = 0;
       const char* ranks = std::getenv("OMPI_COMM_WORLD_SIZE");  // set by mpirun
       const int level = ranks && std::atoi(ranks) > 1 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
@@ -63,7 +68,9 @@ class MpiRuntime {
     world_.reset();
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (owns_runtime_ && !finalized) MPI_Finalize();
+    // A rank that finished MPI ends as the job meant: mpirun ends the job on its own, and the
+    // launcher guard has nothing to watch.
+    if (owns_runtime_ && !finalized && MPI_Finalize() == MPI_SUCCESS) stand_down_launcher_guard();
   }
 
   MpiRuntime(const MpiRuntime&) = delete;
@@ -163,10 +170,9 @@ void report_fatal_error(const char* kind, const char* message) {
   // failed ranks cannot complete, and the watchdog aborts the whole job instead.
   std::thread([] {
     std::this_thread::sleep_for(kAbortDelay);
-    MPI_Abort(MPI_COMM_WORLD, 1);
-    std::_Exit(1);
+    abort_job();
   }).detach();
-  MPI_Finalize();
+  if (MPI_Finalize() == MPI_SUCCESS) stand_down_launcher_guard();
   std::_Exit(1);
 }
 

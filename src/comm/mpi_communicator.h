@@ -65,7 +65,7 @@ class MpiCommunicator final : public Communicator {
   // the call waits for the whole group).
   void wait(int count, MPI_Request* requests, MPI_Status* statuses, const char* function,
             std::string_view site, int peer = -1) const;
-  // The timeout's error: which call waited how long for whom, then MPI_Abort.
+  // The timeout's error: which call waited how long for whom, then abort_job().
   [[noreturn]] void fail_stalled(const char* function, std::string_view site, int peer) const;
   // "rank R (world rank W on HOST)" for a rank of this group.
   std::string describe_rank(int rank) const;
@@ -111,5 +111,13 @@ class MpiCommunicator final : public Communicator {
   std::mutex stats_mutex_;              // stats_ is written by both threads
   std::atomic<bool> abandoned_{false};  // abandon(): the thread's calls stop
 };
+
+// Ends the whole job from this rank, after its error has been printed: MPI_Abort, which asks
+// mpirun to kill every rank and ends this process once this host's daemon has the request.
+// Should it not have ended the process within kExitGraceSeconds (the daemon does not answer),
+// the process exits by itself (status 1), so that a rank never outlives its error. What ends
+// mpirun when a host never answers it is the launcher guard's (sys/launcher_guard.h).
+inline constexpr int kExitGraceSeconds = 3;
+[[noreturn]] void abort_job();
 
 }  // namespace bottle

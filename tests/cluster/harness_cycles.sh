@@ -8,7 +8,10 @@
 #      at the same time whose ranks all live in their own cluster, then both taken down;
 #   3. `cluster.sh with` whose command (an mpirun job) is still running when the `with`
 #      process gets SIGTERM: it exits 143 and removes the cluster, its processes and its
-#      state directory.
+#      state directory;
+#   4. `cluster.sh with` whose command stops node 1 (`cluster.sh stop`, as a hung host) and
+#      ends: `with` says the command ended while node 1 was stopped, exits with the command's
+#      status, and its down ends the stopped process too.
 # Skips (77) where namespaces cannot be made; 10 to 18 s on 2 cores.
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "$0")/lib.sh"
@@ -100,3 +103,27 @@ done
 assert_clean "$k"
 [[ -z $(ls -A "$work/with") ]] || fail "with left its state directory: $(ls "$work/with")"
 note "with killed by SIGTERM: exit 143, cluster, job and state removed ($(elapsed))"
+
+# 4. A `with` whose command ends while a node is stopped.
+h=${tag}h
+own "$h"
+mkdir "$work/stopped"
+status=0
+# shellcheck disable=SC2016 # expanded by the inner bash
+TMPDIR=$work/stopped "$cluster" with --prefix "$h" --nodes 2 -- bash -c '
+  "$1" exec --rank 1 -- setsid sleep 300 &
+  for ((i = 0; i < 100; i++)); do [[ -n $("$1" pids --node 1) ]] && break; sleep 0.1; done
+  "$1" pids --node 1 >"$2"
+  "$1" stop --node 1
+  exit 3' with "$cluster" "$work/stopped.pids" >"$work/stopped.out" 2>&1 || status=$?
+((status == 3)) || fail "with exited $status, not its command's 3: $(cat "$work/stopped.out")"
+grep -Eq "^cluster.sh: the command ended \(status 3\) [0-9.]+ s after node 1 was stopped" \
+  "$work/stopped.out" || fail "with did not say node 1 was stopped: $(cat "$work/stopped.out")"
+[[ -s $work/stopped.pids ]] || fail "no process ran in node 1"
+while read -r pid; do
+  ! running "$pid" || fail "the stopped process $pid outlived with's down"
+done <"$work/stopped.pids"
+assert_clean "$h"
+[[ -z $(ls -A "$work/stopped") ]] || fail "with left its state directory: $(ls "$work/stopped")"
+note "with whose command stopped node 1: $(grep -m1 -o 'the command ended.*stopped' "$work/stopped.out");" \
+  "stopped process ended, cluster removed ($(elapsed))"

@@ -51,6 +51,8 @@ TEST(FatalError, OneRankFailingEndsTheJob) {
   EXPECT_LT(r.seconds, 20) << r.errors;
   EXPECT_TRUE(contains(r.errors, "bottle: error: rank 1: probe failure on one rank")) << r.errors;
   EXPECT_FALSE(contains(r.errors, "bottle: error: rank 0:")) << r.errors;
+  // mpirun ended the job itself: the launcher guards (sys/launcher_guard.h) had nothing to do.
+  EXPECT_FALSE(contains(r.errors, "ending mpirun")) << r.errors;
 }
 
 TEST(FatalError, EveryRankFailingExitsCleanly) {
@@ -60,8 +62,9 @@ TEST(FatalError, EveryRankFailingExitsCleanly) {
   EXPECT_LT(r.seconds, 20) << r.errors;
   EXPECT_TRUE(contains(r.errors, "bottle: error: rank 0: probe failure on every rank")) << r.errors;
   EXPECT_TRUE(contains(r.errors, "bottle: error: rank 1: probe failure on every rank")) << r.errors;
-  // Every rank finalized, so nobody needed the watchdog's abort.
+  // Every rank finalized, so nobody needed the watchdog's abort, nor mpirun a guard.
   EXPECT_FALSE(contains(r.errors, "MPI_ABORT")) << r.errors;
+  EXPECT_FALSE(contains(r.errors, "ending mpirun")) << r.errors;
 }
 
 TEST(FatalError, SingleProcessHasNoRankPrefix) {

@@ -11,9 +11,10 @@ export LC_ALL=C
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)
 self="$here/$(basename "${BASH_SOURCE[0]}")"
 slots=32         # /20 subnets in 198.18.0.0/15 (RFC 2544's benchmarking range)
-# What up writes into the state directory besides $cluster_marker: down removes these names,
-# and up refuses a state directory that holds any of them already (they would be a user's).
-state_files=(config hosts hostfile agent env.sh delayswitch delayswitch.log tmp)
+# What up (and stop) writes into the state directory besides $cluster_marker: down removes
+# these names, and up refuses a state directory that holds any of them already (they would be a
+# user's).
+state_files=(config hosts hostfile agent env.sh delayswitch delayswitch.log tmp stopped stopped.new)
 
 usage() {
   cat <<'EOF'
@@ -38,6 +39,10 @@ usage: cluster.sh COMMAND [OPTIONS]
   cut [--state DIR] --node K take node K's links down (its ranks reach no one)
   heal [--state DIR] [--node K]
                              bring node K's links (default: all) back up
+  stop [--state DIR] --node K
+                             stop every process of node K (SIGSTOP), as a hung host
+  cont [--state DIR] [--node K]
+                             continue node K's processes (default: all nodes')
   pids [--state DIR] [--node K]
                              the processes in node K's namespaces (default: all), one a line
   list                       prefixes of the clusters up on this machine
@@ -427,7 +432,9 @@ kill_inside() {
     done
     ((${#pids[@]})) || return 0
     if ((round == 0)); then
+      # A stopped process (cluster.sh stop) acts on its TERM once continued.
       kill -TERM "${pids[@]}" 2>/dev/null || true
+      kill -CONT "${pids[@]}" 2>/dev/null || true
     elif ((round >= 20)); then
       kill -KILL "${pids[@]}" 2>/dev/null || true
     fi
@@ -559,6 +566,7 @@ cmd_with() {
   set +m
   wait "$child" || status=$?
   child=
+  report_stopped "$state" "the command ended (status $status)"
   finish
 }
 
@@ -603,11 +611,59 @@ cmd_fault() {
       set_links "$state" "$node" down
       ;;
     heal) set_links "$state" "$node" up ;;
+    stop)
+      [[ -n $node ]] || die "stop: --node K is required"
+      signal_node "$state" "$node" STOP
+      # When it was stopped, for report_stopped (one line a node: K SECONDS-SINCE-EPOCH).
+      { grep -v "^$node " "$state/stopped" 2>/dev/null || true; echo "$node $(date +%s.%N)"; } \
+        >"$state/stopped.new"
+      mv "$state/stopped.new" "$state/stopped"
+      ;;
+    cont)
+      signal_node "$state" "$node" CONT
+      if [[ -z $node ]]; then
+        rm -f "$state/stopped"
+      elif [[ -f $state/stopped ]]; then
+        { grep -v "^$node " "$state/stopped" || true; } >"$state/stopped.new"
+        mv "$state/stopped.new" "$state/stopped"
+      fi
+      ;;
     pids)
       local ns
       for ns in $(node_namespaces "$state" "$node"); do ip netns pids "$ns"; done | sort -n
       ;;
   esac
+}
+
+# signal_node STATE NODE SIGNAL: SIGNAL to every process in the node's namespaces (every
+# node's when NODE is empty), read again until no new one appears: a process that forks while
+# the others are being stopped is stopped too.
+signal_node() {
+  local ns pid round seen=' ' new
+  for ((round = 0; round < 10; round++)); do
+    new=0
+    for ns in $(node_namespaces "$1" "$2"); do
+      for pid in $(ip netns pids "$ns" 2>/dev/null); do
+        [[ $seen == *" $pid "* ]] && continue
+        seen+="$pid "
+        new=1
+        kill -"$3" "$pid" 2>/dev/null || true
+      done
+    done
+    ((new)) || return 0
+  done
+}
+
+# report_stopped STATE WHAT: when nodes are stopped (cluster.sh stop), one line on stderr
+# saying WHAT happened how long after each was stopped: a job that ends while a host is
+# stopped is what a hung machine on a real cluster must not prevent (docs/design.md §23).
+report_stopped() {
+  [[ -s $1/stopped ]] || return 0
+  local node at
+  while read -r node at; do
+    printf 'cluster.sh: %s %s s after node %s was stopped (cluster.sh stop); it is still stopped\n' \
+      "$2" "$(awk -v a="$at" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')" "$node" >&2
+  done <"$1/stopped"
 }
 
 cmd_list() {
@@ -625,7 +681,7 @@ main() {
     run) cmd_run "$@" ;;
     exec) cmd_exec "$@" ;;
     with) cmd_with "$@" ;;
-    cut | heal | pids) cmd_fault "$command" "$@" ;;
+    cut | heal | pids | stop | cont) cmd_fault "$command" "$@" ;;
     list) cmd_list ;;
     help | -h | --help) usage ;;
     *) usage >&2; exit 2 ;;
