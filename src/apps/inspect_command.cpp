@@ -82,11 +82,26 @@ ojson model_json(const std::string& dir) {
   m["parameters"] = c.parameter_count();
   // The dtype the tensors are stored in, from the safetensors headers (config.json's
   // torch_dtype is only what its writer said).
-  const ShardedReader files(dir, "model");
   std::set<std::string> dtypes;
-  for (const std::string& name : files.names()) {
-    const std::string& d = files.reader_for(name).entry(name).dtype;
+  auto add_dtype = [&](const std::string& d) {
     dtypes.insert(d == "F32" ? "float32" : d == "BF16" ? "bfloat16" : d == "F16" ? "float16" : d);
+  };
+  if (is_sharded_checkpoint(dir)) {
+    // A training checkpoint: every rank's file of pieces (model/sharded_checkpoint.h).
+    // Reads and checks the index: a damaged one fails here.
+    const ShardedCheckpoint checkpoint(dir);
+    std::set<std::string> files;
+    for (const auto& e : fs::directory_iterator(dir))
+      if (e.path().filename().string().starts_with("rank-")) files.insert(e.path().string());
+    for (const std::string& file : files) {
+      const SafeTensorsReader reader(file);
+      for (const auto& [key, entry] : reader.entries())
+        if (key.find('/') == std::string::npos) add_dtype(entry.dtype);
+    }
+  } else {
+    const ShardedReader files(dir, "model");
+    for (const std::string& name : files.names())
+      add_dtype(files.reader_for(name).entry(name).dtype);
   }
   m["stored_dtype"] = fmt::format("{}", fmt::join(dtypes, " and "));
   const std::unique_ptr<Tokenizer> tokenizer = checkpoint_tokenizer(dir, c);

@@ -1,6 +1,8 @@
 #include "io/safetensors.h"
 
+#include <fcntl.h>
 #include <fmt/ranges.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <bit>
@@ -9,6 +11,7 @@
 #include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
 
 #include "core/bf16.h"
 #include "io/file_read.h"
@@ -225,40 +228,54 @@ SafeTensorsWriter::SafeTensorsWriter(std::string path, const std::vector<Spec>& 
   }
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
-  out_.open(path_, std::ios::binary | std::ios::trunc);
-  BOTTLE_CHECK(out_, "{}: cannot open for writing", path_);
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  BOTTLE_CHECK(fd_ >= 0, "{}: cannot open for writing: {}", path_, std::strerror(errno));
   const uint64_t len = text.size();
-  out_.write(reinterpret_cast<const char*>(&len), 8);
-  out_.write(text.data(), std::streamsize(text.size()));
+  write_bytes(&len, 8);
+  write_bytes(text.data(), text.size());
+}
+
+SafeTensorsWriter::SafeTensorsWriter(SafeTensorsWriter&& other) noexcept
+    : path_(std::move(other.path_)),
+      stored_(other.stored_),
+      left_(other.left_),
+      fd_(std::exchange(other.fd_, -1)),
+      narrowed_(std::move(other.narrowed_)) {}
+
+SafeTensorsWriter::~SafeTensorsWriter() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+void SafeTensorsWriter::write_bytes(const void* data, size_t bytes) {
+  const char* p = static_cast<const char*>(data);
+  while (bytes > 0) {
+    const ssize_t n = ::write(fd_, p, bytes);
+    if (n < 0 && errno == EINTR) continue;
+    // ENOSPC, or EFBIG under a file-size limit: the system's reason, read at once.
+    BOTTLE_CHECK(n > 0, "{}: write failed ({})", path_,
+                 n < 0 ? std::strerror(errno) : "no progress: disk full?");
+    p += n;
+    bytes -= size_t(n);
+  }
 }
 
 void SafeTensorsWriter::write(std::span<const float> values) {
   BOTTLE_ASSERT(values.size() <= left_, "{}: {} values past the tensors' end", path_,
                 values.size() - left_);
   left_ -= values.size();
-  // The stream keeps no error code: errno after a failed write says why (ENOSPC, or EFBIG
-  // under a file-size limit).
-  errno = 0;
   if (stored_ == DType::f32) {
-    out_.write(reinterpret_cast<const char*>(values.data()),
-               std::streamsize(values.size_bytes()));
-  } else {
-    narrowed_.resize(values.size());
-    for (size_t i = 0; i < values.size(); ++i) narrowed_[i] = bf16_from_float(values[i]);
-    out_.write(reinterpret_cast<const char*>(narrowed_.data()),
-               std::streamsize(narrowed_.size() * sizeof(uint16_t)));
+    write_bytes(values.data(), values.size_bytes());
+    return;
   }
-  const int err = errno;
-  BOTTLE_CHECK(out_, "{}: write failed ({})", path_, err ? std::strerror(err) : "disk full?");
+  narrowed_.resize(values.size());
+  for (size_t i = 0; i < values.size(); ++i) narrowed_[i] = bf16_from_float(values[i]);
+  write_bytes(narrowed_.data(), narrowed_.size() * sizeof(uint16_t));
 }
 
 void SafeTensorsWriter::close() {
   BOTTLE_ASSERT(left_ == 0, "{}: closed with {} values of its tensors unwritten", path_, left_);
-  errno = 0;
-  out_.flush();
-  const int err = errno;
-  BOTTLE_CHECK(out_, "{}: write failed ({})", path_, err ? std::strerror(err) : "disk full?");
-  out_.close();
+  const int rc = ::close(std::exchange(fd_, -1));
+  BOTTLE_CHECK(rc == 0, "{}: write failed ({})", path_, std::strerror(errno));
 }
 
 void write_safetensors(const std::string& path, const std::vector<NamedTensor>& tensors,

@@ -2,7 +2,6 @@
 // The safetensors format: u64 little-endian header length, a JSON header
 // {name: {dtype, shape, data_offsets}, "__metadata__": {...}}, then the raw data.
 #include <cstdint>
-#include <fstream>
 #include <istream>
 #include <map>
 #include <span>
@@ -72,16 +71,24 @@ class SafeTensorsWriter {
   SafeTensorsWriter(std::string path, const std::vector<Spec>& tensors,
                     const std::map<std::string, std::string>& metadata = {},
                     DType stored = DType::f32);
+  ~SafeTensorsWriter();
+  SafeTensorsWriter(SafeTensorsWriter&& other) noexcept;
+  SafeTensorsWriter(const SafeTensorsWriter&) = delete;
+  SafeTensorsWriter& operator=(const SafeTensorsWriter&) = delete;
+  SafeTensorsWriter& operator=(SafeTensorsWriter&&) = delete;
   // The next values of the tensors, in order.
   void write(std::span<const float> values);
-  // Flushes and checks the stream: a full disk fails here at the latest.
+  // Closes the file; fails unless every value arrived. (Writes go straight to the file, so a
+  // full disk fails the write that meets it, with the system's reason.)
   void close();
 
  private:
+  void write_bytes(const void* data, size_t bytes);
+
   std::string path_;
   DType stored_;
   uint64_t left_ = 0;  // values still to come
-  std::ofstream out_;
+  int fd_ = -1;
   std::vector<uint16_t> narrowed_;
 };
 

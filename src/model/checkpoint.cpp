@@ -46,9 +46,10 @@ std::vector<float> read_parameter_slice(const SafeTensorsReader& reader, const s
   return local;
 }
 
-std::string index_file_name(const std::string& stem) { return stem + ".safetensors.index.json"; }
-
 namespace {
+
+// HF's index of a sharded model: STEM.safetensors.index.json.
+std::string index_file_name(const std::string& stem) { return stem + ".safetensors.index.json"; }
 
 // Gathers every tensor over the TP group; tensor j is kept by the rank owner(j), which
 // writes what it kept to `path` (a rank that keeps nothing writes nothing).
@@ -84,43 +85,6 @@ void write_gathered(const std::string& path, const ParameterStore& params, Commu
                     const std::map<std::string, std::string>& metadata, DType stored) {
   write_owned(
       path, params, tp, sources, metadata, [](int) { return 0; }, stored);
-}
-
-void write_shard(const std::string& dir, const std::string& stem, const ParameterStore& params,
-                 Communicator* tp, const PipelineStage& stage,
-                 const std::vector<std::pair<std::string, Tensor>>& sources,
-                 const std::map<std::string, std::string>& metadata) {
-  const int t = tp ? tp->size() : 1, rank = tp ? tp->rank() : 0;
-  const int parts = stage.stages * t, part = stage.stage * t + rank;
-  const std::string file =
-      parts == 1 ? stem + ".safetensors"
-                 : fmt::format("{}-{:05d}-of-{:05d}.safetensors", stem, part + 1, parts);
-  write_owned((fs::path(dir) / file).string(), params, tp, sources, metadata,
-              [t](int j) { return j % t; });
-}
-
-void write_shard_index(const std::string& dir, const std::string& stem) {
-  nlohmann::ordered_json weight_map = nlohmann::ordered_json::object();
-  uint64_t total = 0;
-  std::vector<fs::path> files;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.rfind(stem + "-", 0) == 0 && e.path().extension() == ".safetensors")
-      files.push_back(e.path());
-  }
-  std::sort(files.begin(), files.end());
-  for (const fs::path& file : files) {
-    const SafeTensorsReader reader(file.string());
-    for (const auto& [name, entry] : reader.entries()) {
-      weight_map[name] = file.filename().string();
-      total += entry.end - entry.begin;
-    }
-  }
-  const nlohmann::ordered_json index{{"metadata", {{"total_size", total}}},
-                                     {"weight_map", weight_map}};
-  std::ofstream out(fs::path(dir) / index_file_name(stem));
-  out << index.dump(2) << "\n";
-  BOTTLE_CHECK(out, "{}: write failed", (fs::path(dir) / index_file_name(stem)).string());
 }
 
 ShardedReader::ShardedReader(const std::string& dir, const std::string& stem)

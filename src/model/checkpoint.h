@@ -56,20 +56,6 @@ std::unique_ptr<LlamaModel> load_model(const std::string& dir);
 void write_gathered(const std::string& path, const ParameterStore& params, Communicator* tp,
                     const std::vector<std::pair<std::string, Tensor>>& sources,
                     const std::map<std::string, std::string>& metadata, DType stored = DType::f32);
-// The same for a checkpoint written by every rank that owns a part of it: the stage's
-// tensors are dealt out round-robin over its TP ranks, each gathered to its owner, and
-// each TP rank writes its own file in `dir`: STEM.safetensors when the model is on one
-// rank, else Hugging Face's sharded name STEM-0000k-of-0000n.safetensors (k = stage · t +
-// TP rank + 1, n = stages · t), which write_shard_index lists.
-void write_shard(const std::string& dir, const std::string& stem, const ParameterStore& params,
-                 Communicator* tp, const PipelineStage& stage,
-                 const std::vector<std::pair<std::string, Tensor>>& sources,
-                 const std::map<std::string, std::string>& metadata);
-std::string index_file_name(const std::string& stem);
-// Writes STEM.safetensors.index.json ({"weight_map": {tensor: file}}) in `dir` from the
-// headers of its STEM-*-of-* files.
-void write_shard_index(const std::string& dir, const std::string& stem);
-
 // The tensors of a checkpoint directory stored as STEM.safetensors or as shards with an
 // index: finds the file holding each tensor.
 class ShardedReader {

@@ -62,14 +62,6 @@ void AdamW::step(Backend& be, const ParameterStore& params, float lr, Tensor con
   }
 }
 
-void AdamW::gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) const {
-  Backend& be = *backend_;
-  shard_.gather(be, dp, m_whole, m_, "checkpoint.moments");
-  shard_.gather(be, dp, v_whole, v_, "checkpoint.moments");
-  // The caller reads them on the host next: a device group's calls end here, with its errors.
-  if (!shard_.owns_all()) dp->complete();
-}
-
 std::vector<FlatSource> AdamW::held_state() const {
   return {{"exp_avg/", m_, shard_.pieces}, {"exp_avg_sq/", v_, shard_.pieces}};
 }

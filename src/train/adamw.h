@@ -42,9 +42,6 @@ class AdamW {
   size_t bytes() const { return arena_.bytes(); }  // the moments held
   int64_t steps_taken() const { return step_; }
   void set_steps_taken(int64_t step) { step_ = step; }
-  // The moments laid out like the whole flat parameter buffer: m_whole, v_whole [padded
-  // count]. With a ZeRO shard the DP group's shards are gathered (every DP rank calls).
-  void gather_moments(Tensor m_whole, Tensor v_whole, Communicator* dp) const;
   // Takes this rank's slices out of whole-buffer moments.
   void load_moments(Tensor m_whole, Tensor v_whole);
   // The state as a checkpoint names it, with what this rank holds of each: "exp_avg/" and

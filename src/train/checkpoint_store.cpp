@@ -17,7 +17,6 @@
 #include <thread>
 
 #include "core/arena.h"
-
 #include "io/json_io.h"
 #include "io/safetensors.h"
 #include "model/checkpoint.h"

@@ -276,27 +276,6 @@ void DataParallel::finish_gathers() {
   params_needed(shard_.total);
 }
 
-Tensor DataParallel::whole_masters(Arena& arena) {
-  if (!zero()) return params_.values();
-  finish_gathers();
-  Backend& be = params_.backend();
-  Tensor values = params_.values();
-  if (shards_parameters()) {
-    const Tensor shard = values;  // [shard] the owned slices end to end
-    values = arena.alloc({params_.padded()});
-    shard_.gather(be, dp_, values, shard, "dp.params.all_gather");
-  } else if (params_.mixed_precision()) {
-    // The update wrote the owned slices of the masters alone; the others are stale here.
-    shard_.take(be, scratch_, values);
-    shard_.gather(be, dp_, values, scratch_, "dp.params.all_gather");
-  }
-  // (In fp32 under ZeRO-1 and 2 the gathered compute weights are the masters.)
-  // A checkpoint reads them on the host next: a device group's call ends here, with its
-  // errors and timeout, rather than in a stream synchronisation that cannot time out.
-  dp_->complete();
-  return values;
-}
-
 FlatSource DataParallel::held_masters() {
   if (!zero()) return {"", params_.values(), whole_buffer(params_.padded())};
   finish_gathers();

@@ -116,10 +116,6 @@ class DataParallel {
   void finish_gathers();
   // Whether gathers started by gather_parameters() are still to be waited for.
   bool gathering() const { return !gathers_.empty(); }
-  // [padded] the stage's fp32 masters whole, for a checkpoint: the store's values, gathered
-  // over the group where ZeRO keeps only this rank's slices of them (ZeRO-1 under mixed
-  // precision into the store's own buffer; ZeRO-3 into one taken from `arena`).
-  Tensor whole_masters(Arena& arena);
   // What this rank holds of the stage's fp32 masters, for a sharded checkpoint, gathering
   // nothing: the store's values whole without ZeRO; under ZeRO the owned slices alone (of the
   // store's whole buffer under ZeRO-1 and 2, where the update wrote them; the shard itself

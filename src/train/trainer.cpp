@@ -609,25 +609,20 @@ void Trainer::save_before_failing(const std::string& what) {
 
 // The first parameter or AdamW moment (named as a checkpoint names it) that holds a NaN or an
 // infinity; "" when every value is finite. One process only (save_before_failing's case): the
-// whole model is here.
+// whole model is here, read one parameter at a time, as a save reads it.
 std::string Trainer::first_nonfinite_tensor() {
   const ParameterStore& params = train_step_->model().parameters();
   Backend& be = params.backend();
-  Arena arena(MemoryTag::comm, be);
-  const Tensor values = train_step_->data_parallel().whole_masters(arena);  // [padded]
-  const Tensor m = arena.alloc({params.padded()}), v = arena.alloc({params.padded()});
-  train_step_->optimizer().gather_moments(m, v, groups_.dp.get());
-  BOTTLE_ASSERT(values.dtype == DType::f32, "the parameter values are not fp32");
-  std::vector<float> host(size_t(params.padded()));
-  for (const auto& [prefix, flat] :
-       {std::pair{"", values}, std::pair{"exp_avg/", m}, std::pair{"exp_avg_sq/", v}}) {
-    be.to_host(host.data(), flat);
+  std::vector<FlatSource> sources{train_step_->data_parallel().held_masters()};
+  for (FlatSource& state : train_step_->optimizer().held_state()) sources.push_back(state);
+  std::vector<float> host;  // [one parameter]
+  for (const FlatSource& source : sources)
     for (const ParamSpec& spec : params.specs()) {
-      const float* x = host.data() + spec.offset;
-      if (!std::all_of(x, x + spec.shape.numel(), [](float f) { return std::isfinite(f); }))
-        return prefix + spec.name;
+      host.resize(size_t(spec.shape.numel()));
+      be.to_host(host.data(), source.data.view(spec.offset, spec.shape));
+      if (!std::all_of(host.begin(), host.end(), [](float f) { return std::isfinite(f); }))
+        return source.prefix + spec.name;
     }
-  }
   return "";
 }
 
@@ -689,9 +684,13 @@ TrainResult Trainer::run_steps(StopRequests& signals) {
     }
     if (checkpoint_due() || stop.any()) {
       // A stop publishes at once: the launcher's grace period is short.
+      const auto saving = std::chrono::steady_clock::now();
       result.last_checkpoint = save_checkpoint(stop.any());
-      message(fmt::format("step {}: checkpoint {}{}", step_, result.last_checkpoint,
-                          store_->save_pending() ? " (being written in the background)" : ""));
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - saving).count();
+      message(fmt::format("step {}: checkpoint {} ({} {:.3f} s{})", step_, result.last_checkpoint,
+                          store_->save_pending() ? "copied in" : "saved in", seconds,
+                          store_->save_pending() ? ", being written in the background" : ""));
     }
     if (stop.write_failed)
       fail("{}; stopped after step {} with checkpoint {}",

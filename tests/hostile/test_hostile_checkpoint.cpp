@@ -381,6 +381,72 @@ keep = 3
   TempDir dir;
 };
 
+// Issue 57, case 2: a sharded checkpoint's index is input like any other. A piece's file with a
+// directory, a piece taken away (the tensor no longer covered), one outside its tensor and a
+// piece's key missing from its file: each one error naming the index (or the file) and the
+// tensor, for --resume, eval and export alike; the untouched checkpoint reads.
+TEST_F(Run, DamagedShardedIndexIsRefusedByName) {
+  const std::string ckpt = dir / "run/step_00000002", index = ckpt + "/checkpoint_index.json";
+  const std::string original = [&] {
+    std::ifstream in(index);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }();
+  auto with_index = [&](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json j = nlohmann::json::parse(original);
+    edit(j);
+    std::ofstream(index, std::ios::trunc) << j.dump();
+  };
+  auto norm = [](nlohmann::json& j) -> nlohmann::json& {
+    for (auto& t : j["tensors"])
+      if (t["name"] == "model.norm.weight") return t;
+    throw std::runtime_error("no model.norm.weight in the index");
+  };
+  const std::string eval = fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16",
+                                       bottle_binary(), ckpt, dir / "val.bin");
+  with_index([&](nlohmann::json& j) { norm(j)["pieces"][0]["file"] = "../rank-00000.safetensors"; });
+  expect_refused(run10(eval), {index, "model.norm.weight", "'../rank-00000.safetensors'",
+                               "file name"});
+  with_index([&](nlohmann::json& j) { norm(j)["pieces"] = nlohmann::json::array(); });
+  expect_refused(run10(eval), {index, "model.norm.weight", "hold 0 of the 32 elements",
+                               "incomplete or damaged"});
+  expect_refused(train("--resume --set training.steps=3"), {index, "model.norm.weight"});
+  expect_refused(run10(fmt::format("{} export --checkpoint {} --out {}", bottle_binary(), ckpt,
+                                   dir / "out")),
+                 {index, "model.norm.weight"});
+  EXPECT_FALSE(fs::exists(dir / "out"));
+  with_index([&](nlohmann::json& j) { norm(j)["pieces"][0]["range"][1] = 33; });
+  expect_refused(run10(eval), {index, "model.norm.weight", "[0, 33) lies outside its slice of "
+                                                           "32 elements"});
+  with_index([&](nlohmann::json& j) { norm(j)["pieces"][0]["key"] = "model.norm.weight@1"; });
+  expect_refused(run10(eval), {"rank-00000.safetensors", "model.norm.weight@1", index});
+  std::ofstream(index, std::ios::trunc) << original;
+  const CommandResult good = run10(eval);
+  EXPECT_EQ(good.status, 0) << good.output;
+}
+
+// Issue 57, case 2: an asynchronous save (checkpoint.async) publishes the same checkpoint, byte
+// for byte, as a synchronous one, and a run resumed from it goes on as the other does.
+TEST_F(Run, AsyncSaveWritesTheSameCheckpoint) {
+  const CommandResult a = train("--set checkpoint.folder=" + dir / "sync" + " --set training.steps=3");
+  ASSERT_EQ(a.status, 0) << a.output;
+  const CommandResult b = train("--set checkpoint.folder=" + dir / "async" +
+                                " --set training.steps=3 --set checkpoint.async=true");
+  ASSERT_EQ(b.status, 0) << b.output;
+  EXPECT_NE(b.output.find(", being written in the background)"), std::string::npos) << b.output;
+  auto bytes_of = [](const fs::path& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  for (const int step : {1, 2, 3})
+    for (const char* file : {"rank-00000.safetensors", "checkpoint_index.json"}) {
+      const std::string name = fmt::format("step_{:08d}/{}", step, file);
+      EXPECT_TRUE(bytes_of(dir / ("sync/" + name)) == bytes_of(dir / ("async/" + name))) << name;
+    }
+  // Every save was published: no temporary folder is left.
+  for (const auto& e : fs::directory_iterator(dir / "async"))
+    EXPECT_FALSE(e.path().filename().string().starts_with(".tmp-")) << e.path();
+}
+
 // Case 4: trainer_state.json validated field by field.
 struct BadState {
   std::string name;
@@ -435,11 +501,11 @@ TEST_F(Run, DuplicateStateKeyIsRefused) {
 // Case 7: export never writes into an existing checkpoint or a non-empty folder.
 TEST_F(Run, ExportOverACheckpointIsRefused) {
   const std::string target = dir / "run/step_00000001";
-  const std::string before = read_file(target + "/model.safetensors");
+  const std::string before = read_file(target + "/rank-00000.safetensors");
   const CommandResult r = run10(fmt::format("{} export --checkpoint {} --out {}", bottle_binary(),
                                             dir / "run/step_00000002", target));
   expect_refused(r, {"step_00000001", "not empty"});
-  EXPECT_EQ(read_file(target + "/model.safetensors"), before);
+  EXPECT_EQ(read_file(target + "/rank-00000.safetensors"), before);
 }
 
 TEST_F(Run, ExportIntoANonEmptyFolderIsRefused) {
@@ -641,7 +707,7 @@ TEST_F(Run, CopiesOfStepFoldersAreIgnored) {
       << r.output;
   for (const std::string name :
        {"step_00000010.bak", "step_00000010 copy", "old_step_00000010", "step_", "step_1e3"})
-    EXPECT_TRUE(fs::exists(dir / ("run/" + name + "/model.safetensors"))) << name;
+    EXPECT_TRUE(fs::exists(dir / ("run/" + name + "/checkpoint_index.json"))) << name;
   EXPECT_FALSE(fs::exists(dir / "run/step_00000002"));
   EXPECT_TRUE(fs::exists(dir / "run/step_00000004/bottle_checkpoint"));
 }
@@ -961,7 +1027,7 @@ TEST_F(Run, MetricsNamingAnInputAreRefused) {
                          dir / "model/config.json"),
              "names a file of --init-from's model"},
         Case{fmt::format("--init-from {} --set metrics.jsonl={}", dir / "model",
-                         dir / "model/model.safetensors"),
+                         dir / "model/rank-00000.safetensors"),
              "names a file of --init-from's model"},
         Case{fmt::format("--set metrics.plot={}", dir / "tokenizer/tokenizer.json"),
              "names a file of the run's tokenizer"},

@@ -675,11 +675,12 @@ void expect_every_step_once(const std::string& metrics, int64_t last, const std:
 // A full disk while logging: the metrics write fails, training stops at the end of that step
 // with a checkpoint, and the error names metrics.jsonl; the checkpoint resumes.
 TEST_F(HostileTrain, MetricsWriteFailureStopsWithACheckpoint) {
-  // A model whose checkpoint files stay well under the limit that the metrics pass.
+  // A model whose checkpoint file (weights and moments, 36 KiB) stays well under the limit that
+  // the metrics pass.
   const std::string small =
       "--set model.hidden_size=16 --set model.intermediate_size=16 --set model.num_layers=1 "
       "--set model.num_heads=2 --set model.rank=4 --set training.steps=1000000";
-  const CommandResult r = train_until_write_fails(*this, small, 32768);
+  const CommandResult r = train_until_write_fails(*this, small, 65536);
   EXPECT_NE(r.output.find("status=1"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(dir / "run/metrics.jsonl: cannot write metrics.jsonl (File too large)"),
             std::string::npos)
