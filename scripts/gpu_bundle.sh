@@ -2,7 +2,8 @@
 # Builds bottle with the cuda backend on this (Debian 12) machine and packs what
 # scripts/gpu_check.sh needs on a GPU machine whose image has the CUDA 13 toolkit and PyTorch
 # but none of bottle's Debian libraries (oneDNN, Open MPI, fmt, toml++):
-#   bin/   bottle and the GPU test programs
+#   bin/   bottle, the GPU test programs and the GPU modules they open at run time, found beside
+#          them (libbottle_cuda.so, libbottle_nccl.so: the only files that link CUDA's libraries)
 #   lib/   every shared library they (and Open MPI's runtime) load, except glibc's and CUDA's:
 #          the GPU machine's own driver, CUDA runtime, cuBLASLt and NCCL are used
 #   ompi/  Open MPI's runtime (mpirun, orted, plugins, help files) at its Debian paths, which
@@ -25,7 +26,8 @@ check_bundle() {
   local listing missing=()
   listing=$(tar -tJf "$tarball")
   local name
-  for name in bin/bottle bin/test_device_ops bin/test_model_backends lib/libdnnl.so.2 \
+  for name in bin/bottle bin/test_device_ops bin/test_model_backends bin/libbottle_cuda.so \
+    bin/libbottle_nccl.so lib/libdnnl.so.2 \
     lib/libfmt.so.9 ompi/usr/bin/orterun ompi/usr/bin/orted ompi/usr/bin/mpirun \
     ompi/etc/openmpi/openmpi-mca-params.conf; do
     grep -q "^[^/]*/$name\$" <<<"$listing" || missing+=("$name")
@@ -45,12 +47,13 @@ fi
 bundle=${1:-gpu-bundle}
 build=${BOTTLE_GPU_BUILD:-build-cuda}  # an existing CUDA build may be reused
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DBOTTLE_NATIVE=OFF -DBOTTLE_CUDA=ON >/dev/null
-cmake --build "$build" -j"$(nproc)" --target bottle test_device_ops test_model_backends
+cmake --build "$build" -j"$(nproc)" --target bottle bottle_cuda bottle_nccl test_device_ops \
+  test_model_backends
 
 rm -rf "$bundle" "$bundle.tar.xz"
 mkdir -p "$bundle"/{bin,lib,ompi}
-cp "$build/bottle" "$build/tests/backend/test_device_ops" "$build/tests/model/test_model_backends" \
-  "$bundle/bin/"
+cp "$build/bottle" "$build/libbottle_cuda.so" "$build/libbottle_nccl.so" \
+  "$build/tests/backend/test_device_ops" "$build/tests/model/test_model_backends" "$bundle/bin/"
 
 # Open MPI's runtime at the paths `ompi_info --path all` reports (prefix /usr): OPAL_PREFIX
 # moves every prefix-relative one, OPAL_SYSCONFDIR the configuration.

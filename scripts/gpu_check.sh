@@ -35,9 +35,11 @@
 #
 # The binaries: gpu-bundle.tar.xz when present (scripts/gpu_bundle.sh makes it on a Debian 12
 # machine, for a GPU machine whose image lacks bottle's Debian libraries), else build-cuda/ (built
-# here when absent; slow: prepare the bundle instead). cuDNN (bottle opens libcudnn.so.9 at run
-# time; the bundle does not carry it) is the machine's: the loader's, else the nvidia-cudnn-cu13
-# wheel's, else PyTorch's. Exit status: 0 when every stage that ran passed.
+# here when absent; slow: prepare the bundle instead). Each comes with the GPU modules
+# (libbottle_cuda.so, libbottle_nccl.so) beside bottle, which it opens at run time. cuDNN
+# (bottle opens libcudnn.so.9 at run time; the bundle does not carry it) is the machine's: the
+# loader's, else the nvidia-cudnn-cu13 wheel's, else PyTorch's. Exit status: 0 when every stage
+# that ran passed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -150,8 +152,12 @@ export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_btl_va
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv 2>/dev/null
 version=$("$bin/bottle" --version 2>&1)
 echo "$version"
-# Why the GPU stages cannot run here (empty when they can): the backend's own reason.
+# Why the GPU stages cannot run here (empty when they can): the backend's own reason, no GPU
+# or a CUDA module (libbottle_cuda.so, which the binaries open at run time) that cannot be
+# loaded, with dlerror's words.
 gpu_reason=$(grep '^backend cuda: ' <<<"$version" | grep -o '(no CUDA device.*)$' | sed 's/^(//; s/)$//')
+[ -n "$gpu_reason" ] || gpu_reason=$(grep '^backend cuda: ' <<<"$version" |
+  grep -o "this build's CUDA module could not be loaded.*$")
 grep -q '^backend cuda: ' <<<"$version" || gpu_reason="this build has no cuda backend"
 
 # --- The summary: every figure the GPU targets name, from bench.jsonl and the stages' logs;

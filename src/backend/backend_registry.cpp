@@ -1,5 +1,6 @@
 // The one place that knows which backends exist; optional ones are added here behind
-// their build flag.
+// their build flag. The cuda backend lives in the CUDA module (backend/cuda/cuda_module.h),
+// opened here when a run first asks for it, so that bottle itself links no CUDA library.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <oneapi/dnnl/dnnl.h>
@@ -9,10 +10,8 @@
 #include "backend/reference_backend.h"
 #include "backend/widening_backend.h"
 #ifdef BOTTLE_HAVE_CUDA
-#include "backend/cuda/cuda_backend.h"
-#endif
-#ifdef BOTTLE_HAVE_CUDNN
-#include "backend/cuda/attention_cudnn.h"
+#include "backend/cuda/cuda_module.h"
+#include "backend/gpu_module.h"
 #endif
 
 namespace bottle {
@@ -22,6 +21,23 @@ namespace {
 std::string unknown_backend(std::string_view name) {
   return fmt::format("unknown backend '{}' (available: {})", name, fmt::join(kBackendNames, ", "));
 }
+
+#ifdef BOTTLE_HAVE_CUDA
+// The CUDA module's table, or null with `why` saying what could not be loaded and what to do.
+// `path` (if given) is set to the module's file.
+const cuda::ModuleApi* cuda_module(std::string* why, std::string* path = nullptr) {
+  const GpuModule& module = open_gpu_module(cuda::kModuleFile, cuda::kModuleEntry);
+  if (path) *path = module.path;
+  if (!module.api)
+    *why = fmt::format(
+        "this build's CUDA module could not be loaded ({}); the cuda backend needs {} beside "
+        "the bottle binary and the CUDA 13 runtime and cuBLASLt (libcudart.so.13, "
+        "libcublasLt.so.13: install them or add their folder to LD_LIBRARY_PATH; they map over "
+        "half a gigabyte, which a small `ulimit -v` refuses)",
+        module.why, cuda::kModuleFile);
+  return static_cast<const cuda::ModuleApi*>(module.api);
+}
+#endif
 
 }  // namespace
 
@@ -59,12 +75,10 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
   if (name == "reference") return std::make_unique<WideningBackend>(make_reference_backend());
   if (name == "cuda") {
 #ifdef BOTTLE_HAVE_CUDA
-    // cuDNN's attention where this build has it; without, the backend says why it has none.
-#ifdef BOTTLE_HAVE_CUDNN
-    return make_cuda_backend(options.attention, &cuda::load_cudnn_attention);
-#else
-    return make_cuda_backend(options.attention, nullptr);
-#endif
+    std::string why;
+    if (const cuda::ModuleApi* module = cuda_module(&why))
+      return module->make_backend(options.attention);
+    fail("backend 'cuda': {}", why);
 #else
     fail("backend 'cuda': {}", backend_unavailable("cuda"));
 #endif
@@ -76,7 +90,9 @@ std::string backend_unavailable(std::string_view name) {
   if (is_host_backend(name)) return {};
   if (name == "cuda") {
 #ifdef BOTTLE_HAVE_CUDA
-    return cuda_unavailable();
+    std::string why;
+    const cuda::ModuleApi* module = cuda_module(&why);
+    return module ? module->unavailable() : why;
 #else
     return "this build has no CUDA backend (configured with BOTTLE_CUDA=OFF, or no CUDA toolkit "
            "with NCCL was found)";
@@ -96,16 +112,16 @@ std::vector<std::string> backend_names() {
                                              dnnl->minor, dnnl->patch, _OPENMP),
                                  "reference: naive loops (the test oracle)"};
 #ifdef BOTTLE_HAVE_CUDA
-  names.push_back(cuda_description());
-  // Which attention a bf16 run on the GPU would get, known before any run: cuDNN's SDPA where
-  // the library loads (asked without a GPU), else the own kernels, saying why.
-#ifdef BOTTLE_HAVE_CUDNN
-  names.push_back("cuda attention: " + cuda::cudnn_library_status());
-#else
-  names.push_back(
-      "cuda attention: own kernels only (this build has no cuDNN attention: cudnn-frontend was "
-      "not found when it was configured; scripts/setup.sh installs it)");
-#endif
+  // Which attention a bf16 run on the GPU would get comes with the module, which says it
+  // without a GPU; a module that cannot be loaded is said instead, with the reason.
+  std::string why, path;
+  if (const cuda::ModuleApi* module = cuda_module(&why, &path)) {
+    names.push_back(module->description());
+    names.push_back("cuda attention: " + module->attention_status());
+    names.push_back("cuda module: " + path);
+  } else {
+    names.push_back("cuda: " + why);
+  }
 #endif
   return names;
 }

@@ -1,6 +1,8 @@
 // The one place that chooses the comm backend: Open MPI for the world and host groups, Open
 // MPI staged through the host or NCCL for groups that move device tensors, so that nothing
-// above comm/ names a backend. NCCL is optional (BOTTLE_HAVE_NCCL); only this file asks.
+// above comm/ names a backend. NCCL is optional (BOTTLE_HAVE_NCCL); only this file asks, and
+// opens the NCCL module (comm/nccl_module.h) when a run first needs it, so that bottle itself
+// links no CUDA library.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -17,7 +19,8 @@
 #include "backend/backend.h"
 #include "sys/launcher_guard.h"
 #ifdef BOTTLE_HAVE_NCCL
-#include "comm/nccl_communicator.h"
+#include "backend/gpu_module.h"
+#include "comm/nccl_module.h"
 #endif
 
 namespace bottle {
@@ -87,6 +90,22 @@ class MpiRuntime {
 // MPI_Finalize; short enough that a job where some ranks wait in a collective ends soon.
 constexpr auto kAbortDelay = std::chrono::seconds(3);
 
+#ifdef BOTTLE_HAVE_NCCL
+// The NCCL module's table, or null with `why` saying what could not be loaded and what to do.
+// `path` (if given) is set to the module's file.
+const nccl::ModuleApi* nccl_module(std::string* why, std::string* path = nullptr) {
+  const GpuModule& module = open_gpu_module(nccl::kModuleFile, nccl::kModuleEntry);
+  if (path) *path = module.path;
+  if (!module.api)
+    *why = fmt::format(
+        "this build's NCCL module could not be loaded ({}); NCCL needs {} beside the bottle "
+        "binary and the CUDA 13 runtime and NCCL (libcudart.so.13, libnccl.so.2: install them or "
+        "add their folder to LD_LIBRARY_PATH)",
+        module.why, nccl::kModuleFile);
+  return static_cast<const nccl::ModuleApi*>(module.api);
+}
+#endif
+
 }  // namespace
 
 Communicator& world_communicator() {
@@ -103,15 +122,12 @@ std::vector<std::string> comm_backends() {
   mpi = mpi.substr(0, mpi.find_first_of(",\n"));
   std::vector<std::string> lines{"mpi: " + mpi};
 #ifdef BOTTLE_HAVE_NCCL
-  // The library loaded at run time, which may be newer than the headers built against.
-  int code = 0;
-  if (ncclGetVersion(&code) == ncclSuccess) {
-    // NCCL_VERSION_CODE: major·1000 + minor·100 + patch up to 2.8, major·10000 + ... since.
-    const int major = code >= 10000 ? code / 10000 : code / 1000;
-    const int minor = code >= 10000 ? code % 10000 / 100 : code % 1000 / 100;
-    lines.push_back(fmt::format("nccl: NCCL {}.{}.{}", major, minor, code % 100));
+  std::string why, path;
+  if (const nccl::ModuleApi* module = nccl_module(&why, &path)) {
+    lines.push_back("nccl: " + module->version());
+    lines.push_back("nccl module: " + path);
   } else {
-    lines.push_back("nccl: NCCL (version unknown)");
+    lines.push_back("nccl: " + why);
   }
 #endif
   return lines;
@@ -134,7 +150,10 @@ std::unique_ptr<Communicator> make_group_communicator(std::unique_ptr<Communicat
           "\"{}\"",
           backend ? backend->name() : std::string_view("cpu"));
 #ifdef BOTTLE_HAVE_NCCL
-    return std::make_unique<NcclCommunicator>(std::move(host_group), *backend);
+    std::string why;
+    if (const nccl::ModuleApi* module = nccl_module(&why))
+      return module->make_communicator(std::move(host_group), *backend);
+    fail("parallel.comm = \"nccl\": {} (or use parallel.comm = \"mpi\")", why);
 #else
     fail(
         "parallel.comm = \"nccl\": this build has no NCCL (build with BOTTLE_CUDA=ON where the "

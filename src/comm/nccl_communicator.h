@@ -1,7 +1,7 @@
 #pragma once
 // The NCCL backend of Communicator: device tensors, moved GPU to GPU. Internal to the comm
-// layer (it exposes nccl.h and cuda_runtime.h); comm_registry.cpp builds it for
-// parallel.comm = "nccl", and nothing else names it.
+// layer (it exposes nccl.h and cuda_runtime.h) and to the NCCL module (nccl_module.h), whose
+// entry builds it for comm_registry.cpp under parallel.comm = "nccl"; nothing else names it.
 //
 // A group is bootstrapped over a host communicator (MPI) of the same ranks, which also
 // carries what is not on the device: host tensors (reduce_scalar's, checkpoint gathers) go

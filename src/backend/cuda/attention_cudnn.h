@@ -9,9 +9,9 @@
 // whose cuDNN is missing falls back to the own kernels, saying why.
 //
 // Free of cuDNN, frontend and CUDA headers: only attention_cudnn.cpp includes them, and it is
-// compiled only when CMake found cudnn-frontend and cudnn.h (BOTTLE_HAVE_CUDNN). The backend
-// registry, the one place that asks what is compiled in, hands load_cudnn_attention to the cuda
-// backend; a build without it passes no loader.
+// compiled only when CMake found cudnn-frontend and cudnn.h (BOTTLE_HAVE_CUDNN). The CUDA
+// module's entry (cuda_module.cpp), which with the registries alone asks what is compiled in,
+// hands load_cudnn_attention to the cuda backend; a build without it passes no loader.
 #include <cstddef>
 #include <cstdint>
 #include <memory>

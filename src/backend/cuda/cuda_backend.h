@@ -5,7 +5,8 @@
 // src/backend/cuda/*.cu, one file per op family, their per-element math shared with the CPU
 // backends (core/kernel_math.h).
 //
-// Free of CUDA headers: the registry includes it in every build that has CUDA.
+// Part of the CUDA module (cuda_module.h): only the module's own files include it. Free of
+// CUDA headers.
 #include <memory>
 #include <string>
 
