@@ -50,8 +50,8 @@ Command add_export_command(CLI::App& app) {
                    special_token_ids(tokenizer.get()));
       if (tokenizer) tokenizer->save(temp);
     });
-    fmt::print("exported {} ({} parameters, {}) to {}\n", o->checkpoint,
-               config.parameter_count(), o->dtype, o->out);
+    fmt::print("exported {} ({} parameters, {}) to {}\n", o->checkpoint, config.parameter_count(),
+               o->dtype, o->out);
     return 0;
   };
 }

@@ -19,13 +19,20 @@ namespace {
 // What `st` is, for an error: "a character device", "a FIFO", ...
 const char* kind_of(const fs::file_status& st) {
   switch (st.type()) {
-    case fs::file_type::directory: return "a directory";
-    case fs::file_type::character: return "a character device";
-    case fs::file_type::block: return "a block device";
-    case fs::file_type::fifo: return "a FIFO";
-    case fs::file_type::socket: return "a socket";
-    case fs::file_type::regular: return "a regular file";
-    default: return "not a regular file";
+    case fs::file_type::directory:
+      return "a directory";
+    case fs::file_type::character:
+      return "a character device";
+    case fs::file_type::block:
+      return "a block device";
+    case fs::file_type::fifo:
+      return "a FIFO";
+    case fs::file_type::socket:
+      return "a socket";
+    case fs::file_type::regular:
+      return "a regular file";
+    default:
+      return "not a regular file";
   }
 }
 
@@ -37,9 +44,10 @@ void check_output_file(const std::string& path, std::string_view what) {
   if (ec && ec != std::errc::no_such_file_or_directory)
     fail("{}: {} cannot be written: {}", path, what, ec.message());
   if (!fs::exists(st) || fs::is_regular_file(st)) return;
-  fail("{}: {} must be a regular file, and this is {}: bottle never replaces it; name a new or "
-       "regular file",
-       path, what, kind_of(st));
+  fail(
+      "{}: {} must be a regular file, and this is {}: bottle never replaces it; name a new or "
+      "regular file",
+      path, what, kind_of(st));
 }
 
 void check_output_directory(const std::string& path, std::string_view what) {
@@ -48,9 +56,10 @@ void check_output_directory(const std::string& path, std::string_view what) {
   if (ec && ec != std::errc::no_such_file_or_directory)
     fail("{}: {} cannot be written: {}", path, what, ec.message());
   if (!fs::exists(st) || fs::is_directory(st)) return;
-  fail("{}: {} must be a directory, and this is {}: bottle never replaces it; name a new or "
-       "empty directory",
-       path, what, kind_of(st));
+  fail(
+      "{}: {} must be a directory, and this is {}: bottle never replaces it; name a new or "
+      "empty directory",
+      path, what, kind_of(st));
 }
 
 std::string partial_path(const std::string& path) {

@@ -283,8 +283,8 @@ void write_safetensors(const std::string& path, const std::vector<NamedTensor>& 
   std::vector<SafeTensorsWriter::Spec> specs;
   for (const auto& [name, t] : tensors) {
     BOTTLE_CHECK(t.dtype == DType::f32, "{}: tensor '{}' must be f32 to be written", path, name);
-    specs.push_back({name, std::vector<int64_t>(t.shape.dims.begin(),
-                                                t.shape.dims.begin() + t.shape.rank)});
+    specs.push_back(
+        {name, std::vector<int64_t>(t.shape.dims.begin(), t.shape.dims.begin() + t.shape.rank)});
   }
   SafeTensorsWriter out(path, specs, metadata, stored);
   for (const auto& nt : tensors) out.write(std::span(nt.tensor.f32(), size_t(nt.tensor.numel())));

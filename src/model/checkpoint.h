@@ -42,9 +42,9 @@ void load_model_weights(LlamaModel& model, const std::string& dir);
 // The same from a sharded checkpoint (model/sharded_checkpoint.h): each rank reads its own slice
 // of every parameter from whichever pieces hold it, whatever layout wrote them.
 void load_model_weights(LlamaModel& model, const ShardedCheckpoint& checkpoint);
-// A checkpoint's model directory written into `out` (config.json, the modeling files, model.safetensors):
-// from a sharded checkpoint tensor by tensor, one whole tensor in memory at a time; from any
-// other checkpoint loaded whole and saved. Errors name the checkpoint's files.
+// A checkpoint's model directory written into `out` (config.json, the modeling files,
+// model.safetensors): from a sharded checkpoint tensor by tensor, one whole tensor in memory at a
+// time; from any other checkpoint loaded whole and saved. Errors name the checkpoint's files.
 void export_model(const std::string& dir, const std::string& out, DType stored,
                   const SpecialTokenIds& ids);
 // Both of the above.

@@ -51,7 +51,8 @@ void overlap(const SliceGeometry& p, int64_t p_begin, int64_t p_end, const Slice
   const int64_t p_first = p.row0 + p_begin / p.width, p_last = p.row0 + (p_end - 1) / p.width;
   const int64_t t_first = t.row0 + t_begin / t.width, t_last = t.row0 + (t_end - 1) / t.width;
   const int64_t first = std::max(p_first, t_first), last = std::min(p_last, t_last);
-  const int64_t c_lo = std::max(p.col0, t.col0), c_hi = std::min(p.col0 + p.width, t.col0 + t.width);
+  const int64_t c_lo = std::max(p.col0, t.col0),
+                c_hi = std::min(p.col0 + p.width, t.col0 + t.width);
   if (c_lo >= c_hi) return;
   for (int64_t row = first; row <= last; ++row) {
     // The piece's elements of this row, as global columns.
@@ -74,12 +75,13 @@ void overlap(const SliceGeometry& p, int64_t p_begin, int64_t p_end, const Slice
 }
 
 Shape shape_of(const nlohmann::json& j, const std::string& where) {
-  BOTTLE_CHECK(j.is_array() && !j.empty() && j.size() <= 2, "{}: a shape must be a list of 1 or 2 sizes",
-               where);
+  BOTTLE_CHECK(j.is_array() && !j.empty() && j.size() <= 2,
+               "{}: a shape must be a list of 1 or 2 sizes", where);
   Shape shape;
   for (const auto& d : j) {
-    BOTTLE_CHECK(d.is_number_integer() && d.get<int64_t>() > 0 && d.get<int64_t>() < (int64_t(1) << 40),
-                 "{}: a size must be a positive integer below 2^40, got {}", where, d.dump());
+    BOTTLE_CHECK(
+        d.is_number_integer() && d.get<int64_t>() > 0 && d.get<int64_t>() < (int64_t(1) << 40),
+        "{}: a size must be a positive integer below 2^40, got {}", where, d.dump());
     shape.dims[size_t(shape.rank++)] = d.get<int64_t>();
   }
   return shape;
@@ -116,7 +118,8 @@ RankPieces::RankPieces(const ParameterStore& params, int stage,
       if (spec.name == skip || (!spec.sharded() && !replicated)) continue;
       const int64_t begin = spec.offset, end = spec.offset + spec.shape.numel();
       for (const ShardPiece& owned : source.owned) {
-        const int64_t lo = std::max(begin, owned.begin), hi = std::min(end, owned.begin + owned.count);
+        const int64_t lo = std::max(begin, owned.begin),
+                      hi = std::min(end, owned.begin + owned.count);
         if (lo >= hi) continue;
         const std::string tensor = source.prefix + spec.name;
         Planned& p = planned_.emplace_back();
@@ -124,17 +127,17 @@ RankPieces::RankPieces(const ParameterStore& params, int stage,
         p.view = source.data.view(owned.local + lo - owned.begin, {hi - lo});
         values_ += hi - lo;
         const Shape& whole = spec.sharded() ? spec.full_shape : spec.shape;
-        listed.push_back({{"tensor", tensor},
-                          {"key", p.key},
-                          {"shape", std::vector<int64_t>(whole.dims.begin(),
-                                                         whole.dims.begin() + whole.rank)},
-                          {"dim", spec.sharded() ? spec.shard_dim : -1},
-                          {"slice",
-                           {spec.sharded() ? spec.shard_offset : 0,
-                            spec.sharded() ? spec.shard_offset + spec.shape[spec.shard_dim] : 0}},
-                          {"range", {lo - begin, hi - begin}},
-                          {"stage", stage},
-                          {"order", i}});
+        listed.push_back(
+            {{"tensor", tensor},
+             {"key", p.key},
+             {"shape", std::vector<int64_t>(whole.dims.begin(), whole.dims.begin() + whole.rank)},
+             {"dim", spec.sharded() ? spec.shard_dim : -1},
+             {"slice",
+              {spec.sharded() ? spec.shard_offset : 0,
+               spec.sharded() ? spec.shard_offset + spec.shape[spec.shard_dim] : 0}},
+             {"range", {lo - begin, hi - begin}},
+             {"stage", stage},
+             {"order", i}});
       }
     }
   }
@@ -193,7 +196,8 @@ void read_rank_pieces(const ShardedCheckpoint& checkpoint, const ParameterStore&
   for (const ParamSpec& spec : params.specs()) {
     const int64_t begin = spec.offset, end = spec.offset + spec.shape.numel();
     for (const ShardPiece& owned : source.owned) {
-      const int64_t lo = std::max(begin, owned.begin), hi = std::min(end, owned.begin + owned.count);
+      const int64_t lo = std::max(begin, owned.begin),
+                    hi = std::min(end, owned.begin + owned.count);
       if (lo >= hi) continue;
       staging.resize(size_t(hi - lo));
       checkpoint.read(source.prefix + spec.name, spec, lo - begin, hi - begin, staging);
@@ -353,13 +357,13 @@ void ShardedCheckpoint::read(const std::string& name, const ParamSpec& slice, in
   const Shape& whole = slice.sharded() ? slice.full_shape : slice.shape;
   BOTTLE_CHECK(whole == e.shape, "{}: tensor '{}' has shape {}, expected {}", index_path(), name,
                e.shape.str(), whole.str());
-  BOTTLE_ASSERT(0 <= begin && begin <= end && end <= slice.shape.numel() &&
-                    out.size() == size_t(end - begin),
-                "a read of [{}, {}) of '{}'", begin, end, name);
-  const SliceGeometry target =
-      slice.sharded() ? geometry(whole, slice.shard_dim, slice.shard_offset,
-                                 slice.shard_offset + slice.shape[slice.shard_dim])
-                      : geometry(whole, -1, 0, 0);
+  BOTTLE_ASSERT(
+      0 <= begin && begin <= end && end <= slice.shape.numel() && out.size() == size_t(end - begin),
+      "a read of [{}, {}) of '{}'", begin, end, name);
+  const SliceGeometry target = slice.sharded()
+                                   ? geometry(whole, slice.shard_dim, slice.shard_offset,
+                                              slice.shard_offset + slice.shape[slice.shard_dim])
+                                   : geometry(whole, -1, 0, 0);
   int64_t covered = 0;
   std::vector<float> values;  // [a piece] its stored elements
   for (const Piece& p : e.pieces) {
@@ -384,11 +388,10 @@ void ShardedCheckpoint::read(const std::string& name, const ParamSpec& slice, in
                "{}: tensor '{}': its pieces hold {} of the {} elements asked for ({}, elements "
                "[{}, {})); the checkpoint is incomplete or damaged",
                index_path(), name, covered, end - begin,
-               slice.sharded() ? fmt::format("the slice [{}, {}) of dimension {}",
-                                             slice.shard_offset,
-                                             slice.shard_offset + slice.shape[slice.shard_dim],
-                                             slice.shard_dim)
-                               : std::string("the whole tensor"),
+               slice.sharded()
+                   ? fmt::format("the slice [{}, {}) of dimension {}", slice.shard_offset,
+                                 slice.shard_offset + slice.shape[slice.shard_dim], slice.shard_dim)
+                   : std::string("the whole tensor"),
                begin, end);
 }
 

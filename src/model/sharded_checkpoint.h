@@ -126,9 +126,9 @@ class ShardedCheckpoint {
  private:
   struct Piece {
     std::string file, key;
-    int dim = -1;                              // the dimension of its TP slice; -1: none
-    int64_t slice_begin = 0, slice_end = 0;    // the slice along dim
-    int64_t begin = 0, end = 0;                // its elements of the slice, row-major
+    int dim = -1;                            // the dimension of its TP slice; -1: none
+    int64_t slice_begin = 0, slice_end = 0;  // the slice along dim
+    int64_t begin = 0, end = 0;              // its elements of the slice, row-major
   };
   struct Entry {
     Shape shape;

@@ -5,9 +5,9 @@
 #include <memory>
 #include <vector>
 
+#include "backend/backend.h"
 #include "comm/communicator.h"
 #include "core/arena.h"
-#include "backend/backend.h"
 #include "model/parameters.h"
 #include "model/shard_layout.h"
 #include "model/sharded_checkpoint.h"

@@ -165,9 +165,8 @@ CheckpointStore::CheckpointStore(std::string folder, int keep)
 }
 
 std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
-                                  const FlatSource& masters,
-                                  const TrainerState& state, int64_t step, Communicator* dp,
-                                  Communicator* world) {
+                                  const FlatSource& masters, const TrainerState& state,
+                                  int64_t step, Communicator* dp, Communicator* world) {
   const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
   const fs::path final_dir = fs::path(folder_) / name;
   // Every rank knows the temporary directory's name; world rank 0 owns it.
@@ -182,8 +181,7 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
   save_part(world, step,
             [&] { write_shards(model, optimizer, masters, temp, dp, world ? world->rank() : 0); });
   if (leader)
-    save_part(world, step,
-              [&] { place(optimizer.steps_taken(), state, step, temp, final_dir); });
+    save_part(world, step, [&] { place(optimizer.steps_taken(), state, step, temp, final_dir); });
   else
     save_part(world, step, [] {});
   return final_dir.string();

@@ -61,9 +61,9 @@ class CheckpointStore {
   // place, pruning) by finish_pending(), which the next save, a stop and the run's end call;
   // until then the newest checkpoint is the one before, and a kill leaves it so. Returns the
   // directory the checkpoint will have. Every rank calls it.
-  std::string save_async(const LlamaModel& model, const AdamW& optimizer,
-                         const FlatSource& masters, const TrainerState& state, int64_t step,
-                         Communicator* dp = nullptr, Communicator* world = nullptr);
+  std::string save_async(const LlamaModel& model, const AdamW& optimizer, const FlatSource& masters,
+                         const TrainerState& state, int64_t step, Communicator* dp = nullptr,
+                         Communicator* world = nullptr);
   // Waits for the save under way and publishes it (every rank calls); its directory, "" when
   // none was under way. A write that failed on any rank fails every rank with its message.
   std::string finish_pending(Communicator* world = nullptr);

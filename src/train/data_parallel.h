@@ -40,8 +40,8 @@
 #include <utility>
 #include <vector>
 
-#include "comm/communicator.h"
 #include "backend/backend.h"
+#include "comm/communicator.h"
 #include "model/parameters.h"
 #include "model/shard_layout.h"
 #include "model/sharded_checkpoint.h"

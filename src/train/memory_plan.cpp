@@ -171,8 +171,8 @@ void check_layers_memory(const ModelConfig& model, const TensorParallel& tp, int
 }
 
 MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel& tp,
-                                 const PipelineStage& stage, int slots,
-                                 int64_t attention_workspace, int64_t kernel_scratch) {
+                                 const PipelineStage& stage, int slots, int64_t attention_workspace,
+                                 int64_t kernel_scratch) {
   const TrainingConfig& tc = config.training;
   const int64_t dp = config.parallel.dp;
   const bool zero = config.parallel.zero && dp > 1;

@@ -181,8 +181,8 @@ class Trainer {
   ProcessGroups groups_;
   bool leader_ = false;  // writes metrics, plots and checkpoints
   std::unique_ptr<Backend> be_;
-  std::string attention_path_;  // which attention kernels run, and why (the run's first line)
-  MemoryBreakdown plan_;        // this rank's planned footprint
+  std::string attention_path_;    // which attention kernels run, and why (the run's first line)
+  MemoryBreakdown plan_;          // this rank's planned footprint
   nlohmann::json plan_per_rank_;  // every rank's, per tag: metrics.jsonl's "memory_plan"
   std::unique_ptr<TrainStep> train_step_;
   std::unique_ptr<DataMixture> loader_;     // data.train's sources

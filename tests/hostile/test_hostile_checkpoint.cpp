@@ -403,7 +403,8 @@ TEST_F(Run, DamagedShardedIndexIsRefusedByName) {
   };
   const std::string eval = fmt::format("{} eval --checkpoint {} --data {} --batch 2 --seq 16",
                                        bottle_binary(), ckpt, dir / "val.bin");
-  with_index([&](nlohmann::json& j) { norm(j)["pieces"][0]["file"] = "../rank-00000.safetensors"; });
+  with_index(
+      [&](nlohmann::json& j) { norm(j)["pieces"][0]["file"] = "../rank-00000.safetensors"; });
   expect_refused(run10(eval), {index, "model.norm.weight", "'../rank-00000.safetensors'",
                                "file name"});
   with_index([&](nlohmann::json& j) { norm(j)["pieces"] = nlohmann::json::array(); });
@@ -427,7 +428,8 @@ TEST_F(Run, DamagedShardedIndexIsRefusedByName) {
 // Issue 57, case 2: an asynchronous save (checkpoint.async) publishes the same checkpoint, byte
 // for byte, as a synchronous one, and a run resumed from it goes on as the other does.
 TEST_F(Run, AsyncSaveWritesTheSameCheckpoint) {
-  const CommandResult a = train("--set checkpoint.folder=" + dir / "sync" + " --set training.steps=3");
+  const CommandResult a =
+      train("--set checkpoint.folder=" + dir / "sync" + " --set training.steps=3");
   ASSERT_EQ(a.status, 0) << a.output;
   const CommandResult b = train("--set checkpoint.folder=" + dir / "async" +
                                 " --set training.steps=3 --set checkpoint.async=true");

@@ -9,11 +9,11 @@
 // its dK, dV) and per query block (Q, O, dO, dQ rows), into compact per-thread slabs, and the
 // outputs rounded back once when the item or block is done; the GEMMs and the softmax run in
 // fp32 as for fp32 tensors. Scores and the log-sum-exp stay fp32 (§18).
-#include "backend/cpu/cpu_backend.h"
-
-#include <cstring>
 #include <dnnl.h>
 
+#include <cstring>
+
+#include "backend/cpu/cpu_backend.h"
 #include "backend/dnnl_gemm.h"
 
 namespace bottle::cpu {
@@ -36,7 +36,8 @@ Block open_block(const Tensor& t, int64_t offset, int64_t rows, int64_t cols, in
                  float* slab, bool read) {
   if (t.dtype != DType::bf16) return {t.f32() + offset, ld};
   if (read)
-    for (int64_t r = 0; r < rows; ++r) widen_bf16(slab + r * cols, t.bf16() + offset + r * ld, cols);
+    for (int64_t r = 0; r < rows; ++r)
+      widen_bf16(slab + r * cols, t.bf16() + offset + r * ld, cols);
   return {slab, cols};
 }
 

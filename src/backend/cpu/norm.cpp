@@ -133,11 +133,11 @@ void CpuBackend::do_rmsnorm_shard_backward(Tensor dx, Tensor dweight, Tensor dou
   rmsnorm_backward_rows(dx, dweight, dout, x, weight, rstd, dot, d);
 }
 
-void CpuBackend::do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x,
-                                      Tensor weight, Tensor bias, float eps) {
+void CpuBackend::do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tensor x, Tensor weight,
+                                      Tensor bias, float eps) {
   const int64_t n = x.rows(), c = x.cols();
   const Tensor w = widened(weight, weight_ws_);  // [c]
-  const Tensor bs = widened(bias, bias_ws_);    // [c]
+  const Tensor bs = widened(bias, bias_ws_);     // [c]
   const Slabs slabs(slab_ws_, 2, c, any_bf16({out, x}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
@@ -203,13 +203,12 @@ void CpuBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, 
 
 void CpuBackend::do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, float eps,
                                          bool reciprocal) {
-  elementwise<2>(slab_ws_, out.numel(), {cpu::out(out), in(sumsq)},
-                 [=](int64_t n, auto p) {
-                   float* o = p[0];
-                   const float* s = p[1];
-                   for (int64_t i = 0; i < n; ++i)
-                     o[i] = kmath::rms_from_sum_squares(s[i], count, eps, reciprocal);
-                 });
+  elementwise<2>(slab_ws_, out.numel(), {cpu::out(out), in(sumsq)}, [=](int64_t n, auto p) {
+    float* o = p[0];
+    const float* s = p[1];
+    for (int64_t i = 0; i < n; ++i)
+      o[i] = kmath::rms_from_sum_squares(s[i], count, eps, reciprocal);
+  });
 }
 
 void CpuBackend::do_scale_rows(Tensor out, Tensor x, Tensor factor) {
