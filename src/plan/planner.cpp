@@ -183,7 +183,7 @@ CommCounter block_counter(const StageCounts& counts, const TrainConfig& config) 
   const std::string prefix = config.parallel.tp_mode->name();
   CommCounter sum;
   for (const char* pass : {".fwd.", ".bwd."}) {
-    const CommCounter c = counts.tp_stats.with_prefix(prefix + pass);
+    const CommCounter c = calls_with_prefix(counts.calls.at("tp"), prefix + pass);
     sum.calls += c.calls;
     sum.elements += c.elements;
     sum.bytes += c.bytes;
@@ -388,7 +388,9 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   return r;
 }
 
-// More micro-batches per step than a user would run; each is dry-run.
+// More micro-batches per step than a user would run, where each is dry-run: under
+// parallel.tp_overlap, whose timeline the planner replays whole (elsewhere the dry run's cost
+// does not grow with them, dry_run.h).
 constexpr int64_t kMaxMicroBatches = 4096;
 
 std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpec& cluster,
@@ -451,9 +453,11 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
                 Prediction r;
                 r.config = c;
                 r.full_rank_baseline = baseline;
-                if (c.training.grad_accum_steps > kMaxMicroBatches) {
+                if (c.parallel.tp_overlap && tp > 1 &&
+                    c.training.grad_accum_steps > kMaxMicroBatches) {
                   r.excluded = fmt::format(
-                      "{} micro-batches per step: the dry run runs each, and plans at most {}",
+                      "{} micro-batches per step: under parallel.tp_overlap the dry run runs "
+                      "each, and plans at most {}",
                       c.training.grad_accum_steps, kMaxMicroBatches);
                 } else {
                   try {

@@ -17,7 +17,9 @@
 #include "plan/planner.h"
 #include "plan/timeline_replay.h"
 #include "test_util.h"
+#include "train/memory_plan.h"
 #include "train/train_config.h"
+#include "train/train_step.h"
 
 namespace bottle {
 namespace {
@@ -375,6 +377,103 @@ TEST(Planner, HidesGradientBucketsAndPricesWhatOverlapCosts) {
   EXPECT_GT(sc.dp_contention, 0);
   EXPECT_GT(sc.step, o.step);
   EXPECT_LE(sc.step, s.step + sc.dp_contention + 1e-9);
+}
+
+// Every counter of two dry runs, and their memory plans.
+void expect_same_counts(const StageCounts& a, const StageCounts& b) {
+  ASSERT_EQ(a.ops.size(), b.ops.size());
+  for (const auto& [phase, ops] : a.ops) {
+    SCOPED_TRACE("phase '" + phase + "'");
+    ASSERT_TRUE(b.ops.count(phase));
+    const OpCounts& other = b.ops.at(phase);
+    EXPECT_EQ(ops.gemms, other.gemms);
+    ASSERT_EQ(ops.kernels.size(), other.kernels.size());
+    for (const auto& [name, k] : ops.kernels) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(other.kernels.count(name));
+      EXPECT_EQ(k.calls, other.kernels.at(name).calls);
+      EXPECT_EQ(k.flops, other.kernels.at(name).flops);
+      EXPECT_EQ(k.bytes, other.kernels.at(name).bytes);
+    }
+  }
+  EXPECT_EQ(a.calls, b.calls);
+  EXPECT_EQ(a.host_waits, b.host_waits);
+  EXPECT_EQ(a.model_flops, b.model_flops);
+  EXPECT_EQ(a.memory.bytes, b.memory.bytes);
+  EXPECT_EQ(a.memory.attention, b.memory.attention);
+}
+
+// The dry run's cost does not grow with the micro-batches: it runs two short steps and
+// extrapolates (dry_run.cpp). Against the step of every micro-batch, every counter and the
+// memory plan are the same, bit for bit, for each TP mode, ZeRO level, overlap, schedule,
+// recompute policy and pipeline stage; and the memory plan of many slots equals the memory
+// planner's.
+TEST(Planner, ExtrapolatesTheMicroBatchesExactly) {
+  struct Shape {
+    const char* bottleneck;
+    const char* mode;
+    const char* recompute;
+    int tp;
+  };
+  const Shape shapes[] = {{"none", "full", "none", 2},
+                          {"cola", "vanilla", "block", 2},
+                          {"cola", "btp", "lowrank", 2},
+                          {"lax", "btp", "none", 1},
+                          {"svd", "btp", "block", 1}};
+  int extrapolated = 0;
+  for (const Shape& sh : shapes)
+    for (int zero = 0; zero <= 3; ++zero)
+      for (const auto& [pp, dp, schedule] : {std::tuple{1, 2, "1f1b"}, std::tuple{3, 1, "1f1b"},
+                                             std::tuple{3, 2, "1f1b"}, std::tuple{2, 2, "gpipe"}})
+        for (const bool overlap : {false, true}) {  // both DP overlaps
+          if ((zero > 0 || overlap) && dp == 1) continue;
+          const std::string text = fmt::format(
+              R"([model]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 64
+num_layers = 12
+num_heads = 4
+num_kv_heads = 2
+bottleneck = "{}"
+rank = 8
+max_seq_len = 16
+tie_embeddings = {}
+[training]
+micro_batch_size = 2
+seq_len = 16
+grad_accum_steps = 11
+recompute = "{}"
+precision = "{}"
+[parallel]
+tp = {}
+pp = {}
+dp = {}
+tp_mode = "{}"
+schedule = "{}"
+zero = {}
+overlap_grad_reduce = {}
+overlap_param_gather = {}
+bucket_mb = 0.002
+)",
+              sh.bottleneck, pp == 3 ? "true" : "false", sh.recompute, zero == 2 ? "bf16" : "fp32",
+              sh.tp, pp, dp, sh.mode, schedule, zero, overlap, overlap);
+          const TrainConfig config = parse_train_config_string(text, "extrapolate.toml");
+          for (int stage = 0; stage < pp; ++stage) {
+            SCOPED_TRACE(fmt::format("{} {} {} zero {} pp {} dp {} {} stage {}", sh.bottleneck,
+                                     sh.mode, sh.recompute, zero, pp, dp, schedule, stage));
+            const StageCounts fast = dry_run_stage(config, stage);
+            const StageCounts whole = dry_run_step(config, stage);
+            expect_same_counts(fast, whole);
+            CountingCommunicator tp("tp", sh.tp, 0);
+            const MemoryBreakdown planned =
+                plan_rank_memory(config, tensor_parallel_of(config, &tp), PipelineStage{pp, stage},
+                                 pipeline_slots(config, stage));
+            EXPECT_EQ(fast.memory.bytes, planned.bytes);
+            ++extrapolated;
+          }
+        }
+  EXPECT_GT(extrapolated, 100);
 }
 
 // The dry run of LLaMA-7B's step at TP 4 counts the design's volumes per token and block (both
