@@ -3,6 +3,7 @@
 // `bench tp` counts, --calibrate, the paper's runs, and one clear error for each bad input.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -73,8 +74,9 @@ TEST(Cluster, BadFilesGetOneErrorNamingTheFileAndKey) {
       {without("latency_us = "), "c.toml: key 'links.intra_node.latency_us' is missing"},
       {good + "\n[gpu2]\nspeed = 1\n", "c.toml: unknown key 'gpu2.speed'"},
       {replaced("memory_gib = 80.0", "memory_gib = 0.0"),
-       "c.toml: key 'gpu.memory_gib' must be > 0"},
-      {replaced("gemm = 0.8", "gemm = 1.5"), "c.toml: key 'efficiency.gemm' is a share"},
+       "c.toml: key 'gpu.memory_gib' must be in [1e-06, 1e+06] (GiB), got 0"},
+      {replaced("gemm = 0.8", "gemm = 1.5"),
+       "c.toml: key 'efficiency.gemm' must be in [0.001, 1] (a share of the peak), got 1.5"},
       {replaced("gpus = 8", "gpus = 2.5"), "c.toml: key 'node.gpus' must be a whole number"},
       {replaced("gpus = 8", "gpus = \"eight\""), "c.toml: key 'node.gpus' must be a number"},
       {"[gpu\n", "c.toml: TOML syntax error at line 1"},
@@ -89,6 +91,52 @@ TEST(Cluster, BadFilesGetOneErrorNamingTheFileAndKey) {
                    "cluster file"),
             std::string::npos)
       << e;
+}
+
+// Issue 57: every number of a cluster file is bounded, so that no price comes out infinite or
+// NaN (a kernel overhead of 1e308 µs printed rows of -nan and inf, and exited 0): each key
+// refuses 1e308, a negative, NaN and infinity with one error naming the file, the key and its
+// range; a rate or bandwidth refuses 1e-300 too; the bounds themselves are taken.
+TEST(Cluster, EveryNumberIsBoundedNamingTheKeyAndItsRange) {
+  TempDir dir;
+  const std::string good = cluster_to_toml(load_cluster("h100"), "test");
+  // Each "name = number" line of the file: its key, and the text with the value replaced.
+  std::vector<std::pair<std::string, size_t>> numbers;  // key, offset of the value
+  std::string section;
+  for (size_t at = 0; at < good.size();) {
+    const size_t end = good.find('\n', at);
+    const std::string line = good.substr(at, end - at);
+    if (line.starts_with("[")) section = line.substr(1, line.size() - 2);
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos && line.find('"') == std::string::npos)
+      numbers.emplace_back(section + "." + line.substr(0, eq), at + eq + 3);
+    at = end + 1;
+  }
+  ASSERT_GE(numbers.size(), 18u);
+  auto with_value = [&](size_t offset, const std::string& value) {
+    std::string text = good;
+    text.replace(offset, text.find('\n', offset) - offset, value);
+    return text;
+  };
+  for (const auto& [key, offset] : numbers) {
+    std::vector<std::string> bad{"1e308", "-1.0", "nan", "inf"};
+    if (key.ends_with("tflops") || key.ends_with("bandwidth_gbs")) bad.push_back("1e-300");
+    for (const std::string& value : bad) {
+      SCOPED_TRACE(key + " = " + value);
+      write_file(dir / "c.toml", with_value(offset, value));
+      const std::string e = error_of([&] { load_cluster((dir / "c.toml")); });
+      EXPECT_NE(e.find("c.toml: key '" + key + "' must be"), std::string::npos) << "got: " << e;
+      if (key != "node.gpus") EXPECT_NE(e.find("] ("), std::string::npos) << "no range: " << e;
+    }
+  }
+  for (const auto& [from, to] : {std::pair{"kernel_overhead_us = 0.0", "kernel_overhead_us = 1e6"},
+                                 {"memory_gib = 80.0", "memory_gib = 1e6"},
+                                 {"gemm = 0.8", "gemm = 0.001"}}) {
+    std::string text = good;
+    text.replace(text.find(from), std::string_view(from).size(), to);
+    write_file(dir / "c.toml", text);
+    EXPECT_EQ(error_of([&] { load_cluster((dir / "c.toml")); }), "") << to;
+  }
 }
 
 // NCCL's tuner (src/graph/tuning.cc, Simple protocol) as the cost model applies it: ring steps
@@ -476,6 +524,98 @@ bucket_mb = 0.002
   EXPECT_GT(extrapolated, 100);
 }
 
+constexpr const char* kTinyModel = R"([model]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 64
+num_layers = 2
+num_heads = 4
+bottleneck = "cola"
+rank = 8
+max_seq_len = 16
+[training]
+micro_batch_size = 1
+seq_len = 16
+)";
+
+// Issue 57: the planner's time and memory grew with the layer count without bound (a billion
+// blocks took 6 GB and ran out of memory): a model of more blocks than it plans is refused at
+// once, naming model.num_layers and the bound.
+TEST(Planner, RefusesMoreBlocksThanItPlansAtOnce) {
+  TrainConfig config = parse_train_config_string(kTinyModel, "deep.toml");
+  config.model.num_layers = 1'000'000'000;
+  const auto start = std::chrono::steady_clock::now();
+  for (const std::string& e :
+       {error_of([&] { plan_layouts(config, load_cluster("h100"), PlanRequest{}); }),
+        error_of([&] { predict(config, load_cluster("h100")); })}) {
+    EXPECT_NE(e.find("model.num_layers = 1000000000: bottle plan plans at most 1024 blocks"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  config.model.num_layers = 1024;
+  check_plannable(config.model);  // the bound itself is planned
+}
+
+// Issue 57: a step of a million micro-batches plans in the time of a few (the dry run
+// extrapolates; it used to run each, and refused more than 4,096), its token buffers planned
+// for every one.
+TEST(Planner, PlansAMillionMicroBatchesAsQuicklyAsAFew) {
+  const TrainConfig config = parse_train_config_string(kTinyModel, "long.toml");
+  PlanRequest request;
+  request.global_batch = int64_t(1) << 20;
+  request.full_rank_baseline = false;
+  const std::vector<Prediction> rows = plan_layouts(config, load_cluster("h100"), request);
+  int64_t longest = 0;
+  for (const Prediction& r : rows) {
+    EXPECT_TRUE(r.excluded.empty()) << r.label() << ": " << r.excluded;
+    if (!r.excluded.empty()) continue;
+    const int64_t m = r.config.training.grad_accum_steps;
+    longest = std::max(longest, m);
+    const int64_t tokens = r.config.training.micro_batch_size * r.config.training.seq_len;
+    EXPECT_GE(r.memory[MemoryTag::workspace], size_t(2 * m * tokens * 4)) << r.label();
+    EXPECT_GT(r.tokens_per_s, 0) << r.label();
+  }
+  EXPECT_EQ(longest, int64_t(1) << 20);
+  // More micro-batches than --global-batch allows are one exclusion, not a wrong number.
+  TrainConfig more = config;
+  more.training.grad_accum_steps = (int64_t(1) << 24) + 1;
+  EXPECT_NE(predict(more, load_cluster("h100")).excluded.find("the planner plans at most"),
+            std::string::npos);
+}
+
+// Issue 57: where no layout fits, the planner says so in a sentence and why: the smallest plan
+// against the GPU's memory, by tag, and what would lower it; where every layout is excluded,
+// that.
+TEST(Planner, SaysWhyNothingFits) {
+  const TrainConfig config = parse_train_config_string(kTinyModel, "big.toml");
+  ClusterSpec small = load_cluster("h100");
+  PlanRequest request;
+  request.gpus = 2;
+  request.global_batch = 2;
+  EXPECT_EQ(nothing_fits(plan_layouts(config, small, request), small, config, 2), "");
+  small.memory_gib = 1e-5;  // 10 KiB
+  const std::vector<Prediction> rows = plan_layouts(config, small, request);
+  const std::string why = nothing_fits(rows, small, config, 2);
+  size_t smallest = SIZE_MAX;
+  for (const Prediction& r : rows)
+    if (r.excluded.empty()) smallest = std::min(smallest, r.memory.total());
+  ASSERT_NE(smallest, SIZE_MAX);
+  for (const std::string& part :
+       {std::string("No layout fits the 1e-05 GiB of a NVIDIA H100-SXM5-80GB.\n  The smallest "
+                    "plan, "),
+        fmt::format("needs {} on its largest rank", format_bytes(smallest)),
+        std::string("activations "), std::string("more GPUs (--gpus)"),
+        std::string("parallel.zero (0, where dp > 1)")})
+    EXPECT_NE(why.find(part), std::string::npos) << part << " in\n" << why;
+  request.gpus = 3;  // nothing of this model splits 3 ways by TP
+  request.global_batch = 3;
+  request.tp = 3;
+  EXPECT_EQ(nothing_fits(plan_layouts(config, small, request), small, config, 3),
+            "No layout of 3 GPU(s) can be planned: every one is excluded, each with its reason "
+            "below.");
+}
+
 // The dry run of LLaMA-7B's step at TP 4 counts the design's volumes per token and block (both
 // passes): full 2·2d; vanilla 5d + 2d_ff forward, 3d + d_ff backward (the grouped projections'
 // input gradients share one all-reduce); btp 7r + 2 forward (with the two online RMSNorm
@@ -611,6 +751,17 @@ TEST(PlanCli, RanksLayoutsAndExplainsExclusions) {
   EXPECT_NE(odd.output.find("tp3 pp1 dp1"), std::string::npos);
   EXPECT_NE(odd.output.find("parallel.tp (3) must divide"), std::string::npos) << odd.output;
   EXPECT_NE(odd.output.find("excluded (3)"), std::string::npos) << odd.output;
+  // Issue 57: where nothing fits, a sentence says so and why, before the rows.
+  std::string tiny = cluster_to_toml(load_cluster("h100"), "tiny");
+  tiny.replace(tiny.find("memory_gib = 80.0"), 17, "memory_gib = 1e-5");
+  write_file(dir / "tiny.toml", tiny);
+  const auto none = run(fmt::format("{} plan {} --cluster {} --gpus 4 --global-batch 8",
+                                    bottle_binary(), (dir / "c.toml"), (dir / "tiny.toml")));
+  ASSERT_EQ(none.status, 0) << none.output;
+  const size_t said = none.output.find("No layout fits the 1e-05 GiB of a NVIDIA H100");
+  EXPECT_NE(said, std::string::npos) << none.output;
+  EXPECT_LT(said, none.output.find("  #    layout")) << none.output;
+  EXPECT_EQ(r.output.find("No layout"), std::string::npos) << r.output;
 }
 
 TEST(PlanCli, BadInputGetsOneClearError) {
@@ -621,6 +772,9 @@ TEST(PlanCli, BadInputGetsOneClearError) {
                broken.find('\n', broken.find("memory_bandwidth_gbs")) -
                    broken.find("memory_bandwidth_gbs") + 1);
   write_file(dir / "broken.toml", broken);
+  std::string slow = cluster_to_toml(load_cluster("h100"), "slow");
+  slow.replace(slow.find("kernel_overhead_us = 0.0"), 24, "kernel_overhead_us = 1e308");
+  write_file(dir / "slow.toml", slow);
   const std::string config = (dir / "c.toml");
   const std::vector<std::pair<std::string, std::string>> cases{
       {fmt::format("plan {} --cluster a300", config),
@@ -636,6 +790,12 @@ TEST(PlanCli, BadInputGetsOneClearError) {
        "plan does not read key 'data.train'"},
       {fmt::format("plan --calibrate {}", (dir / "here.toml")),
        "plan --calibrate measures the collectives between ranks: run it under mpirun"},
+      // Issue 57: no infinite prices (this printed -nan and inf rows, and exited 0), and no
+      // plan of a billion blocks (which ran out of memory).
+      {fmt::format("plan {} --cluster {}", config, (dir / "slow.toml")),
+       "slow.toml: key 'gpu.kernel_overhead_us' must be in [0, 1e+06] (µs), got 1e+308"},
+      {fmt::format("plan {} --cluster h100 --set model.num_layers=1000000000", config),
+       "model.num_layers = 1000000000: bottle plan plans at most 1024 blocks"},
   };
   for (const auto& [args, expected] : cases) {
     SCOPED_TRACE(args);
