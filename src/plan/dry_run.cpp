@@ -249,7 +249,7 @@ StageCounts dry_run_step(const TrainConfig& config, int stage, MemoryBreakdown* 
 StageCounts dry_run_stage(const TrainConfig& config, int stage) {
   const int64_t m = config.training.grad_accum_steps;
   const int64_t from = linear_from(config, stage);
-  // The two shorter steps run 2·from + 1 micro-batches: worth it only below m.
+  // The two shorter steps run 2·from + 1 micro-batches: worth it where the whole step runs more.
   if (records_timeline(config) || m <= 2 * from + 1) return dry_run_step(config, stage);
   TrainConfig shorter = config;
   shorter.training.grad_accum_steps = from;
