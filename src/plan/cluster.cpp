@@ -45,7 +45,7 @@ constexpr Range kBandwidth{1e-6, 1e6, "GB/s"};
 constexpr Range kMeasuredBandwidth{1e-6, 1e6, "GB/s; 0: not measured", true};
 constexpr Range kMemory{1e-6, 1e6, "GiB"};
 constexpr Range kMicroseconds{0, 1e6, "µs"};
-constexpr Range kGpus{1, 1 << 20, "GPUs"};
+constexpr Range kGpus{1, 1e6, "GPUs"};
 constexpr Range kMessageBytes{0, 1e12, "bytes"};
 constexpr Range kShare{1e-3, 1, "a share of the peak"};
 constexpr Range kSlowdown{0, 1e3, "times longer"};

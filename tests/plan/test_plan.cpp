@@ -601,6 +601,16 @@ TEST(Planner, PlansAMillionMicroBatchesAsQuicklyAsAFew) {
   more.training.grad_accum_steps = (int64_t(1) << 24) + 1;
   EXPECT_NE(predict(more, load_cluster("h100")).excluded.find("the planner plans at most"),
             std::string::npos);
+  // Under parallel.tp_overlap every micro-batch is still dry-run: a bound on the block passes.
+  TrainConfig overlap = config;
+  overlap.parallel.tp = 2;
+  overlap.parallel.tp_overlap = true;
+  overlap.training.micro_batch_size = 2;
+  overlap.training.grad_accum_steps = 65537;  // × 2 blocks: one pass more than 4,096 × 32
+  EXPECT_NE(predict(overlap, load_cluster("h100"))
+                .excluded.find("65537 micro-batches per step of 2 blocks a stage: under "
+                               "parallel.tp_overlap the dry run runs every one"),
+            std::string::npos);
 }
 
 // Issue 57: where no layout fits, the planner says so in a sentence and why: the smallest plan
