@@ -111,10 +111,10 @@ Arena::~Arena() {
 
 // Address space for a reserve-only arena: PROT_NONE and MAP_NORESERVE commit no memory. It is
 // reserved in chunks that grow with the arena (one system call per chunk, not per buffer: a
-// plan of a large model's activations was mostly mmap and munmap). When a chunk is used up,
-// its unused end goes back before the next is reserved, and where a limit on the address space
-// (ulimit -v) refuses a chunk, one buffer's exactly is tried: the arena holds no more address
-// space than its buffers, to the page, and fails only where reserving each alone would.
+// plan of a large model's activations was mostly mmap and munmap). When the next buffer does
+// not fit the chunk, the chunk's unused end goes back first, and where a limit on the address
+// space (ulimit -v) refuses a chunk, the buffer's own size is tried: beyond its buffers an
+// arena holds only the rest of its current chunk.
 void* Arena::reserve(size_t rounded) {
   if (rounded > chunk_left_) {
     if (chunk_left_ > 0) {
