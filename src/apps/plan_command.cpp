@@ -234,6 +234,9 @@ Command add_plan_command(CLI::App& app) {
         "         and under parallel.tp_overlap one half's TP collectives under the other half's "
         "kernels (the step replayed in issue order, one call at a time on the link);\n"
         "         nothing else is overlapped\n");
+    // Where nothing fits, why, before the rows that each say "no".
+    const std::string none = nothing_fits(rows, cluster, config, request.gpus);
+    if (!none.empty()) fmt::print("{}\n", none);
     print_table(rows, o->top, o->all);
     return 0;
   };

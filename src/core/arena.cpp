@@ -2,7 +2,9 @@
 
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
@@ -107,15 +109,32 @@ Arena::~Arena() {
   if (bytes_ && !reserve_only_) MemoryStats::global().sub(tag_, bytes_);
 }
 
-Tensor Arena::alloc(Shape shape, DType dtype) {
-  Tensor t;
-  t.shape = shape;
-  t.dtype = dtype;
-  const size_t rounded = aligned_size(t.nbytes());
-  void* p = nullptr;
-  if (reserve_only_) {
-    // Address space only: PROT_NONE and MAP_NORESERVE commit no memory.
-    p = mmap(nullptr, rounded, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+// Address space for a reserve-only arena: PROT_NONE and MAP_NORESERVE commit no memory. It is
+// reserved in chunks that grow with the arena (one system call per chunk, not per buffer: a
+// plan of a large model's activations was mostly mmap and munmap). When the next buffer does
+// not fit the chunk, the chunk's unused end goes back first, and where a limit on the address
+// space (ulimit -v) refuses a chunk, the buffer's own size is tried: beyond its buffers an
+// arena holds only the rest of its current chunk.
+void* Arena::reserve(size_t rounded) {
+  if (rounded > chunk_left_) {
+    if (chunk_left_ > 0) {
+      Release& last = blocks_.back().get_deleter();
+      const size_t page = size_t(sysconf(_SC_PAGESIZE));
+      const size_t used = (last.bytes - chunk_left_ + page - 1) / page * page;
+      if (used < last.bytes) {
+        munmap(static_cast<char*>(blocks_.back().get()) + used, last.bytes - used);
+        last.bytes = used;
+      }
+    }
+    constexpr size_t kFirstChunk = size_t(64) << 20, kLargestChunk = size_t(64) << 30;
+    const size_t chunk = std::max(rounded, std::clamp(bytes_, kFirstChunk, kLargestChunk));
+    void* p = MAP_FAILED;
+    size_t size = 0;
+    for (const size_t want : {chunk, rounded}) {
+      p = mmap(nullptr, want, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+      size = want;
+      if (p != MAP_FAILED) break;
+    }
     if (p == MAP_FAILED) {
       // Planning reserves the whole footprint as address space: where that fails, the
       // process's address-space limit (ulimit -v) is the usual reason, so name it.
@@ -127,11 +146,29 @@ Tensor Arena::alloc(Shape shape, DType dtype) {
                                  format_bytes(size_t(limit.rlim_cur)))
                    : std::string());
     }
+    blocks_.emplace_back(p, Release{nullptr, size});
+    chunk_next_ = static_cast<char*>(p);
+    chunk_left_ = size;
+  }
+  void* p = chunk_next_;
+  chunk_next_ += rounded;
+  chunk_left_ -= rounded;
+  return p;
+}
+
+Tensor Arena::alloc(Shape shape, DType dtype) {
+  Tensor t;
+  t.shape = shape;
+  t.dtype = dtype;
+  const size_t rounded = aligned_size(t.nbytes());
+  void* p = nullptr;
+  if (reserve_only_) {
+    p = reserve(rounded);
   } else {
     p = source_->allocate(rounded, memory_tag_name(tag_));
     MemoryStats::global().add(tag_, rounded);
+    blocks_.emplace_back(p, Release{source_, rounded});
   }
-  blocks_.emplace_back(p, Release{reserve_only_ ? nullptr : source_, rounded});
   bytes_ += rounded;
   t.data = p;
   t.device = source_->device();

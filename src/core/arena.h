@@ -86,10 +86,10 @@ size_t aligned_size(size_t bytes);
 
 // kAllocationAlignment-aligned, zero-initialised memory from a source (a backend's device
 // memory, or host_memory() when none is given), released when the arena dies.
-// `reserve_only`: plans a footprint without using memory. Each allocation reserves address
-// space that is never touched (its pages are never backed), so code that lays out buffers
-// runs unchanged and bytes() is exactly what a real arena would hold; MemoryStats is not
-// told. Writing to such a buffer faults.
+// `reserve_only`: plans a footprint without using memory. Each allocation takes address space
+// that is never touched (its pages are never backed; it is reserved in chunks, arena.cpp), so
+// code that lays out buffers runs unchanged and bytes() is exactly what a real arena would
+// hold; MemoryStats is not told. Writing to such a buffer faults.
 class Arena final : public Allocator {
  public:
   Arena(MemoryTag tag, MemorySource& source, bool reserve_only = false)
@@ -104,7 +104,9 @@ class Arena final : public Allocator {
         source_(other.source_),
         reserve_only_(other.reserve_only_),
         bytes_(std::exchange(other.bytes_, 0)),
-        blocks_(std::move(other.blocks_)) {}
+        blocks_(std::move(other.blocks_)),
+        chunk_next_(std::exchange(other.chunk_next_, nullptr)),
+        chunk_left_(std::exchange(other.chunk_left_, 0)) {}
   Arena& operator=(Arena&&) = delete;
   ~Arena() override;
 
@@ -119,11 +121,15 @@ class Arena final : public Allocator {
     size_t bytes = 0;
     void operator()(void* p) const;
   };
+  void* reserve(size_t rounded);  // reserve_only: the next `rounded` bytes of address space
   MemoryTag tag_;
   MemorySource* source_ = nullptr;
   bool reserve_only_ = false;
   size_t bytes_ = 0;
   std::vector<std::unique_ptr<void, Release>> blocks_;
+  // reserve_only: the unused end of the last chunk reserved.
+  char* chunk_next_ = nullptr;
+  size_t chunk_left_ = 0;
 };
 
 // Hands out consecutive aligned views of one region, from its start again after rewind():

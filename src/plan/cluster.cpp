@@ -30,13 +30,34 @@ const Preset kPresets[] = {{"a100-perlmutter", kCluster_a100_perlmutter},
                            {"h100", kCluster_h100},
                            {"h200", kCluster_h200}};
 
-// Every key of a cluster file: where it goes, and whether it may be left out.
+// What a number of a cluster file may be: in [min, max], or also 0 where 0 means "not
+// measured" or "none". Every number is bounded, so that no price is infinite or NaN (a kernel
+// overhead of 1e308 µs made rows of -nan and inf): rates and bandwidths from 10^-6 (a very slow
+// machine) to 10^6 (a thousand times today's GPUs), times up to a second per launch or step.
+struct Range {
+  double min, max;
+  const char* unit;
+  bool zero_allowed = false;
+};
+constexpr Range kRate{1e-6, 1e6, "TFLOP/s"};
+constexpr Range kMeasuredRate{1e-6, 1e6, "TFLOP/s; 0: not measured", true};
+constexpr Range kBandwidth{1e-6, 1e6, "GB/s"};
+constexpr Range kMeasuredBandwidth{1e-6, 1e6, "GB/s; 0: not measured", true};
+constexpr Range kMemory{1e-6, 1e6, "GiB"};
+constexpr Range kMicroseconds{0, 1e6, "µs"};
+constexpr Range kGpus{1, 1e6, "GPUs"};
+constexpr Range kMessageBytes{0, 1e12, "bytes"};
+constexpr Range kShare{1e-3, 1, "a share of the peak"};
+constexpr Range kSlowdown{0, 1e3, "times longer"};
+
+// Every key of a cluster file: where it goes, whether it may be left out, and its range.
 struct Key {
   const char* path;
   enum Kind { text, number, count } kind;
   bool required;
   std::function<void(ClusterSpec&, double, const std::string&)> set;
   std::function<std::string(const ClusterSpec&)> get;
+  Range range{};
 };
 
 // The shortest text that reads back as the same double, always with a '.' or an exponent, so
@@ -48,64 +69,73 @@ std::string number_text(double v) {
 }
 
 const std::vector<Key>& keys() {
-  auto num = [](const char* path, double ClusterSpec::*field, bool required = true) {
-    return Key{path, Key::number, required,
+  auto num = [](const char* path, double ClusterSpec::*field, Range range, bool required = true) {
+    return Key{path,
+               Key::number,
+               required,
                [field](ClusterSpec& s, double v, const std::string&) { s.*field = v; },
-               [field](const ClusterSpec& s) { return number_text(s.*field); }};
+               [field](const ClusterSpec& s) { return number_text(s.*field); },
+               range};
   };
-  auto link = [](const char* path, Link ClusterSpec::*link, double Link::*field) {
+  auto link = [](const char* path, Link ClusterSpec::*link, double Link::*field, Range range) {
     return Key{
-        path, Key::number, true,
+        path,
+        Key::number,
+        true,
         [link, field](ClusterSpec& s, double v, const std::string&) { (s.*link).*field = v; },
-        [link, field](const ClusterSpec& s) { return number_text((s.*link).*field); }};
+        [link, field](const ClusterSpec& s) { return number_text((s.*link).*field); },
+        range};
   };
   // Written as what it prices: latency_us where it was not given.
   auto small_latency = [](const char* path, Link ClusterSpec::*link) {
     return Key{
-        path, Key::number, false,
+        path,
+        Key::number,
+        false,
         [link](ClusterSpec& s, double v, const std::string&) { (s.*link).small_latency_us = v; },
-        [link](const ClusterSpec& s) { return number_text((s.*link).step_latency_us(true)); }};
+        [link](const ClusterSpec& s) { return number_text((s.*link).step_latency_us(true)); },
+        kMicroseconds};
   };
   auto str = [](const char* path, std::string ClusterSpec::*field) {
     return Key{path, Key::text, true,
                [field](ClusterSpec& s, double, const std::string& v) { s.*field = v; },
                [field](const ClusterSpec& s) { return nlohmann::json(s.*field).dump(); }};
   };
+  using C = ClusterSpec;
   static const std::vector<Key> all{
-      str("cluster.name", &ClusterSpec::name),
-      str("cluster.description", &ClusterSpec::description),
-      str("gpu.name", &ClusterSpec::gpu_name),
-      num("gpu.bf16_tflops", &ClusterSpec::bf16_tflops),
-      num("gpu.fp32_tflops", &ClusterSpec::fp32_tflops),
-      num("gpu.memory_gib", &ClusterSpec::memory_gib),
-      num("gpu.memory_bandwidth_gbs", &ClusterSpec::memory_bandwidth_gbs),
-      num("gpu.kernel_overhead_us", &ClusterSpec::kernel_overhead_us),
-      num("gpu.attention_tflops", &ClusterSpec::attention_tflops, false),
-      num("gpu.gemm_bandwidth_gbs", &ClusterSpec::gemm_bandwidth_gbs, false),
+      str("cluster.name", &C::name),
+      str("cluster.description", &C::description),
+      str("gpu.name", &C::gpu_name),
+      num("gpu.bf16_tflops", &C::bf16_tflops, kRate),
+      num("gpu.fp32_tflops", &C::fp32_tflops, kRate),
+      num("gpu.memory_gib", &C::memory_gib, kMemory),
+      num("gpu.memory_bandwidth_gbs", &C::memory_bandwidth_gbs, kBandwidth),
+      num("gpu.kernel_overhead_us", &C::kernel_overhead_us, kMicroseconds),
+      num("gpu.attention_tflops", &C::attention_tflops, kMeasuredRate, false),
+      num("gpu.gemm_bandwidth_gbs", &C::gemm_bandwidth_gbs, kMeasuredBandwidth, false),
       Key{"node.gpus", Key::count, true,
           [](ClusterSpec& s, double v, const std::string&) { s.gpus_per_node = int(v); },
-          [](const ClusterSpec& s) { return std::to_string(s.gpus_per_node); }},
-      link("links.intra_node.bandwidth_gbs", &ClusterSpec::intra_node, &Link::bandwidth_gbs),
-      link("links.intra_node.latency_us", &ClusterSpec::intra_node, &Link::latency_us),
-      small_latency("links.intra_node.small_latency_us", &ClusterSpec::intra_node),
-      link("links.inter_node.bandwidth_gbs", &ClusterSpec::inter_node, &Link::bandwidth_gbs),
-      link("links.inter_node.latency_us", &ClusterSpec::inter_node, &Link::latency_us),
-      small_latency("links.inter_node.small_latency_us", &ClusterSpec::inter_node),
-      num("nccl.base_latency_us", &ClusterSpec::nccl_base_latency_us),
-      num("nccl.small_message_bytes", &ClusterSpec::small_message_bytes, false),
-      num("efficiency.gemm", &ClusterSpec::gemm_efficiency),
-      num("efficiency.bandwidth", &ClusterSpec::bandwidth_efficiency),
-      num("overlap.compute_slowdown", &ClusterSpec::overlap_compute_slowdown, false),
-      num("overlap.call_slowdown", &ClusterSpec::overlap_call_slowdown, false),
+          [](const ClusterSpec& s) { return std::to_string(s.gpus_per_node); }, kGpus},
+      link("links.intra_node.bandwidth_gbs", &C::intra_node, &Link::bandwidth_gbs, kBandwidth),
+      link("links.intra_node.latency_us", &C::intra_node, &Link::latency_us, kMicroseconds),
+      small_latency("links.intra_node.small_latency_us", &C::intra_node),
+      link("links.inter_node.bandwidth_gbs", &C::inter_node, &Link::bandwidth_gbs, kBandwidth),
+      link("links.inter_node.latency_us", &C::inter_node, &Link::latency_us, kMicroseconds),
+      small_latency("links.inter_node.small_latency_us", &C::inter_node),
+      num("nccl.base_latency_us", &C::nccl_base_latency_us, kMicroseconds),
+      num("nccl.small_message_bytes", &C::small_message_bytes, kMessageBytes, false),
+      num("efficiency.gemm", &C::gemm_efficiency, kShare),
+      num("efficiency.bandwidth", &C::bandwidth_efficiency, kShare),
+      num("overlap.compute_slowdown", &C::overlap_compute_slowdown, kSlowdown, false),
+      num("overlap.call_slowdown", &C::overlap_call_slowdown, kSlowdown, false),
   };
   return all;
 }
 
-// Latencies and the kernel overhead may be 0; rates, sizes and efficiencies may not.
-bool may_be_zero(const std::string& path) {
-  return path.ends_with("latency_us") || path == "gpu.kernel_overhead_us" ||
-         path == "nccl.small_message_bytes" || path == "gpu.attention_tflops" ||
-         path == "gpu.gemm_bandwidth_gbs" || path.starts_with("overlap.");
+// "must be in [1e-06, 1e+06] (GB/s)", "must be 0 or in [...]".
+std::string range_text(const Range& r) {
+  return fmt::format("must be {}in [{:g}, {:g}] ({})", r.zero_allowed ? "0 or " : "", r.min, r.max,
+                     r.unit);
 }
 
 }  // namespace
@@ -155,15 +185,12 @@ ClusterSpec parse_cluster(const std::string& toml_text, const std::string& sourc
       continue;
     }
     const auto v = node.value<double>();
-    BOTTLE_CHECK(v.has_value() && std::isfinite(*v), "{}: key '{}' must be a number", source,
-                 k.path);
-    BOTTLE_CHECK(*v > 0 || (*v == 0 && may_be_zero(k.path)), "{}: key '{}' must be {}, got {}",
-                 source, k.path, may_be_zero(k.path) ? ">= 0" : "> 0", *v);
+    BOTTLE_CHECK(v.has_value(), "{}: key '{}' must be a number", source, k.path);
+    const Range& r = k.range;
+    BOTTLE_CHECK((*v >= r.min && *v <= r.max) || (*v == 0 && r.zero_allowed),
+                 "{}: key '{}' {}, got {}", source, k.path, range_text(r), *v);
     if (k.kind == Key::count)
-      BOTTLE_CHECK(*v <= 1 << 20 && *v == std::floor(*v),
-                   "{}: key '{}' must be a whole number of GPUs, got {}", source, k.path, *v);
-    if (k.path == std::string("efficiency.gemm") || k.path == std::string("efficiency.bandwidth"))
-      BOTTLE_CHECK(*v <= 1, "{}: key '{}' is a share of the peak: it must be in (0, 1], got {}",
+      BOTTLE_CHECK(*v == std::floor(*v), "{}: key '{}' must be a whole number of GPUs, got {}",
                    source, k.path, *v);
     k.set(spec, *v, {});
   }

@@ -5,8 +5,13 @@
 // with counting communicators of the configuration's group sizes. Nothing is computed or
 // allocated; what comes out is what the step would issue: every kernel and GEMM shape, every
 // collective with its size, and the rank's memory plan.
+//
+// The counts are sums over the step's micro-batches, and beyond the first few every one adds
+// the same: dry_run_stage runs two steps of a few micro-batches and extrapolates, so that its
+// cost does not grow with training.grad_accum_steps (dry_run.cpp states when that is exact).
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "comm/counting_communicator.h"
@@ -36,10 +41,8 @@ struct StageCounts {
   // Collectives per group kind ("tp", "pp", "dp"; the tied embedding's group counts as "pp"),
   // each call with its group size.
   std::map<std::string, std::map<CallShape, int64_t>> calls;
-  CommStats tp_stats;           // the TP group's counters per call site, as bench tp reads them
-  MemoryBreakdown memory;       // the memory planner's plan of this rank (plan_rank_memory)
-  MemoryBreakdown step_memory;  // what the dry run's own TrainStep laid out, the same tags
-  double model_flops = 0;       // this rank's GEMM + attention FLOPs outside recomputation
+  MemoryBreakdown memory;  // the memory planner's plan of this rank (plan_rank_memory)
+  double model_flops = 0;  // this rank's GEMM + attention FLOPs outside recomputation
   // The TP group's calls and the kernels between them, in issue order: recorded only under
   // parallel.tp_overlap with tp > 1 (empty otherwise, where every TP call is blocking).
   std::vector<TpTimelineEvent> tp_timeline;
@@ -48,8 +51,20 @@ struct StageCounts {
   int64_t host_waits = 0;
 };
 
+// A group's calls per call site (phase included), counted as CommStats counts them: calls,
+// elements and bytes (bench tp's counters, for the TP group).
+std::map<std::string, CommCounter, std::less<>> calls_by_site(
+    const std::map<CallShape, int64_t>& calls);
+// Their sum over the sites that start with `prefix`.
+CommCounter calls_with_prefix(const std::map<CallShape, int64_t>& calls, std::string_view prefix);
+
 // The dry run of pipeline stage `stage` (tp rank 0, dp rank 0) of `config` (its parallel.tp,
-// .pp, .dp, .tp_mode and training.* as they are).
+// .pp, .dp, .tp_mode and training.* as they are): what dry_run_step counts, from two shorter
+// steps where the counts are linear in the micro-batches.
 StageCounts dry_run_stage(const TrainConfig& config, int stage);
+
+// The same from one step of every micro-batch, as `bottle train` takes it; `laid_out`, when
+// given, receives what that step's own buffers took (the tags the memory planner plans).
+StageCounts dry_run_step(const TrainConfig& config, int stage, MemoryBreakdown* laid_out = nullptr);
 
 }  // namespace bottle

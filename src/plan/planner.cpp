@@ -183,7 +183,7 @@ CommCounter block_counter(const StageCounts& counts, const TrainConfig& config) 
   const std::string prefix = config.parallel.tp_mode->name();
   CommCounter sum;
   for (const char* pass : {".fwd.", ".bwd."}) {
-    const CommCounter c = counts.tp_stats.with_prefix(prefix + pass);
+    const CommCounter c = calls_with_prefix(counts.calls.at("tp"), prefix + pass);
     sum.calls += c.calls;
     sum.elements += c.elements;
     sum.bytes += c.bytes;
@@ -206,7 +206,41 @@ std::string validation_error(const TrainConfig& config) {
   return {};
 }
 
+// The most blocks a model may have for bottle plan: each stage's dry run lays out and runs every
+// block it holds, so time and memory grow with them (a billion took 6 GB and then ran out of
+// memory). The deepest published transformers (DeepNet) have 1,000 blocks; LLMs about 120.
+constexpr int64_t kMaxPlannedLayers = 1024;
+// The most micro-batches per step: --global-batch's bound (every one may be a micro-batch).
+constexpr int64_t kMaxPlannedMicroBatches = int64_t(1) << 24;
+// Under parallel.tp_overlap the dry run records the timeline of every micro-batch, which the
+// planner replays whole: at most this many block passes (micro-batches × a stage's blocks),
+// 4,096 micro-batches of LLaMA-7B's 32 blocks.
+constexpr int64_t kMaxTimelineBlockPasses = int64_t(4096) * 32;
+
+// Why `config`'s step is too long to plan, or "".
+std::string step_length_exclusion(const TrainConfig& config) {
+  const int64_t m = config.training.grad_accum_steps;
+  if (m > kMaxPlannedMicroBatches)
+    return fmt::format("{} micro-batches per step: the planner plans at most {}", m,
+                       kMaxPlannedMicroBatches);
+  const ParallelConfig& p = config.parallel;
+  const int64_t blocks = (config.model.num_layers + p.pp - 1) / p.pp;  // the largest stage's
+  if (p.tp_overlap && p.tp > 1 && m * blocks > kMaxTimelineBlockPasses)
+    return fmt::format(
+        "{} micro-batches per step of {} blocks a stage: under parallel.tp_overlap the dry run "
+        "runs every one, and plans at most {} block passes",
+        m, blocks, kMaxTimelineBlockPasses);
+  return {};
+}
+
 }  // namespace
+
+void check_plannable(const ModelConfig& model) {
+  BOTTLE_CHECK(model.num_layers <= kMaxPlannedLayers,
+               "model.num_layers = {}: bottle plan plans at most {} blocks (its dry run lays out "
+               "and runs every block of each pipeline stage)",
+               model.num_layers, kMaxPlannedLayers);
+}
 
 nlohmann::ordered_json prediction_json(const Prediction& r) {
   const ParallelConfig& p = r.config.parallel;
@@ -250,6 +284,33 @@ nlohmann::ordered_json prediction_json(const Prediction& r) {
   return j;
 }
 
+std::string nothing_fits(const std::vector<Prediction>& rows, const ClusterSpec& cluster,
+                         const TrainConfig& config, int gpus) {
+  const Prediction* smallest = nullptr;
+  for (const Prediction& r : rows) {
+    if (!r.excluded.empty()) continue;
+    if (r.fits) return {};
+    if (!smallest || r.memory.total() < smallest->memory.total()) smallest = &r;
+  }
+  if (!smallest)
+    return fmt::format(
+        "No layout of {} GPU(s) can be planned: every one is excluded, each with "
+        "its reason below.",
+        gpus);
+  // What the search left as the configuration has it, and so what else would lower the plan.
+  const std::string seq = fmt::format("a shorter training.seq_len ({})", config.training.seq_len);
+  const std::string levers =
+      config.parallel.zero < 3
+          ? fmt::format("more GPUs (--gpus), {} or a higher parallel.zero ({}, where dp > 1)", seq,
+                        config.parallel.zero)
+          : fmt::format("more GPUs (--gpus) or {}", seq);
+  return fmt::format(
+      "No layout fits the {:g} GiB of a {}.\n  The smallest plan, {}, needs {} on its largest "
+      "rank:\n  {};\n  {} would lower it.",
+      cluster.memory_gib, cluster.gpu_name, smallest->label(),
+      format_bytes(smallest->memory.total()), describe_memory(smallest->memory), levers);
+}
+
 ModelConfig full_rank_model(const ModelConfig& model) {
   ModelConfig m = model;
   m.bottleneck = BottleneckKind::none;
@@ -274,7 +335,9 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   Prediction r;
   r.config = config;
   r.full_rank_baseline = full_rank_baseline;
+  check_plannable(config.model);
   r.excluded = validation_error(config);
+  if (r.excluded.empty()) r.excluded = step_length_exclusion(config);
   if (!r.excluded.empty()) return r;
   const ParallelConfig& p = config.parallel;
   const int m = int(config.training.grad_accum_steps);
@@ -388,15 +451,23 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   return r;
 }
 
-// More micro-batches per step than a user would run; each is dry-run.
-constexpr int64_t kMaxMicroBatches = 4096;
-
 std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpec& cluster,
                                      const PlanRequest& request) {
-  const int64_t global_batch = request.global_batch > 0
-                                   ? request.global_batch
-                                   : config.training.micro_batch_size *
-                                         config.training.grad_accum_steps * config.parallel.dp;
+  check_plannable(config.model);
+  int64_t global_batch = request.global_batch;
+  if (global_batch <= 0) {
+    // The configuration's, bounded as --global-batch is.
+    const TrainingConfig& t = config.training;
+    const bool overflow =
+        __builtin_mul_overflow(t.micro_batch_size, t.grad_accum_steps, &global_batch) ||
+        __builtin_mul_overflow(global_batch, int64_t(config.parallel.dp), &global_batch);
+    BOTTLE_CHECK(!overflow && global_batch <= kMaxPlannedMicroBatches,
+                 "training.micro_batch_size {} x training.grad_accum_steps {} x parallel.dp {}: "
+                 "more sequences per step than the planner plans (at most {}, as "
+                 "--global-batch)",
+                 t.micro_batch_size, t.grad_accum_steps, config.parallel.dp,
+                 kMaxPlannedMicroBatches);
+  }
   std::vector<std::pair<ModelConfig, bool>> models{{config.model, false}};
   if (request.full_rank_baseline && config.model.bottleneck != BottleneckKind::none)
     models.emplace_back(full_rank_model(config.model), true);
@@ -451,16 +522,10 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
                 Prediction r;
                 r.config = c;
                 r.full_rank_baseline = baseline;
-                if (c.training.grad_accum_steps > kMaxMicroBatches) {
-                  r.excluded = fmt::format(
-                      "{} micro-batches per step: the dry run runs each, and plans at most {}",
-                      c.training.grad_accum_steps, kMaxMicroBatches);
-                } else {
-                  try {
-                    r = predict(c, cluster, baseline);
-                  } catch (const Error& e) {
-                    r.excluded = e.what();  // such as the address space a plan needs
-                  }
+                try {
+                  r = predict(c, cluster, baseline);
+                } catch (const Error& e) {
+                  r.excluded = e.what();  // such as the address space a plan needs
                 }
                 out.push_back(r);
               }

@@ -54,6 +54,10 @@ struct Prediction {
   std::string label() const;  // "btp tp4 pp2 dp1 1f1b recompute=none mb4 x8"
 };
 
+// Fails, naming model.num_layers and the bound, for a model of more blocks than the planner
+// plans: its dry runs lay out and run every block (predict and plan_layouts call it first).
+void check_plannable(const ModelConfig& model);
+
 // One layout as `config` sets it.
 Prediction predict(const TrainConfig& config, const ClusterSpec& cluster,
                    bool full_rank_baseline = false);
@@ -75,6 +79,12 @@ struct PlanRequest {
 // then the excluded ones with their reason.
 std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpec& cluster,
                                      const PlanRequest& request);
+
+// Where no layout of plan_layouts' `rows` fits the cluster's GPU memory, a sentence that says so
+// and why (the smallest plan against the GPU's memory, by tag, and what would lower it); where
+// every layout is excluded, one that says that. "" where a layout fits.
+std::string nothing_fits(const std::vector<Prediction>& rows, const ClusterSpec& cluster,
+                         const TrainConfig& config, int gpus);
 
 // A prediction as `plan --json` prints it.
 nlohmann::ordered_json prediction_json(const Prediction& p);

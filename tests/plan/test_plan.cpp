@@ -3,6 +3,7 @@
 // `bench tp` counts, --calibrate, the paper's runs, and one clear error for each bad input.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -17,7 +18,9 @@
 #include "plan/planner.h"
 #include "plan/timeline_replay.h"
 #include "test_util.h"
+#include "train/memory_plan.h"
 #include "train/train_config.h"
+#include "train/train_step.h"
 
 namespace bottle {
 namespace {
@@ -71,8 +74,9 @@ TEST(Cluster, BadFilesGetOneErrorNamingTheFileAndKey) {
       {without("latency_us = "), "c.toml: key 'links.intra_node.latency_us' is missing"},
       {good + "\n[gpu2]\nspeed = 1\n", "c.toml: unknown key 'gpu2.speed'"},
       {replaced("memory_gib = 80.0", "memory_gib = 0.0"),
-       "c.toml: key 'gpu.memory_gib' must be > 0"},
-      {replaced("gemm = 0.8", "gemm = 1.5"), "c.toml: key 'efficiency.gemm' is a share"},
+       "c.toml: key 'gpu.memory_gib' must be in [1e-06, 1e+06] (GiB), got 0"},
+      {replaced("gemm = 0.8", "gemm = 1.5"),
+       "c.toml: key 'efficiency.gemm' must be in [0.001, 1] (a share of the peak), got 1.5"},
       {replaced("gpus = 8", "gpus = 2.5"), "c.toml: key 'node.gpus' must be a whole number"},
       {replaced("gpus = 8", "gpus = \"eight\""), "c.toml: key 'node.gpus' must be a number"},
       {"[gpu\n", "c.toml: TOML syntax error at line 1"},
@@ -87,6 +91,52 @@ TEST(Cluster, BadFilesGetOneErrorNamingTheFileAndKey) {
                    "cluster file"),
             std::string::npos)
       << e;
+}
+
+// Issue 57: every number of a cluster file is bounded, so that no price comes out infinite or
+// NaN (a kernel overhead of 1e308 µs printed rows of -nan and inf, and exited 0): each key
+// refuses 1e308, a negative, NaN and infinity with one error naming the file, the key and its
+// range; a rate or bandwidth refuses 1e-300 too; the bounds themselves are taken.
+TEST(Cluster, EveryNumberIsBoundedNamingTheKeyAndItsRange) {
+  TempDir dir;
+  const std::string good = cluster_to_toml(load_cluster("h100"), "test");
+  // Each "name = number" line of the file: its key, and the text with the value replaced.
+  std::vector<std::pair<std::string, size_t>> numbers;  // key, offset of the value
+  std::string section;
+  for (size_t at = 0; at < good.size();) {
+    const size_t end = good.find('\n', at);
+    const std::string line = good.substr(at, end - at);
+    if (line.starts_with("[")) section = line.substr(1, line.size() - 2);
+    const size_t eq = line.find(" = ");
+    if (eq != std::string::npos && line.find('"') == std::string::npos)
+      numbers.emplace_back(section + "." + line.substr(0, eq), at + eq + 3);
+    at = end + 1;
+  }
+  ASSERT_GE(numbers.size(), 18u);
+  auto with_value = [&](size_t offset, const std::string& value) {
+    std::string text = good;
+    text.replace(offset, text.find('\n', offset) - offset, value);
+    return text;
+  };
+  for (const auto& [key, offset] : numbers) {
+    std::vector<std::string> bad{"1e308", "-1.0", "nan", "inf"};
+    if (key.ends_with("tflops") || key.ends_with("bandwidth_gbs")) bad.push_back("1e-300");
+    for (const std::string& value : bad) {
+      SCOPED_TRACE(key + " = " + value);
+      write_file(dir / "c.toml", with_value(offset, value));
+      const std::string e = error_of([&] { load_cluster((dir / "c.toml")); });
+      EXPECT_NE(e.find("c.toml: key '" + key + "' must be"), std::string::npos) << "got: " << e;
+      if (key != "node.gpus") EXPECT_NE(e.find("] ("), std::string::npos) << "no range: " << e;
+    }
+  }
+  for (const auto& [from, to] : {std::pair{"kernel_overhead_us = 0.0", "kernel_overhead_us = 1e6"},
+                                 {"memory_gib = 80.0", "memory_gib = 1e6"},
+                                 {"gemm = 0.8", "gemm = 0.001"}}) {
+    std::string text = good;
+    text.replace(text.find(from), std::string_view(from).size(), to);
+    write_file(dir / "c.toml", text);
+    EXPECT_EQ(error_of([&] { load_cluster((dir / "c.toml")); }), "") << to;
+  }
 }
 
 // NCCL's tuner (src/graph/tuning.cc, Simple protocol) as the cost model applies it: ring steps
@@ -377,6 +427,224 @@ TEST(Planner, HidesGradientBucketsAndPricesWhatOverlapCosts) {
   EXPECT_LE(sc.step, s.step + sc.dp_contention + 1e-9);
 }
 
+// Every counter of two dry runs, and their memory plans.
+void expect_same_counts(const StageCounts& a, const StageCounts& b) {
+  ASSERT_EQ(a.ops.size(), b.ops.size());
+  for (const auto& [phase, ops] : a.ops) {
+    SCOPED_TRACE("phase '" + phase + "'");
+    ASSERT_TRUE(b.ops.count(phase));
+    const OpCounts& other = b.ops.at(phase);
+    EXPECT_EQ(ops.gemms, other.gemms);
+    ASSERT_EQ(ops.kernels.size(), other.kernels.size());
+    for (const auto& [name, k] : ops.kernels) {
+      SCOPED_TRACE(name);
+      ASSERT_TRUE(other.kernels.count(name));
+      EXPECT_EQ(k.calls, other.kernels.at(name).calls);
+      EXPECT_EQ(k.flops, other.kernels.at(name).flops);
+      EXPECT_EQ(k.bytes, other.kernels.at(name).bytes);
+    }
+  }
+  EXPECT_EQ(a.calls, b.calls);
+  EXPECT_EQ(a.host_waits, b.host_waits);
+  EXPECT_EQ(a.model_flops, b.model_flops);
+  EXPECT_EQ(a.memory.bytes, b.memory.bytes);
+  EXPECT_EQ(a.memory.attention, b.memory.attention);
+}
+
+// The dry run's cost does not grow with the micro-batches: it runs two short steps and
+// extrapolates (dry_run.cpp). Against the step of every micro-batch, every counter and the
+// memory plan are the same, bit for bit, for each TP mode, ZeRO level, overlap, schedule,
+// recompute policy and pipeline stage; and the memory plan of many slots equals the memory
+// planner's.
+TEST(Planner, ExtrapolatesTheMicroBatchesExactly) {
+  struct Shape {
+    const char* bottleneck;
+    const char* mode;
+    const char* recompute;
+    int tp;
+  };
+  const Shape shapes[] = {{"none", "full", "none", 2},
+                          {"cola", "vanilla", "block", 2},
+                          {"cola", "btp", "lowrank", 2},
+                          {"lax", "btp", "none", 1},
+                          {"svd", "btp", "block", 1}};
+  int extrapolated = 0;
+  for (const Shape& sh : shapes)
+    for (int zero = 0; zero <= 3; ++zero)
+      for (const auto& [pp, dp, schedule] : {std::tuple{1, 2, "1f1b"}, std::tuple{3, 1, "1f1b"},
+                                             std::tuple{3, 2, "1f1b"}, std::tuple{2, 2, "gpipe"}})
+        for (const bool overlap : {false, true}) {  // both DP overlaps
+          if ((zero > 0 || overlap) && dp == 1) continue;
+          const std::string text = fmt::format(
+              R"([model]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 64
+num_layers = 12
+num_heads = 4
+num_kv_heads = 2
+bottleneck = "{}"
+rank = 8
+max_seq_len = 16
+tie_embeddings = {}
+[training]
+micro_batch_size = 2
+seq_len = 16
+grad_accum_steps = 11
+recompute = "{}"
+precision = "{}"
+[parallel]
+tp = {}
+pp = {}
+dp = {}
+tp_mode = "{}"
+schedule = "{}"
+zero = {}
+overlap_grad_reduce = {}
+overlap_param_gather = {}
+bucket_mb = 0.002
+)",
+              sh.bottleneck, pp == 3 ? "true" : "false", sh.recompute, zero == 2 ? "bf16" : "fp32",
+              sh.tp, pp, dp, sh.mode, schedule, zero, overlap, overlap);
+          const TrainConfig config = parse_train_config_string(text, "extrapolate.toml");
+          for (int stage = 0; stage < pp; ++stage) {
+            SCOPED_TRACE(fmt::format("{} {} {} zero {} pp {} dp {} {} stage {}", sh.bottleneck,
+                                     sh.mode, sh.recompute, zero, pp, dp, schedule, stage));
+            const StageCounts fast = dry_run_stage(config, stage);
+            const StageCounts whole = dry_run_step(config, stage);
+            expect_same_counts(fast, whole);
+            CountingCommunicator tp("tp", sh.tp, 0);
+            const MemoryBreakdown planned =
+                plan_rank_memory(config, tensor_parallel_of(config, &tp), PipelineStage{pp, stage},
+                                 pipeline_slots(config, stage));
+            EXPECT_EQ(fast.memory.bytes, planned.bytes);
+            ++extrapolated;
+          }
+        }
+  EXPECT_GT(extrapolated, 100);
+  // Past 64 micro-batches the slots in flight are not listed from the schedule: a long step's
+  // memory plan is still the memory planner's.
+  for (const char* parallel : {"pp = 2\nschedule = \"gpipe\"", "pp = 3\nschedule = \"1f1b\""}) {
+    const TrainConfig config = parse_train_config_string(
+        fmt::format("[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+                    "num_layers = 6\nnum_heads = 4\nrank = 8\nmax_seq_len = 16\n[training]\n"
+                    "micro_batch_size = 1\nseq_len = 16\ngrad_accum_steps = 100\n[parallel]\n{}\n",
+                    parallel),
+        "long.toml");
+    for (int stage = 0; stage < int(config.parallel.pp); ++stage) {
+      SCOPED_TRACE(fmt::format("{} stage {}", parallel, stage));
+      CountingCommunicator tp("tp", 1, 0);
+      EXPECT_EQ(dry_run_stage(config, stage).memory.bytes,
+                plan_rank_memory(config, tensor_parallel_of(config, &tp),
+                                 PipelineStage{int(config.parallel.pp), stage},
+                                 pipeline_slots(config, stage))
+                    .bytes);
+    }
+  }
+}
+
+constexpr const char* kTinyModel = R"([model]
+vocab_size = 64
+hidden_size = 32
+intermediate_size = 64
+num_layers = 2
+num_heads = 4
+bottleneck = "cola"
+rank = 8
+max_seq_len = 16
+[training]
+micro_batch_size = 1
+seq_len = 16
+)";
+
+// Issue 57: the planner's time and memory grew with the layer count without bound (a billion
+// blocks took 6 GB and ran out of memory): a model of more blocks than it plans is refused at
+// once, naming model.num_layers and the bound.
+TEST(Planner, RefusesMoreBlocksThanItPlansAtOnce) {
+  TrainConfig config = parse_train_config_string(kTinyModel, "deep.toml");
+  config.model.num_layers = 1'000'000'000;
+  const auto start = std::chrono::steady_clock::now();
+  for (const std::string& e :
+       {error_of([&] { plan_layouts(config, load_cluster("h100"), PlanRequest{}); }),
+        error_of([&] { predict(config, load_cluster("h100")); })}) {
+    EXPECT_NE(e.find("model.num_layers = 1000000000: bottle plan plans at most 1024 blocks"),
+              std::string::npos)
+        << e;
+  }
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(), 1.0);
+  config.model.num_layers = 1024;
+  check_plannable(config.model);  // the bound itself is planned
+}
+
+// Issue 57: a step of a million micro-batches plans in the time of a few (the dry run
+// extrapolates; it used to run each, and refused more than 4,096), its token buffers planned
+// for every one.
+TEST(Planner, PlansAMillionMicroBatchesAsQuicklyAsAFew) {
+  const TrainConfig config = parse_train_config_string(kTinyModel, "long.toml");
+  PlanRequest request;
+  request.global_batch = int64_t(1) << 20;
+  request.full_rank_baseline = false;
+  const std::vector<Prediction> rows = plan_layouts(config, load_cluster("h100"), request);
+  int64_t longest = 0;
+  for (const Prediction& r : rows) {
+    EXPECT_TRUE(r.excluded.empty()) << r.label() << ": " << r.excluded;
+    if (!r.excluded.empty()) continue;
+    const int64_t m = r.config.training.grad_accum_steps;
+    longest = std::max(longest, m);
+    const int64_t tokens = r.config.training.micro_batch_size * r.config.training.seq_len;
+    EXPECT_GE(r.memory[MemoryTag::workspace], size_t(2 * m * tokens * 4)) << r.label();
+    EXPECT_GT(r.tokens_per_s, 0) << r.label();
+  }
+  EXPECT_EQ(longest, int64_t(1) << 20);
+  // More micro-batches than --global-batch allows are one exclusion, not a wrong number.
+  TrainConfig more = config;
+  more.training.grad_accum_steps = (int64_t(1) << 24) + 1;
+  EXPECT_NE(predict(more, load_cluster("h100")).excluded.find("the planner plans at most"),
+            std::string::npos);
+  // Under parallel.tp_overlap every micro-batch is still dry-run: a bound on the block passes.
+  TrainConfig overlap = config;
+  overlap.parallel.tp = 2;
+  overlap.parallel.tp_overlap = true;
+  overlap.training.micro_batch_size = 2;
+  overlap.training.grad_accum_steps = 65537;  // × 2 blocks: one pass more than 4,096 × 32
+  EXPECT_NE(predict(overlap, load_cluster("h100"))
+                .excluded.find("65537 micro-batches per step of 2 blocks a stage: under "
+                               "parallel.tp_overlap the dry run runs every one"),
+            std::string::npos);
+}
+
+// Issue 57: where no layout fits, the planner says so in a sentence and why: the smallest plan
+// against the GPU's memory, by tag, and what would lower it; where every layout is excluded,
+// that.
+TEST(Planner, SaysWhyNothingFits) {
+  const TrainConfig config = parse_train_config_string(kTinyModel, "big.toml");
+  ClusterSpec small = load_cluster("h100");
+  PlanRequest request;
+  request.gpus = 2;
+  request.global_batch = 2;
+  EXPECT_EQ(nothing_fits(plan_layouts(config, small, request), small, config, 2), "");
+  small.memory_gib = 1e-5;  // 10 KiB
+  const std::vector<Prediction> rows = plan_layouts(config, small, request);
+  const std::string why = nothing_fits(rows, small, config, 2);
+  size_t smallest = SIZE_MAX;
+  for (const Prediction& r : rows)
+    if (r.excluded.empty()) smallest = std::min(smallest, r.memory.total());
+  ASSERT_NE(smallest, SIZE_MAX);
+  for (const std::string& part :
+       {std::string("No layout fits the 1e-05 GiB of a NVIDIA H100-SXM5-80GB.\n  The smallest "
+                    "plan, "),
+        fmt::format("needs {} on its largest rank", format_bytes(smallest)),
+        std::string("activations "), std::string("more GPUs (--gpus)"),
+        std::string("parallel.zero (0, where dp > 1)")})
+    EXPECT_NE(why.find(part), std::string::npos) << part << " in\n" << why;
+  request.gpus = 3;  // nothing of this model splits 3 ways by TP
+  request.global_batch = 3;
+  request.tp = 3;
+  EXPECT_EQ(nothing_fits(plan_layouts(config, small, request), small, config, 3),
+            "No layout of 3 GPU(s) can be planned: every one is excluded, each with its reason "
+            "below.");
+}
+
 // The dry run of LLaMA-7B's step at TP 4 counts the design's volumes per token and block (both
 // passes): full 2·2d; vanilla 5d + 2d_ff forward, 3d + d_ff backward (the grouped projections'
 // input gradients share one all-reduce); btp 7r + 2 forward (with the two online RMSNorm
@@ -512,6 +780,17 @@ TEST(PlanCli, RanksLayoutsAndExplainsExclusions) {
   EXPECT_NE(odd.output.find("tp3 pp1 dp1"), std::string::npos);
   EXPECT_NE(odd.output.find("parallel.tp (3) must divide"), std::string::npos) << odd.output;
   EXPECT_NE(odd.output.find("excluded (3)"), std::string::npos) << odd.output;
+  // Issue 57: where nothing fits, a sentence says so and why, before the rows.
+  std::string tiny = cluster_to_toml(load_cluster("h100"), "tiny");
+  tiny.replace(tiny.find("memory_gib = 80.0"), 17, "memory_gib = 1e-5");
+  write_file(dir / "tiny.toml", tiny);
+  const auto none = run(fmt::format("{} plan {} --cluster {} --gpus 4 --global-batch 8",
+                                    bottle_binary(), (dir / "c.toml"), (dir / "tiny.toml")));
+  ASSERT_EQ(none.status, 0) << none.output;
+  const size_t said = none.output.find("No layout fits the 1e-05 GiB of a NVIDIA H100");
+  EXPECT_NE(said, std::string::npos) << none.output;
+  EXPECT_LT(said, none.output.find("  #    layout")) << none.output;
+  EXPECT_EQ(r.output.find("No layout"), std::string::npos) << r.output;
 }
 
 TEST(PlanCli, BadInputGetsOneClearError) {
@@ -522,6 +801,9 @@ TEST(PlanCli, BadInputGetsOneClearError) {
                broken.find('\n', broken.find("memory_bandwidth_gbs")) -
                    broken.find("memory_bandwidth_gbs") + 1);
   write_file(dir / "broken.toml", broken);
+  std::string slow = cluster_to_toml(load_cluster("h100"), "slow");
+  slow.replace(slow.find("kernel_overhead_us = 0.0"), 24, "kernel_overhead_us = 1e308");
+  write_file(dir / "slow.toml", slow);
   const std::string config = (dir / "c.toml");
   const std::vector<std::pair<std::string, std::string>> cases{
       {fmt::format("plan {} --cluster a300", config),
@@ -537,6 +819,12 @@ TEST(PlanCli, BadInputGetsOneClearError) {
        "plan does not read key 'data.train'"},
       {fmt::format("plan --calibrate {}", (dir / "here.toml")),
        "plan --calibrate measures the collectives between ranks: run it under mpirun"},
+      // Issue 57: no infinite prices (this printed -nan and inf rows, and exited 0), and no
+      // plan of a billion blocks (which ran out of memory).
+      {fmt::format("plan {} --cluster {}", config, (dir / "slow.toml")),
+       "slow.toml: key 'gpu.kernel_overhead_us' must be in [0, 1e+06] (µs), got 1e+308"},
+      {fmt::format("plan {} --cluster h100 --set model.num_layers=1000000000", config),
+       "model.num_layers = 1000000000: bottle plan plans at most 1024 blocks"},
   };
   for (const auto& [args, expected] : cases) {
     SCOPED_TRACE(args);
