@@ -196,8 +196,8 @@ INSTANTIATE_TEST_SUITE_P(
         Hostile{"bench_step_save_to_a_file",
                 "bench step {dir}/tiny.toml --torch false --steps 1 --warmup 0 --save "
                 "{dir}/tiny.toml",
-                "--save: {dir}/tiny.toml: the output directory must be a directory, and this is "
-                "a regular file"},
+                "tiny.toml: the output directory must be a directory, and this is a regular "
+                "file"},
         Hostile{"bench_step_file_recompute", "bench step {dir}/tiny_block.toml --torch false",
                 "tiny_block.toml: bench step does not read key 'training.recompute'"}),
     [](const auto& info) { return std::string(info.param.name); });
