@@ -92,7 +92,7 @@ ojson model_json(const std::string& dir) {
     const ShardedCheckpoint checkpoint(dir);
     std::set<std::string> files;
     for (const auto& e : fs::directory_iterator(dir))
-      if (e.path().filename().string().starts_with("rank-")) files.insert(e.path().string());
+      if (is_rank_file_name(e.path().filename().string())) files.insert(e.path().string());
     for (const std::string& file : files) {
       const SafeTensorsReader reader(file);
       for (const auto& [key, entry] : reader.entries())

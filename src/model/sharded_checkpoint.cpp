@@ -20,6 +20,7 @@ namespace {
 // The metadata key of a rank file that lists its pieces (JSON text).
 constexpr const char* kPiecesKey = "bottle_pieces";
 constexpr const char* kRankFilePrefix = "rank-";
+constexpr const char* kRankFileSuffix = ".safetensors";
 
 // A TP slice of a tensor seen as a matrix [rows, cols] (cols: the last dimension; a 1-D tensor
 // is one row): the slice is rows [row0, row0 + height) × cols [col0, col0 + width).
@@ -87,7 +88,28 @@ Shape shape_of(const nlohmann::json& j, const std::string& where) {
   return shape;
 }
 
+// Calls f(begin, end, data) for each stretch [begin, end) of `spec`'s slice that an owned range
+// of `source` holds, with `data` its [end - begin] view of source.data: where a writer reads
+// and a reader writes.
+template <typename F>
+void for_each_held(const ParamSpec& spec, const FlatSource& source, F f) {
+  const int64_t begin = spec.offset, end = spec.offset + spec.shape.numel();
+  for (const ShardPiece& owned : source.owned) {
+    const int64_t lo = std::max(begin, owned.begin), hi = std::min(end, owned.begin + owned.count);
+    if (lo < hi)
+      f(lo - begin, hi - begin, source.data.view(owned.local + lo - owned.begin, {hi - lo}));
+  }
+}
+
 }  // namespace
+
+std::string rank_file_name(int rank) {
+  return fmt::format("{}{:05d}{}", kRankFilePrefix, rank, kRankFileSuffix);
+}
+
+bool is_rank_file_name(const std::string& name) {
+  return name.starts_with(kRankFilePrefix) && name.ends_with(kRankFileSuffix);
+}
 
 std::vector<ShardPiece> whole_buffer(int64_t count) {
   ShardPiece p;
@@ -116,15 +138,11 @@ RankPieces::RankPieces(const ParameterStore& params, int stage,
     for (size_t i = 0; i < params.specs().size(); ++i) {
       const ParamSpec& spec = params.specs()[i];
       if (spec.name == skip || (!spec.sharded() && !replicated)) continue;
-      const int64_t begin = spec.offset, end = spec.offset + spec.shape.numel();
-      for (const ShardPiece& owned : source.owned) {
-        const int64_t lo = std::max(begin, owned.begin),
-                      hi = std::min(end, owned.begin + owned.count);
-        if (lo >= hi) continue;
+      for_each_held(spec, source, [&](int64_t lo, int64_t hi, Tensor view) {
         const std::string tensor = source.prefix + spec.name;
         Planned& p = planned_.emplace_back();
-        p.key = fmt::format("{}@{}", tensor, lo - begin);
-        p.view = source.data.view(owned.local + lo - owned.begin, {hi - lo});
+        p.key = fmt::format("{}@{}", tensor, lo);
+        p.view = view;
         values_ += hi - lo;
         const Shape& whole = spec.sharded() ? spec.full_shape : spec.shape;
         listed.push_back(
@@ -135,10 +153,10 @@ RankPieces::RankPieces(const ParameterStore& params, int stage,
              {"slice",
               {spec.sharded() ? spec.shard_offset : 0,
                spec.sharded() ? spec.shard_offset + spec.shape[spec.shard_dim] : 0}},
-             {"range", {lo - begin, hi - begin}},
+             {"range", {lo, hi}},
              {"stage", stage},
              {"order", i}});
-      }
+      });
     }
   }
   listed_ = listed.dump();
@@ -193,26 +211,19 @@ void read_rank_pieces(const ShardedCheckpoint& checkpoint, const ParameterStore&
                       const FlatSource& source) {
   Backend& be = params.backend();
   std::vector<float> staging;  // [≤ one parameter's slice]
-  for (const ParamSpec& spec : params.specs()) {
-    const int64_t begin = spec.offset, end = spec.offset + spec.shape.numel();
-    for (const ShardPiece& owned : source.owned) {
-      const int64_t lo = std::max(begin, owned.begin),
-                    hi = std::min(end, owned.begin + owned.count);
-      if (lo >= hi) continue;
+  for (const ParamSpec& spec : params.specs())
+    for_each_held(spec, source, [&](int64_t lo, int64_t hi, Tensor view) {
       staging.resize(size_t(hi - lo));
-      checkpoint.read(source.prefix + spec.name, spec, lo - begin, hi - begin, staging);
-      be.from_host(source.data.view(owned.local + lo - owned.begin, {hi - lo}), staging.data());
-    }
-  }
+      checkpoint.read(source.prefix + spec.name, spec, lo, hi, staging);
+      be.from_host(view, staging.data());
+    });
 }
 
 void write_checkpoint_index(const std::string& dir,
                             const std::map<std::string, std::string>& metadata) {
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir)) {
-    const std::string name = e.path().filename().string();
-    if (name.starts_with(kRankFilePrefix) && e.path().extension() == ".safetensors")
-      files.push_back(e.path());
+    if (is_rank_file_name(e.path().filename().string())) files.push_back(e.path());
   }
   std::sort(files.begin(), files.end());
   // Tensors by (stage, order in the store), pieces by file then position.

@@ -30,6 +30,11 @@ namespace bottle {
 
 inline constexpr const char* kCheckpointIndexFile = "checkpoint_index.json";
 
+// The file of world rank `rank`'s pieces: rank-RRRRR.safetensors.
+std::string rank_file_name(int rank);
+// Whether `name` (a file name, no directory) is one of those.
+bool is_rank_file_name(const std::string& name);
+
 // What a rank holds of one flat buffer laid out like ParameterStore::values(): the flat ranges
 // of `owned`, each at its `local` offset in `data` (ShardPiece's bucket fields unused).
 struct FlatSource {

@@ -111,10 +111,6 @@ std::string moment_name(const char* which, const std::string& param) {
   return std::string(which) + "/" + param;
 }
 
-fs::path rank_file(const fs::path& dir, int world_rank) {
-  return dir / fmt::format("rank-{:05d}.safetensors", world_rank);
-}
-
 // What this rank writes of a save, nullptr for nothing: every TP rank its slices (TP rank 0 the
 // parameters they all hold whole), every pipeline stage its parameters; a DP replica nothing
 // unless ZeRO shards the optimizer state (then each DP rank its owned slices of the masters
@@ -241,7 +237,7 @@ void CheckpointStore::write_shards(const LlamaModel& model, const AdamW& optimiz
                                    Communicator* dp, int world_rank) const {
   const std::unique_ptr<RankPieces> pieces = held_pieces(model, optimizer, masters, dp);
   if (!pieces) return;
-  const fs::path file = rank_file(temp, world_rank);
+  const fs::path file = temp / rank_file_name(world_rank);
   pieces->write(file.string(), model.parameters().backend());
   failpoint(2);
   fsync_path(file);
@@ -290,7 +286,7 @@ std::string CheckpointStore::save_async(const LlamaModel& model, const AdamW& op
       MemoryStats::global().add(MemoryTag::comm, p->counted);
     }
   });
-  const fs::path file = rank_file(p->temp, world ? world->rank() : 0);
+  const fs::path file = p->temp / rank_file_name(world ? world->rank() : 0);
   p->writer = std::thread([p = p.get(), file] {
     try {
       if (!p->pieces) return;
@@ -347,7 +343,7 @@ void CheckpointStore::place(int64_t optimizer_steps, const TrainerState& state, 
                          {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer_steps)}});
   // The rank files were synced by their writers.
   for (const auto& e : fs::directory_iterator(temp))
-    if (!e.path().filename().string().starts_with("rank-")) fsync_path(e.path());
+    if (!is_rank_file_name(e.path().filename().string())) fsync_path(e.path());
   write_trainer_state(temp, state);
   fsync_path(temp / kTrainerStateFile);
   fsync_path(temp);
