@@ -621,4 +621,52 @@ void Backend::adamw_update(Tensor param, Tensor compute, Tensor grad, Tensor m, 
   do_adamw_update(param, compute, grad, m, v, control, args);
 }
 
+namespace {
+
+// Muon's element-wise operands: f32 of one element count.
+void check_muon_operands(const char* backend, const char* op,
+                         std::initializer_list<std::pair<const Tensor*, const char*>> operands) {
+  const int64_t n = operands.begin()->first->numel();
+  for (const auto& [t, what] : operands)
+    BOTTLE_CHECK(t->dtype == DType::f32 && t->numel() == n,
+                 "{} backend: {}: {} must be f32 with {} elements, not {} {}", backend, op, what, n,
+                 dtype_name(t->dtype), t->shape.str());
+}
+
+}  // namespace
+
+void Backend::muon_momentum(Tensor update, Tensor buffer, Tensor grad, Tensor control,
+                            const MuonArgs& args) {
+  const OpCheck c(*this, "muon_momentum");
+  c.here({update, buffer, grad});
+  c.here_optional({control});
+  check_muon_operands(c.backend(), "muon_momentum",
+                      {{&update, "update"}, {&buffer, "buffer"}, {&grad, "grad"}});
+  if (!control.empty()) check_control(c.backend(), "muon_momentum", control);
+  do_muon_momentum(update, buffer, grad, control, args);
+}
+
+void Backend::muon_normalize(Tensor x, Tensor sumsq) {
+  const OpCheck c(*this, "muon_normalize");
+  c.here({x, sumsq});
+  check_muon_operands(c.backend(), "muon_normalize", {{&x, "x"}});
+  c.check(sumsq.dtype == DType::f32 && sumsq.numel() == 1, "sumsq must be f32 [1], not {} {}",
+          dtype_name(sumsq.dtype), ShapeText{sumsq.shape});
+  do_muon_normalize(x, sumsq);
+}
+
+void Backend::muon_apply(Tensor param, Tensor compute, Tensor update, Tensor control,
+                         const MuonArgs& args) {
+  const OpCheck c(*this, "muon_apply");
+  c.here({param, update});
+  c.here_optional({compute, control});
+  check_muon_operands(c.backend(), "muon_apply", {{&param, "param"}, {&update, "update"}});
+  c.check(compute.empty() || ((compute.dtype == DType::f32 || compute.dtype == DType::bf16) &&
+                              compute.numel() == param.numel()),
+          "the compute copy must be f32 or bf16 with {} elements, not {} {}", param.numel(),
+          dtype_name(compute.dtype), ShapeText{compute.shape});
+  if (!control.empty()) check_control(c.backend(), "muon_apply", control);
+  do_muon_apply(param, compute, update, control, args);
+}
+
 }  // namespace bottle

@@ -91,8 +91,18 @@ struct AdamWArgs {
   std::span<const ElementRange> no_decay;
 };
 
+// Muon's element-wise parts (train/muon.h) on one fp32 buffer, a matrix or many end to end.
+struct MuonArgs {
+  float momentum = 0.95f;
+  bool nesterov = true;
+  float grad_scale = 1.0f;  // applied to the gradient first, when no control tensor is given
+  // muon_apply: param ← param · (1 − lr · weight_decay) − lr · adjust · update, where adjust
+  // (0.2 · √max(m, n)) gives the orthogonalised update AdamW's RMS.
+  float lr = 1e-3f, weight_decay = 0.0f, adjust = 1.0f;
+};
+
 // What clip_and_check writes into a step's control tensor (f32 [kStepControlSize]), which
-// adamw_update reads on the device.
+// adamw_update, muon_momentum and muon_apply read on the device.
 inline constexpr int kControlScale = 0;  // the gradient's factor (clipping)
 inline constexpr int kControlApply = 1;  // 1: update; 0: a non-finite step, skipped
 inline constexpr int kStepControlSize = 2;

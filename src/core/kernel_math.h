@@ -146,4 +146,23 @@ BOTTLE_HD void adamw_step(float& p, float g, float& m, float& v, const AdamWScal
   p -= a.lr * (update + a.weight_decay * p);
 }
 
+// --- Muon (train/muon.h): the element-wise steps around Newton–Schulz.
+struct MuonScalars {
+  float momentum, grad_scale;
+  bool nesterov;
+};
+// One element of the momentum buffer and of the update it gives.
+BOTTLE_HD void muon_momentum_step(float& update, float& buffer, float g, const MuonScalars& s) {
+  const float gi = g * s.grad_scale;
+  buffer = s.momentum * buffer + gi;
+  update = s.nesterov ? gi + s.momentum * buffer : buffer;
+}
+// 1 / max(‖U‖_F, 1e-7) from ‖U‖_F²: the floor keeps a zero update zero.
+BOTTLE_HD float muon_inverse_norm(float sumsq) { return 1.0f / fmaxf(sqrtf(sumsq), 1e-7f); }
+// The decoupled weight decay, then the step along the orthogonalised update, in torch's order
+// (p.mul_(1 - lr·wd), then p.add_(x, alpha = -lr·adjust)).
+BOTTLE_HD float muon_apply_step(float p, float x, float decay, float step) {
+  return p * decay - step * x;
+}
+
 }  // namespace bottle::kmath

@@ -1079,11 +1079,58 @@ void adamw_cases(Table& t) {
   }
 }
 
+// Muon's element-wise parts around Newton–Schulz: the momentum (nesterov and not; a skipped
+// step leaves the buffer as it was), the normalisation by a device sum of squares, and the
+// update with the compute copy.
+void muon_cases(Table& t) {
+  auto add = [&](OpCase op) { t.push_back(std::move(op)); };
+  const Shape p{N * 24 + 5};
+  for (const double apply : {1.0, 0.0})
+    for (const bool nesterov : {true, false})
+      add({
+          .name = fmt::format("muon_momentum nesterov={} apply={}", nesterov, apply),
+          .ops = {"muon_momentum"},
+          .args = {arg("update", p).stat().nans(), arg("buffer", p).stat().normal(0, 0.1),
+                   arg("grad", p).stat().normal(0, 2),
+                   arg("control", {kStepControlSize}).stat().values({0.5, apply})},
+          .compare = {"update", "buffer"},
+          .run =
+              [nesterov](Backend& be, const Args& a) {
+                MuonArgs x;
+                x.momentum = 0.9f, x.nesterov = nesterov;
+                be.muon_momentum(a["update"], a["buffer"], a["grad"], a["control"], x);
+              },
+      });
+  for (const double sumsq : {9.0, 0.0})
+    add({
+        .name = fmt::format("muon_normalize sumsq={}", sumsq),
+        .ops = {"muon_normalize"},
+        .args = {arg("x", p).stat(), arg("sumsq", {1}).stat().values({sumsq})},
+        .compare = {"x"},
+        .run = [](Backend& be, const Args& a) { be.muon_normalize(a["x"], a["sumsq"]); },
+    });
+  for (const double apply : {1.0, 0.0})
+    add({
+        .name = fmt::format("muon_apply apply={}", apply),
+        .ops = {"muon_apply"},
+        .args = {arg("param", p).stat(), arg("update", p).stat(), arg("compute", p).zeros(),
+                 arg("control", {kStepControlSize}).stat().values({1.0, apply})},
+        .compare = {"param", "compute"},
+        .run =
+            [](Backend& be, const Args& a) {
+              MuonArgs x;
+              x.lr = 1e-2f, x.weight_decay = 0.1f, x.adjust = 0.2f * std::sqrt(96.0f);
+              be.muon_apply(a["param"], a["compute"], a["update"], a["control"], x);
+            },
+    });
+}
+
 Table make_table() {
   Table t;
   for (auto* family :
        {staging_cases, gemm_cases, embedding_cases, norm_cases, rope_cases, attention_cases,
-        activation_cases, elementwise_cases, reduction_cases, cross_entropy_cases, adamw_cases})
+        activation_cases, elementwise_cases, reduction_cases, cross_entropy_cases, adamw_cases,
+        muon_cases})
     family(t);
   return t;
 }

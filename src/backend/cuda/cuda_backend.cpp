@@ -535,6 +535,25 @@ class CudaBackend final : public Backend {
     launched(k);
   }
 
+  void do_muon_momentum(Tensor update, Tensor buffer, Tensor grad, Tensor control,
+                        const MuonArgs& a) override {
+    cuda::muon_momentum(stream_, update.f32(), buffer.f32(), grad.f32(), grad.numel(),
+                        control.empty() ? nullptr : control.f32(), a.momentum, a.grad_scale,
+                        a.nesterov);
+    launched("muon_momentum");
+  }
+  void do_muon_normalize(Tensor x, Tensor sumsq) override {
+    cuda::muon_normalize(stream_, x.f32(), x.numel(), sumsq.f32());
+    launched("muon_normalize");
+  }
+  void do_muon_apply(Tensor param, Tensor compute, Tensor update, Tensor control,
+                     const MuonArgs& a) override {
+    cuda::muon_apply(stream_, param.f32(), compute.empty() ? cuda::Array{} : arr(compute),
+                     update.f32(), param.numel(), control.empty() ? nullptr : control.f32(),
+                     1.0f - a.lr * a.weight_decay, a.lr * a.adjust);
+    launched("muon_apply");
+  }
+
  private:
   static constexpr size_t kPinnedBytes = 4096;
   static constexpr size_t kAllocationGranule = kAllocationAlignment;

@@ -158,7 +158,7 @@ void cross_entropy_shard_partials(cudaStream_t stream, Array sumexp, Array targe
 void cross_entropy_shard_losses(cudaStream_t stream, Array losses, ConstArray sumexp,
                                 ConstArray target_logit, ConstArray max, int64_t rows);
 
-// --- AdamW (adamw.cu) on fp32 masters, gradients and moments, in one pass over the flat
+// --- AdamW (optimizer.cu) on fp32 masters, gradients and moments, in one pass over the flat
 // buffers: 4 elements per thread with 128-bit loads where the buffers allow it.
 struct AdamWParams {
   float lr, beta1, beta2, eps, weight_decay, grad_scale;
@@ -177,6 +177,16 @@ struct DecayGap {
 void adamw_update(cudaStream_t stream, float* param, Array compute, const float* grad, float* m,
                   float* v, int64_t n, const float* control, const DecayGap* gaps,
                   int64_t gap_count, const AdamWParams& args);
+
+// --- Muon's element-wise parts (optimizer.cu), kernel_math.h's steps. control (may be null):
+// as adamw_update's. update, buffer, grad: [n] fp32.
+void muon_momentum(cudaStream_t stream, float* update, float* buffer, const float* grad, int64_t n,
+                   const float* control, float momentum, float grad_scale, bool nesterov);
+// x [n] *= 1 / max(sqrt(sumsq[0]), 1e-7), sumsq f32 [1] on the device.
+void muon_normalize(cudaStream_t stream, float* x, int64_t n, const float* sumsq);
+// param [n] ← param · decay − step · update [n]; compute as adamw_update's.
+void muon_apply(cudaStream_t stream, float* param, Array compute, const float* update, int64_t n,
+                const float* control, float decay, float step);
 
 // --- Device scalars (reduce.cu), f64.
 // One range of a flat buffer whose squares go to out[slot].

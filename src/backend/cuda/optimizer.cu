@@ -1,4 +1,4 @@
-// AdamW with decoupled weight decay on fp32 masters, gradients and moments, in one pass over
+// The optimizers' element-wise updates. AdamW with decoupled weight decay on fp32 masters, gradients and moments, in one pass over
 // the flat buffers (every parameter of a rank, or its ZeRO shard): the step itself is
 // kmath::adamw_step, shared with the CPU backends. The same pass writes the compute copy (the
 // bf16 weights the GEMMs read), so no second pass converts the masters, and reads the step's
@@ -97,6 +97,65 @@ void adamw_update(cudaStream_t stream, float* param, Array compute, const float*
   const unsigned blocks = grid_for((n + kVec - 1) / kVec, kThreads);
   adamw_kernel<<<blocks, kThreads, 0, stream>>>(param, compute, grad, m, v, n, control, gaps,
                                                 gap_count, scalars, vector);
+}
+
+namespace {
+
+// Muon's element-wise parts: a grid-stride loop each, one element per thread and iteration
+// (they run once per step on the matrices alone; AdamW's vector path is not worth it here).
+__global__ void muon_momentum_kernel(float* update, float* buffer, const float* grad, int64_t n,
+                                     const float* control, kmath::MuonScalars s) {
+  bool apply = true;
+  if (control) {
+    apply = control[1] != 0.0f;
+    s.grad_scale = control[0];
+  }
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float b = buffer[i], u;
+    kmath::muon_momentum_step(u, b, grad[i], s);
+    update[i] = u;
+    if (apply) buffer[i] = b;
+  }
+}
+
+__global__ void muon_normalize_kernel(float* x, int64_t n, const float* sumsq) {
+  const float inverse = kmath::muon_inverse_norm(sumsq[0]);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x)
+    x[i] *= inverse;
+}
+
+__global__ void muon_apply_kernel(float* param, Array compute, const float* update, int64_t n,
+                                  const float* control, float decay, float step) {
+  if (control && control[1] == 0.0f) return;  // a non-finite step: nothing changes
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float p = kmath::muon_apply_step(param[i], update[i], decay, step);
+    param[i] = p;
+    store_compute(compute, i, p);
+  }
+}
+
+}  // namespace
+
+void muon_momentum(cudaStream_t stream, float* update, float* buffer, const float* grad, int64_t n,
+                   const float* control, float momentum, float grad_scale, bool nesterov) {
+  if (n <= 0) return;
+  muon_momentum_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(
+      update, buffer, grad, n, control, kmath::MuonScalars{momentum, grad_scale, nesterov});
+}
+
+void muon_normalize(cudaStream_t stream, float* x, int64_t n, const float* sumsq) {
+  if (n <= 0) return;
+  muon_normalize_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(x, n, sumsq);
+}
+
+void muon_apply(cudaStream_t stream, float* param, Array compute, const float* update, int64_t n,
+                const float* control, float decay, float step) {
+  if (n <= 0) return;
+  muon_apply_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(param, compute, update, n,
+                                                                    control, decay, step);
 }
 
 }  // namespace bottle::cuda
