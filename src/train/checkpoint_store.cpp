@@ -116,9 +116,11 @@ std::string moment_name(const char* which, const std::string& param) {
 // unless ZeRO shards the optimizer state (then each DP rank its owned slices of the masters
 // and the moments). The last stage's copy of a tied table is the first stage's and is not
 // written twice.
-std::unique_ptr<RankPieces> held_pieces(const LlamaModel& model, const AdamW& optimizer,
+std::unique_ptr<RankPieces> held_pieces(const LlamaModel& model, const Optimizer& optimizer,
                                         const FlatSource& masters, Communicator* dp) {
-  const bool zero = !optimizer.shard().owns_all();
+  // Without ZeRO every DP rank holds the masters whole, and the first writes them.
+  const bool zero = !(masters.owned.size() == 1 && masters.owned[0].begin == 0 &&
+                      masters.owned[0].count == model.parameters().padded());
   if (!zero && dp && dp->rank() != 0) return nullptr;
   std::vector<FlatSource> sources{masters};
   for (FlatSource& state : optimizer.held_state()) sources.push_back(std::move(state));
@@ -160,7 +162,7 @@ CheckpointStore::CheckpointStore(std::string folder, int keep)
   if (ec) fail("{}: checkpoint.folder cannot be created: {}", folder_, ec.message());
 }
 
-std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimizer,
+std::string CheckpointStore::save(const LlamaModel& model, const Optimizer& optimizer,
                                   const FlatSource& masters, const TrainerState& state,
                                   int64_t step, Communicator* dp, Communicator* world) {
   const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
@@ -177,7 +179,9 @@ std::string CheckpointStore::save(const LlamaModel& model, const AdamW& optimize
   save_part(world, step,
             [&] { write_shards(model, optimizer, masters, temp, dp, world ? world->rank() : 0); });
   if (leader)
-    save_part(world, step, [&] { place(optimizer.steps_taken(), state, step, temp, final_dir); });
+    save_part(world, step, [&] {
+      place(optimizer.name(), optimizer.steps_taken(), state, step, temp, final_dir);
+    });
   else
     save_part(world, step, [] {});
   return final_dir.string();
@@ -232,7 +236,7 @@ void CheckpointStore::open_temporary(const LlamaModel& model, const fs::path& te
 
 // Every rank's part: each writes what it holds (held_pieces), into a file of its own, in
 // parallel. Nothing is gathered and nothing of the model's size is allocated.
-void CheckpointStore::write_shards(const LlamaModel& model, const AdamW& optimizer,
+void CheckpointStore::write_shards(const LlamaModel& model, const Optimizer& optimizer,
                                    const FlatSource& masters, const fs::path& temp,
                                    Communicator* dp, int world_rank) const {
   const std::unique_ptr<RankPieces> pieces = held_pieces(model, optimizer, masters, dp);
@@ -247,6 +251,7 @@ void CheckpointStore::write_shards(const LlamaModel& model, const AdamW& optimiz
 // The background thread's part of an asynchronous save, and what the others wait for.
 struct CheckpointStore::Pending {
   int64_t step = 0, optimizer_steps = 0;
+  std::string optimizer;  // its name
   TrainerState state;
   fs::path temp, final_dir;
   bool leader = false;
@@ -257,7 +262,7 @@ struct CheckpointStore::Pending {
   std::exception_ptr error;  // the writer's failure
 };
 
-std::string CheckpointStore::save_async(const LlamaModel& model, const AdamW& optimizer,
+std::string CheckpointStore::save_async(const LlamaModel& model, const Optimizer& optimizer,
                                         const FlatSource& masters, const TrainerState& state,
                                         int64_t step, Communicator* dp, Communicator* world) {
   finish_pending(world);
@@ -265,6 +270,7 @@ std::string CheckpointStore::save_async(const LlamaModel& model, const AdamW& op
   const std::string name = fmt::format("{}{:08d}", kStepPrefix, step);
   p->step = step;
   p->optimizer_steps = optimizer.steps_taken();
+  p->optimizer = optimizer.name();
   p->state = state;
   p->final_dir = fs::path(folder_) / name;
   p->temp = fs::path(folder_) / fmt::format("{}{}", kTempPrefix, name);
@@ -323,7 +329,7 @@ std::string CheckpointStore::finish_pending(Communicator* world) {
   });
   if (p->leader)
     save_part(world, p->step,
-              [&] { place(p->optimizer_steps, p->state, p->step, p->temp, p->final_dir); });
+              [&] { place(p->optimizer, p->optimizer_steps, p->state, p->step, p->temp, p->final_dir); });
   else
     save_part(world, p->step, [] {});
   return p->final_dir.string();
@@ -337,10 +343,11 @@ CheckpointStore::~CheckpointStore() {
 
 // The leader's last part: the shard indexes and the trainer state, the temporary folder
 // renamed into place, and the oldest checkpoints beyond `keep` pruned.
-void CheckpointStore::place(int64_t optimizer_steps, const TrainerState& state, int64_t step,
-                            const fs::path& temp, const fs::path& final_dir) const {
+void CheckpointStore::place(const std::string& optimizer, int64_t optimizer_steps,
+                            const TrainerState& state, int64_t step, const fs::path& temp,
+                            const fs::path& final_dir) const {
   write_checkpoint_index(temp.string(),
-                         {{"optimizer", "adamw"}, {"steps", std::to_string(optimizer_steps)}});
+                         {{"optimizer", optimizer}, {"steps", std::to_string(optimizer_steps)}});
   // The rank files were synced by their writers.
   for (const auto& e : fs::directory_iterator(temp))
     if (!is_rank_file_name(e.path().filename().string())) fsync_path(e.path());
@@ -473,36 +480,46 @@ std::optional<std::string> CheckpointStore::latest() const {
   return all.back();
 }
 
-TrainerState CheckpointStore::load(const std::string& dir, LlamaModel& model, AdamW& optimizer) {
+TrainerState CheckpointStore::load(const std::string& dir, LlamaModel& model,
+                                   Optimizer& optimizer) {
   // The small file first: a damaged state fails before the weights are read.
   const TrainerState state = read_trainer_state(dir);
   if (is_sharded_checkpoint(dir)) {
     // Each rank reads its own slices, of any layout's pieces, straight into place.
     const ShardedCheckpoint checkpoint(dir);
     const auto saved = checkpoint.metadata().find("optimizer");
-    BOTTLE_CHECK(saved == checkpoint.metadata().end() || saved->second == "adamw",
-                 "{}: the optimizer state is {}'s; this run trains with adamw",
-                 checkpoint.index_path(), saved->second);
+    BOTTLE_CHECK(saved == checkpoint.metadata().end() || saved->second == optimizer.name(),
+                 "{}: the optimizer state is {}'s; this run trains with {} (optimizer.name): "
+                 "resume with optimizer.name = \"{}\", or start from its weights alone with "
+                 "--init-from",
+                 checkpoint.index_path(), saved->second, optimizer.name(), saved->second);
     load_model_weights(model, checkpoint);
     for (const FlatSource& state_part : optimizer.held_state())
       read_rank_pieces(checkpoint, model.parameters(), state_part);
     optimizer.set_steps_taken(state.optimizer_steps);
     return state;
   }
+  // Checkpoints before the sharded format hold AdamW's moments whole, in optimizer.safetensors.
+  BOTTLE_CHECK(std::string_view(optimizer.name()) == "adamw",
+               "{}: the optimizer state is adamw's; this run trains with {} (optimizer.name): "
+               "resume with optimizer.name = \"adamw\", or start from its weights alone with "
+               "--init-from",
+               dir, optimizer.name());
   load_model_weights(model, dir);
   const ShardedReader files(dir, "optimizer");
   const ParameterStore& params = model.parameters();
-  Arena moments_arena(MemoryTag::comm, params.backend());
-  const Tensor m = moments_arena.alloc({params.padded()}),
-               v = moments_arena.alloc({params.padded()});
-  for (const ParamSpec& spec : params.specs()) {
-    for (const auto& [which, flat] : {std::pair{"exp_avg", m}, std::pair{"exp_avg_sq", v}}) {
-      const std::string tensor = moment_name(which, spec.name);
+  Arena whole_arena(MemoryTag::comm, params.backend());
+  const Tensor whole = whole_arena.alloc({params.padded()});
+  for (const FlatSource& held : optimizer.held_state()) {
+    params.backend().fill_zero(whole);
+    const std::string which = held.prefix.substr(0, held.prefix.size() - 1);  // "exp_avg"
+    for (const ParamSpec& spec : params.specs()) {
+      const std::string tensor = moment_name(which.c_str(), spec.name);
       const std::vector<float> slice = read_parameter_slice(files.reader_for(tensor), tensor, spec);
-      params.backend().from_host(flat.view(spec.offset, spec.shape), slice.data());
+      params.backend().from_host(whole.view(spec.offset, spec.shape), slice.data());
     }
+    take_held(params.backend(), held, whole);
   }
-  optimizer.load_moments(m, v);
   optimizer.set_steps_taken(state.optimizer_steps);
   return state;
 }

@@ -1,6 +1,6 @@
 #pragma once
-// Training checkpoints: folder/step_00000200/ holds config.json, the weights and the AdamW
-// moments as every rank holds them (rank-RRRRR.safetensors, one per writing rank, written in
+// Training checkpoints: folder/step_00000200/ holds config.json, the weights and the
+// optimizer's named state (its name in the index) as every rank holds them (rank-RRRRR.safetensors, one per writing rank, written in
 // parallel, with checkpoint_index.json naming the pieces: model/sharded_checkpoint.h), and
 // trainer_state.json (step, data position, config, ...). Any layout reads them back (eval,
 // sample, --init-from, --resume); `bottle export` consolidates the weights into the model
@@ -23,7 +23,7 @@
 
 #include "data/tokenizer.h"
 #include "model/llama.h"
-#include "train/adamw.h"
+#include "train/optimizer.h"
 #include "train/trainer_state.h"
 
 namespace bottle {
@@ -52,7 +52,7 @@ class CheckpointStore {
   // return once the checkpoint is complete. A failure on any rank (a full disk, the folder
   // deleted under the save) fails every rank with one message. masters: what this rank holds
   // of its stage's fp32 masters (DataParallel::held_masters).
-  std::string save(const LlamaModel& model, const AdamW& optimizer, const FlatSource& masters,
+  std::string save(const LlamaModel& model, const Optimizer& optimizer, const FlatSource& masters,
                    const TrainerState& state, int64_t step, Communicator* dp = nullptr,
                    Communicator* world = nullptr);
   // checkpoint.async (TorchTitan's asynchronous checkpointing): the same save, but each rank
@@ -61,7 +61,7 @@ class CheckpointStore {
   // place, pruning) by finish_pending(), which the next save, a stop and the run's end call;
   // until then the newest checkpoint is the one before, and a kill leaves it so. Returns the
   // directory the checkpoint will have. Every rank calls it.
-  std::string save_async(const LlamaModel& model, const AdamW& optimizer, const FlatSource& masters,
+  std::string save_async(const LlamaModel& model, const Optimizer& optimizer, const FlatSource& masters,
                          const TrainerState& state, int64_t step, Communicator* dp = nullptr,
                          Communicator* world = nullptr);
   // Waits for the save under way and publishes it (every rank calls); its directory, "" when
@@ -98,7 +98,7 @@ class CheckpointStore {
   void set_folder_guard(std::function<void()> guard) { guard_ = std::move(guard); }
 
   // Loads weights, moments and returns the trainer state; errors name the file.
-  static TrainerState load(const std::string& dir, LlamaModel& model, AdamW& optimizer);
+  static TrainerState load(const std::string& dir, LlamaModel& model, Optimizer& optimizer);
 
  private:
   struct ReadOnly {};
@@ -107,10 +107,11 @@ class CheckpointStore {
   // on any rank (a filesystem error named by its path, the folder guard's) fails them all.
   void save_part(Communicator* world, int64_t step, const std::function<void()>& part) const;
   void open_temporary(const LlamaModel& model, const std::filesystem::path& temp) const;
-  void write_shards(const LlamaModel& model, const AdamW& optimizer, const FlatSource& masters,
+  void write_shards(const LlamaModel& model, const Optimizer& optimizer, const FlatSource& masters,
                     const std::filesystem::path& temp, Communicator* dp, int world_rank) const;
-  void place(int64_t optimizer_steps, const TrainerState& state, int64_t step,
-             const std::filesystem::path& temp, const std::filesystem::path& final_dir) const;
+  void place(const std::string& optimizer, int64_t optimizer_steps, const TrainerState& state,
+             int64_t step, const std::filesystem::path& temp,
+             const std::filesystem::path& final_dir) const;
   std::vector<std::string> list(bool complete) const;
   // Our step folders as (step, path), oldest first, and the foreign ones with the reason.
   struct Scan {

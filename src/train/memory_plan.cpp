@@ -183,7 +183,13 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
   // As AdamW, DataParallel and the trainer allocate them.
   const int64_t elements = plan.parameters().padded();
   const int64_t shard = zero ? elements / dp : elements;
-  m[MemoryTag::optimizer] = 2 * aligned_size(size_t(shard) * sizeof(float));
+  // Muon: the matrices' momentum and AdamW's moments for the rest, and its iteration's scratch.
+  const MuonMemory muon = config.optimizer.name == OptimizerKind::muon
+                              ? muon_memory(plan.parameters(), tp.size())
+                              : MuonMemory{};
+  m[MemoryTag::optimizer] = config.optimizer.name == OptimizerKind::muon
+                                ? muon.state
+                                : 2 * aligned_size(size_t(shard) * sizeof(float));
   if (zero) m[MemoryTag::comm] += aligned_size(size_t(shard) * sizeof(float));
   // ZeRO-2 and 3: the reduced gradients' shard beside the store's unit slots.
   if (zero && config.parallel.zero >= 2)
@@ -201,7 +207,7 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
       2 * size_t(tc.grad_accum_steps) *
           aligned_size(size_t(tc.micro_batch_size * tc.seq_len) * sizeof(int32_t)) +
       TrainStep::scalar_bytes();
-  m[MemoryTag::workspace] += aligned_size(size_t(kernel_scratch));
+  m[MemoryTag::workspace] += aligned_size(size_t(kernel_scratch)) + muon.scratch;
   // One attention call runs at a time, so its workspace is held once, however many blocks.
   if (attention_workspace > 0) {
     m.attention = aligned_size(size_t(attention_workspace));

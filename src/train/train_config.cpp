@@ -21,6 +21,7 @@ constexpr std::array<const char*, 2> kPrecisionNames = {"fp32", "bf16"};
 constexpr std::array<const char*, 3> kCommNames = {"auto", "mpi", "nccl"};
 constexpr std::array<const char*, 2> kOnNonfiniteNames = {"stop", "skip"};
 constexpr std::array<const char*, 2> kScheduleNames = {"1f1b", "gpipe"};
+constexpr std::array<const char*, 2> kOptimizerNames = {"adamw", "muon"};
 
 }  // namespace
 
@@ -33,6 +34,7 @@ const char* comm_name(CommKind comm, BackendKind backend) {
   return enum_name(comm);
 }
 const char* enum_name(OnNonfinite value) { return kOnNonfiniteNames[int(value)]; }
+const char* enum_name(OptimizerKind value) { return kOptimizerNames[int(value)]; }
 const char* enum_name(LrDecay value) { return kLrDecayNames[int(value)]; }
 const char* enum_name(PipelineSchedule value) { return kScheduleNames[int(value)]; }
 const char* enum_name(NormStatistic value) { return kNormStatisticNames[int(value)]; }
@@ -100,6 +102,14 @@ AdamWConfig OptimizerConfig::adamw() const {
   c.beta2 = float(beta2);
   c.eps = float(eps);
   c.weight_decay = float(weight_decay);
+  return c;
+}
+
+MuonConfig OptimizerConfig::muon() const {
+  MuonConfig c;
+  c.momentum = float(muon_momentum);
+  c.nesterov = muon_nesterov;
+  c.ns_steps = int(muon_ns_steps);
   return c;
 }
 
@@ -311,8 +321,13 @@ std::vector<ConfigKey> build_schema() {
   s.push_back(integer_key("training.eval_batches", FIELD(training.eval_batches), greater(0),
                           "validation batches per evaluation"));
   // [optimizer]
-  s.push_back(
-      number_key("optimizer.lr", FIELD(optimizer.lr), greater(0), "peak learning rate (AdamW)"));
+  s.push_back(choice_key("optimizer.name", FIELD(optimizer.name), kOptimizerNames,
+                         "adamw (every parameter), or muon: Muon for every 2-D weight of the "
+                         "blocks (each bottleneck factor on its own), AdamW (beta1, beta2, eps) "
+                         "for the embedding, the LM head and the 1-D parameters"));
+  s.push_back(number_key("optimizer.lr", FIELD(optimizer.lr), greater(0),
+                         "peak learning rate (both optimizers; Muon's updates are scaled to "
+                         "AdamW's RMS, 0.2·sqrt(max(rows, columns)))"));
   s.push_back(number_key("optimizer.weight_decay", FIELD(optimizer.weight_decay), at_least(0),
                          "decoupled weight decay (not on norms and embeddings)"));
   s.push_back(number_key(
@@ -322,6 +337,12 @@ std::vector<ConfigKey> build_schema() {
       "optimizer.beta2", [](auto& c) -> auto& { return c.optimizer.beta2; }, half_open(0, 1),
       "AdamW second-moment decay"));
   s.push_back(number_key("optimizer.eps", FIELD(optimizer.eps), greater(0), "AdamW epsilon"));
+  s.push_back(number_key("optimizer.muon_momentum", FIELD(optimizer.muon_momentum),
+                         half_open(0, 1), "Muon's momentum"));
+  s.push_back(bool_key("optimizer.muon_nesterov", FIELD(optimizer.muon_nesterov),
+                       "Muon's Nesterov momentum (the update is G + momentum·B, else B)"));
+  s.push_back(integer_key("optimizer.muon_ns_steps", FIELD(optimizer.muon_ns_steps), closed(1, 100),
+                          "Newton-Schulz iterations of Muon's orthogonalisation"));
   // [lr_scheduler]
   s.push_back(integer_key("lr_scheduler.warmup_steps", FIELD(lr_scheduler.warmup_steps),
                           at_least(0), "linear warmup steps from 0 to optimizer.lr"));

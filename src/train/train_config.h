@@ -16,6 +16,7 @@
 #include "parallel/tp_layout.h"
 #include "pipeline/schedule.h"  // PipelineSchedule; TOML: "1f1b", "gpipe"
 #include "train/adamw.h"
+#include "train/muon.h"
 #include "train/lr_schedule.h"  // LrDecay
 
 namespace bottle {
@@ -61,14 +62,23 @@ struct TrainingConfig {
   int64_t eval_batches = 8;
 };
 
+// optimizer.name: AdamW for every parameter, or Muon for the blocks' matrices (train/muon.h).
+enum class OptimizerKind { adamw, muon };
+const char* enum_name(OptimizerKind value);
+
 struct OptimizerConfig {
+  OptimizerKind name = OptimizerKind::adamw;
   double lr = 3e-4;
   double weight_decay = 0.1;
   double beta1 = 0.9;
   double beta2 = 0.95;
   double eps = 1e-8;
+  double muon_momentum = 0.95;
+  bool muon_nesterov = true;
+  int64_t muon_ns_steps = 5;
 
   AdamWConfig adamw() const;
+  MuonConfig muon() const;
 };
 
 struct LrSchedulerConfig {
@@ -144,6 +154,7 @@ struct TrainConfig {
   ParallelConfig parallel;
 
   AdamWConfig adamw() const { return optimizer.adamw(); }
+  MuonConfig muon() const { return optimizer.muon(); }
   // Tokens consumed by one optimizer step over all data-parallel ranks.
   int64_t tokens_per_step() const {
     return training.micro_batch_size * training.seq_len * training.grad_accum_steps * parallel.dp;

@@ -6,7 +6,8 @@
 //   scaled by 1/micro-batches) → the tied embedding's gradient over the first and last
 //   stage → the DP gradient reduction (or ZeRO-1's reduce-scatter) → the global gradient
 //   norm over TP, PP and DP → the non-finite check (training.on_nonfinite) → clipping to
-//   training.max_norm → AdamW at the schedule's learning rate → ZeRO-1's all-gather.
+//   training.max_norm → the optimizer (optimizer.name) at the schedule's learning rate →
+//   ZeRO-1's all-gather.
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -14,7 +15,7 @@
 #include "core/arena.h"
 #include "model/llama.h"
 #include "pipeline/schedule.h"
-#include "train/adamw.h"
+#include "train/optimizer.h"
 #include "train/data_parallel.h"
 #include "train/lr_schedule.h"
 #include "train/train_config.h"
@@ -54,6 +55,10 @@ void reduce_device_scalar(Backend& be, Communicator* group, Tensor value, Tensor
 // exceeds max_norm > 0, else 1.
 float clip_factor(double grad_norm, double max_norm);
 
+// optimizer.name's optimizer for `model`'s parameters, of which it updates what `shard` owns.
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, const LlamaModel& model,
+                                          const ShardLayout& shard);
+
 // The learning-rate schedule of a configuration (lr_scheduler.* over training.steps).
 LrSchedule lr_schedule_of(const TrainConfig& config);
 
@@ -76,7 +81,7 @@ int64_t dp_bucket_bytes(const TrainConfig& config);
 TrainConfig bench_step_config(TrainConfig config);
 
 // Everything one optimizer step touches on this rank: the model of its TP rank and pipeline
-// stage, the DP reduction, AdamW, the learning-rate schedule, the pipeline schedule of
+// stage, the DP reduction, the optimizer, the learning-rate schedule, the pipeline schedule of
 // training.grad_accum_steps micro-batches, and their token buffers.
 class TrainStep {
  public:
@@ -90,7 +95,7 @@ class TrainStep {
 
   LlamaModel& model() { return *model_; }
   const LlamaModel& model() const { return *model_; }
-  AdamW& optimizer() { return *optimizer_; }
+  Optimizer& optimizer() { return *optimizer_; }
   const DataParallel& data_parallel() const { return *data_parallel_; }
   DataParallel& data_parallel() { return *data_parallel_; }
   int micro_batches() const { return micro_batches_; }
@@ -144,7 +149,7 @@ class TrainStep {
   // Tied embeddings over a pipeline: the first and the last stage, which each hold the table.
   std::unique_ptr<Communicator> embedding_group_;
   std::unique_ptr<DataParallel> data_parallel_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
   LrSchedule schedule_;
   // The step's scalars, one f64 each, in the backend's memory (the host reads the first
   // kHostScalars at the step's end).

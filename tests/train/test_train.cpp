@@ -591,6 +591,55 @@ TEST_F(Train, ResumeIntoAnotherModelShape) {
   EXPECT_TRUE(entries_with_prefix(dir / "run", ".tmp-").empty());
 }
 
+// Issue 58: Muon (optimizer.name = "muon") resumes bit for bit, its checkpoint names its state
+// (each matrix's momentum_buffer, AdamW's moments for the embedding and the 1-D parameters
+// alone), and a run resumed under the other optimizer is refused naming both, while
+// --init-from takes the weights alone.
+TEST_F(Train, MuonResumeIsBitExactAndNamesItsState) {
+  ASSERT_NO_FATAL_FAILURE(resume_matches(
+      *this, dir / "a", dir / "b", "--set lr_scheduler.decay=constant --set optimizer.name=\"muon\"",
+      10, 20));
+  const Metrics m = read_metrics(dir / "a/metrics.jsonl");
+  EXPECT_LT(m.steps.back().loss, m.steps.front().loss - 0.5);
+  std::ifstream in(dir / "a/step_00000020/checkpoint_index.json");
+  const std::string index((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto j = nlohmann::json::parse(index);
+  EXPECT_EQ(j.at("metadata").at("optimizer"), "muon") << index;
+  const auto& tensors = j.at("tensors");
+  for (const char* name : {"momentum_buffer/model.layers.0.self_attn.q_proj.A.weight",
+                           "momentum_buffer/model.layers.1.mlp.down_proj.B.weight",
+                           "exp_avg/model.embed_tokens.weight", "exp_avg_sq/model.norm.weight",
+                           "exp_avg/model.layers.0.input_layernorm.weight"})
+    EXPECT_TRUE(tensors.contains(name)) << name << " missing from " << index;
+  for (const char* name : {"exp_avg/model.layers.0.self_attn.q_proj.A.weight",
+                           "momentum_buffer/model.embed_tokens.weight",
+                           "momentum_buffer/model.norm.weight"})
+    EXPECT_FALSE(tensors.contains(name)) << name << " in " << index;
+}
+
+TEST_F(Train, ResumingUnderTheOtherOptimizerIsRefused) {
+  for (const auto& [saved, other] : {std::pair{"adamw", "muon"}, std::pair{"muon", "adamw"}}) {
+    const std::string folder = dir / saved;
+    const CommandResult first = train(fmt::format(
+        "{} --set training.steps=5 --set optimizer.name=\"{}\"", folder_arg(folder), saved));
+    ASSERT_EQ(first.status, 0) << first.output;
+    const CommandResult r = train(fmt::format(
+        "{} --set training.steps=10 --set optimizer.name=\"{}\" --resume", folder_arg(folder), other));
+    expect_error(r, {saved, other, "optimizer.name", "--init-from"});
+    EXPECT_FALSE(fs::exists(folder + "/step_00000010")) << r.output;
+    const CommandResult from =
+        train(fmt::format("{} --set training.steps=2 --set optimizer.name=\"{}\" --init-from "
+                          "{}/step_00000005",
+                          folder_arg(dir / (std::string(saved) + "_init")), other, folder));
+    EXPECT_EQ(from.status, 0) << from.output;
+  }
+}
+
+TEST_F(Train, MuonUnderZeroIsRefused) {
+  const CommandResult r = train("--set optimizer.name=\"muon\" --set parallel.zero=1 --set parallel.dp=2");
+  expect_error(r, {"optimizer.name", "muon", "parallel.zero = 1"});
+}
+
 // Issue 29, rule 7: a resume continues the same run. What changes the meaning of the saved data
 // position (the batch shape, the seed, the data) or of the weights (the tokenizer) is refused
 // naming the key, both values and the way forward; the same shards under another path are

@@ -1,0 +1,124 @@
+#pragma once
+// Muon (Keller Jordan, 2024; Moonshot's Moonlight, 2025) for the blocks' matrices, AdamW for
+// the rest (docs/design.md §9a). For a weight W of shape (m, n) and its clipped gradient G:
+//   B ← μ·B + G;   U ← G + μ·B (nesterov) or B
+//   X ← U / max(‖U‖_F, 1e-7)
+//   ns_steps times: A ← X·Xᵀ;  X ← 3.4445·X + (−4.7750·A + 2.0315·A·A)·X
+//   W ← W − lr·wd·W − lr·0.2·√max(m, n)·X
+// with the Gram matrix A taken on the small side (X transposed when m > n), as the reference
+// does; (X·Xᵀ)ᵏ·X = X·(Xᵀ·X)ᵏ, so either side gives the same X in exact arithmetic. This is
+// torch.optim.Muon with adjust_lr_fn = "match_rms_adamw" (its momentum is an average, μ·B +
+// (1 − μ)·G, which scales U alone, and the normalisation removes the scale).
+//
+// Every factor of a bottleneck is a matrix of its own, as the checkpoint names it: QKV's three
+// down-projections are three orthogonalisations, whatever the grouping of the GEMMs.
+//
+// The update never depends on how a matrix is split over the TP group:
+// - split along its larger side (btp's factors, full-rank TP's MLP weights): each rank holds a
+//   slab of X along that side, and the Gram matrix on the other side, u × u, is the sum of the
+//   slabs' Gram matrices: one all-reduce per iteration over the TP group, every Gram-split
+//   matrix of the stage in one call; the Frobenius norms likewise, in one call before;
+// - split along its smaller side or square (vanilla TP's factors, full-rank TP's attention
+//   weights): the Gram matrix would be the large side's, so the matrix is gathered instead (one
+//   all-gather of its U) and every TP rank runs the whole iteration, Megatron's "duplicated"
+//   mode, keeping its own slice of X.
+// Nothing of this runs under ZeRO 1–3 yet: the configuration refuses it (config_loader.cpp).
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "comm/communicator.h"
+#include "core/arena.h"
+#include "model/parameters.h"
+#include "train/adamw.h"
+#include "train/optimizer.h"
+
+namespace bottle {
+
+// The optimizer.muon_* keys' values (TrainConfig::muon()).
+struct MuonConfig {
+  float momentum = 0.95f;
+  bool nesterov = true;
+  int ns_steps = 5;
+};
+
+// The quintic Newton–Schulz coefficients of Keller Jordan's Muon.
+inline constexpr float kNewtonSchulzA = 3.4445f, kNewtonSchulzB = -4.7750f,
+                       kNewtonSchulzC = 2.0315f;
+
+// The bytes Muon holds for a store laid out like `params` (the memory plan's): its state, the
+// matrices' momentum and AdamW's moments for the rest (optimizer), and the iteration's
+// scratch (workspace).
+struct MuonMemory {
+  size_t state = 0, scratch = 0;
+};
+MuonMemory muon_memory(const ParameterStore& params, int tp_size);
+
+class Muon : public Optimizer {
+ public:
+  // The matrices of `params` take Muon, every other parameter `adamw`; tp: the model's TP group
+  // (null: one rank), over which the matrices are split.
+  Muon(const ParameterStore& params, const MuonConfig& config, const AdamWConfig& adamw,
+       Communicator* tp);
+  // The roles AdamW takes beside it.
+  static const std::vector<ParamRole>& adamw_roles();
+
+  const char* name() const override { return "muon"; }
+  // The matrices' gradients become their orthogonalised updates in place.
+  void step(Backend& be, const ParameterStore& params, float lr, Tensor control,
+            Tensor grad_shard = {}) override;
+  size_t bytes() const override { return state_arena_.bytes() + adamw_.bytes(); }
+  // AdamW's "exp_avg/" and "exp_avg_sq/" (its parameters) and "momentum_buffer/" (the
+  // matrices).
+  std::vector<FlatSource> held_state() const override;
+
+  // How a matrix runs the iteration (see the file comment).
+  enum class Split { whole, gram, gather };
+  struct Matrix {
+    int64_t offset = 0;              // in the flat buffers
+    int64_t rows = 0, cols = 0;      // this rank's slice
+    int64_t full_rows = 0, full_cols = 0;
+    int shard_dim = -1;              // the split dimension (-1: whole)
+    Split split = Split::whole;
+    int64_t state = 0;               // where its momentum starts
+    int64_t gram = 0;                // where its Gram matrix starts in the Gram scratch
+    bool decays = true;              // takes optimizer.weight_decay (declared with it)
+    int64_t count() const { return rows * cols; }
+    // Whether its Gram matrix is X·Xᵀ (rows × rows) rather than Xᵀ·X.
+    bool left_gram() const;
+    int64_t gram_side() const;  // u: the Gram matrix is u × u
+  };
+  // The matrices of a store, in flat order, as this optimizer lays them out.
+  static std::vector<Matrix> plan(const ParameterStore& params, int tp_size);
+
+ private:
+  // The Gram-split and whole matrices, all together: their norms, then each iteration's Gram
+  // matrices (one all-reduce for the Gram-split ones), then their polynomial steps.
+  void orthogonalise_local(Backend& be, Tensor grads);
+  // A gathered matrix by itself: its U gathered over the TP group, the whole iteration, its own
+  // slice of X kept. x: [rows, cols] its U in place.
+  void orthogonalise_gathered(Backend& be, const Matrix& m, Tensor x);
+  // One polynomial step of X [rows, cols] in place, its Gram matrix `gram` [u, u] given.
+  void polynomial_step(Backend& be, Tensor x, Tensor gram, int64_t rows, int64_t cols, bool left);
+
+  MuonConfig config_;
+  AdamWConfig adamw_config_;
+  AdamW adamw_;  // the embedding, the LM head and the 1-D parameters
+  Communicator* tp_;
+  std::vector<Matrix> matrices_;  // Gram-split first, then whole, then gathered (flat order)
+  int64_t gram_count_ = 0;        // matrices_[0, gram_count_) are Gram-split
+  int64_t local_count_ = 0;       // matrices_[0, local_count_) are Gram-split or whole
+  int64_t gram_elements_ = 0;     // the Gram-split matrices' Gram matrices end to end
+  Arena state_arena_, scratch_arena_;
+  Tensor momentum_;  // [Σ matrix elements] the matrices' momentum buffers end to end
+  Tensor grams_;     // [Σ u²] the Gram matrices of the Gram-split and whole matrices (at least
+                     // a gathered matrix's, which reuses the start)
+  Tensor poly_;      // [max u²] b·A + c·A·A
+  Tensor spare_;     // [max elements of a matrix, whole] the iteration's other buffer
+  Tensor gathered_;  // [max elements of a gathered matrix, whole] its slices, rank after rank
+  Tensor whole_;     // [same] a column-split matrix put together
+  Tensor norms_;     // f64 [matrices] their squared Frobenius norms
+  Tensor norms32_;   // f32 [matrices] the same, as the all-reduce and muon_normalize take them
+};
+
+}  // namespace bottle
