@@ -17,7 +17,8 @@ double memory_seconds(const ClusterSpec& c, double bytes) {
 }  // namespace
 
 bool is_tail_kernel(const std::string& kernel) {
-  return kernel == "adamw_update" || kernel == "sum_squares" || kernel == "scale";
+  return kernel == "adamw_update" || kernel == "sum_squares" || kernel == "scale" ||
+         kernel.starts_with("muon_");
 }
 
 double gemm_seconds(const ClusterSpec& c, const GemmShape& g) {

@@ -21,6 +21,7 @@ namespace {
 // gradients, the tied embedding's), which belong to its tail.
 struct CallSeconds {
   double first = 0, recompute = 0, sends = 0, tail = 0;
+  double optimizer = 0;  // the optimizer's own (Muon's Gram all-reduces and gathers)
 };
 
 // Where a group of the dry run sits among the world's ranks: rank r of it is world rank
@@ -48,6 +49,8 @@ CallSeconds price_calls(const ClusterSpec& c, const std::map<CallShape, int64_t>
     const double t = double(count) * call_seconds(c, call, place);
     if (call.kind == Collective::send || call.kind == Collective::recv)
       s.sends += t;
+    else if (call.site.starts_with(kOptimizerPhase))
+      s.optimizer += t;
     else if (whole_group_is_tail || once_per_step(call))
       s.tail += t;
     else if (call.recompute)
@@ -355,7 +358,12 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     const StageCounts counts = dry_run_stage(config, s);
     StageTime t{};
     for (const auto& [phase, ops] : counts.ops) {
-      (phase.empty() ? t.compute : t.recompute) += ops_seconds(cluster, ops, false, bf16);
+      // The optimizer's work (Muon's GEMMs included) is all tail.
+      const double body = ops_seconds(cluster, ops, false, bf16);
+      if (phase == kOptimizerPhase)
+        t.tail_compute += body;
+      else
+        (phase.empty() ? t.compute : t.recompute) += body;
       t.tail_compute += ops_seconds(cluster, ops, true, bf16);
     }
     // This stage's TP rank 0 of DP replica 0 is world rank s · tp · dp (process_groups.h).
@@ -386,6 +394,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
       t.tp += t.tp_contention;
     }
     t.p2p = pp.sends;
+    t.tail_compute += tp.optimizer;
     t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
     const DpOverlap dp_overlap =
         dp_overlap_seconds(cluster, p, m, counts.calls.at("dp"), {stage_base, dp_stride},

@@ -104,7 +104,7 @@ class Muon : public Optimizer {
   MuonConfig config_;
   AdamWConfig adamw_config_;
   AdamW adamw_;  // the embedding, the LM head and the 1-D parameters
-  Communicator* tp_;
+  Communicator* tp_;  // null for one rank
   std::vector<Matrix> matrices_;  // Gram-split first, then whole, then gathered (flat order)
   int64_t gram_count_ = 0;        // matrices_[0, gram_count_) are Gram-split
   int64_t local_count_ = 0;       // matrices_[0, local_count_) are Gram-split or whole

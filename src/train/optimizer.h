@@ -28,6 +28,11 @@ enum class ParamRole {
 ParamRole param_role(const ParamSpec& spec);
 const char* param_role_name(ParamRole role);
 
+// The phase (Communicator::set_phase) of the TP group while the optimizer steps: its
+// collectives' sites read "optimizer.tp.muon_gram", and a dry run counts its kernels apart, as
+// the step's tail (`bottle plan`).
+inline constexpr const char* kOptimizerPhase = "optimizer.";
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;

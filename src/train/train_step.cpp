@@ -225,7 +225,10 @@ StepResult TrainStep::step(int64_t step) {
   be_.clip_and_check(control_, scalar(kLoss), scalar(kNorm), max_norm);
   r.lr = schedule_.at(step);
   updating_ = true;
-  optimizer_->step(be_, model_->parameters(), r.lr, control_, data_parallel_->grad_shard());
+  {
+    const CommPhase phase(model_->tensor_parallel().comm, kOptimizerPhase);
+    optimizer_->step(be_, model_->parameters(), r.lr, control_, data_parallel_->grad_shard());
+  }
   data_parallel_->gather_parameters(be_);
   updating_ = false;
   // The step's collectives end (a device communicator's, waited for with its peers' errors
