@@ -25,6 +25,45 @@ llm.c-shard readers, no third-party package beyond torch and numpy. Run it with
       the forward and loss through torch.compile, compiled in an untimed first step; if
       compiling fails, the JSON says compile_failed and compile_error (its first line) and
       the times are eager ones.
+  --checkpoint DIR --data SHARD --batch B --seq S --train --steps N --out OUT.safetensors
+           [--dtype f64|f32] [--optimizer adamw|muon] [--lr 3e-4] [--weight-decay 0.1]
+           [--beta1 0.9] [--beta2 0.95] [--eps 1e-8] [--max-norm 1.0] [--warmup-steps 0]
+           [--decay cosine|linear|constant] [--min-lr-ratio 0.1] [--seed 1234] [--no-shuffle]
+           [--grad-accum M] [--on-nonfinite stop|skip] [--muon-momentum 0.95]
+           [--muon-nesterov true|false] [--muon-ns-steps 5] [--jitter J]
+      N optimizer steps of `bottle train` from the checkpoint's weights, on one process, with
+      the defaults of bottle's TOML keys (optimizer.*, lr_scheduler.*, training.max_norm,
+      .seed, .grad_accum_steps, .on_nonfinite; --muon-* are the Muon group's settings). The
+      optimizer's and the schedule's settings are rounded to fp32 first, as bottle holds
+      them (max_norm stays a double, as bottle's does). Per step, as TrainStep::step does
+      (docs/design.md §9):
+        batches: the windows of SHARD in bottle's TokenLoader order (window k is tokens
+          [k*B*S, k*B*S + B*S + 1); each epoch a Fisher-Yates permutation keyed by
+          (seed, epoch, 0) from splitmix64, or in order with --no-shuffle), M per step;
+        loss: mean cross-entropy, each micro-batch's gradient scaled by 1/M;
+        the global gradient norm (squares summed in float64); a non-finite loss or norm
+          stops with an error, or with --on-nonfinite skip leaves everything as it was
+          (the optimizer's step count included);
+        clipping: gradients times max_norm / (norm + 1e-6) when norm > max_norm (> 0);
+        the rate of lr_scheduler at the 0-based step (warmup ramp, then decay);
+        adamw: decoupled weight decay p -= lr*(m_hat/(sqrt(v_hat) + eps) + wd*p), none on
+          the embedding table, the norms and LaX's LN_r (lm_head and G decay);
+        muon: every 2-D weight of model.layers.* (W, A, B, G) takes Muon (Moonlight's
+          variant, torch.optim.Muon with adjust_lr_fn="match_rms_adamw"): buf = mu*buf + g,
+          u = g + mu*buf (nesterov) or buf, X = u/max(|u|_F, 1e-7) (transposed when rows >
+          cols), ns_steps of X = a*X + (b*A + c*A*A)*X with A = X*X^T and (a, b, c) =
+          (3.4445, -4.7750, 2.0315), then W -= lr*wd*W + lr*0.2*sqrt(max(rows, cols))*X;
+          the rest (embedding, lm_head, 1-D parameters) takes the AdamW above.
+      Both optimizers are written here in plain torch ops (not torch.optim). --jitter J > 0
+      first moves every weight of the checkpoint one fp32 ulp up or down at random (seed J):
+      another fp32 trajectory, to measure how far rounding alone carries one. Writes
+      OUT.safetensors: every parameter's final value (F32, the checkpoint's names) and the
+      metadata "losses", "grad_norms", "lrs", "skipped" (JSON lists, one entry per step; a
+      step's loss is its batch's before the update, as metrics.jsonl's "loss") and
+      "optimizer", "dtype", "steps".
+  --self-test
+      checks of the oracle itself: Newton-Schulz's singular values, AdamW's first step, the
+      data order's permutations.
 Errors print one line on stderr, naming the file at fault, and exit 1.
 """
 import argparse, ctypes, inspect, json, math, os, statistics, struct, sys, time
@@ -229,7 +268,8 @@ def param_shapes(c):
     return s
 
 
-def load_checkpoint(ckpt, dtype):
+def load_checkpoint(ckpt, dtype, jitter=0):
+    """jitter > 0: every weight moved one fp32 ulp up or down, at random from that seed."""
     c = load_config(ckpt)
     path = os.path.join(ckpt, "model.safetensors")
     raw = read_safetensors(path)
@@ -242,6 +282,11 @@ def load_checkpoint(ckpt, dtype):
     extra = [n for n in raw if n not in want and not n.endswith("rotary_emb.inv_freq")]
     if extra:
         raise RefError(f"{path}: unexpected tensor {extra[0]} for config {c.path}")
+    if jitter:
+        rng = np.random.default_rng(jitter)
+        for n in want:
+            away = np.where(rng.random(raw[n].shape) < 0.5, -np.inf, np.inf).astype(np.float32)
+            raw[n] = np.nextafter(raw[n], away)
     params = {n: torch.tensor(raw[n], dtype=dtype).requires_grad_() for n in want}
     return c, params
 
@@ -513,6 +558,255 @@ def mode_bench(a, dtype):
     print(json.dumps(out))
 
 
+# ---------------------------------------------------------------- training (--train)
+# bottle's data order (src/train/data_loader.cpp), written afresh: splitmix64, its three-word
+# hash and Lemire's unbiased draw, over Python integers cut to 64 bits.
+MASK64 = (1 << 64) - 1
+
+
+def splitmix64(state):
+    """Advances state[0] and returns the next output, as bottle's splitmix64."""
+    state[0] = (state[0] + 0x9E3779B97F4A7C15) & MASK64
+    z = state[0]
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK64
+    return z ^ (z >> 31)
+
+
+def hash3(a, b, c):
+    s = [a & MASK64]
+    s = [splitmix64(s) ^ b]
+    s = [splitmix64(s) ^ c]
+    return splitmix64(s)
+
+
+def below(state, n):
+    """Uniform in [0, n): multiply-and-reject on the top 64 bits of a 128-bit product."""
+    m = splitmix64(state) * n
+    if (m & MASK64) < n:
+        threshold = ((1 << 64) - n) % n
+        while (m & MASK64) < threshold:
+            m = splitmix64(state) * n
+    return m >> 64
+
+
+def permutation(n, shuffle, key):
+    p = list(range(n))
+    if shuffle:
+        state = [key]
+        for i in range(n, 1, -1):
+            j = below(state, i)
+            p[i - 1], p[j] = p[j], p[i - 1]
+    return p
+
+
+class Windows:
+    """The windows one process reads of one shard, epoch after epoch: stream element k is
+    window window_order(epoch)[k mod W] of epoch k div W (W windows an epoch). One shard's
+    order of shards is the identity, so only the windows are permuted, keyed by
+    (seed, epoch, file 0)."""
+
+    def __init__(self, count, per_batch, seed, shuffle):
+        self.W, self.seed, self.shuffle, self.orders = (count - 1) // per_batch, seed, shuffle, {}
+
+    def __getitem__(self, k):
+        epoch, g = divmod(k, self.W)
+        if epoch not in self.orders:
+            self.orders[epoch] = permutation(self.W, self.shuffle, hash3(self.seed, epoch, 0))
+        return self.orders[epoch][g]
+
+
+def f32(x):
+    """A hyperparameter as bottle holds it (a float)."""
+    return float(np.float32(x))
+
+
+def lr_at(a, step):
+    """bottle's LrSchedule::at (src/train/lr_schedule.cpp) for 0-based `step`: the warmup ramp
+    in float, the decay's shape in double, the rate rounded to float."""
+    lr = np.float32(a.lr)
+    if step < a.warmup_steps:
+        return float(lr * np.float32(step + 1) / np.float32(a.warmup_steps))
+    if a.decay == "constant":
+        return float(lr)
+    span = max(1, a.steps - a.warmup_steps - 1)
+    progress = min(max((step - a.warmup_steps) / span, 0.0), 1.0)
+    shape = 1.0 - progress if a.decay == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+    min_lr = float(lr) * f32(a.min_lr_ratio)
+    return float(np.float32(min_lr + (float(lr) - min_lr) * shape))
+
+
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def newton_schulz(u, steps):
+    """Muon's approximate orthogonalisation of a matrix: singular values pushed towards 1."""
+    x = u / torch.clamp(torch.linalg.norm(u), min=1e-7)
+    tall = x.shape[0] > x.shape[1]
+    if tall:
+        x = x.T
+    a, b, c = NS_COEFFICIENTS
+    for _ in range(steps):
+        g = x @ x.T
+        x = a * x + (b * g + c * (g @ g)) @ x
+    return x.T if tall else x
+
+
+def decays(name):
+    """bottle's ParamSpec::weight_decay: off for the embedding table, the norms and LN_r."""
+    return not (name == "model.embed_tokens.weight" or
+                name.endswith(("norm.weight", ".ln.weight", ".ln.bias")))
+
+
+def uses_muon(name, p):
+    """Muon's group: every 2-D weight inside the blocks (W, A, B, G); the rest is AdamW's."""
+    return name.startswith("model.layers.") and p.dim() == 2
+
+
+class Optimizer:
+    """AdamW (bottle's adamw_step) and, with muon, Muon on its group; state zero at start."""
+
+    def __init__(self, a, params):
+        self.a, self.params, self.step_count = a, params, 0
+        self.muon = {n for n, p in params.items() if a.optimizer == "muon" and uses_muon(n, p)}
+        self.state = {n: (torch.zeros_like(p),) if n in self.muon else
+                      (torch.zeros_like(p), torch.zeros_like(p)) for n, p in params.items()}
+
+    @torch.no_grad()
+    def step(self, lr, scale):
+        """One update with every gradient multiplied by `scale` (clipping) first."""
+        a = self.a
+        self.step_count += 1
+        b1, b2, eps, wd = f32(a.beta1), f32(a.beta2), f32(a.eps), f32(a.weight_decay)
+        c1, c2 = 1.0 / (1.0 - b1 ** self.step_count), 1.0 / (1.0 - b2 ** self.step_count)
+        for name, p in self.params.items():
+            g = p.grad * scale
+            if name in self.muon:
+                (buf,) = self.state[name]
+                mu = f32(a.muon_momentum)
+                buf.mul_(mu).add_(g)
+                u = g + mu * buf if a.muon_nesterov == "true" else buf
+                x = newton_schulz(u, a.muon_ns_steps)
+                p.sub_(lr * wd * p)
+                p.sub_(lr * 0.2 * math.sqrt(max(p.shape)) * x)
+                continue
+            m, v = self.state[name]
+            m.mul_(b1).add_((1.0 - b1) * g)
+            v.mul_(b2).add_((1.0 - b2) * g * g)
+            update = (m * c1) / (torch.sqrt(v * c2) + eps)
+            p.sub_(lr * (update + (wd if decays(name) else 0.0) * p))
+
+
+def mode_train(a, dtype):
+    c, params = load_checkpoint(a.checkpoint, dtype, a.jitter)
+    model, tokens = Model(c, params, a.seq, dtype), read_shard(a.data)
+    per_batch = a.batch * a.seq
+    if len(tokens) < per_batch + 1:
+        raise RefError(f"{a.data}: {len(tokens)} tokens, too few for one window of {per_batch} + 1")
+    windows = Windows(len(tokens), per_batch, a.seed, not a.no_shuffle)
+    opt = Optimizer(a, params)
+    max_norm = a.max_norm
+    losses, norms, lrs, skipped = [], [], [], []
+    k = 0  # the next stream element
+    for step in range(a.steps):
+        for p in params.values():
+            p.grad = None
+        loss = 0.0
+        for _ in range(a.grad_accum):
+            x, y = get_batch(tokens, windows[k], a.batch, a.seq, c.V, a.data)
+            k += 1
+            micro = model.loss(model.forward(x), y)
+            (micro / a.grad_accum).backward()
+            loss += float(micro)
+        loss /= a.grad_accum
+        norm = math.sqrt(sum(float(p.grad.double().pow(2).sum()) for p in params.values()))
+        lr = lr_at(a, step)
+        finite = math.isfinite(loss) and math.isfinite(norm)
+        if not finite and a.on_nonfinite == "stop":
+            raise RefError(f"step {step + 1}: the loss is {loss} (grad norm {norm}); stopping")
+        if finite:
+            scale = f32(max_norm / (norm + 1e-6)) if 0 < max_norm < norm else 1.0
+            opt.step(lr, scale)
+        losses.append(loss), norms.append(norm), lrs.append(lr), skipped.append(not finite)
+    meta = {"losses": json.dumps(losses), "grad_norms": json.dumps(norms), "lrs": json.dumps(lrs),
+            "skipped": json.dumps(skipped), "optimizer": a.optimizer, "dtype": a.dtype,
+            "steps": a.steps}
+    write_safetensors(a.out, {n: p.detach() for n, p in params.items()}, meta)
+
+
+def mode_self_test():
+    """Checks of the pieces the C++ trajectory test cannot single out; exits 1 on a failure."""
+    failures = []
+
+    def check(ok, what):
+        print(("ok   " if ok else "FAIL ") + what)
+        if not ok:
+            failures.append(what)
+
+    g = torch.Generator().manual_seed(3)
+    for shape in ((48, 32), (32, 48), (8, 8)):
+        u = torch.randn(shape, generator=g, dtype=torch.float64)
+        x = newton_schulz(u, 5)
+        # An odd matrix polynomial keeps u's singular vectors: U^T x V is diagonal, and the
+        # quintic's band leaves its entries (x's singular values) within ~[0.68, 1.13].
+        uu, _, vt = torch.linalg.svd(u, full_matrices=False)
+        core = uu.T @ x @ vt.T
+        sv = core.diagonal()
+        off = float((core - torch.diag(sv)).abs().max())
+        check(x.shape == u.shape and float(sv.min()) > 0.6 and float(sv.max()) < 1.2 and off < 1e-9,
+              f"Newton-Schulz on {list(shape)}: singular values in [{float(sv.min()):.3f}, "
+              f"{float(sv.max()):.3f}] (want within [0.6, 1.2]), off the singular vectors "
+              f"{off:.1e}")
+    # AdamW's first step: bias correction makes it lr * g / (|g| + eps) plus the decay.
+    a = SimpleNamespace(optimizer="adamw", beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1)
+    w0 = torch.randn((4, 3), generator=g, dtype=torch.float64)
+    params = {"lm_head.weight": w0.clone(), "model.norm.weight": torch.ones(3, dtype=torch.float64)}
+    for p in params.values():
+        p.grad = torch.randn(p.shape, generator=g, dtype=torch.float64)
+    grads = {n: p.grad.clone() for n, p in params.items()}
+    Optimizer(a, params).step(1e-2, 0.5)
+    for n, wd in (("lm_head.weight", f32(0.1)), ("model.norm.weight", 0.0)):
+        g0, p0 = grads[n] * 0.5, (w0 if n == "lm_head.weight" else torch.ones(3, dtype=torch.float64))
+        want = p0 - 1e-2 * (g0 / (g0.abs() + f32(1e-8)) + wd * p0)
+        err = float((params[n] - want).abs().max())
+        check(err < 1e-9, f"AdamW's first step of {n}: off by {err:.1e}")
+    # Muon's group: the blocks' matrices (W, A, B, G); AdamW keeps the embedding, lm_head and
+    # every vector (norms, LN_r's weight and bias).
+    for kind in ("none", "lax"):
+        c = parse_config({"hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 2,
+                          "num_attention_heads": 4, "vocab_size": 64,
+                          "bottleneck": {"kind": kind, "rank": 8}}, "self-test")
+        shapes = param_shapes(c)
+        muon = {n for n, sh in shapes.items() if uses_muon(n, torch.zeros(sh))}
+        want = {n for n in shapes if n.startswith("model.layers.") and
+                n.endswith(("_proj.weight", ".A.weight", ".B.weight", ".G.weight"))}
+        check(muon == want and len(muon) == (14 if kind == "none" else 35),
+              f"Muon's group for {kind}: {len(muon)} matrices, AdamW's {len(shapes) - len(muon)}")
+    # Muon's first step from a zero buffer: u = (1 + mu) g, whose direction NS normalises away.
+    a = SimpleNamespace(optimizer="muon", beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1,
+                        muon_momentum=0.95, muon_nesterov="true", muon_ns_steps=5)
+    w0 = torch.randn((48, 32), generator=g, dtype=torch.float64)
+    params = {"model.layers.0.mlp.gate_proj.weight": w0.clone()}
+    params["model.layers.0.mlp.gate_proj.weight"].grad = torch.randn((48, 32), generator=g,
+                                                                    dtype=torch.float64)
+    grad = params["model.layers.0.mlp.gate_proj.weight"].grad.clone()
+    Optimizer(a, params).step(1e-2, 1.0)
+    want = w0 - 1e-2 * f32(0.1) * w0 - 1e-2 * 0.2 * math.sqrt(48) * newton_schulz(grad, 5)
+    err = float((params["model.layers.0.mlp.gate_proj.weight"] - want).abs().max())
+    check(err < 1e-12, f"Muon's first step of a 48 x 32 matrix: off by {err:.1e}")
+    # The data order: a permutation of every window each epoch, different epochs differing,
+    # the identity without shuffling.
+    w = Windows(10 * 32 + 1, 32, 1234, True)
+    e0, e1 = [w[k] for k in range(10)], [w[k] for k in range(10, 20)]
+    check(sorted(e0) == list(range(10)) and sorted(e1) == list(range(10)) and e0 != e1,
+          f"shuffled windows: epoch 0 {e0}, epoch 1 {e1}")
+    check([Windows(10 * 32 + 1, 32, 1234, False)[k] for k in range(12)] == list(range(10)) + [0, 1],
+          "unshuffled windows in order, epoch after epoch")
+    sys.stdout.flush()
+    if failures:
+        raise RefError(f"self-test: {len(failures)} check(s) failed")
+
+
 def mode_create(a):
     if a.kind not in KINDS:
         raise RefError(f"--kind must be one of {KINDS}")
@@ -575,26 +869,54 @@ def main():
         ap.add_argument("--" + k, type=int)
     ap.add_argument("--kind", default="none"), ap.add_argument("--ranks")
     ap.add_argument("--tied", action="store_true"), ap.add_argument("--bf16", action="store_true")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int)  # --create's generator (0); --train's data order (1234)
     ap.add_argument("--mlp-gate-act", choices=("true", "false"))
+    ap.add_argument("--train", action="store_true"), ap.add_argument("--out", metavar="OUT")
+    ap.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw")
+    # bottle's defaults (src/train/train_config.h).
+    for k, v in (("lr", 3e-4), ("weight-decay", 0.1), ("beta1", 0.9), ("beta2", 0.95),
+                 ("eps", 1e-8), ("max-norm", 1.0), ("min-lr-ratio", 0.1), ("muon-momentum", 0.95)):
+        ap.add_argument("--" + k, type=float, default=v)
+    ap.add_argument("--warmup-steps", type=int, default=0)
+    ap.add_argument("--decay", choices=("cosine", "linear", "constant"), default="cosine")
+    ap.add_argument("--no-shuffle", action="store_true")
+    ap.add_argument("--grad-accum", type=int, default=1)
+    ap.add_argument("--on-nonfinite", choices=("stop", "skip"), default="stop")
+    ap.add_argument("--muon-nesterov", choices=("true", "false"), default="true")
+    ap.add_argument("--muon-ns-steps", type=int, default=5)
+    ap.add_argument("--jitter", type=int, default=0)
+    ap.add_argument("--self-test", action="store_true")
     a = ap.parse_args()
 
     a.blas = set_threads(max(a.threads, 1))
     dtype = torch.float64 if a.dtype == "f64" else torch.float32
     try:
+        if a.self_test:
+            return mode_self_test()
         if a.create:
+            a.seed = 0 if a.seed is None else a.seed
             missing = [k for k in ("hidden", "intermediate", "layers", "heads", "vocab") if getattr(a, k) is None]
             if missing:
                 ap.error("--create needs --" + ", --".join(missing))
             return mode_create(a)
-        if sum(map(bool, (a.dump, a.eval, a.bench))) != 1:
-            ap.error("choose exactly one of --create, --dump, --eval, --bench")
+        if sum(map(bool, (a.dump, a.eval, a.bench, a.train))) != 1:
+            ap.error("choose exactly one of --create, --dump, --eval, --bench, --train, --self-test")
         if not a.checkpoint or not a.data:
             ap.error("--checkpoint and --data are required")
         if min(a.batch, a.seq, a.batches, a.steps) <= 0 or a.warmup < 0:
             ap.error("--batch, --seq, --batches and --steps must be positive")
         if (a.device != "cpu" or a.compile) and not a.bench:
             ap.error("--device and --compile apply to --bench only")
+        if a.train:
+            if not a.out:
+                ap.error("--train needs --out")
+            if a.dtype not in ("f32", "fp32", "f64"):
+                ap.error("--train runs in f32 or f64")
+            if a.grad_accum <= 0 or a.muon_ns_steps < 0 or a.warmup_steps < 0 or a.max_norm < 0:
+                ap.error("--grad-accum must be positive; --muon-ns-steps, --warmup-steps and "
+                         "--max-norm must not be negative")
+            a.seed = 1234 if a.seed is None else a.seed
+            return mode_train(a, dtype)
         (mode_dump if a.dump else mode_eval if a.eval else mode_bench)(a, dtype)
     except RefError as e:
         print(f"torch_reference: {e}", file=sys.stderr)
