@@ -18,9 +18,9 @@
 // default, so a key bottle ignored would show. The checker itself must be able to fail: the
 // NegativeControl case gives bottle a weight decay 10% off the oracle's and expects it caught.
 //
-// The Muon rows set optimizer.name = "muon" and rely on bottle's defaults for Muon's own
-// settings being the specification's (momentum 0.95, Nesterov, 5 Newton-Schulz steps), which
-// the oracle uses. Until bottle has Muon they fail at the unknown key.
+// The Muon rows set Muon's own keys off their defaults too (momentum 0.9, 4 Newton-Schulz
+// steps; Nesterov momentum in all but the LaX row, which takes the plain buffer), given to the
+// oracle alike.
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -68,6 +68,19 @@ std::string case_name(const ::testing::TestParamInfo<TrajectoryCase>& info) {
 // GoogleTest prints a failed row's parameter with this rather than as bytes.
 void PrintTo(const TrajectoryCase& c, std::ostream* os) { *os << row_name(c); }
 
+// Muon's settings of a row: off their defaults, Nesterov but in the LaX row.
+bool is_muon(const TrajectoryCase& c) { return std::string(c.optimizer) == "muon"; }
+bool muon_nesterov(const TrajectoryCase& c) { return std::string(c.kind) != "lax"; }
+constexpr double kMuonMomentum = 0.9;
+constexpr int kMuonNsSteps = 4;
+
+// The [optimizer] section's Muon lines of a row ("" for AdamW's).
+std::string muon_keys(const TrajectoryCase& c) {
+  if (!is_muon(c)) return "";
+  return fmt::format("name = \"muon\"\nmuon_momentum = {}\nmuon_ns_steps = {}\nmuon_nesterov = {}\n",
+                     kMuonMomentum, kMuonNsSteps, muon_nesterov(c));
+}
+
 std::string toml(const TrajectoryCase& c, const Settings& s, const TempDir& dir) {
   const bool lowrank = std::string(c.kind) != "none";
   return fmt::format(
@@ -112,7 +125,7 @@ folder = "{}"
 plot = ""
 )",
       kVocab, c.kv_heads, c.kind, lowrank ? "rank = 8\n" : "", c.tied, kSteps, kBatch, kSeq, s.seed,
-      s.max_norm, std::string(c.optimizer) == "muon" ? "name = \"muon\"\n" : "", s.lr,
+      s.max_norm, muon_keys(c), s.lr,
       s.weight_decay, s.beta1, s.beta2, s.eps, s.warmup_steps, s.decay, s.min_lr_ratio,
       dir / "tokens.bin", dir / "run");
 }
@@ -125,7 +138,10 @@ std::string oracle_command(const TrajectoryCase& c, const Settings& s, const Tem
       "--max-norm {} --warmup-steps {} --decay {} --min-lr-ratio {} --seed {}",
       torch_reference(), dir / "model", dir / "tokens.bin", kBatch, kSeq, kSteps, out, dtype,
       jitter, c.optimizer, s.lr, s.weight_decay, s.beta1, s.beta2, s.eps, s.max_norm,
-      s.warmup_steps, s.decay, s.min_lr_ratio, s.seed);
+      s.warmup_steps, s.decay, s.min_lr_ratio, s.seed) +
+         (is_muon(c) ? fmt::format(" --muon-momentum {} --muon-ns-steps {} --muon-nesterov {}",
+                                   kMuonMomentum, kMuonNsSteps, muon_nesterov(c))
+                     : "");
 }
 
 // One oracle run's output: its final weights and its per-step JSON lists.
