@@ -56,6 +56,10 @@ BenchStepFlags add_bench_step_options(CLI::App& app, BenchStepCommandOptions* c)
       app.add_option("--batch", o->batch, "micro-batch b"),
       app.add_option("--seq", o->seq, "sequence length s")};
   for (CLI::Option* opt : shape) opt->excludes(config)->check(integer_in(1));
+  app.add_option("--optimizers", o->optimizers,
+                 "comma-separated optimizer.name values, a row each (adamw, muon; default: the "
+                 "config's); the update is timed inside the step, and a Muon row is compared "
+                 "with AdamW's");
   CLI::Option* kinds = app.add_option(
       "--kinds", o->kinds,
       "comma-separated model kinds: none, svd, cola, lax (default: none,cola, or the config's)");

@@ -30,8 +30,8 @@ namespace bottle {
 
 GemmArgs GemmArgs::item(int64_t i) const {
   const auto offset = [i](auto* p, int64_t stride, DType t) {
-    using Byte = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(p)>>,
-                                    const char, char>;
+    using Byte =
+        std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(p)>>, const char, char>;
     return p ? static_cast<decltype(p)>(static_cast<Byte*>(p) + i * stride * int64_t(dtype_size(t)))
              : p;
   };

@@ -273,6 +273,10 @@ ordered to_json(const StepRow& r) {
   ordered j{{"kind", r.kind},
             {"precision", r.precision},
             {"backend", r.backend},
+            {"optimizer", r.optimizer},
+            {"optimizer_ms_per_step", r.optimizer_ms.median},
+            {"optimizer_ms_min", r.optimizer_ms.min},
+            {"optimizer_ms_max", r.optimizer_ms.max},
             {"rank", r.rank},
             {"params", r.params},
             {"ms_per_step", r.ms.median},
@@ -297,6 +301,7 @@ ordered to_json(const StepRow& r) {
   j["peak_bytes"] = r.peak_bytes;
   if (r.bf16_gemm_path) j["bf16_gemm_path"] = *r.bf16_gemm_path;
   if (r.speedup_vs_full_rank) j["speedup_vs_full_rank"] = *r.speedup_vs_full_rank;
+  if (r.step_vs_adamw) j["step_vs_adamw"] = *r.step_vs_adamw;
   if (r.speedup_vs_precision)
     j["speedup_vs_" + r.speedup_vs_precision->first] = r.speedup_vs_precision->second;
   if (r.torch_error) j["torch_error"] = *r.torch_error;
@@ -406,6 +411,13 @@ StepRow step_row_from(const Json& j, const std::string& what) {
   r.kind = in.text("kind");
   r.precision = in.text("precision");
   r.backend = in.text("backend");
+  // Rows written before optimizer.name are AdamW's, their update not timed apart.
+  if (in.has("optimizer")) {
+    r.optimizer = in.text("optimizer");
+    r.optimizer_ms = {in.number("optimizer_ms_per_step"), in.number("optimizer_ms_min"),
+                      in.number("optimizer_ms_max")};
+  }
+  if (in.has("step_vs_adamw")) r.step_vs_adamw = in.number("step_vs_adamw");
   r.rank = in.template integer<int64_t>("rank");
   r.params = in.template integer<int64_t>("params");
   r.ms = {in.number("ms_per_step"), in.number("ms_min"), in.number("ms_max")};

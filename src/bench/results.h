@@ -86,6 +86,11 @@ struct NormRow {
 // key the row holds only on some backends or with some flags, written where it always was.
 struct StepRow {
   std::string kind, precision, backend;
+  std::string optimizer = "adamw";  // optimizer.name
+  Spread optimizer_ms;              // optimizer_ms_per_step, _min, _max: the update inside the step
+  // Another optimizer's row against AdamW's of the same kind and precision: its step time over
+  // AdamW's (step_vs_adamw).
+  std::optional<double> step_vs_adamw;
   int64_t rank = 0;  // the bottleneck's rank of q (0: the full-rank model)
   int64_t params = 0;
   Spread ms;  // ms_per_step, ms_min, ms_max
@@ -113,7 +118,7 @@ struct StepRow {
   struct Peer {
     Spread ms;  // torch_ms_per_step, torch_ms_min, torch_ms_max
     std::string version, blas_core, blas_core_source, blas_core_pinned;
-    std::optional<std::string> blas_fallback;  // why the pinned core ran after all
+    std::optional<std::string> blas_fallback;                  // why the pinned core ran after all
     double first_loss = 0, first_grad_norm = 0;                // the peer's first step
     double bottle_first_loss = 0, bottle_first_grad_norm = 0;  // first_loss, first_grad_norm
     std::string device, dtype, attention;

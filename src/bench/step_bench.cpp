@@ -182,13 +182,32 @@ std::string describe_peaks(const std::map<Precision, std::unique_ptr<GemmPeak>>&
 // The step of `bottle train` on one process, at the constant rate optimizer.lr, for one kind
 // of `model` in one precision.
 TrainConfig kind_config(const TrainConfig& base, const ModelConfig& model, const std::string& kind,
-                        Precision precision) {
+                        Precision precision, OptimizerKind optimizer) {
   TrainConfig train_config = bench_step_config(base);
   train_config.training.precision = precision;
+  train_config.optimizer.name = optimizer;
   train_config.model = model;
   train_config.model.bottleneck = parse_bottleneck_kind(kind);
   train_config.parallel.tp_mode = &default_tp_layout(train_config.model.shape());
   return train_config;
+}
+
+// --optimizers: optimizer.name values, AdamW's first (the others' rows are compared with it);
+// empty: the configuration's.
+std::vector<OptimizerKind> parse_optimizers(const std::string& list, const TrainConfig& base) {
+  if (list.empty()) return {base.optimizer.name};
+  std::vector<OptimizerKind> out;
+  std::stringstream names(list);
+  for (std::string name; std::getline(names, name, ',');) {
+    std::optional<OptimizerKind> kind;
+    for (const OptimizerKind k : {OptimizerKind::adamw, OptimizerKind::muon})
+      if (name == enum_name(k)) kind = k;
+    BOTTLE_CHECK(kind, "--optimizers: unknown optimizer '{}' (adamw, muon)", name);
+    if (std::find(out.begin(), out.end(), *kind) == out.end()) out.push_back(*kind);
+  }
+  std::stable_partition(out.begin(), out.end(),
+                        [](OptimizerKind k) { return k == OptimizerKind::adamw; });
+  return out;
 }
 
 // One batch of b rows of s tokens (n in all), stepped on every step: rows of a fixed stream, the
@@ -228,6 +247,7 @@ void check_before_steps(const BenchStepOptions* o, const std::string& kind,
 // What a kind's timed steps measured.
 struct TimedSteps {
   Spread t;
+  Spread optimizer;        // the update inside each step
   StepResult first, last;  // the first step's (the peer's check) and the last timed step's
   std::map<std::string, KernelTime> step_kernels;  // the timed steps' (--profile)
   double host_waits = 0;  // per timed step: the host waiting for the device
@@ -257,7 +277,7 @@ TimedSteps run_timed_steps(const TrainConfig& train_config, Backend* be, Profili
     write_token_shard((peer_dir / "tokens.bin").string(), stream);
   }
   // TrainStep times each step to its last kernel's end (a device backend's waited for).
-  std::vector<double> ms;
+  std::vector<double> ms, optimizer_ms;
   int64_t waits_before = 0;  // the backend's host waits when the timed steps start
   for (int64_t step = 0; step < o->warmup + o->steps; ++step) {
     if (step == o->warmup) {
@@ -266,8 +286,12 @@ TimedSteps run_timed_steps(const TrainConfig& train_config, Backend* be, Profili
     }
     r.last = train_step.step(step);
     if (step == 0) r.first = r.last;
-    if (step >= o->warmup) ms.push_back(r.last.seconds * 1e3);
+    if (step >= o->warmup) {
+      ms.push_back(r.last.seconds * 1e3);
+      optimizer_ms.push_back(r.last.optimizer_seconds * 1e3);
+    }
   }
+  r.optimizer = spread_of(optimizer_ms);
   r.host_waits = double(be->host_waits() - waits_before) / double(o->steps);
   r.t = spread_of(ms);
   // Before the model is copied out for --save and the peer, which is not step work.
@@ -291,6 +315,7 @@ StepRow step_row(const BenchStepOptions* o, Backend* be, const std::string& kind
   StepRow row;
   row.kind = kind;
   row.precision = enum_name(precision);
+  row.optimizer_ms = timed.optimizer;
   row.backend = o->backend;
   row.rank = config.bottleneck == BottleneckKind::none ? 0 : config.rank_of(ProjectionId::q);
   row.params = config.parameter_count();
@@ -332,10 +357,12 @@ void print_step_line(const BenchStepOptions* o, const std::string& kind, Precisi
     mfu_text += fmt::format(" of measured GEMM peak, {:.1f}% of {:g} TFLOP/s nominal",
                             100.0 * mfu_nominal, o->peak_tflops);
   fmt::print(
-      "{:<5} {:<4} {:9} params  {:>8.1f} ms/step [{:.1f}-{:.1f}]  {:>9.0f} tok/s  {:>6.1f} GFLOP/s "
-      " MFU {}",
-      kind, enum_name(precision), config.parameter_count(), t.median, t.min, t.max,
-      double(n) / (t.median / 1e3), gflops, mfu_text);
+      "{:<5} {:<4} {:<5} {:9} params  {:>8.1f} ms/step [{:.1f}-{:.1f}] (optimizer {:.1f})  "
+      "{:>9.0f} "
+      "tok/s  {:>6.1f} GFLOP/s  MFU {}",
+      kind, enum_name(precision), row.optimizer, config.parameter_count(), t.median, t.min, t.max,
+      row.optimizer_ms.median, double(n) / (t.median / 1e3), gflops, mfu_text);
+  if (row.step_vs_adamw) fmt::print("  {:.3f}x AdamW's step", *row.step_vs_adamw);
   if (row.speedup_vs_full_rank) fmt::print("  {:.2f}x vs full-rank", *row.speedup_vs_full_rank);
   if (row.speedup_vs_precision)
     fmt::print("  {:.2f}x vs {}", row.speedup_vs_precision->second,
@@ -469,47 +496,60 @@ void run_bench_step(const TrainConfig& base, BenchStepOptions options) {
   }
   const fs::path scratch = fs::temp_directory_path() / fmt::format("bottle-bench-{}", ::getpid());
   fs::create_directories(scratch);
+  const std::vector<OptimizerKind> optimizers = parse_optimizers(o->optimizers, base);
   std::stringstream kinds(o->kinds);
   std::string kind;
-  double baseline_ms = 0.0;
+  // Per optimizer: the full-rank step (the first precision's) and a kind's first precision's.
+  std::map<OptimizerKind, double> baseline_ms;
   while (std::getline(kinds, kind, ',')) {
-    double first_precision_ms = 0.0;
+    std::map<OptimizerKind, double> first_precision_ms;
     for (const Precision precision : precision_list) {
-      const TrainConfig train_config = kind_config(base, o->model, kind, precision);
-      const ModelConfig& config = train_config.model;
-      check_before_steps(o, kind, train_config, on_device);
-      const int64_t n = o->batch * o->seq;
-      const std::vector<int32_t> stream = batch_stream(n, config.vocab_size);
-      // The peer's copy of the model after the steps, written while the model lives; the
-      // peer runs once bottle's model has given its memory back (on a GPU they share it).
-      const bool torch_row =
-          o->torch && (on_device ? o->backend == "cuda" : precision == Precision::fp32);
-      const fs::path peer_dir = scratch / fmt::format("{}-{}", kind, enum_name(precision));
-      const TimedSteps timed = run_timed_steps(train_config, be.get(), profiler, o, stream, n, kind,
-                                               precision, precision_list, torch_row, peer_dir);
-      const Spread& t = timed.t;
-      const double flops = timed.flops;
-      const double gflops = flops / (t.median * 1e6);
-      GemmPeak& peak = *peaks.at(precision);
-      const std::optional<double> mfu = peak.utilization(gflops);
-      // Against --peak-tflops (GFLOP/s over TFLOP/s · 1000); 0 when none is given.
-      const double mfu_nominal = o->peak_tflops > 0 ? gflops / (o->peak_tflops * 1e3) : 0.0;
-      if (config.bottleneck == BottleneckKind::none && precision == precision_list.front())
-        baseline_ms = t.median;
-      if (precision == precision_list.front()) first_precision_ms = t.median;
-      StepRow row = step_row(o, be.get(), kind, precision, precision_list, config, timed, n, gflops,
-                             peak, mfu, mfu_nominal, on_device, baseline_ms, first_precision_ms);
-      const std::string peer_text =
-          torch_row ? peer_columns(o, on_device, precision, peer_dir, timed, row) : "";
-      if (profiler) row.profile = step_profile(timed.step_kernels, o->steps);
-      if (o->json) {
-        fmt::print("{}\n", to_json(row).dump());
-      } else {
-        print_step_line(o, kind, precision, config, t, n, gflops, mfu, mfu_nominal, on_device,
-                        timed.host_waits, row, peer_text);
-        if (profiler) print_profile(timed.step_kernels, o->steps, t.median);
+      double adamw_ms = 0.0;  // this kind's and precision's AdamW step, when it was timed first
+      for (const OptimizerKind optimizer : optimizers) {
+        const TrainConfig train_config = kind_config(base, o->model, kind, precision, optimizer);
+        const ModelConfig& config = train_config.model;
+        check_before_steps(o, kind, train_config, on_device);
+        const int64_t n = o->batch * o->seq;
+        const std::vector<int32_t> stream = batch_stream(n, config.vocab_size);
+        // The peer's copy of the model after the steps, written while the model lives; the
+        // peer runs once bottle's model has given its memory back (on a GPU they share it).
+        // The peer steps with AdamW: it runs beside AdamW's rows.
+        const bool torch_row = o->torch && optimizer == OptimizerKind::adamw &&
+                               (on_device ? o->backend == "cuda" : precision == Precision::fp32);
+        const fs::path peer_dir = scratch / fmt::format("{}-{}", kind, enum_name(precision));
+        const TimedSteps timed =
+            run_timed_steps(train_config, be.get(), profiler, o, stream, n, kind, precision,
+                            precision_list, torch_row, peer_dir);
+        const Spread& t = timed.t;
+        const double flops = timed.flops;
+        const double gflops = flops / (t.median * 1e6);
+        GemmPeak& peak = *peaks.at(precision);
+        const std::optional<double> mfu = peak.utilization(gflops);
+        // Against --peak-tflops (GFLOP/s over TFLOP/s · 1000); 0 when none is given.
+        const double mfu_nominal = o->peak_tflops > 0 ? gflops / (o->peak_tflops * 1e3) : 0.0;
+        if (config.bottleneck == BottleneckKind::none && precision == precision_list.front())
+          baseline_ms[optimizer] = t.median;
+        if (precision == precision_list.front()) first_precision_ms[optimizer] = t.median;
+        StepRow row = step_row(o, be.get(), kind, precision, precision_list, config, timed, n,
+                               gflops, peak, mfu, mfu_nominal, on_device, baseline_ms[optimizer],
+                               first_precision_ms[optimizer]);
+        row.optimizer = enum_name(optimizer);
+        if (optimizer == OptimizerKind::adamw)
+          adamw_ms = t.median;
+        else if (adamw_ms > 0)
+          row.step_vs_adamw = t.median / adamw_ms;
+        const std::string peer_text =
+            torch_row ? peer_columns(o, on_device, precision, peer_dir, timed, row) : "";
+        if (profiler) row.profile = step_profile(timed.step_kernels, o->steps);
+        if (o->json) {
+          fmt::print("{}\n", to_json(row).dump());
+        } else {
+          print_step_line(o, kind, precision, config, t, n, gflops, mfu, mfu_nominal, on_device,
+                          timed.host_waits, row, peer_text);
+          if (profiler) print_profile(timed.step_kernels, o->steps, t.median);
+        }
+        std::fflush(stdout);
       }
-      std::fflush(stdout);
     }
   }
   fs::remove_all(scratch);

@@ -21,6 +21,7 @@ struct BenchStepOptions {
   ModelConfig model;                // the shape; max_seq_len at least seq
   std::string kinds = "none,cola";  // comma-separated model kinds
   std::string precisions = "fp32";  // comma-separated: fp32, bf16
+  std::string optimizers;           // comma-separated optimizer.name values; empty: the config's
   int64_t batch = 8, seq = 256, steps = 10, warmup = 3;
   int threads = 2;
   std::string save;                  // --save: a folder for each kind's model after its steps

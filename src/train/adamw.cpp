@@ -34,8 +34,9 @@ int64_t AdamW::moment_elements(const ParameterStore& params, const ShardLayout& 
                                const std::vector<ParamRole>& roles) {
   int64_t n = 0;
   const ShardLayout layout =
-      shard.pieces.empty() ? ShardLayout::cut(params.padded(), std::max<int64_t>(1, params.padded()))
-                           : shard;
+      shard.pieces.empty()
+          ? ShardLayout::cut(params.padded(), std::max<int64_t>(1, params.padded()))
+          : shard;
   for (const ShardPiece& stretch : routed_stretches(params, layout, roles)) n += stretch.count;
   return n;
 }

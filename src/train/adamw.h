@@ -52,16 +52,16 @@ class AdamW : public Optimizer {
  private:
   // One stretch of owned parameters, updated in one pass.
   struct Part {
-    ElementRange flat;                   // in the parameter buffer
+    ElementRange flat;    // in the parameter buffer
     int64_t local = 0;    // where it lies in the shard (ZeRO-2's gradients, ZeRO-3's values)
     int64_t moments = 0;  // where its moments start
     std::vector<ElementRange> no_decay;  // ranges of the stretch without weight decay
   };
   AdamWConfig config_;
-  std::vector<Part> parts_;         // in flat order
-  std::vector<ShardPiece> owned_;   // the parts as pieces of the moments (held_state)
-  Arena arena_;                     // on the parameters' backend
-  Tensor m_, v_;                    // [the parts' elements] each: the parts end to end
+  std::vector<Part> parts_;        // in flat order
+  std::vector<ShardPiece> owned_;  // the parts as pieces of the moments (held_state)
+  Arena arena_;                    // on the parameters' backend
+  Tensor m_, v_;                   // [the parts' elements] each: the parts end to end
 };
 
 }  // namespace bottle

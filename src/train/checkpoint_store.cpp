@@ -328,8 +328,9 @@ std::string CheckpointStore::finish_pending(Communicator* world) {
     }
   });
   if (p->leader)
-    save_part(world, p->step,
-              [&] { place(p->optimizer, p->optimizer_steps, p->state, p->step, p->temp, p->final_dir); });
+    save_part(world, p->step, [&] {
+      place(p->optimizer, p->optimizer_steps, p->state, p->step, p->temp, p->final_dir);
+    });
   else
     save_part(world, p->step, [] {});
   return p->final_dir.string();

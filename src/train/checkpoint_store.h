@@ -1,13 +1,13 @@
 #pragma once
 // Training checkpoints: folder/step_00000200/ holds config.json, the weights and the
-// optimizer's named state (its name in the index) as every rank holds them (rank-RRRRR.safetensors, one per writing rank, written in
-// parallel, with checkpoint_index.json naming the pieces: model/sharded_checkpoint.h), and
-// trainer_state.json (step, data position, config, ...). Any layout reads them back (eval,
-// sample, --init-from, --resume); `bottle export` consolidates the weights into the model
-// transformers reads. Checkpoints written before (model.safetensors / optimizer.safetensors, or
-// HF's sharded files with an index) still load. Everything is written into a temporary
-// directory, fsync'ed and renamed into place, so an interrupted write never replaces or
-// damages the last good checkpoint; the last `keep` are kept.
+// optimizer's named state (its name in the index) as every rank holds them (rank-RRRRR.safetensors,
+// one per writing rank, written in parallel, with checkpoint_index.json naming the pieces:
+// model/sharded_checkpoint.h), and trainer_state.json (step, data position, config, ...). Any
+// layout reads them back (eval, sample, --init-from, --resume); `bottle export` consolidates the
+// weights into the model transformers reads. Checkpoints written before (model.safetensors /
+// optimizer.safetensors, or HF's sharded files with an index) still load. Everything is written
+// into a temporary directory, fsync'ed and renamed into place, so an interrupted write never
+// replaces or damages the last good checkpoint; the last `keep` are kept.
 //
 // The store touches only its own step folders: a folder named kStepPrefix and a step number
 // (step_00000200) that holds the marker file kCheckpointMarker, or, for checkpoints written
@@ -61,9 +61,9 @@ class CheckpointStore {
   // place, pruning) by finish_pending(), which the next save, a stop and the run's end call;
   // until then the newest checkpoint is the one before, and a kill leaves it so. Returns the
   // directory the checkpoint will have. Every rank calls it.
-  std::string save_async(const LlamaModel& model, const Optimizer& optimizer, const FlatSource& masters,
-                         const TrainerState& state, int64_t step, Communicator* dp = nullptr,
-                         Communicator* world = nullptr);
+  std::string save_async(const LlamaModel& model, const Optimizer& optimizer,
+                         const FlatSource& masters, const TrainerState& state, int64_t step,
+                         Communicator* dp = nullptr, Communicator* world = nullptr);
   // Waits for the save under way and publishes it (every rank calls); its directory, "" when
   // none was under way. A write that failed on any rank fails every rank with its message.
   std::string finish_pending(Communicator* world = nullptr);

@@ -75,14 +75,14 @@ class Muon : public Optimizer {
   // How a matrix runs the iteration (see the file comment).
   enum class Split { whole, gram, gather };
   struct Matrix {
-    int64_t offset = 0;              // in the flat buffers
-    int64_t rows = 0, cols = 0;      // this rank's slice
+    int64_t offset = 0;          // in the flat buffers
+    int64_t rows = 0, cols = 0;  // this rank's slice
     int64_t full_rows = 0, full_cols = 0;
-    int shard_dim = -1;              // the split dimension (-1: whole)
+    int shard_dim = -1;  // the split dimension (-1: whole)
     Split split = Split::whole;
-    int64_t state = 0;               // where its momentum starts
-    int64_t gram = 0;                // where its Gram matrix starts in the Gram scratch
-    bool decays = true;              // takes optimizer.weight_decay (declared with it)
+    int64_t state = 0;   // where its momentum starts
+    int64_t gram = 0;    // where its Gram matrix starts in the Gram scratch
+    bool decays = true;  // takes optimizer.weight_decay (declared with it)
     int64_t count() const { return rows * cols; }
     // Whether its Gram matrix is X·Xᵀ (rows × rows) rather than Xᵀ·X.
     bool left_gram() const;
@@ -103,8 +103,8 @@ class Muon : public Optimizer {
 
   MuonConfig config_;
   AdamWConfig adamw_config_;
-  AdamW adamw_;  // the embedding, the LM head and the 1-D parameters
-  Communicator* tp_;  // null for one rank
+  AdamW adamw_;                   // the embedding, the LM head and the 1-D parameters
+  Communicator* tp_;              // null for one rank
   std::vector<Matrix> matrices_;  // Gram-split first, then whole, then gathered (flat order)
   int64_t gram_count_ = 0;        // matrices_[0, gram_count_) are Gram-split
   int64_t local_count_ = 0;       // matrices_[0, local_count_) are Gram-split or whole

@@ -11,8 +11,8 @@ ParamRole param_role(const ParamSpec& spec) {
   if (shape.rank == 2 && std::string_view(spec.name).starts_with("model.layers.")) {
     return ParamRole::matrix;
   }
-  BOTTLE_ASSERT(shape.rank == 1, "param_role: {} {} is neither a block's matrix nor 1-D",
-                spec.name, shape.str());
+  BOTTLE_ASSERT(shape.rank == 1, "param_role: {} {} is neither a block's matrix nor 1-D", spec.name,
+                shape.str());
   return ParamRole::vector;
 }
 

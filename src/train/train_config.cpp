@@ -337,8 +337,8 @@ std::vector<ConfigKey> build_schema() {
       "optimizer.beta2", [](auto& c) -> auto& { return c.optimizer.beta2; }, half_open(0, 1),
       "AdamW second-moment decay"));
   s.push_back(number_key("optimizer.eps", FIELD(optimizer.eps), greater(0), "AdamW epsilon"));
-  s.push_back(number_key("optimizer.muon_momentum", FIELD(optimizer.muon_momentum),
-                         half_open(0, 1), "Muon's momentum"));
+  s.push_back(number_key("optimizer.muon_momentum", FIELD(optimizer.muon_momentum), half_open(0, 1),
+                         "Muon's momentum"));
   s.push_back(bool_key("optimizer.muon_nesterov", FIELD(optimizer.muon_nesterov),
                        "Muon's Nesterov momentum (the update is G + momentum·B, else B)"));
   s.push_back(integer_key("optimizer.muon_ns_steps", FIELD(optimizer.muon_ns_steps), closed(1, 100),

@@ -227,7 +227,9 @@ StepResult TrainStep::step(int64_t step) {
   updating_ = true;
   {
     const CommPhase phase(model_->tensor_parallel().comm, kOptimizerPhase);
+    const auto optimizer_start = Clock::now();
     optimizer_->step(be_, model_->parameters(), r.lr, control_, data_parallel_->grad_shard());
+    r.optimizer_seconds = seconds_since(optimizer_start);
   }
   data_parallel_->gather_parameters(be_);
   updating_ = false;

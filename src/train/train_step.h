@@ -33,6 +33,9 @@ struct StepResult {
   // backward of every micro-batch with the sends and receives between stages); and of that,
   // the time inside forward and backward (the rest of the pipeline's time is waiting).
   double seconds = 0.0, pipeline_seconds = 0.0, compute_seconds = 0.0;
+  // Of the step, the optimizer's update as the host sees it: the update itself on a host
+  // backend; on a device, the time to issue it (the device runs it after).
+  double optimizer_seconds = 0.0;
 };
 
 // Forward only of the micro-batch inputs[0], targets[0] (i32 [B, S]) through `model`'s

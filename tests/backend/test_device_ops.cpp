@@ -32,13 +32,13 @@
 #include <utility>
 #include <vector>
 
-#include "backend_test_main.h"
-#include "core/arena.h"
 #include "backend/backend.h"
 #include "backend/backend_options.h"
-#include "core/bf16.h"
 #include "backend/forwarding_backend.h"
 #include "backend/profiling_backend.h"
+#include "backend_test_main.h"
+#include "core/arena.h"
+#include "core/bf16.h"
 
 namespace bottle {
 namespace {
@@ -1127,10 +1127,9 @@ void muon_cases(Table& t) {
 
 Table make_table() {
   Table t;
-  for (auto* family :
-       {staging_cases, gemm_cases, embedding_cases, norm_cases, rope_cases, attention_cases,
-        activation_cases, elementwise_cases, reduction_cases, cross_entropy_cases, adamw_cases,
-        muon_cases})
+  for (auto* family : {staging_cases, gemm_cases, embedding_cases, norm_cases, rope_cases,
+                       attention_cases, activation_cases, elementwise_cases, reduction_cases,
+                       cross_entropy_cases, adamw_cases, muon_cases})
     family(t);
   return t;
 }

@@ -223,8 +223,7 @@ TEST_P(MuonLayouts, TenStepsMatchOneProcess) {
       if (name.find('/') != std::string::npos) continue;  // the optimizer's state
       const std::vector<float> u = x.read_whole(name), v = y.read_whole(name);
       ASSERT_EQ(u.size(), v.size()) << name;
-      for (size_t i = 0; i < u.size(); ++i)
-        worst = std::max(worst, double(std::fabs(u[i] - v[i])));
+      for (size_t i = 0; i < u.size(); ++i) worst = std::max(worst, double(std::fabs(u[i] - v[i])));
     }
     EXPECT_LT(worst, 1e-5) << model << ": the weights after 10 steps differ from one process's";
     std::printf("muon %s %dx%dx%d %s: max |weight - one process's| after 10 steps %.2e\n",
@@ -232,18 +231,19 @@ TEST_P(MuonLayouts, TenStepsMatchOneProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Tp_Pp_Dp, MuonLayouts,
-    ::testing::Values(Layout{2, 1, 1, ""}, Layout{4, 1, 1, ""}, Layout{1, 2, 1, ""},
-                      Layout{1, 1, 2, ""}, Layout{2, 2, 1, "--set model.bottleneck=lax"},
-                      Layout{2, 1, 1, "--set training.precision=bf16"}),
-    [](const auto& info) {
-      const std::string extra = info.param.extra;
-      return fmt::format("{}x{}x{}{}", info.param.tp, info.param.pp, info.param.dp,
-                         extra.find("lax") != std::string::npos    ? "_lax"
-                         : extra.find("bf16") != std::string::npos ? "_bf16"
-                                                                   : "");
-    });
+INSTANTIATE_TEST_SUITE_P(Tp_Pp_Dp, MuonLayouts,
+                         ::testing::Values(Layout{2, 1, 1, ""}, Layout{4, 1, 1, ""},
+                                           Layout{1, 2, 1, ""}, Layout{1, 1, 2, ""},
+                                           Layout{2, 2, 1, "--set model.bottleneck=lax"},
+                                           Layout{2, 1, 1, "--set training.precision=bf16"}),
+                         [](const auto& info) {
+                           const std::string extra = info.param.extra;
+                           return fmt::format("{}x{}x{}{}", info.param.tp, info.param.pp,
+                                              info.param.dp,
+                                              extra.find("lax") != std::string::npos    ? "_lax"
+                                              : extra.find("bf16") != std::string::npos ? "_bf16"
+                                                                                        : "");
+                         });
 
 // Issue 44: gradient buckets reduced during the last backward (parallel.overlap_grad_reduce,
 // on by default), and under ZeRO the parameters gathered during the next forward

@@ -77,8 +77,9 @@ constexpr int kMuonNsSteps = 4;
 // The [optimizer] section's Muon lines of a row ("" for AdamW's).
 std::string muon_keys(const TrajectoryCase& c) {
   if (!is_muon(c)) return "";
-  return fmt::format("name = \"muon\"\nmuon_momentum = {}\nmuon_ns_steps = {}\nmuon_nesterov = {}\n",
-                     kMuonMomentum, kMuonNsSteps, muon_nesterov(c));
+  return fmt::format(
+      "name = \"muon\"\nmuon_momentum = {}\nmuon_ns_steps = {}\nmuon_nesterov = {}\n",
+      kMuonMomentum, kMuonNsSteps, muon_nesterov(c));
 }
 
 std::string toml(const TrajectoryCase& c, const Settings& s, const TempDir& dir) {
@@ -125,20 +126,20 @@ folder = "{}"
 plot = ""
 )",
       kVocab, c.kv_heads, c.kind, lowrank ? "rank = 8\n" : "", c.tied, kSteps, kBatch, kSeq, s.seed,
-      s.max_norm, muon_keys(c), s.lr,
-      s.weight_decay, s.beta1, s.beta2, s.eps, s.warmup_steps, s.decay, s.min_lr_ratio,
-      dir / "tokens.bin", dir / "run");
+      s.max_norm, muon_keys(c), s.lr, s.weight_decay, s.beta1, s.beta2, s.eps, s.warmup_steps,
+      s.decay, s.min_lr_ratio, dir / "tokens.bin", dir / "run");
 }
 
 std::string oracle_command(const TrajectoryCase& c, const Settings& s, const TempDir& dir,
                            const char* dtype, int jitter, const std::string& out) {
   return fmt::format(
-      "{} --checkpoint {} --data {} --batch {} --seq {} --train --steps {} --out {} --dtype {} "
-      "--jitter {} --optimizer {} --lr {} --weight-decay {} --beta1 {} --beta2 {} --eps {} "
-      "--max-norm {} --warmup-steps {} --decay {} --min-lr-ratio {} --seed {}",
-      torch_reference(), dir / "model", dir / "tokens.bin", kBatch, kSeq, kSteps, out, dtype,
-      jitter, c.optimizer, s.lr, s.weight_decay, s.beta1, s.beta2, s.eps, s.max_norm,
-      s.warmup_steps, s.decay, s.min_lr_ratio, s.seed) +
+             "{} --checkpoint {} --data {} --batch {} --seq {} --train --steps {} --out {} --dtype "
+             "{} "
+             "--jitter {} --optimizer {} --lr {} --weight-decay {} --beta1 {} --beta2 {} --eps {} "
+             "--max-norm {} --warmup-steps {} --decay {} --min-lr-ratio {} --seed {}",
+             torch_reference(), dir / "model", dir / "tokens.bin", kBatch, kSeq, kSteps, out, dtype,
+             jitter, c.optimizer, s.lr, s.weight_decay, s.beta1, s.beta2, s.eps, s.max_norm,
+             s.warmup_steps, s.decay, s.min_lr_ratio, s.seed) +
          (is_muon(c) ? fmt::format(" --muon-momentum {} --muon-ns-steps {} --muon-nesterov {}",
                                    kMuonMomentum, kMuonNsSteps, muon_nesterov(c))
                      : "");

@@ -2,6 +2,7 @@
 // accumulation, across a data epoch and after SIGINT/SIGTERM), atomic checkpoints under a
 // SIGKILL in the middle of a save, keep-last-K, bad input (exit status 1, one error line
 // naming the file or key, never a half-written checkpoint), NaN handling and the loss plot.
+#include <omp.h>
 #include <signal.h>
 #include <sys/wait.h>
 
@@ -11,11 +12,10 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <omp.h>
 #include <thread>
 
-#include "core/bf16.h"
 #include "backend/reference_backend.h"
+#include "core/bf16.h"
 #include "io/safetensors.h"
 #include "test_util.h"
 #include "train/train_step.h"
@@ -597,9 +597,9 @@ TEST_F(Train, ResumeIntoAnotherModelShape) {
 // alone), and a run resumed under the other optimizer is refused naming both, while
 // --init-from takes the weights alone.
 TEST_F(Train, MuonResumeIsBitExactAndNamesItsState) {
-  ASSERT_NO_FATAL_FAILURE(resume_matches(
-      *this, dir / "a", dir / "b", "--set lr_scheduler.decay=constant --set optimizer.name=\"muon\"",
-      10, 20));
+  ASSERT_NO_FATAL_FAILURE(
+      resume_matches(*this, dir / "a", dir / "b",
+                     "--set lr_scheduler.decay=constant --set optimizer.name=\"muon\"", 10, 20));
   const Metrics m = read_metrics(dir / "a/metrics.jsonl");
   EXPECT_LT(m.steps.back().loss, m.steps.front().loss - 0.5);
   std::ifstream in(dir / "a/step_00000020/checkpoint_index.json");
@@ -613,9 +613,9 @@ TEST_F(Train, MuonResumeIsBitExactAndNamesItsState) {
                            "exp_avg/model.embed_tokens.weight", "exp_avg_sq/model.norm.weight",
                            "exp_avg/model.layers.0.input_layernorm.weight"})
     EXPECT_TRUE(tensors.count(name)) << name << " missing from " << index;
-  for (const char* name : {"exp_avg/model.layers.0.self_attn.q_proj.A.weight",
-                           "momentum_buffer/model.embed_tokens.weight",
-                           "momentum_buffer/model.norm.weight"})
+  for (const char* name :
+       {"exp_avg/model.layers.0.self_attn.q_proj.A.weight",
+        "momentum_buffer/model.embed_tokens.weight", "momentum_buffer/model.norm.weight"})
     EXPECT_FALSE(tensors.count(name)) << name << " in " << index;
 }
 
@@ -625,8 +625,9 @@ TEST_F(Train, ResumingUnderTheOtherOptimizerIsRefused) {
     const CommandResult first = train(fmt::format(
         "{} --set training.steps=5 --set optimizer.name=\"{}\"", folder_arg(folder), saved));
     ASSERT_EQ(first.status, 0) << first.output;
-    const CommandResult r = train(fmt::format(
-        "{} --set training.steps=10 --set optimizer.name=\"{}\" --resume", folder_arg(folder), other));
+    const CommandResult r =
+        train(fmt::format("{} --set training.steps=10 --set optimizer.name=\"{}\" --resume",
+                          folder_arg(folder), other));
     expect_error(r, {saved, other, "optimizer.name", "--init-from"});
     EXPECT_FALSE(fs::exists(folder + "/step_00000010")) << r.output;
     const CommandResult from =
@@ -638,7 +639,8 @@ TEST_F(Train, ResumingUnderTheOtherOptimizerIsRefused) {
 }
 
 TEST_F(Train, MuonUnderZeroIsRefused) {
-  const CommandResult r = train("--set optimizer.name=\"muon\" --set parallel.zero=1 --set parallel.dp=2");
+  const CommandResult r =
+      train("--set optimizer.name=\"muon\" --set parallel.zero=1 --set parallel.dp=2");
   expect_error(r, {"optimizer.name", "muon", "parallel.zero = 1"});
 }
 

@@ -76,9 +76,8 @@ void CpuBackend::do_adamw_update(Tensor param, Tensor compute, Tensor grad, Tens
 void CpuBackend::do_muon_momentum(Tensor update, Tensor buffer, Tensor grad, Tensor control,
                                   const MuonArgs& a) {
   const bool apply = control.empty() || control.f32()[kControlApply] != 0.0f;
-  const kmath::MuonScalars s{a.momentum,
-                             control.empty() ? a.grad_scale : control.f32()[kControlScale],
-                             a.nesterov};
+  const kmath::MuonScalars s{
+      a.momentum, control.empty() ? a.grad_scale : control.f32()[kControlScale], a.nesterov};
   float *u = update.f32(), *b = buffer.f32();
   const float* g = grad.f32();
   if (apply)
@@ -104,8 +103,8 @@ void CpuBackend::do_muon_apply(Tensor param, Tensor compute, Tensor update, Tens
   float* p = param.f32();
   const float* x = update.f32();
   if (compute.empty()) {
-    parallel_elementwise(param.numel(),
-                         [=](int64_t i) { p[i] = kmath::muon_apply_step(p[i], x[i], decay, step); });
+    parallel_elementwise(
+        param.numel(), [=](int64_t i) { p[i] = kmath::muon_apply_step(p[i], x[i], decay, step); });
   } else if (compute.dtype == DType::bf16) {
     uint16_t* c = compute.bf16();
     parallel_elementwise(param.numel(), [=](int64_t i) {

@@ -18,7 +18,6 @@
 #include <tuple>
 #include <vector>
 
-#include "core/arena.h"
 #include "backend/attention_workspace.h"
 #include "backend/cuda/attention_cudnn.h"
 #include "backend/cuda/attention_router.h"
@@ -27,6 +26,7 @@
 #include "backend/cuda/gemm_lt.h"
 #include "backend/cuda/growing_buffer.h"
 #include "backend/cuda/kernels.h"
+#include "core/arena.h"
 #include "core/kernel_math.h"
 
 namespace bottle {

@@ -3,9 +3,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "core/bf16.h"
 #include "backend/reference/common.h"
 #include "backend/reference_backend.h"
+#include "core/bf16.h"
 
 namespace bottle {
 
