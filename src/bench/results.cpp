@@ -102,6 +102,9 @@ ordered to_json(const TpRow& r) {
             {"collectives_per_block", r.collectives_per_block},
             {"bwd_collectives_per_block", r.bwd_collectives_per_block},
             {"recompute_collectives", r.recompute_collectives},
+            {"optimizer_elements", r.optimizer_elements},
+            {"optimizer_collectives", r.optimizer_collectives},
+            {"optimizer_share", r.optimizer_share},
             {"recompute_elems_per_block", r.recompute_elems_per_block},
             {"fwd_comm_ms_per_block", r.fwd_comm_ms_per_block},
             {"bwd_comm_ms_per_block", r.bwd_comm_ms_per_block},
@@ -166,6 +169,12 @@ TpRow tp_row_from_json(const json& j, const std::string& what) {
   r.collectives_per_block = in.number("collectives_per_block");
   r.bwd_collectives_per_block = in.number("bwd_collectives_per_block");
   r.recompute_collectives = in.number("recompute_collectives");
+  // Rows written before the optimizer's collectives were counted apart: none.
+  if (in.has("optimizer_elements")) {
+    r.optimizer_elements = in.number("optimizer_elements");
+    r.optimizer_collectives = in.number("optimizer_collectives");
+    r.optimizer_share = in.number("optimizer_share");
+  }
   r.recompute_elems_per_block = in.number("recompute_elems_per_block");
   r.fwd_comm_ms_per_block = in.number("fwd_comm_ms_per_block");
   r.bwd_comm_ms_per_block = in.number("bwd_comm_ms_per_block");

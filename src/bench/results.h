@@ -41,6 +41,9 @@ struct TpRow {
   double fwd_bytes_per_token_block = 0, bwd_bytes_per_token_block = 0;
   double collectives_per_block = 0, bwd_collectives_per_block = 0;
   double recompute_collectives = 0, recompute_elems_per_block = 0;
+  // The optimizer's collectives in one step (Muon's), and their share of the step's TP
+  // elements.
+  double optimizer_elements = 0, optimizer_collectives = 0, optimizer_share = 0;
   double fwd_comm_ms_per_block = 0, bwd_comm_ms_per_block = 0;
   // Medians over the recorded steps (the spreads below give min and max).
   double comm_exposed_ms = 0, compute_ms = 0, tokens_per_s = 0;

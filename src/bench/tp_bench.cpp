@@ -83,6 +83,13 @@ struct ModeResult {
   double recompute_ms() const { return recompute.median; }
   Spread block_comm;             // the mode's block collectives per block and pass, ms
   CommCounter recompute_comm{};  // collectives issued while recomputing, one step
+  // The optimizer's collectives (Muon's norms, Gram matrices and gathers), one step, and every
+  // TP collective of the step, the optimizer's included.
+  CommCounter optimizer_comm{}, step_comm{};
+  // The optimizer's share of the step's TP elements.
+  double optimizer_share() const {
+    return step_comm.elements ? double(optimizer_comm.elements) / double(step_comm.elements) : 0;
+  }
   MemoryBreakdown memory;        // this rank's buffers, all allocated up front
   // --components, vanilla and btp: per component name, and each call site's time per step.
   std::map<std::string, ComponentResult> components;
@@ -166,6 +173,12 @@ class ModeRun {
     result_.fwd = stats.with_prefix(prefix + ".fwd.");
     result_.bwd = stats.with_prefix(prefix + ".bwd.");
     result_.recompute_comm = stats.with_prefix(kRecomputePhase);
+    result_.optimizer_comm = stats.with_prefix(kOptimizerPhase);
+    result_.step_comm = stats.total();
+    const CommCounter bench = stats.with_prefix("bench.");
+    result_.step_comm.calls -= bench.calls;
+    result_.step_comm.elements -= bench.elements;
+    result_.step_comm.bytes -= bench.bytes;
     iter_.push_back(ms);
     recompute_.push_back(recompute_ms);
     block_comm_.push_back((result_.fwd.seconds + result_.bwd.seconds) * 1e3 /
@@ -370,6 +383,9 @@ TpRow result_row(const ModeResult& r, const Saving& saved, int tp, Precision pre
             .bwd_collectives_per_block = double(r.bwd.calls) / blocks,
             .recompute_collectives = double(r.recompute_comm.calls) / blocks,
             .recompute_elems_per_block = double(r.recompute_comm.elements) / blocks,
+            .optimizer_elements = double(r.optimizer_comm.elements),
+            .optimizer_collectives = double(r.optimizer_comm.calls),
+            .optimizer_share = r.optimizer_share(),
             .fwd_comm_ms_per_block = r.fwd.seconds * 1e3 / blocks,
             .bwd_comm_ms_per_block = r.bwd.seconds * 1e3 / blocks,
             .comm_exposed_ms = r.comm_exposed.median,
@@ -425,6 +441,10 @@ void print_result_line(const ModeResult& r, const Saving& saved) {
     if (const auto it = r.components.find(component.name); it != r.components.end())
       fmt::print(" | {} compute {:.2f} comm {:.2f} ms", component.name,
                  it->second.compute_ms.median, it->second.comm_ms.median);
+  if (r.optimizer_comm.calls)
+    fmt::print(" | optimizer {} elements in {} collectives per step ({:.2f}% of the step's TP "
+               "elements)",
+               r.optimizer_comm.elements, r.optimizer_comm.calls, 100 * r.optimizer_share());
   if (r.variant.recompute != Recompute::none)
     fmt::print(" | saves {:.1f} MB for {:.1f} ms: {:.1f} MB/ms (iteration +{:.1f} ms)",
                saved.saved_mb, r.recompute_ms(), saved.mb_per_ms, saved.extra_ms);
