@@ -353,13 +353,6 @@ struct Loader {
                  "{}: key 'training.attention' = \"cudnn\" is cuDNN's attention on the GPU: it "
                  "needs training.backend = \"cuda\", not \"{}\" (choose \"auto\" or \"own\")",
                  source, enum_name(t.backend));
-    // Muon's Newton–Schulz needs each matrix whole on some rank; ZeRO's flat slices cut
-    // matrices in two (docs/design.md §9a).
-    BOTTLE_CHECK(config.optimizer.name != OptimizerKind::muon || p.zero == 0 || p.dp == 1,
-                 "{}: key 'optimizer.name' = \"muon\" runs with parallel.zero = 0 (each DP rank "
-                 "keeps the whole optimizer state); parallel.zero = {} over {} DP ranks is not "
-                 "supported with Muon yet",
-                 source, p.zero, p.dp);
     const std::string overlap_refused = tp_overlap_refusal(config);
     BOTTLE_CHECK(overlap_refused.empty(), "{}: key 'parallel.tp_overlap' {}", source,
                  overlap_refused);

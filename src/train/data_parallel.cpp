@@ -19,23 +19,8 @@ DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, const
                   "ZeRO: the flat parameter buffer ({}) is not padded to a multiple of the {} "
                   "data-parallel ranks",
                   total, size());
-    if (shards_parameters()) {
-      // The store keeps this rank's slices of the masters, cut as the buckets are here.
-      BOTTLE_ASSERT(params.value_slots() && params.values_shard().total == total &&
-                        params.values_shard().count * size() == total,
-                    "ZeRO-3 over a store whose values are not sharded over the {} ranks", size());
-      shard_ = params.values_shard();
-      grad_shard_ = grad_arena_.alloc({shard_.count});
-    } else if (shards_gradients()) {
-      BOTTLE_ASSERT(params.grad_slots(), "ZeRO-2 over a store without gradient slots");
-      // No bucket crosses a unit: each is reduced as soon as its unit's backward is done.
-      std::vector<ElementRange> units;
-      for (const ParamUnit& u : params.units()) units.push_back({u.begin, u.count()});
-      shard_ = ShardLayout::cut(units, bucket, size(), dp_->rank());
-      grad_shard_ = grad_arena_.alloc({shard_.count});
-    } else {
-      shard_ = ShardLayout::cut(total, bucket, size(), dp_->rank());
-    }
+    shard_ = layout(params, options.zero, size(), dp_->rank(), options.bucket_bytes);
+    if (shards_gradients()) grad_shard_ = grad_arena_.alloc({shard_.count});
     scratch_ = scratch_arena_.alloc({shard_.count});
     // ZeRO-1 and 2 gather the compute copies; ZeRO-3 the masters themselves, into the slots.
     if (params.mixed_precision() && !shards_parameters())
@@ -54,6 +39,28 @@ DataParallel::DataParallel(Communicator* dp, const ParameterStore& params, const
     while (b.unit + 1 < units.size() && units[b.unit + 1].begin <= piece.bucket) ++b.unit;
     unit_buckets_[b.unit].push_back(buckets_.size() - 1);
   }
+}
+
+ShardLayout DataParallel::layout(const ParameterStore& params, int zero, int ranks, int rank,
+                                 int64_t bucket_bytes) {
+  const int64_t total = params.padded(), bucket = bucket_elements(bucket_bytes, ranks);
+  if (zero >= 3) {
+    // The store keeps this rank's slices of the masters, cut as the buckets are here.
+    BOTTLE_ASSERT(params.value_slots() && params.values_shard().total == total &&
+                      params.values_shard().count * ranks == total,
+                  "ZeRO-3 over a store whose values are not sharded over the {} ranks", ranks);
+    ShardLayout out = params.values_shard();
+    for (ShardPiece& p : out.pieces) p.begin = p.bucket + p.count * rank;
+    return out;
+  }
+  if (zero == 2) {
+    BOTTLE_ASSERT(params.grad_slots(), "ZeRO-2 over a store without gradient slots");
+    // No bucket crosses a unit: each is reduced as soon as its unit's backward is done.
+    std::vector<ElementRange> units;
+    for (const ParamUnit& u : params.units()) units.push_back({u.begin, u.count()});
+    return ShardLayout::cut(units, bucket, ranks, rank);
+  }
+  return ShardLayout::cut(total, bucket, ranks, rank);
 }
 
 int64_t DataParallel::bucket_elements(int64_t bucket_bytes, int ranks) {

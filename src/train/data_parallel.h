@@ -64,6 +64,10 @@ class DataParallel {
   };
   // The bucket size in elements that a ZeRO group of `ranks` cuts (ParamSharding::bucket).
   static int64_t bucket_elements(int64_t bucket_bytes, int ranks);
+  // What rank `rank` of `ranks` owns of `params` under ZeRO stage `zero` (> 0, ranks > 1): the
+  // cut the constructor makes, for a plan that has no group.
+  static ShardLayout layout(const ParameterStore& params, int zero, int ranks, int rank,
+                            int64_t bucket_bytes);
   // dp null or of size 1: a no-op. The store must have been allocated with its count
   // padded to a multiple of dp under ZeRO (ParameterStore::allocate(pad)).
   DataParallel(Communicator* dp, const ParameterStore& params, const Options& options);

@@ -184,9 +184,13 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
   const int64_t elements = plan.parameters().padded();
   const int64_t shard = zero ? elements / dp : elements;
   // Muon: the matrices' momentum and AdamW's moments for the rest, and its iteration's scratch.
-  const MuonMemory muon = config.optimizer.name == OptimizerKind::muon
-                              ? muon_memory(plan.parameters(), tp.size())
-                              : MuonMemory{};
+  const MuonMemory muon =
+      config.optimizer.name == OptimizerKind::muon
+          ? muon_memory(plan.parameters(), tp.size(),
+                        zero ? DataParallel::layout(plan.parameters(), int(config.parallel.zero),
+                                                    int(dp), 0, dp_bucket_bytes(config))
+                             : ShardLayout{})
+          : MuonMemory{};
   m[MemoryTag::optimizer] = config.optimizer.name == OptimizerKind::muon
                                 ? muon.state
                                 : 2 * aligned_size(size_t(shard) * sizeof(float));

@@ -74,6 +74,12 @@ int64_t Muon::Matrix::gram_side() const {
   return left_gram() ? rows : cols;
 }
 
+double Muon::Matrix::cost() const {
+  const int64_t u = gram_side();
+  const double whole = split == Split::gather ? double(full_rows * full_cols) : double(count());
+  return double(u) * double(u) * (2 * whole / double(u) + 2 * double(u));
+}
+
 std::vector<Muon::Matrix> Muon::plan(const ParameterStore& params, int tp_size) {
   std::vector<Matrix> gram, whole, gather;
   for (const ParamSpec& spec : params.specs()) {
@@ -94,46 +100,141 @@ std::vector<Muon::Matrix> Muon::plan(const ParameterStore& params, int tp_size) 
   std::vector<Matrix> out = std::move(gram);
   out.insert(out.end(), whole.begin(), whole.end());
   out.insert(out.end(), gather.begin(), gather.end());
-  int64_t state = 0, grams = 0;
+  int64_t state = 0;
   for (Matrix& m : out) {
     m.state = state;
     state += m.count();
-    if (m.split == Split::gather) continue;
-    m.gram = grams;
-    grams += m.gram_side() * m.gram_side();
   }
   return out;
 }
 
-MuonMemory muon_memory(const ParameterStore& params, int tp_size) {
-  const Sizes s = sizes_of(Muon::plan(params, tp_size));
+std::vector<int> Muon::owners(const std::vector<Matrix>& matrices, int ranks) {
+  std::vector<size_t> order(matrices.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return matrices[a].cost() > matrices[b].cost();
+  });
+  std::vector<double> load(size_t(std::max(1, ranks)), 0.0);
+  std::vector<int> owner(matrices.size(), 0);
+  for (const size_t i : order) {
+    const size_t least = size_t(std::min_element(load.begin(), load.end()) - load.begin());
+    owner[i] = int(least);
+    load[least] += matrices[i].cost();
+  }
+  return owner;
+}
+
+namespace {
+
+// Rank `rank`'s layout from any rank's: the same buckets, each rank's slice `rank` slices in.
+ShardLayout layout_of_rank(const ShardLayout& any, int rank) {
+  ShardLayout out = any;
+  for (ShardPiece& p : out.pieces) p.begin = p.bucket + p.count * rank;
+  return out;
+}
+
+// The ranks a ZeRO layout cuts its buckets over (1: no ZeRO).
+int layout_ranks(const ShardLayout& shard) {
+  if (shard.pieces.empty() || shard.owns_all() || shard.count == 0) return 1;
+  return int(shard.total / shard.count);
+}
+
+// Calls f(matrix index, flat begin, count, shard local) for each stretch of a matrix inside one
+// of `layout`'s owned slices, by matrix, then in flat order.
+template <typename F>
+void for_each_held(const std::vector<Muon::Matrix>& matrices, const ShardLayout& layout, F f) {
+  for (size_t i = 0; i < matrices.size(); ++i) {
+    const int64_t lo = matrices[i].offset, hi = lo + matrices[i].count();
+    for (auto p = layout.pieces.rbegin(); p != layout.pieces.rend(); ++p) {
+      const int64_t a = std::max(lo, p->begin), b = std::min(hi, p->begin + p->count);
+      if (a < b) f(i, a, b - a, p->local + (a - p->begin));
+    }
+  }
+}
+
+}  // namespace
+
+MuonMemory muon_memory(const ParameterStore& params, int tp_size, const ShardLayout& shard) {
+  const std::vector<Muon::Matrix> matrices = Muon::plan(params, tp_size);
+  const Sizes s = sizes_of(matrices);
   auto floats = [](int64_t n) { return n ? aligned_size(size_t(n) * sizeof(float)) : 0; };
-  const int64_t moments = AdamW::moment_elements(params, {}, Muon::adamw_roles());
-  return {.state = floats(s.state) + 2 * floats(moments),
-          .scratch = floats(s.grams) + floats(s.poly) + floats(s.spare) + floats(s.gathered) +
-                     floats(s.whole) + floats(2 * s.matrices) + floats(s.matrices)};
+  const int ranks = layout_ranks(shard);
+  size_t state = 0, assembly = 0;
+  if (ranks == 1) {
+    state = floats(s.state) + 2 * floats(AdamW::moment_elements(params, {}, Muon::adamw_roles()));
+  } else {
+    // The most any DP rank holds: its slices and moments differ with where the buckets fall.
+    const std::vector<int> owner = Muon::owners(matrices, ranks);
+    for (int k = 0; k < ranks; ++k) {
+      const ShardLayout layout = layout_of_rank(shard, k);
+      int64_t held = 0, owned = 0;
+      for_each_held(matrices, layout, [&](size_t, int64_t, int64_t count, int64_t) { held += count; });
+      for (size_t i = 0; i < matrices.size(); ++i)
+        if (owner[i] == k) owned += matrices[i].count();
+      state = std::max(state, floats(held) + 2 * floats(AdamW::moment_elements(
+                                                     params, layout, Muon::adamw_roles())));
+      assembly = std::max(assembly, floats(owned));
+    }
+  }
+  return {.state = state,
+          .scratch = assembly + floats(s.grams) + floats(s.poly) + floats(s.spare) +
+                     floats(s.gathered) + floats(s.whole) + floats(2 * s.matrices) +
+                     floats(s.matrices)};
 }
 
 Muon::Muon(const ParameterStore& params, const MuonConfig& config, const AdamWConfig& adamw,
-           Communicator* tp)
+           Communicator* tp, const ShardLayout& shard, Communicator* dp)
     : config_(config),
       adamw_config_(adamw),
-      adamw_(params, adamw, {}, adamw_roles()),
+      adamw_(params, adamw, shard, adamw_roles()),
       tp_(tp && tp->size() > 1 ? tp : nullptr),
+      dp_(dp && dp->size() > 1 && layout_ranks(shard) > 1 ? dp : nullptr),
       matrices_(plan(params, tp_ ? tp_->size() : 1)),
       state_arena_(MemoryTag::optimizer, params.backend()),
       scratch_arena_(MemoryTag::workspace, params.backend()) {
-  BOTTLE_ASSERT(!params.value_slots() && !params.grad_slots(),
-                "Muon: the parameters are sharded by ZeRO, which Muon does not run under");
-  for (const Matrix& m : matrices_) {
-    if (m.split == Split::gram) ++gram_count_, gram_elements_ += m.gram_side() * m.gram_side();
-    if (m.split != Split::gather) ++local_count_;
-  }
   const Sizes s = sizes_of(matrices_);
   auto floats = [&](Arena& arena, int64_t n, DType dtype = DType::f32) {
     return n ? arena.alloc({n}, dtype) : Tensor{};
   };
-  momentum_ = floats(state_arena_, s.state);
+  assembled_.assign(matrices_.size(), -1);
+  int64_t state = s.state;
+  if (dp_) {
+    BOTTLE_ASSERT(layout_ranks(shard) == dp_->size(),
+                  "Muon: a ZeRO layout over {} ranks for a DP group of {}", layout_ranks(shard),
+                  dp_->size());
+    owner_ = owners(matrices_, dp_->size());
+    const int me = dp_->rank();
+    state = 0;
+    for_each_held(matrices_, shard, [&](size_t i, int64_t begin, int64_t count, int64_t local) {
+      held_.push_back({i, begin, count, local, state});
+      state += count;
+    });
+    int64_t at = 0;
+    for (size_t i = 0; i < matrices_.size(); ++i) {
+      if (owner_[i] != me) continue;
+      assembled_[i] = at;
+      owned_.push_back({i, at});
+      at += matrices_[i].count();
+    }
+    // The slices of the owned matrices that other ranks hold, in the order they send them.
+    for (size_t i = 0; i < matrices_.size(); ++i) {
+      if (owner_[i] != me) continue;
+      const Matrix& m = matrices_[i];
+      for (int k = 0; k < dp_->size(); ++k) {
+        if (k == me) continue;
+        for_each_held(std::vector<Matrix>{m}, layout_of_rank(shard, k),
+                      [&](size_t, int64_t begin, int64_t count, int64_t) {
+                        incoming_.push_back({i, k, begin - m.offset, count});
+                      });
+      }
+    }
+    // Each sender's slices arrive in its order (by matrix, then flat); the receives follow it.
+    std::stable_sort(incoming_.begin(), incoming_.end(), [](const Incoming& a, const Incoming& b) {
+      return a.index != b.index ? a.index < b.index : a.from < b.from;
+    });
+    assembly_ = floats(scratch_arena_, at);
+  }
+  momentum_ = floats(state_arena_, state);
   Backend& be = params.backend();
   if (!momentum_.empty()) be.fill_zero(momentum_);
   grams_ = floats(scratch_arena_, s.grams);
@@ -154,8 +255,12 @@ const std::vector<ParamRole>& Muon::adamw_roles() {
 std::vector<FlatSource> Muon::held_state() const {
   std::vector<FlatSource> out = adamw_.held_state();
   FlatSource momentum{"momentum_buffer/", momentum_, {}};
-  for (const Matrix& m : matrices_)
-    momentum.owned.push_back({.begin = m.offset, .count = m.count(), .local = m.state});
+  if (dp_)
+    for (const Slice& h : held_)
+      momentum.owned.push_back({.begin = h.begin, .count = h.count, .local = h.state});
+  else
+    for (const Matrix& m : matrices_)
+      momentum.owned.push_back({.begin = m.offset, .count = m.count(), .local = m.state});
   // The pieces in flat order, as the other sources hold theirs.
   std::sort(momentum.owned.begin(), momentum.owned.end(),
             [](const ShardPiece& a, const ShardPiece& b) { return a.begin < b.begin; });
@@ -196,34 +301,52 @@ void Muon::polynomial_step(Backend& be, Tensor x, Tensor gram, int64_t rows, int
   be.copy(x, spare_.view(0, {rows * cols}));
 }
 
-void Muon::orthogonalise_local(Backend& be, Tensor grads) {
-  const int64_t n = local_count_;
-  if (n == 0) return;
-  std::vector<SumRange> ranges;
-  for (int64_t i = 0; i < n; ++i)
-    ranges.push_back({matrices_[size_t(i)].offset, matrices_[size_t(i)].count(), int(i)});
-  be.sum_squares_ranges(norms_.view(0, {n}), grads, ranges);
-  be.copy(norms32_.view(0, {n}), norms_.view(0, {n}));
-  // A Gram-split matrix's squares are spread over the TP group; a whole one's are all here.
-  if (tp_ && gram_count_)
-    tp_->all_reduce(norms32_.view(0, {gram_count_}), ReduceOp::sum, "tp.muon_norm");
-  auto x_of = [&](const Matrix& m) { return grads.view(m.offset, {m.count()}); };
-  for (int64_t i = 0; i < n; ++i)
-    be.muon_normalize(x_of(matrices_[size_t(i)]), norms32_.view(i, {1}));
-  for (int step = 0; step < config_.ns_steps; ++step) {
-    for (int64_t i = 0; i < n; ++i) {
-      const Matrix& m = matrices_[size_t(i)];
-      const int64_t u = m.gram_side();
-      gram(be, grams_.view(m.gram, {u * u}), x_of(m), m.rows, m.cols, m.left_gram());
-    }
-    if (tp_ && gram_count_)
-      tp_->all_reduce(grams_.view(0, {gram_elements_}), ReduceOp::sum, "tp.muon_gram");
-    for (int64_t i = 0; i < n; ++i) {
-      const Matrix& m = matrices_[size_t(i)];
-      const int64_t u = m.gram_side();
-      polynomial_step(be, x_of(m), grams_.view(m.gram, {u * u}), m.rows, m.cols, m.left_gram());
+void Muon::orthogonalise(Backend& be, Tensor base, const std::vector<Placed>& which) {
+  // The Gram-split and whole ones (which come first), their Gram matrices end to end, the
+  // Gram-split ones' first: those are all-reduced.
+  std::vector<Placed> local;
+  std::vector<int64_t> gram_at;
+  int64_t gram_split = 0, grams = 0, reduced = 0;
+  for (const Placed& p : which) {
+    const Matrix& m = matrices_[p.index];
+    if (m.split == Split::gather) continue;
+    local.push_back(p);
+    gram_at.push_back(grams);
+    grams += m.gram_side() * m.gram_side();
+    if (m.split == Split::gram) ++gram_split, reduced = grams;
+  }
+  const int64_t n = int64_t(local.size());
+  auto x_of = [&](const Placed& p) { return base.view(p.at, {matrices_[p.index].count()}); };
+  if (n > 0) {
+    std::vector<SumRange> ranges;
+    for (int64_t i = 0; i < n; ++i)
+      ranges.push_back({local[size_t(i)].at, matrices_[local[size_t(i)].index].count(), int(i)});
+    be.sum_squares_ranges(norms_.view(0, {n}), base, ranges);
+    be.copy(norms32_.view(0, {n}), norms_.view(0, {n}));
+    // A Gram-split matrix's squares are spread over the TP group; a whole one's are all here.
+    if (tp_ && gram_split)
+      tp_->all_reduce(norms32_.view(0, {gram_split}), ReduceOp::sum, "tp.muon_norm");
+    for (int64_t i = 0; i < n; ++i) be.muon_normalize(x_of(local[size_t(i)]), norms32_.view(i, {1}));
+    for (int step = 0; step < config_.ns_steps; ++step) {
+      for (int64_t i = 0; i < n; ++i) {
+        const Matrix& m = matrices_[local[size_t(i)].index];
+        const int64_t u = m.gram_side();
+        gram(be, grams_.view(gram_at[size_t(i)], {u * u}), x_of(local[size_t(i)]), m.rows, m.cols,
+             m.left_gram());
+      }
+      if (tp_ && gram_split)
+        tp_->all_reduce(grams_.view(0, {reduced}), ReduceOp::sum, "tp.muon_gram");
+      for (int64_t i = 0; i < n; ++i) {
+        const Matrix& m = matrices_[local[size_t(i)].index];
+        const int64_t u = m.gram_side();
+        polynomial_step(be, x_of(local[size_t(i)]), grams_.view(gram_at[size_t(i)], {u * u}),
+                        m.rows, m.cols, m.left_gram());
+      }
     }
   }
+  for (const Placed& p : which)
+    if (matrices_[p.index].split == Split::gather)
+      orthogonalise_gathered(be, matrices_[p.index], x_of(p));
 }
 
 void Muon::orthogonalise_gathered(Backend& be, const Matrix& m, Tensor x) {
@@ -258,33 +381,94 @@ void Muon::orthogonalise_gathered(Backend& be, const Matrix& m, Tensor x) {
                     r * m.cols, m.cols);
 }
 
+void Muon::exchange(Backend& be, const ParameterStore& params, Tensor grad_shard, bool back) {
+  const int me = dp_->rank();
+  // A slice's U (then X) lies where this rank's reduced gradients are: the flat buffer under
+  // ZeRO-1, the gradient shard under ZeRO-2 and 3.
+  auto held = [&](const Slice& h) {
+    return grad_shard.empty() ? params.grads().view(h.begin, {h.count})
+                              : grad_shard.view(h.local, {h.count});
+  };
+  auto in_assembly = [&](size_t index, int64_t at, int64_t count) {
+    return assembly_.view(assembled_[index] + at, {count});
+  };
+  // Tags tell the matrices apart; one sender's slices of a matrix arrive in its order.
+  auto tag = [](size_t index) { return int(index % 30000); };
+  const char* site = back ? "dp.muon_scatter" : "dp.muon_gather";
+  if (!back) {
+    for (const Slice& h : held_) {
+      const Matrix& m = matrices_[h.index];
+      if (owner_[h.index] == me)
+        be.copy(in_assembly(h.index, h.begin - m.offset, h.count), held(h));
+      else
+        dp_->send_async(held(h), owner_[h.index], tag(h.index), site);
+    }
+    for (const Incoming& in : incoming_)
+      dp_->recv(in_assembly(in.index, in.at, in.count), in.from, tag(in.index), site);
+  } else {
+    for (const Incoming& in : incoming_)
+      dp_->send_async(in_assembly(in.index, in.at, in.count), in.from, tag(in.index), site);
+    for (const Slice& h : held_) {
+      const Matrix& m = matrices_[h.index];
+      if (owner_[h.index] == me)
+        be.copy(held(h), in_assembly(h.index, h.begin - m.offset, h.count));
+      else
+        dp_->recv(held(h), owner_[h.index], tag(h.index), site);
+    }
+  }
+  dp_->wait_sends();
+}
+
 void Muon::step(Backend& be, const ParameterStore& params, float lr, Tensor control,
                 Tensor grad_shard) {
-  BOTTLE_ASSERT(grad_shard.empty(), "Muon::step: ZeRO-2's gradient shard given");
   adamw_.step_at(be, params, lr, control, grad_shard, steps_taken() + 1);
-  const Tensor grads = params.grads();
   MuonArgs args;
   args.momentum = config_.momentum;
   args.nesterov = config_.nesterov;
-  // U in place of G: the step is the gradients' last reader.
-  for (const Matrix& m : matrices_) {
-    const Tensor g = grads.view(m.offset, {m.count()});
-    be.muon_momentum(g, momentum_.view(m.state, {m.count()}), g, control, args);
-  }
-  orthogonalise_local(be, grads);
-  for (size_t i = size_t(local_count_); i < matrices_.size(); ++i) {
-    const Matrix& m = matrices_[i];
-    orthogonalise_gathered(be, m, grads.view(m.offset, {m.count()}));
-  }
   args.lr = lr;
-  for (const Matrix& m : matrices_) {
+  auto apply = [&](const Matrix& m, Tensor values, Tensor compute, Tensor x) {
     args.weight_decay = m.decays ? adamw_config_.weight_decay : 0.0f;
     args.adjust = 0.2f * std::sqrt(float(std::max(m.full_rows, m.full_cols)));
-    const Shape range{m.count()};
-    const Tensor compute =
-        params.mixed_precision() ? params.compute_values().view(m.offset, range) : Tensor{};
-    be.muon_apply(params.values().view(m.offset, range), compute, grads.view(m.offset, range),
-                  control, args);
+    be.muon_apply(values, compute, x, control, args);
+  };
+  if (!dp_) {
+    // U in place of G: the step is the gradients' last reader.
+    const Tensor grads = params.grads();
+    std::vector<Placed> all;
+    for (size_t i = 0; i < matrices_.size(); ++i) {
+      const Matrix& m = matrices_[i];
+      const Tensor g = grads.view(m.offset, {m.count()});
+      be.muon_momentum(g, momentum_.view(m.state, {m.count()}), g, control, args);
+      all.push_back({i, m.offset});
+    }
+    orthogonalise(be, grads, all);
+    for (const Matrix& m : matrices_) {
+      const Shape range{m.count()};
+      apply(m, params.values().view(m.offset, range),
+            params.mixed_precision() ? params.compute_values().view(m.offset, range) : Tensor{},
+            grads.view(m.offset, range));
+    }
+    return;
+  }
+  // ZeRO: the momentum of the owned slices, U to the owners, Newton–Schulz there, X back, and
+  // each rank's update of its slices (ZeRO-3: of its shard of the masters; the compute copies
+  // are cast where the units are gathered).
+  auto held = [&](const Slice& h) {
+    return grad_shard.empty() ? params.grads().view(h.begin, {h.count})
+                              : grad_shard.view(h.local, {h.count});
+  };
+  for (const Slice& h : held_)
+    be.muon_momentum(held(h), momentum_.view(h.state, {h.count}), held(h), control, args);
+  exchange(be, params, grad_shard, /*back=*/false);
+  orthogonalise(be, assembly_, owned_);
+  exchange(be, params, grad_shard, /*back=*/true);
+  const bool sharded = params.value_slots();
+  for (const Slice& h : held_) {
+    const Shape range{h.count};
+    apply(matrices_[h.index], params.values().view(sharded ? h.local : h.begin, range),
+          params.mixed_precision() && !sharded ? params.compute_values().view(h.begin, range)
+                                               : Tensor{},
+          held(h));
   }
 }
 

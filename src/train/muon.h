@@ -22,7 +22,12 @@
 //   weights): the Gram matrix would be the large side's, so the matrix is gathered instead (one
 //   all-gather of its U) and every TP rank runs the whole iteration, Megatron's "duplicated"
 //   mode, keeping its own slice of X.
-// Nothing of this runs under ZeRO 1–3 yet: the configuration refuses it (config_loader.cpp).
+// Under ZeRO 1–3 a DP rank holds slices of the matrices, cut by the gradient buckets, which
+// would orthogonalise halves: each matrix gets one owner DP rank instead (balanced by its
+// Newton–Schulz cost), the momentum stays element-wise on the owned slices, each slice's U is
+// sent to the owner, which runs the iteration on the whole matrix and sends each slice's X
+// back, and every rank updates its own slices; ZeRO's gathers then move the weights as they do
+// after AdamW.
 #include <cstdint>
 #include <vector>
 
@@ -48,28 +53,31 @@ inline constexpr float kNewtonSchulzA = 3.4445f, kNewtonSchulzB = -4.7750f,
 
 // The bytes Muon holds for a store laid out like `params` (the memory plan's): its state, the
 // matrices' momentum and AdamW's moments for the rest (optimizer), and the iteration's
-// scratch (workspace).
+// scratch (workspace). shard: a DP rank's ZeRO layout (DataParallel::layout; any rank's), under
+// which the most any DP rank holds is planned; empty: no ZeRO.
 struct MuonMemory {
   size_t state = 0, scratch = 0;
 };
-MuonMemory muon_memory(const ParameterStore& params, int tp_size);
+MuonMemory muon_memory(const ParameterStore& params, int tp_size, const ShardLayout& shard = {});
 
 class Muon : public Optimizer {
  public:
   // The matrices of `params` take Muon, every other parameter `adamw`; tp: the model's TP group
-  // (null: one rank), over which the matrices are split.
+  // (null: one rank), over which the matrices are split. shard and dp: what this rank owns
+  // under ZeRO 1–3 (DataParallel::shard) and the DP group; an empty layout owns everything.
   Muon(const ParameterStore& params, const MuonConfig& config, const AdamWConfig& adamw,
-       Communicator* tp);
+       Communicator* tp, const ShardLayout& shard = {}, Communicator* dp = nullptr);
   // The roles AdamW takes beside it.
   static const std::vector<ParamRole>& adamw_roles();
 
   const char* name() const override { return "muon"; }
-  // The matrices' gradients become their orthogonalised updates in place.
+  // The matrices' gradients (their owned slices under ZeRO) become their orthogonalised updates
+  // in place.
   void step(Backend& be, const ParameterStore& params, float lr, Tensor control,
             Tensor grad_shard = {}) override;
   size_t bytes() const override { return state_arena_.bytes() + adamw_.bytes(); }
   // AdamW's "exp_avg/" and "exp_avg_sq/" (its parameters) and "momentum_buffer/" (the
-  // matrices).
+  // matrices, their owned slices under ZeRO).
   std::vector<FlatSource> held_state() const override;
 
   // How a matrix runs the iteration (see the file comment).
@@ -80,37 +88,66 @@ class Muon : public Optimizer {
     int64_t full_rows = 0, full_cols = 0;
     int shard_dim = -1;  // the split dimension (-1: whole)
     Split split = Split::whole;
-    int64_t state = 0;   // where its momentum starts
-    int64_t gram = 0;    // where its Gram matrix starts in the Gram scratch
+    int64_t state = 0;   // where its momentum starts (without ZeRO)
     bool decays = true;  // takes optimizer.weight_decay (declared with it)
     int64_t count() const { return rows * cols; }
     // Whether its Gram matrix is X·Xᵀ (rows × rows) rather than Xᵀ·X.
     bool left_gram() const;
     int64_t gram_side() const;  // u: the Gram matrix is u × u
+    // Its Newton–Schulz FLOPs per iteration on this rank, which balance the ZeRO owners.
+    double cost() const;
   };
-  // The matrices of a store, in flat order, as this optimizer lays them out.
+  // The matrices of a store, Gram-split first, then whole, then gathered (each in flat order).
   static std::vector<Matrix> plan(const ParameterStore& params, int tp_size);
+  // ZeRO: each matrix's owner among `ranks` DP ranks, the largest cost first to the least
+  // loaded rank (the same on every rank, and on every TP rank of a replica).
+  static std::vector<int> owners(const std::vector<Matrix>& matrices, int ranks);
 
  private:
-  // The Gram-split and whole matrices, all together: their norms, then each iteration's Gram
-  // matrices (one all-reduce for the Gram-split ones), then their polynomial steps.
-  void orthogonalise_local(Backend& be, Tensor grads);
-  // A gathered matrix by itself: its U gathered over the TP group, the whole iteration, its own
-  // slice of X kept. x: [rows, cols] its U in place.
+  // Matrix `index` of matrices_ at `at` in a buffer.
+  struct Placed {
+    size_t index = 0;
+    int64_t at = 0;
+  };
+  // Newton–Schulz of `which` (an ascending list of matrices_, so Gram-split ones come first),
+  // each X [rows, cols] in `base` at its place, in place of its U: the Gram-split and whole ones
+  // together (their norms, then each iteration's Gram matrices with one all-reduce over TP for
+  // the Gram-split, then their polynomial steps), then each gathered one by itself.
+  void orthogonalise(Backend& be, Tensor base, const std::vector<Placed>& which);
+  // A gathered matrix: its U gathered over the TP group, the whole iteration, its own slice of X
+  // kept. x: [rows, cols] its U in place.
   void orthogonalise_gathered(Backend& be, const Matrix& m, Tensor x);
   // One polynomial step of X [rows, cols] in place, its Gram matrix `gram` [u, u] given.
   void polynomial_step(Backend& be, Tensor x, Tensor gram, int64_t rows, int64_t cols, bool left);
+  // ZeRO: the owned slices' U to their matrices' owners, and back as X.
+  void exchange(Backend& be, const ParameterStore& params, Tensor grad_shard, bool back);
 
   MuonConfig config_;
   AdamWConfig adamw_config_;
   AdamW adamw_;                   // the embedding, the LM head and the 1-D parameters
   Communicator* tp_;              // null for one rank
-  std::vector<Matrix> matrices_;  // Gram-split first, then whole, then gathered (flat order)
-  int64_t gram_count_ = 0;        // matrices_[0, gram_count_) are Gram-split
-  int64_t local_count_ = 0;       // matrices_[0, local_count_) are Gram-split or whole
-  int64_t gram_elements_ = 0;     // the Gram-split matrices' Gram matrices end to end
+  Communicator* dp_;              // ZeRO's DP group; null without ZeRO
+  std::vector<Matrix> matrices_;  // plan()'s order
+  // ZeRO: a slice of a matrix this rank owns (flat [begin, begin + count), at `local` in the
+  // DP shard and at `state` in the momentum), and a slice another rank sends for a matrix this
+  // rank is the owner of (at `at` in the matrix).
+  struct Slice {
+    size_t index = 0;
+    int64_t begin = 0, count = 0, local = 0, state = 0;
+  };
+  struct Incoming {
+    size_t index = 0;
+    int from = 0;
+    int64_t at = 0, count = 0;
+  };
+  std::vector<Slice> held_;          // by matrix, then flat order
+  std::vector<Incoming> incoming_;   // by matrix, then place
+  std::vector<int> owner_;           // per matrix
+  std::vector<Placed> owned_;        // the matrices this rank runs, in the assembly buffer
+  std::vector<int64_t> assembled_;   // per matrix: where it lies in assembly_ (-1: elsewhere)
   Arena state_arena_, scratch_arena_;
-  Tensor momentum_;  // [Σ matrix elements] the matrices' momentum buffers end to end
+  Tensor momentum_;  // [Σ matrix elements (held slices under ZeRO)] end to end
+  Tensor assembly_;  // ZeRO: [Σ owned matrix elements] the owned matrices, whole
   Tensor grams_;     // [Σ u²] the Gram matrices of the Gram-split and whole matrices (at least
                      // a gathered matrix's, which reuses the start)
   Tensor poly_;      // [max u²] b·A + c·A·A

@@ -133,7 +133,7 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
   // The stage's last backward of a step: the one after which its gradients are final.
   for (const Action& a : actions_)
     if (a.kind == ActionKind::backward) final_backward_ = a.micro_batch;
-  optimizer_ = make_optimizer(config, *model_, data_parallel_->shard());
+  optimizer_ = make_optimizer(config, *model_, *data_parallel_);
   const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
   for (int m = 0; m < micro_batches_; ++m) {
     inputs_.push_back(batch_arena_.alloc({B, S}, DType::i32));
@@ -155,16 +155,16 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
 }
 
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, const LlamaModel& model,
-                                          const ShardLayout& shard) {
+                                          const DataParallel& data_parallel) {
   switch (config.optimizer.name) {
     case OptimizerKind::muon:
-      BOTTLE_ASSERT(shard.owns_all(), "make_optimizer: Muon under ZeRO");
       return std::make_unique<Muon>(model.parameters(), config.muon(), config.adamw(),
-                                    model.tensor_parallel().comm);
+                                    model.tensor_parallel().comm, data_parallel.shard(),
+                                    data_parallel.zero() ? data_parallel.group() : nullptr);
     case OptimizerKind::adamw:
       break;
   }
-  return std::make_unique<AdamW>(model.parameters(), config.adamw(), shard);
+  return std::make_unique<AdamW>(model.parameters(), config.adamw(), data_parallel.shard());
 }
 
 Tensor TrainStep::reduced_grads() const {

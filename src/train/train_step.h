@@ -58,9 +58,10 @@ void reduce_device_scalar(Backend& be, Communicator* group, Tensor value, Tensor
 // exceeds max_norm > 0, else 1.
 float clip_factor(double grad_norm, double max_norm);
 
-// optimizer.name's optimizer for `model`'s parameters, of which it updates what `shard` owns.
+// optimizer.name's optimizer for `model`'s parameters, of which it updates what this rank owns
+// under `data_parallel`'s ZeRO.
 std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& config, const LlamaModel& model,
-                                          const ShardLayout& shard);
+                                          const DataParallel& data_parallel);
 
 // The learning-rate schedule of a configuration (lr_scheduler.* over training.steps).
 LrSchedule lr_schedule_of(const TrainConfig& config);
