@@ -69,6 +69,18 @@ struct GemmArgs {
   GemmArgs item(int64_t i) const;
 };
 
+// One rank's widest rows of each kind in a training step, for Backend::kernel_scratch_bytes: a
+// backend whose kernels keep scratch per row or per thread sizes it from them.
+struct KernelShapes {
+  DType dtype = DType::f32;       // the activations' (training.precision)
+  int64_t seq = 0, head_dim = 0;  // attention's sequence and head width
+  int64_t rope_width = 0;         // one position's query heads (heads · head_dim): RoPE's row
+  int64_t hidden = 0;             // the residual stream's row: the RMSNorms, embedding rows
+  int64_t latent = 0;             // the widest latents a row op reads: a projection group's Σr
+  int64_t latent_norm = 0;        // the latent LayerNorm's row (LaX's crossing); 0: none
+  int64_t logits = 0;             // one rank's row of logits (its share of the vocabulary)
+};
+
 // A range [offset, offset + count) of a flat buffer, in elements.
 struct ElementRange {
   int64_t offset = 0, count = 0;
@@ -171,9 +183,19 @@ class Backend : public MemorySource {
                                             int64_t kv_heads, int64_t head_dim, DType dtype) {
     return 0;
   }
-  // Scratch a norm's backward keeps beyond its operands for rows of up to `width` values (the
-  // cpu backend's per-thread partials of the weight's gradient), for the memory plan.
-  virtual int64_t norm_scratch_bytes(int64_t width, DType dtype) { return 0; }
+  // Scratch the other kernels of a training step keep between calls, beyond their operands,
+  // for the memory plan: the cpu backend's per-thread bf16 slabs (attention's among them) and
+  // norm-gradient partials, sized by the step's widest rows (KernelShapes). GEMMs are apart
+  // (gemm_scratch_bytes): their scratch depends on each product's shape.
+  virtual int64_t kernel_scratch_bytes(const KernelShapes& shapes) { return 0; }
+  // Scratch gemm(args) takes beyond its operands, for the memory plan: the cpu backend's fp32
+  // copies of bf16 operands where oneDNN has no matmul for them on this CPU; 0 where the
+  // product runs as it is.
+  virtual int64_t gemm_scratch_bytes(const GemmArgs& args) { return 0; }
+  // Frees the scratch kernels keep between calls (it grows again as they need it), so that
+  // what a one-off call took (the GEMM peak's probe of products larger than a step's) is not
+  // held while training. Only between ops.
+  virtual void release_scratch() {}
 
   // --- The ops (backend/backend_ops.def, one entry each, with its contract). Each checks its
   // operands once for every backend (backend.cpp) and then calls its implementation, do_<op>.

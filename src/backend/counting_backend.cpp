@@ -93,6 +93,9 @@ void CountingBackend::do_gemm(const GemmArgs& a) {
                         int(dtype_size(a.c_dtype)),
                         a.beta != 0.0f};
   count([&](OpCounts& counts) { ++counts.gemms[shape]; });
+  if (gemm_scratch_source_)
+    largest_gemm_scratch_ =
+        std::max(largest_gemm_scratch_, gemm_scratch_source_->gemm_scratch_bytes(a));
 }
 
 }  // namespace bottle

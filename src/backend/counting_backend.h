@@ -91,9 +91,18 @@ class CountingBackend final : public ForwardingBackend {
                                     int64_t head_dim, DType dtype) override {
     return Backend::attention_workspace_bytes(batch, seq, heads, kv_heads, head_dim, dtype);
   }
-  int64_t norm_scratch_bytes(int64_t width, DType dtype) override {
-    return Backend::norm_scratch_bytes(width, dtype);
+  int64_t kernel_scratch_bytes(const KernelShapes& shapes) override {
+    return Backend::kernel_scratch_bytes(shapes);
   }
+  int64_t gemm_scratch_bytes(const GemmArgs& args) override {
+    return Backend::gemm_scratch_bytes(args);
+  }
+  void release_scratch() override {}
+  // While set, every GEMM also asks `source` what scratch it would take for it
+  // (gemm_scratch_bytes), and largest_gemm_scratch() keeps the most: a dry micro-batch tells the
+  // memory plan the GEMM scratch of the step `source` will run (train/memory_plan.h).
+  void set_gemm_scratch_source(Backend* source) { gemm_scratch_source_ = source; }
+  int64_t largest_gemm_scratch() const { return largest_gemm_scratch_; }
   // What a device backend would wait for: every synchronize and every op that returns device
   // data to the host (to_host, first_outside, sum, sum_squares).
   void synchronize() override { ++host_waits_; }
@@ -124,6 +133,8 @@ class CountingBackend final : public ForwardingBackend {
   std::vector<Reservation> reservations_;
   const std::string* phase_ = nullptr;
   OpCounts* segment_ = nullptr;
+  Backend* gemm_scratch_source_ = nullptr;
+  int64_t largest_gemm_scratch_ = 0;
   std::map<std::string, OpCounts> counts_;
   size_t reserved_ = 0, peak_reserved_ = 0;
 };

@@ -100,9 +100,13 @@ class ForwardingBackend : public Backend {
                                     int64_t head_dim, DType dtype) override {
     return inner().attention_workspace_bytes(batch, seq, heads, kv_heads, head_dim, dtype);
   }
-  int64_t norm_scratch_bytes(int64_t width, DType dtype) override {
-    return inner().norm_scratch_bytes(width, dtype);
+  int64_t kernel_scratch_bytes(const KernelShapes& shapes) override {
+    return inner().kernel_scratch_bytes(shapes);
   }
+  int64_t gemm_scratch_bytes(const GemmArgs& args) override {
+    return inner().gemm_scratch_bytes(args);
+  }
+  void release_scratch() override { inner().release_scratch(); }
 
   // The ops, each through around() with the traffic its entry of backend/backend_ops.def gives.
 #define BOTTLE_BACKEND_OP(ret, op, params, call, traffic) ret do_##op params override;

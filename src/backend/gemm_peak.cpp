@@ -90,6 +90,9 @@ double measure_gemm_peak_gflops(Backend& be, DType dtype) {
       if (std::chrono::duration<double>(t1 - start).count() > kSecondsPerShape) break;
     }
   }
+  // Where bf16 products are widened, the probe's grew the backend's GEMM scratch to 2n² floats,
+  // more than a small model's step takes: given back, so that a run holds only its step's.
+  be.release_scratch();
   return best;
 }
 

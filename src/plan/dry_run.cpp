@@ -61,15 +61,9 @@ StageCounts count_step(const TrainConfig& config, int stage, MemoryBreakdown* la
   const ParallelConfig& p = config.parallel;
   StageCounts out;
   out.stage = stage;
-  // The one split a training step makes: the tied embedding's group of the first and the
-  // last stage (TrainStep), which every other stage leaves.
   const int pp = p.pp;
-  auto tied_split = [pp](int color, int key) {
-    using Group = CountingCommunicator::SplitGroup;
-    return color == 0 ? Group{2, key == 0 ? 0 : 1, 0, pp - 1}
-                      : Group{pp - 2, std::max(0, key - 1), 1, 1};
-  };
-  CountingCommunicator tp("tp", p.tp, 0), dp("dp", p.dp, 0), pipe("pp", pp, stage, tied_split);
+  CountingCommunicator tp("tp", p.tp, 0), dp("dp", p.dp, 0),
+      pipe("pp", pp, stage, tied_embedding_split(pp));
   CountingBackend be;
   // Recomputation shows in the TP group's phase (CommPhase), which the model sets also on a
   // group of one rank.

@@ -9,9 +9,77 @@
 #include <sstream>
 #include <vector>
 
+#include "backend/counting_backend.h"
 #include "train/train_step.h"
 
 namespace bottle {
+namespace {
+
+// One rank's widest rows of each kind (KernelShapes) in a step of `config`, its block's widths
+// `dims`.
+KernelShapes kernel_shapes(const TrainConfig& config, const BlockDims& dims) {
+  const ModelConfig& m = config.model;
+  KernelShapes s;
+  s.dtype = compute_dtype(config.training.precision);
+  s.seq = config.training.seq_len;
+  s.head_dim = dims.head_dim;
+  s.rope_width = dims.heads * dims.head_dim;
+  // A layout that shards the residual stream norms d/t of it: the whole width bounds it.
+  s.hidden = m.hidden_size;
+  s.logits = m.vocab_size / config.parallel.tp;  // vocab_parallel.h's share
+  if (m.bottleneck != BottleneckKind::none) {
+    auto rank = [&](ProjectionId p) { return m.rank_of(p); };
+    using P = ProjectionId;
+    // The projections that read one input lay their latents side by side (projection_group.h),
+    // and online RMSNorm scales those rows whole.
+    s.latent = std::max({rank(P::q) + rank(P::k) + rank(P::v), rank(P::gate) + rank(P::up),
+                         rank(P::o), rank(P::down)});
+    if (m.bottleneck == BottleneckKind::lax)
+      for (int p = 0; p < kNumProjections; ++p)
+        s.latent_norm = std::max(s.latent_norm, rank(ProjectionId(p)));
+  }
+  return s;
+}
+
+// The largest Backend::gemm_scratch_bytes of `be` over the GEMMs of one micro-batch of the
+// step (every micro-batch runs the same products), run on the counting backend.
+int64_t largest_gemm_scratch(const TrainConfig& config, int tp_rank, const PipelineStage& stage,
+                             Backend& be) {
+  TrainConfig one = bench_step_config(config);
+  one.training.grad_accum_steps = 1;
+  const ParallelConfig& p = config.parallel;
+  CountingCommunicator tp("tp", int(p.tp), tp_rank), dp("dp", int(p.dp), 0),
+      pipe("pp", stage.stages, stage.stage, tied_embedding_split(stage.stages));
+  CountingBackend counting;
+  counting.set_gemm_scratch_source(&be);
+  // Arenas count the counting backend's address space as memory until the step is gone: the
+  // process's peaks are put back as they were.
+  const MemoryStats before = MemoryStats::global();
+  {
+    TrainStep step(one, counting, tensor_parallel_of(one, &tp), stage.stages > 1 ? &pipe : nullptr,
+                   p.dp > 1 ? &dp : nullptr);
+    step.allocate_activations();
+    step.step(0);
+  }
+  MemoryStats::global() = before;
+  return counting.largest_gemm_scratch();
+}
+
+}  // namespace
+
+KernelScratch plan_kernel_scratch(const TrainConfig& config, int tp_rank,
+                                  const PipelineStage& stage, Backend& be) {
+  const TrainingConfig& tc = config.training;
+  const BlockDims dims =
+      config.parallel.tp_mode->block_dims(config.model.shape(), int(config.parallel.tp));
+  const DType dtype = compute_dtype(tc.precision);
+  KernelScratch s;
+  s.attention = be.attention_workspace_bytes(tc.micro_batch_size, tc.seq_len, dims.heads,
+                                             dims.kv_heads, dims.head_dim, dtype);
+  s.other = be.kernel_scratch_bytes(kernel_shapes(config, dims));
+  if (dtype != DType::f32) s.other += largest_gemm_scratch(config, tp_rank, stage, be);
+  return s;
+}
 
 void check_batch_shape(const ModelConfig& m, int64_t batch, int64_t seq, const std::string& where,
                        const std::string& batch_name, const std::string& seq_name) {

@@ -49,11 +49,27 @@ void check_layers_memory(const ModelConfig& model, const TensorParallel& tp, int
                          int64_t seq, Communicator& world, const std::string& what,
                          const std::string& advice);
 
+// What a backend's kernels keep beside the tensors while a rank trains (plan_kernel_scratch).
+struct KernelScratch {
+  int64_t attention = 0;  // Backend::attention_workspace_bytes
+  int64_t other = 0;      // Backend::kernel_scratch_bytes and the largest GEMM's scratch
+};
+
+// The scratch `be` keeps while TP rank `tp_rank` of `stage` trains `config`: its attention's
+// workspace, its other kernels' at the step's widest rows (Backend::kernel_scratch_bytes), and
+// the largest Backend::gemm_scratch_bytes of the step's GEMMs. Those are the model's products
+// as it issues them (which members of a projection group run as one batched product depends
+// on where their buffers lie), so one micro-batch of the step runs on the counting backend,
+// which asks `be` for each GEMM's scratch; nothing is computed or allocated. In fp32 no GEMM
+// takes any, and that run is skipped.
+KernelScratch plan_kernel_scratch(const TrainConfig& config, int tp_rank,
+                                  const PipelineStage& stage, Backend& be);
+
 // This rank's footprint when training `config` as `stage` of the pipeline with `tp`,
 // `slots` micro-batches in flight; `attention_workspace` is what the backend's attention takes
 // beyond the activations (Backend::attention_workspace_bytes: cuDNN's backward on a GPU, the
 // cpu backend's per-thread scores), `kernel_scratch` what its other kernels keep
-// (Backend::norm_scratch_bytes).
+// (plan_kernel_scratch: the cpu backend's bf16 slabs, norm partials and widened GEMM operands).
 MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel& tp,
                                  const PipelineStage& stage, int slots,
                                  int64_t attention_workspace = 0, int64_t kernel_scratch = 0);

@@ -89,6 +89,15 @@ int64_t dp_bucket_bytes(const TrainConfig& config) {
   return int64_t(std::min(config.parallel.bucket_mb, 1e9) * 1048576.0);
 }
 
+CountingCommunicator::SplitRule tied_embedding_split(int pp) {
+  // TrainStep's colors: 0 for the first and the last stage (keys 0 and pp − 1), 1 for the rest.
+  return [pp](int color, int key) {
+    using Group = CountingCommunicator::SplitGroup;
+    return color == 0 ? Group{2, key == 0 ? 0 : 1, 0, pp - 1}
+                      : Group{pp - 2, std::max(0, key - 1), 1, 1};
+  };
+}
+
 TrainConfig bench_step_config(TrainConfig config) {
   config.lr_scheduler.warmup_steps = 0;
   config.lr_scheduler.decay = LrDecay::constant;

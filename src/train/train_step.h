@@ -12,6 +12,7 @@
 #include <memory>
 #include <vector>
 
+#include "comm/counting_communicator.h"
 #include "core/arena.h"
 #include "model/llama.h"
 #include "pipeline/schedule.h"
@@ -78,6 +79,11 @@ int pipeline_slots(const TrainConfig& config, int stage);
 ParamSharding parameter_sharding(const TrainConfig& config, int dp_rank = 0);
 // parallel.bucket_mb in bytes, as DataParallel cuts its buckets.
 int64_t dp_bucket_bytes(const TrainConfig& config);
+
+// The one split a training step makes of its pipeline group, as a counting group of `pp`
+// stages makes it (comm/counting_communicator.h), for a dry run of the step: the tied
+// embedding's group of the first and the last stage, which every other stage leaves.
+CountingCommunicator::SplitRule tied_embedding_split(int pp);
 
 // A configuration's step as the benches time it: the learning rate held at optimizer.lr (a
 // bench's few steps follow no schedule; the rate does not change the work), everything else

@@ -312,20 +312,13 @@ void Trainer::set_up_model() {
     check_parameter_memory(
         config_.model, true, config_.parallel.tp * config_.parallel.pp * (zero >= 3 ? dp : 1),
         zero == 1 || zero == 2 ? dp : 1, zero == 2 ? dp : 1, world_, options_.config_path, advice);
-  // The attention's own workspace (cuDNN's backward on a GPU: up to B·H·S²·2 bytes) is part
-  // of the plan, so that a shape it cannot hold fails here, naming it, not in the first step.
-  const BlockDims dims =
-      config_.parallel.tp_mode->block_dims(config_.model.shape(), int(config_.parallel.tp));
-  const int64_t attention_workspace =
-      be_->attention_workspace_bytes(tc_.micro_batch_size, tc_.seq_len, dims.heads, dims.kv_heads,
-                                     dims.head_dim, compute_dtype(tc_.precision));
-  // The norms' backward scratch, for their widest row (the hidden width, or a latent's).
-  int64_t norm_width = config_.model.hidden_size;
-  for (int p = 0; p < kNumProjections; ++p)
-    norm_width = std::max(norm_width, config_.model.rank_of(ProjectionId(p)));
+  // The backend's own scratch is part of the plan: the attention's workspace (cuDNN's backward
+  // on a GPU: up to B·H·S²·2 bytes), so that a shape it cannot hold fails here, naming it, not
+  // in the first step, and the other kernels' (the cpu backend's bf16 slabs, norm partials and
+  // widened GEMM operands).
+  const KernelScratch scratch = plan_kernel_scratch(config_, tp.rank(), stage, *be_);
   plan_ = plan_rank_memory(config_, tp, stage, pipeline_slots(config_, stage.stage),
-                           attention_workspace,
-                           be_->norm_scratch_bytes(norm_width, compute_dtype(tc_.precision)));
+                           scratch.attention, scratch.other);
   check_memory_limit(config_, plan_, world_, options_.config_path);
   plan_per_rank_ = memory_per_rank(world_, plan_, plan_.total());
   if (!on_device) {

@@ -330,6 +330,38 @@ TEST_F(Train, ResumeIsBitExactInBf16) {
   EXPECT_NE(half_text.find("\"torch_dtype\": \"bfloat16\""), std::string::npos) << half_text;
 }
 
+// Issue 57: in bf16 too every tag's measured peak stays within its plan, through evaluations
+// and saves: the cpu backend's per-thread slabs (two threads, so that they count twice) and,
+// with oneDNN held to AVX2 where it has no bf16 matmul, its widened GEMM operands.
+class Bf16MemoryPlan : public Train, public ::testing::WithParamInterface<const char*> {};
+
+TEST_P(Bf16MemoryPlan, HoldsEveryPeak) {
+  const CommandResult r = train(
+      folder_arg(dir / "a") + " --set training.precision=bf16 --set training.steps=8", GetParam());
+  ASSERT_EQ(r.status, 0) << r.output;
+  if (std::string(GetParam()).find("AVX2") != std::string::npos)
+    EXPECT_NE(r.output.find("widened to fp32"), std::string::npos) << r.output;
+  std::ifstream in(dir / "a/metrics.jsonl");
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (!j.contains("memory_plan")) continue;
+    ++rows;
+    for (const auto& [tag, plan] : j.at("memory_plan").items())
+      EXPECT_LE(j.at("memory").at(tag)[0].get<size_t>(), plan[0].get<size_t>())
+          << "step " << j.at("step") << ", tag " << tag << " measured above its plan";
+  }
+  EXPECT_EQ(rows, 8);
+}
+
+INSTANTIATE_TEST_SUITE_P(Gemms, Bf16MemoryPlan,
+                         ::testing::Values("OMP_NUM_THREADS=2",
+                                           "OMP_NUM_THREADS=2 DNNL_MAX_CPU_ISA=AVX2 "
+                                           "ONEDNN_MAX_CPU_ISA=AVX2"),
+                         [](const auto& info) {
+                           return std::string(info.index == 0 ? "AsTheyRun" : "Widened");
+                         });
+
 // A backend without bf16 kernels (the reference's own, unwrapped) is refused with its
 // reason, never run in fp32.
 TEST_F(Train, Bf16OnABackendWithoutItIsRefused) {

@@ -62,9 +62,7 @@ void close_block(const Tensor& t, int64_t offset, int64_t rows, int64_t cols, in
 int64_t CpuBackend::attention_workspace_bytes(int64_t batch, int64_t seq, int64_t heads,
                                               int64_t kv_heads, int64_t head_dim, DType dtype) {
   const int64_t nt = omp_get_max_threads();
-  int64_t floats = nt * 2 * kQueryBlock * seq;  // do_attention_backward's scratch
-  if (dtype == DType::bf16) floats += nt * 8 * std::max(seq, kQueryBlock) * head_dim;
-  return floats * int64_t(sizeof(float));
+  return nt * 2 * kQueryBlock * seq * int64_t(sizeof(float));  // do_attention_backward's scores
 }
 
 CpuBackend::AttentionDims CpuBackend::attention_dims(const Tensor& q, const Tensor& k) {
@@ -79,7 +77,8 @@ void CpuBackend::do_attention_forward(Tensor out, Tensor lse, Tensor q, Tensor k
   const int64_t nt = omp_get_max_threads();
   float* scratch = attn_ws_.get(size_t(nt) * kQueryBlock * d.S);  // [threads, block, S]
   // Per thread: K, V [S, hd]; the block's Q, O [block, hd].
-  const Slabs slabs(slab_ws_, 4, std::max(d.S, kQueryBlock) * d.hd, any_bf16({out, q, k, v}));
+  const Slabs slabs(slab_ws_, kAttentionSlabs, std::max(d.S, kQueryBlock) * d.hd,
+                    any_bf16({out, q, k, v}));
 #pragma omp parallel for schedule(dynamic, 1)
   for (int64_t item = 0; item < d.B * d.H; ++item) {
     const int64_t b = item / d.H, h = item % d.H, g = h / d.rep;
@@ -113,7 +112,7 @@ void CpuBackend::do_attention_backward(Tensor dq, Tensor dk, Tensor dv, Tensor d
   const int64_t nt = omp_get_max_threads();
   float* scratch = attn_ws_.get(size_t(nt) * 2 * kQueryBlock * d.S);  // [threads, 2, block, S]
   // Per thread: K, V, dK, dV [S, hd]; the block's Q, O, dO, dQ [block, hd].
-  const Slabs slabs(slab_ws_, 8, std::max(d.S, kQueryBlock) * d.hd,
+  const Slabs slabs(slab_ws_, kAttentionBackwardSlabs, std::max(d.S, kQueryBlock) * d.hd,
                     any_bf16({dq, dk, dv, dout, out, q, k, v}));
   // One item per (batch, kv head): its dK and dV rows are written by it alone.
 #pragma omp parallel for schedule(dynamic, 1)

@@ -19,6 +19,32 @@ const std::string& bf16_matmul() {
   return impl;
 }
 
+// Whether oneDNN runs g's product as it is: fp32 operands, or two bf16 factors where it has a
+// bf16 matmul on this CPU. The other products are widened (widened_gemm).
+bool runs_as_is(const GemmArgs& g) {
+  return !g.any_bf16() ||
+         (!bf16_matmul().empty() && g.a_dtype == DType::bf16 && g.b_dtype == DType::bf16);
+}
+
+// g's three operands as stored, and the fp32 scratch widened_gemm widens the bf16 ones into:
+// each a compact matrix, one after another ([a | b | c]).
+struct WidenedOperands {
+  StridedMatrix a, b, c;
+  explicit WidenedOperands(const GemmArgs& g) {
+    const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
+    const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
+    a = strided_matrix(g.a, g.a_dtype, a_rows, a_cols, g.lda, g.batch, g.stride_a);
+    b = strided_matrix(g.b, g.b_dtype, b_rows, b_cols, g.ldb, g.batch, g.stride_b);
+    c = strided_matrix(g.c, g.c_dtype, g.m, g.n, g.ldc, g.batch, g.stride_c);
+  }
+  static int64_t widened(const StridedMatrix& m) {
+    return m.dtype == DType::bf16 ? m.elements() : 0;
+  }
+  int64_t floats() const { return widened(a) + widened(b) + widened(c); }
+};
+
+bool empty_product(const GemmArgs& g) { return g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0; }
+
 }  // namespace
 
 // bf16 × bf16 products on oneDNN's bf16 matmul where it runs them on this CPU's bf16
@@ -33,10 +59,50 @@ std::string CpuBackend::bf16_gemm_path() const {
 
 void CpuBackend::do_gemm(const GemmArgs& args) {
   if (args.reads_other_c()) return gemm_from_other_c(args);
-  if (!args.any_bf16() ||
-      (!bf16_matmul().empty() && args.a_dtype == DType::bf16 && args.b_dtype == DType::bf16))
-    return dnnl_gemm(args);
+  if (runs_as_is(args)) return dnnl_gemm(args);
   widened_gemm(args);
+}
+
+// What do_gemm takes of gemm_ws_ for these args, by the same tests and sizes (C_in read from
+// elsewhere is copied into C first, so it adds nothing).
+int64_t CpuBackend::gemm_scratch_bytes(const GemmArgs& args) {
+  if (runs_as_is(args) || empty_product(args)) return 0;
+  return WidenedOperands(args).floats() * int64_t(sizeof(float));
+}
+
+// slab_ws_ is as large as the largest Slabs any kernel asked for, whichever kernel that was,
+// so it is planned as the largest count x row below; dweight_ws_ likewise. The other scratch
+// a step never takes: attention's scores are attention_workspace_bytes, the norms' weights
+// are fp32 masters (never widened into weight_ws_, bias_ws_), a parameter gradient is fp32
+// (embedding's scatter_add never widens a table into gemm_ws_), and widened GEMMs are
+// gemm_scratch_bytes.
+int64_t CpuBackend::kernel_scratch_bytes(const KernelShapes& s) {
+  size_t slabs = 0;
+  if (s.dtype == DType::bf16) {
+    const int64_t keys = std::max(s.seq, kQueryBlock) * s.head_dim;
+    const int64_t norm = std::max(s.hidden, s.latent_norm);
+    for (const size_t floats : {
+             slab_floats(kAttentionBackwardSlabs, keys),  // and the forward's kAttentionSlabs
+             slab_floats(kResidualNormSlabs, s.hidden),
+             slab_floats(kNormBackwardSlabs, norm),
+             slab_floats(kNormSlabs, norm),
+             slab_floats(kRowSlabs, std::max(s.hidden, s.latent)),  // online RMSNorm's rows
+             slab_floats(kLogitSlabs, s.logits),
+             slab_floats(kTableSlabs, s.hidden),
+             slab_floats(kRopeSlabs, s.rope_width),
+             slab_floats(int(kMaxElementwiseOperands), kElementwiseTile),
+         })
+      slabs = std::max(slabs, floats);
+  }
+  // The norms' backward in fp32 too: RMSNorm's over the hidden width, LaX's LayerNorm's.
+  const size_t partials = std::max(slab_floats(kRmsNormPartials, s.hidden),
+                                   slab_floats(kLayerNormPartials, s.latent_norm));
+  return int64_t((slabs + partials) * sizeof(float));
+}
+
+void CpuBackend::release_scratch() {
+  for (Workspace* ws : {&attn_ws_, &dweight_ws_, &slab_ws_, &weight_ws_, &bias_ws_, &gemm_ws_})
+    ws->release();
 }
 
 // oneDNN's sum post-op reads C where it writes it, so C_in is copied there first: the
@@ -57,18 +123,11 @@ void CpuBackend::gemm_from_other_c(const GemmArgs& g) {
 }
 
 void CpuBackend::widened_gemm(const GemmArgs& g) {
-  if (g.m == 0 || g.n == 0 || g.k == 0 || g.batch == 0) return dnnl_gemm(g);
-  const int64_t a_rows = g.trans_a ? g.k : g.m, a_cols = g.trans_a ? g.m : g.k;
-  const int64_t b_rows = g.trans_b ? g.n : g.k, b_cols = g.trans_b ? g.k : g.n;
-  const StridedMatrix a =
-      strided_matrix(g.a, g.a_dtype, a_rows, a_cols, g.lda, g.batch, g.stride_a);
-  const StridedMatrix b =
-      strided_matrix(g.b, g.b_dtype, b_rows, b_cols, g.ldb, g.batch, g.stride_b);
-  const StridedMatrix c = strided_matrix(g.c, g.c_dtype, g.m, g.n, g.ldc, g.batch, g.stride_c);
-  auto size = [](const StridedMatrix& m) { return m.dtype == DType::bf16 ? m.elements() : 0; };
+  if (empty_product(g)) return dnnl_gemm(g);
+  const WidenedOperands operands(g);
+  const StridedMatrix &a = operands.a, &b = operands.b, &c = operands.c;
   // One scratch for the three compact fp32 stand-ins: [a | b | c].
-  float* scratch = gemm_ws_.get(size_t(size(a) + size(b) + size(c)));
-  float* next = scratch;
+  float* next = gemm_ws_.get(size_t(operands.floats()));
   GemmArgs f = g;
   // Each widened operand takes its compact layout's strides.
   auto place = [&](const StridedMatrix& m, bool read, const void*& data, int64_t& ld,

@@ -24,12 +24,31 @@ class CpuBackend final : public HostBackend {
   std::string_view name() const override { return "cpu"; }
   std::string bf16_unsupported() const override { return {}; }
   std::string bf16_gemm_path() const override;
-  // attention.cpp: the backward's per-thread scores (the forward's are half) and, in bf16, its
-  // eight per-thread slabs.
+  // attention.cpp: the backward's per-thread scores (the forward's are half). Its bf16 slabs
+  // share slab_ws_ with every other kernel's: kernel_scratch_bytes counts them.
   int64_t attention_workspace_bytes(int64_t batch, int64_t seq, int64_t heads, int64_t kv_heads,
                                     int64_t head_dim, DType dtype) override;
-  // norm.cpp: a LayerNorm backward's per-thread partials of its weight and bias gradients.
-  int64_t norm_scratch_bytes(int64_t width, DType dtype) override;
+  // cpu_backend.cpp: slab_ws_ at the largest of the slabs the kernels below take for the
+  // step's rows, and dweight_ws_ at the norms' largest per-thread partials.
+  int64_t kernel_scratch_bytes(const KernelShapes& shapes) override;
+  // cpu_backend.cpp: gemm_ws_ as widened_gemm takes it for `args` (0 where oneDNN runs it).
+  int64_t gemm_scratch_bytes(const GemmArgs& args) override;
+  void release_scratch() override;
+
+  // The bf16 slabs per thread (Slabs) each kernel widens its rows into, one row each: the
+  // kernels take their count from here, and kernel_scratch_bytes sizes slab_ws_ by them.
+  static constexpr int kNormSlabs = 2;               // rmsnorm, layernorm forward: x, out
+  static constexpr int kResidualNormSlabs = 4;       // x, residual, sum, out
+  static constexpr int kNormBackwardSlabs = 3;       // x, dout, dx
+  static constexpr int kRowSlabs = 2;                // scale_rows, row_dot: their two rows
+  static constexpr int kLogitSlabs = 2;              // cross-entropy: logits or probs, and dlogits
+  static constexpr int kTableSlabs = 1;              // embedding: the row copied or added
+  static constexpr int kRopeSlabs = 1;               // one position's heads
+  static constexpr int kAttentionSlabs = 4;          // K, V; a query block's Q, O
+  static constexpr int kAttentionBackwardSlabs = 8;  // K, V, dK, dV; Q, O, dO, dQ
+  // Per-thread partials of a norm's parameter gradients, rows of the norm's width each.
+  static constexpr int kRmsNormPartials = 1;    // dweight
+  static constexpr int kLayerNormPartials = 2;  // dweight, dbias
 
  protected:
   // Each kernel of backend/backend_ops.def, defined in the file of its family: embedding.cpp,

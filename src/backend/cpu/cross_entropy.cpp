@@ -9,7 +9,7 @@ namespace bottle::cpu {
 void CpuBackend::do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor logits,
                                           Tensor targets) {
   const int64_t n = logits.rows(), v = logits.cols();
-  const Slabs slabs(slab_ws_, 2, v, any_bf16({probs, logits}));
+  const Slabs slabs(slab_ws_, kLogitSlabs, v, any_bf16({probs, logits}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     Window lw(logits, Access::read, slabs.get(0)), pw(probs, Access::write, slabs.get(1));
@@ -24,7 +24,7 @@ void CpuBackend::do_cross_entropy_forward(Tensor losses, Tensor probs, Tensor lo
 void CpuBackend::do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor targets,
                                            float scale) {
   const int64_t n = probs.rows(), v = probs.cols();
-  const Slabs slabs(slab_ws_, 2, v, any_bf16({dlogits, probs}));
+  const Slabs slabs(slab_ws_, kLogitSlabs, v, any_bf16({dlogits, probs}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     Window pw(probs, Access::read, slabs.get(0)), dw(dlogits, Access::write, slabs.get(1));
@@ -38,7 +38,7 @@ void CpuBackend::do_cross_entropy_backward(Tensor dlogits, Tensor probs, Tensor 
 
 void CpuBackend::do_logits_row_stats(Tensor max, Tensor sumexp, Tensor logits) {
   const int64_t n = logits.rows(), v = logits.cols();
-  const Slabs slabs(slab_ws_, 1, v, logits.dtype == DType::bf16);
+  const Slabs slabs(slab_ws_, 1, v, logits.dtype == DType::bf16);  // within kLogitSlabs
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     Window lw(logits, Access::read, slabs.get(0));
@@ -59,7 +59,7 @@ void CpuBackend::do_cross_entropy_shard_backward(Tensor dlogits, Tensor logits, 
                                                  Tensor sumexp, Tensor targets, int64_t first,
                                                  float scale) {
   const int64_t n = logits.rows(), v = logits.cols();
-  const Slabs slabs(slab_ws_, 2, v, any_bf16({dlogits, logits}));
+  const Slabs slabs(slab_ws_, kLogitSlabs, v, any_bf16({dlogits, logits}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     Window lw(logits, Access::read, slabs.get(0)), dw(dlogits, Access::write, slabs.get(1));

@@ -39,7 +39,7 @@ void scatter_add(Tensor dtable, const Tensor& tokens, const Tensor& dout, int64_
     table = table_ws.get(size_t(dtable.numel()));  // [rows, c]
     widen_bf16_parallel(table, dtable.bf16(), dtable.numel());
   }
-  const Slabs slabs(slab_ws, 1, c, dout.dtype == DType::bf16);
+  const Slabs slabs(slab_ws, CpuBackend::kTableSlabs, c, dout.dtype == DType::bf16);
 #pragma omp parallel
   {
     const int nt = omp_get_num_threads(), t = omp_get_thread_num();
@@ -65,7 +65,7 @@ void CpuBackend::do_embedding_forward(Tensor out, Tensor tokens, Tensor table) {
   for (int64_t i = 0; i < n; ++i)
     BOTTLE_CHECK(tok[i] >= 0 && tok[i] < v,
                  "token id {} at position {} is outside the vocabulary [0, {})", tok[i], i, v);
-  const Slabs slabs(slab_ws_, 1, c, any_bf16({out, table}));
+  const Slabs slabs(slab_ws_, kTableSlabs, c, any_bf16({out, table}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) copy_row(out, i * c, table, int64_t(tok[i]) * c, c, slabs.get(0));
 }
@@ -78,7 +78,7 @@ void CpuBackend::do_embedding_shard_forward(Tensor out, Tensor tokens, Tensor ta
                                             int64_t first) {
   const int64_t n = tokens.numel(), c = table.cols(), rows = table.rows();
   const int32_t* tok = tokens.i32();
-  const Slabs slabs(slab_ws_, 1, c, any_bf16({out, table}));
+  const Slabs slabs(slab_ws_, kTableSlabs, c, any_bf16({out, table}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     const int64_t row = int64_t(tok[i]) - first;

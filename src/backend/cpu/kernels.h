@@ -104,6 +104,11 @@ class Workspace {
     }
     return buf_.data();
   }
+  // Gives the buffer back; the next get() allocates afresh.
+  void release() {
+    MemoryStats::global().sub(MemoryTag::workspace, buf_.size() * sizeof(float));
+    std::vector<float>().swap(buf_);
+  }
 
  private:
   std::vector<float> buf_;
@@ -115,14 +120,18 @@ inline bool any_bf16(std::initializer_list<Tensor> ts) {
   return false;
 }
 
+// The floats of `count` slabs of `len` floats for each OpenMP thread: what Slabs takes, and
+// what the memory plan counts for them (CpuBackend::kernel_scratch_bytes).
+inline size_t slab_floats(int count, int64_t len) {
+  return size_t(omp_get_max_threads()) * size_t(count) * size_t(len);
+}
+
 // `count` slabs of `len` floats for each OpenMP thread, carved out of one workspace before a
 // parallel region (none at all when no operand is bf16); get(k) is the calling thread's k-th.
 class Slabs {
  public:
   Slabs(Workspace& ws, int count, int64_t len, bool needed)
-      : count_(count),
-        len_(needed ? len : 0),
-        base_(ws.get(size_t(omp_get_max_threads()) * size_t(count) * size_t(len_))) {}
+      : count_(count), len_(needed ? len : 0), base_(ws.get(slab_floats(count, len_))) {}
   float* get(int k) const {
     return base_ + (size_t(omp_get_thread_num()) * size_t(count_) + size_t(k)) * size_t(len_);
   }
@@ -198,12 +207,21 @@ inline Operand in(Tensor t) { return {t, Access::read}; }
 inline Operand out(Tensor t) { return {t, Access::write}; }
 inline Operand inout(Tensor t) { return {t, Access::read_write}; }
 
+// An elementwise op's tile in bf16: each operand's window, a slab per thread, whatever n is.
+inline constexpr int64_t kElementwiseTile = 2048;
+// The most operands an elementwise op has (swiglu_backward's dgate, dup, dout, gate, up): the
+// memory plan's slabs for them are this many tiles.
+inline constexpr size_t kMaxElementwiseOperands = 5;
+
 // An elementwise op over n elements: each thread takes one contiguous range, and body(len, p)
 // runs the op's fp32 loop over len elements, p[k] being operand k's fp32 window onto them:
-// the whole range when every operand is f32, else tiles of kTile elements that stay in L1.
+// the whole range when every operand is f32, else tiles of kElementwiseTile elements that stay
+// in L1.
 template <size_t N, typename Body>
 void elementwise(Workspace& ws, int64_t n, const std::array<Operand, N>& ops, Body body) {
-  constexpr int64_t kTile = 2048;
+  static_assert(N <= kMaxElementwiseOperands,
+                "the memory plan counts kMaxElementwiseOperands tiles per thread: raise it");
+  constexpr int64_t kTile = kElementwiseTile;
   bool bf16 = false;
   for (const Operand& o : ops) bf16 = bf16 || o.t.dtype == DType::bf16;
   const Slabs slabs(ws, int(N), kTile, bf16);

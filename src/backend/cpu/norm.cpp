@@ -11,7 +11,7 @@ void CpuBackend::rmsnorm_rows(Tensor out, Tensor rstd, Tensor sumsq, Tensor x, T
                               float eps) {
   const int64_t n = x.rows(), c = x.cols();
   const Tensor w = widened(weight, weight_ws_);  // [c]
-  const Slabs slabs(slab_ws_, 2, c, any_bf16({out, x}));
+  const Slabs slabs(slab_ws_, kNormSlabs, c, any_bf16({out, x}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     Window xw(x, Access::read, slabs.get(0)), ow(out, Access::write, slabs.get(1));
@@ -43,7 +43,7 @@ void CpuBackend::do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd
                                              Tensor residual, Tensor weight, float eps) {
   const int64_t n = x.rows(), c = x.cols();
   const Tensor w = widened(weight, weight_ws_);  // [c]
-  const Slabs slabs(slab_ws_, 4, c, any_bf16({sum, out, x, residual}));
+  const Slabs slabs(slab_ws_, kResidualNormSlabs, c, any_bf16({sum, out, x, residual}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     Window xw(x, Access::read, slabs.get(0)), rw(residual, Access::read, slabs.get(1)),
@@ -62,11 +62,6 @@ void CpuBackend::do_residual_rmsnorm_forward(Tensor sum, Tensor out, Tensor rstd
 #pragma omp simd
     for (int64_t j = 0; j < c; ++j) oi[j] = si[j] * r * w.f32()[j];
   }
-}
-
-int64_t CpuBackend::norm_scratch_bytes(int64_t width, DType dtype) {
-  // [threads, 2, width]: the largest partials any norm's backward takes (layernorm's).
-  return int64_t(omp_get_max_threads()) * 2 * width * int64_t(sizeof(float));
 }
 
 void CpuBackend::add_partials(Tensor dweight, const float* partial, int threads, int64_t stride,
@@ -90,10 +85,10 @@ void CpuBackend::rmsnorm_backward_rows(Tensor dx, Tensor dweight, Tensor dout, T
                                        Tensor weight, Tensor rstd, Tensor dot, int64_t d) {
   const int64_t n = x.rows(), c = x.cols();
   const int nt = omp_get_max_threads();
-  float* partial = dweight_ws_.get(size_t(nt) * c);  // [threads, c]
-  std::memset(partial, 0, sizeof(float) * nt * c);
+  float* partial = dweight_ws_.get(size_t(nt) * kRmsNormPartials * c);  // [threads, c]
+  std::memset(partial, 0, sizeof(float) * nt * kRmsNormPartials * c);
   const Tensor w = widened(weight, weight_ws_);  // [c]
-  const Slabs slabs(slab_ws_, 3, c, any_bf16({dx, dout, x}));
+  const Slabs slabs(slab_ws_, kNormBackwardSlabs, c, any_bf16({dx, dout, x}));
 #pragma omp parallel
   {
     float* dw = partial + size_t(omp_get_thread_num()) * c;
@@ -138,7 +133,7 @@ void CpuBackend::do_layernorm_forward(Tensor out, Tensor mean, Tensor rstd, Tens
   const int64_t n = x.rows(), c = x.cols();
   const Tensor w = widened(weight, weight_ws_);  // [c]
   const Tensor bs = widened(bias, bias_ws_);     // [c]
-  const Slabs slabs(slab_ws_, 2, c, any_bf16({out, x}));
+  const Slabs slabs(slab_ws_, kNormSlabs, c, any_bf16({out, x}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     Window xw(x, Access::read, slabs.get(0)), ow(out, Access::write, slabs.get(1));
@@ -163,10 +158,11 @@ void CpuBackend::do_layernorm_backward(Tensor dx, Tensor dweight, Tensor dbias, 
                                        Tensor x, Tensor weight, Tensor mean, Tensor rstd) {
   const int64_t n = x.rows(), c = x.cols();
   const int nt = omp_get_max_threads();
-  float* partial = dweight_ws_.get(size_t(nt) * 2 * c);  // [threads, 2 (dweight, dbias), c]
-  std::memset(partial, 0, sizeof(float) * nt * 2 * c);
+  // [threads, 2 (dweight, dbias), c]
+  float* partial = dweight_ws_.get(size_t(nt) * kLayerNormPartials * c);
+  std::memset(partial, 0, sizeof(float) * nt * kLayerNormPartials * c);
   const Tensor w = widened(weight, weight_ws_);  // [c]
-  const Slabs slabs(slab_ws_, 3, c, any_bf16({dx, dout, x}));
+  const Slabs slabs(slab_ws_, kNormBackwardSlabs, c, any_bf16({dx, dout, x}));
 #pragma omp parallel
   {
     float* dw = partial + size_t(omp_get_thread_num()) * 2 * c;
@@ -213,7 +209,7 @@ void CpuBackend::do_rms_from_sum_squares(Tensor out, Tensor sumsq, float count, 
 
 void CpuBackend::do_scale_rows(Tensor out, Tensor x, Tensor factor) {
   const int64_t n = x.rows(), c = x.cols();
-  const Slabs slabs(slab_ws_, 2, c, any_bf16({out, x}));
+  const Slabs slabs(slab_ws_, kRowSlabs, c, any_bf16({out, x}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     Window xw(x, Access::read, slabs.get(0)), ow(out, Access::write, slabs.get(1));
@@ -227,7 +223,7 @@ void CpuBackend::do_scale_rows(Tensor out, Tensor x, Tensor factor) {
 
 void CpuBackend::do_row_dot(Tensor out, Tensor a, Tensor b) {
   const int64_t n = a.rows(), c = a.cols();
-  const Slabs slabs(slab_ws_, 2, c, any_bf16({a, b}));
+  const Slabs slabs(slab_ws_, kRowSlabs, c, any_bf16({a, b}));
 #pragma omp parallel for schedule(static)
   for (int64_t i = 0; i < n; ++i) {
     Window aw(a, Access::read, slabs.get(0)), bw(b, Access::read, slabs.get(1));

@@ -29,7 +29,7 @@ void CpuBackend::rope(Tensor x, float theta, float direction) {
   const int64_t B = x.shape[0], S = x.shape[1], heads = x.shape[2], hd = x.shape[3], half = hd / 2,
                 row = heads * hd;
   const RopeTable& t = rope_table(S, hd, theta);
-  const Slabs slabs(slab_ws_, 1, row, x.dtype == DType::bf16);
+  const Slabs slabs(slab_ws_, kRopeSlabs, row, x.dtype == DType::bf16);
 #pragma omp parallel for schedule(static)
   for (int64_t bs = 0; bs < B * S; ++bs) {
     const int64_t s = bs % S;
