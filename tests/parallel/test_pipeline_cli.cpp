@@ -230,19 +230,50 @@ TEST_P(MuonLayouts, TenStepsMatchOneProcess) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Tp_Pp_Dp, MuonLayouts,
-                         ::testing::Values(Layout{2, 1, 1, ""}, Layout{4, 1, 1, ""},
-                                           Layout{1, 2, 1, ""}, Layout{1, 1, 2, ""},
-                                           Layout{2, 2, 1, "--set model.bottleneck=lax"},
-                                           Layout{2, 1, 1, "--set training.precision=bf16"}),
-                         [](const auto& info) {
-                           const std::string extra = info.param.extra;
-                           return fmt::format("{}x{}x{}{}", info.param.tp, info.param.pp,
-                                              info.param.dp,
-                                              extra.find("lax") != std::string::npos    ? "_lax"
-                                              : extra.find("bf16") != std::string::npos ? "_bf16"
-                                                                                        : "");
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Tp_Pp_Dp, MuonLayouts,
+    ::testing::Values(Layout{2, 1, 1, ""}, Layout{4, 1, 1, ""}, Layout{1, 2, 1, ""},
+                      Layout{1, 1, 2, ""}, Layout{2, 2, 1, "--set model.bottleneck=lax"},
+                      Layout{2, 1, 1, "--set training.precision=bf16"},
+                      // ZeRO: each matrix's Newton–Schulz on its owner, over buckets of ~1k
+                      // elements that cut matrices between the ranks, beside TP and a pipeline.
+                      Layout{1, 1, 2, "--set parallel.zero=1 --set parallel.bucket_mb=0.004"},
+                      Layout{2, 1, 2, "--set parallel.zero=2 --set parallel.bucket_mb=0.004"},
+                      Layout{1, 2, 2, "--set parallel.zero=3 --set parallel.bucket_mb=0.004"},
+                      Layout{1, 1, 2,
+                             "--set parallel.zero=1 --set parallel.bucket_mb=0.004 --set "
+                             "training.precision=bf16"}),
+    [](const auto& info) {
+      const std::string extra = info.param.extra;
+      const size_t zero = extra.find("zero=");
+      return fmt::format("{}x{}x{}{}{}", info.param.tp, info.param.pp, info.param.dp,
+                         zero != std::string::npos ? "_zero" + extra.substr(zero + 5, 1) : "",
+                         extra.find("lax") != std::string::npos    ? "_lax"
+                         : extra.find("bf16") != std::string::npos ? "_bf16"
+                                                                   : "");
+    });
+
+// Under ZeRO each DP rank saves its own slices of Muon's momentum (cut by the buckets), and a
+// resume at another ZeRO stage takes its own: the losses go on as the uninterrupted run's.
+TEST_F(PipelineCli, MuonResumesAcrossZeroStages) {
+  const std::string common =
+      "--set optimizer.name=\"muon\" --set parallel.bucket_mb=0.004 --set checkpoint.interval=5 "
+      "--set lr_scheduler.decay=constant ";
+  const CommandResult a = train(1, 1, 2, "a", common + "--set parallel.zero=1");
+  ASSERT_EQ(a.status, 0) << a.output;
+  const CommandResult b1 =
+      train(1, 1, 2, "b", common + "--set parallel.zero=1 --set training.steps=5");
+  ASSERT_EQ(b1.status, 0) << b1.output;
+  const CommandResult b2 = train(1, 1, 2, "b", common + "--set parallel.zero=3 --resume");
+  ASSERT_EQ(b2.status, 0) << b2.output;
+  const auto ma = steps_of(dir / "a/metrics.jsonl"), mb = steps_of(dir / "b/metrics.jsonl");
+  ASSERT_EQ(ma.size(), 10u);
+  ASSERT_EQ(mb.size(), 10u) << b2.output;
+  for (size_t i = 0; i < 10; ++i) {
+    const double want = ma[i].at("loss").get<double>(), got = mb[i].at("loss").get<double>();
+    EXPECT_NEAR(got, want, 1e-5 * std::fabs(want)) << "step " << i + 1;
+  }
+}
 
 // Issue 57: where oneDNN has no bf16 matmul (AVX2, e.g. AMD Zen 3; held to it here), the cpu
 // backend widens a bf16 GEMM's operands into fp32 scratch as large as the product, and the
