@@ -47,10 +47,10 @@ CallSeconds price_calls(const ClusterSpec& c, const std::map<CallShape, int64_t>
   CallSeconds s;
   for (const auto& [call, count] : calls) {
     const double t = double(count) * call_seconds(c, call, place);
-    if (call.kind == Collective::send || call.kind == Collective::recv)
-      s.sends += t;
-    else if (call.site.starts_with(kOptimizerPhase))
+    if (call.site.starts_with(kOptimizerPhase))
       s.optimizer += t;
+    else if (call.kind == Collective::send || call.kind == Collective::recv)
+      s.sends += t;
     else if (whole_group_is_tail || once_per_step(call))
       s.tail += t;
     else if (call.recompute)
@@ -394,7 +394,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
       t.tp += t.tp_contention;
     }
     t.p2p = pp.sends;
-    t.tail_compute += tp.optimizer;
+    t.tail_compute += tp.optimizer + dp.optimizer;
     t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
     const DpOverlap dp_overlap =
         dp_overlap_seconds(cluster, p, m, counts.calls.at("dp"), {stage_base, dp_stride},

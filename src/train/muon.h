@@ -1,6 +1,6 @@
 #pragma once
 // Muon (Keller Jordan, 2024; Moonshot's Moonlight, 2025) for the blocks' matrices, AdamW for
-// the rest (docs/design.md §9a). For a weight W of shape (m, n) and its clipped gradient G:
+// the rest (docs/design.md §9). For a weight W of shape (m, n) and its clipped gradient G:
 //   B ← μ·B + G;   U ← G + μ·B (nesterov) or B
 //   X ← U / max(‖U‖_F, 1e-7)
 //   ns_steps times: A ← X·Xᵀ;  X ← 3.4445·X + (−4.7750·A + 2.0315·A·A)·X

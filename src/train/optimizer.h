@@ -1,5 +1,5 @@
 #pragma once
-// The optimizer interface (docs/design.md §9a), in the shape of TorchTitan's
+// The optimizer interface (docs/design.md §9), in the shape of TorchTitan's
 // OptimizersContainer: an optimizer steps the parameters routed to it by their role and owns
 // named state tensors (AdamW's "exp_avg" and "exp_avg_sq", Muon's "momentum_buffer"), each
 // held as flat sources laid out like the parameter buffer (model/sharded_checkpoint.h). The
@@ -17,7 +17,7 @@
 namespace bottle {
 
 // What a parameter is to the optimizers, from its name and shape (the HF names of
-// model/llama.cpp): the routing table of docs/design.md §9a sends `matrix` to Muon under
+// model/llama.cpp): the routing table of docs/design.md §9 sends `matrix` to Muon under
 // optimizer.name = "muon" and everything to AdamW otherwise.
 enum class ParamRole {
   matrix,     // a 2-D weight of a block: a full-rank projection, a bottleneck factor, LaX's G
@@ -28,7 +28,7 @@ enum class ParamRole {
 ParamRole param_role(const ParamSpec& spec);
 const char* param_role_name(ParamRole role);
 
-// The phase (Communicator::set_phase) of the TP group while the optimizer steps: its
+// The phase (Communicator::set_phase) of the TP and DP groups while the optimizer steps: its
 // collectives' sites read "optimizer.tp.muon_gram", and a dry run counts its kernels apart, as
 // the step's tail (`bottle plan`).
 inline constexpr const char* kOptimizerPhase = "optimizer.";

@@ -235,7 +235,8 @@ StepResult TrainStep::step(int64_t step) {
   r.lr = schedule_.at(step);
   updating_ = true;
   {
-    const CommPhase phase(model_->tensor_parallel().comm, kOptimizerPhase);
+    const CommPhase tp_phase(model_->tensor_parallel().comm, kOptimizerPhase),
+        dp_phase(data_parallel_->group(), kOptimizerPhase);
     const auto optimizer_start = Clock::now();
     optimizer_->step(be_, model_->parameters(), r.lr, control_, data_parallel_->grad_shard());
     r.optimizer_seconds = seconds_since(optimizer_start);
