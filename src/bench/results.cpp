@@ -169,12 +169,9 @@ TpRow tp_row_from_json(const json& j, const std::string& what) {
   r.collectives_per_block = in.number("collectives_per_block");
   r.bwd_collectives_per_block = in.number("bwd_collectives_per_block");
   r.recompute_collectives = in.number("recompute_collectives");
-  // Rows written before the optimizer's collectives were counted apart: none.
-  if (in.has("optimizer_elements")) {
-    r.optimizer_elements = in.number("optimizer_elements");
-    r.optimizer_collectives = in.number("optimizer_collectives");
-    r.optimizer_share = in.number("optimizer_share");
-  }
+  r.optimizer_elements = in.number("optimizer_elements");
+  r.optimizer_collectives = in.number("optimizer_collectives");
+  r.optimizer_share = in.number("optimizer_share");
   r.recompute_elems_per_block = in.number("recompute_elems_per_block");
   r.fwd_comm_ms_per_block = in.number("fwd_comm_ms_per_block");
   r.bwd_comm_ms_per_block = in.number("bwd_comm_ms_per_block");
@@ -420,12 +417,9 @@ StepRow step_row_from(const Json& j, const std::string& what) {
   r.kind = in.text("kind");
   r.precision = in.text("precision");
   r.backend = in.text("backend");
-  // Rows written before optimizer.name are AdamW's, their update not timed apart.
-  if (in.has("optimizer")) {
-    r.optimizer = in.text("optimizer");
-    r.optimizer_ms = {in.number("optimizer_ms_per_step"), in.number("optimizer_ms_min"),
-                      in.number("optimizer_ms_max")};
-  }
+  r.optimizer = in.text("optimizer");
+  r.optimizer_ms = {in.number("optimizer_ms_per_step"), in.number("optimizer_ms_min"),
+                    in.number("optimizer_ms_max")};
   if (in.has("step_vs_adamw")) r.step_vs_adamw = in.number("step_vs_adamw");
   r.rank = in.template integer<int64_t>("rank");
   r.params = in.template integer<int64_t>("params");

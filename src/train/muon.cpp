@@ -234,9 +234,7 @@ Muon::Muon(const ParameterStore& params, const MuonConfig& config, const AdamWCo
     });
     assembly_ = floats(scratch_arena_, at);
   }
-  momentum_ = floats(state_arena_, state);
-  Backend& be = params.backend();
-  if (!momentum_.empty()) be.fill_zero(momentum_);
+  momentum_ = floats(state_arena_, state);  // zero, as an arena's memory comes
   grams_ = floats(scratch_arena_, s.grams);
   poly_ = floats(scratch_arena_, s.poly);
   spare_ = floats(scratch_arena_, s.spare);

@@ -26,6 +26,7 @@ TpRow sample_tp_row(bool optional_members) {
   r.tp = 2;
   r.recompute = "lowrank";
   r.tp_overlap = true;
+  r.optimizer_elements = 17976, r.optimizer_collectives = 6, r.optimizer_share = 0.5;
   r.precision = "bf16";
   r.fwd_elems_per_block = 1.5, r.bwd_elems_per_block = 2.5;
   r.fwd_elems_per_token_block = 3.5, r.bwd_elems_per_token_block = 4.5;
@@ -82,6 +83,7 @@ NormRow sample_norm_row() {
 StepRow sample_step_row(bool optional_members, bool compile_raised = false) {
   StepRow r;
   r.kind = "cola", r.precision = "bf16", r.backend = "cuda";
+  r.optimizer = "muon", r.optimizer_ms = {3.5, 3.25, 4.5};
   r.rank = 64, r.params = 123456789;
   r.ms = {10.5, 10, 11.25};
   r.tokens_per_s = 9876.5, r.gflops = 321.5;
@@ -90,6 +92,7 @@ StepRow sample_step_row(bool optional_members, bool compile_raised = false) {
   r.loss = 5.5, r.grad_norm = 1.25, r.lr = double(1e-3f);
   r.peak_bytes = size_t(1) << 33;
   if (!optional_members) return r;  // mfu null: no MFU
+  r.step_vs_adamw = 1.125;
   r.mfu = 0.375;
   r.nominal = StepRow::Nominal{0.125, 989};
   r.device = "cuda: CUDA runtime 13.0";

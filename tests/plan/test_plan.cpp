@@ -543,6 +543,47 @@ bucket_mb = 0.002
   }
 }
 
+// Issue 58: `bottle plan` counts Muon. Its Newton–Schulz GEMMs and its collectives (btp's Gram
+// all-reduces, vanilla's gathers, ZeRO's exchanges with the owners) run under the optimizer's
+// phase and are priced as the step's tail, the blocks' work is AdamW's, the state is one
+// momentum for the matrices and AdamW's two moments for the rest, and the counts extrapolated
+// from shorter steps are the whole step's.
+TEST(Planner, CountsMuonAsTheStepsTail) {
+  const ClusterSpec cluster = load_cluster("h100");
+  for (const auto& [mode, dp, zero] :
+       {std::tuple{"btp", 1, 0}, std::tuple{"vanilla", 1, 0}, std::tuple{"btp", 2, 1},
+        std::tuple{"btp", 2, 3}}) {
+    SCOPED_TRACE(fmt::format("{} dp {} zero {}", mode, dp, zero));
+    auto config_of = [&](const char* optimizer) {
+      return parse_train_config_string(
+          fmt::format("[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+                      "num_layers = 4\nnum_heads = 4\nbottleneck = \"cola\"\nrank = 8\n"
+                      "max_seq_len = 16\n[training]\nmicro_batch_size = 2\nseq_len = 16\n"
+                      "grad_accum_steps = 9\n[optimizer]\nname = \"{}\"\n[parallel]\ntp = 2\n"
+                      "tp_mode = \"{}\"\ndp = {}\nzero = {}\n",
+                      optimizer, mode, dp, zero),
+          "muon.toml");
+    };
+    const TrainConfig adamw = config_of("adamw"), muon = config_of("muon");
+    const Prediction a = predict(adamw, cluster), m = predict(muon, cluster);
+    EXPECT_GT(m.optimizer, a.optimizer);
+    EXPECT_DOUBLE_EQ(m.compute, a.compute);
+    EXPECT_DOUBLE_EQ(m.tp_comm, a.tp_comm);
+    EXPECT_LT(m.memory[MemoryTag::optimizer], a.memory[MemoryTag::optimizer]);
+    const StageCounts fast = dry_run_stage(muon, 0), whole = dry_run_step(muon, 0);
+    expect_same_counts(fast, whole);
+    ASSERT_TRUE(whole.ops.count(kOptimizerPhase));
+    EXPECT_GT(whole.ops.at(kOptimizerPhase).gemm_flops(), 0);
+    std::set<std::string> sites;
+    for (const auto& [group, calls] : whole.calls)
+      for (const auto& [call, count] : calls)
+        if (call.site.starts_with(kOptimizerPhase)) sites.insert(call.site);
+    EXPECT_TRUE(sites.count(std::string(kOptimizerPhase) +
+                            (std::string(mode) == "btp" ? "tp.muon_gram" : "tp.muon_gather")));
+    if (zero) EXPECT_TRUE(sites.count(std::string(kOptimizerPhase) + "dp.muon_gather"));
+  }
+}
+
 constexpr const char* kTinyModel = R"([model]
 vocab_size = 64
 hidden_size = 32

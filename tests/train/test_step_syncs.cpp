@@ -19,7 +19,8 @@ struct Case {
   std::string name;
   std::string bottleneck;
   std::string training;  // extra lines of [training]
-  std::string parallel;  // extra lines of [parallel]
+  std::string parallel;   // extra lines of [parallel]
+  std::string optimizer;  // extra lines of [optimizer]
 };
 
 TrainConfig config_of(const Case& c) {
@@ -38,7 +39,7 @@ bottleneck = ")" + c.bottleneck + R"("
 micro_batch_size = 2
 seq_len = 16
 )" + c.training + "\n[parallel]\n" + c.parallel +
-                                       "\n",
+                                       "\n[optimizer]\n" + c.optimizer + "\n",
                                    "step syncs test");
 }
 
@@ -75,7 +76,13 @@ INSTANTIATE_TEST_SUITE_P(
         // ZeRO-3: every unit gathered and cast on the device, before each forward and backward.
         Case{"dp2_zero3_bf16_accum", "cola", "precision = \"bf16\"\ngrad_accum_steps = 3",
              "dp = 2\nzero = 3"},
-        Case{"tp2_pp2_dp2", "cola", "grad_accum_steps = 2", "tp = 2\npp = 2\ndp = 2\nzero = 1"}),
+        Case{"tp2_pp2_dp2", "cola", "grad_accum_steps = 2", "tp = 2\npp = 2\ndp = 2\nzero = 1"},
+        // Muon: its norms, Gram all-reduces, gathers and ZeRO's exchanges stay on the device.
+        Case{"muon_btp_tp2_bf16", "cola", "precision = \"bf16\"", "tp = 2\ntp_mode = \"btp\"",
+             "name = \"muon\""},
+        Case{"muon_vanilla_tp2", "svd", "", "tp = 2\ntp_mode = \"vanilla\"", "name = \"muon\""},
+        Case{"muon_full_tp2_dp2_zero2", "none", "", "tp = 2\ntp_mode = \"full\"\ndp = 2\nzero = 2",
+             "name = \"muon\""}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
 
 }  // namespace
