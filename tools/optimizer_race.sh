@@ -9,7 +9,7 @@
 # DATA_DIR holds shards of `bottle prepare` (data_train_*.bin, data_val_*.bin) and its
 # tokenizer; the model is configs/tiny_bpe.toml's (CoLA, d 128, 4 blocks, rank 32) with the
 # vocabulary of DATA_DIR's tokenizer. STEPS (default 1500) of 8 × 128 tokens; LRS (default
-# "1e-3 2e-3 4e-3"). Validation every 100 steps on 16 batches. Everything is written under
+# "1e-3 2e-3 4e-3"). Validation every 100 steps on 32 batches. Everything is written under
 # OUT_DIR (a run folder per optimizer and rate, race.md, race.png); nothing else is touched.
 set -euo pipefail
 if (($# < 3)); then
@@ -32,7 +32,7 @@ for optimizer in adamw muon; do
     rm -rf "$run"
     "$bottle" train "$here/configs/tiny_bpe.toml" \
       --set model.vocab_size="$vocab" --set training.steps="$steps" \
-      --set training.eval_interval=100 --set training.eval_batches=16 \
+      --set training.eval_interval=100 --set training.eval_batches=32 \
       --set optimizer.name=\""$optimizer"\" --set optimizer.lr="$lr" \
       --set data.train=\""$data/data_train_*.bin"\" --set data.val=\""$data/data_val_*.bin"\" \
       --set checkpoint.folder=\""$run"\" --set checkpoint.interval="$steps" \

@@ -203,6 +203,9 @@ Command add_plan_command(CLI::App& app) {
     const std::vector<Prediction> rows = plan_layouts(config, cluster, request);
     if (world.rank() != 0) return 0;
     if (o->json) {
+      // Where nothing fits, the sentence that says why comes first, as an object of its own.
+      const std::string none = nothing_fits(rows, cluster, config, request.gpus);
+      if (!none.empty()) fmt::print("{}\n", nlohmann::json{{"nothing_fits", none}}.dump());
       for (const Prediction& r : rows) fmt::print("{}\n", prediction_json(r).dump());
       return 0;
     }

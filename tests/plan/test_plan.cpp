@@ -832,6 +832,22 @@ TEST(PlanCli, RanksLayoutsAndExplainsExclusions) {
   EXPECT_NE(said, std::string::npos) << none.output;
   EXPECT_LT(said, none.output.find("  #    layout")) << none.output;
   EXPECT_EQ(r.output.find("No layout"), std::string::npos) << r.output;
+  // With --json, the sentence is the first line's object; every other line is a layout.
+  const auto none_json = run(fmt::format("{} plan {} --cluster {} --gpus 4 --global-batch 8 --json",
+                                         bottle_binary(), (dir / "c.toml"), (dir / "tiny.toml")));
+  ASSERT_EQ(none_json.status, 0) << none_json.output;
+  std::istringstream json_lines(none_json.output);
+  std::string first;
+  std::getline(json_lines, first);
+  const nlohmann::json head = nlohmann::json::parse(first);
+  ASSERT_TRUE(head.contains("nothing_fits")) << first;
+  EXPECT_TRUE(head.at("nothing_fits").get<std::string>().starts_with("No layout fits the 1e-05"))
+      << first;
+  int layouts = 0, sentences = 0;
+  for (std::string line; std::getline(json_lines, line);)
+    ++(nlohmann::json::parse(line).contains("layout") ? layouts : sentences);
+  EXPECT_GT(layouts, 0);
+  EXPECT_EQ(sentences, 0) << none_json.output;
 }
 
 TEST(PlanCli, BadInputGetsOneClearError) {
