@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 namespace bottle {
 
@@ -75,9 +76,10 @@ int64_t Muon::Matrix::gram_side() const {
 }
 
 double Muon::Matrix::cost() const {
-  const int64_t u = gram_side();
-  const double whole = split == Split::gather ? double(full_rows * full_cols) : double(count());
-  return double(u) * double(u) * (2 * whole / double(u) + 2 * double(u));
+  // The Gram matrix and the update, 2·u²·L each, and the polynomial's u × u product, 2·u³.
+  const double u = double(gram_side());
+  const double elements = split == Split::gather ? double(full_rows * full_cols) : double(count());
+  return 4 * u * elements + 2 * u * u * u;
 }
 
 std::vector<Muon::Matrix> Muon::plan(const ParameterStore& params, int tp_size) {
@@ -140,12 +142,17 @@ int layout_ranks(const ShardLayout& shard) {
 }
 
 // Calls f(matrix index, flat begin, count, shard local) for each stretch of a matrix inside one
-// of `layout`'s owned slices, by matrix, then in flat order.
+// of `layout`'s owned slices, by matrix, then in flat order. The slices lie in flat order from
+// the last piece to the first, so each matrix finds its first by bisection.
 template <typename F>
 void for_each_held(const std::vector<Muon::Matrix>& matrices, const ShardLayout& layout, F f) {
+  const std::vector<ShardPiece> pieces(layout.pieces.rbegin(), layout.pieces.rend());
   for (size_t i = 0; i < matrices.size(); ++i) {
     const int64_t lo = matrices[i].offset, hi = lo + matrices[i].count();
-    for (auto p = layout.pieces.rbegin(); p != layout.pieces.rend(); ++p) {
+    auto p = std::partition_point(pieces.begin(), pieces.end(), [lo](const ShardPiece& q) {
+      return q.begin + q.count <= lo;
+    });
+    for (; p != pieces.end() && p->begin < hi; ++p) {
       const int64_t a = std::max(lo, p->begin), b = std::min(hi, p->begin + p->count);
       if (a < b) f(i, a, b - a, p->local + (a - p->begin));
     }
@@ -216,21 +223,18 @@ Muon::Muon(const ParameterStore& params, const MuonConfig& config, const AdamWCo
       owned_.push_back({i, at});
       at += matrices_[i].count();
     }
-    // The slices of the owned matrices that other ranks hold, in the order they send them.
-    for (size_t i = 0; i < matrices_.size(); ++i) {
-      if (owner_[i] != me) continue;
-      const Matrix& m = matrices_[i];
-      for (int k = 0; k < dp_->size(); ++k) {
-        if (k == me) continue;
-        for_each_held(std::vector<Matrix>{m}, layout_of_rank(shard, k),
-                      [&](size_t, int64_t begin, int64_t count, int64_t) {
-                        incoming_.push_back({i, k, begin - m.offset, count});
-                      });
-      }
+    // The slices of the owned matrices that other ranks hold. Each sender's arrive in its order
+    // (by matrix, then flat); the receives follow it.
+    for (int k = 0; k < dp_->size(); ++k) {
+      if (k == me) continue;
+      for_each_held(matrices_, layout_of_rank(shard, k),
+                    [&](size_t i, int64_t begin, int64_t count, int64_t) {
+                      if (owner_[i] == me)
+                        incoming_.push_back({i, k, begin - matrices_[i].offset, count});
+                    });
     }
-    // Each sender's slices arrive in its order (by matrix, then flat); the receives follow it.
-    std::stable_sort(incoming_.begin(), incoming_.end(), [](const Incoming& a, const Incoming& b) {
-      return a.index != b.index ? a.index < b.index : a.from < b.from;
+    std::sort(incoming_.begin(), incoming_.end(), [](const Incoming& a, const Incoming& b) {
+      return std::tie(a.index, a.from, a.at) < std::tie(b.index, b.from, b.at);
     });
     assembly_ = floats(scratch_arena_, at);
   }

@@ -94,7 +94,8 @@ class Muon : public Optimizer {
     // Whether its Gram matrix is X·Xᵀ (rows × rows) rather than Xᵀ·X.
     bool left_gram() const;
     int64_t gram_side() const;  // u: the Gram matrix is u × u
-    // Its Newton–Schulz FLOPs per iteration on this rank, which balance the ZeRO owners.
+    // Its Newton–Schulz FLOPs per iteration on this rank (4·u²·L + 2·u³), which balance the
+    // ZeRO owners.
     double cost() const;
   };
   // The matrices of a store, Gram-split first, then whole, then gathered (each in flat order).
