@@ -10,7 +10,9 @@
 # tokenizer; the model is configs/tiny_bpe.toml's (CoLA, d 128, 4 blocks, rank 32) with the
 # vocabulary of DATA_DIR's tokenizer. STEPS (default 1500) of 8 × 128 tokens; LRS (default
 # "1e-3 2e-3 4e-3"). Validation every 100 steps on 32 batches. Everything is written under
-# OUT_DIR (a run folder per optimizer and rate, race.md, race.png); nothing else is touched.
+# OUT_DIR (a run folder per optimizer and rate, race.md, race.png with each optimizer's best run,
+# race_all.png with every run); nothing else is touched. Finished runs are kept, so a second
+# call with more rates runs only the new ones.
 set -euo pipefail
 if (($# < 3)); then
   sed -n '2,13p' "$0" >&2
@@ -78,6 +80,12 @@ with open(f"{out}/race.md", "w") as f:
         f.write(f" ({a / m:.2f}x fewer with Muon)")
     f.write(" (validation every 100 steps: the first evaluation at or below it).\n")
 print(open(f"{out}/race.md").read())
+open(f"{out}/best.txt", "w").write(f"adamw_lr{best['adamw'][0]} muon_lr{best['muon'][0]}\n")
 EOF
-"$bottle" plot "$out"/adamw_lr*/metrics.jsonl "$out"/muon_lr*/metrics.jsonl --out "$out/race.png" \
-  >/dev/null 2>&1 || echo "optimizer_race: bottle plot failed (no gnuplot?); race.md stands" >&2
+# Each optimizer's best run in race.png, every run in race_all.png.
+read -r best_adamw best_muon <"$out/best.txt"
+{ "$bottle" plot "$out/$best_adamw/metrics.jsonl" "$out/$best_muon/metrics.jsonl" \
+    --out "$out/race.png" &&
+  "$bottle" plot "$out"/adamw_lr*/metrics.jsonl "$out"/muon_lr*/metrics.jsonl \
+    --out "$out/race_all.png"; } >/dev/null 2>&1 ||
+  echo "optimizer_race: bottle plot failed (no gnuplot?); race.md stands" >&2
