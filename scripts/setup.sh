@@ -12,6 +12,7 @@ packages=(
   libopenblas0-openmp              # a real BLAS under PyTorch (Debian's default is netlib's)
   gnuplot-nox                      # plots
   fortunes                         # text for the demo corpus
+  dict-gcide                       # dictionary text for the optimizer race (tools/optimizer_race.sh)
   clang libclang-rt-14-dev libomp-dev  # libFuzzer targets (tools/fuzz.sh)
   libsentencepiece-dev             # SentencePiece .model tokenizers
   libpcre2-dev                     # the tokenizers' split regexes (GPT-2, LLaMA-3, tiktoken)
