@@ -15,10 +15,10 @@
 #include <map>
 #include <random>
 
+#include "backend/profiling_backend.h"
 #include "bench/paper_figures.h"
 #include "bench/results.h"
 #include "comm/process_groups.h"
-#include "backend/profiling_backend.h"
 #include "core/statistics.h"
 #include "model/llama.h"
 #include "plan/planner.h"
@@ -90,7 +90,7 @@ struct ModeResult {
   double optimizer_share() const {
     return step_comm.elements ? double(optimizer_comm.elements) / double(step_comm.elements) : 0;
   }
-  MemoryBreakdown memory;        // this rank's buffers, all allocated up front
+  MemoryBreakdown memory;  // this rank's buffers, all allocated up front
   // --components, vanilla and btp: per component name, and each call site's time per step.
   std::map<std::string, ComponentResult> components;
   std::map<std::string, Spread> site_ms, site_exposed_ms;
@@ -442,9 +442,10 @@ void print_result_line(const ModeResult& r, const Saving& saved) {
       fmt::print(" | {} compute {:.2f} comm {:.2f} ms", component.name,
                  it->second.compute_ms.median, it->second.comm_ms.median);
   if (r.optimizer_comm.calls)
-    fmt::print(" | optimizer {} elements in {} collectives per step ({:.2f}% of the step's TP "
-               "elements)",
-               r.optimizer_comm.elements, r.optimizer_comm.calls, 100 * r.optimizer_share());
+    fmt::print(
+        " | optimizer {} elements in {} collectives per step ({:.2f}% of the step's TP "
+        "elements)",
+        r.optimizer_comm.elements, r.optimizer_comm.calls, 100 * r.optimizer_share());
   if (r.variant.recompute != Recompute::none)
     fmt::print(" | saves {:.1f} MB for {:.1f} ms: {:.1f} MB/ms (iteration +{:.1f} ms)",
                saved.saved_mb, r.recompute_ms(), saved.mb_per_ms, saved.extra_ms);

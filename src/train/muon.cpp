@@ -113,9 +113,8 @@ std::vector<Muon::Matrix> Muon::plan(const ParameterStore& params, int tp_size) 
 std::vector<int> Muon::owners(const std::vector<Matrix>& matrices, int ranks) {
   std::vector<size_t> order(matrices.size());
   for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-    return matrices[a].cost() > matrices[b].cost();
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return matrices[a].cost() > matrices[b].cost(); });
   std::vector<double> load(size_t(std::max(1, ranks)), 0.0);
   std::vector<int> owner(matrices.size(), 0);
   for (const size_t i : order) {
@@ -149,9 +148,8 @@ void for_each_held(const std::vector<Muon::Matrix>& matrices, const ShardLayout&
   const std::vector<ShardPiece> pieces(layout.pieces.rbegin(), layout.pieces.rend());
   for (size_t i = 0; i < matrices.size(); ++i) {
     const int64_t lo = matrices[i].offset, hi = lo + matrices[i].count();
-    auto p = std::partition_point(pieces.begin(), pieces.end(), [lo](const ShardPiece& q) {
-      return q.begin + q.count <= lo;
-    });
+    auto p = std::partition_point(pieces.begin(), pieces.end(),
+                                  [lo](const ShardPiece& q) { return q.begin + q.count <= lo; });
     for (; p != pieces.end() && p->begin < hi; ++p) {
       const int64_t a = std::max(lo, p->begin), b = std::min(hi, p->begin + p->count);
       if (a < b) f(i, a, b - a, p->local + (a - p->begin));
@@ -175,7 +173,8 @@ MuonMemory muon_memory(const ParameterStore& params, int tp_size, const ShardLay
     for (int k = 0; k < ranks; ++k) {
       const ShardLayout layout = layout_of_rank(shard, k);
       int64_t held = 0, owned = 0;
-      for_each_held(matrices, layout, [&](size_t, int64_t, int64_t count, int64_t) { held += count; });
+      for_each_held(matrices, layout,
+                    [&](size_t, int64_t, int64_t count, int64_t) { held += count; });
       for (size_t i = 0; i < matrices.size(); ++i)
         if (owner[i] == k) owned += matrices[i].count();
       state = std::max(state, floats(held) + 2 * floats(AdamW::moment_elements(
@@ -328,7 +327,8 @@ void Muon::orthogonalise(Backend& be, Tensor base, const std::vector<Placed>& wh
     // A Gram-split matrix's squares are spread over the TP group; a whole one's are all here.
     if (tp_ && gram_split)
       tp_->all_reduce(norms32_.view(0, {gram_split}), ReduceOp::sum, "tp.muon_norm");
-    for (int64_t i = 0; i < n; ++i) be.muon_normalize(x_of(local[size_t(i)]), norms32_.view(i, {1}));
+    for (int64_t i = 0; i < n; ++i)
+      be.muon_normalize(x_of(local[size_t(i)]), norms32_.view(i, {1}));
     for (int step = 0; step < config_.ns_steps; ++step) {
       for (int64_t i = 0; i < n; ++i) {
         const Matrix& m = matrices_[local[size_t(i)].index];
@@ -383,14 +383,16 @@ void Muon::orthogonalise_gathered(Backend& be, const Matrix& m, Tensor x) {
                     r * m.cols, m.cols);
 }
 
+// A slice's gradient (then its U, then its X) lies where this rank's reduced gradients are: the
+// flat buffer under ZeRO-1, the gradient shard under ZeRO-2 and 3.
+Tensor Muon::slice_grads(const ParameterStore& params, Tensor grad_shard, const Slice& h) {
+  return grad_shard.empty() ? params.grads().view(h.begin, {h.count})
+                            : grad_shard.view(h.local, {h.count});
+}
+
 void Muon::exchange(Backend& be, const ParameterStore& params, Tensor grad_shard, bool back) {
   const int me = dp_->rank();
-  // A slice's U (then X) lies where this rank's reduced gradients are: the flat buffer under
-  // ZeRO-1, the gradient shard under ZeRO-2 and 3.
-  auto held = [&](const Slice& h) {
-    return grad_shard.empty() ? params.grads().view(h.begin, {h.count})
-                              : grad_shard.view(h.local, {h.count});
-  };
+  auto held = [&](const Slice& h) { return slice_grads(params, grad_shard, h); };
   auto in_assembly = [&](size_t index, int64_t at, int64_t count) {
     return assembly_.view(assembled_[index] + at, {count});
   };
@@ -455,10 +457,7 @@ void Muon::step(Backend& be, const ParameterStore& params, float lr, Tensor cont
   // ZeRO: the momentum of the owned slices, U to the owners, Newton–Schulz there, X back, and
   // each rank's update of its slices (ZeRO-3: of its shard of the masters; the compute copies
   // are cast where the units are gathered).
-  auto held = [&](const Slice& h) {
-    return grad_shard.empty() ? params.grads().view(h.begin, {h.count})
-                              : grad_shard.view(h.local, {h.count});
-  };
+  auto held = [&](const Slice& h) { return slice_grads(params, grad_shard, h); };
   for (const Slice& h : held_)
     be.muon_momentum(held(h), momentum_.view(h.state, {h.count}), held(h), control, args);
   exchange(be, params, grad_shard, /*back=*/false);

@@ -141,11 +141,13 @@ class Muon : public Optimizer {
     int from = 0;
     int64_t at = 0, count = 0;
   };
-  std::vector<Slice> held_;          // by matrix, then flat order
-  std::vector<Incoming> incoming_;   // by matrix, then place
-  std::vector<int> owner_;           // per matrix
-  std::vector<Placed> owned_;        // the matrices this rank runs, in the assembly buffer
-  std::vector<int64_t> assembled_;   // per matrix: where it lies in assembly_ (-1: elsewhere)
+  // [h.count] a held slice's gradients, in the flat buffer or ZeRO-2's and 3's shard.
+  static Tensor slice_grads(const ParameterStore& params, Tensor grad_shard, const Slice& h);
+  std::vector<Slice> held_;         // by matrix, then flat order
+  std::vector<Incoming> incoming_;  // by matrix, then place
+  std::vector<int> owner_;          // per matrix
+  std::vector<Placed> owned_;       // the matrices this rank runs, in the assembly buffer
+  std::vector<int64_t> assembled_;  // per matrix: where it lies in assembly_ (-1: elsewhere)
   Arena state_arena_, scratch_arena_;
   Tensor momentum_;  // [Σ matrix elements (held slices under ZeRO)] end to end
   Tensor assembly_;  // ZeRO: [Σ owned matrix elements] the owned matrices, whole

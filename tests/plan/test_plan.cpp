@@ -550,9 +550,8 @@ bucket_mb = 0.002
 // from shorter steps are the whole step's.
 TEST(Planner, CountsMuonAsTheStepsTail) {
   const ClusterSpec cluster = load_cluster("h100");
-  for (const auto& [mode, dp, zero] :
-       {std::tuple{"btp", 1, 0}, std::tuple{"vanilla", 1, 0}, std::tuple{"btp", 2, 1},
-        std::tuple{"btp", 2, 3}}) {
+  for (const auto& [mode, dp, zero] : {std::tuple{"btp", 1, 0}, std::tuple{"vanilla", 1, 0},
+                                       std::tuple{"btp", 2, 1}, std::tuple{"btp", 2, 3}}) {
     SCOPED_TRACE(fmt::format("{} dp {} zero {}", mode, dp, zero));
     auto config_of = [&](const char* optimizer) {
       return parse_train_config_string(

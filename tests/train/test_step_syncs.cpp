@@ -18,7 +18,7 @@ namespace {
 struct Case {
   std::string name;
   std::string bottleneck;
-  std::string training;  // extra lines of [training]
+  std::string training;   // extra lines of [training]
   std::string parallel;   // extra lines of [parallel]
   std::string optimizer;  // extra lines of [optimizer]
 };
