@@ -219,13 +219,14 @@ std::vector<int32_t> batch_stream(int64_t n, int64_t vocab_size) {
   return stream;
 }
 
-// Refusals before a kind's steps: a --save folder that cannot be written, and a host backend's
-// model and step that do not fit the host's memory.
+// Refusals before a kind's steps: a --save folder that cannot be written (`saves`: this row's
+// model is the one saved), and a host backend's model and step that do not fit the host's
+// memory.
 void check_before_steps(const BenchStepOptions* o, const std::string& kind,
-                        const TrainConfig& train_config, bool on_device) {
+                        const TrainConfig& train_config, bool on_device, bool saves) {
   const ModelConfig& config = train_config.model;
   // A folder --save cannot write into is refused before any step.
-  if (!o->save.empty()) {
+  if (saves) {
     try {
       check_new_model_directory((fs::path(o->save) / kind).string());
     } catch (const Error& e) {
@@ -255,12 +256,11 @@ struct TimedSteps {
 };
 
 // The kind's steps on one batch (`stream`, n tokens): the model's copy for the peer, the
-// warm-up, then the timed steps; then, while the model lives, its copy for --save (with the
-// first precision).
+// warm-up, then the timed steps; then, while the model lives, its copy for --save when `saves`
+// (the first precision's and optimizer's row).
 TimedSteps run_timed_steps(const TrainConfig& train_config, Backend* be, ProfilingBackend* profiler,
                            const BenchStepOptions* o, const std::vector<int32_t>& stream, int64_t n,
-                           const std::string& kind, Precision precision,
-                           const std::vector<Precision>& precision_list, bool torch_row,
+                           const std::string& kind, bool saves, bool torch_row,
                            const fs::path& peer_dir) {
   TimedSteps r;
   TrainStep train_step(train_config, *be, tensor_parallel_of(train_config, nullptr), nullptr,
@@ -297,7 +297,7 @@ TimedSteps run_timed_steps(const TrainConfig& train_config, Backend* be, Profili
   // Before the model is copied out for --save and the peer, which is not step work.
   if (profiler) r.step_kernels = profiler->times();
   r.flops = model.flops_per_step(n, o->seq);
-  if (!o->save.empty() && precision == precision_list.front()) {
+  if (saves) {
     const fs::path dir = fs::path(o->save) / kind;
     save_model(model, dir.string());
     write_token_shard((dir / "tokens.bin").string(), stream);
@@ -508,7 +508,10 @@ void run_bench_step(const TrainConfig& base, BenchStepOptions options) {
       for (const OptimizerKind optimizer : optimizers) {
         const TrainConfig train_config = kind_config(base, o->model, kind, precision, optimizer);
         const ModelConfig& config = train_config.model;
-        check_before_steps(o, kind, train_config, on_device);
+        // --save writes each kind's model once: its first precision's and optimizer's.
+        const bool saves = !o->save.empty() && precision == precision_list.front() &&
+                           optimizer == optimizers.front();
+        check_before_steps(o, kind, train_config, on_device, saves);
         const int64_t n = o->batch * o->seq;
         const std::vector<int32_t> stream = batch_stream(n, config.vocab_size);
         // The peer's copy of the model after the steps, written while the model lives; the
@@ -517,9 +520,8 @@ void run_bench_step(const TrainConfig& base, BenchStepOptions options) {
         const bool torch_row = o->torch && optimizer == OptimizerKind::adamw &&
                                (on_device ? o->backend == "cuda" : precision == Precision::fp32);
         const fs::path peer_dir = scratch / fmt::format("{}-{}", kind, enum_name(precision));
-        const TimedSteps timed =
-            run_timed_steps(train_config, be.get(), profiler, o, stream, n, kind, precision,
-                            precision_list, torch_row, peer_dir);
+        const TimedSteps timed = run_timed_steps(train_config, be.get(), profiler, o, stream, n,
+                                                 kind, saves, torch_row, peer_dir);
         const Spread& t = timed.t;
         const double flops = timed.flops;
         const double gflops = flops / (t.median * 1e6);

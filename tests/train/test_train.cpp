@@ -1061,6 +1061,22 @@ TEST_F(Train, BenchStepTakesTrainsStepBitForBit) {
       << "the updated weights differ";
 }
 
+// bench step --optimizers gives a row per optimizer, Muon's against AdamW's, and --save writes
+// each kind's model once (its first row's) however many optimizers and precisions run.
+TEST_F(Train, BenchStepRowsPerOptimizerSaveOnce) {
+  const std::string bench = dir / "bench";
+  const CommandResult b =
+      run(fmt::format("{} bench step {} --steps 1 --warmup 0 --torch false --json --precision "
+                      "fp32,bf16 --optimizers muon,adamw --save {}",
+                      bottle_binary(), dir / "tiny.toml", bench));
+  ASSERT_EQ(b.status, 0) << b.output;
+  const nlohmann::json row = last_json_line(b.output);
+  EXPECT_EQ(row.at("optimizer"), "muon") << b.output;
+  EXPECT_GT(row.at("step_vs_adamw").get<double>(), 0) << b.output;
+  EXPECT_GT(row.at("optimizer_ms_per_step").get<double>(), 0) << b.output;
+  EXPECT_TRUE(fs::exists(bench + "/cola/model.safetensors"));
+}
+
 TEST_F(Train, PlotOfMissingFile) {
   expect_error(run(fmt::format("{} plot {} --out {}", bottle_binary(), dir / "nothing.jsonl",
                                dir / "x.png")),
