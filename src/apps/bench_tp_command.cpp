@@ -19,7 +19,8 @@ const CommandKeys kBenchTpKeys{
     "bench tp",
     {"model.", "training.micro_batch_size", "training.seq_len", "training.seed",
      "training.recompute", "training.max_norm", "training.on_nonfinite", "training.precision",
-     "optimizer.", "parallel.tp", "parallel.pp", "parallel.dp", "parallel.grouping"},
+     "optimizer.", "parallel.tp", "parallel.pp", "parallel.dp", "parallel.grouping",
+     "parallel.tp_backward"},
     {"training.steps", "training.eval_interval", "training.eval_batches", "lr_scheduler.", "data.",
      "checkpoint.", "metrics."},
     "it times one training step (in training.precision) of one micro-batch of random tokens per "
@@ -34,7 +35,8 @@ Command add_bench_tp_command(CLI::App& app) {
     std::string config;
     std::vector<std::string> overrides;
     int steps = 5, warmup = 2, threads = 0;
-    bool json = false, variants = false, recompute = false, components = false, tp_overlap = false;
+    bool json = false, variants = false, recompute = false, components = false, tp_overlap = false,
+         tp_backward = false;
     std::string fit;
     int64_t fit_max = 64;
   };
@@ -59,6 +61,11 @@ Command add_bench_tp_command(CLI::App& app) {
                "also time each mode with parallel.tp_overlap (the micro-batch's blocks as two "
                "halves, one half's TP collectives under the other half's compute; needs an "
                "even training.micro_batch_size); under it each block site is called twice");
+  app.add_flag("--tp-backward", o->tp_backward,
+               "also time each mode with the other parallel.tp_backward (async: each input "
+               "gradient's all-reduce under the weight gradient, Megatron's order; serial: "
+               "after it), side by side: what the order buys each mode, and btp's speedup "
+               "over full-rank TP with both in each order");
   app.add_option("--fit", o->fit,
                  "plan (without allocating or timing) the largest micro-batch each mode and "
                  "recompute policy fits per rank under this many bytes (\"80GiB\")");
@@ -86,6 +93,7 @@ Command add_bench_tp_command(CLI::App& app) {
                                 .recompute = o->recompute,
                                 .components = o->components,
                                 .tp_overlap = o->tp_overlap,
+                                .tp_backward = o->tp_backward,
                                 .fit = o->fit,
                                 .fit_max = o->fit_max});
     return 0;

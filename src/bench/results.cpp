@@ -92,6 +92,7 @@ ordered to_json(const TpRow& r) {
             {"tp", r.tp},
             {"recompute", r.recompute},
             {"tp_overlap", r.tp_overlap},
+            {"tp_backward", r.tp_backward},
             {"precision", r.precision},
             {"fwd_elems_per_block", r.fwd_elems_per_block},
             {"bwd_elems_per_block", r.bwd_elems_per_block},
@@ -159,6 +160,7 @@ TpRow tp_row_from_json(const json& j, const std::string& what) {
   r.tp = in.integer<int>("tp");
   r.recompute = in.text("recompute");
   r.tp_overlap = in.flag("tp_overlap");
+  r.tp_backward = in.text("tp_backward");
   r.precision = in.text("precision");
   r.fwd_elems_per_block = in.number("fwd_elems_per_block");
   r.bwd_elems_per_block = in.number("bwd_elems_per_block");

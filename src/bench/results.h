@@ -34,6 +34,7 @@ struct TpRow {
   int tp = 1;
   std::string recompute;  // the policy's name
   bool tp_overlap = false;
+  std::string tp_backward;  // parallel.tp_backward: "async" or "serial"
   std::string precision;
   // Per block (and per token and block) of one step, the mode's block call sites.
   double fwd_elems_per_block = 0, bwd_elems_per_block = 0;

@@ -39,19 +39,21 @@ struct Variant {
   bool grouping;
   NormStatistic statistic = NormStatistic::from_latent;
   Recompute recompute = Recompute::none;
-  bool overlap = false;  // parallel.tp_overlap
+  bool overlap = false;                     // parallel.tp_overlap
+  TpBackward backward = TpBackward::async;  // parallel.tp_backward
   std::string label() const {
     std::string l = mode->name();
     if (!grouping) l += " ungrouped";
     if (statistic == NormStatistic::all_reduce) l += " norm-stat-allreduce";
     if (recompute != Recompute::none) l += fmt::format(" recompute={}", recompute_name(recompute));
     if (overlap) l += " tp-overlap";
+    if (backward == TpBackward::serial) l += " serial-backward";
     return l;
   }
   // The same variant keeping every activation: what recomputation is measured against.
   bool is_baseline_of(const Variant& v) const {
     return mode == v.mode && grouping == v.grouping && statistic == v.statistic &&
-           overlap == v.overlap && recompute == Recompute::none;
+           overlap == v.overlap && backward == v.backward && recompute == Recompute::none;
   }
 };
 
@@ -126,6 +128,7 @@ class ModeRun {
     c.parallel.norm_statistic = variant.statistic;
     c.training.recompute = variant.recompute;
     c.parallel.tp_overlap = variant.overlap;
+    c.parallel.tp_backward = variant.backward;
     const ModelConfig& model_config = c.model;
     train_step_ = std::make_unique<TrainStep>(c, *be_, tensor_parallel_of(c, tp), nullptr, nullptr);
     train_step_->model().init_weights(uint64_t(config.training.seed));
@@ -318,28 +321,37 @@ void print_fit_table(const TrainConfig& config, const std::string& path, Communi
     }
 }
 
+// The other order of the TP backward.
+TpBackward other(TpBackward order) {
+  return order == TpBackward::async ? TpBackward::serial : TpBackward::async;
+}
+
 // The variants bench tp times: each mode as configured (with --tp-overlap also with TP overlap
-// on), with --variants grouping switched and btp's RMSNorm statistic all-reduced, with
-// --recompute every other policy of each.
+// on, with --tp-backward also with the other parallel.tp_backward), with --variants grouping
+// switched and btp's RMSNorm statistic all-reduced, with --recompute every other policy of
+// each. Every variant runs the configured order of the TP backward but the --tp-backward ones.
 std::vector<Variant> bench_variants(const std::vector<const TpLayout*>& modes, bool grouping,
-                                    Recompute base, bool bottleneck, bool with_variants,
-                                    bool with_recompute, bool with_overlap) {
+                                    Recompute base, bool bottleneck, const BenchTpOptions& o,
+                                    TpBackward order) {
+  const NormStatistic latent = NormStatistic::from_latent;
   std::vector<Variant> variants;
   for (const TpLayout* mode : modes) {
-    variants.push_back({mode, grouping, NormStatistic::from_latent, base});
-    if (with_overlap) variants.push_back({mode, grouping, NormStatistic::from_latent, base, true});
+    variants.push_back({mode, grouping, latent, base, false, order});
+    if (o.tp_overlap) variants.push_back({mode, grouping, latent, base, true, order});
+    if (o.tp_backward) variants.push_back({mode, grouping, latent, base, false, other(order)});
   }
-  if (bottleneck && with_variants) {
-    variants.push_back({vanilla_mode(), !grouping, NormStatistic::from_latent, base});
-    variants.push_back({btp_mode(), !grouping, NormStatistic::from_latent, base});
-    variants.push_back({btp_mode(), grouping, NormStatistic::all_reduce, base});
+  if (bottleneck && o.variants) {
+    variants.push_back({vanilla_mode(), !grouping, latent, base, false, order});
+    variants.push_back({btp_mode(), !grouping, latent, base, false, order});
+    variants.push_back({btp_mode(), grouping, NormStatistic::all_reduce, base, false, order});
   }
-  if (with_recompute) {
+  if (o.recompute) {
     const std::vector<Variant> kept = variants;
     for (const Variant& v : kept)
-      if (v.statistic == NormStatistic::from_latent && v.grouping == grouping && !v.overlap)
+      if (v.statistic == latent && v.grouping == grouping && !v.overlap && v.backward == order)
         for (Recompute policy : recompute_policies(v.mode))
-          if (policy != base) variants.push_back({v.mode, v.grouping, v.statistic, policy});
+          if (policy != base)
+            variants.push_back({v.mode, v.grouping, v.statistic, policy, false, order});
   }
   return variants;
 }
@@ -372,6 +384,7 @@ TpRow result_row(const ModeResult& r, const Saving& saved, int tp, Precision pre
             .tp = tp,
             .recompute = recompute_name(r.variant.recompute),
             .tp_overlap = r.variant.overlap,
+            .tp_backward = enum_name(r.variant.backward),
             .precision = enum_name(precision),
             .fwd_elems_per_block = double(r.fwd.elements) / blocks,
             .bwd_elems_per_block = double(r.bwd.elements) / blocks,
@@ -452,13 +465,14 @@ void print_result_line(const ModeResult& r, const Saving& saved) {
   fmt::print("\n");
 }
 
-// The variant of `mode` as configured (grouping, the latent's statistic) under `policy`.
+// The variant of `mode` as configured (grouping, the latent's statistic, the TP backward's
+// order) under `policy`.
 const ModeResult* find_result(const std::vector<ModeResult>& results, const TpLayout* mode,
-                              Recompute policy, bool grouping) {
+                              Recompute policy, bool grouping, TpBackward order) {
   for (const ModeResult& r : results)
     if (r.mode == mode && r.variant.grouping == grouping &&
         r.variant.statistic == NormStatistic::from_latent && r.variant.recompute == policy &&
-        !r.variant.overlap)
+        !r.variant.overlap && r.variant.backward == order)
       return &r;
   return nullptr;
 }
@@ -466,10 +480,11 @@ const ModeResult* find_result(const std::vector<ModeResult>& results, const TpLa
 // The comparisons after the table: volumes and speedups against full-rank TP and vanilla,
 // memory, recomputation's MB per ms, grouping and the RMSNorm statistic, each against the
 // paper's figure where it gives one.
-void print_comparisons(const std::vector<ModeResult>& results, Recompute base, bool grouping) {
+void print_comparisons(const std::vector<ModeResult>& results, Recompute base, bool grouping,
+                       TpBackward order) {
   const PaperFigures paper = PaperFigures::built_in();  // reference/boost_paper.toml
   auto find = [&](const TpLayout* mode, Recompute policy) {
-    return find_result(results, mode, policy, grouping);
+    return find_result(results, mode, policy, grouping, order);
   };
   auto saving = [&](const ModeResult& r) { return saving_of(results, r); };
   const ModeResult *full = find(full_mode(), base), *vanilla = find(vanilla_mode(), base),
@@ -504,7 +519,7 @@ void print_comparisons(const std::vector<ModeResult>& results, Recompute base, b
           paper.value("recompute.vanilla_batch4"), paper.value("recompute.boost_advantage_batch4"));
     const ModeResult *vanilla_ungrouped = nullptr, *btp_ungrouped = nullptr, *stat = nullptr;
     for (const ModeResult& r : results) {
-      if (r.variant.recompute != base || r.variant.overlap) continue;
+      if (r.variant.recompute != base || r.variant.overlap || r.variant.backward != order) continue;
       if (r.variant.grouping != grouping)
         (r.mode == vanilla_mode() ? vanilla_ungrouped : btp_ungrouped) = &r;
       if (r.variant.statistic == NormStatistic::all_reduce) stat = &r;
@@ -550,6 +565,35 @@ void print_comparisons(const std::vector<ModeResult>& results, Recompute base, b
   if (!overlap_line.empty())
     fmt::print("  tp_overlap speedup (serial / overlapped iteration):{}\n",
                overlap_line.substr(0, overlap_line.size() - 2));
+  // --tp-backward: each mode's iteration with the input gradients' all-reduces after the weight
+  // gradients over its iteration with them under the weight gradients (Megatron's order), the
+  // TP communication the step waited for in each, and btp's speedup over full-rank TP with
+  // both in each order: what the paper's ratio is when `full` is Megatron at its best.
+  std::string order_line;
+  std::map<const TpLayout*, std::pair<const ModeResult*, const ModeResult*>> by_order;
+  for (const TpLayout* mode : {full_mode(), vanilla_mode(), btp_mode()}) {
+    const ModeResult *async = find_result(results, mode, base, grouping, TpBackward::async),
+                     *serial = find_result(results, mode, base, grouping, TpBackward::serial);
+    if (!async || !serial) continue;
+    by_order[mode] = {serial, async};
+    order_line += fmt::format(
+        " {} {:.2f}x (TP comm waited for: serial {:.1f} of {:.1f} ms, async {:.1f} of {:.1f}) |",
+        mode->name(), serial->iter_ms() / async->iter_ms(), serial->comm_exposed.median,
+        serial->comm_ms(), async->comm_exposed.median, async->comm_ms());
+  }
+  if (!order_line.empty())
+    fmt::print("  tp_backward speedup (serial / async iteration):{}\n",
+               order_line.substr(0, order_line.size() - 2));
+  if (by_order.count(full_mode()) && by_order.count(btp_mode())) {
+    const auto [full_serial, full_async] = by_order[full_mode()];
+    const auto [btp_serial, btp_async] = by_order[btp_mode()];
+    fmt::print(
+        "  btp iteration speedup vs full-rank TP: {:.2f}x with both serial, {:.2f}x with both "
+        "async (full at Megatron's order), {:.2f}x btp async vs full serial\n",
+        full_serial->iter_ms() / btp_serial->iter_ms(),
+        full_async->iter_ms() / btp_async->iter_ms(),
+        full_serial->iter_ms() / btp_async->iter_ms());
+  }
 }
 
 // Each mode must take the configuration's policy: lowrank applies to btp alone.
@@ -593,8 +637,8 @@ void run_bench_tp(const TrainConfig& config, const BenchTpOptions& o) {
                "sequences: it needs an even training.micro_batch_size, not {}",
                config.training.micro_batch_size);
   const std::vector<Variant> variants =
-      bench_variants(modes, grouping, base, config.model.bottleneck != BottleneckKind::none,
-                     o.variants, o.recompute, o.tp_overlap);
+      bench_variants(modes, grouping, base, config.model.bottleneck != BottleneckKind::none, o,
+                     config.parallel.tp_backward);
   const bool leader = world.rank() == 0;
   const ModelConfig& m = config.model;
   if (leader && !o.json)
@@ -629,7 +673,7 @@ void run_bench_tp(const TrainConfig& config, const BenchTpOptions& o) {
       print_result_line(r, saved);
     std::fflush(stdout);
   }
-  if (leader && !o.json) print_comparisons(results, base, grouping);
+  if (leader && !o.json) print_comparisons(results, base, grouping, config.parallel.tp_backward);
 }
 
 }  // namespace bottle

@@ -23,6 +23,7 @@ struct BenchTpOptions {
   bool recompute = false;   // also every other recompute policy of each mode
   bool components = false;  // the q/k/v and gate/up groups' compute and all-reduce apart
   bool tp_overlap = false;  // also each mode with parallel.tp_overlap
+  bool tp_backward = false;  // also each mode with the other parallel.tp_backward
   // --fit: plan, without timing, the largest micro-batch (up to fit_max) under this many
   // bytes per rank ("80GiB"); empty: time the modes.
   std::string fit;

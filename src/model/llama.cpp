@@ -471,9 +471,13 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   if (stage_.last()) {
     need(params_.padded());
     s.loss.backward(be, dlogits_, s.logits, targets, first, loss_scale / float(n));
-    linear_backward(be, dfinal_, lm_head_.grad, dlogits_, s.final_norm.out, lm_head_.compute,
-                    /*accumulate_dx=*/false);
-    copy_to_backward(tp_, dfinal_, "vocab.bwd.lm_head_in");
+    // The head is split by vocabulary rows: dfinal is a partial sum, summed over the TP group
+    // while the head's weight gradient, the stage's largest GEMM, runs (TpBackward). The
+    // model's ends run outside TP overlap's halves, so the pass ends before get().
+    linear_input_grad(be, dfinal_, dlogits_, lm_head_.compute, /*accumulate_dx=*/false);
+    co_copy_to_backward(tp_, dfinal_, "vocab.bwd.lm_head_in", [&] {
+      linear_weight_grad(be, lm_head_.grad, dlogits_, s.final_norm.out);
+    }).get();
     Tensor last = ends_.sharded_residual ? s.whole : s.residual.back();
     be.fill_zero(whole_grad_);
     s.final_norm.backward(be, whole_grad_, dfinal_, last);

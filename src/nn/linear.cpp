@@ -78,7 +78,15 @@ void add_residual(GemmArgs& g, Tensor residual, Tensor y) {
 
 void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w,
                      bool accumulate_dx) {
+  linear_input_grad(be, dx, dy, w, accumulate_dx);
+  linear_weight_grad(be, dw, dy, x);
+}
+
+void linear_input_grad(Backend& be, Tensor dx, Tensor dy, Tensor w, bool accumulate_dx) {
   if (!dx.empty()) input_gradient(be, dx, dy, w, accumulate_dx ? 1.0f : 0.0f);
+}
+
+void linear_weight_grad(Backend& be, Tensor dw, Tensor dy, Tensor x) {
   be.gemm(weight_gradient_args(dw, dy, x));
 }
 
@@ -139,9 +147,20 @@ void linear_backward_shared_input(Backend& be, Tensor dx, std::span<const Tensor
   BOTTLE_ASSERT(dws.size() == ws.size() && dys.size() == ws.size(),
                 "linear_backward_shared_input: {} gradients and {} outputs for {} weights",
                 dws.size(), dys.size(), ws.size());
+  linear_input_grad_shared_input(be, dx, dys, ws);
+  linear_weight_grad_shared_input(be, dws, dys, x);
+}
+
+void linear_input_grad_shared_input(Backend& be, Tensor dx, std::span<const Tensor> dys,
+                                    std::span<const Tensor> ws) {
   // dx[N,in] = Σ_p dy_p[N,out_p] · W_p: the first member writes, the rest add.
   for (size_t p = 0; p < ws.size(); ++p) input_gradient(be, dx, dys[p], ws[p], p > 0 ? 1.0f : 0.0f);
-  for_equal_weights(ws, [&](size_t begin, size_t end) {
+}
+
+void linear_weight_grad_shared_input(Backend& be, std::span<const Tensor> dws,
+                                     std::span<const Tensor> dys, Tensor x) {
+  // Runs of members whose weight gradients have equal shapes: one batched GEMM each.
+  for_equal_weights(dws, [&](size_t begin, size_t end) {
     std::vector<GemmOperands> items;  // dW_p[out,in] += dy_pᵀ[out,N] · x[N,in]
     for (size_t p = begin; p < end; ++p) items.push_back({dys[p].data, x.data, dws[p].data});
     gemm_grouped(be, weight_gradient_args(dws[begin], dys[begin], x), items);

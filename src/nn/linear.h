@@ -17,6 +17,13 @@ void add_residual(GemmArgs& g, Tensor residual, Tensor y);
 // when dx is empty); dW[out,in] += dyᵀ · x.
 void linear_backward(Backend& be, Tensor dx, Tensor dw, Tensor dy, Tensor x, Tensor w,
                      bool accumulate_dx = true);
+// The two halves of linear_backward, for a backward that runs something between them (the
+// tensor-parallel backward starts dx's all-reduce before the weight gradient: Megatron's
+// order). The same GEMMs, so the same bits, in either order.
+// dx[N,in] (+)= dy[N,out] · W.
+void linear_input_grad(Backend& be, Tensor dx, Tensor dy, Tensor w, bool accumulate_dx = true);
+// dW[out,in] += dyᵀ · x.
+void linear_weight_grad(Backend& be, Tensor dw, Tensor dy, Tensor x);
 
 // One GEMM shape applied to several operand triples (grouped projections: A_q, A_k, A_v
 // reading one input; B_k, B_v; ...). `shape` gives trans, m, n, k, alpha, beta and the
@@ -42,5 +49,10 @@ void linear_forward_shared_input(Backend& be, std::span<const Tensor> ys, Tensor
 void linear_backward_shared_input(Backend& be, Tensor dx, std::span<const Tensor> dws,
                                   std::span<const Tensor> dys, Tensor x,
                                   std::span<const Tensor> ws);
+// Its halves: dx = Σ_p dy_p · W_p; dW_p += dy_pᵀ · x (batched as above).
+void linear_input_grad_shared_input(Backend& be, Tensor dx, std::span<const Tensor> dys,
+                                    std::span<const Tensor> ws);
+void linear_weight_grad_shared_input(Backend& be, std::span<const Tensor> dws,
+                                     std::span<const Tensor> dys, Tensor x);
 
 }  // namespace bottle

@@ -31,6 +31,21 @@ inline void copy_to_forward(const TensorParallel&, Tensor) {}
 void copy_to_backward(const TensorParallel& tp, Tensor dx, std::string_view site);
 
 CollectiveAwaiter co_copy_to_backward(const TensorParallel& tp, Tensor dx, std::string_view site);
+// The same, around the layer's weight gradient (`weight_grad()`, which must not touch dx): dx's
+// sum travels while it runs (TpBackward::async, Megatron's order), or starts after it
+// (TpBackward::serial). dx is the input gradient just computed.
+template <typename WeightGrad>
+TpTask co_copy_to_backward(const TensorParallel& tp, Tensor dx, std::string_view site,
+                           WeightGrad weight_grad) {
+  if (tp.backward == TpBackward::serial) {
+    weight_grad();
+    co_await co_copy_to_backward(tp, dx, site);
+    co_return;
+  }
+  CollectiveAwaiter summed = tp_start_all_reduce(tp, dx, site);
+  weight_grad();
+  co_await summed;
+}
 
 // Forward of reduce_from: y [N, C] partial sums → the sum, in place.
 void reduce_from_forward(const TensorParallel& tp, Tensor y, std::string_view site);

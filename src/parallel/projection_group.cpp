@@ -146,8 +146,8 @@ void group_up_forward(Backend& be, ProjectionSpan group, std::span<const Tensor>
       });
 }
 
-void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor> dys,
-                       std::span<const Tensor> partials, bool accumulate, bool grouping) {
+void group_up_input_grad(Backend& be, ProjectionSpan group, std::span<const Tensor> dys,
+                         std::span<const Tensor> partials, bool accumulate, bool grouping) {
   // Where member i's latent gradient goes, and that buffer's row stride.
   auto du_out = [&](size_t i) {
     const Projection& p = *group[i];
@@ -170,6 +170,10 @@ void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor
       [&](size_t i) {
         return GemmOperands{dys[i].data, group[i]->B.compute.data, du_out(i).first.data};
       });
+}
+
+void group_up_weight_grad(Backend& be, ProjectionSpan group, std::span<const Tensor> dys,
+                          bool grouping) {
   for_runs(  // dB += dyᵀ u
       be, group, grouping,
       [&](size_t i) {
@@ -188,26 +192,50 @@ void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor
       });
 }
 
-void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x, bool accumulate_dx,
-                         bool grouping) {
-  const Tensor a = grouping ? stacked_A(group, &Param::compute) : Tensor{};
-  const Tensor a_grad = grouping ? stacked_A(group, &Param::grad) : Tensor{};
-  if (!a.empty() && !a_grad.empty()) {
-    // dx (+)= dZ [A_p] with k = Σr, one rounding; [dA_p] += dZᵀ x.
-    linear_backward(be, dx, a_grad, flat(group, &Projection::dz), x, a, accumulate_dx);
+void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor> dys,
+                       std::span<const Tensor> partials, bool accumulate, bool grouping) {
+  group_up_input_grad(be, group, dys, partials, accumulate, grouping);
+  group_up_weight_grad(be, group, dys, grouping);
+}
+
+namespace {
+
+// The group's A's and their gradients as one [Σr, d_in] matrix each (stacked_A), both or
+// neither: the input and the weight gradient must take the same path.
+std::pair<Tensor, Tensor> stacked_A_and_grad(ProjectionSpan group, bool grouping) {
+  if (!grouping) return {};
+  const Tensor a = stacked_A(group, &Param::compute), a_grad = stacked_A(group, &Param::grad);
+  if (a.empty() || a_grad.empty()) return {};
+  return {a, a_grad};
+}
+
+}  // namespace
+
+void group_down_input_grad(Backend& be, ProjectionSpan group, Tensor dx, bool accumulate_dx,
+                           bool grouping) {
+  if (const auto [a, a_grad] = stacked_A_and_grad(group, grouping); !a.empty()) {
+    // dx (+)= dZ [A_p] with k = Σr, one rounding.
+    linear_input_grad(be, dx, flat(group, &Projection::dz), a, accumulate_dx);
+    return;
+  }
+  // The members' input gradients add up, so they cannot be one batched GEMM.
+  for (size_t i = 0; i < group.size(); ++i) {
+    const Projection& p = *group[i];
+    GemmArgs g;
+    g.m = dx.rows(), g.n = p.d_in, g.k = held(p);
+    g.a = p.dz.at(held_offset(p)), g.lda = p.latent_stride();
+    g.b = p.A.compute.data, g.ldb = p.d_in;
+    g.c = dx.data, g.ldc = p.d_in;
+    g.beta = accumulate_dx || i > 0 ? 1.0f : 0.0f;
+    g.dtypes_of(p.dz, p.A.compute, dx);
+    be.gemm(g);
+  }
+}
+
+void group_down_weight_grad(Backend& be, ProjectionSpan group, Tensor x, bool grouping) {
+  if (const auto [a, a_grad] = stacked_A_and_grad(group, grouping); !a.empty()) {
+    linear_weight_grad(be, a_grad, flat(group, &Projection::dz), x);  // [dA_p] += dZᵀ x
   } else {
-    // The members' input gradients add up, so they cannot be one batched GEMM.
-    for (size_t i = 0; i < group.size(); ++i) {
-      const Projection& p = *group[i];
-      GemmArgs g;
-      g.m = x.rows(), g.n = p.d_in, g.k = held(p);
-      g.a = p.dz.at(held_offset(p)), g.lda = p.latent_stride();
-      g.b = p.A.compute.data, g.ldb = p.d_in;
-      g.c = dx.data, g.ldc = p.d_in;
-      g.beta = accumulate_dx || i > 0 ? 1.0f : 0.0f;
-      g.dtypes_of(p.dz, p.A.compute, dx);
-      be.gemm(g);
-    }
     for_runs(  // dA += dzᵀ x
         be, group, grouping,
         [&](size_t i) {
@@ -225,8 +253,15 @@ void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x,
           return GemmOperands{p.dz.at(held_offset(p)), x.data, p.A.grad.data};
         });
   }
+  // After dA, which reads dz (svd: dz is du).
   for (Projection* p : group)
     if (p->shares_du()) be.fill_zero(p->du);
+}
+
+void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x, bool accumulate_dx,
+                         bool grouping) {
+  group_down_input_grad(be, group, dx, accumulate_dx, grouping);
+  group_down_weight_grad(be, group, x, grouping);
 }
 
 }  // namespace bottle

@@ -48,5 +48,15 @@ void group_up_backward(Backend& be, ProjectionSpan group, std::span<const Tensor
 // Zeroes each du_p that is shared (Projection::shares_du: its next use accumulates).
 void group_down_backward(Backend& be, ProjectionSpan group, Tensor dx, Tensor x, bool accumulate_dx,
                          bool grouping);
+// Each backward's two halves, the input gradient (du_p; dx) and the weight gradient (dB_p; dA_p
+// and the zeroing of a shared du_p), for a tensor-parallel backward that starts the input
+// gradient's collective between them (Megatron's order). The same GEMMs as the whole.
+void group_up_input_grad(Backend& be, ProjectionSpan group, std::span<const Tensor> dys,
+                         std::span<const Tensor> partials, bool accumulate, bool grouping);
+void group_up_weight_grad(Backend& be, ProjectionSpan group, std::span<const Tensor> dys,
+                          bool grouping);
+void group_down_input_grad(Backend& be, ProjectionSpan group, Tensor dx, bool accumulate_dx,
+                           bool grouping);
+void group_down_weight_grad(Backend& be, ProjectionSpan group, Tensor x, bool grouping);
 
 }  // namespace bottle

@@ -16,6 +16,16 @@ enum class NormStatistic { from_latent, all_reduce };
 // parallel.norm_statistic's spelling of each, in the enum's order.
 inline constexpr std::array<const char*, 2> kNormStatisticNames = {"latent", "all_reduce"};
 
+// Where a tensor-parallel backward puts an input gradient's collective (parallel.tp_backward).
+// `async` is Megatron-Core's order (LinearWithGradAccumulationAndAsyncCommunication): the
+// collective starts as soon as the input gradient is computed and travels while the layer's
+// weight gradient is (MPI: on the group's communication thread; NCCL: on its stream), waited
+// for after it. `serial` runs it after the weight gradient, blocking: bottle's order before,
+// kept to measure what the overlap buys (`bench tp --tp-backward`). The same bits either way:
+// the weight gradient reads neither the input gradient nor what the collective writes.
+enum class TpBackward { async, serial };
+inline constexpr std::array<const char*, 2> kTpBackwardNames = {"async", "serial"};
+
 class TpLayout;
 struct TpHalf;
 
@@ -28,6 +38,8 @@ struct TensorParallel {
   // parallel.grouping (train/train_config.h takes it from here).
   bool grouping = true;
   NormStatistic norm_backward = NormStatistic::from_latent;
+  // The one default of parallel.tp_backward: the best order each mode has.
+  TpBackward backward = TpBackward::async;
   // TP overlap (parallel.tp_overlap): the model runs each micro-batch's blocks as two halves
   // (LlamaModel). Off by default: it changes the parameter gradients' rounding, and halving
   // a GEMM costs efficiency where communication is cheap.

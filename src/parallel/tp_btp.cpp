@@ -171,15 +171,31 @@ TpTask chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
     offset += g[i].du.numel();
   }
   const Tensor whole = shared ? b.latent_part.view(0, {du.numel()}) : du;
-  {
+  // B's input gradient, then its weight gradient dB while the input gradient's sum travels
+  // (TpBackward): the whole group's at once with grouping, else member by member.
+  auto input_grad = [&](ProjectionSpan members, std::span<const Tensor> d_out,
+                        std::span<const Tensor> partials) {
     const BackendRange range(be, g.name);
-    group_up_backward(be, g.span(), dys, {parts.data(), shared ? g.size : 0}, false, tp.grouping);
-  }
+    group_up_input_grad(be, members, d_out, partials, false, tp.grouping);
+  };
+  auto weight_grad = [&](ProjectionSpan members, std::span<const Tensor> d_out) {
+    return [&be, &tp, &g, members, d_out] {
+      const BackendRange range(be, g.name);
+      group_up_weight_grad(be, members, d_out, tp.grouping);
+    };
+  };
   if (tp.grouping || g.size == 1) {
-    co_await co_copy_to_backward(tp, whole, group_site("bwd", g));
+    input_grad(g.span(), dys, {parts.data(), shared ? g.size : 0});
+    co_await co_copy_to_backward(tp, whole, group_site("bwd", g), weight_grad(g.span(), dys));
   } else {
-    for (size_t i = 0; i < g.size; ++i)
-      co_await co_copy_to_backward(tp, shared ? parts[i] : g[i].du, site("bwd", g, i));
+    for (size_t i = 0; i < g.size; ++i) {
+      const ProjectionSpan member = g.span().subspan(i, 1);
+      const std::span<const Tensor> d_out = dys.subspan(i, 1);
+      input_grad(member, d_out,
+                 shared ? std::span<const Tensor>(&parts[i], 1) : std::span<const Tensor>{});
+      co_await co_copy_to_backward(tp, shared ? parts[i] : g[i].du, site("bwd", g, i),
+                                   weight_grad(member, d_out));
+    }
   }
   std::array<Tensor, 3> u_prev{}, du_prev{};
   for (size_t i = 0; i < g.size; ++i) {

@@ -43,17 +43,36 @@ void shared_input_forward(Backend& be, const TensorParallel& tp, TpBlock& b,
   linear_forward_shared_input(be, ys, x, weights(b, ids, &Param::compute));
 }
 
-// dx = Σ dy_i W_i (written: the first member's GEMM has beta 0), dW_i += dy_iᵀ x.
-void shared_input_backward(Backend& be, const TensorParallel& tp, TpBlock& b,
-                           std::span<const ProjectionId> ids, Tensor dx,
-                           std::span<const Tensor> dys, Tensor x) {
+// The two halves of the backward of projections that read one input, for copy_to's backward
+// to run between them. dx = Σ dy_i W_i (written: the first member's GEMM has beta 0).
+void shared_input_grad(Backend& be, const TensorParallel& tp, TpBlock& b,
+                       std::span<const ProjectionId> ids, Tensor dx, std::span<const Tensor> dys) {
   if (!tp.grouping) {
     for (size_t i = 0; i < ids.size(); ++i)
-      b[ids[i]].backward(be, dx, dys[i], x, {}, {}, /*accumulate_dx=*/i > 0);
+      linear_input_grad(be, dx, dys[i], b[ids[i]].weight.compute, /*accumulate_dx=*/i > 0);
     return;
   }
-  linear_backward_shared_input(be, dx, weights(b, ids, &Param::grad), dys, x,
-                               weights(b, ids, &Param::compute));
+  linear_input_grad_shared_input(be, dx, dys, weights(b, ids, &Param::compute));
+}
+
+// dW_i += dy_iᵀ x: batched where grouping batches the forward.
+void shared_weight_grad(Backend& be, const TensorParallel& tp, TpBlock& b,
+                        std::span<const ProjectionId> ids, std::span<const Tensor> dys, Tensor x) {
+  if (!tp.grouping) {
+    for (size_t i = 0; i < ids.size(); ++i)
+      linear_weight_grad(be, b[ids[i]].weight.grad, dys[i], x);
+    return;
+  }
+  linear_weight_grad_shared_input(be, weights(b, ids, &Param::grad), dys, x);
+}
+
+// dx = Σ dy_i W_i summed over the ranks (copy_to's backward: the layers are split by their
+// outputs), the weight gradients computed while the sum travels (TpBackward).
+TpTask shared_input_backward(Backend& be, const TensorParallel& tp, TpBlock& b,
+                             std::span<const ProjectionId> ids, Tensor dx,
+                             std::span<const Tensor> dys, Tensor x, std::string_view site) {
+  shared_input_grad(be, tp, b, ids, dx, dys);
+  co_await co_copy_to_backward(tp, dx, site, [&] { shared_weight_grad(be, tp, b, ids, dys, x); });
 }
 
 class FullLayout final : public TpLayout {
@@ -135,14 +154,16 @@ class FullBlock final : public TpBlock {
     reduce_from_backward(tp, d_residual);  // of mlp_out
     b[P::down].backward(be, g.gated, d_residual, gated, {}, {}, false);
     be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
-    shared_input_backward(be, tp, b, kGateUp, g.normed, std::array{g.gate, g.up}, norm2.out);
-    co_await co_copy_to_backward(tp, g.normed, "full.bwd.mlp_in");  // N·d
+    const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
+    co_await shared_input_backward(be, tp, b, kGateUp, g.normed, d_gate_up, norm2.out,
+                                   "full.bwd.mlp_in");  // N·d
     norm2.backward(be, d_residual, g.normed, h);
     reduce_from_backward(tp, d_residual);  // of attn_out
     b[P::o].backward(be, g.attn, d_residual, attention_output(b), {}, {}, false);
     attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
-    shared_input_backward(be, tp, b, kQkv, g.normed, std::array{g.q, g.k, g.v}, norm1.out);
-    co_await co_copy_to_backward(tp, g.normed, "full.bwd.attn_in");  // N·d
+    const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
+    co_await shared_input_backward(be, tp, b, kQkv, g.normed, d_qkv, norm1.out,
+                                   "full.bwd.attn_in");  // N·d
     norm1.backward(be, d_residual, g.normed, x);
   }
 

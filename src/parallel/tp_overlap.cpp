@@ -37,16 +37,15 @@ namespace {
 
 bool communicates(const TensorParallel& tp) { return tp.comm != nullptr && tp.comm->size() > 1; }
 
-}  // namespace
-
-CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, std::span<const Tensor> pieces,
-                                std::string_view site) {
+// Blocking serially unless `start`; started under overlap.
+CollectiveAwaiter all_reduce_pieces(const TensorParallel& tp, std::span<const Tensor> pieces,
+                                    std::string_view site, bool start) {
   std::vector<PendingCall> calls;
   if (communicates(tp)) {
     std::optional<CommPhase> phase;  // the half's, while it starts its call
     if (tp.half) phase.emplace(tp.comm, tp.half->phase);
     for (const Tensor& piece : pieces) {
-      if (tp.half == nullptr)
+      if (tp.half == nullptr && !start)
         tp.comm->all_reduce(piece, ReduceOp::sum, site);
       else
         calls.push_back(tp.comm->start_all_reduce(piece, ReduceOp::sum, site));
@@ -55,8 +54,19 @@ CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, std::span<const Tensor
   return CollectiveAwaiter(tp.half, std::move(calls));
 }
 
+}  // namespace
+
+CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, std::span<const Tensor> pieces,
+                                std::string_view site) {
+  return all_reduce_pieces(tp, pieces, site, false);
+}
+
 CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, Tensor x, std::string_view site) {
-  return tp_all_reduce(tp, std::span<const Tensor>(&x, 1), site);
+  return all_reduce_pieces(tp, std::span<const Tensor>(&x, 1), site, false);
+}
+
+CollectiveAwaiter tp_start_all_reduce(const TensorParallel& tp, Tensor x, std::string_view site) {
+  return all_reduce_pieces(tp, std::span<const Tensor>(&x, 1), site, true);
 }
 
 CollectiveAwaiter tp_all_gather(const TensorParallel& tp, Tensor out, Tensor in,

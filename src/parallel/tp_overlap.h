@@ -104,7 +104,11 @@ class [[nodiscard]] CollectiveAwaiter {
       : half_(half), calls_(std::move(calls)) {}
   bool await_ready() const noexcept { return half_ == nullptr; }
   void await_suspend(std::coroutine_handle<> at) noexcept;
-  void await_resume() const noexcept {}
+  // Serially, waits for the calls tp_start_all_reduce started (a blocking collective leaves
+  // none); under overlap they went to the half, which run_halves waited for.
+  void await_resume() {
+    for (PendingCall& call : calls_) call.wait();
+  }
 
  private:
   TpHalf* half_;
@@ -121,6 +125,10 @@ class [[nodiscard]] CollectiveAwaiter {
 CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, std::span<const Tensor> pieces,
                                 std::string_view site);
 CollectiveAwaiter tp_all_reduce(const TensorParallel& tp, Tensor x, std::string_view site);
+// The same call started now and awaited later, serially too: the pass computes between the
+// start and its co_await (the TP backward's weight gradient under its input gradient's
+// all-reduce, TpBackward::async), and must not touch x there.
+CollectiveAwaiter tp_start_all_reduce(const TensorParallel& tp, Tensor x, std::string_view site);
 // out [N, C·t] holds the ranks' in [N, C] one after another (rank-major), as all_gather.
 CollectiveAwaiter tp_all_gather(const TensorParallel& tp, Tensor out, Tensor in,
                                 std::string_view site);

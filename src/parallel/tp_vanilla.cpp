@@ -122,7 +122,8 @@ TpTask chunks_forward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
 }
 
 // dx = Σ_p ∂/∂x of chunk_p given dys; copy_to's backward all-reduces the input gradient:
-// once for the sum with grouping, else once per projection.
+// once for the sum with grouping, else once per projection. The weight gradients (dB, dA) run
+// while it travels (TpBackward): they read dy, u, dz and x, none of which the rest changes.
 TpTask chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
                        const BlockLatents& prev, std::span<const ProjectionId> ids, Tensor x,
                        std::span<const Tensor> dys, Tensor dx, const char* chunk, bool timed) {
@@ -137,24 +138,34 @@ TpTask chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
   const bool adds = !members[0]->sharded() && members[0]->shares_du();
   {
     const BackendRange range(be, component);
-    group_up_backward(be, group, dys, {}, adds, tp.grouping);
+    group_up_input_grad(be, group, dys, {}, adds, tp.grouping);
   }
   co_await latents_backward(be, tp, b, prev, group, ids, component);
+  // Members [begin, end)'s dB and dA.
+  auto weight_grads = [&](size_t begin, size_t end) {
+    return [&, begin, end] {
+      const BackendRange range(be, component);
+      group_up_weight_grad(be, group.subspan(begin, end - begin), dys.subspan(begin, end - begin),
+                           tp.grouping);
+      group_down_weight_grad(be, group.subspan(begin, end - begin), x, tp.grouping);
+    };
+  };
   if (tp.grouping) {
     {
       const BackendRange range(be, component);
-      group_down_backward(be, group, dx, x, false, true);
+      group_down_input_grad(be, group, dx, false, true);
     }
-    co_await co_copy_to_backward(tp, dx, backward_site(chunk));
+    co_await co_copy_to_backward(tp, dx, backward_site(chunk), weight_grads(0, ids.size()));
     co_return;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
     Tensor part = i == 0 ? dx : b.normed_part.reshaped(dx.shape);
     {
       const BackendRange range(be, component);
-      group_down_backward(be, group.subspan(i, 1), part, x, false, false);
+      group_down_input_grad(be, group.subspan(i, 1), part, false, false);
     }
-    co_await co_copy_to_backward(tp, part, backward_site(kProjectionNames[int(ids[i])]));
+    co_await co_copy_to_backward(tp, part, backward_site(kProjectionNames[int(ids[i])]),
+                                 weight_grads(i, i + 1));
     if (i > 0) {
       const BackendRange range(be, component);
       be.accumulate(dx, part);

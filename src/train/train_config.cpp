@@ -38,6 +38,7 @@ const char* enum_name(OptimizerKind value) { return kOptimizerNames[int(value)];
 const char* enum_name(LrDecay value) { return kLrDecayNames[int(value)]; }
 const char* enum_name(PipelineSchedule value) { return kScheduleNames[int(value)]; }
 const char* enum_name(NormStatistic value) { return kNormStatisticNames[int(value)]; }
+const char* enum_name(TpBackward value) { return kTpBackwardNames[int(value)]; }
 
 const char* config_key(Setting setting) {
   switch (setting) {
@@ -221,6 +222,11 @@ void add_parallel_keys(std::vector<ConfigKey>& s) {
                        "summed half by half, as under gradient accumulation (fp32 rounding)"));
   s.push_back(bool_key("parallel.grouping", FIELD(parallel.grouping),
                        "one GEMM for projections reading the same input (q,k,v; gate,up)"));
+  s.push_back(choice_key("parallel.tp_backward", FIELD(parallel.tp_backward), kTpBackwardNames,
+                         "where the TP backward sums an input gradient over the group: "
+                         "started as soon as it is computed and travelling while the layer's "
+                         "weight gradient is (async: Megatron's order), or after the weight "
+                         "gradient (serial: to measure what the overlap buys). The same bits"));
   s.push_back(choice_key("parallel.norm_statistic", FIELD(parallel.norm_statistic),
                          kNormStatisticNames,
                          "btp: how the online RMSNorm's backward gets its per-token sum over "

@@ -16,8 +16,8 @@
 #include "parallel/tp_layout.h"
 #include "pipeline/schedule.h"  // PipelineSchedule; TOML: "1f1b", "gpipe"
 #include "train/adamw.h"
-#include "train/muon.h"
 #include "train/lr_schedule.h"  // LrDecay
+#include "train/muon.h"
 
 namespace bottle {
 
@@ -41,6 +41,7 @@ const char* enum_name(OnNonfinite value);
 const char* enum_name(LrDecay value);
 const char* enum_name(PipelineSchedule value);
 const char* enum_name(NormStatistic value);
+const char* enum_name(TpBackward value);
 // The dtype of the weights GEMMs read and of the activations: bf16 under mixed precision.
 inline DType compute_dtype(Precision p) { return p == Precision::bf16 ? DType::bf16 : DType::f32; }
 
@@ -137,6 +138,9 @@ struct ParallelConfig {
   bool tp_overlap = TensorParallel{}.overlap;
   bool grouping = TensorParallel{}.grouping;  // its one default is the mechanism's
   NormStatistic norm_statistic = TensorParallel{}.norm_backward;  // btp's, the same way
+  // Where the TP backward puts an input gradient's collective: under the weight gradient
+  // (async, Megatron's order) or after it (serial).
+  TpBackward tp_backward = TensorParallel{}.backward;
   CommKind comm = CommKind::automatic;
   // Seconds one collective or transfer may wait for its peers before the job ends naming
   // the rank and host it waited for (Communicator::timeout): PyTorch's NCCL default.

@@ -66,6 +66,7 @@ TensorParallel tensor_parallel_of(const TrainConfig& config, Communicator* tp) {
                         .comm = tp,
                         .grouping = config.parallel.grouping,
                         .norm_backward = config.parallel.norm_statistic,
+                        .backward = config.parallel.tp_backward,
                         .overlap = config.parallel.tp_overlap};
 }
 

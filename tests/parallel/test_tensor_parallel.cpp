@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <map>
 #include <random>
 
@@ -338,10 +339,9 @@ struct OverlapRun {
 
 OverlapRun run_once(Backend& be, const ModelConfig& config, const OverlapCase& c, bool overlap,
                     Tensor tok, Tensor tgt) {
-  LlamaModel model(config, TensorParallel{.layout = c.mode,
-                                          .comm = &world(),
-                                          .grouping = c.grouping,
-                                          .overlap = overlap});
+  LlamaModel model(
+      config, TensorParallel{
+                  .layout = c.mode, .comm = &world(), .grouping = c.grouping, .overlap = overlap});
   init_for_test(model, 11);
   model.allocate_activations(tok.shape[0], tok.shape[1], 1, c.policy);
   model.zero_grad(be);
@@ -429,6 +429,104 @@ INSTANTIATE_TEST_SUITE_P(Modes, TpOverlapParity, ::testing::ValuesIn(overlap_cas
                            return fmt::format("{}_{}_{}{}", bottleneck_kind_name(c.kind),
                                               c.mode->name(), recompute_name(c.policy),
                                               c.grouping ? "" : "_nogroup");
+                         });
+
+// --- The TP backward's order (parallel.tp_backward): each input gradient's all-reduce started
+// before the layer's weight gradient and waited for after it (async, Megatron's order), against
+// after it (serial, the order before). The weight gradient reads neither the input gradient nor
+// what the all-reduce writes, and recursive doubling adds alike on any thread: the same bits.
+struct OrderCase {
+  BottleneckKind kind;
+  const TpLayout* mode;
+  bool grouping;
+  Recompute policy;
+  DType compute;
+};
+
+struct OrderRun {
+  float loss = 0;
+  std::vector<std::vector<float>> grads;  // per parameter
+  std::map<std::string, CommCounter, std::less<>> sites;
+  double exposed_ms = 0;  // of the backward's block sites, what the pass waited for
+};
+
+OrderRun run_order(Backend& be, const ModelConfig& config, const OrderCase& c, TpBackward order,
+                   Tensor tok, Tensor tgt) {
+  LlamaModel model(
+      config,
+      TensorParallel{.layout = c.mode, .comm = &world(), .grouping = c.grouping, .backward = order},
+      {}, {}, false, host_backend(), c.compute);
+  init_for_test(model, 11);
+  model.parameters().refresh_compute(be);
+  model.allocate_activations(tok.shape[0], tok.shape[1], 1, c.policy);
+  model.zero_grad(be);
+  world().stats().reset();
+  OrderRun r;
+  r.loss = model.forward(be, tok, tgt);
+  model.backward(be, tok, tgt);
+  r.sites = world().stats().by_site();
+  const ParameterStore& params = model.parameters();
+  for (size_t i = 0; i < params.specs().size(); ++i) {
+    const Tensor g = params.at(i).grad;
+    r.grads.emplace_back(g.f32(), g.f32() + g.numel());
+  }
+  return r;
+}
+
+class TpBackwardOrder : public ::testing::TestWithParam<OrderCase> {};
+
+TEST_P(TpBackwardOrder, AsyncGivesTheSerialBits) {
+  const OrderCase c = GetParam();
+  const ModelConfig config = parity_config({c.kind, c.mode, 4, false, c.grouping});
+  auto be = make_backend("cpu");
+  const int64_t batch = 2, seq = 16, n = batch * seq;
+  const auto tokens = random_tokens(n, config.vocab_size, 7);
+  const auto targets = random_tokens(n, config.vocab_size, 8);
+  Tensor tok{const_cast<int32_t*>(tokens.data()), {batch, seq}, DType::i32};
+  Tensor tgt{const_cast<int32_t*>(targets.data()), {batch, seq}, DType::i32};
+  const OrderRun serial = run_order(*be, config, c, TpBackward::serial, tok, tgt);
+  const OrderRun async = run_order(*be, config, c, TpBackward::async, tok, tgt);
+  EXPECT_EQ(async.loss, serial.loss);
+  ASSERT_EQ(async.grads.size(), serial.grads.size());
+  for (size_t i = 0; i < serial.grads.size(); ++i) {
+    ASSERT_EQ(async.grads[i].size(), serial.grads[i].size());
+    size_t differing = 0;
+    for (size_t j = 0; j < serial.grads[i].size(); ++j)
+      differing += std::memcmp(&async.grads[i][j], &serial.grads[i][j], sizeof(float)) != 0;
+    EXPECT_EQ(differing, 0u) << "parameter " << i << " (" << serial.grads[i].size() << " elements)";
+  }
+  // The same collectives: every site, its calls and its elements.
+  ASSERT_EQ(async.sites.size(), serial.sites.size());
+  for (const auto& [site, counter] : serial.sites) {
+    ASSERT_TRUE(async.sites.contains(site)) << site;
+    EXPECT_EQ(async.sites.find(site)->second.calls, counter.calls) << site;
+    EXPECT_EQ(async.sites.find(site)->second.elements, counter.elements) << site;
+  }
+}
+
+std::vector<OrderCase> order_cases() {
+  const Recompute none = Recompute::none;
+  std::vector<OrderCase> cases{
+      {BottleneckKind::none, &tp_layout("full"), true, none, DType::f32},
+      {BottleneckKind::none, &tp_layout("full"), false, none, DType::f32},
+      {BottleneckKind::none, &tp_layout("full"), true, Recompute::block, DType::bf16}};
+  for (auto kind : {BottleneckKind::svd, BottleneckKind::cola, BottleneckKind::lax})
+    for (const TpLayout* mode : {&tp_layout("vanilla"), &tp_layout("btp")})
+      for (bool grouping : {true, false}) cases.push_back({kind, mode, grouping, none, DType::f32});
+  cases.push_back({BottleneckKind::cola, &tp_layout("vanilla"), true, none, DType::bf16});
+  cases.push_back({BottleneckKind::lax, &tp_layout("btp"), true, none, DType::bf16});
+  cases.push_back({BottleneckKind::lax, &tp_layout("vanilla"), true, Recompute::block, DType::f32});
+  cases.push_back({BottleneckKind::cola, &tp_layout("btp"), true, Recompute::lowrank, DType::bf16});
+  cases.push_back({BottleneckKind::lax, &tp_layout("btp"), false, Recompute::lowrank, DType::f32});
+  return cases;
+}
+
+INSTANTIATE_TEST_SUITE_P(Modes, TpBackwardOrder, ::testing::ValuesIn(order_cases()),
+                         [](const auto& info) {
+                           const OrderCase& c = info.param;
+                           return fmt::format("{}_{}_{}{}_{}", bottleneck_kind_name(c.kind),
+                                              c.mode->name(), recompute_name(c.policy),
+                                              c.grouping ? "" : "_nogroup", dtype_name(c.compute));
                          });
 
 }  // namespace

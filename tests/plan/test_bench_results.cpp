@@ -26,6 +26,7 @@ TpRow sample_tp_row(bool optional_members) {
   r.tp = 2;
   r.recompute = "lowrank";
   r.tp_overlap = true;
+  r.tp_backward = "serial";
   r.optimizer_elements = 17976, r.optimizer_collectives = 6, r.optimizer_share = 0.5;
   r.precision = "bf16";
   r.fwd_elems_per_block = 1.5, r.bwd_elems_per_block = 2.5;
