@@ -35,11 +35,11 @@ struct Prediction {
   bool whole_layout = false;  // excluded whatever its schedule, policy and micro-batch
   // Seconds per optimizer step, and its parts: compute, TP collectives and recomputation (its
   // kernels and collectives) of the slowest stage's micro-batches; the pipeline bubble (the
-  // sends' delays included); optimizer (its kernels and collectives, Muon's Gram all-reduces included,
-  // and the norm) and dp_comm (the DP gradient reduction, the
-  // pipeline's scalar reductions and the tied embedding's) of the stage whose tail ends last.
-  // p2p: the slowest stage's sends and receives priced on their link, beside the parts (they
-  // overlap its compute; what they delay is in the bubble).
+  // sends' delays included); optimizer (its kernels and collectives, Muon's Gram all-reduces
+  // included, and the norm) and dp_comm (the DP gradient reduction, the pipeline's scalar
+  // reductions and the tied embedding's) of the stage whose tail ends last. p2p: the slowest
+  // stage's sends and receives priced on their link, beside the parts (they overlap its compute;
+  // what they delay is in the bubble).
   double step = 0, compute = 0, tp_comm = 0, bubble = 0, p2p = 0, dp_comm = 0, recompute = 0,
          optimizer = 0;
   double dp_hidden = 0;  // DP gradient reduction hidden under backward (not in dp_comm)
