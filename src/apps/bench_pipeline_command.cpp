@@ -19,9 +19,8 @@ const CommandKeys kBenchPipelineKeys{
      "parallel.tp_mode", "parallel.zero", "parallel.grouping"},
     {"training.steps", "training.eval_interval", "training.eval_batches", "lr_scheduler.", "data.",
      "checkpoint.", "metrics."},
-    "it times one training step (in training.precision) on random tokens under both pipeline "
-    "schedules at the "
-    "constant rate optimizer.lr"};
+    "it times one training step (in training.precision) on random tokens under every pipeline "
+    "schedule the model runs at the constant rate optimizer.lr"};
 
 }  // namespace
 

@@ -1,5 +1,5 @@
-// `bottle bench pipeline` (bench/pipeline_bench.h): both pipeline schedules timed for the
-// full-rank and the bottleneck model.
+// `bottle bench pipeline` (bench/pipeline_bench.h): every pipeline schedule the model runs timed
+// for the full-rank and the bottleneck model.
 #include "bench/pipeline_bench.h"
 
 #include <fmt/format.h>
@@ -32,6 +32,7 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
   if (model_config.bottleneck == BottleneckKind::none)
     c.parallel.tp_mode = &default_tp_layout(model_config.shape());
   c.parallel.schedule = schedule;
+  c.parallel.virtual_stages = schedule_info(schedule).needs_virtual_stages ? 2 : 1;
   auto be = make_backend("cpu");
   TrainStep train_step(c, *be, tensor_parallel_of(c, groups.tp.get()), groups.pp.get(),
                        groups.dp.get());
@@ -91,17 +92,28 @@ void run_bench_pipeline(const TrainConfig& config, const BenchPipelineOptions& o
         config.training.seq_len);
   std::vector<int64_t> traffic;
   for (const ModelConfig& model : models) {
-    for (PipelineSchedule schedule : {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
-      const PipelineResult r = measure(config, model, schedule, groups, o.steps, o.warmup);
-      if (schedule == PipelineSchedule::one_f_one_b) traffic.push_back(r.dp_grad_elements);
+    // The registry's schedules that the model runs, each against its theory: the replay of its
+    // action lists with unit costs (bubble_fraction), (p − 1)/(m + p − 1) for 1f1b and gpipe.
+    for (const ScheduleInfo& info : schedules()) {
+      if (!schedule_runnable(info.id)) continue;
+      TrainConfig c = config;
+      c.parallel.schedule = info.id;
+      c.parallel.virtual_stages = info.needs_virtual_stages ? 2 : 1;
+      if (const std::string refused = schedule_refusal(c); !refused.empty()) {
+        if (world.rank() == 0)
+          fmt::print("  {:<5} {:<16} not timed: {}\n", bottleneck_kind_name(model.bottleneck),
+                     info.name, refused);
+        continue;
+      }
+      const PipelineResult r = measure(config, model, info.id, groups, o.steps, o.warmup);
+      if (info.id == PipelineSchedule::one_f_one_b) traffic.push_back(r.dp_grad_elements);
       if (world.rank() != 0) continue;
       fmt::print(
           "  {:<5} {:<5} step {:>8.1f} ms | bubble {:>5.1f}% (ideal {:>5.1f}%) | DP gradient "
           "traffic {} elements ({:.1f} MB) per DP rank and step\n",
-          bottleneck_kind_name(model.bottleneck),
-          schedule == PipelineSchedule::gpipe ? "gpipe" : "1f1b", r.step_ms, 100.0 * r.bubble,
-          100.0 * bubble_fraction(schedule, int(p.pp), m), r.dp_grad_elements,
-          double(r.dp_grad_elements) * 4 / 1e6);
+          bottleneck_kind_name(model.bottleneck), info.name, r.step_ms, 100.0 * r.bubble,
+          100.0 * bubble_fraction(info.id, int(p.pp), m, c.parallel.virtual_stages),
+          r.dp_grad_elements, double(r.dp_grad_elements) * 4 / 1e6);
       std::fflush(stdout);
     }
   }

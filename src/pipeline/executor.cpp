@@ -1,66 +1,81 @@
 #include "pipeline/executor.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 
 namespace bottle {
 
 namespace {
 
-// Tags: micro-batch m, activation part k → 32·m + k; gradient part k → 32·m + 16 + k.
+// Tags: the message of micro-batch m sent by chunk c (of `chunks` per stage), activation part k
+// → 32·(m·chunks + c) + k; gradient part k → 32·(m·chunks + c) + 16 + k. With one chunk that is
+// 32·m + k as before chunks existed. Between two stages a message is named by its micro-batch,
+// direction and sending chunk (the receiver knows the sender's chunk: Action::peer_chunk), so
+// no two messages of a step share a tag.
 constexpr int kPartsPerDirection = 16;
 
-int tag(int micro_batch, bool gradient, size_t part) {
+int tag(int micro_batch, int sender_chunk, int chunks, bool gradient, size_t part) {
   BOTTLE_ASSERT(part < size_t(kPartsPerDirection), "pipeline: {} tensors cross a boundary",
                 part + 1);
-  return 2 * kPartsPerDirection * micro_batch + (gradient ? kPartsPerDirection : 0) + int(part);
+  BOTTLE_ASSERT(sender_chunk >= 0 && sender_chunk < chunks, "pipeline: chunk {} of {}",
+                sender_chunk, chunks);
+  return 2 * kPartsPerDirection * (micro_batch * chunks + sender_chunk) +
+         (gradient ? kPartsPerDirection : 0) + int(part);
 }
 
 // Posts the receives of one receive action: one per tensor crossing the boundary.
-std::vector<PendingCall> post_receive(Communicator* pp, const std::vector<Tensor>& parts, int from,
-                                      int m, bool gradient, const char* site) {
+std::vector<PendingCall> post_receive(Communicator* pp, const std::vector<Tensor>& parts,
+                                      const Action& a, int chunks, const char* site) {
+  const bool gradient = a.kind == ActionKind::recv_gradient;
   std::vector<PendingCall> calls;
   for (size_t k = 0; k < parts.size(); ++k)
-    calls.push_back(pp->start_recv(parts[k], from, tag(m, gradient, k), site));
+    calls.push_back(pp->start_recv(parts[k], a.peer,
+                                   tag(a.micro_batch, a.peer_chunk, chunks, gradient, k), site));
   return calls;
 }
 
-void send(Communicator* pp, const std::vector<Tensor>& parts, int to, int m, bool gradient,
+void send(Communicator* pp, const std::vector<Tensor>& parts, const Action& a, int chunks,
           const char* site) {
-  for (size_t k = 0; k < parts.size(); ++k) pp->send_async(parts[k], to, tag(m, gradient, k), site);
+  const bool gradient = a.kind == ActionKind::send_gradient;
+  for (size_t k = 0; k < parts.size(); ++k)
+    pp->send_async(parts[k], a.peer, tag(a.micro_batch, a.chunk, chunks, gradient, k), site);
 }
 
 }  // namespace
 
 void run_pipeline(const std::vector<Action>& actions, StageWork& work, Communicator* pp) {
-  const int stage = pp ? pp->rank() : 0;
   const int slots = work.slots();
-  std::vector<bool> backward_done;  // [micro-batches seen] whose backward has run
-  auto slot_free = [&](int m) {
-    return m < slots ||
-           (size_t(m - slots) < backward_done.size() && backward_done[size_t(m - slots)]);
+  int chunks = 1;
+  for (const Action& a : actions) chunks = std::max({chunks, a.chunk + 1, a.peer_chunk + 1});
+  // [chunks][micro-batches seen]: whether (m, c)'s W or BW has run, which frees its slot.
+  std::vector<std::vector<bool>> released(static_cast<size_t>(chunks));
+  auto slot_free = [&](int m, int c) {
+    const std::vector<bool>& done = released[size_t(c)];
+    return m < slots || (size_t(m - slots) < done.size() && done[size_t(m - slots)]);
   };
   // The receives posted so far, by action index; `next` is the first receive action not posted.
   std::vector<std::vector<PendingCall>> posted(actions.size());
   size_t next = 0;
   auto post = [&](size_t index) {
     const Action& a = actions[index];
-    posted[index] = a.kind == ActionKind::recv_gradient
-                        ? post_receive(pp, work.gradient_in(a.micro_batch), stage + 1,
-                                       a.micro_batch, true, "pp.gradient")
-                        : post_receive(pp, work.activation_in(a.micro_batch), stage - 1,
-                                       a.micro_batch, false, "pp.activation");
+    posted[index] =
+        a.kind == ActionKind::recv_gradient
+            ? post_receive(pp, work.gradient_in(a.micro_batch, a.chunk), a, chunks, "pp.gradient")
+            : post_receive(pp, work.activation_in(a.micro_batch, a.chunk), a, chunks,
+                           "pp.activation");
   };
   auto post_ahead = [&] {
     for (; next < actions.size(); ++next) {
       const Action& a = actions[next];
-      if (a.kind != ActionKind::recv_gradient && a.kind != ActionKind::recv_activation) continue;
-      if (!slot_free(a.micro_batch)) return;  // in order: the later ones wait for this one
+      if (!is_receive(a.kind)) continue;
+      if (!slot_free(a.micro_batch, a.chunk)) return;  // in order: the later ones wait for it
       post(next);
     }
   };
   for (size_t i = 0; i < actions.size(); ++i) {
     const Action& a = actions[i];
-    const int m = a.micro_batch;
+    const int m = a.micro_batch, c = a.chunk;
     if (pp) post_ahead();
     switch (a.kind) {
       case ActionKind::recv_activation:
@@ -74,19 +89,32 @@ void run_pipeline(const std::vector<Action>& actions, StageWork& work, Communica
         }
         for (PendingCall& call : posted[i]) call.wait();
         break;
-      case ActionKind::forward:
-        work.forward(m);
+      case ActionKind::compute:
+        switch (a.pass) {
+          case Pass::F:
+            work.forward(m, c);
+            break;
+          case Pass::B:
+            work.backward_input(m, c);
+            break;
+          case Pass::W:
+          case Pass::BW: {
+            if (a.pass == Pass::W)
+              work.backward_weight(m, c);
+            else
+              work.backward(m, c);
+            std::vector<bool>& done = released[size_t(c)];
+            if (done.size() <= size_t(m)) done.resize(size_t(m) + 1, false);
+            done[size_t(m)] = true;
+            break;
+          }
+        }
         break;
       case ActionKind::send_activation:
-        send(pp, work.activation_out(m), stage + 1, m, false, "pp.activation");
-        break;
-      case ActionKind::backward:
-        work.backward(m);
-        if (backward_done.size() <= size_t(m)) backward_done.resize(size_t(m) + 1, false);
-        backward_done[size_t(m)] = true;
+        send(pp, work.activation_out(m, c), a, chunks, "pp.activation");
         break;
       case ActionKind::send_gradient:
-        send(pp, work.gradient_out(m), stage - 1, m, true, "pp.gradient");
+        send(pp, work.gradient_out(m, c), a, chunks, "pp.gradient");
         break;
     }
   }
@@ -96,8 +124,8 @@ void run_pipeline(const std::vector<Action>& actions, StageWork& work, Communica
 std::vector<Action> forward_only_schedule(int stages, int stage, int micro_batches) {
   std::vector<Action> out;
   for (const Action& a : pipeline_schedule(PipelineSchedule::gpipe, stages, stage, micro_batches))
-    if (a.kind == ActionKind::recv_activation || a.kind == ActionKind::forward ||
-        a.kind == ActionKind::send_activation)
+    if (a.kind == ActionKind::recv_activation || a.kind == ActionKind::send_activation ||
+        (a.kind == ActionKind::compute && a.pass == Pass::F))
       out.push_back(a);
   return out;
 }

@@ -8,6 +8,7 @@
 #include "parallel/recompute.h"
 #include "parallel/tp_layout.h"
 #include "parallel/tp_layouts.h"
+#include "pipeline/schedule_replay.h"
 #include "plan/cost_model.h"
 #include "plan/dry_run.h"
 #include "plan/timeline_replay.h"
@@ -174,6 +175,35 @@ ReplayTimes tp_overlap_replay(const ClusterSpec& c, const std::vector<TpTimeline
   return replay_timeline(timed, 1.0 + c.overlap_compute_slowdown);
 }
 
+// The seconds one message of a stage's sends at `site` (pp.activation, pp.gradient) takes on
+// its link: their priced time over their count (0 when the stage sends none).
+double message_seconds(const ClusterSpec& c, const std::map<CallShape, int64_t>& calls,
+                       GroupPlace place, std::string_view site) {
+  double seconds = 0;
+  int64_t count = 0;
+  for (const auto& [call, n] : calls) {
+    if (call.kind != Collective::send || call.site.find(site) == std::string::npos) continue;
+    seconds += double(n) * call_seconds(c, call, place);
+    count += n;
+  }
+  return count ? seconds / double(count) : 0.0;
+}
+
+// One stage's passes for the pipeline replay, per micro-batch and chunk, from its seconds per
+// micro-batch of first-pass compute and TP collectives (`first`) and of recomputation. The dry
+// run counts a micro-batch's passes together, so they are split as the planner splits them
+// elsewhere (dp_overlap_seconds): the backward's GEMMs are twice the forward's, F = ⅓ and
+// BW = ⅔ of `first`, and recomputation runs in the backward. A schedule splitting the backward
+// takes B and W as 1:1 of BW's GEMM FLOPs (dX and dW of each GEMM have the same FLOPs; the dry
+// run has no split to read), recomputation with B, which needs it first.
+PassCosts pipeline_pass_costs(double first, double recompute, int chunks) {
+  const double v = chunks;
+  return PassCosts{.forward = first / 3 / v,
+                   .backward_input = (first / 3 + recompute) / v,
+                   .backward_weight = first / 3 / v,
+                   .backward = (2 * first / 3 + recompute) / v};
+}
+
 // The blocks pipeline stage `stage` holds.
 int64_t stage_blocks(const TrainConfig& config, int stage) {
   const PipelineStage s{config.parallel.pp, stage};
@@ -203,10 +233,11 @@ std::string validation_error(const TrainConfig& config) {
   } catch (const SettingError& e) {
     return describe_setting_error(e);
   }
-  // What the configuration loader refuses under parallel.tp_overlap, by the same rule.
+  // What the configuration loader refuses under parallel.tp_overlap and of the pipeline
+  // schedule, by the same rules.
   if (const std::string refused = tp_overlap_refusal(config); !refused.empty())
     return "parallel.tp_overlap " + refused;
-  return {};
+  return schedule_refusal(config);
 }
 
 // The most blocks a model may have for bottle plan: each stage's dry run lays out and runs every
@@ -345,7 +376,8 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   const ParallelConfig& p = config.parallel;
   const int m = int(config.training.grad_accum_steps);
   const int dp_stride = p.tp, pp_stride = p.tp * p.dp;
-  std::vector<double> per_micro_batch(size_t(p.pp)), peak_per_micro_batch(size_t(p.pp));
+  std::vector<double> per_micro_batch(size_t(p.pp));
+  std::vector<PassCosts> pass_costs(size_t(p.pp)), peak_costs(size_t(p.pp));
   const bool bf16 = config.training.precision == Precision::bf16;
   const double peak = (bf16 ? cluster.bf16_tflops : cluster.fp32_tflops) * 1e12;
   struct StageTime {
@@ -403,11 +435,26 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     t.dp_contention = dp_overlap.contention;
     t.tail_comm += t.dp_contention - t.dp_hidden;
     stages.push_back(t);
-    per_micro_batch[size_t(s)] = (t.compute + t.recompute + t.tp + t.p2p) / m;
+    // The stage computes c_s per micro-batch; its transfers cross the link while it computes
+    // (the executor sends without blocking and posts receives ahead), so each message is a
+    // latency on its way, its send's priced seconds, and the replay puts it where it delays
+    // the receiver.
+    per_micro_batch[size_t(s)] = (t.compute + t.recompute + t.tp) / m;
+    PassCosts& costs = pass_costs[size_t(s)];
+    costs = pipeline_pass_costs((t.compute + t.tp) / m, t.recompute / m, p.virtual_stages);
+    costs.activation_latency =
+        message_seconds(cluster, counts.calls.at("pp"), {0, pp_stride}, "pp.activation");
+    costs.gradient_latency =
+        message_seconds(cluster, counts.calls.at("pp"), {0, pp_stride}, "pp.gradient");
     model_flops += counts.model_flops;
-    double stage_flops = 0;
-    for (const auto& [phase, ops] : counts.ops) stage_flops += ops.flops();
-    peak_per_micro_batch[size_t(s)] = stage_flops / peak / m;
+    double stage_flops = 0, recompute_flops = 0;
+    for (const auto& [phase, ops] : counts.ops) {
+      stage_flops += ops.flops();
+      if (!phase.empty() && phase != kOptimizerPhase) recompute_flops += ops.flops();
+    }
+    // The peak bound: the same pipeline at the dense peak with free communication.
+    peak_costs[size_t(s)] = pipeline_pass_costs((stage_flops - recompute_flops) / peak / m,
+                                                recompute_flops / peak / m, p.virtual_stages);
     if (counts.memory.total() > r.memory.total()) r.memory = counts.memory;
     if (s == 0) {
       const CommCounter block = block_counter(counts, config);
@@ -428,8 +475,10 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   }
   const auto slowest = std::max_element(per_micro_batch.begin(), per_micro_batch.end());
   r.slowest_stage = int(slowest - per_micro_batch.begin());
-  const double pipe =
-      (m - 1) * *slowest + std::accumulate(per_micro_batch.begin(), per_micro_batch.end(), 0.0);
+  // The pipeline: the schedule's own action lists replayed with these costs (schedule_replay.h).
+  // For 1F1B and GPipe with equal stages and no latency it is the closed form
+  // (m + p − 1)·c_s of docs/design.md §8.
+  const double pipe = pipeline_makespan(p.schedule, p.pp, m, p.virtual_stages, pass_costs);
   const StageTime& t = stages[size_t(r.slowest_stage)];
   // The step ends when the last stage to finish its tail does.
   const StageTime& tail =
@@ -453,9 +502,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   r.tokens_per_s = tokens / r.step;
   const double gpus = double(p.tp) * p.pp * p.dp;
   r.mfu = model_flops * p.tp * p.dp / (r.step * gpus * peak);
-  r.peak_bound =
-      (m - 1) * *std::max_element(peak_per_micro_batch.begin(), peak_per_micro_batch.end()) +
-      std::accumulate(peak_per_micro_batch.begin(), peak_per_micro_batch.end(), 0.0);
+  r.peak_bound = pipeline_makespan(p.schedule, p.pp, m, p.virtual_stages, peak_costs);
   r.fits = double(r.memory.total()) <= cluster.memory_gib * double(1 << 30);
   return r;
 }
@@ -496,6 +543,9 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
           layout.parallel.dp = dp;
           layout.parallel.tp_mode = mode;
           layout.training.recompute = Recompute::none;
+          // The schedule is the candidates' below; the layout's own checks use the default.
+          layout.parallel.schedule = PipelineSchedule::one_f_one_b;
+          layout.parallel.virtual_stages = 1;
           // A layout the model cannot take is one exclusion, whatever its policy and batch.
           {
             const TrainConfig& c = layout;
@@ -515,9 +565,15 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
           }
           for (Recompute policy : {Recompute::none, Recompute::block, Recompute::lowrank}) {
             if (!mode->supports(policy, model.shape())) continue;
-            for (PipelineSchedule schedule :
-                 {PipelineSchedule::one_f_one_b, PipelineSchedule::gpipe}) {
+            // The registry's schedules that the model runs (schedule_runnable), so that every
+            // plan can be trained; one stage has no pipeline, and is planned once, as 1f1b.
+            for (const ScheduleInfo& info : schedules()) {
+              const PipelineSchedule schedule = info.id;
               if (pp == 1 && schedule != PipelineSchedule::one_f_one_b) continue;
+              if (!schedule_runnable(schedule)) continue;
+              // An interleaving schedule is planned with two chunks per stage, the fewest it
+              // takes.
+              const int virtual_stages = info.needs_virtual_stages ? 2 : 1;
               // Every micro-batch size that divides a replica's share, up to 64 sequences.
               for (int64_t mb = 1; mb <= global_batch / dp && mb <= 64; ++mb) {
                 if ((global_batch / dp) % mb) continue;
@@ -525,9 +581,14 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
                 if (config.parallel.tp_overlap && mb % 2) continue;
                 TrainConfig c = layout;
                 c.parallel.schedule = schedule;
+                c.parallel.virtual_stages = virtual_stages;
                 c.training.recompute = policy;
                 c.training.micro_batch_size = mb;
                 c.training.grad_accum_steps = global_batch / (int64_t(dp) * mb);
+                // A micro-batch count the schedule does not take is no candidate of it.
+                if (!schedule_shape_error(schedule, pp, c.training.grad_accum_steps, virtual_stages)
+                         .empty())
+                  continue;
                 Prediction r;
                 r.config = c;
                 r.full_rank_baseline = baseline;

@@ -1,9 +1,12 @@
 #pragma once
 // `bottle plan`'s predictions (docs/design.md §22): a configuration's step on a cluster, for one
 // layout or for every layout of a number of GPUs, from the dry run's counts priced by the cost
-// model. The pipeline runs its stages' micro-batches in turn (as bottle and Nanotron run them):
-//   c_s   = (compute + recompute + TP collectives + sends of stage s) / m   per micro-batch
-//   pipe  = (m − 1) · max_s c_s + Σ_s c_s      (= (m + p − 1) · c for equal stages)
+// model. The pipeline is the schedule's own action lists replayed (pipeline/schedule_replay.h):
+//   c_s   = (compute + recompute + TP collectives of stage s) / m   per micro-batch, split in
+//           F = ⅓ and BW = ⅔ of its compute and TP collectives plus its recomputation
+//   a message between stages: a latency of its send's priced seconds (sends do not block)
+//   pipe  = the replay's makespan     (= (m + p − 1) · c for 1F1B and GPipe on equal stages
+//                                      without latency, the closed form this replaced)
 //   step  = pipe + the slowest stage's tail (DP gradient reduction, the norm, AdamW)
 // The overlaps modelled are the DP gradient buckets' under the last micro-batch's backward
 // (parallel.overlap_grad_reduce) and ZeRO's parameter all-gathers under the next step's first
@@ -12,7 +15,9 @@
 // collectives of one half hide under the other half's kernels: the stage's timeline replayed
 // with the kernels in order and one call at a time on the link (tp_overlap_replay states it).
 // Kernels beside a hidden transfer run slower by the cluster's overlap.compute_slowdown. The
-// breakdown is the slowest stage's, with bubble = pipe − m · max_s c_s.
+// breakdown is the slowest stage's, with bubble = pipe − m · max_s c_s: the waits, and what
+// the messages' latencies add to them; p2p is the slowest stage's transfers' priced seconds,
+// which overlap its compute and so are not a part of the sum.
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -28,11 +33,13 @@ struct Prediction {
   bool full_rank_baseline = false;  // the full-rank model of the same widths (tp_mode full)
   std::string excluded;       // non-empty: why this layout is not planned (nothing below is set)
   bool whole_layout = false;  // excluded whatever its schedule, policy and micro-batch
-  // Seconds per optimizer step, and its parts: compute, TP collectives, sends and
-  // recomputation (its kernels and collectives) of the slowest stage's micro-batches; the
-  // pipeline bubble; optimizer (its kernels and collectives, Muon's Gram all-reduces included,
-  // and the norm) and dp_comm (the DP gradient reduction, the
-  // pipeline's scalar reductions and the tied embedding's) of the stage whose tail ends last.
+  // Seconds per optimizer step, and its parts: compute, TP collectives and recomputation (its
+  // kernels and collectives) of the slowest stage's micro-batches; the pipeline bubble (the
+  // sends' delays included); optimizer (its kernels and collectives, Muon's Gram all-reduces
+  // included, and the norm) and dp_comm (the DP gradient reduction, the pipeline's scalar
+  // reductions and the tied embedding's) of the stage whose tail ends last. p2p: the slowest
+  // stage's sends and receives priced on their link, beside the parts (they overlap its compute;
+  // what they delay is in the bubble).
   double step = 0, compute = 0, tp_comm = 0, bubble = 0, p2p = 0, dp_comm = 0, recompute = 0,
          optimizer = 0;
   double dp_hidden = 0;  // DP gradient reduction hidden under backward (not in dp_comm)

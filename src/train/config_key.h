@@ -241,4 +241,16 @@ ConfigKey choice_key(std::string path, F field, const std::array<const char*, N>
                     .choices = std::vector<std::string>(names.begin(), names.end())});
 }
 
+// The same with the names given at run time (a registry's, such as the pipeline schedules').
+template <typename F>
+ConfigKey choice_key(std::string path, F field, std::vector<std::string> names, std::string doc,
+                     std::string default_note = {}) {
+  static_assert(std::is_enum_v<FieldType<F>>);
+  return field_key(std::move(path), field,
+                   {.type = KeyType::choice,
+                    .doc = std::move(doc),
+                    .default_note = std::move(default_note),
+                    .choices = std::move(names)});
+}
+
 }  // namespace bottle::config_keys

@@ -356,6 +356,8 @@ struct Loader {
     const std::string overlap_refused = tp_overlap_refusal(config);
     BOTTLE_CHECK(overlap_refused.empty(), "{}: key 'parallel.tp_overlap' {}", source,
                  overlap_refused);
+    const std::string schedule_refused = schedule_refusal(config);
+    BOTTLE_CHECK(schedule_refused.empty(), "{}: {}", source, schedule_refused);
     check_data_sources(config.data, source, given.count("data.weights") > 0);
     check_batch_shape(m, t.micro_batch_size, t.seq_len, source + ": key",
                       "'training.micro_batch_size'", "'training.seq_len'");

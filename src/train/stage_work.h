@@ -6,6 +6,7 @@
 #include <functional>
 #include <vector>
 
+#include "core/error.h"
 #include "model/llama.h"
 #include "pipeline/executor.h"
 
@@ -40,12 +41,16 @@ class TrainStageWork final : public StageWork {
         loss_scale_(loss_scale),
         loss_sum_(loss_sum),
         hooks_(std::move(hooks)) {}
-  void forward(int m) override {
+  // Chunk 0 and BW only (schedule_unrunnable in train_config.h refuses every other list at
+  // configuration load, so these checks only catch a caller that skipped it).
+  void forward(int m, int chunk) override {
+    check_chunk(chunk);
     const auto t0 = std::chrono::steady_clock::now();
     model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_sum_, hooks_.needed);
     compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  void backward(int m) override {
+  void backward(int m, int chunk) override {
+    check_chunk(chunk);
     const auto t0 = std::chrono::steady_clock::now();
     const bool final = m == hooks_.final_backward;
     if (hooks_.backward_begins) hooks_.backward_begins(final);
@@ -54,15 +59,38 @@ class TrainStageWork final : public StageWork {
                           hooks_.needed_backward);
     compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  std::vector<Tensor> activation_in(int m) override { return model_.stage_input(m % slots_); }
-  std::vector<Tensor> activation_out(int m) override { return model_.stage_output(m % slots_); }
-  std::vector<Tensor> gradient_in(int m) override { return model_.stage_output_grad(m % slots_); }
-  std::vector<Tensor> gradient_out(int m) override { return model_.stage_input_grad(m % slots_); }
+  void backward_input(int, int) override { refuse_split_backward(); }
+  void backward_weight(int, int) override { refuse_split_backward(); }
+  std::vector<Tensor> activation_in(int m, int chunk) override {
+    check_chunk(chunk);
+    return model_.stage_input(m % slots_);
+  }
+  std::vector<Tensor> activation_out(int m, int chunk) override {
+    check_chunk(chunk);
+    return model_.stage_output(m % slots_);
+  }
+  std::vector<Tensor> gradient_in(int m, int chunk) override {
+    check_chunk(chunk);
+    return model_.stage_output_grad(m % slots_);
+  }
+  std::vector<Tensor> gradient_out(int m, int chunk) override {
+    check_chunk(chunk);
+    return model_.stage_input_grad(m % slots_);
+  }
   int slots() const override { return slots_; }
   // Host time in forward and backward (on a device backend: issuing their work).
   double compute_seconds = 0.0;
 
  private:
+  static void check_chunk(int chunk) {
+    BOTTLE_ASSERT(chunk == 0, "pipeline: the model runs one chunk per stage, not chunk {}", chunk);
+  }
+  [[noreturn]] static void refuse_split_backward() {
+    fail(
+        "pipeline: the model runs B and W together (BW); a schedule splitting them is refused "
+        "at configuration load (schedule_unrunnable)");
+  }
+
   Backend& be_;
   LlamaModel& model_;
   int slots_;

@@ -20,7 +20,6 @@ namespace {
 constexpr std::array<const char*, 2> kPrecisionNames = {"fp32", "bf16"};
 constexpr std::array<const char*, 3> kCommNames = {"auto", "mpi", "nccl"};
 constexpr std::array<const char*, 2> kOnNonfiniteNames = {"stop", "skip"};
-constexpr std::array<const char*, 2> kScheduleNames = {"1f1b", "gpipe"};
 constexpr std::array<const char*, 2> kOptimizerNames = {"adamw", "muon"};
 
 }  // namespace
@@ -36,7 +35,7 @@ const char* comm_name(CommKind comm, BackendKind backend) {
 const char* enum_name(OnNonfinite value) { return kOnNonfiniteNames[int(value)]; }
 const char* enum_name(OptimizerKind value) { return kOptimizerNames[int(value)]; }
 const char* enum_name(LrDecay value) { return kLrDecayNames[int(value)]; }
-const char* enum_name(PipelineSchedule value) { return kScheduleNames[int(value)]; }
+const char* enum_name(PipelineSchedule value) { return schedule_name(value); }
 const char* enum_name(NormStatistic value) { return kNormStatisticNames[int(value)]; }
 const char* enum_name(TpBackward value) { return kTpBackwardNames[int(value)]; }
 
@@ -85,6 +84,46 @@ std::string tp_overlap_refusal(const TrainConfig& config) {
         "does not run LaX over a pipeline (parallel.pp = {}) yet: its latents cross the stage "
         "boundary whole",
         p.pp);
+  return {};
+}
+
+std::string schedule_unrunnable(PipelineSchedule schedule) {
+  // TrainStageWork (train/stage_work.h) runs chunk 0 with B and W together; relax this when the
+  // model runs chunks and split weight-gradient passes.
+  const ScheduleInfo& info = schedule_info(schedule);
+  if (info.needs_virtual_stages)
+    return fmt::format("the model does not yet run several chunks per stage, which {} interleaves",
+                       info.name);
+  if (info.splits_weight_pass)
+    return fmt::format(
+        "the model does not yet run the weight-gradient pass (W) apart from the input-gradient "
+        "pass (B), which {} splits",
+        info.name);
+  return {};
+}
+
+std::string schedule_refusal(const TrainConfig& config) {
+  const ParallelConfig& p = config.parallel;
+  const ScheduleInfo& info = schedule_info(p.schedule);
+  if (info.needs_virtual_stages && p.virtual_stages < 2)
+    return fmt::format(
+        "key 'parallel.schedule' = \"{}\" interleaves model chunks: it needs "
+        "parallel.virtual_stages >= 2, not {}",
+        info.name, p.virtual_stages);
+  if (!info.needs_virtual_stages && p.virtual_stages != 1)
+    return fmt::format(
+        "key 'parallel.virtual_stages' = {} needs parallel.schedule = \"interleaved_1f1b\"; "
+        "\"{}\" runs one chunk per stage",
+        p.virtual_stages, info.name);
+  const std::string shape =
+      schedule_shape_error(p.schedule, p.pp, config.training.grad_accum_steps, p.virtual_stages);
+  if (!shape.empty())
+    return fmt::format(
+        "key 'training.grad_accum_steps' = {} with parallel.schedule = \"{}\" and "
+        "parallel.pp = {}: {}",
+        config.training.grad_accum_steps, info.name, p.pp, shape);
+  if (const std::string unrunnable = schedule_unrunnable(p.schedule); !unrunnable.empty())
+    return fmt::format("key 'parallel.schedule' = \"{}\": {}", info.name, unrunnable);
   return {};
 }
 
@@ -187,6 +226,22 @@ void add_run_keys(std::vector<ConfigKey>& s) {
                          "scalars (relative to checkpoint.folder; empty: none)"));
 }
 
+// parallel.schedule's names and its doc: the schedule registry's (pipeline/schedule.h).
+std::vector<std::string> schedule_names() {
+  std::vector<std::string> names;
+  for (const ScheduleInfo& info : schedules()) names.emplace_back(info.name);
+  return names;
+}
+
+std::string schedule_doc() {
+  std::string doc = "pipeline schedule:";
+  for (const ScheduleInfo& info : schedules())
+    doc +=
+        fmt::format("{} {} ({}{})", info.id == schedules().front().id ? "" : ";", info.name,
+                    info.summary, schedule_runnable(info.id) ? "" : "; not run by the model yet");
+  return doc;
+}
+
 // [parallel]: the layout over ranks, and how its communication runs.
 void add_parallel_keys(std::vector<ConfigKey>& s) {
   s.push_back(integer_key("parallel.tp", FIELD(parallel.tp), greater(0), "tensor-parallel ranks"));
@@ -196,8 +251,11 @@ void add_parallel_keys(std::vector<ConfigKey>& s) {
                           "full (Megatron TP, full-rank model), vanilla (Megatron TP on a "
                           "bottleneck model), btp (bottleneck-aware TP)",
                           "full for a full-rank model, btp for a bottleneck model"));
-  s.push_back(choice_key("parallel.schedule", FIELD(parallel.schedule), kScheduleNames,
-                         "pipeline schedule: 1f1b or gpipe"));
+  s.push_back(
+      choice_key("parallel.schedule", FIELD(parallel.schedule), schedule_names(), schedule_doc()));
+  s.push_back(integer_key("parallel.virtual_stages", FIELD(parallel.virtual_stages), at_least(1),
+                          "model chunks per pipeline stage (virtual stages): > 1 only with, and "
+                          "needed by, parallel.schedule = \"interleaved_1f1b\""));
   s.push_back(integer_key("parallel.zero", FIELD(parallel.zero), closed(0, 3),
                           "ZeRO stage: 0 (replicated AdamW state), 1 (sharded), 2 (the "
                           "gradients sharded too: reduce-scattered after every micro-batch's "

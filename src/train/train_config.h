@@ -14,7 +14,7 @@
 #include "parallel/recompute.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_layout.h"
-#include "pipeline/schedule.h"  // PipelineSchedule; TOML: "1f1b", "gpipe"
+#include "pipeline/schedule.h"  // PipelineSchedule; TOML: the registry's names (schedules())
 #include "train/adamw.h"
 #include "train/lr_schedule.h"  // LrDecay
 #include "train/muon.h"
@@ -123,6 +123,9 @@ struct ParallelConfig {
   // which gives default_tp_layout(model.shape()) when the key is not set.
   const TpLayout* tp_mode = nullptr;
   PipelineSchedule schedule = PipelineSchedule::one_f_one_b;
+  // Model chunks per pipeline rank (virtual stages): > 1 only for a schedule that interleaves
+  // chunks (interleaved_1f1b), which needs it.
+  int virtual_stages = 1;
   int zero = 0;  // ZeRO stage, 0 to 3
   // Gradient buckets reduced over the DP group during the step's last backward, on the
   // group's communication thread (DataParallel): the same sums, so the same bits, either way.
@@ -176,6 +179,19 @@ std::string describe_setting_error(const SettingError& error, const std::string&
 // key ("splits each micro-batch into two halves ..."), or empty when it can (or is off). The
 // loader refuses such a configuration, and the planner excludes such a layout, by this one rule.
 std::string tp_overlap_refusal(const TrainConfig& config);
+// Why `config`'s pipeline schedule cannot run, as a whole sentence naming its key
+// (parallel.schedule, parallel.virtual_stages or training.grad_accum_steps), or empty when it
+// can: a chunk count the schedule does not take, a shape its generator refuses, or a list the
+// model does not run yet (schedule_unrunnable). The loader refuses such a configuration, and
+// the planner excludes such a layout, by this one rule.
+std::string schedule_refusal(const TrainConfig& config);
+// Why bottle's model cannot run the lists of `schedule` yet, or empty when it can: the one
+// place that says which passes and chunks TrainStageWork (train/stage_work.h) runs. Today:
+// chunk 0 and BW only, so schedules with several chunks or a split W pass are refused.
+std::string schedule_unrunnable(PipelineSchedule schedule);
+inline bool schedule_runnable(PipelineSchedule schedule) {
+  return schedule_unrunnable(schedule).empty();
+}
 
 // Compares every key of the schema; config_difference names the first key that differs
 // ("training.steps: 10 vs 20"), or returns "" when the two are equal.

@@ -72,7 +72,8 @@ TensorParallel tensor_parallel_of(const TrainConfig& config, Communicator* tp) {
 
 int pipeline_slots(const TrainConfig& config, int stage) {
   return peak_in_flight(pipeline_schedule(config.parallel.schedule, int(config.parallel.pp), stage,
-                                          int(config.training.grad_accum_steps)));
+                                          int(config.training.grad_accum_steps),
+                                          config.parallel.virtual_stages));
 }
 
 ParamSharding parameter_sharding(const TrainConfig& config, int dp_rank) {
@@ -119,7 +120,9 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
                 pp ? pp->size() : 1, dp ? dp->size() : 1, p.pp, p.dp);
   const PipelineStage stage{p.pp, pp ? pp->rank() : 0};
   // The micro-batches of a step (gradient accumulation) go through the pipeline schedule.
-  actions_ = pipeline_schedule(p.schedule, stage.stages, stage.stage, micro_batches_);
+  BOTTLE_CHECK(schedule_refusal(config).empty(), "TrainStep: {}", schedule_refusal(config));
+  actions_ =
+      pipeline_schedule(p.schedule, stage.stages, stage.stage, micro_batches_, p.virtual_stages);
   slots_ = peak_in_flight(actions_);
   BOTTLE_CHECK(config.training.precision == Precision::fp32 || be.bf16_unsupported().empty(),
                "training.precision = \"bf16\" on the {} backend: {}", be.name(),
@@ -140,9 +143,11 @@ TrainStep::TrainStep(const TrainConfig& config, Backend& be, TensorParallel tp, 
                             .held = model_->tied_grad_range(),
                             .bucket_bytes = dp_bucket_bytes(config),
                             .first_unit_forward_only = stage.first()});
-  // The stage's last backward of a step: the one after which its gradients are final.
+  // The stage's last backward of a step: the one after which its gradients are final (a W
+  // pass, or BW, writes them).
   for (const Action& a : actions_)
-    if (a.kind == ActionKind::backward) final_backward_ = a.micro_batch;
+    if (a.kind == ActionKind::compute && (a.pass == Pass::BW || a.pass == Pass::W))
+      final_backward_ = a.micro_batch;
   optimizer_ = make_optimizer(config, *model_, *data_parallel_);
   const int64_t B = config.training.micro_batch_size, S = config.training.seq_len;
   for (int m = 0; m < micro_batches_; ++m) {

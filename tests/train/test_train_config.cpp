@@ -356,6 +356,40 @@ TEST(TrainConfig, CrossFieldValidation) {
                   "key 'parallel.tp_overlap' does not run LaX over a pipeline");
 }
 
+// parallel.schedule takes the registry's names and parallel.virtual_stages its chunks: > 1
+// only with, and needed by, interleaved_1f1b. The model runs chunk 0 and BW only, so the
+// schedules needing chunks or a split W pass are refused by name (schedule_unrunnable).
+TEST(TrainConfig, PipelineScheduleAndVirtualStages) {
+  EXPECT_EQ(parse("").parallel.virtual_stages, 1);
+  EXPECT_EQ(parse("[parallel]\nschedule = \"gpipe\"\npp = 2\n").parallel.schedule,
+            PipelineSchedule::gpipe);
+  EXPECT_CONTAINS(error_of("[parallel]\nschedule = \"zb\"\n"),
+                  "\"1f1b\", \"gpipe\", \"interleaved_1f1b\", \"zb_h1\"");
+  EXPECT_CONTAINS(error_of("[parallel]\nvirtual_stages = 0\n"), "'parallel.virtual_stages'");
+  EXPECT_EQ(error_of("[parallel]\nvirtual_stages = 2\npp = 2\n"),
+            "test.toml: key 'parallel.virtual_stages' = 2 needs parallel.schedule = "
+            "\"interleaved_1f1b\"; \"1f1b\" runs one chunk per stage");
+  EXPECT_EQ(error_of("[parallel]\nschedule = \"interleaved_1f1b\"\npp = 2\n"),
+            "test.toml: key 'parallel.schedule' = \"interleaved_1f1b\" interleaves model chunks: "
+            "it needs parallel.virtual_stages >= 2, not 1");
+  EXPECT_EQ(error_of("[training]\ngrad_accum_steps = 3\n"
+                     "[parallel]\nschedule = \"interleaved_1f1b\"\npp = 2\nvirtual_stages = 2\n"),
+            "test.toml: key 'training.grad_accum_steps' = 3 with parallel.schedule = "
+            "\"interleaved_1f1b\" and parallel.pp = 2: interleaved_1f1b runs micro-batches in "
+            "groups of one per stage: 3 micro-batches do not split into groups of 2 stages");
+  EXPECT_EQ(error_of("[training]\ngrad_accum_steps = 4\n"
+                     "[parallel]\nschedule = \"interleaved_1f1b\"\npp = 2\nvirtual_stages = 2\n"),
+            "test.toml: key 'parallel.schedule' = \"interleaved_1f1b\": the model does not yet run "
+            "several chunks per stage, which interleaved_1f1b interleaves");
+  EXPECT_EQ(error_of("[parallel]\nschedule = \"zb_h1\"\npp = 2\n"),
+            "test.toml: key 'parallel.schedule' = \"zb_h1\": the model does not yet run the "
+            "weight-gradient pass (W) apart from the input-gradient pass (B), which zb_h1 splits");
+  // The one rule: what the model runs.
+  for (const ScheduleInfo& info : schedules())
+    EXPECT_EQ(schedule_runnable(info.id), !info.needs_virtual_stages && !info.splits_weight_pass)
+        << info.name;
+}
+
 // training.attention: auto by default; "cudnn" is cuDNN's SDPA on the GPU, so a host backend
 // refuses it by the key's name.
 TEST(TrainConfig, AttentionChoice) {
