@@ -195,10 +195,12 @@ BlockSpec LlamaModel::block_spec(int layer, int64_t batch, int64_t seq, Recomput
           .batch = batch,
           .seq = seq,
           .policy = policy,
+          .keeps_weight_grad_inputs = defer_weight_grads_,
           .params = block_params_[size_t(layer - first_layer_)]};
 }
 
-void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Recompute policy) {
+void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Recompute policy,
+                                      bool defer_weight_grads) {
   const ModelConfig& c = config_;
   BOTTLE_CHECK(batch > 0 && seq > 0, "micro-batch {} x sequence {} must be positive", batch, seq);
   BOTTLE_CHECK(seq <= c.max_seq_len, "sequence length {} exceeds the model's max_seq_len {}", seq,
@@ -211,6 +213,12 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
   // TP overlap halves a micro-batch by its sequences; one that cannot be halved (an odd batch
   // of eval or sample; training's is checked with its key) runs serially.
   halved_ = tp_.overlap && batch % 2 == 0;
+  // A deferred weight gradient reads its block's buffers after the block's backward: they must
+  // be the block's own, not rebuilt by recomputation or shared by two halves.
+  BOTTLE_CHECK(!defer_weight_grads || (policy == Recompute::none && !halved_),
+               "a split backward (B and W passes) keeps every block's activations: it runs "
+               "without recomputation and without TP overlap");
+  defer_weight_grads_ = defer_weight_grads;
   BOTTLE_CHECK(!halved_ || !crosses_boundaries(),
                "TP overlap does not run LaX over a pipeline: its latents cross the stage "
                "boundary whole");
@@ -244,7 +252,8 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
     // The halves are in flight together, each in a different block: one set of regions each.
     for (int h = 0; h < halves; ++h) {
       recomputed[h] = region(a, plan_recomputed, "recomputed block activations");
-      grads[h] = region(a, plan_grads, "block gradients");
+      // (A split backward's blocks keep gradients of their own.)
+      if (!defer_weight_grads) grads[h] = region(a, plan_grads, "block gradients");
       comm[h] = region(*comm_, plan_comm, "block communication scratch");
     }
   }
@@ -256,15 +265,19 @@ void LlamaModel::allocate_activations(int64_t batch, int64_t seq, int slots, Rec
     for (int h = 0; h < halves; ++h) {
       Allocator& recomputed_from =
           policy == Recompute::none ? static_cast<Allocator&>(a) : recomputed[h];
+      // A split backward's W pass reads each block's gradients after the next block's B.
+      Allocator& grads_from = defer_weight_grads ? static_cast<Allocator&>(a) : grads[h];
       for (int l = first_layer_; l < end_layer_; ++l) {
         recomputed[h].rewind();
         grads[h].rewind();
         comm[h].rewind();
         (halved_ ? slot.halves[size_t(h)] : slot.blocks)
             .push_back(layout_.make_block(block_spec(l, block_batch, seq, policy),
-                                          {a, recomputed_from, grads[h], comm[h]}));
+                                          {a, recomputed_from, grads_from, comm[h]}));
       }
     }
+    if (defer_weight_grads && stage_.last()) slot.dlogits = a.alloc_act({n, v_local});
+    slot.weight_grads.assign(size_t(blocks) + 1, {});
     if (ends_.sharded_residual && (stage_.first() || stage_.last()))
       slot.whole = a.alloc_act({n, d});
     if (stage_.last()) {
@@ -462,7 +475,44 @@ void LlamaModel::forward_stage(Backend& be, int slot_index, Tensor tokens, Tenso
 void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
                                 float loss_scale, const GradsReady& ready,
                                 const ParamsNeeded& needed) {
+  run_backward(be, slot_index, tokens, targets, loss_scale, ready, needed, false);
+}
+
+void LlamaModel::backward_input_stage(Backend& be, int slot_index, Tensor tokens, Tensor targets,
+                                      float loss_scale) {
+  BOTTLE_ASSERT(defer_weight_grads_, "a B pass of a model allocated without deferring W");
+  run_backward(be, slot_index, tokens, targets, loss_scale, {}, {}, true);
+}
+
+void LlamaModel::weight_stage(Backend& be, int slot_index, const GradsReady& ready) {
+  (void)be;  // the queued gradients hold their backend
   Slot& s = slots_[size_t(slot_index)];
+  auto run = [](std::vector<std::function<void()>>& queued) {
+    for (const auto& weight_grad : queued) weight_grad();
+    queued.clear();
+  };
+  const size_t blocks = s.blocks.size();
+  if (stage_.last()) {
+    run(s.weight_grads[blocks]);
+    if (ready) ready(head_offset_);
+  }
+  for (size_t i = blocks; i-- > 0;) {
+    run(s.weight_grads[i]);
+    if (ready) ready(block_offsets_[i]);
+  }
+  // The embedding's gradient came with B.
+  if (stage_.first() && ready) ready(0);
+}
+
+void LlamaModel::run_backward(Backend& be, int slot_index, Tensor tokens, Tensor targets,
+                              float loss_scale, const GradsReady& ready, const ParamsNeeded& needed,
+                              bool defer) {
+  Slot& s = slots_[size_t(slot_index)];
+  // The block's and the head's weight gradients go to the slot's queue where deferred.
+  TensorParallel tp = tp_;
+  auto queue = [&](size_t segment) {
+    if (defer) tp.weight_grads = &s.weight_grads[segment];
+  };
   const int64_t n = batch_ * seq_;
   const int64_t first = vocab_first();
   auto need = [&](int64_t end) {
@@ -470,14 +520,19 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
   };
   if (stage_.last()) {
     need(params_.padded());
-    s.loss.backward(be, dlogits_, s.logits, targets, first, loss_scale / float(n));
+    // Deferred, the head's weight gradient reads the slot's own gradient of the logits.
+    const Tensor dlogits = defer ? s.dlogits : dlogits_;
+    s.loss.backward(be, dlogits, s.logits, targets, first, loss_scale / float(n));
     // The head is split by vocabulary rows: dfinal is a partial sum, summed over the TP group
     // while the head's weight gradient, the stage's largest GEMM, runs (TpBackward). The
     // model's ends run outside TP overlap's halves, so the pass ends before get().
-    linear_input_grad(be, dfinal_, dlogits_, lm_head_.compute, /*accumulate_dx=*/false);
-    co_copy_to_backward(tp_, dfinal_, "vocab.bwd.lm_head_in", [&] {
-      linear_weight_grad(be, lm_head_.grad, dlogits_, s.final_norm.out);
-    }).get();
+    linear_input_grad(be, dfinal_, dlogits, lm_head_.compute, /*accumulate_dx=*/false);
+    queue(s.blocks.size());
+    co_copy_to_backward(tp, dfinal_, "vocab.bwd.lm_head_in",
+                        [&be, grad = lm_head_.grad, dlogits, x = s.final_norm.out] {
+                          linear_weight_grad(be, grad, dlogits, x);
+                        })
+        .get();
     Tensor last = ends_.sharded_residual ? s.whole : s.residual.back();
     be.fill_zero(whole_grad_);
     s.final_norm.backward(be, whole_grad_, dfinal_, last);
@@ -518,7 +573,8 @@ void LlamaModel::backward_stage(Backend& be, int slot_index, Tensor tokens, Tens
       recompute_seconds_ +=
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     }
-    block.backward(be, tp_, prev, s.residual[i], residual_grad_).get();
+    queue(i);
+    block.backward(be, tp, prev, s.residual[i], residual_grad_).get();
     if (ready) ready(block_offsets_[i]);
   }
   if (!stage_.first()) {

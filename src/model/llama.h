@@ -12,8 +12,8 @@
 #include <memory>
 #include <vector>
 
-#include "core/arena.h"
 #include "backend/backend.h"
+#include "core/arena.h"
 #include "model/config.h"
 #include "model/parameters.h"
 #include "nn/rmsnorm.h"
@@ -72,8 +72,11 @@ class LlamaModel {
   // Buffers for `slots` micro-batches in flight of `batch` rows of `seq` tokens, keeping
   // what `policy` keeps (parallel/recompute.h); throws SettingError(Setting::recompute) when
   // the policy does not fit the model or TP layout.
+  // defer_weight_grads: the backward may run as two passes, B (backward_stage with
+  // defer_weights) and W (weight_stage), as a zero-bubble schedule runs it: each block keeps its
+  // gradient buffers, and each slot its own gradient of the logits, until W (more memory).
   void allocate_activations(int64_t batch, int64_t seq, int slots = 1,
-                            Recompute policy = Recompute::none);
+                            Recompute policy = Recompute::none, bool defer_weight_grads = false);
   Recompute recompute() const { return recompute_; }
   // Wall time spent recomputing blocks in backward since the last reset (the policy's cost).
   // Under TP overlap the halves' recomputation interleaves with other work and is not timed.
@@ -114,6 +117,16 @@ class LlamaModel {
   // gathered for its backward again.
   void backward_stage(Backend& be, int slot, Tensor tokens, Tensor targets, float loss_scale,
                       const GradsReady& ready = {}, const ParamsNeeded& needed = {});
+  // The B pass of a split backward (allocate_activations' defer_weight_grads): backward_stage
+  // without the projections' and the LM head's weight gradients, which it queues in the slot;
+  // the norms', the embedding's and LaX's crossings' gradients are computed here (they come
+  // out of the input gradient's own kernels). Calls no `ready`.
+  void backward_input_stage(Backend& be, int slot, Tensor tokens, Tensor targets, float loss_scale);
+  // The W pass: the slot's queued weight gradients, the head's then each block's from the last,
+  // calling `ready` as backward_stage does. The same GEMMs as backward_stage's, so a step's
+  // gradients are the same bits when every micro-batch's W runs in micro-batch order.
+  void weight_stage(Backend& be, int slot, const GradsReady& ready = {});
+  bool defers_weight_grads() const { return defer_weight_grads_; }
   std::vector<Tensor> stage_input(int slot) const;
   std::vector<Tensor> stage_output(int slot) const;
   std::vector<Tensor> stage_output_grad(int slot) const;
@@ -187,7 +200,14 @@ class LlamaModel {
     // latents from the next stage.
     BlockLatents boundary;
     std::array<Tensor, kNumProjections> latent_grad_in;  // [N, r] each
+    // Split backward: the last stage's gradient of the logits [N, V/t], which the head's
+    // weight gradient reads in W; the weight gradients queued by B, per block, then the head's.
+    Tensor dlogits;
+    std::vector<std::vector<std::function<void()>>> weight_grads;  // [blocks + 1]
   };
+  // backward_stage's body: with `defer`, its weight gradients are queued in the slot.
+  void run_backward(Backend& be, int slot, Tensor tokens, Tensor targets, float loss_scale,
+                    const GradsReady& ready, const ParamsNeeded& needed, bool defer);
   bool crosses_boundaries() const;           // LaX over more than one stage
   size_t stage_blocks(const Slot& s) const;  // the stage's blocks (of each half)
   // TP overlap: one block's passes of both halves, pass(k, half k's TP group), by run_halves.
@@ -212,7 +232,8 @@ class LlamaModel {
   DType compute_ = DType::f32;  // of the weights GEMMs read and of the activations
   int64_t batch_ = 0, seq_ = 0;
   Recompute recompute_ = Recompute::none;
-  bool halved_ = false;  // TP overlap: each micro-batch's blocks run as two halves
+  bool halved_ = false;              // TP overlap: each micro-batch's blocks run as two halves
+  bool defer_weight_grads_ = false;  // allocate_activations' defer_weight_grads
   double recompute_seconds_ = 0;
   std::unique_ptr<Arena> activations_, comm_;
   // forward()'s loss, f64 [1] in the model's memory, made on first use (tools and tests; a

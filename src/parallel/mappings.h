@@ -34,11 +34,12 @@ CollectiveAwaiter co_copy_to_backward(const TensorParallel& tp, Tensor dx, std::
 // The same, around the layer's weight gradient (`weight_grad()`, which must not touch dx): dx's
 // sum travels while it runs (TpBackward::async, Megatron's order), or starts after it
 // (TpBackward::serial). dx is the input gradient just computed.
+// Where the weight gradients are queued for a W pass (tp.weight_grads), the sum runs alone.
 template <typename WeightGrad>
 TpTask co_copy_to_backward(const TensorParallel& tp, Tensor dx, std::string_view site,
                            WeightGrad weight_grad) {
-  if (tp.backward == TpBackward::serial) {
-    weight_grad();
+  if (tp.backward == TpBackward::serial || tp.weight_grads) {
+    tp.weight_grad(std::move(weight_grad));
     co_await co_copy_to_backward(tp, dx, site);
     co_return;
   }

@@ -18,8 +18,8 @@
 #include <string_view>
 #include <utility>
 
-#include "core/arena.h"
 #include "backend/backend.h"
+#include "core/arena.h"
 #include "nn/param.h"
 #include "parallel/tensor_parallel.h"
 #include "parallel/tp_overlap.h"

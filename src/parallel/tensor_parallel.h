@@ -2,6 +2,8 @@
 // The tensor-parallel group a model runs in and the TP mode's layout that splits the model
 // over it (docs/design.md §4; the modes are registered in tp_layouts.cpp).
 #include <array>
+#include <functional>
+#include <vector>
 
 #include "comm/communicator.h"
 
@@ -47,6 +49,21 @@ struct TensorParallel {
   // Under TP overlap, the half (of the micro-batch's rows) whose pass this is, which its
   // collectives suspend (tp_overlap.h); null: the pass runs serially, its collectives blocking.
   TpHalf* half = nullptr;
+  // Zero-bubble schedules (pipeline/schedule.h, pass W): the block's weight gradients are
+  // queued here in the B pass, to run in the W pass (Megatron's WeightGradStore); null: they
+  // run where they are met. What a queued gradient reads stays untouched until then: the
+  // model keeps each block's gradient buffers and a copy of the residual's gradient it read
+  // (LlamaModel::allocate_activations, defer_weight_grads).
+  std::vector<std::function<void()>>* weight_grads = nullptr;
+
+  // Runs a weight gradient now, or queues it for the W pass. `fn` owns what it names (copies
+  // of tensors and pointers to the block's own objects): it may run after the pass returns.
+  void weight_grad(std::function<void()> fn) const {
+    if (weight_grads)
+      weight_grads->push_back(std::move(fn));
+    else
+      fn();
+  }
 
   int size() const { return comm ? comm->size() : 1; }
   int rank() const { return comm ? comm->rank() : 0; }

@@ -7,7 +7,9 @@
 namespace bottle {
 
 TpBlock::TpBlock(const TpLayout& layout, const BlockSpec& spec)
-    : policy_(spec.policy), grouping_(spec.grouping) {
+    : policy_(spec.policy),
+      grouping_(spec.grouping),
+      keeps_weight_grad_inputs_(spec.keeps_weight_grad_inputs) {
   const ModelShape& m = spec.model;
   dims = layout.block_dims(m, spec.t);
   dims.batch = spec.batch;
@@ -95,6 +97,18 @@ void TpBlock::allocate_buffers(const BlockAllocators& a, int64_t slab_tail) {
   g.gate = g.gate_up.view(0, {n, d.dff});
   g.up = g.gate_up.view(n * d.dff, {n, d.dff});
   g.gated = a.grads.alloc_act({n, d.dff});
+  if (keeps_weight_grad_inputs_)
+    for (Tensor& kept : d_out_kept) kept = a.kept.alloc_act({n, d.d_res});
+}
+
+Tensor TpBlock::output_grad(Backend& be, const TensorParallel& tp, Tensor d_residual, int which) {
+  if (!tp.weight_grads) return d_residual;
+  Tensor kept = d_out_kept[size_t(which)];
+  BOTTLE_ASSERT(!kept.empty(),
+                "a block made without keeping its weight gradients' inputs ran a deferring "
+                "backward");
+  be.copy(kept, d_residual);
+  return kept;
 }
 
 TpTask TpBlock::recompute(Backend& be, const TensorParallel& tp, BlockLatents prev, Tensor x,

@@ -9,8 +9,8 @@
 #include <array>
 #include <memory>
 
-#include "core/arena.h"
 #include "backend/backend.h"
+#include "core/arena.h"
 #include "nn/attention.h"
 #include "nn/model_shape.h"
 #include "nn/param.h"
@@ -59,6 +59,10 @@ struct BlockSpec {
   bool gate_act{};
   int64_t batch = 0, seq = 0;  // of a micro-batch
   Recompute policy = Recompute::none;
+  // The weight gradients may be deferred to a W pass (TensorParallel::weight_grads): the block
+  // keeps what they read past its backward (its gradient buffers come from a kept allocator,
+  // and d_out_kept holds the residual's gradient they read).
+  bool keeps_weight_grad_inputs = false;
   BlockParams params;
 };
 
@@ -77,7 +81,8 @@ struct BlockLatents {
 };
 
 // Activation gradients within one block's backward (from BlockAllocators::grads, which blocks
-// share: backward visits one block at a time).
+// share: backward visits one block at a time; each its own where the weight gradients are
+// deferred).
 struct BlockGradients {
   Tensor normed;    // [N, d_res] ∂/∂(RMSNorm output); forward's scratch in full and vanilla
                     // (the o projection's output before the residual add)
@@ -132,6 +137,15 @@ class TpBlock {
   Tensor gated;     // [N, dff] act(gate) ⊙ up
   ProjectionSlabs qkv_latent, gate_up_latent;  // grouped A outputs (+ a layout's tail)
   BlockGradients grad;
+  // [N, d_res] each: the residual's gradient as the o (0) and down (1) projections read it, for
+  // their deferred weight gradients (BlockSpec::keeps_weight_grad_inputs); else empty.
+  std::array<Tensor, 2> d_out_kept;
+  static constexpr int kAttnOut = 0, kMlpOut = 1;
+
+  // The dy the o (kAttnOut) or down (kMlpOut) projection reads: d_residual itself, or where its
+  // weight gradient is queued (tp.weight_grads) a copy kept until the W pass, as the residual's
+  // gradient changes on.
+  Tensor output_grad(Backend& be, const TensorParallel& tp, Tensor d_residual, int which);
 
   Projection& operator[](ProjectionId p) { return proj[int(p)]; }
   const Projection& operator[](ProjectionId p) const { return proj[int(p)]; }
@@ -147,6 +161,7 @@ class TpBlock {
  private:
   Recompute policy_;
   bool grouping_;
+  bool keeps_weight_grad_inputs_;
 };
 
 // full and vanilla: the two whole-row RMSNorms (replicated on every rank), bound to the

@@ -178,23 +178,29 @@ TpTask chunk_start_backward(Backend& be, const TensorParallel& tp, BtpBlock& b,
     const BackendRange range(be, g.name);
     group_up_input_grad(be, members, d_out, partials, false, tp.grouping);
   };
+  // Owns its members and their output gradients: it may run in the W pass.
   auto weight_grad = [&](ProjectionSpan members, std::span<const Tensor> d_out) {
-    return [&be, &tp, &g, members, d_out] {
-      const BackendRange range(be, g.name);
-      group_up_weight_grad(be, members, d_out, tp.grouping);
+    return [&be, grouping = tp.grouping, name = g.name,
+            m = std::vector<Projection*>(members.begin(), members.end()),
+            d = std::vector<Tensor>(d_out.begin(), d_out.end())] {
+      const BackendRange range(be, name);
+      group_up_weight_grad(be, m, d, grouping);
     };
   };
   if (tp.grouping || g.size == 1) {
     input_grad(g.span(), dys, {parts.data(), shared ? g.size : 0});
-    co_await co_copy_to_backward(tp, whole, group_site("bwd", g), weight_grad(g.span(), dys));
+    // (Named: g++ 12 destroys a lambda made inside a co_await expression twice.)
+    auto dB = weight_grad(g.span(), dys);
+    co_await co_copy_to_backward(tp, whole, group_site("bwd", g), std::move(dB));
   } else {
     for (size_t i = 0; i < g.size; ++i) {
       const ProjectionSpan member = g.span().subspan(i, 1);
       const std::span<const Tensor> d_out = dys.subspan(i, 1);
       input_grad(member, d_out,
                  shared ? std::span<const Tensor>(&parts[i], 1) : std::span<const Tensor>{});
+      auto dB = weight_grad(member, d_out);
       co_await co_copy_to_backward(tp, shared ? parts[i] : g[i].du, site("bwd", g, i),
-                                   weight_grad(member, d_out));
+                                   std::move(dB));
     }
   }
   std::array<Tensor, 3> u_prev{}, du_prev{};
@@ -215,13 +221,25 @@ TpTask chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g,
                           Tensor x, OnlineRMSNorm* norm, Tensor dn, Tensor residual_in,
                           const char* stat_site) {
   for (size_t i = 0; i < g.size; ++i) reduce_from_backward(tp, g[i].dz);
+  // A's weight gradient reads dz and A's input: now, or in the W pass.
+  auto weight_grad = [&](Tensor input) {
+    tp.weight_grad([&be, grouping = tp.grouping, name = g.name,
+                    m = std::vector<Projection*>(g.members.begin(), g.members.begin() + g.size),
+                    input] {
+      const BackendRange range(be, name);
+      group_down_weight_grad(be, m, input, grouping);
+    });
+  };
   if (!norm) {
-    const BackendRange range(be, g.name);
-    group_down_backward(be, g.span(), dx, x, false, tp.grouping);
+    {
+      const BackendRange range(be, g.name);
+      group_down_input_grad(be, g.span(), dx, false, tp.grouping);
+    }
+    weight_grad(x);
     co_return;
   }
   if (tp.norm_backward == NormStatistic::from_latent) {
-    // Before group_down_backward zeroes du (svd: dz is du).
+    // Before A's weight gradient zeroes a shared du (svd: dz is du).
     const std::vector<Tensor> z = rows_of(g.span(), &Projection::z),
                               dz = rows_of(g.span(), &Projection::dz);
     std::vector<std::pair<Tensor, Tensor>> latents;
@@ -230,8 +248,9 @@ TpTask chunk_end_backward(Backend& be, const TensorParallel& tp, const Group& g,
   }
   {
     const BackendRange range(be, g.name);
-    group_down_backward(be, g.span(), dn, norm->out, false, tp.grouping);
+    group_down_input_grad(be, g.span(), dn, false, tp.grouping);
   }
+  weight_grad(norm->out);
   co_await norm->backward(be, tp, dx, dn, residual_in, stat_site);
 }
 
@@ -291,15 +310,16 @@ TpTask BtpBlock::backward(Backend& be, const TensorParallel& tp, BlockLatents pr
   BlockGradients& g = grad;
   const Group qkv_group(b, kQkv, "qkv"), o(b, kO), gate_up_group(b, kGateUp, "gate_up"),
       down(b, kDown);
-  const std::array<Tensor, 1> d_res{d_residual};
-  co_await chunk_start_backward(be, tp, b, prev, down, d_res);
+  const std::array<Tensor, 1> d_mlp_out{b.output_grad(be, tp, d_residual, kMlpOut)};
+  co_await chunk_start_backward(be, tp, b, prev, down, d_mlp_out);
   co_await chunk_end_backward(be, tp, down, g.gated, b.gated, nullptr, {}, {}, "");
   be.swiglu_backward(g.gate, g.up, g.gated, b.gate, b.up, b.dims.gate_act);
   const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
   co_await chunk_start_backward(be, tp, b, prev, gate_up_group, d_gate_up);
   co_await chunk_end_backward(be, tp, gate_up_group, d_residual, b.h, &b.online2, g.normed, b.h,
                               "btp.bwd.norm2_stat");
-  co_await chunk_start_backward(be, tp, b, prev, o, d_res);
+  const std::array<Tensor, 1> d_attn_out{b.output_grad(be, tp, d_residual, kAttnOut)};
+  co_await chunk_start_backward(be, tp, b, prev, o, d_attn_out);
   co_await chunk_end_backward(be, tp, o, g.attn, attention_output(b), nullptr, {}, {}, "");
   b.attention.backward(be, g.q, g.k, g.v, g.attn, b.q, b.k, b.v);
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};

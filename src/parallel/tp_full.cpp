@@ -6,6 +6,7 @@
 // all-reduce of N·d, and the residual reaches the final norm whole.
 #include <array>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "nn/linear.h"
@@ -56,9 +57,9 @@ void shared_input_grad(Backend& be, const TensorParallel& tp, TpBlock& b,
 }
 
 // dW_i += dy_iᵀ x: batched where grouping batches the forward.
-void shared_weight_grad(Backend& be, const TensorParallel& tp, TpBlock& b,
-                        std::span<const ProjectionId> ids, std::span<const Tensor> dys, Tensor x) {
-  if (!tp.grouping) {
+void shared_weight_grad(Backend& be, bool grouping, TpBlock& b, std::span<const ProjectionId> ids,
+                        std::span<const Tensor> dys, Tensor x) {
+  if (!grouping) {
     for (size_t i = 0; i < ids.size(); ++i)
       linear_weight_grad(be, b[ids[i]].weight.grad, dys[i], x);
     return;
@@ -67,12 +68,26 @@ void shared_weight_grad(Backend& be, const TensorParallel& tp, TpBlock& b,
 }
 
 // dx = Σ dy_i W_i summed over the ranks (copy_to's backward: the layers are split by their
-// outputs), the weight gradients computed while the sum travels (TpBackward).
+// outputs), the weight gradients computed while the sum travels (TpBackward) or queued for the
+// W pass. `ids` are static (kQkv, kGateUp); the weight gradient owns a copy of dys.
 TpTask shared_input_backward(Backend& be, const TensorParallel& tp, TpBlock& b,
                              std::span<const ProjectionId> ids, Tensor dx,
                              std::span<const Tensor> dys, Tensor x, std::string_view site) {
   shared_input_grad(be, tp, b, ids, dx, dys);
-  co_await co_copy_to_backward(tp, dx, site, [&] { shared_weight_grad(be, tp, b, ids, dys, x); });
+  // Named, not a temporary of the co_await expression: g++ 12 destroys such a lambda's
+  // captures twice.
+  auto weight_grad = [&be, grouping = tp.grouping, &b, ids,
+                      d = std::vector<Tensor>(dys.begin(), dys.end()),
+                      x] { shared_weight_grad(be, grouping, b, ids, d, x); };
+  co_await co_copy_to_backward(tp, dx, site, std::move(weight_grad));
+}
+
+// A row-parallel projection's backward (o, down: no collective, reduce_from's backward is the
+// identity): dx = dy W, and dW += dyᵀ x now or in the W pass.
+void row_parallel_backward(Backend& be, const TensorParallel& tp, Projection& p, Tensor dx,
+                           Tensor dy, Tensor x) {
+  linear_input_grad(be, dx, dy, p.weight.compute, /*accumulate_dx=*/false);
+  tp.weight_grad([&be, &p, dy, x] { linear_weight_grad(be, p.weight.grad, dy, x); });
 }
 
 class FullLayout final : public TpLayout {
@@ -152,14 +167,16 @@ class FullBlock final : public TpBlock {
     BlockGradients& g = grad;
     // d_residual is whole on every rank.
     reduce_from_backward(tp, d_residual);  // of mlp_out
-    b[P::down].backward(be, g.gated, d_residual, gated, {}, {}, false);
+    row_parallel_backward(be, tp, b[P::down], g.gated, output_grad(be, tp, d_residual, kMlpOut),
+                          gated);
     be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
     const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
     co_await shared_input_backward(be, tp, b, kGateUp, g.normed, d_gate_up, norm2.out,
                                    "full.bwd.mlp_in");  // N·d
     norm2.backward(be, d_residual, g.normed, h);
     reduce_from_backward(tp, d_residual);  // of attn_out
-    b[P::o].backward(be, g.attn, d_residual, attention_output(b), {}, {}, false);
+    row_parallel_backward(be, tp, b[P::o], g.attn, output_grad(be, tp, d_residual, kAttnOut),
+                          attention_output(b));
     attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
     const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
     co_await shared_input_backward(be, tp, b, kQkv, g.normed, d_qkv, norm1.out,

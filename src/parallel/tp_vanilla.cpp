@@ -141,13 +141,14 @@ TpTask chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
     group_up_input_grad(be, group, dys, {}, adds, tp.grouping);
   }
   co_await latents_backward(be, tp, b, prev, group, ids, component);
-  // Members [begin, end)'s dB and dA.
+  // Members [begin, end)'s dB and dA, owning what they name: they may run in the W pass.
   auto weight_grads = [&](size_t begin, size_t end) {
-    return [&, begin, end] {
+    return [&be, component, grouping = tp.grouping, x,
+            m = std::vector<Projection*>(group.begin() + begin, group.begin() + end),
+            d = std::vector<Tensor>(dys.begin() + begin, dys.begin() + end)] {
       const BackendRange range(be, component);
-      group_up_weight_grad(be, group.subspan(begin, end - begin), dys.subspan(begin, end - begin),
-                           tp.grouping);
-      group_down_weight_grad(be, group.subspan(begin, end - begin), x, tp.grouping);
+      group_up_weight_grad(be, m, d, grouping);
+      group_down_weight_grad(be, m, x, grouping);
     };
   };
   if (tp.grouping) {
@@ -155,7 +156,9 @@ TpTask chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
       const BackendRange range(be, component);
       group_down_input_grad(be, group, dx, false, true);
     }
-    co_await co_copy_to_backward(tp, dx, backward_site(chunk), weight_grads(0, ids.size()));
+    // (Named: g++ 12 destroys a lambda made inside a co_await expression twice.)
+    auto dBA = weight_grads(0, ids.size());
+    co_await co_copy_to_backward(tp, dx, backward_site(chunk), std::move(dBA));
     co_return;
   }
   for (size_t i = 0; i < ids.size(); ++i) {
@@ -164,8 +167,9 @@ TpTask chunks_backward(Backend& be, const TensorParallel& tp, VanillaBlock& b,
       const BackendRange range(be, component);
       group_down_input_grad(be, group.subspan(i, 1), part, false, false);
     }
+    auto dBA = weight_grads(i, i + 1);
     co_await co_copy_to_backward(tp, part, backward_site(kProjectionNames[int(ids[i])]),
-                                 weight_grads(i, i + 1));
+                                 std::move(dBA));
     if (i > 0) {
       const BackendRange range(be, component);
       be.accumulate(dx, part);
@@ -294,14 +298,16 @@ TpTask VanillaBlock::backward(Backend& be, const TensorParallel& tp, BlockLatent
                               Tensor d_residual) {
   VanillaBlock& b = *this;
   BlockGradients& g = grad;
-  const std::array<Tensor, 1> d_out{d_residual};
-  co_await chunks_backward(be, tp, b, prev, kDown, gated, d_out, g.gated, "down", false);
+  const std::array<Tensor, 1> d_mlp_out{output_grad(be, tp, d_residual, kMlpOut)};
+  co_await chunks_backward(be, tp, b, prev, kDown, gated, d_mlp_out, g.gated, "down", false);
   be.swiglu_backward(g.gate, g.up, g.gated, gate, up, dims.gate_act);
   const std::array<Tensor, 2> d_gate_up{g.gate, g.up};
   co_await chunks_backward(be, tp, b, prev, kGateUp, norm2.out, d_gate_up, g.normed, "gate_up",
                            true);
   norm2.backward(be, d_residual, g.normed, h);
-  co_await chunks_backward(be, tp, b, prev, kO, attention_output(b), d_out, g.attn, "o", false);
+  const std::array<Tensor, 1> d_attn_out{output_grad(be, tp, d_residual, kAttnOut)};
+  co_await chunks_backward(be, tp, b, prev, kO, attention_output(b), d_attn_out, g.attn, "o",
+                           false);
   attention.backward(be, g.q, g.k, g.v, g.attn, q, k, v);
   const std::array<Tensor, 3> d_qkv{g.q, g.k, g.v};
   co_await chunks_backward(be, tp, b, prev, kQkv, norm1.out, d_qkv, g.normed, "qkv", true);

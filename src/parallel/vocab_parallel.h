@@ -2,8 +2,8 @@
 // Vocabulary-parallel embedding, LM head and cross-entropy (Megatron's
 // tensor_parallel/{layers,cross_entropy}.py): rank i holds vocabulary rows
 // [i·V/t, (i+1)·V/t), and no rank ever holds full-vocabulary logits.
-#include "core/arena.h"
 #include "backend/backend.h"
+#include "core/arena.h"
 #include "parallel/tensor_parallel.h"
 
 namespace bottle {

@@ -246,7 +246,8 @@ MemoryBreakdown plan_rank_memory(const TrainConfig& config, const TensorParallel
   const bool zero = config.parallel.zero && dp > 1;
   LlamaModel plan(config.model, tp, parameter_sharding(config), stage, /*reserve_only=*/true,
                   host_backend(), compute_dtype(tc.precision));
-  plan.allocate_activations(tc.micro_batch_size, tc.seq_len, slots, tc.recompute);
+  plan.allocate_activations(tc.micro_batch_size, tc.seq_len, slots, tc.recompute,
+                            schedule_info(config.parallel.schedule).splits_weight_pass);
   MemoryBreakdown m = plan.memory();
   // As AdamW, DataParallel and the trainer allocate them.
   const int64_t elements = plan.parameters().padded();

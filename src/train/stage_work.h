@@ -41,7 +41,7 @@ class TrainStageWork final : public StageWork {
         loss_scale_(loss_scale),
         loss_sum_(loss_sum),
         hooks_(std::move(hooks)) {}
-  // Chunk 0 and BW only (schedule_unrunnable in train_config.h refuses every other list at
+  // Chunk 0 only (schedule_unrunnable in train_config.h refuses interleaved lists at
   // configuration load, so these checks only catch a caller that skipped it).
   void forward(int m, int chunk) override {
     check_chunk(chunk);
@@ -59,8 +59,24 @@ class TrainStageWork final : public StageWork {
                           hooks_.needed_backward);
     compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
-  void backward_input(int, int) override { refuse_split_backward(); }
-  void backward_weight(int, int) override { refuse_split_backward(); }
+  // A split backward (LlamaModel::allocate_activations' defer_weight_grads): B computes the
+  // input gradients the previous stage waits for, W later the weight gradients, which are then
+  // final after the last micro-batch's W.
+  void backward_input(int m, int chunk) override {
+    check_chunk(chunk);
+    const auto t0 = std::chrono::steady_clock::now();
+    model_.backward_input_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_);
+    compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  void backward_weight(int m, int chunk) override {
+    check_chunk(chunk);
+    const auto t0 = std::chrono::steady_clock::now();
+    const bool final = m == hooks_.final_backward;
+    if (hooks_.backward_begins) hooks_.backward_begins(final);
+    model_.weight_stage(be_, m % slots_,
+                        final || hooks_.every_backward ? hooks_.ready : LlamaModel::GradsReady{});
+    compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
   std::vector<Tensor> activation_in(int m, int chunk) override {
     check_chunk(chunk);
     return model_.stage_input(m % slots_);
@@ -84,11 +100,6 @@ class TrainStageWork final : public StageWork {
  private:
   static void check_chunk(int chunk) {
     BOTTLE_ASSERT(chunk == 0, "pipeline: the model runs one chunk per stage, not chunk {}", chunk);
-  }
-  [[noreturn]] static void refuse_split_backward() {
-    fail(
-        "pipeline: the model runs B and W together (BW); a schedule splitting them is refused "
-        "at configuration load (schedule_unrunnable)");
   }
 
   Backend& be_;

@@ -88,17 +88,42 @@ std::string tp_overlap_refusal(const TrainConfig& config) {
 }
 
 std::string schedule_unrunnable(PipelineSchedule schedule) {
-  // TrainStageWork (train/stage_work.h) runs chunk 0 with B and W together; relax this when the
-  // model runs chunks and split weight-gradient passes.
+  // TrainStageWork (train/stage_work.h) runs chunk 0, its backward whole (BW) or split into B
+  // and W (LlamaModel's defer_weight_grads); relax this when the model runs chunks.
   const ScheduleInfo& info = schedule_info(schedule);
   if (info.needs_virtual_stages)
     return fmt::format("the model does not yet run several chunks per stage, which {} interleaves",
                        info.name);
-  if (info.splits_weight_pass)
+  return {};
+}
+
+std::string split_backward_refusal(const TrainConfig& config) {
+  const ParallelConfig& p = config.parallel;
+  const ScheduleInfo& info = schedule_info(p.schedule);
+  if (!info.splits_weight_pass) return {};
+  const std::string key = fmt::format("key 'parallel.schedule' = \"{}\"", info.name);
+  if (p.pp == 1)
     return fmt::format(
-        "the model does not yet run the weight-gradient pass (W) apart from the input-gradient "
-        "pass (B), which {} splits",
-        info.name);
+        "{} fills a pipeline's bubble with weight-gradient passes: with "
+        "parallel.pp = 1 there is none (use \"1f1b\")",
+        key);
+  // Its W pass reads every block's activations after the block's B: nothing may rebuild them.
+  if (config.training.recompute != Recompute::none)
+    return fmt::format(
+        "{} defers the weight gradients past each block's backward, which reads the activations "
+        "the block kept: it runs with training.recompute = \"none\", not \"{}\"",
+        key, recompute_name(config.training.recompute));
+  if (p.tp_overlap)
+    return fmt::format(
+        "{} does not run beside parallel.tp_overlap, whose halves share the "
+        "buffers a deferred weight gradient reads",
+        key);
+  // ZeRO-2 reduces each micro-batch's gradients out of per-unit slots as each unit's backward
+  // ends, and ZeRO-3 gathers each unit's parameters for it: both would have to follow the W
+  // passes.
+  if (p.zero >= 2 && p.dp > 1)
+    return fmt::format("{} runs with parallel.zero 0 or 1 under data parallelism, not {}", key,
+                       p.zero);
   return {};
 }
 
@@ -124,7 +149,7 @@ std::string schedule_refusal(const TrainConfig& config) {
         config.training.grad_accum_steps, info.name, p.pp, shape);
   if (const std::string unrunnable = schedule_unrunnable(p.schedule); !unrunnable.empty())
     return fmt::format("key 'parallel.schedule' = \"{}\": {}", info.name, unrunnable);
-  return {};
+  return split_backward_refusal(config);
 }
 
 std::string describe_setting_error(const SettingError& error, const std::string& source) {

@@ -181,14 +181,20 @@ std::string describe_setting_error(const SettingError& error, const std::string&
 std::string tp_overlap_refusal(const TrainConfig& config);
 // Why `config`'s pipeline schedule cannot run, as a whole sentence naming its key
 // (parallel.schedule, parallel.virtual_stages or training.grad_accum_steps), or empty when it
-// can: a chunk count the schedule does not take, a shape its generator refuses, or a list the
-// model does not run yet (schedule_unrunnable). The loader refuses such a configuration, and
-// the planner excludes such a layout, by this one rule.
+// can: a chunk count the schedule does not take, a shape its generator refuses, a list the
+// model does not run yet (schedule_unrunnable), or what a split backward does not combine with
+// (split_backward_refusal). The loader refuses such a configuration, and the planner excludes
+// such a layout, by this one rule.
 std::string schedule_refusal(const TrainConfig& config);
 // Why bottle's model cannot run the lists of `schedule` yet, or empty when it can: the one
 // place that says which passes and chunks TrainStageWork (train/stage_work.h) runs. Today:
-// chunk 0 and BW only, so schedules with several chunks or a split W pass are refused.
+// chunk 0, its backward whole (BW) or as B and W, so schedules with several chunks are refused.
 std::string schedule_unrunnable(PipelineSchedule schedule);
+// Why a schedule splitting the backward into B and W passes (zb_h1) cannot run beside the rest
+// of `config`, as a whole sentence naming the key, or empty: a pipeline of one stage (no
+// bubble to fill), recomputation or TP overlap (a deferred weight gradient reads the block's
+// own buffers after its backward), ZeRO-2/3 under DP (their slots follow BW passes).
+std::string split_backward_refusal(const TrainConfig& config);
 inline bool schedule_runnable(PipelineSchedule schedule) {
   return schedule_unrunnable(schedule).empty();
 }

@@ -188,8 +188,10 @@ Tensor TrainStep::reduced_grads() const {
 }
 
 void TrainStep::allocate_activations() {
+  // A schedule with W passes runs each backward as B, then W later (LlamaModel's split).
   model_->allocate_activations(config_.training.micro_batch_size, config_.training.seq_len, slots_,
-                               config_.training.recompute);
+                               config_.training.recompute,
+                               schedule_info(config_.parallel.schedule).splits_weight_pass);
 }
 
 StepResult TrainStep::step(int64_t step) {

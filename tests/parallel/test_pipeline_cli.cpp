@@ -636,6 +636,82 @@ TEST_F(PipelineCli, ResumeOnAnotherLayout) {
   EXPECT_EQ(x.output, y.output);
 }
 
+// Issue 59: a schedule splitting each backward into B and W (zb_h1) runs the same GEMMs on the
+// same inputs as 1F1B, each weight's micro-batches in the same order: the same losses and
+// gradient norms bit for bit, and the same checkpoint, at every layout it runs on (TP 2 in each
+// mode, 4 stages, DP 2 with ZeRO-1, bf16, LaX's latents crossing a stage boundary).
+struct ScheduleCase {
+  int tp, pp, dp;
+  const char* extra;
+};
+
+class SplitBackward : public PipelineCli, public ::testing::WithParamInterface<ScheduleCase> {};
+
+TEST_P(SplitBackward, ZbH1GivesOneFOneBsBits) {
+  const ScheduleCase c = GetParam();
+  const std::string base =
+      "--set training.steps=4 --set checkpoint.interval=4 " + std::string(c.extra);
+  std::map<std::string, std::vector<nlohmann::json>> rows;
+  for (const std::string schedule : {"1f1b", "zb_h1"}) {
+    const CommandResult r =
+        train(c.tp, c.pp, c.dp, schedule, base + " --set parallel.schedule=" + schedule);
+    ASSERT_EQ(r.status, 0) << r.output;
+    rows[schedule] = steps_of(dir / (schedule + "/metrics.jsonl"));
+    ASSERT_EQ(rows[schedule].size(), 4u) << r.output;
+  }
+  for (size_t i = 0; i < 4; ++i)
+    for (const char* key : {"loss", "grad_norm"})
+      EXPECT_EQ(rows["zb_h1"][i].at(key).get<double>(), rows["1f1b"][i].at(key).get<double>())
+          << key << " at step " << i + 1;
+  expect_same_tensors(dir / "1f1b/step_00000004", dir / "zb_h1/step_00000004");
+  expect_peaks_within_plan(rows["zb_h1"], "zb_h1 " + std::string(c.extra));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Tp_Pp_Dp, SplitBackward,
+    ::testing::Values(
+        ScheduleCase{1, 2, 1, ""}, ScheduleCase{1, 4, 1, ""},
+        ScheduleCase{2, 2, 1, "--set parallel.tp_mode=btp"},
+        ScheduleCase{2, 2, 1, "--set parallel.tp_mode=vanilla --set model.bottleneck=lax"},
+        ScheduleCase{2, 2, 1, "--set model.bottleneck=none --set parallel.tp_mode=full"},
+        ScheduleCase{1, 2, 2, "--set parallel.zero=1"},
+        ScheduleCase{1, 2, 1, "--set training.precision=bf16 --set model.tie_embeddings=true"}),
+    [](const auto& info) {
+      const ScheduleCase& c = info.param;
+      std::string name = fmt::format("{}x{}x{}_{}", c.tp, c.pp, c.dp, info.index);
+      return name;
+    });
+
+// A checkpoint of one schedule resumes under another: the step after it is the uninterrupted
+// run's, bit for bit; what a split backward cannot run beside is refused at load, naming it.
+TEST_F(PipelineCli, ResumesAcrossSchedulesAndRefusesWhatZbH1CannotRun) {
+  const CommandResult whole =
+      train(1, 2, 1, "whole", "--set training.steps=4 --set checkpoint.interval=2");
+  ASSERT_EQ(whole.status, 0) << whole.output;
+  fs::copy(dir / "whole", dir / "resumed", fs::copy_options::recursive);
+  fs::remove_all(dir / "resumed/step_00000004");
+  const CommandResult resumed = train(
+      1, 2, 1, "resumed",
+      "--set training.steps=4 --set checkpoint.interval=2 --set parallel.schedule=zb_h1 --resume");
+  ASSERT_EQ(resumed.status, 0) << resumed.output;
+  const auto a = steps_of(dir / "whole/metrics.jsonl"), b = steps_of(dir / "resumed/metrics.jsonl");
+  ASSERT_EQ(b.back().at("step").get<int>(), 4);
+  EXPECT_EQ(b.back().at("loss").get<double>(), a.back().at("loss").get<double>());
+  expect_same_tensors(dir / "whole/step_00000004", dir / "resumed/step_00000004");
+  for (const auto& [sets, named] : std::vector<std::pair<std::string, std::string>>{
+           {"--set training.recompute=block", "training.recompute"},
+           {"--set parallel.dp=2 --set parallel.zero=2", "parallel.zero"},
+           {"--set parallel.pp=1", "parallel.pp = 1"}}) {
+    const CommandResult refused =
+        run(fmt::format("{} {} train {} --set parallel.pp=2 --set parallel.schedule=zb_h1 {} "
+                        "--set checkpoint.folder={}",
+                        mpirun(1), bottle_binary(), dir / "tiny.toml", sets, dir / "refused"));
+    EXPECT_NE(refused.status, 0) << sets;
+    EXPECT_NE(refused.output.find("zb_h1"), std::string::npos) << refused.output;
+    EXPECT_NE(refused.output.find(named), std::string::npos) << refused.output;
+  }
+}
+
 // 8 micro-batches on 4 stages: stage 0 keeps 4 micro-batches of activations alive under
 // 1F1B and 8 under GPipe.
 TEST_F(PipelineCli, OneFOneBKeepsFewerMicroBatchesAlive) {
