@@ -585,9 +585,11 @@ std::vector<Prediction> plan_layouts(const TrainConfig& config, const ClusterSpe
                 c.training.recompute = policy;
                 c.training.micro_batch_size = mb;
                 c.training.grad_accum_steps = global_batch / (int64_t(dp) * mb);
-                // A micro-batch count the schedule does not take is no candidate of it.
+                // A micro-batch count the schedule does not take is no candidate of it, nor is a
+                // split backward beside what it does not run with (recomputation, ZeRO-2/3).
                 if (!schedule_shape_error(schedule, pp, c.training.grad_accum_steps, virtual_stages)
-                         .empty())
+                         .empty() ||
+                    !split_backward_refusal(c).empty())
                   continue;
                 Prediction r;
                 r.config = c;

@@ -102,28 +102,19 @@ std::string split_backward_refusal(const TrainConfig& config) {
   const ScheduleInfo& info = schedule_info(p.schedule);
   if (!info.splits_weight_pass) return {};
   const std::string key = fmt::format("key 'parallel.schedule' = \"{}\"", info.name);
+  // (Short: `bottle plan` prints it beside the layout it excludes.)
   if (p.pp == 1)
-    return fmt::format(
-        "{} fills a pipeline's bubble with weight-gradient passes: with "
-        "parallel.pp = 1 there is none (use \"1f1b\")",
-        key);
+    return fmt::format("{} needs parallel.pp >= 2: one stage has no bubble to fill", key);
   // Its W pass reads every block's activations after the block's B: nothing may rebuild them.
   if (config.training.recompute != Recompute::none)
-    return fmt::format(
-        "{} defers the weight gradients past each block's backward, which reads the activations "
-        "the block kept: it runs with training.recompute = \"none\", not \"{}\"",
-        key, recompute_name(config.training.recompute));
+    return fmt::format("{} needs training.recompute = \"none\": W reads the kept activations", key);
   if (p.tp_overlap)
-    return fmt::format(
-        "{} does not run beside parallel.tp_overlap, whose halves share the "
-        "buffers a deferred weight gradient reads",
-        key);
+    return fmt::format("{} does not run beside parallel.tp_overlap (their buffers clash)", key);
   // ZeRO-2 reduces each micro-batch's gradients out of per-unit slots as each unit's backward
   // ends, and ZeRO-3 gathers each unit's parameters for it: both would have to follow the W
   // passes.
   if (p.zero >= 2 && p.dp > 1)
-    return fmt::format("{} runs with parallel.zero 0 or 1 under data parallelism, not {}", key,
-                       p.zero);
+    return fmt::format("{} needs parallel.zero 0 or 1 under data parallelism, not {}", key, p.zero);
   return {};
 }
 

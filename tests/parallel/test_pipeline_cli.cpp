@@ -701,7 +701,7 @@ TEST_F(PipelineCli, ResumesAcrossSchedulesAndRefusesWhatZbH1CannotRun) {
   for (const auto& [sets, named] : std::vector<std::pair<std::string, std::string>>{
            {"--set training.recompute=block", "training.recompute"},
            {"--set parallel.dp=2 --set parallel.zero=2", "parallel.zero"},
-           {"--set parallel.pp=1", "parallel.pp = 1"}}) {
+           {"--set parallel.pp=1", "parallel.pp >= 2"}}) {
     const CommandResult refused =
         run(fmt::format("{} {} train {} --set parallel.pp=2 --set parallel.schedule=zb_h1 {} "
                         "--set checkpoint.folder={}",

@@ -381,13 +381,18 @@ TEST(TrainConfig, PipelineScheduleAndVirtualStages) {
                      "[parallel]\nschedule = \"interleaved_1f1b\"\npp = 2\nvirtual_stages = 2\n"),
             "test.toml: key 'parallel.schedule' = \"interleaved_1f1b\": the model does not yet run "
             "several chunks per stage, which interleaved_1f1b interleaves");
-  EXPECT_EQ(error_of("[parallel]\nschedule = \"zb_h1\"\npp = 2\n"),
-            "test.toml: key 'parallel.schedule' = \"zb_h1\": the model does not yet run the "
-            "weight-gradient pass (W) apart from the input-gradient pass (B), which zb_h1 splits");
+  // zb_h1 runs (B and W passes), but not beside what its deferred W cannot read.
+  EXPECT_NO_THROW(parse("[parallel]\nschedule = \"zb_h1\"\npp = 2\n"));
+  EXPECT_EQ(error_of("[training]\nrecompute = \"block\"\n[parallel]\nschedule = \"zb_h1\"\n"
+                     "pp = 2\n"),
+            "test.toml: key 'parallel.schedule' = \"zb_h1\" needs training.recompute = \"none\": "
+            "W reads the kept activations");
+  EXPECT_EQ(error_of("[parallel]\nschedule = \"zb_h1\"\n"),
+            "test.toml: key 'parallel.schedule' = \"zb_h1\" needs parallel.pp >= 2: one stage "
+            "has no bubble to fill");
   // The one rule: what the model runs.
   for (const ScheduleInfo& info : schedules())
-    EXPECT_EQ(schedule_runnable(info.id), !info.needs_virtual_stages && !info.splits_weight_pass)
-        << info.name;
+    EXPECT_EQ(schedule_runnable(info.id), !info.needs_virtual_stages) << info.name;
 }
 
 // training.attention: auto by default; "cudnn" is cuDNN's SDPA on the GPU, so a host backend
