@@ -21,6 +21,9 @@ namespace {
 struct PipelineResult {
   double step_ms = 0, bubble = 0;  // bubble: mean over stages, of the schedule's time
   int64_t dp_grad_elements = 0;    // per DP rank and step, the whole model (all stages)
+  // The activation buffers of the stage holding the most, and the micro-batches it keeps in
+  // flight (the schedule's slots: pipeline/schedule.h's peak_in_flight).
+  double activation_bytes = 0, slots = 0;
 };
 
 PipelineResult measure(const TrainConfig& config, const ModelConfig& model_config,
@@ -38,6 +41,10 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
                        groups.dp.get());
   train_step.model().init_weights(uint64_t(config.training.seed));
   train_step.allocate_activations();
+  const double activation_bytes = reduce_scalar(
+      groups.world, double(train_step.model().activation_bytes()), ReduceOp::max, "bench.max");
+  const double slots = reduce_scalar(groups.world, double(train_step.model().slots()),
+                                     ReduceOp::max, "bench.max");
   // Random tokens, the same on every rank: per micro-batch its inputs, then its targets.
   std::mt19937 rng(uint32_t(config.training.seed));
   for (int m = 0; m < train_step.micro_batches(); ++m)
@@ -66,7 +73,8 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
     dp_elements = groups.dp ? groups.dp->stats().with_prefix("dp.grads").elements : 0;
   }
   return {median(step_ms), median(bubble),
-          int64_t(reduce_scalar(groups.pp.get(), double(dp_elements), ReduceOp::sum, "bench.sum"))};
+          int64_t(reduce_scalar(groups.pp.get(), double(dp_elements), ReduceOp::sum, "bench.sum")),
+          activation_bytes, slots};
 }
 
 }  // namespace
@@ -109,11 +117,13 @@ void run_bench_pipeline(const TrainConfig& config, const BenchPipelineOptions& o
       if (info.id == PipelineSchedule::one_f_one_b) traffic.push_back(r.dp_grad_elements);
       if (world.rank() != 0) continue;
       fmt::print(
-          "  {:<5} {:<5} step {:>8.1f} ms | bubble {:>5.1f}% (ideal {:>5.1f}%) | DP gradient "
-          "traffic {} elements ({:.1f} MB) per DP rank and step\n",
+          "  {:<5} {:<5} step {:>8.1f} ms | bubble {:>5.1f}% (ideal {:>5.1f}%) | activations "
+          "{:.1f} MiB, {:.0f} micro-batches in flight (largest stage) | DP gradient traffic {} "
+          "elements ({:.1f} MB) per DP rank and step\n",
           bottleneck_kind_name(model.bottleneck), info.name, r.step_ms, 100.0 * r.bubble,
           100.0 * bubble_fraction(info.id, int(p.pp), m, c.parallel.virtual_stages),
-          r.dp_grad_elements, double(r.dp_grad_elements) * 4 / 1e6);
+          r.activation_bytes / double(1 << 20), r.slots, r.dp_grad_elements,
+          double(r.dp_grad_elements) * 4 / 1e6);
       std::fflush(stdout);
     }
   }

@@ -83,6 +83,7 @@ class LlamaModel {
   double recompute_seconds() const { return recompute_seconds_; }
   void reset_recompute_seconds() { recompute_seconds_ = 0; }
   int64_t batch() const { return batch_; }
+  int slots() const { return int(slots_.size()); }  // micro-batches in flight
   int64_t seq() const { return seq_; }
 
   // One pipeline stage's share of a micro-batch held in `slot`. A first stage embeds the

@@ -754,9 +754,13 @@ TEST_F(PipelineCli, BenchPipelineReportsBubbleAndTraffic) {
       "{} {} bench pipeline {} --set parallel.pp=2 --set parallel.dp=2 --steps 1 --warmup 0",
       mpirun(4), bottle_binary(), dir / "tiny.toml"));
   ASSERT_EQ(r.status, 0) << r.output;
-  EXPECT_EQ(count_occurrences(r.output, "bubble"), 4) << r.output;
-  // 2 stages, 4 micro-batches: (2 - 1) / (4 + 2 - 1).
+  // 1f1b, gpipe and zb_h1 for each model.
+  EXPECT_EQ(count_occurrences(r.output, "bubble"), 6) << r.output;
+  // 2 stages, 4 micro-batches: (2 - 1) / (4 + 2 - 1); ZB-H1 (2 - 1) / (3·4 + 2 - 1).
   EXPECT_NE(r.output.find("(ideal  20.0%)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("zb_h1 step"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(ideal   7.7%)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("micro-batches in flight"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("DP gradient traffic, full-rank / cola:"), std::string::npos) << r.output;
 }
 
