@@ -4,12 +4,13 @@
 #include <cmath>
 #include <fstream>
 #include <limits>
+#include <set>
 
 #include "bench/paper_figures.h"
 #include "bench/paper_prediction.h"
 #include "core/arena.h"
-#include "io/atomic_output.h"
 #include "core/error.h"
+#include "io/atomic_output.h"
 #include "train/plot.h"
 
 namespace bottle {
@@ -257,10 +258,21 @@ class Report {
         s.at("hidden").get<int64_t>(), s.at("ffn").get<int64_t>(), s.at("heads").get<int64_t>(),
         s.at("rank").get<int64_t>(), s.at("layers").get<int64_t>(), s.at("batch").get<int64_t>(),
         s.at("seq").get<int64_t>());
-    line(
+    // Which order each mode's TP backward ran in (bench tp's rows say), and the pipeline's
+    // schedule: the paper compares against Megatron at its best.
+    std::set<std::string> orders;
+    for (const auto& [t, rows] : r_.tp)
+      for (const TpRow& row : rows) orders.insert(row.tp_backward);
+    std::string order_text;
+    for (const std::string& o : orders)
+      order_text += (order_text.empty() ? "" : ", ") + fmt::format("\"{}\"", o);
+    linef(
         "| modes | **full**: Megatron TP on the full-rank model of the same widths; **vanilla**: "
         "Megatron TP on the CoLA model; **btp**: bottleneck-aware TP (BOOST) with online "
-        "RMSNorm and grouping |");
+        "RMSNorm and grouping; every mode's TP backward as `parallel.tp_backward` = {} "
+        "(\"async\": Megatron's order, each input gradient's all-reduce under the weight "
+        "gradient); the pipelined rows run `parallel.schedule` = \"1f1b\" |",
+        order_text.empty() ? "(no TP rows)" : order_text);
     linef("| paper | {} |", paper("paper.testbed"));
     line();
     const int top = r_.tp.rbegin()->first, cores = m.value("cores", 2);

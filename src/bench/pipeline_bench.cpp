@@ -43,8 +43,8 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
   train_step.allocate_activations();
   const double activation_bytes = reduce_scalar(
       groups.world, double(train_step.model().activation_bytes()), ReduceOp::max, "bench.max");
-  const double slots = reduce_scalar(groups.world, double(train_step.model().slots()),
-                                     ReduceOp::max, "bench.max");
+  const double slots =
+      reduce_scalar(groups.world, double(train_step.model().slots()), ReduceOp::max, "bench.max");
   // Random tokens, the same on every rank: per micro-batch its inputs, then its targets.
   std::mt19937 rng(uint32_t(config.training.seed));
   for (int m = 0; m < train_step.micro_batches(); ++m)
