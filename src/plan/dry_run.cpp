@@ -49,10 +49,11 @@ class TimelineRecorder final : public CallTimeline {
   OpCounts work_;
 };
 
-// Under parallel.tp_overlap with tp > 1 the dry run records the TP group's timeline, a sequence
-// the planner replays whole.
+// With tp > 1 and started TP calls (TP overlap's, or the async TP backward's) the dry run
+// records the TP group's timeline, which the planner replays.
 bool records_timeline(const TrainConfig& config) {
-  return config.parallel.tp_overlap && config.parallel.tp > 1;
+  const ParallelConfig& p = config.parallel;
+  return p.tp > 1 && (p.tp_overlap || p.tp_backward == TpBackward::async);
 }
 
 // One step of `config`'s micro-batches on stage `stage`: its counts without the memory plan,
@@ -85,6 +86,7 @@ StageCounts count_step(const TrainConfig& config, int stage, MemoryBreakdown* la
   if (timeline) {
     timeline->flush();
     timeline.reset();
+    out.timeline_micro_batches = config.training.grad_accum_steps;
   }
   out.ops = be.counts();
   out.calls["tp"] = tp.calls();
@@ -244,7 +246,9 @@ StageCounts dry_run_stage(const TrainConfig& config, int stage) {
   const int64_t m = config.training.grad_accum_steps;
   const int64_t from = linear_from(config, stage);
   // The two shorter steps run 2·from + 1 micro-batches: worth it where the whole step runs more.
-  if (records_timeline(config) || m <= 2 * from + 1) return dry_run_step(config, stage);
+  // TP overlap's timeline is replayed whole.
+  if ((records_timeline(config) && config.parallel.tp_overlap) || m <= 2 * from + 1)
+    return dry_run_step(config, stage);
   TrainConfig shorter = config;
   shorter.training.grad_accum_steps = from;
   const StageCounts low = count_step(shorter, stage, nullptr);
@@ -252,6 +256,8 @@ StageCounts dry_run_stage(const TrainConfig& config, int stage) {
   const StageCounts high = count_step(shorter, stage, nullptr);
   StageCounts out = extrapolated(low, high, m - from - 1);
   out.stage = stage;
+  out.tp_timeline = low.tp_timeline;
+  out.timeline_micro_batches = low.timeline_micro_batches;
   complete(out, config, stage);
   return out;
 }

@@ -43,9 +43,14 @@ struct StageCounts {
   std::map<std::string, std::map<CallShape, int64_t>> calls;
   MemoryBreakdown memory;  // the memory planner's plan of this rank (plan_rank_memory)
   double model_flops = 0;  // this rank's GEMM + attention FLOPs outside recomputation
-  // The TP group's calls and the kernels between them, in issue order: recorded only under
-  // parallel.tp_overlap with tp > 1 (empty otherwise, where every TP call is blocking).
+  // The TP group's calls and the kernels between them, in issue order: recorded with tp > 1
+  // where some TP calls are started, not blocking (parallel.tp_overlap; parallel.tp_backward =
+  // "async": each input gradient's all-reduce under the weight gradient); empty otherwise.
   std::vector<TpTimelineEvent> tp_timeline;
+  // The micro-batches tp_timeline covers: the step's under TP overlap (the planner replays it
+  // whole), else maybe fewer (a step extrapolated from shorter ones: what the replay hides is
+  // scaled to the step, as every micro-batch's backward starts the same calls).
+  int64_t timeline_micro_batches = 0;
   // Times one training step made the host wait for the device (Backend::host_waits), as a
   // device backend would: the step's own waits, not those of setting it up.
   int64_t host_waits = 0;

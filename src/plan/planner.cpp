@@ -295,8 +295,11 @@ nlohmann::ordered_json prediction_json(const Prediction& r) {
   j["step_s"] = r.step;
   j["compute_s"] = r.compute;
   j["tp_comm_s"] = r.tp_comm;
-  if (p.tp_overlap) j["tp_hidden_s"] = r.tp_hidden;
-  if (p.tp_overlap) j["tp_contention_s"] = r.tp_contention;
+  // Where TP calls are started (TP overlap, the async TP backward): what they hide and cost.
+  if (p.tp_overlap || (p.tp > 1 && p.tp_backward == TpBackward::async)) {
+    j["tp_hidden_s"] = r.tp_hidden;
+    j["tp_contention_s"] = r.tp_contention;
+  }
   j["bubble_s"] = r.bubble;
   j["p2p_s"] = r.p2p;
   j["dp_comm_s"] = r.dp_comm;
@@ -412,17 +415,21 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     // pass's.
     // (Only the blocks' passes start calls, so all of it comes off one of the two; the cap
     // keeps tp_hidden what was taken off.)
+    // The async TP backward the same way: what its started all-reduces hide under the weight
+    // gradients, scaled from the micro-batches the timeline covers to the step's.
     if (!counts.tp_timeline.empty()) {
       double call_extra = 0;
       const ReplayTimes replay =
           tp_overlap_replay(cluster, counts.tp_timeline, {stage_base, 1}, bf16, call_extra);
-      const double hidden = replay.hidden();
+      const double scale = double(m) / double(counts.timeline_micro_batches);
+      call_extra *= scale;
+      const double hidden = replay.hidden() * scale;
       const double from_first = std::min(hidden, t.tp);
       const double from_recompute = std::min(hidden - from_first, tp.recompute);
       t.tp -= from_first;
       t.recompute -= from_recompute;
       t.tp_hidden = from_first + from_recompute;
-      t.tp_contention = replay.stretch + call_extra;
+      t.tp_contention = replay.stretch * scale + call_extra;
       t.tp += t.tp_contention;
     }
     t.p2p = pp.sends;

@@ -323,10 +323,12 @@ TEST(Planner, ReplaysTpOverlapsTimeline) {
   slow.intra_node = {10.0, 5.0};  // 10 GB/s: the calls cost more than the kernels
   for (const char* mode : {"full", "vanilla", "btp"}) {
     SCOPED_TRACE(mode);
-    const TrainConfig serial = parse_train_config_string(
+    TrainConfig serial = parse_train_config_string(
         fmt::format("[model]\nbottleneck = \"{}\"\n{}tp = 2\ntp_mode = \"{}\"\n",
                     std::string_view(mode) == "full" ? "none" : "cola", kOverlapShape, mode),
         "overlap.toml");
+    // Every TP call blocking: the TP backward's all-reduces after the weight gradients too.
+    serial.parallel.tp_backward = TpBackward::serial;
     TrainConfig overlap = serial;
     overlap.parallel.tp_overlap = true;
     EXPECT_TRUE(dry_run_stage(serial, 0).tp_timeline.empty());
@@ -389,6 +391,26 @@ TEST(Planner, ReplaysTpOverlapsTimeline) {
     const Prediction sc = predict(overlap, with_overlap_costs(slow, 0.0, 0.5));
     EXPECT_GT(sc.tp_contention, 0);
     EXPECT_GE(sc.step, o.step);
+
+    // The async TP backward (parallel.tp_backward's default) without TP overlap: each input
+    // gradient's all-reduce hides under its layer's weight gradient, in backward only. A step
+    // of many micro-batches is extrapolated from two short ones, and what their timeline hides
+    // is scaled to it: per micro-batch the same as a step replayed whole.
+    TrainConfig async = serial;
+    async.parallel.tp_backward = TpBackward::async;
+    const Prediction a = predict(async, slow);
+    ASSERT_TRUE(a.excluded.empty()) << a.excluded;
+    EXPECT_GT(a.tp_hidden, 0);
+    EXPECT_LE(a.tp_hidden, std::min(a.tp_comm + a.tp_hidden, a.compute));
+    EXPECT_LT(a.step, s.step);
+    EXPECT_TRUE(prediction_json(a).contains("tp_hidden_s"));
+    TrainConfig longer = async;
+    longer.training.grad_accum_steps = 12;
+    const StageCounts long_counts = dry_run_stage(longer, 0);
+    EXPECT_LT(long_counts.timeline_micro_batches, 12) << "extrapolated, not run whole";
+    const Prediction l = predict(longer, slow);
+    EXPECT_NEAR(l.tp_hidden / 12, a.tp_hidden / double(async.training.grad_accum_steps),
+                0.05 * a.tp_hidden / double(async.training.grad_accum_steps));
   }
 }
 
