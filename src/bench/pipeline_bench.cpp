@@ -12,6 +12,7 @@
 #include "comm/process_groups.h"
 #include "core/statistics.h"
 #include "model/llama.h"
+#include "pipeline/schedule_replay.h"
 #include "train/train_config.h"
 #include "train/train_step.h"
 
@@ -24,6 +25,11 @@ struct PipelineResult {
   // The activation buffers of the stage holding the most, and the micro-batches it keeps in
   // flight (the schedule's slots: pipeline/schedule.h's peak_in_flight).
   double activation_bytes = 0, slots = 0;
+  // The schedule's bubble replayed (pipeline/schedule_replay.h) with each stage's passes at
+  // what they took in this run (their medians per micro-batch), and those costs of stage 0, in
+  // seconds: theory at this machine's F, B and W instead of F = B = W.
+  double measured_cost_bubble = 0;
+  PassCosts stage0;
 };
 
 PipelineResult measure(const TrainConfig& config, const ModelConfig& model_config,
@@ -54,7 +60,9 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
       be->from_host(t, tokens.data());
     }
   const int stages = int(c.parallel.pp);
+  const int m = train_step.micro_batches();
   std::vector<double> step_ms, bubble;
+  std::array<std::vector<double>, 4> pass;  // per pass, this stage's seconds per micro-batch
   int64_t dp_elements = 0;
   for (int step = 0; step < warmup + steps; ++step) {
     groups.world->barrier();
@@ -70,11 +78,33 @@ PipelineResult measure(const TrainConfig& config, const ModelConfig& model_confi
     if (step < warmup) continue;
     step_ms.push_back(wall * 1e3);
     bubble.push_back(mean_idle);
+    for (size_t k = 0; k < pass.size(); ++k) pass[k].push_back(r.pass_seconds[k] / m);
     dp_elements = groups.dp ? groups.dp->stats().with_prefix("dp.grads").elements : 0;
   }
-  return {median(step_ms), median(bubble),
+  // Every stage's pass costs on every rank (each stage adds its own into its place).
+  const int stage = groups.pp ? groups.pp->rank() : 0;
+  std::vector<PassCosts> costs(static_cast<size_t>(stages));  // [stages]
+  for (int s = 0; s < stages; ++s) {
+    auto cost = [&](Pass p) {
+      const double mine = s == stage ? median(pass[size_t(p)]) : 0.0;
+      return groups.pp ? reduce_scalar(groups.pp.get(), mine, ReduceOp::sum, "bench.sum") : mine;
+    };
+    costs[size_t(s)] = PassCosts{.forward = cost(Pass::F),
+                                 .backward_input = cost(Pass::B),
+                                 .backward_weight = cost(Pass::W),
+                                 .backward = cost(Pass::BW)};
+  }
+  std::vector<std::vector<Action>> lists;
+  for (int s = 0; s < stages; ++s)
+    lists.push_back(pipeline_schedule(schedule, stages, s, m, c.parallel.virtual_stages));
+  const double replayed = replay_schedule(lists, costs).bubble_fraction();
+  return {median(step_ms),
+          median(bubble),
           int64_t(reduce_scalar(groups.pp.get(), double(dp_elements), ReduceOp::sum, "bench.sum")),
-          activation_bytes, slots};
+          activation_bytes,
+          slots,
+          replayed,
+          costs[0]};
 }
 
 }  // namespace
@@ -116,14 +146,21 @@ void run_bench_pipeline(const TrainConfig& config, const BenchPipelineOptions& o
       const PipelineResult r = measure(config, model, info.id, groups, o.steps, o.warmup);
       if (info.id == PipelineSchedule::one_f_one_b) traffic.push_back(r.dp_grad_elements);
       if (world.rank() != 0) continue;
+      const PassCosts& f = r.stage0;
+      const std::string passes =
+          schedule_info(info.id).splits_weight_pass
+              ? fmt::format("F {:.1f} B {:.1f} W {:.1f}", f.forward * 1e3, f.backward_input * 1e3,
+                            f.backward_weight * 1e3)
+              : fmt::format("F {:.1f} BW {:.1f}", f.forward * 1e3, f.backward * 1e3);
       fmt::print(
-          "  {:<5} {:<5} step {:>8.1f} ms | bubble {:>5.1f}% (ideal {:>5.1f}%) | activations "
-          "{:.1f} MiB, {:.0f} micro-batches in flight (largest stage) | DP gradient traffic {} "
-          "elements ({:.1f} MB) per DP rank and step\n",
+          "  {:<5} {:<5} step {:>8.1f} ms | bubble {:>5.1f}% (ideal {:>5.1f}%; {:>5.1f}% at the "
+          "passes' measured ms per micro-batch, stage 0: {}) | activations {:.1f} MiB, {:.0f} "
+          "micro-batches in flight (largest stage) | DP gradient traffic {} elements ({:.1f} MB) "
+          "per DP rank and step\n",
           bottleneck_kind_name(model.bottleneck), info.name, r.step_ms, 100.0 * r.bubble,
           100.0 * bubble_fraction(info.id, int(p.pp), m, c.parallel.virtual_stages),
-          r.activation_bytes / double(1 << 20), r.slots, r.dp_grad_elements,
-          double(r.dp_grad_elements) * 4 / 1e6);
+          100.0 * r.measured_cost_bubble, passes, r.activation_bytes / double(1 << 20), r.slots,
+          r.dp_grad_elements, double(r.dp_grad_elements) * 4 / 1e6);
       std::fflush(stdout);
     }
   }

@@ -2,6 +2,7 @@
 // One pipeline stage's share of a training step, for the schedule executor
 // (pipeline/executor.h): micro-batch m runs in activation slot m % slots, which a schedule
 // keeping at most `slots` micro-batches alive has freed by then.
+#include <array>
 #include <chrono>
 #include <functional>
 #include <vector>
@@ -47,7 +48,7 @@ class TrainStageWork final : public StageWork {
     check_chunk(chunk);
     const auto t0 = std::chrono::steady_clock::now();
     model_.forward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_sum_, hooks_.needed);
-    compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    add_time(Pass::F, t0);
   }
   void backward(int m, int chunk) override {
     check_chunk(chunk);
@@ -57,7 +58,7 @@ class TrainStageWork final : public StageWork {
     model_.backward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_,
                           final || hooks_.every_backward ? hooks_.ready : LlamaModel::GradsReady{},
                           hooks_.needed_backward);
-    compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    add_time(Pass::BW, t0);
   }
   // A split backward (LlamaModel::allocate_activations' defer_weight_grads): B computes the
   // input gradients the previous stage waits for, W later the weight gradients, which are then
@@ -66,7 +67,7 @@ class TrainStageWork final : public StageWork {
     check_chunk(chunk);
     const auto t0 = std::chrono::steady_clock::now();
     model_.backward_input_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_);
-    compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    add_time(Pass::B, t0);
   }
   void backward_weight(int m, int chunk) override {
     check_chunk(chunk);
@@ -75,7 +76,7 @@ class TrainStageWork final : public StageWork {
     if (hooks_.backward_begins) hooks_.backward_begins(final);
     model_.weight_stage(be_, m % slots_,
                         final || hooks_.every_backward ? hooks_.ready : LlamaModel::GradsReady{});
-    compute_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    add_time(Pass::W, t0);
   }
   std::vector<Tensor> activation_in(int m, int chunk) override {
     check_chunk(chunk);
@@ -94,10 +95,18 @@ class TrainStageWork final : public StageWork {
     return model_.stage_input_grad(m % slots_);
   }
   int slots() const override { return slots_; }
-  // Host time in forward and backward (on a device backend: issuing their work).
+  // Host time in forward and backward (on a device backend: issuing their work), and of it
+  // each pass's (Pass's order: F, B, W, BW).
   double compute_seconds = 0.0;
+  std::array<double, 4> pass_seconds{};
 
  private:
+  void add_time(Pass pass, std::chrono::steady_clock::time_point start) {
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    compute_seconds += seconds;
+    pass_seconds[size_t(pass)] += seconds;
+  }
   static void check_chunk(int chunk) {
     BOTTLE_ASSERT(chunk == 0, "pipeline: the model runs one chunk per stage, not chunk {}", chunk);
   }

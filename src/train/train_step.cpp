@@ -215,6 +215,7 @@ StepResult TrainStep::step(int64_t step) {
   run_pipeline(actions_, work, pp_);
   r.pipeline_seconds = seconds_since(pipeline_start);
   r.compute_seconds = work.compute_seconds;
+  r.pass_seconds = work.pass_seconds;
   model_->reduce_tied_embedding_grad(embedding_group_.get());
   // The loss lives on the last stage; every rank learns it. Everything from here to the
   // update stays on the device, in the order and the arithmetic the host used to do it in.

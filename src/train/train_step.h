@@ -8,6 +8,7 @@
 //   norm over TP, PP and DP → the non-finite check (training.on_nonfinite) → clipping to
 //   training.max_norm → the optimizer (optimizer.name) at the schedule's learning rate →
 //   ZeRO-1's all-gather.
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -16,9 +17,9 @@
 #include "core/arena.h"
 #include "model/llama.h"
 #include "pipeline/schedule.h"
-#include "train/optimizer.h"
 #include "train/data_parallel.h"
 #include "train/lr_schedule.h"
+#include "train/optimizer.h"
 #include "train/train_config.h"
 
 namespace bottle {
@@ -34,6 +35,8 @@ struct StepResult {
   // backward of every micro-batch with the sends and receives between stages); and of that,
   // the time inside forward and backward (the rest of the pipeline's time is waiting).
   double seconds = 0.0, pipeline_seconds = 0.0, compute_seconds = 0.0;
+  // Of compute_seconds, each pass's (pipeline/schedule.h's Pass order: F, B, W, BW).
+  std::array<double, 4> pass_seconds{};
   // Of the step, the optimizer's update as the host sees it: the update itself on a host
   // backend; on a device, the time to issue it (the device runs it after).
   double optimizer_seconds = 0.0;

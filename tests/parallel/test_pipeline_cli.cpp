@@ -757,10 +757,15 @@ TEST_F(PipelineCli, BenchPipelineReportsBubbleAndTraffic) {
   // 1f1b, gpipe and zb_h1 for each model.
   EXPECT_EQ(count_occurrences(r.output, "bubble"), 6) << r.output;
   // 2 stages, 4 micro-batches: (2 - 1) / (4 + 2 - 1); ZB-H1 (2 - 1) / (3·4 + 2 - 1).
-  EXPECT_NE(r.output.find("(ideal  20.0%)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(ideal  20.0%;"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("zb_h1 step"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("(ideal   7.7%)"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(ideal   7.7%;"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("micro-batches in flight"), std::string::npos) << r.output;
+  // The theory at the passes' measured costs, and zb_h1's B and W apart.
+  EXPECT_NE(r.output.find("at the passes' measured ms per micro-batch, stage 0: F "),
+            std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find(" W "), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("DP gradient traffic, full-rank / cola:"), std::string::npos) << r.output;
 }
 
