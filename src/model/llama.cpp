@@ -484,8 +484,7 @@ void LlamaModel::backward_input_stage(Backend& be, int slot_index, Tensor tokens
   run_backward(be, slot_index, tokens, targets, loss_scale, {}, {}, true);
 }
 
-void LlamaModel::weight_stage(Backend& be, int slot_index, const GradsReady& ready) {
-  (void)be;  // the queued gradients hold their backend
+void LlamaModel::weight_stage(int slot_index, const GradsReady& ready) {
   Slot& s = slots_[size_t(slot_index)];
   auto run = [](std::vector<std::function<void()>>& queued) {
     for (const auto& weight_grad : queued) weight_grad();

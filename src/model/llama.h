@@ -124,9 +124,10 @@ class LlamaModel {
   // out of the input gradient's own kernels). Calls no `ready`.
   void backward_input_stage(Backend& be, int slot, Tensor tokens, Tensor targets, float loss_scale);
   // The W pass: the slot's queued weight gradients, the head's then each block's from the last,
-  // calling `ready` as backward_stage does. The same GEMMs as backward_stage's, so a step's
-  // gradients are the same bits when every micro-batch's W runs in micro-batch order.
-  void weight_stage(Backend& be, int slot, const GradsReady& ready = {});
+  // calling `ready` as backward_stage does. They run on the backend their B pass queued them
+  // on. The same GEMMs as backward_stage's, so a step's gradients are the same bits when every
+  // micro-batch's W runs in micro-batch order.
+  void weight_stage(int slot, const GradsReady& ready = {});
   bool defers_weight_grads() const { return defer_weight_grads_; }
   std::vector<Tensor> stage_input(int slot) const;
   std::vector<Tensor> stage_output(int slot) const;

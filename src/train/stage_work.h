@@ -74,7 +74,7 @@ class TrainStageWork final : public StageWork {
     const auto t0 = std::chrono::steady_clock::now();
     const bool final = m == hooks_.final_backward;
     if (hooks_.backward_begins) hooks_.backward_begins(final);
-    model_.weight_stage(be_, m % slots_,
+    model_.weight_stage(m % slots_,
                         final || hooks_.every_backward ? hooks_.ready : LlamaModel::GradsReady{});
     add_time(Pass::W, t0);
   }

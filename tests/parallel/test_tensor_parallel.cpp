@@ -337,13 +337,14 @@ struct OverlapRun {
   size_t activation_bytes = 0;
 };
 
-OverlapRun run_once(Backend& be, const ModelConfig& config, const OverlapCase& c, bool overlap,
-                    Tensor tok, Tensor tgt) {
-  LlamaModel model(
-      config, TensorParallel{
-                  .layout = c.mode, .comm = &world(), .grouping = c.grouping, .overlap = overlap});
+// One forward and backward of `tok` on `tp`: the loss, every parameter gradient, the
+// collectives per site and the activation memory.
+OverlapRun run_once(Backend& be, const ModelConfig& config, const TensorParallel& tp,
+                    Recompute policy, Tensor tok, Tensor tgt, DType compute = DType::f32) {
+  LlamaModel model(config, tp, {}, {}, false, host_backend(), compute);
   init_for_test(model, 11);
-  model.allocate_activations(tok.shape[0], tok.shape[1], 1, c.policy);
+  model.parameters().refresh_compute(be);
+  model.allocate_activations(tok.shape[0], tok.shape[1], 1, policy);
   model.zero_grad(be);
   world().stats().reset();
   OverlapRun r;
@@ -357,6 +358,15 @@ OverlapRun run_once(Backend& be, const ModelConfig& config, const OverlapCase& c
     r.grads.emplace_back(g.f32(), g.f32() + g.numel());
   }
   return r;
+}
+
+OverlapRun run_once(Backend& be, const ModelConfig& config, const OverlapCase& c, bool overlap,
+                    Tensor tok, Tensor tgt) {
+  return run_once(
+      be, config,
+      TensorParallel{
+          .layout = c.mode, .comm = &world(), .grouping = c.grouping, .overlap = overlap},
+      c.policy, tok, tgt);
 }
 
 // Against the same TP group run serially: the same loss bit for bit (a half's activations are
@@ -443,34 +453,12 @@ struct OrderCase {
   DType compute;
 };
 
-struct OrderRun {
-  float loss = 0;
-  std::vector<std::vector<float>> grads;  // per parameter
-  std::map<std::string, CommCounter, std::less<>> sites;
-  double exposed_ms = 0;  // of the backward's block sites, what the pass waited for
-};
-
-OrderRun run_order(Backend& be, const ModelConfig& config, const OrderCase& c, TpBackward order,
-                   Tensor tok, Tensor tgt) {
-  LlamaModel model(
-      config,
+OverlapRun run_order(Backend& be, const ModelConfig& config, const OrderCase& c, TpBackward order,
+                     Tensor tok, Tensor tgt) {
+  return run_once(
+      be, config,
       TensorParallel{.layout = c.mode, .comm = &world(), .grouping = c.grouping, .backward = order},
-      {}, {}, false, host_backend(), c.compute);
-  init_for_test(model, 11);
-  model.parameters().refresh_compute(be);
-  model.allocate_activations(tok.shape[0], tok.shape[1], 1, c.policy);
-  model.zero_grad(be);
-  world().stats().reset();
-  OrderRun r;
-  r.loss = model.forward(be, tok, tgt);
-  model.backward(be, tok, tgt);
-  r.sites = world().stats().by_site();
-  const ParameterStore& params = model.parameters();
-  for (size_t i = 0; i < params.specs().size(); ++i) {
-    const Tensor g = params.at(i).grad;
-    r.grads.emplace_back(g.f32(), g.f32() + g.numel());
-  }
-  return r;
+      c.policy, tok, tgt, c.compute);
 }
 
 class TpBackwardOrder : public ::testing::TestWithParam<OrderCase> {};
@@ -484,8 +472,8 @@ TEST_P(TpBackwardOrder, AsyncGivesTheSerialBits) {
   const auto targets = random_tokens(n, config.vocab_size, 8);
   Tensor tok{const_cast<int32_t*>(tokens.data()), {batch, seq}, DType::i32};
   Tensor tgt{const_cast<int32_t*>(targets.data()), {batch, seq}, DType::i32};
-  const OrderRun serial = run_order(*be, config, c, TpBackward::serial, tok, tgt);
-  const OrderRun async = run_order(*be, config, c, TpBackward::async, tok, tgt);
+  const OverlapRun serial = run_order(*be, config, c, TpBackward::serial, tok, tgt);
+  const OverlapRun async = run_order(*be, config, c, TpBackward::async, tok, tgt);
   EXPECT_EQ(async.loss, serial.loss);
   ASSERT_EQ(async.grads.size(), serial.grads.size());
   for (size_t i = 0; i < serial.grads.size(); ++i) {
