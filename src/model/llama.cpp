@@ -486,6 +486,7 @@ void LlamaModel::backward_input_stage(Backend& be, int slot_index, Tensor tokens
 
 void LlamaModel::weight_stage(int slot_index, const GradsReady& ready) {
   Slot& s = slots_[size_t(slot_index)];
+  const CommPhase phase(tp_.comm, kWeightPassPhase);
   auto run = [](std::vector<std::function<void()>>& queued) {
     for (const auto& weight_grad : queued) weight_grad();
     queued.clear();

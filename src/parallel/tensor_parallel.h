@@ -28,6 +28,10 @@ inline constexpr std::array<const char*, 2> kNormStatisticNames = {"latent", "al
 enum class TpBackward { async, serial };
 inline constexpr std::array<const char*, 2> kTpBackwardNames = {"async", "serial"};
 
+// The phase of the TP group's stats while a model runs a W pass (LlamaModel::weight_stage): a
+// dry run counts its kernels apart, so that the planner prices W from them.
+inline constexpr const char* kWeightPassPhase = "weight.";
+
 class TpLayout;
 struct TpHalf;
 

@@ -129,8 +129,10 @@ MemoryBreakdown stage_memory(const TrainConfig& config, int stage) {
 
 // The first pass's FLOPs and the memory plan: what a dry run adds to the step's counts.
 void complete(StageCounts& counts, const TrainConfig& config, int stage) {
-  const auto first = counts.ops.find("");
-  if (first != counts.ops.end()) counts.model_flops = first->second.flops();
+  // A split backward's W pass is first-pass work too.
+  for (const char* phase : {"", kWeightPassPhase})
+    if (const auto it = counts.ops.find(phase); it != counts.ops.end())
+      counts.model_flops += it->second.flops();
   counts.memory = stage_memory(config, stage);
 }
 

@@ -196,11 +196,14 @@ double message_seconds(const ClusterSpec& c, const std::map<CallShape, int64_t>&
 // BW = ⅔ of `first`, and recomputation runs in the backward. A schedule splitting the backward
 // takes B and W as 1:1 of BW's GEMM FLOPs (dX and dW of each GEMM have the same FLOPs; the dry
 // run has no split to read), recomputation with B, which needs it first.
-PassCosts pipeline_pass_costs(double first, double recompute, int chunks) {
+// `weight`: the W passes' seconds where the dry run ran them apart (a schedule splitting the
+// backward: its kernels under kWeightPassPhase), in place of the 1:1 split; negative: unknown.
+PassCosts pipeline_pass_costs(double first, double recompute, int chunks, double weight = -1) {
   const double v = chunks;
+  const double w = weight >= 0 ? std::min(weight, 2 * first / 3) : first / 3;
   return PassCosts{.forward = first / 3 / v,
-                   .backward_input = (first / 3 + recompute) / v,
-                   .backward_weight = first / 3 / v,
+                   .backward_input = (2 * first / 3 - w + recompute) / v,
+                   .backward_weight = w / v,
                    .backward = (2 * first / 3 + recompute) / v};
 }
 
@@ -386,6 +389,7 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
   struct StageTime {
     double compute, recompute, tp, p2p, tail_compute, tail_comm, dp_hidden, tp_hidden;
     double dp_contention, tp_contention;
+    double weight;  // of compute, the W passes' (a split backward's; 0 otherwise)
   };
   std::vector<StageTime> stages;
   double model_flops = 0;
@@ -397,6 +401,8 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
       const double body = ops_seconds(cluster, ops, false, bf16);
       if (phase == kOptimizerPhase)
         t.tail_compute += body;
+      else if (phase == kWeightPassPhase)
+        t.compute += body, t.weight += body;  // first-pass work, which W runs
       else
         (phase.empty() ? t.compute : t.recompute) += body;
       t.tail_compute += ops_seconds(cluster, ops, true, bf16);
@@ -448,20 +454,26 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
     // the receiver.
     per_micro_batch[size_t(s)] = (t.compute + t.recompute + t.tp) / m;
     PassCosts& costs = pass_costs[size_t(s)];
-    costs = pipeline_pass_costs((t.compute + t.tp) / m, t.recompute / m, p.virtual_stages);
+    const bool split = schedule_info(p.schedule).splits_weight_pass;
+    costs = pipeline_pass_costs((t.compute + t.tp) / m, t.recompute / m, p.virtual_stages,
+                                split ? t.weight / m : -1);
     costs.activation_latency =
         message_seconds(cluster, counts.calls.at("pp"), {0, pp_stride}, "pp.activation");
     costs.gradient_latency =
         message_seconds(cluster, counts.calls.at("pp"), {0, pp_stride}, "pp.gradient");
     model_flops += counts.model_flops;
-    double stage_flops = 0, recompute_flops = 0;
+    double stage_flops = 0, recompute_flops = 0, weight_flops = 0;
     for (const auto& [phase, ops] : counts.ops) {
       stage_flops += ops.flops();
-      if (!phase.empty() && phase != kOptimizerPhase) recompute_flops += ops.flops();
+      if (phase == kWeightPassPhase)
+        weight_flops += ops.flops();
+      else if (!phase.empty() && phase != kOptimizerPhase)
+        recompute_flops += ops.flops();
     }
     // The peak bound: the same pipeline at the dense peak with free communication.
-    peak_costs[size_t(s)] = pipeline_pass_costs((stage_flops - recompute_flops) / peak / m,
-                                                recompute_flops / peak / m, p.virtual_stages);
+    peak_costs[size_t(s)] =
+        pipeline_pass_costs((stage_flops - recompute_flops) / peak / m, recompute_flops / peak / m,
+                            p.virtual_stages, split ? weight_flops / peak / m : -1);
     if (counts.memory.total() > r.memory.total()) r.memory = counts.memory;
     if (s == 0) {
       const CommCounter block = block_counter(counts, config);

@@ -570,6 +570,42 @@ bucket_mb = 0.002
 // phase and are priced as the step's tail, the blocks' work is AdamW's, the state is one
 // momentum for the matrices and AdamW's two moments for the rest, and the counts extrapolated
 // from shorter steps are the whole step's.
+// zb_h1 (a split backward): the dry run counts the W passes' kernels under their own phase,
+// which the planner prices as the pipeline's W passes; they are first-pass work (the model's
+// FLOPs are 1f1b's), and the step extrapolated from short ones counts them exactly.
+TEST(Planner, PricesZbH1sWeightPassFromTheDryRun) {
+  const ClusterSpec cluster = load_cluster("h100");
+  auto config_of = [](const char* schedule) {
+    return parse_train_config_string(
+        fmt::format("[model]\nvocab_size = 64\nhidden_size = 32\nintermediate_size = 64\n"
+                    "num_layers = 4\nnum_heads = 4\nbottleneck = \"cola\"\nrank = 8\n"
+                    "max_seq_len = 16\n[training]\nmicro_batch_size = 2\nseq_len = 16\n"
+                    "grad_accum_steps = 9\n[parallel]\npp = 2\nschedule = \"{}\"\n",
+                    schedule),
+        "zb.toml");
+  };
+  const TrainConfig zb = config_of("zb_h1"), one = config_of("1f1b");
+  for (int stage : {0, 1}) {
+    SCOPED_TRACE(stage);
+    const StageCounts split = dry_run_stage(zb, stage), whole = dry_run_stage(one, stage);
+    ASSERT_TRUE(split.ops.count(kWeightPassPhase));
+    EXPECT_FALSE(whole.ops.count(kWeightPassPhase));
+    EXPECT_DOUBLE_EQ(split.model_flops, whole.model_flops);
+    const double w = split.ops.at(kWeightPassPhase).gemm_flops(),
+                 first = split.ops.at("").gemm_flops() + w;
+    // dW of each projection has its forward GEMM's FLOPs: about a third of them.
+    EXPECT_GT(w / first, 0.2);
+    EXPECT_LT(w / first, 0.4);
+    expect_same_counts(split, dry_run_step(zb, stage));
+  }
+  const Prediction a = predict(zb, cluster), b = predict(one, cluster);
+  ASSERT_TRUE(a.excluded.empty()) << a.excluded;
+  // The same work, and the copies of the residual's gradient that W reads (a few percent here).
+  EXPECT_GE(a.compute, b.compute);
+  EXPECT_LT(a.compute, 1.05 * b.compute);
+  EXPECT_LT(a.bubble, b.bubble);
+}
+
 TEST(Planner, CountsMuonAsTheStepsTail) {
   const ClusterSpec cluster = load_cluster("h100");
   for (const auto& [mode, dp, zero] : {std::tuple{"btp", 1, 0}, std::tuple{"vanilla", 1, 0},
