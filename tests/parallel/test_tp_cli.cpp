@@ -377,14 +377,21 @@ TEST_F(TpCli, BenchTpTimesEachGroupsComputeAndAllReduce) {
   for (const Expected& e : expected) {
     const nlohmann::json& j = rows[e.variant];
     const nlohmann::json& sites = j.at("comm_ms_by_site");
-    // Exposed (waited) and hidden time per site: TP's collectives block today, so all of
-    // their time is exposed.
+    // Exposed (waited) and hidden time per site. The forward's collectives block, so all of
+    // their time is exposed; the backward's input-gradient all-reduces run under the weight
+    // gradients (parallel.tp_backward = "async"), so only what the pass waited for is.
     const nlohmann::json& exposed = j.at("comm_exposed_ms_by_site");
     for (const auto& [site, ms] : sites.items()) {
       ASSERT_TRUE(exposed.contains(site)) << e.variant << " " << site;
-      EXPECT_EQ(exposed.at(site).get<double>(), ms.get<double>()) << e.variant << " " << site;
+      const double waited = exposed.at(site).get<double>();
+      if (site.find(".bwd.") == std::string::npos) {
+        EXPECT_EQ(waited, ms.get<double>()) << e.variant << " " << site;
+      } else {
+        EXPECT_GE(waited, 0) << e.variant << " " << site;
+        EXPECT_LE(waited, ms.get<double>()) << e.variant << " " << site;
+      }
     }
-    EXPECT_EQ(j.at("comm_exposed_ms").get<double>(), j.at("comm_ms").get<double>()) << e.variant;
+    EXPECT_LE(j.at("comm_exposed_ms").get<double>(), j.at("comm_ms").get<double>()) << e.variant;
     for (const auto& [group, group_sites] :
          {std::pair{std::string("qkv"), e.qkv}, {std::string("gate_up"), e.gate_up}}) {
       EXPECT_GT(j.at(group + "_compute_ms").get<double>(), 0) << e.variant << " " << group;
