@@ -175,6 +175,22 @@ ReplayTimes tp_overlap_replay(const ClusterSpec& c, const std::vector<TpTimeline
   return replay_timeline(timed, 1.0 + c.overlap_compute_slowdown);
 }
 
+// What the TP group's started calls (TP overlap's halves, the async TP backward's input
+// gradients) hide of their priced time, and what overlapping costs (the kernels' loss beside
+// the calls, the started calls' own slowdown), in seconds per step: the stage's timeline
+// replayed, scaled from the micro-batches it covers to the step's m. Zeros without a timeline.
+struct TpHiding {
+  double hidden = 0, contention = 0;
+};
+TpHiding started_tp_calls(const ClusterSpec& c, const StageCounts& counts, GroupPlace place,
+                          bool bf16, int m) {
+  if (counts.tp_timeline.empty()) return {};
+  double call_extra = 0;
+  const ReplayTimes replay = tp_overlap_replay(c, counts.tp_timeline, place, bf16, call_extra);
+  const double scale = double(m) / double(counts.timeline_micro_batches);
+  return {replay.hidden() * scale, (replay.stretch + call_extra) * scale};
+}
+
 // The seconds one message of a stage's sends at `site` (pp.activation, pp.gradient) takes on
 // its link: their priced time over their count (0 when the stage sends none).
 double message_seconds(const ClusterSpec& c, const std::map<CallShape, int64_t>& calls,
@@ -415,29 +431,17 @@ Prediction predict(const TrainConfig& config, const ClusterSpec& cluster, bool f
         price_calls(cluster, counts.calls.at("dp"), {stage_base, dp_stride}, true);
     t.tp = tp.first;
     t.recompute += tp.recompute + pp.recompute;
-    // TP overlap: what the replay hides comes off the first pass's TP collectives, then off
-    // recomputation's (its collectives are in t.recompute); what overlapping costs (the
-    // kernels' loss beside the calls, the started calls' own slowdown) is added to the first
-    // pass's.
-    // (Only the blocks' passes start calls, so all of it comes off one of the two; the cap
-    // keeps tp_hidden what was taken off.)
-    // The async TP backward the same way: what its started all-reduces hide under the weight
-    // gradients, scaled from the micro-batches the timeline covers to the step's.
-    if (!counts.tp_timeline.empty()) {
-      double call_extra = 0;
-      const ReplayTimes replay =
-          tp_overlap_replay(cluster, counts.tp_timeline, {stage_base, 1}, bf16, call_extra);
-      const double scale = double(m) / double(counts.timeline_micro_batches);
-      call_extra *= scale;
-      const double hidden = replay.hidden() * scale;
-      const double from_first = std::min(hidden, t.tp);
-      const double from_recompute = std::min(hidden - from_first, tp.recompute);
-      t.tp -= from_first;
-      t.recompute -= from_recompute;
-      t.tp_hidden = from_first + from_recompute;
-      t.tp_contention = replay.stretch * scale + call_extra;
-      t.tp += t.tp_contention;
-    }
+    // What started TP calls hide comes off the first pass's TP collectives, then off
+    // recomputation's (its collectives are in t.recompute); what overlapping costs is added to
+    // the first pass's. (Only the blocks' passes start calls, so all of it comes off one of the
+    // two; the cap keeps tp_hidden what was taken off.)
+    const TpHiding hiding = started_tp_calls(cluster, counts, {stage_base, 1}, bf16, m);
+    const double from_first = std::min(hiding.hidden, t.tp);
+    const double from_recompute = std::min(hiding.hidden - from_first, tp.recompute);
+    t.tp += hiding.contention - from_first;
+    t.recompute -= from_recompute;
+    t.tp_hidden = from_first + from_recompute;
+    t.tp_contention = hiding.contention;
     t.p2p = pp.sends;
     t.tail_compute += tp.optimizer + dp.optimizer;
     t.tail_comm = tp.tail + pp.tail + pp.first + dp.tail;
