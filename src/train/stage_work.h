@@ -53,11 +53,8 @@ class TrainStageWork final : public StageWork {
   void backward(int m, int chunk) override {
     check_chunk(chunk);
     const auto t0 = std::chrono::steady_clock::now();
-    const bool final = m == hooks_.final_backward;
-    if (hooks_.backward_begins) hooks_.backward_begins(final);
     model_.backward_stage(be_, m % slots_, inputs_[m], targets_[m], loss_scale_,
-                          final || hooks_.every_backward ? hooks_.ready : LlamaModel::GradsReady{},
-                          hooks_.needed_backward);
+                          gradients_written(m), hooks_.needed_backward);
     add_time(Pass::BW, t0);
   }
   // A split backward (LlamaModel::allocate_activations' defer_weight_grads): B computes the
@@ -72,10 +69,7 @@ class TrainStageWork final : public StageWork {
   void backward_weight(int m, int chunk) override {
     check_chunk(chunk);
     const auto t0 = std::chrono::steady_clock::now();
-    const bool final = m == hooks_.final_backward;
-    if (hooks_.backward_begins) hooks_.backward_begins(final);
-    model_.weight_stage(m % slots_,
-                        final || hooks_.every_backward ? hooks_.ready : LlamaModel::GradsReady{});
+    model_.weight_stage(m % slots_, gradients_written(m));
     add_time(Pass::W, t0);
   }
   std::vector<Tensor> activation_in(int m, int chunk) override {
@@ -101,6 +95,14 @@ class TrainStageWork final : public StageWork {
   std::array<double, 4> pass_seconds{};
 
  private:
+  // Before the pass that writes micro-batch m's weight gradients (BW or W): tells DP it begins,
+  // and returns the hook that hears them where DP wants them (the final backward's, or every
+  // one's).
+  LlamaModel::GradsReady gradients_written(int m) {
+    const bool final = m == hooks_.final_backward;
+    if (hooks_.backward_begins) hooks_.backward_begins(final);
+    return final || hooks_.every_backward ? hooks_.ready : LlamaModel::GradsReady{};
+  }
   void add_time(Pass pass, std::chrono::steady_clock::time_point start) {
     const double seconds =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
